@@ -1,0 +1,112 @@
+"""Monte Carlo ensembles: many members and many betas in one compiled call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._errors import NonFiniteStateError, SolverFailure
+from ._simulate import simulate
+
+
+class EnsembleResult(eqx.Module):
+    """Statistics of an ensemble: every array has leading axes `(beta, member, time)`."""
+
+    ts: Float[Array, " times"]
+    stats: dict[str, Array]
+    result: Array
+    num_steps: Array
+
+
+@eqx.filter_jit
+def _solve(system, keys, betas, ts, t0, t1, dt, options, chunk_size):
+    n_beta, n_member = betas.shape[0], keys.shape[0]
+    flat_keys = jnp.tile(keys, n_beta)
+    flat_betas = jnp.repeat(betas, n_member)
+
+    def member(args):
+        key, beta = args
+        field, y0, record = system(key, beta)
+        sol = simulate(field, y0, t0=t0, t1=t1, dt=dt, ts=ts, record=record, **options)
+        return sol.stats, sol.result._value, sol.num_steps
+
+    batch = n_beta * n_member
+    if chunk_size is None or chunk_size >= batch:
+        stats, result, steps = jax.vmap(member)((flat_keys, flat_betas))
+    else:
+        stats, result, steps = lax.map(member, (flat_keys, flat_betas), batch_size=chunk_size)
+    unflatten = lambda a: a.reshape((n_beta, n_member) + a.shape[1:])
+    return jax.tree.map(unflatten, stats), unflatten(result), unflatten(steps)
+
+
+def solve_ensemble(
+    system: Callable[[PRNGKeyArray, Array], tuple],
+    keys: PRNGKeyArray,
+    betas: Float[Array, " beta"],
+    *,
+    t1: float,
+    ts: Float[Array, " times"],
+    t0: float = 0.0,
+    dt: float | None = None,
+    solver: str = "tsit5",
+    adaptive: bool = False,
+    rtol: float = 1e-6,
+    atol: float = 1e-8,
+    max_steps: int = 100_000,
+    chunk_size: int | None = None,
+    check: bool = True,
+) -> EnsembleResult:
+    """Solve one system per (beta, member) pair in one compiled call.
+
+    `system(key, beta) -> (field, y0, record)` builds a member from its key and its beta
+    (it is traced, not run in Python). `keys` holds one key per member; member m uses
+    the same key for every beta, so a beta sweep compares like with like. Members are
+    processed `chunk_size` at a time (`lax.map` over vmapped chunks) to bound memory.
+
+    beta, the times and the step are data: calling again with other values of them
+    reuses the compiled program. With `check=True` a failed solve raises
+    `SolverFailure` and a non-finite state raises `NonFiniteStateError`.
+    """
+    dtype = jnp.asarray(ts).dtype
+    options = dict(solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
+    stats, result, steps = _solve(
+        system,
+        keys,
+        jnp.asarray(betas, dtype).reshape(-1),
+        jnp.asarray(ts, dtype),
+        jnp.asarray(t0, dtype),
+        jnp.asarray(t1, dtype),
+        None if dt is None else jnp.asarray(dt, dtype),
+        options,
+        chunk_size,
+    )
+    out = EnsembleResult(ts=jnp.asarray(ts), stats=stats, result=result, num_steps=steps)
+    if check:
+        check_ensemble(out, betas)
+    return out
+
+
+def check_ensemble(out: EnsembleResult, betas) -> None:
+    """Raise one clear error if a member failed or its state left the finite numbers."""
+    betas = np.asarray(betas).reshape(-1)
+    finite = np.asarray(out.stats["finite"])
+    if not finite.all():
+        b, m, i = np.argwhere(~finite)[0]
+        raise NonFiniteStateError(
+            f"the state became non-finite (NaN or inf) by t={float(out.ts[i]):g} in member {m} "
+            f"at beta={betas[b]:g}; use a smaller dt, an adaptive solver, float64 or a smaller beta."
+        )
+    failed = np.asarray(out.result) != dfx.RESULTS.successful._value
+    if failed.any():
+        b, m = np.argwhere(failed)[0]
+        raise SolverFailure(
+            f"the solver stopped before t1 in member {m} at beta={betas[b]:g} "
+            f"(after {int(np.asarray(out.num_steps)[b, m])} steps); raise max_steps or loosen rtol/atol."
+        )

@@ -1,0 +1,13 @@
+"""The errors attnflow raises for people: one sentence, what was wrong, what is allowed."""
+
+
+class ConfigError(ValueError):
+    """An impossible or unknown configuration value, caught before any work starts."""
+
+
+class NonFiniteStateError(FloatingPointError):
+    """A state became NaN or infinite during a run."""
+
+
+class SolverFailure(RuntimeError):
+    """The ODE solver stopped before `t1` (step budget exhausted or step size collapsed)."""

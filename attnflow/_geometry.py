@@ -1,0 +1,55 @@
+"""Where the tokens live: the unit sphere or flat space.
+
+A geometry is a small object passed to the solver and the metrics. It acts row-wise
+on a state of shape `(n, d)` (one row per token).
+"""
+
+from __future__ import annotations
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+
+class AbstractGeometry(eqx.Module):
+    """The manifold that each token lives on."""
+
+    @abc.abstractmethod
+    def project(self, x: Float[Array, "n d"], v: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """Orthogonal projection of `v[i]` onto the tangent space at `x[i]`."""
+
+    @abc.abstractmethod
+    def retract(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """Map a point near the manifold back onto it."""
+
+    @abc.abstractmethod
+    def distance_to(self, x: Float[Array, "n d"]) -> Float[Array, " n"]:
+        """How far each row of `x` is from the manifold (0 on it)."""
+
+
+class Sphere(AbstractGeometry):
+    """The unit sphere $S^{d-1}$: $P_x(v) = v - \\langle x, v\\rangle x$, retraction $x/|x|$."""
+
+    def project(self, x, v):
+        return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
+
+    def retract(self, x):
+        return x * jnp.reciprocal(jnp.linalg.norm(x, axis=-1, keepdims=True))
+
+    def distance_to(self, x):
+        return jnp.abs(jnp.linalg.norm(x, axis=-1) - 1)
+
+
+class Euclidean(AbstractGeometry):
+    """Flat $\\mathbb{R}^d$: projection and retraction are the identity."""
+
+    def project(self, x, v):
+        return v
+
+    def retract(self, x):
+        return x
+
+    def distance_to(self, x):
+        return jnp.zeros(x.shape[:-1], x.dtype)

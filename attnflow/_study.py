@@ -1,0 +1,144 @@
+"""`run(config) -> xarray.Dataset`: one configured study, end to end, without Hydra."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+import yaml
+
+from ._build import betas_of, build_system, save_times, validate_config
+from ._ensemble import solve_ensemble
+
+_DIMS = {
+    "x": ("token", "dim"),
+    "cluster_sizes": ("cluster",),
+    "attention": ("head", "query", "key"),
+    "attention_rank": ("head",),
+}
+
+
+def config_yaml(cfg: Mapping) -> str:
+    """The resolved config as YAML (what is stored in `results.nc`)."""
+    return yaml.safe_dump(dict(cfg), sort_keys=True)
+
+
+def run(config: Mapping) -> xr.Dataset:
+    """Run the study a config describes and return its results.
+
+    `config` is a plain mapping with the keys of `conf/config.yaml` (missing keys take
+    their defaults). The Dataset has dimensions `member` and `time` (and `beta` when
+    beta is a list), one variable per metric, the states `x` when `save_states`, and
+    the resolved config as YAML in `attrs["config"]`.
+
+    Raises `ConfigError` for an impossible config, `NonFiniteStateError` when a state
+    becomes NaN or infinite, `SolverFailure` when a solve stops early.
+    """
+    cfg = validate_config(dict(config))
+    if cfg["dtype"] == "float64":
+        jax.config.update("jax_enable_x64", True)
+    dtype = jnp.dtype(cfg["dtype"])
+    betas, beta_is_list = betas_of(cfg)
+    ts = save_times(cfg)
+    keys = jax.random.split(jax.random.key(cfg["seed"]), cfg["members"])
+    result = solve_ensemble(
+        build_system(cfg),
+        keys,
+        jnp.asarray(betas, dtype),
+        t0=cfg["t0"],
+        t1=cfg["t1"],
+        dt=cfg["dt"],
+        ts=jnp.asarray(ts, dtype),
+        solver=cfg["solver"],
+        adaptive=cfg["adaptive"],
+        rtol=cfg["rtol"],
+        atol=cfg["atol"],
+        max_steps=cfg["max_steps"],
+        chunk_size=cfg["chunk_size"] or _auto_chunk(cfg, len(betas)),
+    )
+    data_vars = {}
+    for name, value in result.stats.items():
+        if name == "finite":
+            continue
+        value = np.asarray(value)
+        dims = ("beta", "member", "time") + _DIMS.get(name, ())
+        data_vars[name] = (dims, value)
+    ds = xr.Dataset(
+        data_vars,
+        coords={"beta": np.asarray(betas), "member": np.arange(cfg["members"]), "time": np.asarray(ts)},
+        attrs={"config": config_yaml(cfg), "attnflow_version": _version()},
+    )
+    ds["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))
+    if not beta_is_list:
+        ds = ds.squeeze("beta")
+    _describe(ds)
+    return ds
+
+
+def _auto_chunk(cfg: Mapping, n_beta: int) -> int:
+    # Keep each chunk's states near the size of the last-level cache: measured on a
+    # 2-core CPU (benchmarks/phase_diagram.py) this is 2-3x faster at d=128 than
+    # one vmap over 2048 members, and never slower at small d.
+    itemsize = 4 if cfg["dtype"] == "float32" else 8
+    per_member = cfg["n"] * max(cfg["n"], cfg["d"]) * itemsize * cfg["heads"]
+    chunk = max(1, (4 * 2**20) // per_member)
+    return int(min(chunk, n_beta * cfg["members"]))
+
+
+def _describe(ds: xr.Dataset) -> None:
+    notes = {
+        "energy": "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)",
+        "log_energy": "log of the interaction energy (finite for any beta)",
+        "normalized_energy": "mean_ij exp(cos(x_i, x_j))",
+        "pair_density": "fraction of pairs i != j with cos(x_i, x_j) > 1 - eps",
+        "clusters": "connected components of the graph cos(x_i, x_j) > 1 - eps",
+        "cluster_sizes": "cluster sizes, largest first, zero-padded",
+        "order_parameter": "|mean_i x_i / |x_i||",
+        "attention": "attention matrices a_ij of each head",
+        "attention_rank": "numerical rank of each head's attention matrix",
+        "x": "token states",
+        "num_steps": "solver steps taken",
+    }
+    for name, text in notes.items():
+        if name in ds:
+            ds[name].attrs["description"] = text
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("attnflow")
+    except Exception:
+        return "unknown"
+
+
+def write_results(ds: xr.Dataset, path: str | os.PathLike) -> Path:
+    """Write `ds` to NetCDF atomically: a temporary file in the same folder, then a rename.
+
+    A run that fails or is interrupted leaves no partial file at `path`, and an
+    existing file is only ever replaced by a complete one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        ds.to_netcdf(tmp, engine="netcdf4")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_results(path: str | os.PathLike) -> xr.Dataset:
+    """Read a `results.nc` written by attnflow (its config is `ds.attrs['config']`)."""
+    with xr.open_dataset(path, engine="netcdf4") as ds:
+        return ds.load()

@@ -1,0 +1,229 @@
+"""The terms of the vector field: self-attention, the MLP, token normalizations.
+
+Each interaction maps `(t, X)` with `X` of shape `(n, d)` to an array of the same
+shape. They are written for one system; ensembles come from `jax.vmap`.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Scalar
+
+from ._errors import ConfigError
+from ._schedules import AbstractSchedule, Identity
+
+# Below this contraction size a broadcast-multiply-sum fuses with its neighbours and
+# beats a matrix-multiply call (d = 2, 3 on the circle and the sphere S^2).
+_SMALL_CONTRACTION = 8
+
+
+def _contract(a: Array, b: Array) -> Array:
+    """`a @ b.T` over the last axis of both, batched over leading axes."""
+    if a.shape[-1] <= _SMALL_CONTRACTION:
+        return jnp.sum(a[..., :, None, :] * b[..., None, :, :], axis=-1)
+    return jnp.einsum("...ik,...jk->...ij", a, b)
+
+
+def _mix(weights: Array, values: Array) -> Array:
+    """`weights @ values`, batched over leading axes."""
+    if values.shape[-1] <= _SMALL_CONTRACTION:
+        return jnp.sum(weights[..., :, :, None] * values[..., None, :, :], axis=-2)
+    return jnp.einsum("...ij,...jk->...ik", weights, values)
+
+
+def _apply(schedule: AbstractSchedule, t: Scalar, x: Float[Array, "n d"]) -> Array:
+    """Rows of `x` mapped by every head's matrix: `(heads, n, rows of W)`.
+
+    An identity schedule returns `x[None]`, a head axis of size one that broadcasts.
+    """
+    if isinstance(schedule, Identity):
+        return x[None]
+    w = schedule(t)
+    return jnp.einsum("hed,nd->hne", w, x)
+
+
+class AbstractInteraction(eqx.Module):
+    """A term $F(t, X)$ of the vector field, acting on all tokens at once."""
+
+    @abc.abstractmethod
+    def __call__(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """The term's value for every token."""
+
+
+class SelfAttention(AbstractInteraction):
+    """Multi-head self-attention as an interaction between tokens.
+
+    $$a^h_{ij} = \\frac{\\exp(\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij})}{Z^h_i},\\qquad
+    \\mathrm{Attn}(t, X)_i = \\sum_h O_h \\sum_j a^h_{ij} V_h x_j,$$
+
+    with $Z^h_i = \\sum_j \\exp(\\dots)$ for softmax attention (`"sa"`) and $Z_i^h = n$ for
+    the unnormalized variant (`"usa"`), as in eq. (13)-(15) and (30) of the survey
+    (003). The mask $m_{ij}$ is $-\\infty$ for $j > i$ when `causal`, plus
+    $-\\lambda_h |i - j|$ when `alibi` slopes are given. `V` multiplies column vectors.
+
+    Schedules return per-head stacks: `query`, `key` of shape `(heads, d_k, d)`,
+    `value` `(heads, d_v, d)`, `output` `(heads, d, d_v)` or `None` for the identity.
+    """
+
+    query: AbstractSchedule
+    key: AbstractSchedule
+    value: AbstractSchedule
+    output: AbstractSchedule | None
+    beta: Float[Array, ""]
+    alibi: Float[Array, " heads"] | None
+    heads: int = eqx.field(static=True)
+    kind: Literal["sa", "usa"] = eqx.field(static=True, default="sa")
+    causal: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        if self.kind not in ("sa", "usa"):
+            raise ConfigError(f"attention kind must be 'sa' (softmax) or 'usa' (unnormalized), got {self.kind!r}.")
+        for name in ("query", "key", "value"):
+            shape = getattr(self, name).shape
+            if len(shape) != 3 or shape[0] != self.heads:
+                raise ConfigError(
+                    f"the {name} schedule must return shape (heads={self.heads}, rows, d), got {shape}."
+                )
+        (_, dk, d), (_, dk2, d2), (_, dv, d3) = self.query.shape, self.key.shape, self.value.shape
+        if dk != dk2 or len({d, d2, d3}) != 1:
+            raise ConfigError(
+                f"query {self.query.shape} and key {self.key.shape} must share (heads, d_k, d) "
+                f"and value {self.value.shape} must have the same d."
+            )
+        if self.output is None:
+            if dv != d:
+                raise ConfigError(f"an output matrix O is needed when d_v={dv} differs from d={d}.")
+        elif self.output.shape != (self.heads, d, dv):
+            raise ConfigError(f"the output schedule must return shape {(self.heads, d, dv)}, got {self.output.shape}.")
+        if self.alibi is not None and self.alibi.shape != (self.heads,):
+            raise ConfigError(f"alibi needs one slope per head, shape ({self.heads},), got {self.alibi.shape}.")
+
+    @property
+    def dim(self) -> int:
+        return self.query.shape[-1]
+
+    def logits(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "heads_or_1 n n"]:
+        """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked."""
+        n = x.shape[0]
+        scores = self.beta * _contract(_apply(self.query, t, x), _apply(self.key, t, x))
+        if self.alibi is not None:
+            index = jnp.arange(n)
+            distance = jnp.abs(index[:, None] - index[None, :]).astype(x.dtype)
+            scores = scores - self.alibi[:, None, None] * distance
+        if self.causal:
+            allowed = jnp.tril(jnp.ones((n, n), dtype=bool))
+            scores = jnp.where(allowed, scores, -jnp.inf)
+        return scores
+
+    def weights(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
+        """The attention matrices $a^h_{ij}(t)$ of every head."""
+        a = self._weights(t, x)
+        return jnp.broadcast_to(a, (self.heads,) + a.shape[1:])
+
+    def _weights(self, t, x):
+        scores = self.logits(t, x)
+        if self.kind == "sa":
+            # Subtracting the row maximum keeps exp() finite for any beta.
+            return jax.nn.softmax(scores, axis=-1)
+        return jnp.exp(scores) / x.shape[0]
+
+    def __call__(self, t, x):
+        a = self._weights(t, x)
+        mixed = _mix(a, _apply(self.value, t, x))
+        if self.output is not None:
+            mixed = jnp.einsum("hde,hne->hnd", self.output(t), mixed)
+        # A head axis of size one stands for `heads` identical heads.
+        return jnp.sum(mixed, axis=0) * (self.heads // mixed.shape[0])
+
+
+_ACTIVATIONS = {
+    "gelu": lambda z: jax.nn.gelu(z, approximate=False),
+    "gelu_tanh": lambda z: jax.nn.gelu(z, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+}
+ACTIVATIONS = tuple(_ACTIVATIONS) + ("swiglu",)
+
+
+class MLP(AbstractInteraction):
+    """Token-wise feed-forward term $W_2(t)\\,\\sigma(W_1(t) x + b_1(t)) + b_2(t)$.
+
+    With `activation="swiglu"` the hidden layer is $\\mathrm{silu}(W_1 x) \\odot (W_3 x)$
+    (the gated unit of Llama-family models), `gate` holding $W_3$.
+    """
+
+    w1: AbstractSchedule
+    w2: AbstractSchedule
+    b1: AbstractSchedule | None = None
+    b2: AbstractSchedule | None = None
+    gate: AbstractSchedule | None = None
+    activation: str = eqx.field(static=True, default="gelu")
+
+    def __check_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"unknown MLP activation {self.activation!r}; choose one of {', '.join(ACTIVATIONS)}.")
+        if (self.activation == "swiglu") != (self.gate is not None):
+            raise ConfigError("a gate matrix W3 is needed with activation 'swiglu' and only with it.")
+        hidden, d = self.w1.shape
+        if self.w2.shape != (d, hidden):
+            raise ConfigError(f"W2 must have shape {(d, hidden)} to match W1 {self.w1.shape}, got {self.w2.shape}.")
+
+    def __call__(self, t, x):
+        h = x @ self.w1(t).T
+        if self.b1 is not None:
+            h = h + self.b1(t)
+        if self.activation == "swiglu":
+            h = jax.nn.silu(h) * (x @ self.gate(t).T)
+        else:
+            h = _ACTIVATIONS[self.activation](h)
+        out = h @ self.w2(t).T
+        if self.b2 is not None:
+            out = out + self.b2(t)
+        return out
+
+
+NORMS = ("sphere", "rms", "layer")
+
+
+class TokenNorm(eqx.Module):
+    """A normalization applied to every token separately.
+
+    - `sphere`: $x / |x|$;
+    - `rms`: $\\sqrt{d}\\, x / \\sqrt{|x|^2 + d\\epsilon} \\odot \\gamma$ (RMSNorm);
+    - `layer`: $\\sqrt{d}\\,(x - \\bar x) / \\sqrt{|x - \\bar x|^2 + d\\epsilon} \\odot \\gamma + b$,
+      LayerNorm read geometrically as a projection onto $\\mathbf{1}^\\perp$ followed by a
+      scaling to the sphere of radius $\\sqrt{d}$ (Traveling Words, eq. 4).
+
+    With $\\epsilon = 0$ these are the geometric maps; a trained model's $\\epsilon$
+    makes them equal to its forward pass.
+    """
+
+    kind: str = eqx.field(static=True)
+    gamma: Float[Array, " d"] | None = None
+    shift: Float[Array, " d"] | None = None
+    eps: float = eqx.field(static=True, default=0.0)
+
+    def __check_init__(self):
+        if self.kind not in NORMS:
+            raise ConfigError(f"unknown token normalization {self.kind!r}; choose one of {', '.join(NORMS)}.")
+        if self.kind != "layer" and self.shift is not None:
+            raise ConfigError("only the 'layer' normalization has an additive shift (beta).")
+
+    def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        d = x.shape[-1]
+        if self.kind == "layer":
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
+        squared = jnp.sum(x * x, axis=-1, keepdims=True)
+        if self.kind == "sphere":
+            return x * jax.lax.rsqrt(squared)
+        y = jnp.sqrt(jnp.asarray(d, x.dtype)) * x * jax.lax.rsqrt(squared + d * self.eps)
+        if self.gamma is not None:
+            y = y * self.gamma
+        if self.shift is not None:
+            y = y + self.shift
+        return y
