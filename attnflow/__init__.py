@@ -4,7 +4,7 @@ The one-system entry point is `simulate`; ensembles go through `solve_ensemble`;
 whole configured study (the `attnflow` command without Hydra) is `run(config)`.
 """
 
-from ._build import ConfiguredSystem, build_field, build_init, build_system, save_times, validate_config
+from ._build import ConfiguredSystem, build_field, build_init, build_system, save_plan, save_times, validate_config
 from ._ensemble import EnsembleResult, solve_ensemble
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
 from ._field import VectorField

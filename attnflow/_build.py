@@ -273,6 +273,19 @@ def validate_config(config: Mapping) -> dict:
     return cfg
 
 
+def save_plan(cfg: Mapping) -> tuple[np.ndarray | None, int | None]:
+    """How output times are produced: `(None, save_every)` when they fall on the
+    fixed-step grid (recorded exactly, by the scan loop), else `(ts, None)` for
+    diffrax's dense output."""
+    from ._simulate import fixed_steps
+
+    if not cfg["adaptive"] and cfg["save_spacing"] == "linear" and cfg["saves"] >= 2:
+        steps = fixed_steps(cfg["t0"], cfg["t1"], cfg["dt"])
+        if steps is not None and steps % (cfg["saves"] - 1) == 0:
+            return None, steps // (cfg["saves"] - 1)
+    return save_times(cfg), None
+
+
 def save_times(cfg: Mapping) -> np.ndarray:
     """The output times: `saves` points from t0 to t1, equally or log spaced."""
     t0, t1, k = cfg["t0"], cfg["t1"], cfg["saves"]

@@ -12,8 +12,8 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._errors import NonFiniteStateError, SolverFailure
-from ._simulate import simulate
+from ._errors import ConfigError, NonFiniteStateError, SolverFailure
+from ._simulate import fixed_steps, simulate
 
 
 class EnsembleResult(eqx.Module):
@@ -35,15 +35,15 @@ def _solve(system, keys, betas, ts, t0, t1, dt, options, chunk_size):
         key, beta = args
         field, y0, record = system(key, beta)
         sol = simulate(field, y0, t0=t0, t1=t1, dt=dt, ts=ts, record=record, **options)
-        return sol.stats, sol.result._value, sol.num_steps
+        return sol.stats, sol.result._value, sol.num_steps, sol.ts
 
     batch = n_beta * n_member
     if chunk_size is None or chunk_size >= batch:
-        stats, result, steps = jax.vmap(member)((flat_keys, flat_betas))
+        stats, result, steps, times = jax.vmap(member)((flat_keys, flat_betas))
     else:
-        stats, result, steps = lax.map(member, (flat_keys, flat_betas), batch_size=chunk_size)
+        stats, result, steps, times = lax.map(member, (flat_keys, flat_betas), batch_size=chunk_size)
     unflatten = lambda a: a.reshape((n_beta, n_member) + a.shape[1:])
-    return jax.tree.map(unflatten, stats), unflatten(result), unflatten(steps)
+    return jax.tree.map(unflatten, stats), unflatten(result), unflatten(steps), times[0]
 
 
 def solve_ensemble(
@@ -52,7 +52,8 @@ def solve_ensemble(
     betas: Float[Array, " beta"],
     *,
     t1: float,
-    ts: Float[Array, " times"],
+    ts: Float[Array, " times"] | None = None,
+    save_every: int | None = None,
     t0: float = 0.0,
     dt: float | None = None,
     solver: str = "tsit5",
@@ -66,7 +67,9 @@ def solve_ensemble(
     """Solve one system per (beta, member) pair in one compiled call.
 
     `system(key, beta) -> (field, y0, record)` builds a member from its key and its beta
-    (it is traced, not run in Python). `keys` holds one key per member; member m uses
+    (it is traced, not run in Python). Output times are either every `save_every`
+    fixed steps (`dt` must divide `t1 - t0`) or the given `ts` (diffrax dense output,
+    and the only choice with `adaptive=True`). `keys` holds one key per member; member m uses
     the same key for every beta, so a beta sweep compares like with like. Members are
     processed `chunk_size` at a time (`lax.map` over vmapped chunks) to bound memory.
 
@@ -74,20 +77,29 @@ def solve_ensemble(
     reuses the compiled program. With `check=True` a failed solve raises
     `SolverFailure` and a non-finite state raises `NonFiniteStateError`.
     """
-    dtype = jnp.asarray(ts).dtype
+    dtype = jnp.asarray(betas).dtype
     options = dict(solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
-    stats, result, steps = _solve(
+    if ts is None:
+        if adaptive:
+            raise ConfigError("adaptive solves need output times ts.")
+        num_steps = fixed_steps(float(t0), float(t1), float(dt))
+        if num_steps is None:
+            raise ConfigError(f"dt={dt} does not divide t1 - t0 = {t1 - t0}; pass output times ts instead.")
+        options.update(save_every=save_every or num_steps, num_steps=num_steps)
+    else:
+        ts = jnp.asarray(ts, dtype)
+    stats, result, steps, times = _solve(
         system,
         keys,
         jnp.asarray(betas, dtype).reshape(-1),
-        jnp.asarray(ts, dtype),
+        ts,
         jnp.asarray(t0, dtype),
         jnp.asarray(t1, dtype),
         None if dt is None else jnp.asarray(dt, dtype),
         options,
         chunk_size,
     )
-    out = EnsembleResult(ts=jnp.asarray(ts), stats=stats, result=result, num_steps=steps)
+    out = EnsembleResult(ts=times, stats=stats, result=result, num_steps=steps)
     if check:
         check_ensemble(out, betas)
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -36,7 +37,7 @@ class Sphere(AbstractGeometry):
         return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
 
     def retract(self, x):
-        return x * jnp.reciprocal(jnp.linalg.norm(x, axis=-1, keepdims=True))
+        return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
 
     def distance_to(self, x):
         return jnp.abs(jnp.linalg.norm(x, axis=-1) - 1)

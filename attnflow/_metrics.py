@@ -14,6 +14,7 @@ from jax import lax
 from jaxtyping import Array, Bool, Float, Int, Scalar
 
 from ._errors import ConfigError
+from ._geometry import Sphere
 from ._terms import _contract
 
 
@@ -157,8 +158,13 @@ class Recorder(eqx.Module):
         n = x.shape[0]
         # One Gram matrix serves every metric: cosines are its normalized entries.
         g = gram(x)
-        inv_norm = lax.rsqrt(jnp.diagonal(g))
-        cos = g * inv_norm[:, None] * inv_norm[None, :]
+        if field is not None and isinstance(field.geometry, Sphere):
+            # Unit rows (the solver retracts every saved state): inner products are cosines.
+            inv_norm = jnp.ones(n, x.dtype)
+            cos = g
+        else:
+            inv_norm = lax.rsqrt(jnp.diagonal(g))
+            cos = g * inv_norm[:, None] * inv_norm[None, :]
         if m & {"energy", "log_energy"}:
             log_e = jax.nn.logsumexp(self.beta * g) - jnp.log(2 * self.beta * n**2)
             if "energy" in m:
@@ -170,7 +176,11 @@ class Recorder(eqx.Module):
         if m & {"pair_density", "clusters", "cluster_sizes"}:
             close = cos > 1 - self.eps
             if "pair_density" in m:
-                out["pair_density"] = _off_diagonal_mean(close.astype(x.dtype)) if n > 1 else jnp.ones((), x.dtype)
+                if n > 1:
+                    pairs = jnp.sum(close & ~jnp.eye(n, dtype=bool), dtype=jnp.int32)
+                    out["pair_density"] = pairs.astype(x.dtype) / (n * (n - 1))
+                else:
+                    out["pair_density"] = jnp.ones((), x.dtype)
             if m & {"clusters", "cluster_sizes"}:
                 labels = _components(close | jnp.eye(n, dtype=bool))
                 if "clusters" in m:

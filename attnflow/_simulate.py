@@ -9,7 +9,9 @@ from collections.abc import Callable
 
 import diffrax as dfx
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array, Float, Int
 
 from ._errors import ConfigError
@@ -54,6 +56,47 @@ def check_times(t0: float, t1: float, dt: float | None, ts=None) -> None:
             raise ConfigError(f"the output times must be non-decreasing and lie in [t0={t0}, t1={t1}].")
 
 
+def fixed_steps(t0: float, t1: float, dt: float) -> int | None:
+    """The number of steps of size `dt` from `t0` to `t1`, or None if `dt` does not divide it."""
+    count = round((t1 - t0) / dt)
+    if count >= 1 and abs(count * dt - (t1 - t0)) <= 1e-9 * max(1.0, abs(t1 - t0)):
+        return count
+    return None
+
+
+def _step_loop(field, solver, y0, t0, dt, num_steps: int, save_every: int, record):
+    """Fixed steps with a `lax.scan`, recording every `save_every` steps.
+
+    diffrax's solvers do the stepping; the loop itself is a plain scan, so there is no
+    step-size controller, event or interpolation machinery per step and the recorded
+    values are exactly the states at the grid times $t_0 + k \\Delta t$.
+    """
+    term = dfx.ODETerm(field)
+    t0 = jnp.asarray(t0, y0.dtype)
+    dt = jnp.asarray(dt, y0.dtype)
+    state = solver.init(term, t0, t0 + dt, y0, None)
+
+    def step(carry, k):
+        y, state = carry
+        y, _, _, state, _ = solver.step(term, t0 + k * dt, t0 + (k + 1) * dt, y, None, state, False)
+        return (y, state), None
+
+    def block(carry, j):
+        if save_every == 1:
+            carry, _ = step(carry, j)
+        else:
+            carry, _ = lax.scan(step, carry, j * save_every + jnp.arange(save_every))
+        t = t0 + (j + 1) * save_every * dt
+        return carry, record(t, carry[0], field)
+
+    num_saves = num_steps // save_every
+    first = record(t0, y0, field)
+    _, rest = lax.scan(block, (y0, state), jnp.arange(num_saves))
+    stats = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
+    ts = t0 + dt * save_every * jnp.arange(num_saves + 1, dtype=y0.dtype)
+    return ts, stats
+
+
 def simulate(
     field: VectorField,
     y0: Float[Array, "n d"],
@@ -63,13 +106,15 @@ def simulate(
     dt: float | None = None,
     solver: str | dfx.AbstractSolver = "tsit5",
     ts: Float[Array, " times"] | None = None,
+    save_every: int | None = None,
+    num_steps: int | None = None,
     record: Callable | None = None,
     adaptive: bool = False,
     rtol: float = 1e-6,
     atol: float = 1e-8,
     max_steps: int = 100_000,
 ) -> Solution:
-    """Solve $\\dot X = \\mathcal{F}(t, X)$ from `y0` on $[t_0, t_1]$ for one system.
+    """Solve $\dot X = \mathcal{F}(t, X)$ from `y0` on $[t_0, t_1]$ for one system.
 
     **Arguments:**
 
@@ -80,8 +125,12 @@ def simulate(
       `bosh3`, `rk4`, `tsit5`, `dopri5`, `dopri8`) or a diffrax solver instance.
       `euler_renorm` steps along the unprojected field, then retracts.
     - `dt`: the fixed step, or the first step when `adaptive`.
-    - `ts`: output times (default: `t0` and `t1`).
-    - `record`: `record(t, x, field) -> dict` of statistics saved at `ts`
+    - `save_every`: with fixed steps and no `ts`, record every `save_every` steps
+      (default: only at `t0` and `t1`). `dt` must divide `t1 - t0`; the number of steps
+      is then computed from the (concrete) times, or given as `num_steps` when the
+      times are traced.
+    - `ts`: arbitrary output times instead, read off diffrax's dense output.
+    - `record`: `record(t, x, field) -> dict` of statistics saved at each output time
       (e.g. a `Recorder`); by default the states themselves, under `"x"`.
     - `adaptive`: PID step-size control with `rtol`, `atol` instead of fixed steps.
 
@@ -102,9 +151,21 @@ def simulate(
     if isinstance(geometry, Sphere):
         solver = Retracted(solver, geometry)
     y0 = geometry.retract(jnp.asarray(y0))
+    record = _states if record is None else record
+
+    if not adaptive and ts is None:
+        if num_steps is None:
+            num_steps = fixed_steps(float(t0), float(t1), float(dt))
+            if num_steps is None:
+                raise ConfigError(f"dt={dt} does not divide t1 - t0 = {t1 - t0}; pass output times ts instead.")
+        save_every = num_steps if save_every is None else save_every
+        if num_steps % save_every:
+            raise ConfigError(f"save_every={save_every} must divide the number of steps {num_steps}.")
+        ts, stats = _step_loop(field, solver, y0, t0, dt, num_steps, save_every, record)
+        return Solution(ts=ts, stats=stats, result=dfx.RESULTS.successful, num_steps=jnp.asarray(num_steps))
+
     if ts is None:
         ts = jnp.stack([jnp.asarray(t0, y0.dtype), jnp.asarray(t1, y0.dtype)])
-    record = _states if record is None else record
 
     def save(t, y, args):
         return record(t, geometry.retract(y), field)

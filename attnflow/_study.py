@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 import yaml
 
-from ._build import betas_of, build_system, save_times, validate_config
+from ._build import betas_of, build_system, save_plan, validate_config
 from ._ensemble import solve_ensemble
 
 _DIMS = {
@@ -45,7 +45,7 @@ def run(config: Mapping) -> xr.Dataset:
         jax.config.update("jax_enable_x64", True)
     dtype = jnp.dtype(cfg["dtype"])
     betas, beta_is_list = betas_of(cfg)
-    ts = save_times(cfg)
+    ts, save_every = save_plan(cfg)
     keys = jax.random.split(jax.random.key(cfg["seed"]), cfg["members"])
     result = solve_ensemble(
         build_system(cfg),
@@ -54,7 +54,8 @@ def run(config: Mapping) -> xr.Dataset:
         t0=cfg["t0"],
         t1=cfg["t1"],
         dt=cfg["dt"],
-        ts=jnp.asarray(ts, dtype),
+        ts=None if ts is None else jnp.asarray(ts, dtype),
+        save_every=save_every,
         solver=cfg["solver"],
         adaptive=cfg["adaptive"],
         rtol=cfg["rtol"],
@@ -71,7 +72,7 @@ def run(config: Mapping) -> xr.Dataset:
         data_vars[name] = (dims, value)
     ds = xr.Dataset(
         data_vars,
-        coords={"beta": np.asarray(betas), "member": np.arange(cfg["members"]), "time": np.asarray(ts)},
+        coords={"beta": np.asarray(betas), "member": np.arange(cfg["members"]), "time": np.asarray(result.ts)},
         attrs={"config": config_yaml(cfg), "attnflow_version": _version()},
     )
     ds["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))

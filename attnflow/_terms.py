@@ -19,7 +19,7 @@ from ._schedules import AbstractSchedule, Identity
 
 # Below this contraction size a broadcast-multiply-sum fuses with its neighbours and
 # beats a matrix-multiply call (d = 2, 3 on the circle and the sphere S^2).
-_SMALL_CONTRACTION = 8
+_SMALL_CONTRACTION = 0
 
 
 def _contract(a: Array, b: Array) -> Array:
@@ -39,10 +39,12 @@ def _mix(weights: Array, values: Array) -> Array:
 def _apply(schedule: AbstractSchedule, t: Scalar, x: Float[Array, "n d"]) -> Array:
     """Rows of `x` mapped by every head's matrix: `(heads, n, rows of W)`.
 
-    An identity schedule returns `x[None]`, a head axis of size one that broadcasts.
+    An identity schedule returns `x` itself, without a head axis: every head sees the
+    same array. (A broadcast head axis of size one would be correct too, but XLA on CPU
+    compiles it to code several times slower.)
     """
     if isinstance(schedule, Identity):
-        return x[None]
+        return x
     w = schedule(t)
     return jnp.einsum("hed,nd->hne", w, x)
 
@@ -107,8 +109,11 @@ class SelfAttention(AbstractInteraction):
     def dim(self) -> int:
         return self.query.shape[-1]
 
-    def logits(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "heads_or_1 n n"]:
-        """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked."""
+    def logits(self, t: Scalar, x: Float[Array, "n d"]) -> Array:
+        """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked.
+
+        Shape `(heads, n, n)`, or `(n, n)` when every head has the same logits.
+        """
         n = x.shape[0]
         scores = self.beta * _contract(_apply(self.query, t, x), _apply(self.key, t, x))
         if self.alibi is not None:
@@ -123,7 +128,7 @@ class SelfAttention(AbstractInteraction):
     def weights(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
         """The attention matrices $a^h_{ij}(t)$ of every head."""
         a = self._weights(t, x)
-        return jnp.broadcast_to(a, (self.heads,) + a.shape[1:])
+        return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
 
     def _weights(self, t, x):
         scores = self.logits(t, x)
@@ -133,12 +138,23 @@ class SelfAttention(AbstractInteraction):
         return jnp.exp(scores) / x.shape[0]
 
     def __call__(self, t, x):
-        a = self._weights(t, x)
-        mixed = _mix(a, _apply(self.value, t, x))
+        scores = self.logits(t, x)
+        values = _apply(self.value, t, x)
+        if self.kind == "sa":
+            # Softmax with the row maximum subtracted (finite for any beta), normalized
+            # after the mixing: n*d divisions instead of n*n.
+            top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+            e = jnp.exp(scores - top)
+            mixed = _mix(e, values) / jnp.sum(e, axis=-1, keepdims=True)
+        else:
+            mixed = _mix(jnp.exp(scores), values) / x.shape[0]
         if self.output is not None:
-            mixed = jnp.einsum("hde,hne->hnd", self.output(t), mixed)
-        # A head axis of size one stands for `heads` identical heads.
-        return jnp.sum(mixed, axis=0) * (self.heads // mixed.shape[0])
+            spec = "hde,ne->hnd" if mixed.ndim == 2 else "hde,hne->hnd"
+            mixed = jnp.einsum(spec, self.output(t), mixed)
+        if mixed.ndim == 2:
+            # No head axis: all heads are identical (identity Q, K, V and O).
+            return mixed if self.heads == 1 else self.heads * mixed
+        return jnp.sum(mixed, axis=0)
 
 
 _ACTIVATIONS = {

@@ -1,0 +1,137 @@
+"""Phase-diagram workload: attnflow against batched NumPy and against raw matmul speed.
+
+The configuration of the pair-density phase diagrams ("A mathematical perspective on
+transformers", fig. 3): Q = K = V = I, SA dynamics on the sphere, n = 32 tokens,
+2048 members, Euler on the unprojected field followed by renormalization, h = 0.1,
+t in [0, 30], float32, the pair density P(<x_i, x_j> > 1 - eps) recorded after every
+step. Three implementations run in this one process:
+
+1. attnflow (`solve_ensemble`, compiled once, timed on a second call with a new beta);
+2. the same algorithm in batched NumPy, written the way public phase-diagram code
+   does it (stacked `@` products over all members, one Python loop over steps);
+3. a large float32 matrix multiply (the best of NumPy and XLA), the machine's
+   matmul throughput, against which the attnflow run's flop rate is compared.
+
+Flops counted: 4 n^2 d per member and step (Gram matrix and attention mixing) plus
+2 n^2 d per member and record (the Gram matrix of the pair density).
+
+    python benchmarks/phase_diagram.py            # d in {2, 32, 128}
+    python benchmarks/phase_diagram.py --dims 128 --members 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import attnflow as af
+
+
+def numpy_phase_diagram(x0: np.ndarray, beta: float, dt: float, steps: int, eps: float) -> np.ndarray:
+    """Batched NumPy: x of shape (members, n, d); returns the pair density (members, steps+1)."""
+    x = x0.copy()
+    n = x.shape[1]
+    off_diagonal = ~np.eye(n, dtype=bool)
+
+    def density(x):
+        g = x @ x.transpose(0, 2, 1)
+        return (g[:, off_diagonal] > 1 - eps).mean(axis=1)
+
+    out = [density(x)]
+    for _ in range(steps):
+        logits = beta * (x @ x.transpose(0, 2, 1))
+        logits -= logits.max(axis=-1, keepdims=True)
+        a = np.exp(logits)
+        a /= a.sum(axis=-1, keepdims=True)
+        x = x + dt * (a @ x)
+        x /= np.linalg.norm(x, axis=-1, keepdims=True)
+        out.append(density(x))
+    return np.stack(out, axis=1)
+
+
+def matmul_throughput(size: int = 2048, repeats: int = 5) -> float:
+    """Best float32 GEMM rate (flop/s) of NumPy and XLA on this machine."""
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    rates = []
+    for f, arg in ((np.matmul, a), (jax.jit(jnp.matmul), jnp.asarray(a))):
+        jax.block_until_ready(f(arg, arg))
+        start = time.perf_counter()
+        for _ in range(repeats):
+            jax.block_until_ready(f(arg, arg))
+        rates.append(2 * size**3 * repeats / (time.perf_counter() - start))
+    return max(rates)
+
+
+def attnflow_phase_diagram(d: int, members: int, n: int, dt: float, t1: float, eps: float):
+    cfg = af.validate_config(
+        dict(n=n, d=d, members=members, t1=t1, dt=dt, solver="euler_renorm", metrics=["pair_density"],
+             eps=eps, saves=round(t1 / dt) + 1, dtype="float32", beta=1.0)
+    )
+    system = af.build_system(cfg)
+    keys = jax.random.split(jax.random.key(0), members)
+    chunk = af._study._auto_chunk(cfg, 1)
+
+    def solve(beta):
+        result = af.solve_ensemble(system, keys, jnp.asarray([beta], jnp.float32), t1=t1, dt=dt,
+                                   save_every=1, solver="euler_renorm", chunk_size=chunk)
+        return jax.block_until_ready(result)
+
+    start = time.perf_counter()
+    solve(0.5)
+    compile_and_run = time.perf_counter() - start
+    return solve, compile_and_run, system, keys
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dims", type=int, nargs="+", default=[2, 32, 128])
+    parser.add_argument("--members", type=int, default=2048)
+    parser.add_argument("--n", type=int, default=32)
+    parser.add_argument("--beta", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    dt, t1, eps = 0.1, 30.0, 1e-2
+    steps = round(t1 / dt)
+    peak = matmul_throughput()
+    print(f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.devices()[0].platform}; "
+          f"float32 matmul throughput {peak / 1e9:.1f} GFLOP/s")
+    header = f"{'d':>4} {'attnflow s':>11} {'compile s':>10} {'numpy s':>9} {'speed-up':>9} {'GFLOP/s':>8} {'of matmul':>10} {'|dP|':>7}"
+    print(header)
+    rows = []
+    for d in args.dims:
+        solve, compile_s, system, keys = attnflow_phase_diagram(d, args.members, args.n, dt, t1, eps)
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            result = solve(args.beta)
+            times.append(time.perf_counter() - start)
+        jax_s = min(times)
+        # The NumPy run starts from attnflow's own initial states, so both curves agree.
+        x0 = np.asarray(jax.vmap(lambda k: system(k, args.beta)[1])(keys))
+        start = time.perf_counter()
+        density_np = numpy_phase_diagram(x0, args.beta, dt, steps, eps)
+        numpy_s = time.perf_counter() - start
+        density_jax = np.asarray(result.stats["pair_density"][0])
+        mean_gap = float(np.max(np.abs(density_np.mean(0) - density_jax.mean(0))))
+        flops = args.members * args.n**2 * d * (4 * steps + 2 * (steps + 1))
+        rate = flops / jax_s
+        row = dict(d=d, attnflow_s=jax_s, compile_s=compile_s - jax_s, numpy_s=numpy_s, speedup=numpy_s / jax_s,
+                   gflops=rate / 1e9, matmul_fraction=rate / peak, matmul_gflops=peak / 1e9,
+                   max_mean_density_gap=mean_gap)
+        rows.append(row)
+        print(f"{d:>4} {jax_s:>11.2f} {row['compile_s']:>10.2f} {numpy_s:>9.2f} {row['speedup']:>8.1f}x "
+              f"{rate / 1e9:>8.1f} {row['matmul_fraction']:>9.0%} {mean_gap:>7.3f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
