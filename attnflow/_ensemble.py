@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Key, PRNGKeyArray
 
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
 from ._simulate import fixed_steps, simulate
@@ -48,7 +48,7 @@ def _solve(system, keys, betas, ts, t0, t1, dt, options, chunk_size):
 
 def solve_ensemble(
     system: Callable[[PRNGKeyArray, Array], tuple],
-    keys: PRNGKeyArray,
+    keys: Key[Array, " member"],
     betas: Float[Array, " beta"],
     *,
     t1: float,

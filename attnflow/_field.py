@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import equinox as eqx
-from jaxtyping import Array, Float, Scalar
+from jaxtyping import Array, Float, ScalarLike
 
 from ._errors import ConfigError
 from ._geometry import AbstractGeometry, Euclidean, Sphere
@@ -48,12 +48,12 @@ class VectorField(eqx.Module):
         """Where the state lives: the sphere for `sphere`, flat space otherwise."""
         return Sphere() if self.scheme == "sphere" else Euclidean()
 
-    def raw(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+    def raw(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """$F(t, \\cdot)$ evaluated at the (normalized, for pre/peri) tokens, unprojected."""
         h = self.norm(x) if self.scheme in ("pre", "peri") else x
         return sum((term(t, h) for term in self.terms[1:]), self.terms[0](t, h))
 
-    def __call__(self, t: Scalar, x: Float[Array, "n d"], args=None) -> Float[Array, "n d"]:
+    def __call__(self, t: ScalarLike, x: Float[Array, "n d"], args=None) -> Float[Array, "n d"]:
         f = self.raw(t, x)
         if self.scheme == "sphere" and self.tangent:
             f = self.geometry.project(x, f)
@@ -61,7 +61,7 @@ class VectorField(eqx.Module):
             f = self.out_norm(f)
         return f
 
-    def attention_weights(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
+    def attention_weights(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
         """The attention matrices of the first attention term, at the tokens it sees."""
         h = self.norm(x) if self.scheme in ("pre", "peri") else x
         for term in self.terms:

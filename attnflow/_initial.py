@@ -24,7 +24,7 @@ class AbstractInitialCondition(eqx.Module):
     """A law (or a fixed choice) of initial token positions."""
 
     @abc.abstractmethod
-    def __call__(self, key: PRNGKeyArray, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
+    def __call__(self, key: PRNGKeyArray | None, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
         """Draw one configuration."""
 
     def check(self, n: int, d: int) -> None:

@@ -11,7 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Bool, Float, Int, Scalar
+from jaxtyping import Array, Bool, Float, Int, Scalar, ScalarLike
 
 from ._errors import ConfigError
 from ._geometry import Sphere
@@ -29,14 +29,14 @@ def cosines(x: Float[Array, "n d"]) -> Float[Array, "n n"]:
     return gram(u)
 
 
-def log_interaction_energy(x: Float[Array, "n d"], beta: Scalar) -> Scalar:
+def log_interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
     """$\\log E_\\beta$ with $E_\\beta = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$
     (survey 003, eq. 29), by a log-sum-exp so that $\\beta = 10^4$ does not overflow."""
     n = x.shape[0]
     return jax.nn.logsumexp(beta * gram(x)) - jnp.log(2 * beta * n**2)
 
 
-def interaction_energy(x: Float[Array, "n d"], beta: Scalar) -> Scalar:
+def interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
     """$E_\\beta(X) = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$ (003, eq. 29).
 
     Non-decreasing along the SA and USA flows with $Q = K = V = I$ (003, lemma 3.3).
@@ -57,7 +57,7 @@ def _off_diagonal_mean(m: Array) -> Scalar:
     return (jnp.sum(m) - jnp.trace(m)) / (n * (n - 1))
 
 
-def pair_density(x: Float[Array, "n d"], eps: Scalar) -> Scalar:
+def pair_density(x: Float[Array, "n d"], eps: ScalarLike) -> Scalar:
     """Fraction of pairs $i \\ne j$ with $\\cos(x_i, x_j) > 1 - \\epsilon$.
 
     The quantity of the phase diagrams of "A mathematical perspective on transformers"
@@ -86,19 +86,19 @@ def _components(adjacency: Bool[Array, "n n"]) -> Int[Array, " n"]:
     return labels
 
 
-def cluster_labels(x: Float[Array, "n d"], eps: Scalar) -> Int[Array, " n"]:
+def cluster_labels(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, " n"]:
     """Connected components of the graph joining tokens with $\\cos > 1 - \\epsilon$."""
     adjacency = (cosines(x) > 1 - eps) | jnp.eye(x.shape[0], dtype=bool)
     return _components(adjacency)
 
 
-def cluster_count(x: Float[Array, "n d"], eps: Scalar) -> Int[Array, ""]:
+def cluster_count(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, ""]:
     """Number of connected components of the $\\epsilon$-threshold graph."""
     labels = cluster_labels(x, eps)
     return jnp.sum(labels == jnp.arange(x.shape[0]))
 
 
-def cluster_sizes(x: Float[Array, "n d"], eps: Scalar) -> Int[Array, " n"]:
+def cluster_sizes(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, " n"]:
     """Sizes of the clusters, largest first, padded with zeros to length n."""
     labels = cluster_labels(x, eps)
     sizes = jnp.zeros(x.shape[0], jnp.int32).at[labels].add(1)
@@ -111,7 +111,7 @@ def order_parameter(x: Float[Array, "n d"]) -> Scalar:
     return jnp.linalg.norm(jnp.mean(u, axis=0))
 
 
-def numerical_rank(a: Float[Array, "n n"], rtol: Scalar | None = None) -> Int[Array, ""]:
+def numerical_rank(a: Float[Array, "n n"], rtol: ScalarLike | None = None) -> Int[Array, ""]:
     """Number of singular values above `rtol * s_max` (NumPy's default `rtol = n * eps`)."""
     s = jnp.linalg.svd(a, compute_uv=False)
     if rtol is None:
@@ -152,7 +152,7 @@ class Recorder(eqx.Module):
         if unknown:
             raise ConfigError(f"unknown metric(s) {', '.join(unknown)}; choose from {', '.join(METRICS)}.")
 
-    def __call__(self, t: Scalar, x: Float[Array, "n d"], field=None) -> dict[str, Array]:
+    def __call__(self, t: ScalarLike, x: Float[Array, "n d"], field=None) -> dict[str, Array]:
         out: dict[str, Array] = {"finite": jnp.all(jnp.isfinite(x))}
         m = set(self.metrics)
         n = x.shape[0]

@@ -11,7 +11,7 @@ import abc
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Scalar
+from jaxtyping import Array, Float, ScalarLike
 
 from ._errors import ConfigError
 
@@ -20,7 +20,7 @@ class AbstractSchedule(eqx.Module):
     """A matrix-valued function of time $t \\mapsto W(t)$."""
 
     @abc.abstractmethod
-    def __call__(self, t: Scalar) -> Array:
+    def __call__(self, t: ScalarLike) -> Array:
         """The value at time `t`."""
 
     @property

@@ -12,7 +12,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Int, ScalarLike
 
 from ._errors import ConfigError
 from ._field import VectorField
@@ -101,9 +101,9 @@ def simulate(
     field: VectorField,
     y0: Float[Array, "n d"],
     *,
-    t1: float,
-    t0: float = 0.0,
-    dt: float | None = None,
+    t1: ScalarLike,
+    t0: ScalarLike = 0.0,
+    dt: ScalarLike | None = None,
     solver: str | dfx.AbstractSolver = "tsit5",
     ts: Float[Array, " times"] | None = None,
     save_every: int | None = None,
@@ -114,7 +114,7 @@ def simulate(
     atol: float = 1e-8,
     max_steps: int = 100_000,
 ) -> Solution:
-    """Solve $\dot X = \mathcal{F}(t, X)$ from `y0` on $[t_0, t_1]$ for one system.
+    r"""Solve $\dot X = \mathcal{F}(t, X)$ from `y0` on $[t_0, t_1]$ for one system.
 
     **Arguments:**
 

@@ -24,9 +24,14 @@ _DIMS = {
 }
 
 
+# Keys that say what to do with a result, not what the result is.
+_NOT_RESULT_KEYS = ("overwrite", "plot")
+
+
 def config_yaml(cfg: Mapping) -> str:
-    """The resolved config as YAML (what is stored in `results.nc`)."""
-    return yaml.safe_dump(dict(cfg), sort_keys=True)
+    """The resolved config as YAML (what is stored in `results.nc`), without the keys
+    that do not change the results (`overwrite`, `plot`)."""
+    return yaml.safe_dump({k: v for k, v in cfg.items() if k not in _NOT_RESULT_KEYS}, sort_keys=True)
 
 
 def run(config: Mapping) -> xr.Dataset:

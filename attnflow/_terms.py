@@ -12,7 +12,7 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Scalar
+from jaxtyping import Array, Float, Scalar, ScalarLike
 
 from ._errors import ConfigError
 from ._schedules import AbstractSchedule, Identity
@@ -36,7 +36,7 @@ def _mix(weights: Array, values: Array) -> Array:
     return jnp.einsum("...ij,...jk->...ik", weights, values)
 
 
-def _apply(schedule: AbstractSchedule, t: Scalar, x: Float[Array, "n d"]) -> Array:
+def _apply(schedule: AbstractSchedule, t: ScalarLike, x: Float[Array, "n d"]) -> Array:
     """Rows of `x` mapped by every head's matrix: `(heads, n, rows of W)`.
 
     An identity schedule returns `x` itself, without a head axis: every head sees the
@@ -53,7 +53,7 @@ class AbstractInteraction(eqx.Module):
     """A term $F(t, X)$ of the vector field, acting on all tokens at once."""
 
     @abc.abstractmethod
-    def __call__(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+    def __call__(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """The term's value for every token."""
 
 
@@ -109,7 +109,7 @@ class SelfAttention(AbstractInteraction):
     def dim(self) -> int:
         return self.query.shape[-1]
 
-    def logits(self, t: Scalar, x: Float[Array, "n d"]) -> Array:
+    def logits(self, t: ScalarLike, x: Float[Array, "n d"]) -> Array:
         """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked.
 
         Shape `(heads, n, n)`, or `(n, n)` when every head has the same logits.
@@ -125,7 +125,7 @@ class SelfAttention(AbstractInteraction):
             scores = jnp.where(allowed, scores, -jnp.inf)
         return scores
 
-    def weights(self, t: Scalar, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
+    def weights(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
         """The attention matrices $a^h_{ij}(t)$ of every head."""
         a = self._weights(t, x)
         return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])

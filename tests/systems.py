@@ -1,0 +1,50 @@
+"""The reference systems of the tests (their closed forms are written in README.md)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from scipy.integrate import solve_ivp
+
+import attnflow as af
+
+
+def identity_field(d, beta, *, kind="sa", causal=False, heads=1, scheme="sphere", dtype=jnp.float64, tangent=True):
+    """Q = K = V = I self-attention (the model of Geshkovski et al.)."""
+    eye = af.Identity(heads, d, jnp.dtype(dtype).name)
+    attention = af.SelfAttention(eye, eye, eye, None, jnp.asarray(beta, dtype), None, heads=heads, kind=kind,
+                                 causal=causal)
+    return af.VectorField((attention,), scheme=scheme, tangent=tangent)
+
+
+def random_field(key, d, beta, *, heads=2, dk=None, kind="sa", causal=False, mlp=False, dtype=jnp.float64,
+                 scheme="sphere", alibi=None):
+    """Multi-head attention with Gaussian Q, K, V, O (and optionally an MLP)."""
+    import jax
+
+    dk = dk or d
+    kq, kk, kv, ko, k1, k2, k3 = jax.random.split(key, 7)
+    g = lambda k, shape: af.Constant(af.draw_matrix("gaussian", k, shape, 1.0, dtype))
+    attention = af.SelfAttention(g(kq, (heads, dk, d)), g(kk, (heads, dk, d)), g(kv, (heads, d, d)),
+                                 g(ko, (heads, d, d)), jnp.asarray(beta, dtype),
+                                 None if alibi is None else jnp.asarray(alibi, dtype), heads=heads, kind=kind,
+                                 causal=causal)
+    terms = [attention]
+    if mlp:
+        terms.append(af.MLP(w1=g(k1, (3 * d, d)), w2=g(k2, (d, 3 * d)), b1=g(k3, (3 * d,)), activation="gelu"))
+    norm = af.TokenNorm("layer") if scheme in ("pre", "peri") else None
+    return af.VectorField(tuple(terms), scheme=scheme, norm=norm, out_norm=norm)
+
+
+def equiangular_rate(rho, beta, n, kind="sa"):
+    """d rho/dt for n equiangular unit vectors with common inner product rho (Q = K = V = I)."""
+    num = 2 * np.exp(beta * rho) * (1 - rho) * (1 + (n - 1) * rho)
+    den = np.exp(beta) + (n - 1) * np.exp(beta * rho) if kind == "sa" else n
+    return num / den
+
+
+def equiangular_rho(times, beta, n, kind="sa", rho0=0.0):
+    """The common inner product rho(t), by a tight independent (SciPy) solve."""
+    sol = solve_ivp(lambda t, r: equiangular_rate(r, beta, n, kind), (0.0, float(np.max(times))), [rho0],
+                    method="DOP853", rtol=1e-13, atol=1e-15, t_eval=np.asarray(times, float), dense_output=False)
+    return sol.y[0]

@@ -1,0 +1,179 @@
+"""Ensembles, schedules, initial conditions and the config-driven study."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attnflow as af
+
+
+def _small(**overrides):
+    cfg = dict(n=6, d=3, members=5, beta=[0.5, 2.0], t1=2.0, dt=0.1, saves=5, dtype="float64")
+    cfg.update(overrides)
+    return cfg
+
+
+# --- ensembles -----------------------------------------------------------------------
+
+
+def test_vmap_over_members_equals_a_python_loop():
+    cfg = af.validate_config(_small(weights={"shared": False, "q": {"kind": "random"}, "k": {"kind": "random"}},
+                                    metrics=["energy", "pair_density", "clusters"], save_states=True))
+    system = af.build_system(cfg)
+    keys = jax.random.split(jax.random.key(3), cfg["members"])
+    betas = jnp.asarray([0.5, 2.0])
+    batched = af.solve_ensemble(system, keys, betas, t1=2.0, dt=0.1, save_every=5, solver="rk4")
+    for b, beta in enumerate(betas):
+        for m, key in enumerate(keys):
+            field, y0, rec = system(key, beta)
+            one = af.simulate(field, y0, t1=2.0, dt=0.1, save_every=5, solver="rk4", record=rec)
+            for name in ("x", "energy", "pair_density", "clusters"):
+                np.testing.assert_allclose(batched.stats[name][b, m], one.stats[name], rtol=1e-12, atol=1e-13)
+
+
+def test_chunked_ensemble_equals_one_vmap():
+    cfg = af.validate_config(_small(members=7, save_states=True))
+    system = af.build_system(cfg)
+    keys = jax.random.split(jax.random.key(4), 7)
+    run = lambda chunk: af.solve_ensemble(system, keys, jnp.asarray([0.5, 2.0]), t1=2.0, dt=0.1, save_every=5,
+                                          solver="heun", chunk_size=chunk).stats["x"]
+    whole = run(None)
+    np.testing.assert_allclose(run(3), whole, rtol=1e-13)
+    np.testing.assert_allclose(run(14), whole, rtol=1e-13)
+
+
+def test_beta_sweep_compiles_once():
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+    cfg = af.validate_config(_small(n=5, members=3, d=4, metrics=["energy"]))
+    system = af.build_system(cfg)
+    keys = jax.random.split(jax.random.key(5), 3)
+    solve = lambda betas: af.solve_ensemble(system, keys, jnp.asarray(betas), t1=2.0, dt=0.1, save_every=5,
+                                            solver="euler_renorm")
+    first = solve([1.0, 2.0])
+    before = len(compiles)
+    assert before > 0  # the listener sees compilations
+    second = solve([3.0, 9.0])
+    third = solve([0.1, 0.2])
+    assert len(compiles) == before, "a new beta recompiled the ensemble"
+    assert not np.allclose(first.stats["energy"], second.stats["energy"])
+    assert third.stats["energy"].shape == first.stats["energy"].shape
+    # run(config) with other betas (same count) reuses the same program too.
+    af.run(_small(n=5, members=3, d=4, metrics=["energy"], beta=[1.0, 2.0], solver="euler_renorm"))
+    before = len(compiles)
+    af.run(_small(n=5, members=3, d=4, metrics=["energy"], beta=[4.0, 5.0], solver="euler_renorm"))
+    solve_compiles = len(compiles) - before
+    assert solve_compiles <= 2, solve_compiles  # at most small host-side helpers, not the solve
+
+
+def test_same_seed_same_result_and_other_seed_differs():
+    a = af.run(_small(seed=1))
+    b = af.run(_small(seed=1))
+    c = af.run(_small(seed=2))
+    np.testing.assert_array_equal(a["energy"].values, b["energy"].values)
+    assert not np.array_equal(a["energy"].values, c["energy"].values)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dtypes(dtype):
+    ds = af.run(_small(dtype=dtype, save_states=True, beta=1.0))
+    assert ds["x"].dtype == np.dtype(dtype)
+    assert ds["energy"].dtype == np.dtype(dtype)
+    assert "beta" not in ds.dims and float(ds["beta"]) == 1.0
+    np.testing.assert_allclose(np.linalg.norm(ds["x"].values, axis=-1), 1.0, atol=1e-6 if dtype == "float32" else 1e-13)
+
+
+def test_shared_and_per_member_weights():
+    def q_of(shared):
+        cfg = af.validate_config(_small(weights={"shared": shared, "q": {"kind": "random", "law": "goe"}}))
+        system = af.build_system(cfg)
+        keys = jax.random.split(jax.random.key(6), 2)
+        return [np.asarray(system(k, 1.0)[0].terms[0].query(0.0)) for k in keys]
+
+    a, b = q_of(True)
+    np.testing.assert_array_equal(a, b)
+    a, b = q_of(False)
+    assert not np.allclose(a, b)
+
+
+def test_output_times_off_the_step_grid_use_dense_output():
+    ds = af.run(_small(saves=4, beta=1.0, save_states=True))  # 20 steps, 3 intervals
+    np.testing.assert_allclose(ds["time"].values, np.linspace(0, 2, 4))
+    np.testing.assert_allclose(np.linalg.norm(ds["x"].values, axis=-1), 1.0, atol=1e-13)
+    log = af.run(_small(saves=6, save_spacing="log", beta=1.0, adaptive=True, solver="tsit5", t1=50.0))
+    t = log["time"].values
+    assert t[0] == 0 and np.isclose(t[-1], 50) and np.allclose(np.diff(np.log(t[1:])), np.log(t[2] / t[1]))
+
+
+# --- schedules -----------------------------------------------------------------------
+
+
+def test_piecewise_constant_switches_at_the_given_times():
+    s = af.PiecewiseConstant(jnp.asarray([1.0, 5.0]), jnp.asarray([10.0, 20.0, 30.0]))
+    assert [float(s(t)) for t in (0.0, 0.999, 1.0, 4.9, 5.0, 7.0)] == [10, 10, 20, 20, 30, 30]
+    with pytest.raises(af.ConfigError, match="needs 3 pieces"):
+        af.PiecewiseConstant(jnp.asarray([1.0, 5.0]), jnp.asarray([1.0, 2.0]))
+
+
+def test_value_sign_flip_and_polynomial_magnitude_from_config():
+    cfg = af.validate_config(_small(weights={"v": {"kind": "identity", "switch_times": [5.0], "factors": [1.0, -1.0]},
+                                             "q": {"kind": "identity", "poly": [0.0, 0.0, 0.5]}}))
+    field = af.build_field(cfg, jax.random.key(0), 1.0, jnp.float64)
+    attention = field.terms[0]
+    np.testing.assert_allclose(attention.value(4.99)[0], np.eye(3))
+    np.testing.assert_allclose(attention.value(5.0)[0], -np.eye(3))
+    np.testing.assert_allclose(attention.query(2.0)[0], 2.0 * np.eye(3))  # 0.5 t^2 at t = 2
+    x = af.UniformSphere()(jax.random.key(1), 6, 3, jnp.float64)
+    # V -> -V flips the attention term exactly (the weights do not involve V).
+    unflipped = af.build_field(af.validate_config(_small(weights={"q": {"kind": "identity", "poly": [0, 0, 0.5]}})),
+                               jax.random.key(0), 1.0, jnp.float64)
+    np.testing.assert_allclose(field(6.0, x), -unflipped(6.0, x), rtol=1e-12)
+
+
+def test_periodic_redraw_and_random_laws():
+    cfg = af.validate_config(_small(t1=3.0, d=4, weights={"k": {"kind": "random", "law": "goe", "redraw_every": 1.0},
+                                                          "v": {"kind": "random", "law": "wishart"}}))
+    attention = af.build_field(cfg, jax.random.key(2), 1.0, jnp.float64).terms[0]
+    k = [np.asarray(attention.key(t))[0] for t in (0.0, 0.5, 1.0, 2.5)]
+    np.testing.assert_array_equal(k[0], k[1])
+    assert not np.allclose(k[1], k[2]) and not np.allclose(k[2], k[3])
+    for m in k:
+        np.testing.assert_allclose(m, m.T)  # GOE: symmetric
+    v = np.asarray(attention.value(0.0))[0]
+    np.testing.assert_allclose(v, v.T, atol=1e-14)
+    assert np.linalg.eigvalsh(v).min() > -1e-12  # Wishart: positive semi-definite
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_value_tied_to_query_key(sign):
+    cfg = af.validate_config(_small(weights={"q": {"kind": "random"}, "k": {"kind": "random"},
+                                             "v": {"kind": "tied", "sign": sign}}, heads=2))
+    attention = af.build_field(cfg, jax.random.key(3), 1.0, jnp.float64).terms[0]
+    q, k, v = (np.asarray(s(0.0)) for s in (attention.query, attention.key, attention.value))
+    for h in range(2):
+        np.testing.assert_allclose(v[h], sign * q[h].T @ k[h], rtol=1e-12)
+
+
+# --- initial conditions --------------------------------------------------------------
+
+
+def test_initial_conditions():
+    key = jax.random.key(7)
+    u = np.asarray(af.UniformSphere()(key, 4000, 3, jnp.float64))
+    np.testing.assert_allclose(np.linalg.norm(u, axis=1), 1.0, rtol=1e-12)
+    assert np.abs(u.mean(0)).max() < 0.05  # uniform: mean ~ 0 (std 1/sqrt(3 * 4000))
+    np.testing.assert_array_equal(af.Orthonormal()(key, 3, 5, jnp.float64), np.eye(3, 5))
+    centres = jnp.asarray([[1.0, 0, 0], [0, 0, 1.0]])
+    caps = np.asarray(af.SphericalCaps(2, jnp.asarray(0.2), centres)(key, 50, 3, jnp.float64))
+    angles = np.arccos(np.clip(np.sum(caps * np.asarray(centres)[np.arange(50) % 2], 1), -1, 1))
+    assert angles.max() <= 0.2 + 1e-12 and angles.max() > 0.1
+    np.testing.assert_allclose(np.linalg.norm(caps, axis=1), 1.0, rtol=1e-12)
+    cube = np.asarray(af.UniformCube(jnp.asarray(-2.0), jnp.asarray(2.0))(key, 500, 3, jnp.float64))
+    assert cube.min() >= -2 and cube.max() <= 2 and cube.min() < -1.9 and cube.max() > 1.9
+    mix = np.asarray(af.GaussianMixture(2, jnp.asarray(0.01), jnp.asarray(1.0), centres)(key, 40, 3, jnp.float64))
+    assert np.abs(mix - np.asarray(centres)[np.arange(40) % 2]).max() < 0.06
+    given = jnp.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(af.Given(given)(key, 2, 3, jnp.float64), given)

@@ -1,0 +1,114 @@
+"""Metrics against closed forms and independent references (SciPy, NumPy)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.sparse.csgraph import connected_components
+from systems import identity_field
+
+import attnflow as af
+
+
+def _clustered(sizes, d, jitter=0.0, seed=0):
+    """Clusters of the given sizes at orthonormal points e_1, e_2, ... (plus tiny jitter)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c, m in enumerate(sizes):
+        for _ in range(m):
+            v = np.eye(d)[c] + jitter * rng.standard_normal(d)
+            rows.append(v / np.linalg.norm(v))
+    return jnp.asarray(np.array(rows))
+
+
+def test_energy_closed_forms():
+    n, d, beta = 6, 6, 1.7
+    single = jnp.ones((n, d)) / np.sqrt(d)
+    np.testing.assert_allclose(af.interaction_energy(single, beta), np.exp(beta) / (2 * beta), rtol=1e-12)
+    ortho = jnp.eye(n, d)
+    expected = (n * np.exp(beta) + n * (n - 1)) / (2 * beta * n**2)
+    np.testing.assert_allclose(af.interaction_energy(ortho, beta), expected, rtol=1e-12)
+    x = af.UniformSphere()(jax.random.key(0), n, d, jnp.float64)
+    g = np.asarray(x) @ np.asarray(x).T
+    np.testing.assert_allclose(af.interaction_energy(x, beta), np.exp(beta * g).sum() / (2 * beta * n**2), rtol=1e-12)
+    np.testing.assert_allclose(af.normalized_energy(3.0 * x), np.exp(g).mean(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_log_energy_is_finite_for_huge_beta(dtype):
+    """At beta = 1e4, E = e^beta / (2 beta) overflows every float; its log does not."""
+    beta = 1e4
+    single = jnp.ones((5, 3), dtype) / jnp.sqrt(jnp.asarray(3.0, dtype))
+    log_e = af.log_interaction_energy(single, jnp.asarray(beta, dtype))
+    assert np.isfinite(log_e)
+    np.testing.assert_allclose(log_e, beta - np.log(2 * beta), rtol=1e-6)
+    assert not np.isfinite(af.interaction_energy(single, jnp.asarray(beta, dtype)))
+    rec = af.Recorder(jnp.asarray(beta, dtype), jnp.asarray(1e-2, dtype), metrics=("log_energy",))
+    np.testing.assert_allclose(rec(0.0, single)["log_energy"], beta - np.log(2 * beta), rtol=1e-6)
+
+
+@pytest.mark.parametrize("sizes", [(5,), (3, 3), (4, 2, 1), (1, 1, 1, 1, 1)])
+def test_cluster_metrics_on_constructed_clusters(sizes):
+    n, d = sum(sizes), 5
+    x = _clustered(sizes, d, jitter=1e-4)
+    eps = 1e-3
+    assert int(af.cluster_count(x, eps)) == len(sizes)
+    sizes_out = np.asarray(af.cluster_sizes(x, eps))
+    np.testing.assert_array_equal(sizes_out[: len(sizes)], sorted(sizes, reverse=True))
+    assert sizes_out[len(sizes):].sum() == 0
+    pairs = sum(m * (m - 1) for m in sizes)
+    np.testing.assert_allclose(af.pair_density(x, eps), pairs / (n * (n - 1)))
+    # Orthogonal cluster centres: |mean| = sqrt(sum m^2) / n.
+    np.testing.assert_allclose(af.order_parameter(x), np.sqrt(sum(m * m for m in sizes)) / n, atol=1e-3)
+
+
+def test_cluster_count_equals_scipy_connected_components():
+    """The threshold graph's components against scipy.sparse.csgraph, on random points and
+    on a long chain (diameter n - 1, the worst case for label propagation)."""
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        x = jnp.asarray(rng.standard_normal((30, 3)))
+        eps = rng.uniform(0.02, 0.5)
+        u = np.asarray(x) / np.linalg.norm(np.asarray(x), axis=1, keepdims=True)
+        expected, labels = connected_components(u @ u.T > 1 - eps, directed=False)
+        assert int(af.cluster_count(x, eps)) == expected
+        ours = np.asarray(af.cluster_labels(x, eps))
+        for a in range(30):
+            np.testing.assert_array_equal(ours == ours[a], labels == labels[a])
+    angles = np.linspace(0, 3.0, 40)[rng.permutation(40)]
+    chain = jnp.asarray(np.stack([np.cos(angles), np.sin(angles)], 1))
+    step = 3.0 / 39
+    assert int(af.cluster_count(chain, 1 - np.cos(1.01 * step))) == 1
+    assert int(af.cluster_count(chain, 1 - np.cos(0.99 * step))) == 40
+
+
+def test_recorder_agrees_with_the_metric_functions():
+    x = _clustered((4, 3), 4, jitter=1e-3) * 2.5  # off the sphere: cosines are used
+    beta, eps = 2.0, 1e-2
+    rec = af.Recorder(jnp.asarray(beta), jnp.asarray(eps), metrics=af._metrics.METRICS[:-2])
+    out = rec(0.0, x)
+    np.testing.assert_allclose(out["log_energy"], af.log_interaction_energy(x, beta), rtol=1e-12)
+    np.testing.assert_allclose(out["normalized_energy"], af.normalized_energy(x), rtol=1e-12)
+    np.testing.assert_allclose(out["pair_density"], af.pair_density(x, eps))
+    assert int(out["clusters"]) == int(af.cluster_count(x, eps)) == 2
+    np.testing.assert_array_equal(out["cluster_sizes"], af.cluster_sizes(x, eps))
+    np.testing.assert_allclose(out["order_parameter"], af.order_parameter(x), rtol=1e-12)
+    assert bool(out["finite"])
+    assert not bool(rec(0.0, x.at[0, 0].set(jnp.nan))["finite"])
+
+
+def test_numerical_rank_and_attention_rank():
+    rng = np.random.default_rng(2)
+    for r in (1, 3, 6):
+        a = rng.standard_normal((8, r)) @ rng.standard_normal((r, 8))
+        assert int(af.numerical_rank(jnp.asarray(a))) == r
+    # beta = 0: uniform attention 1/n everywhere, rank one; orthonormal tokens at large
+    # beta: attention close to the identity, full rank.
+    n = 6
+    x = jnp.eye(n)
+    for beta, rank in ((0.0, 1), (20.0, n)):
+        field = identity_field(n, beta)
+        rec = af.Recorder(jnp.asarray(beta), jnp.asarray(1e-2), metrics=("attention", "attention_rank"))
+        out = rec(0.0, x, field)
+        assert out["attention"].shape == (1, n, n)
+        assert int(out["attention_rank"][0]) == rank
