@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.resources
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import yaml
 from jaxtyping import Array, PRNGKeyArray
 
 from ._errors import ConfigError
@@ -34,73 +36,29 @@ from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant,
 from ._solvers import ADAPTIVE, SOLVERS
 from ._terms import ACTIVATIONS, MLP, NORMS, SelfAttention, TokenNorm
 
-DEFAULTS: dict[str, Any] = {
-    "n": 32,
-    "d": 3,
-    "beta": 1.0,
-    "members": 64,
-    "seed": 0,
-    "dtype": "float32",
-    "t0": 0.0,
-    "t1": 30.0,
-    "dt": 0.1,
-    "solver": "euler_renorm",
-    "adaptive": False,
-    "rtol": 1e-6,
-    "atol": 1e-8,
-    "max_steps": 100_000,
-    "saves": 61,
-    "save_spacing": "linear",
-    "save_states": False,
-    "metrics": ["energy", "log_energy", "pair_density", "clusters", "order_parameter"],
-    "eps": 0.01,
-    "rank_rtol": None,
-    "chunk_size": None,
-    "dynamics": "sa",
-    "norm": "sphere",
-    "token_norm": {"kind": "layer", "eps": 0.0},
-    "attention": True,
-    "causal": False,
-    "alibi": None,
-    "heads": 1,
-    "d_k": None,
-    "d_v": None,
-    "init": {"kind": "uniform"},
-    "weights": {
-        "shared": True,
-        "q": {"kind": "identity"},
-        "k": {"kind": "identity"},
-        "v": {"kind": "identity"},
-        "o": {"kind": "none"},
-    },
-    "mlp": {"enabled": False, "hidden": None, "activation": "gelu", "scale": 1.0, "bias": True},
-    "max_output_gib": 8.0,
-    "overwrite": False,
-    "plot": True,
-}
+def _packaged_yaml(*parts: str) -> dict:
+    return yaml.safe_load(importlib.resources.files("attnflow.conf").joinpath(*parts).read_text())
+
+
+def _load_defaults() -> tuple[dict, dict]:
+    # One source of truth: the Hydra configs shipped in attnflow/conf (conf/ in the repo).
+    root = _packaged_yaml("config.yaml")
+    groups = [entry for entry in root.pop("defaults", []) if isinstance(entry, dict)]
+    inits = {}
+    for name in INITS:
+        spec = _packaged_yaml("init", f"{name}.yaml") or {}
+        inits[name] = {k: v for k, v in spec.items() if k != "kind"}
+    for entry in groups:
+        ((group, option),) = entry.items()
+        root[group] = _packaged_yaml(group, f"{option}.yaml")
+    return root, inits
+
 
 INITS = ("uniform", "orthonormal", "caps", "mixture", "cube", "given")
 MATRIX_KINDS = ("identity", "matrix", "random", "tied", "none")
 DTYPES = ("float32", "float64")
-_INIT_DEFAULTS = {
-    "uniform": {},
-    "orthonormal": {},
-    "caps": {"k": 2, "radius": 0.1, "centres": None},
-    "mixture": {"k": 2, "sigma": 0.1, "spread": 1.0, "centres": None},
-    "cube": {"low": -1.0, "high": 1.0},
-    "given": {"value": None},
-}
-_MATRIX_DEFAULTS = {
-    "kind": "identity",
-    "law": "gaussian",
-    "scale": 1.0,
-    "value": None,
-    "sign": 1.0,
-    "switch_times": [],
-    "factors": [],
-    "redraw_every": None,
-    "poly": None,
-}
+DEFAULTS, _INIT_DEFAULTS = _load_defaults()
+_MATRIX_DEFAULTS = dict(DEFAULTS["weights"]["q"])
 
 
 def _merge(base: Mapping, override: Mapping) -> dict:

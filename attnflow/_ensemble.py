@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import diffrax as dfx
 import equinox as eqx
@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Float, Key, PRNGKeyArray
 
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
@@ -26,10 +27,11 @@ class EnsembleResult(eqx.Module):
 
 
 @eqx.filter_jit
-def _solve(system, keys, betas, ts, t0, t1, dt, options, chunk_size):
+def _solve(system, keys, betas, ts, t0, t1, dt, options, chunk_size, mesh):
     n_beta, n_member = betas.shape[0], keys.shape[0]
     flat_keys = jnp.tile(keys, n_beta)
     flat_betas = jnp.repeat(betas, n_member)
+    batch = n_beta * n_member
 
     def member(args):
         key, beta = args
@@ -37,11 +39,26 @@ def _solve(system, keys, betas, ts, t0, t1, dt, options, chunk_size):
         sol = simulate(field, y0, t0=t0, t1=t1, dt=dt, ts=ts, record=record, **options)
         return sol.stats, sol.result._value, sol.num_steps, sol.ts
 
-    batch = n_beta * n_member
-    if chunk_size is None or chunk_size >= batch:
-        stats, result, steps, times = jax.vmap(member)((flat_keys, flat_betas))
+    def members(flat_keys, flat_betas):
+        size = flat_betas.shape[0]
+        if chunk_size is None or chunk_size >= size:
+            return jax.vmap(member)((flat_keys, flat_betas))
+        return lax.map(member, (flat_keys, flat_betas), batch_size=chunk_size)
+
+    if mesh is None:
+        out = members(flat_keys, flat_betas)
     else:
-        stats, result, steps, times = lax.map(member, (flat_keys, flat_betas), batch_size=chunk_size)
+        # Each device solves its own slice of the (beta, member) pairs; the batch is
+        # padded to a multiple of the device count and the padding dropped afterwards.
+        pad = (-batch) % mesh.size
+        if pad:
+            flat_keys = jnp.concatenate([flat_keys, flat_keys[:pad]])
+            flat_betas = jnp.concatenate([flat_betas, flat_betas[:pad]])
+        spec = PartitionSpec(mesh.axis_names[0])
+        solve_local = jax.shard_map(members, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)
+        out = solve_local(flat_keys, flat_betas)
+        out = jax.tree.map(lambda a: a[:batch], out)
+    stats, result, steps, times = out
     unflatten = lambda a: a.reshape((n_beta, n_member) + a.shape[1:])
     return jax.tree.map(unflatten, stats), unflatten(result), unflatten(steps), times[0]
 
@@ -62,6 +79,7 @@ def solve_ensemble(
     atol: float = 1e-8,
     max_steps: int = 100_000,
     chunk_size: int | None = None,
+    devices: Sequence[jax.Device] | None = None,
     check: bool = True,
 ) -> EnsembleResult:
     """Solve one system per (beta, member) pair in one compiled call.
@@ -72,6 +90,8 @@ def solve_ensemble(
     and the only choice with `adaptive=True`). `keys` holds one key per member; member m uses
     the same key for every beta, so a beta sweep compares like with like. Members are
     processed `chunk_size` at a time (`lax.map` over vmapped chunks) to bound memory.
+    The pairs are shared out over `devices` (default: every local device) with
+    `jax.shard_map`; with one device this is a plain vmap.
 
     beta, the times and the step are data: calling again with other values of them
     reuses the compiled program. With `check=True` a failed solve raises
@@ -88,6 +108,8 @@ def solve_ensemble(
         options.update(save_every=save_every or num_steps, num_steps=num_steps)
     else:
         ts = jnp.asarray(ts, dtype)
+    devices = jax.local_devices() if devices is None else list(devices)
+    mesh = Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
     stats, result, steps, times = _solve(
         system,
         keys,
@@ -98,6 +120,7 @@ def solve_ensemble(
         None if dt is None else jnp.asarray(dt, dtype),
         options,
         chunk_size,
+        mesh,
     )
     out = EnsembleResult(ts=times, stats=stats, result=result, num_steps=steps)
     if check:

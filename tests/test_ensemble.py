@@ -177,3 +177,34 @@ def test_initial_conditions():
     assert np.abs(mix - np.asarray(centres)[np.arange(40) % 2]).max() < 0.06
     given = jnp.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(af.Given(given)(key, 2, 3, jnp.float64), given)
+
+
+_SHARDED = """
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+import attnflow as af
+assert jax.device_count() == 3
+cfg = af.validate_config(dict(n=6, d=3, members=5, beta=[0.5, 2.0], t1=2.0, dt=0.1, saves=5, dtype="float64",
+                              save_states=True))
+system = af.build_system(cfg)
+keys = jax.random.split(jax.random.key(0), 5)
+run = lambda devices, chunk=None: af.solve_ensemble(system, keys, jnp.asarray([0.5, 2.0]), t1=2.0, dt=0.1,
+                                                    save_every=5, solver="rk4", devices=devices,
+                                                    chunk_size=chunk).stats["x"]
+one = run(jax.devices()[:1])
+np.testing.assert_array_equal(run(None), one)      # 10 pairs over 3 devices (padded)
+np.testing.assert_array_equal(run(None, 2), one)   # and chunked on each device
+print("sharded ok")
+"""
+
+
+def test_ensemble_sharded_over_devices_equals_one_device():
+    """Three host devices (XLA's forced device count) share the (beta, member) pairs."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=3", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sharded ok" in proc.stdout
