@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import yaml
-from jaxtyping import Array, PRNGKeyArray
+from jaxtyping import Array, PRNGKeyArray, ScalarLike
 
 from ._errors import ConfigError
 from ._field import SCHEMES, VectorField
@@ -88,6 +88,30 @@ def _number(name: str, value: Any, *, positive=False, integer=False, minimum=Non
         raise ConfigError(f"{name} must be at least {minimum}, got {value!r}.")
 
 
+def _array_shape(name: str, value: Any) -> tuple[int, ...]:
+    """The shape of a user array given as nested lists; ragged or non-numeric input is refused."""
+    if value is None:
+        return ()
+    try:
+        array = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a rectangular array of numbers (nested lists of equal length).") from None
+    if not np.isfinite(array).all():
+        raise ConfigError(f"{name} must hold finite numbers only, got a NaN or an infinity.")
+    return array.shape
+
+
+def _known(name: str, given: Any, allowed) -> None:
+    """Refuse keys of a nested group that attnflow does not know (a typo would be ignored)."""
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{name} must be a mapping of {', '.join(allowed)}, got {given!r}.")
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)}; {name} takes {', '.join(allowed)}."
+        )
+
+
 def betas_of(config: Mapping) -> tuple[list[float], bool]:
     """The list of betas and whether the config gave a list (a `beta` dimension)."""
     beta = config["beta"]
@@ -108,6 +132,20 @@ def validate_config(config: Mapping) -> dict:
     unknown = sorted(set(config) - set(DEFAULTS) - {"hydra"})
     if unknown:
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known keys are {', '.join(DEFAULTS)}.")
+    config = dict(config)
+    # The command line says `init=orthonormal` and `metrics=energy`; accept the same here.
+    if isinstance(config.get("init"), str):
+        config["init"] = {"kind": config["init"]}
+    if isinstance(config.get("metrics"), str):
+        config["metrics"] = [config["metrics"]]
+    for group in ("token_norm", "mlp", "weights"):
+        if group in config:
+            _known(group, config[group], DEFAULTS[group])
+    if "init" in config and not isinstance(config["init"], Mapping):
+        raise ConfigError(f"init must be a kind ({', '.join(INITS)}) or a mapping with one, got {config['init']!r}.")
+    for name, spec in (config.get("weights") or {}).items():
+        if name != "shared" and spec is not None:
+            _known(f"weights.{name}", spec, _MATRIX_DEFAULTS)
     cfg = _merge(DEFAULTS, config)
     cfg.pop("hydra", None)
     for key in ("n", "d", "members", "heads", "saves", "max_steps"):
@@ -143,6 +181,12 @@ def validate_config(config: Mapping) -> dict:
         _choice("metric", m, METRICS)
     if not cfg["attention"] and {"attention", "attention_rank"} & set(metrics):
         raise ConfigError("the attention metrics need attention=true.")
+    for key in ("d_k", "d_v"):
+        if cfg[key] is not None:
+            _number(key, cfg[key], integer=True, minimum=1)
+    if cfg["rank_rtol"] is not None:
+        _number("rank_rtol", cfg["rank_rtol"], positive=True)
+    _number("max_output_gib", cfg["max_output_gib"], positive=True)
     if cfg["chunk_size"] is not None:
         _number("chunk_size", cfg["chunk_size"], integer=True, minimum=1)
     if cfg["alibi"] is not None:
@@ -158,15 +202,26 @@ def validate_config(config: Mapping) -> dict:
 
     init = cfg["init"]
     _choice("init kind", init.get("kind"), INITS)
+    _known("init", init, ("kind", *_INIT_DEFAULTS[init["kind"]]))
     cfg["init"] = init = _merge(_INIT_DEFAULTS[init["kind"]], init)
     n, d = cfg["n"], cfg["d"]
     if init["kind"] == "orthonormal" and n > d:
         raise ConfigError(f"the orthonormal initial condition needs n <= d, got n={n} > d={d}.")
     if init["kind"] in ("caps", "mixture"):
         _number(f"init.k", init["k"], integer=True, minimum=1)
-        if init["centres"] is not None and np.shape(init["centres"]) != (init["k"], d):
+        if init["centres"] is not None and _array_shape("init.centres", init["centres"]) != (init["k"], d):
             raise ConfigError(f"init.centres must have shape (k={init['k']}, d={d}), got {np.shape(init['centres'])}.")
-    if init["kind"] == "given" and np.shape(init["value"]) != (n, d):
+    if init["kind"] == "caps":
+        _number("init.radius", init["radius"], minimum=0)
+    if init["kind"] == "mixture":
+        _number("init.sigma", init["sigma"], minimum=0)
+        _number("init.spread", init["spread"], minimum=0)
+    if init["kind"] == "cube":
+        _number("init.low", init["low"])
+        _number("init.high", init["high"])
+        if init["high"] <= init["low"]:
+            raise ConfigError(f"init.low must be below init.high, got low={init['low']} and high={init['high']}.")
+    if init["kind"] == "given" and _array_shape("init.value", init["value"]) != (n, d):
         raise ConfigError(f"init.value must have shape (n={n}, d={d}), got {np.shape(init['value'])}.")
 
     heads = cfg["heads"]
@@ -189,12 +244,13 @@ def validate_config(config: Mapping) -> dict:
                 raise ConfigError(f"only weights.v can be tied (to +-Q^T K), not weights.{name}.")
             if dv != d:
                 raise ConfigError("V tied to +-Q^T K needs d_v = d.")
+        _number(f"weights.{name}.scale", spec["scale"])
         if spec["kind"] == "random":
             _choice(f"weights.{name}.law", spec["law"], LAWS)
             if spec["law"] != "gaussian" and rows != cols:
                 raise ConfigError(f"the {spec['law']} law needs square matrices, weights.{name} is {(rows, cols)}.")
         if spec["kind"] == "matrix":
-            shape = np.shape(spec["value"])
+            shape = _array_shape(f"weights.{name}.value", spec["value"])
             if shape not in ((rows, cols), (heads, rows, cols)):
                 raise ConfigError(
                     f"weights.{name}.value must have shape {(rows, cols)} or {(heads, rows, cols)}, got {shape}."
@@ -384,7 +440,7 @@ class ConfiguredSystem(eqx.Module):
     def config(self) -> dict:
         return _thaw(self.frozen)
 
-    def __call__(self, key: PRNGKeyArray, beta: Array):
+    def __call__(self, key: PRNGKeyArray, beta: ScalarLike):
         cfg = self.config
         dtype = jnp.dtype(cfg["dtype"])
         k_init, k_weights = jax.random.split(key)

@@ -82,17 +82,19 @@ def _step_loop(field, solver, y0, t0, dt, num_steps: int, save_every: int, recor
         return (y, state), None
 
     def block(carry, j):
+        # Record first, then step: the record and the first field evaluation of the
+        # step see the same state, so XLA computes their common Gram matrix once.
+        stats = record(t0 + j * save_every * dt, carry[0], field)
         if save_every == 1:
             carry, _ = step(carry, j)
         else:
             carry, _ = lax.scan(step, carry, j * save_every + jnp.arange(save_every))
-        t = t0 + (j + 1) * save_every * dt
-        return carry, record(t, carry[0], field)
+        return carry, stats
 
     num_saves = num_steps // save_every
-    first = record(t0, y0, field)
-    _, rest = lax.scan(block, (y0, state), jnp.arange(num_saves))
-    stats = jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
+    (y1, _), stats = lax.scan(block, (y0, state), jnp.arange(num_saves))
+    last = record(t0 + num_steps * dt, y1, field)
+    stats = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), stats, last)
     ts = t0 + dt * save_every * jnp.arange(num_saves + 1, dtype=y0.dtype)
     return ts, stats
 
@@ -146,7 +148,7 @@ def simulate(
         raise ConfigError("fixed-step integration needs a step dt.")
     if adaptive and not isinstance(solver, dfx.AbstractAdaptiveSolver):
         raise ConfigError(f"{type(solver).__name__} has no error estimate, so it cannot adapt its step; "
-                          "use heun, ralston, bosh3, rk4, tsit5, dopri5 or dopri8.")
+                          "use heun, midpoint, ralston, bosh3, rk4, tsit5, dopri5 or dopri8.")
     geometry = field.geometry
     if isinstance(geometry, Sphere):
         solver = Retracted(solver, geometry)

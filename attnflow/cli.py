@@ -12,11 +12,12 @@ from pathlib import Path
 import logging
 
 import hydra
+import xarray as xr
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
-from ._study import config_yaml, load_results, run, write_results
+from ._study import config_yaml, run, write_results
 
 
 def _fail(message: str) -> None:
@@ -26,12 +27,13 @@ def _fail(message: str) -> None:
 
 def _existing_config(path: Path) -> str | None:
     try:
-        return load_results(path).attrs.get("config")
-    except Exception:
+        with xr.open_dataset(path, engine="netcdf4") as ds:  # lazy: only the attributes are read
+            return ds.attrs.get("config")
+    except (OSError, ValueError):
         return None
 
 
-@hydra.main(version_base=None, config_path="conf", config_name="config")
+@hydra.main(version_base=None, config_path="pkg://attnflow.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from ._build import validate_config
 
