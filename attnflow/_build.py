@@ -10,6 +10,7 @@ import copy
 import importlib.resources
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -36,8 +37,18 @@ from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant,
 from ._solvers import ADAPTIVE, SOLVERS
 from ._terms import ACTIVATIONS, MLP, NORMS, SelfAttention, TokenNorm
 
+def config_source() -> tuple[str, Any]:
+    """Where the Hydra configs are: `("pkg://attnflow.conf", files)` once installed, or the
+    repository's `conf/` folder when attnflow is imported from a source checkout."""
+    try:
+        return "pkg://attnflow.conf", importlib.resources.files("attnflow.conf")
+    except ModuleNotFoundError:
+        folder = Path(__file__).resolve().parents[1] / "conf"
+        return str(folder), folder
+
+
 def _packaged_yaml(*parts: str) -> dict:
-    return yaml.safe_load(importlib.resources.files("attnflow.conf").joinpath(*parts).read_text())
+    return yaml.safe_load(config_source()[1].joinpath(*parts).read_text())
 
 
 def _load_defaults() -> tuple[dict, dict]:

@@ -16,6 +16,7 @@ import xarray as xr
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from ._build import config_source
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
 from ._study import config_yaml, run, write_results
 
@@ -33,7 +34,7 @@ def _existing_config(path: Path) -> str | None:
         return None
 
 
-@hydra.main(version_base=None, config_path="pkg://attnflow.conf", config_name="config")
+@hydra.main(version_base=None, config_path=config_source()[0], config_name="config")
 def main(cfg: DictConfig) -> None:
     from ._build import validate_config
 
