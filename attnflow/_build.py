@@ -207,7 +207,15 @@ def validate_config(config: Mapping) -> dict:
         for s in slopes:
             _number("an alibi slope", s, minimum=0)
     if cfg["norm"] in ("pre", "peri"):
-        _choice("token_norm.kind", cfg["token_norm"].get("kind"), NORMS)
+        tn = cfg["token_norm"]
+        _choice("token_norm.kind", tn.get("kind"), NORMS)
+        _number("token_norm.eps", tn["eps"], minimum=0)
+        for key in ("gamma", "shift"):
+            if tn[key] is not None:
+                if tn["kind"] == "sphere" or (key == "shift" and tn["kind"] != "layer"):
+                    raise ConfigError(f"token_norm.{key} does not apply to token_norm.kind={tn['kind']!r}.")
+                if _array_shape(f"token_norm.{key}", tn[key]) not in ((), (cfg["d"],)):
+                    raise ConfigError(f"token_norm.{key} must be a number or {cfg['d']} numbers (one per dimension).")
     if not cfg["attention"] and not cfg["mlp"]["enabled"]:
         raise ConfigError("attention=false and mlp.enabled=false leave no dynamics; switch one on.")
 
@@ -414,7 +422,10 @@ def build_field(cfg: Mapping, key: PRNGKeyArray, beta, dtype) -> VectorField:
             )
         )
     tn = cfg["token_norm"]
-    norm = TokenNorm(tn["kind"], eps=float(tn.get("eps", 0.0))) if cfg["norm"] in ("pre", "peri") else None
+    norm = None
+    if cfg["norm"] in ("pre", "peri"):
+        per_dim = lambda v: None if v is None else jnp.broadcast_to(jnp.asarray(v, dtype), (d,))
+        norm = TokenNorm(tn["kind"], per_dim(tn["gamma"]), per_dim(tn["shift"]), eps=float(tn["eps"]))
     return VectorField(tuple(terms), scheme=cfg["norm"], norm=norm, out_norm=norm)
 
 

@@ -42,6 +42,9 @@ def run(config: Mapping) -> xr.Dataset:
     beta is a list), one variable per metric, the states `x` when `save_states`, and
     the resolved config as YAML in `attrs["config"]`.
 
+    `dtype: float64` switches on `jax_enable_x64` for the process (JAX's float64 is a
+    global setting); float32 runs stay float32 either way.
+
     Raises `ConfigError` for an impossible config, `NonFiniteStateError` when a state
     becomes NaN or infinite, `SolverFailure` when a solve stops early.
     """

@@ -208,3 +208,17 @@ def test_ensemble_sharded_over_devices_equals_one_device():
     proc = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sharded ok" in proc.stdout
+
+
+def test_token_norm_gamma_and_shift_from_config():
+    cfg = af.validate_config(_small(norm="pre", token_norm={"kind": "layer", "eps": 1e-5, "gamma": [1.0, 2.0, 3.0],
+                                                            "shift": 0.5}))
+    field = af.build_field(cfg, jax.random.key(0), 1.0, jnp.float64)
+    x = np.asarray(jax.random.normal(jax.random.key(1), (6, 3)))
+    centred = x - x.mean(-1, keepdims=True)
+    expected = centred / np.sqrt(centred.var(-1, keepdims=True) + 1e-5) * np.array([1.0, 2.0, 3.0]) + 0.5
+    np.testing.assert_allclose(field.norm(jnp.asarray(x)), expected, rtol=1e-12)
+    with pytest.raises(af.ConfigError, match="token_norm.shift"):
+        af.validate_config(_small(norm="pre", token_norm={"kind": "rms", "shift": 1.0}))
+    with pytest.raises(af.ConfigError, match="token_norm.gamma"):
+        af.validate_config(_small(norm="peri", token_norm={"kind": "layer", "gamma": [1.0, 2.0]}))
