@@ -134,8 +134,10 @@ def check_ensemble(out: EnsembleResult, betas) -> None:
     finite = np.asarray(out.stats["finite"])
     if not finite.all():
         b, m, i = np.argwhere(~finite)[0]
+        ts = np.asarray(out.ts)
+        since = f"after t={ts[i - 1]:g}" if i > 0 else "from the start"
         raise NonFiniteStateError(
-            f"the state became non-finite (NaN or inf) by t={float(out.ts[i]):g} in member {m} "
+            f"the state became non-finite (NaN or inf) {since} (first bad output t={ts[i]:g}) in member {m} "
             f"at beta={betas[b]:g}; use a smaller dt, an adaptive solver, float64 or a smaller beta."
         )
     failed = np.asarray(out.result) != dfx.RESULTS.successful._value

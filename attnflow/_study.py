@@ -14,7 +14,8 @@ import xarray as xr
 import yaml
 
 from ._build import betas_of, build_system, save_plan, validate_config
-from ._ensemble import solve_ensemble
+from ._ensemble import check_ensemble, solve_ensemble
+from ._errors import NonFiniteStateError, SolverFailure
 
 _DIMS = {
     "x": ("token", "dim"),
@@ -46,7 +47,8 @@ def run(config: Mapping) -> xr.Dataset:
     global setting); float32 runs stay float32 either way.
 
     Raises `ConfigError` for an impossible config, `NonFiniteStateError` when a state
-    becomes NaN or infinite, `SolverFailure` when a solve stops early.
+    becomes NaN or infinite, `SolverFailure` when a solve stops early; the last two
+    carry the computed Dataset as `error.dataset`.
     """
     cfg = validate_config(dict(config))
     if cfg["dtype"] == "float64":
@@ -70,6 +72,7 @@ def run(config: Mapping) -> xr.Dataset:
         atol=cfg["atol"],
         max_steps=cfg["max_steps"],
         chunk_size=cfg["chunk_size"] or _auto_chunk(cfg, len(betas)),
+        check=False,
     )
     data_vars = {}
     for name, value in result.stats.items():
@@ -87,6 +90,12 @@ def run(config: Mapping) -> xr.Dataset:
     if not beta_is_list:
         ds = ds.squeeze("beta")
     _describe(ds)
+    try:
+        check_ensemble(result, betas)
+    except (NonFiniteStateError, SolverFailure) as error:
+        # Keep what was computed (NaN where a state blew up) for the caller to inspect.
+        error.dataset = ds
+        raise
     return ds
 
 

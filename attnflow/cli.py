@@ -53,8 +53,13 @@ def main(cfg: DictConfig) -> None:
                 f"{path} holds a different run; choose another hydra.run.dir or set overwrite=true."
             )
         ds = run(container)
-    except (ConfigError, NonFiniteStateError, SolverFailure) as error:
+    except ConfigError as error:
         _fail(str(error))
+    except (NonFiniteStateError, SolverFailure) as error:
+        # Nothing computed is lost: the statistics, NaN where the state blew up, go to a
+        # file that cannot be mistaken for a finished run.
+        kept = write_results(error.dataset, out / "incomplete.nc")
+        _fail(f"{str(error).rstrip('.')}; what was computed is in {kept}.")
     write_results(ds, path)
     print(f"attnflow: wrote {path}")
     if resolved["plot"]:

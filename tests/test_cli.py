@@ -133,9 +133,6 @@ def test_overwrite_and_plot_do_not_make_a_different_run(tmp_path):
         pytest.param(["solver=foo"], "solver", id="unknown-solver"),
         pytest.param(["init=orthonormal", "n=5", "d=3"], "orthonormal", id="orthonormal-n>d"),
         pytest.param(["dt=-0.1"], "dt", id="negative-dt"),
-        # (d) USA at beta = 200 overflows exp in float32: a non-finite run is an error too.
-        pytest.param(["dynamics=usa", "beta=200", "dtype=float32", "n=4", "d=3", "members=2", "t1=0.5",
-                      "dt=0.1", "saves=2"], "non-finite", id="non-finite-run"),
     ],
 )
 def test_bad_input_prints_one_error_line_and_writes_nothing(tmp_path, args, says):
@@ -144,6 +141,21 @@ def test_bad_input_prints_one_error_line_and_writes_nothing(tmp_path, args, says
     line = assert_one_error_line(proc)
     assert says in line, line
     assert_nothing_written(tmp_path)
+    assert not list(tmp_path.rglob("*.nc"))
+
+
+def test_non_finite_run_fails_and_keeps_what_was_computed_apart(tmp_path):
+    # (d) USA at beta = 200 overflows exp in float32: the run is an error, no results.nc
+    # is written, and the statistics computed so far go to incomplete.nc.
+    out = tmp_path / "run"
+    proc = attnflow("dynamics=usa", "beta=200", "dtype=float32", "n=4", "d=3", "members=2", "t1=0.5", "dt=0.1",
+                    "saves=6", f"hydra.run.dir={out}", cwd=tmp_path)
+    line = assert_one_error_line(proc)
+    assert "non-finite" in line and "incomplete.nc" in line, line
+    assert_nothing_written(tmp_path)
+    kept = load(out / "incomplete.nc")
+    assert np.isfinite(kept["log_energy"].values[..., 0]).all()  # t = 0 was fine
+    assert not np.isfinite(kept["log_energy"].values[..., -1]).all()
 
 
 def test_module_entry_point_finds_its_config(tmp_path):

@@ -116,6 +116,10 @@ def test_non_finite_state_raises_naming_time_member_and_beta():
     assert re.search(r"\bmember \d+\b", message), message
     assert "beta=200" in message, message
     assert_one_sentence(message)
+    # What was computed comes with the error: finite at t0, not at the end.
+    kept = info.value.dataset
+    assert np.isfinite(kept["log_energy"].values[..., 0]).all()
+    assert not np.isfinite(kept["log_energy"].values[..., -1]).all()
 
 
 def test_list_beta_gives_a_beta_dimension_and_a_scalar_does_not():
