@@ -26,8 +26,8 @@ class AbstractGeometry(eqx.Module):
         """Map a point near the manifold back onto it."""
 
     @abc.abstractmethod
-    def distance_to(self, x: Float[Array, "n d"]) -> Float[Array, " n"]:
-        """How far each row of `x` is from the manifold (0 on it)."""
+    def distance(self, x: Float[Array, "n d"], y: Float[Array, "n d"]) -> Float[Array, " n"]:
+        """The distance between `x[i]` and `y[i]` along the manifold."""
 
 
 class Sphere(AbstractGeometry):
@@ -39,8 +39,11 @@ class Sphere(AbstractGeometry):
     def retract(self, x):
         return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
 
-    def distance_to(self, x):
-        return jnp.abs(jnp.linalg.norm(x, axis=-1) - 1)
+    def distance(self, x, y):
+        # arctan2 of |x ^ y| and <x, y> stays accurate for nearly equal points, where
+        # arccos(<x, y>) loses half the digits.
+        cross = jnp.linalg.norm(x[..., :, None] * y[..., None, :] - y[..., :, None] * x[..., None, :], axis=(-2, -1))
+        return jnp.arctan2(cross / jnp.sqrt(2.0), jnp.sum(x * y, axis=-1))
 
 
 class Euclidean(AbstractGeometry):
@@ -52,5 +55,5 @@ class Euclidean(AbstractGeometry):
     def retract(self, x):
         return x
 
-    def distance_to(self, x):
-        return jnp.zeros(x.shape[:-1], x.dtype)
+    def distance(self, x, y):
+        return jnp.linalg.norm(x - y, axis=-1)

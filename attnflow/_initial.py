@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._errors import ConfigError
 
 
 def _unit_rows(x):
@@ -27,8 +26,6 @@ class AbstractInitialCondition(eqx.Module):
     def __call__(self, key: PRNGKeyArray | None, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
         """Draw one configuration."""
 
-    def check(self, n: int, d: int) -> None:
-        """Raise `ConfigError` if this law cannot produce `n` tokens in dimension `d`."""
 
 
 class UniformSphere(AbstractInitialCondition):
@@ -41,9 +38,6 @@ class UniformSphere(AbstractInitialCondition):
 class Orthonormal(AbstractInitialCondition):
     """$x_i = e_i$: the equiangular start with all inner products 0 (needs $n \\le d$)."""
 
-    def check(self, n, d):
-        if n > d:
-            raise ConfigError(f"the orthonormal initial condition needs n <= d, got n={n} > d={d}.")
 
     def __call__(self, key, n, d, dtype=jnp.float32):
         return jnp.eye(n, d, dtype=dtype)
@@ -61,11 +55,6 @@ class SphericalCaps(AbstractInitialCondition):
     radius: Float[Array, ""]
     centres: Float[Array, "k d"] | None = None
 
-    def check(self, n, d):
-        if self.k < 1:
-            raise ConfigError(f"caps needs k >= 1 caps, got k={self.k}.")
-        if self.centres is not None and self.centres.shape != (self.k, d):
-            raise ConfigError(f"caps centres must have shape (k={self.k}, d={d}), got {self.centres.shape}.")
 
     def __call__(self, key, n, d, dtype=jnp.float32):
         k_centre, k_dir, k_angle = jax.random.split(key, 3)
@@ -88,11 +77,6 @@ class GaussianMixture(AbstractInitialCondition):
     spread: Float[Array, ""]
     centres: Float[Array, "k d"] | None = None
 
-    def check(self, n, d):
-        if self.k < 1:
-            raise ConfigError(f"gaussian_mixture needs k >= 1 components, got k={self.k}.")
-        if self.centres is not None and self.centres.shape != (self.k, d):
-            raise ConfigError(f"mixture centres must have shape (k={self.k}, d={d}), got {self.centres.shape}.")
 
     def __call__(self, key, n, d, dtype=jnp.float32):
         k_centre, k_noise = jax.random.split(key)
@@ -118,9 +102,6 @@ class Given(AbstractInitialCondition):
 
     value: Float[Array, "n d"]
 
-    def check(self, n, d):
-        if self.value.shape != (n, d):
-            raise ConfigError(f"the given initial state must have shape (n={n}, d={d}), got {self.value.shape}.")
 
     def __call__(self, key, n, d, dtype=jnp.float32):
         return jnp.asarray(self.value, dtype)

@@ -136,7 +136,9 @@ def simulate(
       (e.g. a `Recorder`); by default the states themselves, under `"x"`.
     - `adaptive`: PID step-size control with `rtol`, `atol` instead of fixed steps.
 
-    Traceable: it can be called under `jax.jit` and `jax.vmap`. It does not raise for
+    Traceable: it can be called under `jax.jit` and `jax.vmap`, and the fixed-step path
+    is differentiable in forward mode (`jax.jvp`, for tangent dynamics) and reverse
+    mode alike. It does not raise for
     a failed or non-finite run; look at `result` and `stats["finite"]`, or use the
     ensemble runner, which does.
     """

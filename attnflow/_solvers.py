@@ -114,4 +114,9 @@ def solver_from_name(name: str) -> tuple[dfx.AbstractSolver, bool]:
     if name not in SOLVERS:
         raise ConfigError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}.")
     cls, tangent, _ = SOLVERS[name]
+    if issubclass(cls, dfx.AbstractRungeKutta):
+        # A plain lax.scan over the stages: forward- and reverse-mode autodiff both pass
+        # through it (diffrax's default checkpointed scan is reverse-mode only), which the
+        # tangent dynamics of Lyapunov exponents need.
+        return cls(scan_kind="lax"), tangent
     return cls(), tangent

@@ -17,22 +17,13 @@ from jaxtyping import Array, Float, Scalar, ScalarLike
 from ._errors import ConfigError
 from ._schedules import AbstractSchedule, Identity
 
-# Below this contraction size a broadcast-multiply-sum fuses with its neighbours and
-# beats a matrix-multiply call (d = 2, 3 on the circle and the sphere S^2).
-_SMALL_CONTRACTION = 0
-
-
 def _contract(a: Array, b: Array) -> Array:
-    """`a @ b.T` over the last axis of both, batched over leading axes."""
-    if a.shape[-1] <= _SMALL_CONTRACTION:
-        return jnp.sum(a[..., :, None, :] * b[..., None, :, :], axis=-1)
+    """`a @ b.T` over the last axis of both, batched (and broadcast) over leading axes."""
     return jnp.einsum("...ik,...jk->...ij", a, b)
 
 
 def _mix(weights: Array, values: Array) -> Array:
-    """`weights @ values`, batched over leading axes."""
-    if values.shape[-1] <= _SMALL_CONTRACTION:
-        return jnp.sum(weights[..., :, :, None] * values[..., None, :, :], axis=-2)
+    """`weights @ values`, batched (and broadcast) over leading axes."""
     return jnp.einsum("...ij,...jk->...ik", weights, values)
 
 

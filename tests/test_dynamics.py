@@ -259,3 +259,36 @@ def test_flat_schemes_follow_their_definition(scheme):
     if scheme == "peri":
         # Every velocity has norm sqrt(d): the displacement over [0, 1] is at most sqrt(d).
         assert np.all(np.linalg.norm(np.asarray(sol.xs[-1] - sol.xs[0]), axis=-1) <= 2 + 1e-9)
+
+
+def test_sphere_geometry():
+    sphere = af.Sphere()
+    x = _uniform(jax.random.key(21), 6, 4)
+    v = jax.random.normal(jax.random.key(22), (6, 4))
+    p = sphere.project(x, v)
+    np.testing.assert_allclose(np.sum(np.asarray(x) * np.asarray(p), -1), 0, atol=1e-14)
+    np.testing.assert_allclose(sphere.project(x, p), p, atol=1e-14)  # a projection
+    np.testing.assert_allclose(np.linalg.norm(sphere.retract(3 * x + 0.1 * v), axis=-1), 1, rtol=1e-14)
+    e = jnp.eye(4)
+    np.testing.assert_allclose(sphere.distance(e[:2], e[1:3]), np.pi / 2, rtol=1e-14)
+    np.testing.assert_allclose(sphere.distance(e[:1], -e[:1]), np.pi, rtol=1e-14)
+    # Nearly equal points: the angle is exact where arccos(<x, y>) would give ~1e-8.
+    tiny = 1e-9
+    y = jnp.array([[np.cos(tiny), np.sin(tiny), 0.0, 0.0]])
+    np.testing.assert_allclose(sphere.distance(e[:1], y), tiny, rtol=1e-6)
+    np.testing.assert_allclose(af.Euclidean().distance(e[:2], e[1:3]), np.sqrt(2), rtol=1e-14)
+
+
+def test_tangent_flow_by_jvp_matches_finite_differences():
+    """Forward-mode derivatives pass through the solver (the basis of Lyapunov spectra):
+    the jvp of the flow map equals a central finite difference."""
+    field = random_field(jax.random.key(23), d=3, beta=1.0, mlp=True)
+    y0 = _uniform(jax.random.key(24), 5, 3)
+    v = af.Sphere().project(y0, jax.random.normal(jax.random.key(25), (5, 3)))
+    flow = lambda y: af.simulate(field, y, t1=1.0, dt=0.01, solver="rk4").xs[-1]
+    _, tangent = jax.jvp(flow, (y0,), (v,))
+    h = 1e-5
+    central = (flow(af.Sphere().retract(y0 + h * v)) - flow(af.Sphere().retract(y0 - h * v))) / (2 * h)
+    np.testing.assert_allclose(tangent, central, atol=1e-8)
+    # The tangent vector stays tangent to the sphere at the final state.
+    np.testing.assert_allclose(np.sum(np.asarray(tangent) * np.asarray(flow(y0)), -1), 0, atol=1e-12)
