@@ -34,6 +34,7 @@ from ._initial import (
 from ._metrics import METRICS, Recorder
 from ._random_matrices import LAWS, draw
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
+from ._simulate import fixed_steps
 from ._solvers import ADAPTIVE, SOLVERS
 from ._terms import ACTIVATIONS, MLP, NORMS, SelfAttention, TokenNorm
 
@@ -310,8 +311,6 @@ def save_plan(cfg: Mapping) -> tuple[np.ndarray | None, int | None]:
     """How output times are produced: `(None, save_every)` when they fall on the
     fixed-step grid (recorded exactly, by the scan loop), else `(ts, None)` for
     diffrax's dense output."""
-    from ._simulate import fixed_steps
-
     if not cfg["adaptive"] and cfg["save_spacing"] == "linear" and cfg["saves"] >= 2:
         steps = fixed_steps(cfg["t0"], cfg["t1"], cfg["dt"])
         if steps is not None and steps % (cfg["saves"] - 1) == 0:

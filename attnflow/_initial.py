@@ -14,7 +14,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 
-
 def _unit_rows(x):
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
@@ -27,7 +26,6 @@ class AbstractInitialCondition(eqx.Module):
         """Draw one configuration."""
 
 
-
 class UniformSphere(AbstractInitialCondition):
     """I.i.d. uniform on $S^{d-1}$ (normalized standard Gaussians)."""
 
@@ -37,7 +35,6 @@ class UniformSphere(AbstractInitialCondition):
 
 class Orthonormal(AbstractInitialCondition):
     """$x_i = e_i$: the equiangular start with all inner products 0 (needs $n \\le d$)."""
-
 
     def __call__(self, key, n, d, dtype=jnp.float32):
         return jnp.eye(n, d, dtype=dtype)
@@ -54,7 +51,6 @@ class SphericalCaps(AbstractInitialCondition):
     k: int = eqx.field(static=True)
     radius: Float[Array, ""]
     centres: Float[Array, "k d"] | None = None
-
 
     def __call__(self, key, n, d, dtype=jnp.float32):
         k_centre, k_dir, k_angle = jax.random.split(key, 3)
@@ -76,7 +72,6 @@ class GaussianMixture(AbstractInitialCondition):
     sigma: Float[Array, ""]
     spread: Float[Array, ""]
     centres: Float[Array, "k d"] | None = None
-
 
     def __call__(self, key, n, d, dtype=jnp.float32):
         k_centre, k_noise = jax.random.split(key)
@@ -101,7 +96,6 @@ class Given(AbstractInitialCondition):
     """A user array, the same for every member."""
 
     value: Float[Array, "n d"]
-
 
     def __call__(self, key, n, d, dtype=jnp.float32):
         return jnp.asarray(self.value, dtype)

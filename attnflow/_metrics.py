@@ -29,11 +29,15 @@ def cosines(x: Float[Array, "n d"]) -> Float[Array, "n n"]:
     return gram(u)
 
 
+def _log_energy(g: Float[Array, "n n"], beta: ScalarLike) -> Scalar:
+    n = g.shape[0]
+    return jax.nn.logsumexp(beta * g) - jnp.log(2 * beta * n**2)
+
+
 def log_interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
     """$\\log E_\\beta$ with $E_\\beta = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$
     (survey 003, eq. 29), by a log-sum-exp so that $\\beta = 10^4$ does not overflow."""
-    n = x.shape[0]
-    return jax.nn.logsumexp(beta * gram(x)) - jnp.log(2 * beta * n**2)
+    return _log_energy(gram(x), beta)
 
 
 def interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
@@ -52,9 +56,13 @@ def normalized_energy(x: Float[Array, "n d"]) -> Scalar:
     return jnp.mean(jnp.exp(cosines(x)))
 
 
-def _off_diagonal_mean(m: Array) -> Scalar:
-    n = m.shape[0]
-    return (jnp.sum(m) - jnp.trace(m)) / (n * (n - 1))
+def _pair_fraction(close: Bool[Array, "n n"], dtype) -> Scalar:
+    """Fraction of the pairs i != j marked in `close` (1 for a single token)."""
+    n = close.shape[0]
+    if n < 2:
+        return jnp.ones((), dtype)
+    pairs = jnp.sum(close & ~jnp.eye(n, dtype=bool), dtype=jnp.int32)
+    return pairs.astype(dtype) / (n * (n - 1))
 
 
 def pair_density(x: Float[Array, "n d"], eps: ScalarLike) -> Scalar:
@@ -63,9 +71,7 @@ def pair_density(x: Float[Array, "n d"], eps: ScalarLike) -> Scalar:
     The quantity of the phase diagrams of "A mathematical perspective on transformers"
     (fig. 3-5). It is 1 once all tokens are in one cluster.
     """
-    if x.shape[0] < 2:
-        return jnp.ones((), x.dtype)
-    return _off_diagonal_mean((cosines(x) > 1 - eps).astype(x.dtype))
+    return _pair_fraction(cosines(x) > 1 - eps, x.dtype)
 
 
 def _components(adjacency: Bool[Array, "n n"]) -> Int[Array, " n"]:
@@ -86,29 +92,41 @@ def _components(adjacency: Bool[Array, "n n"]) -> Int[Array, " n"]:
     return labels
 
 
+def _labels(close: Bool[Array, "n n"]) -> Int[Array, " n"]:
+    return _components(close | jnp.eye(close.shape[0], dtype=bool))
+
+
+def _count(labels: Int[Array, " n"]) -> Int[Array, ""]:
+    return jnp.sum(labels == jnp.arange(labels.shape[0])).astype(jnp.int32)
+
+
+def _sizes(labels: Int[Array, " n"]) -> Int[Array, " n"]:
+    sizes = jnp.zeros(labels.shape[0], jnp.int32).at[labels].add(1)
+    return -jnp.sort(-sizes)
+
+
 def cluster_labels(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, " n"]:
     """Connected components of the graph joining tokens with $\\cos > 1 - \\epsilon$."""
-    adjacency = (cosines(x) > 1 - eps) | jnp.eye(x.shape[0], dtype=bool)
-    return _components(adjacency)
+    return _labels(cosines(x) > 1 - eps)
 
 
 def cluster_count(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, ""]:
     """Number of connected components of the $\\epsilon$-threshold graph."""
-    labels = cluster_labels(x, eps)
-    return jnp.sum(labels == jnp.arange(x.shape[0]))
+    return _count(cluster_labels(x, eps))
 
 
 def cluster_sizes(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, " n"]:
     """Sizes of the clusters, largest first, padded with zeros to length n."""
-    labels = cluster_labels(x, eps)
-    sizes = jnp.zeros(x.shape[0], jnp.int32).at[labels].add(1)
-    return -jnp.sort(-sizes)
+    return _sizes(cluster_labels(x, eps))
+
+
+def _order(x: Float[Array, "n d"], inv_norm: Float[Array, " n"]) -> Scalar:
+    return jnp.linalg.norm(jnp.mean(x * inv_norm[:, None], axis=0))
 
 
 def order_parameter(x: Float[Array, "n d"]) -> Scalar:
     """$|\\frac1n \\sum_i x_i / |x_i||$: 1 for a single cluster, about $n^{-1/2}$ when spread."""
-    u = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-    return jnp.linalg.norm(jnp.mean(u, axis=0))
+    return _order(x, 1 / jnp.linalg.norm(x, axis=-1))
 
 
 def numerical_rank(a: Float[Array, "n n"], rtol: ScalarLike | None = None) -> Int[Array, ""]:
@@ -169,7 +187,7 @@ class Recorder(eqx.Module):
             inv_norm = lax.rsqrt(jnp.diagonal(g))
             cos = g * inv_norm[:, None] * inv_norm[None, :]
         if m & {"energy", "log_energy"}:
-            log_e = jax.nn.logsumexp(self.beta * g) - jnp.log(2 * self.beta * n**2)
+            log_e = _log_energy(g, self.beta)
             if "energy" in m:
                 out["energy"] = jnp.exp(log_e)
             if "log_energy" in m:
@@ -179,20 +197,15 @@ class Recorder(eqx.Module):
         if m & {"pair_density", "clusters", "cluster_sizes"}:
             close = cos > 1 - self.eps
             if "pair_density" in m:
-                if n > 1:
-                    pairs = jnp.sum(close & ~jnp.eye(n, dtype=bool), dtype=jnp.int32)
-                    out["pair_density"] = pairs.astype(x.dtype) / (n * (n - 1))
-                else:
-                    out["pair_density"] = jnp.ones((), x.dtype)
+                out["pair_density"] = _pair_fraction(close, x.dtype)
             if m & {"clusters", "cluster_sizes"}:
-                labels = _components(close | jnp.eye(n, dtype=bool))
+                labels = _labels(close)
                 if "clusters" in m:
-                    out["clusters"] = jnp.sum(labels == jnp.arange(n)).astype(jnp.int32)
+                    out["clusters"] = _count(labels)
                 if "cluster_sizes" in m:
-                    sizes = jnp.zeros(n, jnp.int32).at[labels].add(1)
-                    out["cluster_sizes"] = -jnp.sort(-sizes)
+                    out["cluster_sizes"] = _sizes(labels)
         if "order_parameter" in m:
-            out["order_parameter"] = jnp.linalg.norm(jnp.mean(x * inv_norm[:, None], axis=0))
+            out["order_parameter"] = _order(x, inv_norm)
         if m & {"attention", "attention_rank"}:
             a = field.attention_weights(t, x)
             if "attention" in m:

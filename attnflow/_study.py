@@ -71,7 +71,7 @@ def run(config: Mapping) -> xr.Dataset:
         rtol=cfg["rtol"],
         atol=cfg["atol"],
         max_steps=cfg["max_steps"],
-        chunk_size=cfg["chunk_size"] or _auto_chunk(cfg, len(betas)),
+        chunk_size=cfg["chunk_size"],
         check=False,
     )
     data_vars = {}
@@ -97,16 +97,6 @@ def run(config: Mapping) -> xr.Dataset:
         error.dataset = ds
         raise
     return ds
-
-
-def _auto_chunk(cfg: Mapping, n_beta: int) -> int:
-    # Keep each chunk's states near the size of the last-level cache: measured on a
-    # 2-core CPU (benchmarks/phase_diagram.py) this is 2-3x faster at d=128 than
-    # one vmap over 2048 members, and never slower at small d.
-    itemsize = 4 if cfg["dtype"] == "float32" else 8
-    per_member = cfg["n"] * max(cfg["n"], cfg["d"]) * itemsize * cfg["heads"]
-    chunk = max(1, (4 * 2**20) // per_member)
-    return int(min(chunk, n_beta * cfg["members"]))
 
 
 def _describe(ds: xr.Dataset) -> None:

@@ -75,11 +75,10 @@ def attnflow_phase_diagram(d: int, members: int, n: int, dt: float, t1: float, e
     )
     system = af.build_system(cfg)
     keys = jax.random.split(jax.random.key(0), members)
-    chunk = af._study._auto_chunk(cfg, 1)
 
     def solve(beta):
         result = af.solve_ensemble(system, keys, jnp.asarray([beta], jnp.float32), t1=t1, dt=dt,
-                                   save_every=1, solver="euler_renorm", chunk_size=chunk)
+                                   save_every=1, solver="euler_renorm")
         return jax.block_until_ready(result)
 
     start = time.perf_counter()
