@@ -2,42 +2,67 @@
 
 The one-system entry point is `simulate`; ensembles go through `solve_ensemble`; a
 whole configured study (the `attnflow` command without Hydra) is `run(config)`.
+
+Names are imported on first use, so that `import attnflow` (and the command line)
+only pays for the parts a run needs: matplotlib for plots, diffrax for adaptive runs.
 """
 
-from ._build import ConfiguredSystem, build_field, build_init, build_system, save_plan, save_times, validate_config
-from ._ensemble import EnsembleResult, solve_ensemble
-from ._errors import ConfigError, NonFiniteStateError, SolverFailure
-from ._field import VectorField
-from ._geometry import AbstractGeometry, Euclidean, Sphere
-from ._initial import (
-    AbstractInitialCondition,
-    GaussianMixture,
-    Given,
-    Orthonormal,
-    SphericalCaps,
-    UniformCube,
-    UniformSphere,
-)
-from ._metrics import (
-    Recorder,
-    cluster_count,
-    cluster_labels,
-    cluster_sizes,
-    cosines,
-    gram,
-    interaction_energy,
-    log_interaction_energy,
-    normalized_energy,
-    numerical_rank,
-    order_parameter,
-    pair_density,
-)
-from ._plots import plot_summary
-from ._random_matrices import draw as draw_matrix
-from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
-from ._simulate import Solution, simulate
-from ._solvers import RK4, SOLVERS, Retracted, solver_from_name
-from ._study import load_results, run, write_results
-from ._terms import MLP, AbstractInteraction, SelfAttention, TokenNorm
+from __future__ import annotations
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+import importlib
+
+_EXPORTS = {
+    "_adaptive": ("RK4", "Retracted"),
+    "_build": ("ConfiguredSystem", "build_field", "build_init", "build_system", "validate_config"),
+    "_config": ("Config", "compose"),
+    "_ensemble": ("EnsembleResult", "solve_ensemble"),
+    "_errors": ("ConfigError", "NonFiniteStateError", "SolverFailure"),
+    "_field": ("VectorField",),
+    "_geometry": ("AbstractGeometry", "Euclidean", "Sphere"),
+    "_grid": ("grid_times", "save_steps", "save_times", "step_count"),
+    "_initial": (
+        "AbstractInitialCondition",
+        "GaussianMixture",
+        "Given",
+        "Orthonormal",
+        "SphericalCaps",
+        "UniformCube",
+        "UniformSphere",
+    ),
+    "_metrics": (
+        "Recorder",
+        "cluster_count",
+        "cluster_labels",
+        "cluster_sizes",
+        "cosines",
+        "gram",
+        "interaction_energy",
+        "log_interaction_energy",
+        "normalized_energy",
+        "numerical_rank",
+        "order_parameter",
+        "pair_density",
+    ),
+    "_plots": ("plot_summary", "summary_figure"),
+    "_random_matrices": ("draw_matrix",),
+    "_schedules": ("AbstractSchedule", "Constant", "Identity", "PiecewiseConstant", "PiecewiseSchedule", "Scaled"),
+    "_simulate": ("Solution", "simulate"),
+    "_solvers": ("SOLVERS", "Tableau", "tableau"),
+    "_study": ("load_results", "run", "write_results"),
+    "_terms": ("MLP", "AbstractInteraction", "SelfAttention", "TokenNorm"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

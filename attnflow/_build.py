@@ -1,27 +1,29 @@
-"""From a configuration (a plain nested dict, as Hydra composes it) to attnflow objects.
+"""From a configuration to attnflow objects.
 
-`validate_config` checks every value once, in Python, before anything is traced; the
-`build_*` functions then only assemble modules. Nothing here imports Hydra.
+`validate_config` composes a config against the typed schema (`_config.py`, which
+checks types, choices and unknown keys) and then checks what a type cannot say:
+ranges, shapes, combinations, keys given for options that do not use them, and initial
+data that no run could start from. The `build_*` functions then only assemble modules.
+Nothing here imports Hydra.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib.resources
+import dataclasses
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import yaml
 from jaxtyping import Array, PRNGKeyArray, ScalarLike
 
+from ._config import Config, InitConfig, MatrixConfig, _default_config, compose, to_container
 from ._errors import ConfigError
-from ._field import SCHEMES, VectorField
+from ._field import VectorField
+from ._grid import save_times, step_count
 from ._initial import (
     AbstractInitialCondition,
     GaussianMixture,
@@ -31,102 +33,43 @@ from ._initial import (
     UniformCube,
     UniformSphere,
 )
-from ._metrics import METRICS, Recorder
-from ._random_matrices import LAWS, draw
+from ._metrics import Recorder
+from ._random_matrices import draw_matrix
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
-from ._simulate import fixed_steps
-from ._solvers import ADAPTIVE, SOLVERS
-from ._terms import ACTIVATIONS, MLP, NORMS, SelfAttention, TokenNorm
+from ._terms import MLP, SelfAttention, TokenNorm
 
-def config_source() -> tuple[str, Any]:
-    """Where the Hydra configs are: `("pkg://attnflow.conf", files)` once installed, or the
-    repository's `conf/` folder when attnflow is imported from a source checkout."""
-    try:
-        return "pkg://attnflow.conf", importlib.resources.files("attnflow.conf")
-    except ModuleNotFoundError:
-        folder = Path(__file__).resolve().parents[1] / "conf"
-        return str(folder), folder
+# What each metric reads: the clustering threshold eps, the attention term.
+_CLUSTERING = {"pair_density", "clusters", "cluster_sizes"}
+_ATTENTION = {"attention", "attention_rank"}
 
 
-def _packaged_yaml(*parts: str) -> dict:
-    return yaml.safe_load(config_source()[1].joinpath(*parts).read_text())
-
-
-def _load_defaults() -> tuple[dict, dict]:
-    # One source of truth: the Hydra configs shipped in attnflow/conf (conf/ in the repo).
-    root = _packaged_yaml("config.yaml")
-    groups = [entry for entry in root.pop("defaults", []) if isinstance(entry, dict)]
-    inits = {}
-    for name in INITS:
-        spec = _packaged_yaml("init", f"{name}.yaml") or {}
-        inits[name] = {k: v for k, v in spec.items() if k != "kind"}
-    for entry in groups:
-        ((group, option),) = entry.items()
-        root[group] = _packaged_yaml(group, f"{option}.yaml")
-    return root, inits
-
-
-INITS = ("uniform", "orthonormal", "caps", "mixture", "cube", "given")
-MATRIX_KINDS = ("identity", "matrix", "random", "tied", "none")
-DTYPES = ("float32", "float64")
-DEFAULTS, _INIT_DEFAULTS = _load_defaults()
-_MATRIX_DEFAULTS = dict(DEFAULTS["weights"]["q"])
-
-
-def _merge(base: Mapping, override: Mapping) -> dict:
-    out = copy.deepcopy(dict(base))
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _choice(name: str, value: Any, allowed) -> None:
-    if value not in allowed:
-        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(map(str, allowed))}.")
-
-
-def _number(name: str, value: Any, *, positive=False, integer=False, minimum=None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and integer:
-        ok = float(value).is_integer()
-    if not ok:
-        raise ConfigError(f"{name} must be a finite {'integer' if integer else 'number'}, got {value!r}.")
+def _number(name: str, value: Any, *, positive=False, minimum=None) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}.")
     if positive and value <= 0:
         raise ConfigError(f"{name} must be positive, got {value!r}.")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value!r}.")
 
 
-def _array_shape(name: str, value: Any) -> tuple[int, ...]:
-    """The shape of a user array given as nested lists; ragged or non-numeric input is refused."""
-    if value is None:
-        return ()
+def _array(name: str, value: Any, dtype: str) -> np.ndarray:
+    """A user array given as nested lists; ragged, non-numeric or non-finite input, and
+    values that the run's dtype cannot hold, are refused."""
     try:
-        array = np.asarray(value, dtype=float)
+        array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be a rectangular array of numbers (nested lists of equal length).") from None
     if not np.isfinite(array).all():
         raise ConfigError(f"{name} must hold finite numbers only, got a NaN or an infinity.")
-    return array.shape
+    largest = float(np.finfo(dtype).max)
+    if array.size and np.abs(array).max() > largest:
+        raise ConfigError(f"{name} holds {np.abs(array).max():.3g}, beyond the largest {dtype} ({largest:.3g}).")
+    return array
 
 
-def _known(name: str, given: Any, allowed) -> None:
-    """Refuse keys of a nested group that attnflow does not know (a typo would be ignored)."""
-    if not isinstance(given, Mapping):
-        raise ConfigError(f"{name} must be a mapping of {', '.join(allowed)}, got {given!r}.")
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"unknown key(s) {', '.join(f'{name}.{k}' for k in unknown)}; {name} takes {', '.join(allowed)}."
-        )
-
-
-def betas_of(config: Mapping) -> tuple[list[float], bool]:
+def betas_of(cfg: Config) -> tuple[list[float], bool]:
     """The list of betas and whether the config gave a list (a `beta` dimension)."""
-    beta = config["beta"]
+    beta = cfg.beta
     is_list = isinstance(beta, (list, tuple))
     values = list(beta) if is_list else [beta]
     if not values:
@@ -136,146 +79,231 @@ def betas_of(config: Mapping) -> tuple[list[float], bool]:
     return [float(b) for b in values], is_list
 
 
-def validate_config(config: Mapping) -> dict:
-    """Fill in defaults and check every value; returns the completed config.
+def _not_applicable(cfg: Config, base: Config) -> None:
+    """Refuse values given for options the run does not use (they would be stored but
+    ignored): a value differing from its default where its switch is off."""
+
+    def changed(getter) -> bool:
+        return getter(cfg) != getter(base)
+
+    rules: list[tuple[str, list[tuple[str, Any]]]] = []
+    if not cfg.attention:
+        rules.append(("attention=false", [
+            ("dynamics", lambda c: c.dynamics), ("causal", lambda c: c.causal), ("alibi", lambda c: c.alibi),
+            ("heads", lambda c: c.heads), ("d_k", lambda c: c.d_k), ("d_v", lambda c: c.d_v),
+            *[(f"weights.{m}", lambda c, m=m: getattr(c.weights, m)) for m in "qkvo"],
+        ]))
+    if not cfg.mlp.enabled:
+        rules.append(("mlp.enabled=false", [
+            (f"mlp.{k}", lambda c, k=k: getattr(c.mlp, k)) for k in ("hidden", "activation", "scale", "bias")
+        ]))
+    if cfg.norm not in ("pre", "peri"):
+        rules.append((f"norm={cfg.norm} (token_norm is the N of pre and peri)", [
+            (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in ("kind", "eps", "gamma", "shift")
+        ]))
+    elif cfg.token_norm.kind != "layer":
+        unused = ("eps", "gamma", "shift") if cfg.token_norm.kind == "sphere" else ("shift",)
+        rules.append((f"token_norm.kind={cfg.token_norm.kind}", [
+            (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in unused
+        ]))
+    if not cfg.adaptive:
+        rules.append(("adaptive=false (fixed steps take (t1 - t0)/dt steps)", [
+            (k, lambda c, k=k: getattr(c, k)) for k in ("rtol", "atol", "max_steps")
+        ]))
+    if cfg.rank_rtol is not None and "attention_rank" not in cfg.metrics:
+        rules.append(("metrics without attention_rank", [("rank_rtol", lambda c: c.rank_rtol)]))
+    if not _CLUSTERING & set(cfg.metrics):
+        rules.append(("metrics without pair_density, clusters or cluster_sizes", [("eps", lambda c: c.eps)]))
+    random_weights = cfg.mlp.enabled or (cfg.attention and any(getattr(cfg.weights, m).kind == "random" for m in "qkvo"))
+    if not random_weights:
+        rules.append(("no random weights", [("weights.shared", lambda c: c.weights.shared)]))
+    if cfg.attention:
+        for m in "qkvo":
+            spec, default = getattr(cfg.weights, m), getattr(base.weights, m)
+            uses = {
+                "identity": ("scale",),
+                "matrix": ("value", "scale"),
+                "random": ("law", "scale", "redraw_every"),
+                "tied": ("sign", "scale"),
+                "none": (),
+            }[spec.kind]
+            unused = [k for k in ("law", "scale", "value", "sign", "redraw_every") if k not in uses]
+            if spec.kind == "none":
+                unused += ["switch_times", "factors", "poly"]
+            given = [k for k in unused if getattr(spec, k) != getattr(default, k)]
+            if given:
+                keys = " and ".join(f"weights.{m}.{k}" for k in given)
+                raise ConfigError(f"{keys} {'does' if len(given) == 1 else 'do'} not apply to weights.{m}.kind={spec.kind}.")
+    for reason, keys in rules:
+        given = [name for name, getter in keys if changed(getter)]
+        if given:
+            names = " and ".join(given)
+            raise ConfigError(f"{names} {'does' if len(given) == 1 else 'do'} not apply with {reason}; remove "
+                              f"{'it' if len(given) == 1 else 'them'} or change that setting.")
+
+
+def validate_config(config: Mapping | Config | None = None) -> Config:
+    """Compose `config` over the defaults and check every value; returns the typed config.
 
     Raises `ConfigError` with one sentence naming the bad value and what is allowed.
     """
-    unknown = sorted(set(config) - set(DEFAULTS) - {"hydra"})
-    if unknown:
-        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known keys are {', '.join(DEFAULTS)}.")
-    config = dict(config)
-    # The command line says `init=orthonormal` and `metrics=energy`; accept the same here.
-    if isinstance(config.get("init"), str):
-        config["init"] = {"kind": config["init"]}
-    if isinstance(config.get("metrics"), str):
-        config["metrics"] = [config["metrics"]]
-    for group in ("token_norm", "mlp", "weights"):
-        if group in config:
-            _known(group, config[group], DEFAULTS[group])
-    if "init" in config and not isinstance(config["init"], Mapping):
-        raise ConfigError(f"init must be a kind ({', '.join(INITS)}) or a mapping with one, got {config['init']!r}.")
-    for name, spec in (config.get("weights") or {}).items():
-        if name != "shared" and spec is not None:
-            _known(f"weights.{name}", spec, _MATRIX_DEFAULTS)
-    cfg = _merge(DEFAULTS, config)
-    cfg.pop("hydra", None)
+    cfg = compose(config)
+    base = _default_config()
+    n, d = cfg.n, cfg.d
     for key in ("n", "d", "members", "heads", "saves", "max_steps"):
-        _number(key, cfg[key], integer=True, minimum=1)
-        cfg[key] = int(cfg[key])
-    _number("seed", cfg["seed"], integer=True, minimum=0)
+        _number(key, getattr(cfg, key), minimum=1)
+    _number("seed", cfg.seed, minimum=0)
     betas_of(cfg)
-    _choice("dtype", cfg["dtype"], DTYPES)
-    _choice("dynamics", cfg["dynamics"], ("sa", "usa"))
-    _choice("norm", cfg["norm"], SCHEMES)
-    _choice("solver", cfg["solver"], tuple(SOLVERS))
-    _choice("save_spacing", cfg["save_spacing"], ("linear", "log"))
     for key in ("t0", "t1"):
-        _number(key, cfg[key])
-    if cfg["t1"] <= cfg["t0"]:
-        raise ConfigError(f"t1 must be greater than t0, got t0={cfg['t0']} and t1={cfg['t1']}.")
-    if cfg["dt"] is None:
-        if not cfg["adaptive"]:
+        _number(key, getattr(cfg, key))
+    if cfg.t1 <= cfg.t0:
+        raise ConfigError(f"t1 must be greater than t0, got t0={cfg.t0} and t1={cfg.t1}.")
+    if cfg.dt is None:
+        if not cfg.adaptive:
             raise ConfigError("dt must be given for fixed-step solvers (or set adaptive=true).")
+    elif cfg.adaptive:
+        _number("dt", cfg.dt, positive=True)
     else:
-        _number("dt", cfg["dt"], positive=True)
-    if cfg["adaptive"] and cfg["solver"] not in ADAPTIVE:
-        raise ConfigError(f"solver {cfg['solver']!r} has no error estimate; with adaptive=true use one of {', '.join(ADAPTIVE)}.")
-    for key in ("rtol", "atol"):
-        _number(key, cfg[key], positive=True)
-    _number("eps", cfg["eps"], positive=True)
-    if cfg["norm"] == "sphere" and cfg["d"] < 2:
-        raise ConfigError(f"tokens on the sphere need d >= 2, got d={cfg['d']}.")
-    if cfg["save_spacing"] == "log" and cfg["t0"] < 0:
-        raise ConfigError("log-spaced output times need t0 >= 0.")
-    metrics = list(cfg["metrics"])
-    for m in metrics:
-        _choice("metric", m, METRICS)
-    if not cfg["attention"] and {"attention", "attention_rank"} & set(metrics):
+        step_count(cfg.t0, cfg.t1, cfg.dt)  # the one rule of fixed-step grids
+    if cfg.adaptive and cfg.solver.startswith("euler"):
+        raise ConfigError(f"solver {cfg.solver.value!r} has no error estimate; with adaptive=true use one of "
+                          "heun, midpoint, ralston, bosh3, rk4, tsit5, dopri5, dopri8.")
+    if cfg.adaptive or cfg.exact_times:
+        save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
+    for key in ("rtol", "atol", "eps"):
+        _number(key, getattr(cfg, key), positive=True)
+    if cfg.norm == "sphere" and d < 2:
+        raise ConfigError(f"tokens on the sphere need d >= 2, got d={d}.")
+    metrics = set(cfg.metrics)
+    if not cfg.attention and _ATTENTION & metrics:
         raise ConfigError("the attention metrics need attention=true.")
-    for key in ("d_k", "d_v"):
-        if cfg[key] is not None:
-            _number(key, cfg[key], integer=True, minimum=1)
-    if cfg["rank_rtol"] is not None:
-        _number("rank_rtol", cfg["rank_rtol"], positive=True)
-    _number("max_output_gib", cfg["max_output_gib"], positive=True)
-    if cfg["chunk_size"] is not None:
-        _number("chunk_size", cfg["chunk_size"], integer=True, minimum=1)
-    if cfg["alibi"] is not None:
-        slopes = cfg["alibi"] if isinstance(cfg["alibi"], (list, tuple)) else [cfg["alibi"]] * cfg["heads"]
-        if len(slopes) != cfg["heads"]:
-            raise ConfigError(f"alibi needs one slope or one per head ({cfg['heads']}), got {len(slopes)}.")
+    for key in ("d_k", "d_v", "chunk_size"):
+        if getattr(cfg, key) is not None:
+            _number(key, getattr(cfg, key), minimum=1)
+    if cfg.rank_rtol is not None:
+        _number("rank_rtol", cfg.rank_rtol, positive=True)
+    _number("max_output_gib", cfg.max_output_gib, positive=True)
+    if cfg.alibi is not None:
+        slopes = cfg.alibi if isinstance(cfg.alibi, list) else [cfg.alibi] * cfg.heads
+        if len(slopes) != cfg.heads:
+            raise ConfigError(f"alibi needs one slope or one per head ({cfg.heads}), got {len(slopes)}.")
         for s in slopes:
             _number("an alibi slope", s, minimum=0)
-    if cfg["norm"] in ("pre", "peri"):
-        tn = cfg["token_norm"]
-        _choice("token_norm.kind", tn.get("kind"), NORMS)
-        _number("token_norm.eps", tn["eps"], minimum=0)
+    if cfg.norm in ("pre", "peri"):
+        tn = cfg.token_norm
+        _number("token_norm.eps", tn.eps, minimum=0)
         for key in ("gamma", "shift"):
-            if tn[key] is not None:
-                if tn["kind"] == "sphere" or (key == "shift" and tn["kind"] != "layer"):
-                    raise ConfigError(f"token_norm.{key} does not apply to token_norm.kind={tn['kind']!r}.")
-                if _array_shape(f"token_norm.{key}", tn[key]) not in ((), (cfg["d"],)):
-                    raise ConfigError(f"token_norm.{key} must be a number or {cfg['d']} numbers (one per dimension).")
-    if not cfg["attention"] and not cfg["mlp"]["enabled"]:
+            value = getattr(tn, key)
+            if value is not None and _array(f"token_norm.{key}", value, cfg.dtype).shape not in ((), (d,)):
+                raise ConfigError(f"token_norm.{key} must be a number or {d} numbers (one per dimension).")
+    if not cfg.attention and not cfg.mlp.enabled:
         raise ConfigError("attention=false and mlp.enabled=false leave no dynamics; switch one on.")
+    _check_init(cfg)
+    if cfg.attention:
+        _check_weights(cfg)
+    if cfg.mlp.enabled and cfg.mlp.hidden is not None:
+        _number("mlp.hidden", cfg.mlp.hidden, minimum=1)
+    _not_applicable(cfg, base)
+    _check_output_size(cfg)
+    return _numbers_as_floats(cfg)
 
-    init = cfg["init"]
-    _choice("init kind", init.get("kind"), INITS)
-    _known("init", init, ("kind", *_INIT_DEFAULTS[init["kind"]]))
-    cfg["init"] = init = _merge(_INIT_DEFAULTS[init["kind"]], init)
-    n, d = cfg["n"], cfg["d"]
-    if init["kind"] == "orthonormal" and n > d:
+
+def _floats(value: Any) -> Any:
+    """Nested lists of numbers as floats (so that `beta=[1,2]` and `[1.0, 2.0]` are one
+    config); None stays None."""
+    if value is None:
+        return None
+    return np.asarray(value, dtype=np.float64).tolist()
+
+
+def _numbers_as_floats(cfg: Config) -> Config:
+    """The untyped (number-or-list) entries of a validated config, as floats."""
+    init = cfg.init
+    for name in ("centres", "value"):
+        if hasattr(init, name):
+            init = dataclasses.replace(init, **{name: _floats(getattr(init, name))})
+    weights = cfg.weights
+    for m in "qkvo":
+        spec = getattr(weights, m)
+        weights = dataclasses.replace(weights, **{m: dataclasses.replace(spec, value=_floats(spec.value))})
+    token_norm = dataclasses.replace(cfg.token_norm, gamma=_floats(cfg.token_norm.gamma),
+                                     shift=_floats(cfg.token_norm.shift))
+    return dataclasses.replace(cfg, beta=_floats(cfg.beta), alibi=_floats(cfg.alibi), init=init, weights=weights,
+                               token_norm=token_norm)
+
+
+def _cosine_metrics(cfg: Config) -> bool:
+    return bool(set(cfg.metrics) & (_CLUSTERING | {"normalized_energy", "order_parameter"})) or cfg.norm == "sphere"
+
+
+def _check_init(cfg: Config) -> None:
+    init, n, d = cfg.init, cfg.n, cfg.d
+    if init.kind == "orthonormal" and n > d:
         raise ConfigError(f"the orthonormal initial condition needs n <= d, got n={n} > d={d}.")
-    if init["kind"] in ("caps", "mixture"):
-        _number(f"init.k", init["k"], integer=True, minimum=1)
-        if init["centres"] is not None and _array_shape("init.centres", init["centres"]) != (init["k"], d):
-            raise ConfigError(f"init.centres must have shape (k={init['k']}, d={d}), got {np.shape(init['centres'])}.")
-    if init["kind"] == "caps":
-        _number("init.radius", init["radius"], minimum=0)
-    if init["kind"] == "mixture":
-        _number("init.sigma", init["sigma"], minimum=0)
-        _number("init.spread", init["spread"], minimum=0)
-    if init["kind"] == "cube":
-        _number("init.low", init["low"])
-        _number("init.high", init["high"])
-        if init["high"] <= init["low"]:
-            raise ConfigError(f"init.low must be below init.high, got low={init['low']} and high={init['high']}.")
-    if init["kind"] == "given" and _array_shape("init.value", init["value"]) != (n, d):
-        raise ConfigError(f"init.value must have shape (n={n}, d={d}), got {np.shape(init['value'])}.")
+    if init.kind in ("caps", "mixture"):
+        _number("init.k", init.k, minimum=1)
+        if init.centres is not None:
+            centres = _array("init.centres", init.centres, cfg.dtype)
+            if centres.shape != (init.k, d):
+                raise ConfigError(f"init.centres must have shape (k={init.k}, d={d}), got {centres.shape}.")
+            if init.kind == "caps" and (np.linalg.norm(centres, axis=-1) == 0).any():
+                raise ConfigError("init.centres has a zero row, which gives a cap no direction; give unit vectors.")
+    if init.kind == "caps":
+        _number("init.radius", init.radius, minimum=0)
+    if init.kind == "mixture":
+        _number("init.sigma", init.sigma, minimum=0)
+        _number("init.spread", init.spread, minimum=0)
+    if init.kind == "cube":
+        _number("init.low", init.low)
+        _number("init.high", init.high)
+        if init.high <= init.low:
+            raise ConfigError(f"init.low must be below init.high, got low={init.low} and high={init.high}.")
+    if init.kind == "given":
+        value = _array("init.value", init.value, cfg.dtype)
+        if value.shape != (n, d):
+            raise ConfigError(f"init.value must have shape (n={n}, d={d}), got {value.shape}.")
+        zero = np.flatnonzero(np.linalg.norm(value, axis=-1) == 0)
+        if zero.size and (_cosine_metrics(cfg) or cfg.norm in ("pre", "peri")):
+            raise ConfigError(f"init.value row {zero[0]} is zero, which has no direction on the sphere and no "
+                              "cosine with the other tokens; move it off the origin.")
 
-    heads = cfg["heads"]
-    dk = cfg["d_k"] or d
-    dv = cfg["d_v"] or d
-    weights = cfg["weights"]
+
+def _check_weights(cfg: Config) -> None:
+    heads, d = cfg.heads, cfg.d
+    dk, dv = cfg.d_k or d, cfg.d_v or d
     shapes = {"q": (dk, d), "k": (dk, d), "v": (dv, d), "o": (d, dv)}
-    for name in ("q", "k", "v", "o"):
-        spec = weights[name] = _merge(_MATRIX_DEFAULTS, weights.get(name) or {"kind": "none"})
-        _choice(f"weights.{name}.kind", spec["kind"], MATRIX_KINDS)
+    for name in "qkvo":
+        spec = getattr(cfg.weights, name)
         rows, cols = shapes[name]
-        if spec["kind"] == "none" and name != "o":
+        if spec.kind == "none" and name != "o":
             raise ConfigError(f"weights.{name} cannot be 'none'; use 'identity' for the identity.")
-        if spec["kind"] == "identity" and rows != cols:
+        if spec.kind == "identity" and rows != cols:
             raise ConfigError(f"weights.{name} cannot be the identity with shape {(rows, cols)}.")
-        if spec["kind"] == "none" and dv != d:
+        if spec.kind == "none" and dv != d:
             raise ConfigError(f"weights.o must be given when d_v={dv} differs from d={d}.")
-        if spec["kind"] == "tied":
+        if spec.kind == "tied":
             if name != "v":
                 raise ConfigError(f"only weights.v can be tied (to +-Q^T K), not weights.{name}.")
             if dv != d:
                 raise ConfigError("V tied to +-Q^T K needs d_v = d.")
-        _number(f"weights.{name}.scale", spec["scale"])
-        if spec["kind"] == "random":
-            _choice(f"weights.{name}.law", spec["law"], LAWS)
-            if spec["law"] != "gaussian" and rows != cols:
-                raise ConfigError(f"the {spec['law']} law needs square matrices, weights.{name} is {(rows, cols)}.")
-        if spec["kind"] == "matrix":
-            shape = _array_shape(f"weights.{name}.value", spec["value"])
+        _number(f"weights.{name}.scale", spec.scale)
+        _number(f"weights.{name}.sign", spec.sign)
+        if spec.kind == "random" and spec.law != "gaussian" and rows != cols:
+            raise ConfigError(f"the {spec.law} law needs square matrices, weights.{name} is {(rows, cols)}.")
+        if spec.kind == "matrix":
+            if spec.value is None:
+                raise ConfigError(f"weights.{name}.kind=matrix needs weights.{name}.value (a nested list).")
+            shape = _array(f"weights.{name}.value", spec.value, cfg.dtype).shape
             if shape not in ((rows, cols), (heads, rows, cols)):
                 raise ConfigError(
                     f"weights.{name}.value must have shape {(rows, cols)} or {(heads, rows, cols)}, got {shape}."
                 )
-        times, factors = list(spec["switch_times"]), list(spec["factors"])
+            scaled = np.abs(_array(f"weights.{name}.value", spec.value, cfg.dtype)).max() * abs(spec.scale)
+            if scaled > float(np.finfo(cfg.dtype).max):
+                raise ConfigError(f"weights.{name}.value times weights.{name}.scale overflows {cfg.dtype}.")
+        times, factors = list(spec.switch_times), list(spec.factors)
+        for value in times + factors + list(spec.poly or []):
+            _number(f"every entry of weights.{name}.switch_times, .factors and .poly", value)
         if times or factors:
             if len(factors) != len(times) + 1:
                 raise ConfigError(
@@ -283,85 +311,100 @@ def validate_config(config: Mapping) -> dict:
                 )
             if any(b <= a for a, b in zip(times, times[1:])):
                 raise ConfigError(f"weights.{name}.switch_times must increase, got {times}.")
-        if spec["redraw_every"] is not None:
-            if spec["kind"] != "random":
-                raise ConfigError(f"weights.{name}.redraw_every needs kind=random.")
-            _number(f"weights.{name}.redraw_every", spec["redraw_every"], positive=True)
-            if (cfg["t1"] - cfg["t0"]) / spec["redraw_every"] > 10_000:
+        if spec.redraw_every is not None:
+            _number(f"weights.{name}.redraw_every", spec.redraw_every, positive=True)
+            if (cfg.t1 - cfg.t0) / spec.redraw_every > 10_000:
                 raise ConfigError(f"weights.{name}.redraw_every is too small: more than 10000 redraws over [t0, t1].")
-    mlp = cfg["mlp"]
-    if mlp["enabled"]:
-        _choice("mlp.activation", mlp["activation"], ACTIVATIONS)
-        if mlp["hidden"] is not None:
-            _number("mlp.hidden", mlp["hidden"], integer=True, minimum=1)
-    itemsize = 4 if cfg["dtype"] == "float32" else 8
-    n_beta = len(betas_of(cfg)[0])
-    per_save = 8 + (n * d * itemsize if cfg["save_states"] else 0) + (n * 4 if "cluster_sizes" in metrics else 0)
-    per_save += heads * n * n * itemsize if "attention" in metrics else 0
-    gib = n_beta * cfg["members"] * cfg["saves"] * per_save / 2**30
-    if gib > cfg["max_output_gib"]:
+
+
+def output_times(cfg: Config) -> tuple[int | None, np.ndarray | None, np.ndarray]:
+    """`(num_steps, save_steps, times)`: the fixed-step count and the grid steps to record
+    (None for adaptive runs and `exact_times`), and the output times in float64."""
+    from ._grid import grid_times, save_steps
+
+    if cfg.adaptive or cfg.exact_times:
+        steps = None if cfg.adaptive else step_count(cfg.t0, cfg.t1, cfg.dt)
+        return steps, None, save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
+    steps = step_count(cfg.t0, cfg.t1, cfg.dt)
+    marks = save_steps(steps, cfg.saves, cfg.save_spacing)
+    return steps, marks, grid_times(cfg.t0, cfg.t1, steps)[marks]
+
+
+def _per_save_bytes(cfg: Config) -> int:
+    itemsize = 4 if cfg.dtype == "float32" else 8
+    n, d = cfg.n, cfg.d
+    size = {"energy": itemsize, "log_energy": itemsize, "normalized_energy": itemsize, "pair_density": itemsize,
+            "clusters": 4, "cluster_sizes": 4 * n, "order_parameter": itemsize,
+            "attention": cfg.heads * n * n * itemsize, "attention_rank": 4 * cfg.heads}
+    total = 1 + sum(size[m] for m in cfg.metrics)
+    return total + (n * d * itemsize if cfg.save_states else 0)
+
+
+def output_bytes(cfg: Config) -> int:
+    """The size of the statistics a run returns (all betas, members and output times)."""
+    times = len(output_times(cfg)[2])
+    return len(betas_of(cfg)[0]) * cfg.members * times * _per_save_bytes(cfg)
+
+
+def _check_output_size(cfg: Config) -> None:
+    gib = output_bytes(cfg) / 2**30
+    if gib > cfg.max_output_gib:
         raise ConfigError(
-            f"the output would take {gib:.1f} GiB (more than max_output_gib={cfg['max_output_gib']}); "
+            f"the output would take {gib:.1f} GiB (more than max_output_gib={cfg.max_output_gib}); "
             "lower members or saves, or drop save_states and the attention metric."
         )
-    return cfg
 
 
-def save_plan(cfg: Mapping) -> tuple[np.ndarray | None, int | None]:
-    """How output times are produced: `(None, save_every)` when they fall on the
-    fixed-step grid (recorded exactly, by the scan loop), else `(ts, None)` for
-    diffrax's dense output."""
-    if not cfg["adaptive"] and cfg["save_spacing"] == "linear" and cfg["saves"] >= 2:
-        steps = fixed_steps(cfg["t0"], cfg["t1"], cfg["dt"])
-        if steps is not None and steps % (cfg["saves"] - 1) == 0:
-            return None, steps // (cfg["saves"] - 1)
-    return save_times(cfg), None
+class _Values:
+    """The numeric values of a config, read by dotted path: the traced `data` where
+    given (see `ConfiguredSystem`), else the config's own value."""
+
+    def __init__(self, cfg: Config, data: Mapping[str, Array] | None = None):
+        self.cfg = cfg
+        self.data = data or {}
+
+    def __call__(self, path: str) -> Any:
+        return self.data[path] if path in self.data else _get(self.cfg, path)
 
 
-def save_times(cfg: Mapping) -> np.ndarray:
-    """The output times: `saves` points from t0 to t1, equally or log spaced."""
-    t0, t1, k = cfg["t0"], cfg["t1"], cfg["saves"]
-    if k == 1:
-        return np.array([t1])
-    if cfg["save_spacing"] == "log":
-        first = cfg["dt"] if cfg["dt"] else (t1 - t0) * 1e-3
-        return np.concatenate([[t0], t0 + np.geomspace(first, t1 - t0, k - 1)])
-    return np.linspace(t0, t1, k)
-
-
-def _schedule(spec: Mapping, name: str, key: PRNGKeyArray, shape, cfg: Mapping, dtype) -> AbstractSchedule | None:
+def _schedule(name: str, get: _Values, key: PRNGKeyArray, shape, dtype) -> AbstractSchedule | None:
+    spec: MatrixConfig = getattr(get.cfg.weights, name)
+    cfg = get.cfg
     heads = shape[0]
-    kind = spec["kind"]
+    kind = spec.kind
+    scale = get(f"weights.{name}.scale")
     if kind == "none":
         return None
     if kind == "identity":
         base: AbstractSchedule = Identity(heads, shape[-1], jnp.dtype(dtype).name)
+        if not (isinstance(scale, (int, float)) and scale == 1):
+            base = Scaled(jnp.reshape(jnp.asarray(scale, dtype), (1,)), base)
     elif kind == "matrix":
-        value = jnp.asarray(spec["value"], dtype)
+        value = scale * jnp.asarray(get(f"weights.{name}.value"), dtype)
         base = Constant(jnp.broadcast_to(value, shape))
-    elif kind == "random" and spec["redraw_every"] is not None:
-        period = spec["redraw_every"]
-        count = int(math.ceil((cfg["t1"] - cfg["t0"]) / period))
-        times = jnp.asarray(cfg["t0"] + period * np.arange(1, count + 1), dtype)
-        values = draw(spec["law"], key, (count + 1,) + tuple(shape), spec["scale"], dtype)
+    elif kind == "random" and spec.redraw_every is not None:
+        period = spec.redraw_every
+        count = int(math.ceil((cfg.t1 - cfg.t0) / period))
+        times = jnp.asarray(cfg.t0 + period * np.arange(1, count + 1), dtype)
+        values = draw_matrix(spec.law.value, key, (count + 1,) + tuple(shape), scale, dtype)
         base = PiecewiseConstant(times, values)
     elif kind == "random":
-        base = Constant(draw(spec["law"], key, tuple(shape), spec["scale"], dtype))
+        base = Constant(draw_matrix(spec.law.value, key, tuple(shape), scale, dtype))
     else:
         raise AssertionError(kind)  # 'tied' is resolved by the caller
-    return _modulate(spec, base, dtype)
+    return _modulate(name, get, base, dtype)
 
 
-def _modulate(spec: Mapping, base: AbstractSchedule, dtype) -> AbstractSchedule:
-    if spec["switch_times"]:
-        times = jnp.asarray(spec["switch_times"], dtype)
-        base = PiecewiseSchedule(
-            times, tuple(Scaled(jnp.asarray([f], dtype), base) for f in spec["factors"])
-        )
-    elif spec["factors"]:
-        base = Scaled(jnp.asarray([spec["factors"][0]], dtype), base)
-    if spec["poly"] is not None:
-        base = Scaled(jnp.asarray(spec["poly"], dtype).reshape(-1), base)
+def _modulate(name: str, get: _Values, base: AbstractSchedule, dtype) -> AbstractSchedule:
+    spec: MatrixConfig = getattr(get.cfg.weights, name)
+    factors = jnp.asarray(get(f"weights.{name}.factors"), dtype).reshape(-1)
+    if len(spec.switch_times):
+        times = jnp.asarray(get(f"weights.{name}.switch_times"), dtype)
+        base = PiecewiseSchedule(times, tuple(Scaled(factors[i : i + 1], base) for i in range(factors.shape[0])))
+    elif factors.shape[0]:
+        base = Scaled(factors[:1], base)
+    if spec.poly is not None:
+        base = Scaled(jnp.asarray(get(f"weights.{name}.poly"), dtype).reshape(-1), base)
     return base
 
 
@@ -370,10 +413,10 @@ class _QtK(AbstractSchedule):
 
     query: AbstractSchedule
     key: AbstractSchedule
-    sign: float
+    sign: Array
 
-    def __call__(self, t):
-        q, k = self.query(t), self.key(t)
+    def __call__(self, t, at=None):
+        q, k = self.query(t, at), self.key(t, at)
         return self.sign * jnp.einsum("hkd,hke->hde", q, k)
 
     @property
@@ -381,122 +424,165 @@ class _QtK(AbstractSchedule):
         return (self.query.shape[0], self.query.shape[-1], self.query.shape[-1])
 
 
-def build_field(cfg: Mapping, key: PRNGKeyArray, beta, dtype) -> VectorField:
-    """The vector field of a validated config; random weights are drawn from `key`."""
-    n, d, heads = cfg["n"], cfg["d"], cfg["heads"]
-    dk, dv = cfg["d_k"] or d, cfg["d_v"] or d
-    w = cfg["weights"]
+def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: Mapping[str, Array] | None = None
+                ) -> VectorField:
+    """The vector field of a validated config; random weights are drawn from `key`.
+    `data` may give (traced) values for the config's numeric entries, by dotted path."""
+    get = _Values(cfg, data)
+    d, heads = cfg.d, cfg.heads
+    dk, dv = cfg.d_k or d, cfg.d_v or d
     kq, kk, kv, ko, km = jax.random.split(key, 5)
     terms = []
-    if cfg["attention"]:
-        q = _schedule(w["q"], "q", kq, (heads, dk, d), cfg, dtype)
-        k = _schedule(w["k"], "k", kk, (heads, dk, d), cfg, dtype)
-        if w["v"]["kind"] == "tied":
-            v = _modulate(w["v"], _QtK(q, k, float(w["v"]["sign"])), dtype)
+    if cfg.attention:
+        q = _schedule("q", get, kq, (heads, dk, d), dtype)
+        k = _schedule("k", get, kk, (heads, dk, d), dtype)
+        if cfg.weights.v.kind == "tied":
+            sign = jnp.asarray(get("weights.v.sign"), dtype) * jnp.asarray(get("weights.v.scale"), dtype)
+            v = _modulate("v", get, _QtK(q, k, sign), dtype)
         else:
-            v = _schedule(w["v"], "v", kv, (heads, dv, d), cfg, dtype)
-        o = _schedule(w["o"], "o", ko, (heads, d, dv), cfg, dtype)
-        alibi = cfg["alibi"]
-        if alibi is not None:
-            alibi = jnp.broadcast_to(jnp.asarray(alibi, dtype), (heads,))
+            v = _schedule("v", get, kv, (heads, dv, d), dtype)
+        o = _schedule("o", get, ko, (heads, d, dv), dtype)
+        alibi = None if cfg.alibi is None else jnp.broadcast_to(jnp.asarray(get("alibi"), dtype), (heads,))
         terms.append(
             SelfAttention(q, k, v, o, jnp.asarray(beta, dtype), alibi, heads=heads,
-                          kind=cfg["dynamics"], causal=bool(cfg["causal"]))
+                          kind=cfg.dynamics.value, causal=bool(cfg.causal))
         )
-    mlp = cfg["mlp"]
-    if mlp["enabled"]:
-        hidden = mlp["hidden"] or 4 * d
+    mlp = cfg.mlp
+    if mlp.enabled:
+        hidden = mlp.hidden or 4 * d
         k1, k2, k3, k4, k5 = jax.random.split(km, 5)
-        scale = mlp["scale"]
-        const = lambda k, shape: Constant(draw("gaussian", k, shape, scale, dtype))
-        gated = mlp["activation"] == "swiglu"
+        scale = get("mlp.scale")
+        const = lambda k, shape: Constant(draw_matrix("gaussian", k, shape, scale, dtype))
+        gated = mlp.activation == "swiglu"
         terms.append(
             MLP(
                 w1=const(k1, (hidden, d)),
                 w2=const(k2, (d, hidden)),
-                b1=const(k3, (hidden,)) if mlp["bias"] else None,
-                b2=const(k4, (d,)) if mlp["bias"] else None,
+                b1=const(k3, (hidden,)) if mlp.bias else None,
+                b2=const(k4, (d,)) if mlp.bias else None,
                 gate=const(k5, (hidden, d)) if gated else None,
-                activation=mlp["activation"],
+                activation=mlp.activation.value,
             )
         )
-    tn = cfg["token_norm"]
     norm = None
-    if cfg["norm"] in ("pre", "peri"):
-        per_dim = lambda v: None if v is None else jnp.broadcast_to(jnp.asarray(v, dtype), (d,))
-        norm = TokenNorm(tn["kind"], per_dim(tn["gamma"]), per_dim(tn["shift"]), eps=float(tn["eps"]))
-    return VectorField(tuple(terms), scheme=cfg["norm"], norm=norm, out_norm=norm)
+    if cfg.norm in ("pre", "peri"):
+        tn = cfg.token_norm
+        per_dim = lambda path: None if _get(cfg, path) is None else jnp.broadcast_to(jnp.asarray(get(path), dtype), (d,))
+        norm = TokenNorm(tn.kind.value, per_dim("token_norm.gamma"), per_dim("token_norm.shift"), eps=float(tn.eps))
+    return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm)
 
 
-def build_init(cfg: Mapping, dtype) -> AbstractInitialCondition:
-    """The initial-condition law of a validated config."""
-    spec = cfg["init"]
-    kind = spec["kind"]
-    centres = None if spec.get("centres") is None else jnp.asarray(spec["centres"], dtype)
+def build_init(cfg: Config, dtype, data: Mapping[str, Array] | None = None) -> AbstractInitialCondition:
+    """The initial-condition law of a validated config (`data` as for `build_field`)."""
+    get = _Values(cfg, data)
+    kind = cfg.init.kind
+    array = lambda name: jnp.asarray(get(f"init.{name}"), dtype)
+    centres = None if getattr(cfg.init, "centres", None) is None else array("centres")
     if kind == "uniform":
         # Off the sphere too, "uniform" means unit vectors with uniform directions.
         return UniformSphere()
     if kind == "orthonormal":
         return Orthonormal()
     if kind == "caps":
-        return SphericalCaps(int(spec["k"]), jnp.asarray(spec["radius"], dtype), centres)
+        return SphericalCaps(int(cfg.init.k), array("radius"), centres)
     if kind == "mixture":
-        return GaussianMixture(int(spec["k"]), jnp.asarray(spec["sigma"], dtype), jnp.asarray(spec["spread"], dtype), centres)
+        return GaussianMixture(int(cfg.init.k), array("sigma"), array("spread"), centres)
     if kind == "cube":
-        return UniformCube(jnp.asarray(spec["low"], dtype), jnp.asarray(spec["high"], dtype))
-    return Given(jnp.asarray(spec["value"], dtype))
+        return UniformCube(array("low"), array("high"))
+    return Given(array("value"))
+
+
+# Config values that are data (traced): a new value reuses the compiled program. The
+# rest (sizes, choices, counts) is structure, static and part of what is compiled.
+_DATA_PATHS = (
+    "eps", "alibi", "mlp.scale", "token_norm.gamma", "token_norm.shift",
+    *(f"weights.{m}.{k}" for m in "qkvo" for k in ("scale", "value", "sign", "switch_times", "factors", "poly")),
+    "init.radius", "init.sigma", "init.spread", "init.centres", "init.low", "init.high", "init.value",
+)
+
+
+def _get(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part, None)
+    return cfg
+
+
+def _data(cfg: Config) -> dict[str, np.ndarray]:
+    """The numeric values of a config that enter the field as arrays. A weight scale of
+    exactly 1 stays structure: the identity is then applied without a product."""
+    values = {}
+    for path in _DATA_PATHS:
+        value = _get(cfg, path)
+        if value is None or (path.endswith(".scale") and path.startswith("weights") and value == 1):
+            continue
+        values[path] = np.asarray(value, dtype=np.float64)
+    return values
+
+
+class _Structure:
+    """The structure of a config as a static, hashable value: configs that differ only
+    in their data share it, and so share the compiled program. It keeps one such config
+    to build from, whose numeric values are never read: the builders read the traced
+    values of `ConfiguredSystem.values` instead (`_Values`)."""
+
+    def __init__(self, cfg: Config, data: dict[str, np.ndarray]):
+        self.cfg = cfg
+        container = to_container(cfg)
+        for path, value in data.items():
+            node = container
+            *parents, last = path.split(".")
+            for part in parents:
+                node = node[part]
+            node[last] = ("data", value.shape)
+        self._key = repr(sorted(container.items(), key=lambda item: item[0]))
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Structure) and self._key == other._key
 
 
 class ConfiguredSystem(eqx.Module):
     """One ensemble member of a config: `system(key, beta) -> (field, y0, recorder)`.
 
-    The config is static (its structure decides what is compiled); the seed-derived
-    key for shared weights is data.
+    The config's structure is static (it decides what is compiled); its numeric
+    values, the seed-derived key for shared weights, and beta are data.
     """
 
-    frozen: tuple = eqx.field(static=True)
+    structure: _Structure = eqx.field(static=True)
+    values: dict[str, Array]
     shared_key: PRNGKeyArray
 
     @property
-    def config(self) -> dict:
-        return _thaw(self.frozen)
+    def config(self) -> Config:
+        """The structure's config (its numeric values are those of `values`)."""
+        return self.structure.cfg
 
     def __call__(self, key: PRNGKeyArray, beta: ScalarLike):
         cfg = self.config
-        dtype = jnp.dtype(cfg["dtype"])
+        dtype = jnp.dtype(cfg.dtype.value)
         k_init, k_weights = jax.random.split(key)
-        if cfg["weights"]["shared"]:
+        if cfg.weights.shared:
             k_weights = self.shared_key
-        field = build_field(cfg, k_weights, beta, dtype)
-        y0 = build_init(cfg, dtype)(k_init, cfg["n"], cfg["d"], dtype)
+        field = build_field(cfg, k_weights, beta, dtype, self.values)
+        y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         recorder = Recorder(
             beta=jnp.asarray(beta, dtype),
-            eps=jnp.asarray(cfg["eps"], dtype),
-            metrics=tuple(cfg["metrics"]),
-            save_states=bool(cfg["save_states"]),
-            rank_rtol=cfg["rank_rtol"],
+            eps=jnp.asarray(_Values(cfg, self.values)("eps"), dtype),
+            metrics=tuple(m.value for m in cfg.metrics),
+            save_states=bool(cfg.save_states),
+            rank_rtol=cfg.rank_rtol,
         )
         return field, y0, recorder
 
 
-def _freeze(value):
-    if isinstance(value, Mapping):
-        return ("__dict__",) + tuple((k, _freeze(v)) for k, v in sorted(value.items()))
-    if isinstance(value, (list, tuple)):
-        return ("__list__",) + tuple(_freeze(v) for v in value)
-    return value
-
-
-def _thaw(value):
-    if isinstance(value, tuple) and value and value[0] == "__dict__":
-        return {k: _thaw(v) for k, v in value[1:]}
-    if isinstance(value, tuple) and value and value[0] == "__list__":
-        return [_thaw(v) for v in value[1:]]
-    return value
-
-
-def build_system(cfg: Mapping) -> ConfiguredSystem:
-    """The member builder of a validated config (beta is left out: it is data)."""
-    static = {k: v for k, v in cfg.items() if k not in ("beta", "seed", "members")}
-    shared_key = jax.random.fold_in(jax.random.key(cfg["seed"]), 1)
-    return ConfiguredSystem(_freeze(static), shared_key)
+def build_system(cfg: Config) -> ConfiguredSystem:
+    """The member builder of a validated config (beta, the seed and the ensemble size
+    are left out: they are data or do not change what is compiled)."""
+    static = dataclasses.replace(cfg, beta=0.0, seed=0, members=1)
+    data = _data(static)
+    dtype = jnp.dtype(cfg.dtype.value)
+    values = {path: jnp.asarray(value, dtype) for path, value in data.items()}
+    shared_key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
+    return ConfiguredSystem(_Structure(static, data), values, shared_key)

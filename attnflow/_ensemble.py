@@ -1,67 +1,264 @@
-"""Monte Carlo ensembles: many members and many betas in one compiled call."""
+"""Monte Carlo ensembles: many members and many betas, in pieces of one compiled program.
+
+The (beta, member) pairs are cut into pieces of equal size; one compiled function
+solves a piece (a `jax.vmap` over it, shared out over the local devices), so a piece is
+the unit of work that an interruption can lose and a resumed run can skip. The piece
+size is the member chunk: sized to the CPU cache (measured fastest) and never beyond
+what the machine's memory holds.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 from collections.abc import Callable, Sequence
 
-import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.sharding import Mesh, PartitionSpec
-from jaxtyping import Array, Float, Key, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
-from ._simulate import fixed_steps, simulate
-from ._terms import SelfAttention
+from ._grid import step_count
+from ._metrics import Recorder
+from ._schedules import identity_multiple
+from ._simulate import simulate
+from ._solvers import SOLVERS, tableau
+from ._terms import MLP, SelfAttention
+
+# Integer statistics have no NaN: after a member's first bad state they hold this.
+INTEGER_FILL = -1
 
 
-class EnsembleResult(eqx.Module):
-    """Statistics of an ensemble: every array has leading axes `(beta, member, time)`."""
+@dataclasses.dataclass(frozen=True)
+class EnsembleResult:
+    """Statistics of an ensemble (NumPy arrays): every array has leading axes `(beta, member, time)`.
 
-    ts: Float[Array, " times"]
-    stats: dict[str, Array]
-    result: Array
-    num_steps: Array
+    `valid[b, m, i]` is False from the first output time at which member m at beta b
+    had a non-finite state or had not been reached by its solver; from there on the
+    floating-point statistics are NaN and the integer ones `INTEGER_FILL` (-1).
+    `result` is 0 for a solve that reached `t1`, diffrax's failure code otherwise.
+    """
+
+    ts: Float[np.ndarray, " times"]
+    stats: dict[str, np.ndarray]
+    result: Int[np.ndarray, "beta member"]
+    num_steps: Int[np.ndarray, "beta member"]
+    valid: Bool[np.ndarray, "beta member times"]
 
 
 @eqx.filter_jit
-def _solve(system, keys, betas, ts, t0, t1, dt, options, chunk_size, mesh):
-    n_beta, n_member = betas.shape[0], keys.shape[0]
-    flat_keys = jnp.tile(keys, n_beta)
-    flat_betas = jnp.repeat(betas, n_member)
-    batch = n_beta * n_member
+def _solve_pairs(system, keys, betas, t0, t1, dt, options, mesh):
+    """Solve the (key, beta) pairs of one piece, a vmap over them (per device)."""
 
-    def member(args):
-        key, beta = args
+    def member(key, beta):
         field, y0, record = system(key, beta)
-        sol = simulate(field, y0, t0=t0, t1=t1, dt=dt, ts=ts, record=record, **options)
-        return sol.stats, sol.result._value, sol.num_steps, sol.ts
+        sol = simulate(field, y0, t0=t0, t1=t1, dt=dt, record=record, **options)
+        return sol.stats, sol.result, sol.num_steps, sol.reached
 
-    def members(flat_keys, flat_betas):
-        size = flat_betas.shape[0]
-        if chunk_size is None or chunk_size >= size:
-            return jax.vmap(member)((flat_keys, flat_betas))
-        return lax.map(member, (flat_keys, flat_betas), batch_size=chunk_size)
-
+    solve = jax.vmap(member)
     if mesh is None:
-        out = members(flat_keys, flat_betas)
+        return solve(keys, betas)
+    spec = PartitionSpec(mesh.axis_names[0])
+    return jax.shard_map(solve, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)(keys, betas)
+
+
+def available_memory(device: jax.Device | None = None) -> int:
+    """Bytes a run may use: free device memory on an accelerator, else the host's
+    available memory (`MemAvailable` of /proc/meminfo)."""
+    device = device or jax.local_devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _gib(size) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+class MemberFootprint(eqx.Module):
+    """The working memory of one member, estimated from its shapes (not measured)."""
+
+    state: int = eqx.field(static=True)
+    pairwise: int = eqx.field(static=True)
+    output: int = eqx.field(static=True)
+
+    @property
+    def working(self) -> int:
+        return self.state + self.pairwise
+
+    @property
+    def total(self) -> int:
+        return self.working + self.output
+
+
+def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
+    """States and stages ($n d$ per stage), the $n \\times n$ logits and weights of each
+    attention term and the Gram matrices of the statistics, and the recorded output.
+    `member` is `(field, y0, record)` of one member (shapes suffice)."""
+    field, y0, record = member
+    n, d = y0.shape
+    item = y0.dtype.itemsize
+    state = item * n * d * (stages + 4)
+    pairwise = 0
+    for term in field.terms:
+        if isinstance(term, SelfAttention):
+            # Identity Q and K share one n x n matrix across heads.
+            shared = identity_multiple(term.query) and identity_multiple(term.key)
+            pairwise = max(pairwise, 3 * item * n * n * (1 if shared else term.heads))
+            state += item * n * term.heads * (term.query.shape[1] + term.key.shape[1] + term.value.shape[1])
+        if isinstance(term, MLP):
+            state += 3 * item * n * term.w1.shape[0]
+    per_save = 0
+    if isinstance(record, Recorder):
+        pairwise = max(pairwise, 3 * item * n * n)
+        saved = jax.eval_shape(lambda r, x, f: r(0.0, x, f), record, y0, field)
+        per_save = sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree.leaves(saved))
     else:
-        # Each device solves its own slice of the (beta, member) pairs; the batch is
-        # padded to a multiple of the device count and the padding dropped afterwards.
-        pad = (-batch) % mesh.size
-        if pad:
-            flat_keys = jnp.concatenate([flat_keys, flat_keys[:pad]])
-            flat_betas = jnp.concatenate([flat_betas, flat_betas[:pad]])
-        spec = PartitionSpec(mesh.axis_names[0])
-        solve_local = jax.shard_map(members, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)
-        out = solve_local(flat_keys, flat_betas)
-        out = jax.tree.map(lambda a: a[:batch], out)
-    stats, result, steps, times = out
-    unflatten = lambda a: a.reshape((n_beta, n_member) + a.shape[1:])
-    return jax.tree.map(unflatten, stats), unflatten(result), unflatten(steps), times[0]
+        per_save = n * d * item
+    return MemberFootprint(state=state, pairwise=pairwise, output=per_save * saves)
+
+
+class EnsemblePlan:
+    """How an ensemble is solved: its pairs, cut into `pieces` of `piece_size` each.
+
+    `solve(i)` runs piece i and returns its output as NumPy arrays; `assemble` puts
+    the pieces' outputs together into an `EnsembleResult`. A plan refuses (with a
+    `ConfigError`) an ensemble whose one member, or whose output, exceeds the memory.
+    """
+
+    def __init__(self, system, keys, betas, *, t1, ts=None, save_every=None, save_steps=None, t0=0.0, dt=None,
+                 solver="tsit5", adaptive=False, rtol=1e-6, atol=1e-8, max_steps=100_000, chunk_size=None,
+                 devices=None, memory: int | None = None):
+        self.system = system
+        self.keys = keys
+        self.dtype = jnp.asarray(betas).dtype
+        self.betas = jnp.asarray(betas, self.dtype).reshape(-1)
+        options = dict(solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
+        if adaptive:
+            if ts is None:
+                raise ConfigError("adaptive solves need output times ts.")
+            count = len(ts)
+        else:
+            num_steps = step_count(t0, t1, dt)
+            options["num_steps"] = num_steps
+            if ts is None:
+                if save_steps is None:
+                    every = num_steps if save_every is None else int(save_every)
+                    save_steps = np.unique(np.append(np.arange(0, num_steps, every), num_steps))
+                options["save_steps"] = tuple(int(k) for k in save_steps)
+                count = len(options["save_steps"])
+            else:
+                count = len(ts)
+        if ts is not None:
+            options["ts"] = tuple(float(t) for t in np.asarray(ts))
+        self.options = options
+        self.times = (t0, t1, dt)
+
+        devices = jax.local_devices() if devices is None else list(devices)
+        self.mesh = Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
+        self.pairs = int(self.betas.shape[0]) * int(keys.shape[0])
+        stages = len(tableau(solver).b) if isinstance(solver, str) and solver in SOLVERS else 13
+        member = jax.eval_shape(system, keys[0], self.betas[0])  # shapes only: nothing is computed
+        footprint = member_footprint(member, stages, count)
+        memory = available_memory(devices[0]) if memory is None else memory
+        self.footprint = footprint
+        self.piece_size, self.pieces = _pieces(member, footprint, self.pairs, len(devices), chunk_size, memory)
+
+    def _inputs(self, i: int):
+        start = i * self.piece_size
+        index = np.arange(start, start + self.piece_size) % self.pairs  # the last piece wraps around
+        n_member = self.keys.shape[0]
+        return self.keys[index % n_member], self.betas[index // n_member]
+
+    def size_of(self, i: int) -> int:
+        """The number of real (not padding) pairs in piece i."""
+        return min(self.piece_size, self.pairs - i * self.piece_size)
+
+    def solve(self, i: int) -> dict[str, np.ndarray]:
+        """Piece i: `stats/NAME`, `result`, `num_steps` and `reached`, one row per pair."""
+        keys, betas = self._inputs(i)
+        t0, t1, dt = self.times
+        # Times are data (new values reuse the program), except with output times off
+        # the grid of a fixed-step run, which are placed between grid steps in Python.
+        static = "ts" in self.options and not self.options["adaptive"]
+        as_data = lambda v: None if v is None else (float(v) if static else jnp.asarray(v, self.dtype))
+        stats, result, steps, reached = _solve_pairs(self.system, keys, betas, as_data(t0), as_data(t1),
+                                                     as_data(dt), self.options, self.mesh)
+        size = self.size_of(i)
+        out = {f"stats/{name}": np.asarray(value)[:size] for name, value in stats.items()}
+        out.update(result=np.asarray(result)[:size], num_steps=np.asarray(steps)[:size],
+                   reached=np.asarray(reached)[:size])
+        return out
+
+    def output_times(self) -> np.ndarray:
+        """The output times in float64 (the grid times actually recorded)."""
+        t0, t1, dt = self.times
+        if "ts" in self.options:
+            return np.asarray(self.options["ts"])
+        steps = self.options["num_steps"]
+        k = np.asarray(self.options["save_steps"], np.float64)
+        return (float(t0) * (steps - k) + float(t1) * k) / steps
+
+    def assemble(self, outputs: Sequence[dict[str, np.ndarray]]) -> EnsembleResult:
+        """The pieces' outputs (in order) as one result, with every statistic after a
+        member's first bad state masked (NaN, or `INTEGER_FILL` for integers)."""
+        joined = {name: np.concatenate([o[name] for o in outputs]) for name in outputs[0]}
+        n_beta = self.betas.shape[0]
+        shape = lambda a: a.reshape((n_beta, -1) + a.shape[1:])
+        stats = {name[len("stats/"):]: shape(v) for name, v in joined.items() if name.startswith("stats/")}
+        finite = stats.pop("finite")
+        valid = np.logical_and.accumulate(finite & shape(joined["reached"]), axis=-1)
+        for name, value in stats.items():
+            mask = valid.reshape(valid.shape + (1,) * (value.ndim - 3))
+            fill = np.nan if np.issubdtype(value.dtype, np.floating) else INTEGER_FILL
+            if not mask.all():
+                stats[name] = np.where(mask, value, np.asarray(fill).astype(value.dtype))
+        return EnsembleResult(ts=self.output_times(), stats=stats, result=shape(joined["result"]),
+                              num_steps=shape(joined["num_steps"]), valid=valid)
+
+
+def _pieces(member, footprint: MemberFootprint, pairs: int, devices: int, chunk_size, memory: int):
+    """(piece size, number of pieces): the chunk (members solved at once per device) is
+    the cache-sized one or the user's, shrunk to half the memory; pieces are balanced."""
+    field, y0, _ = member
+    n, d = y0.shape
+    budget = memory // 2
+    if footprint.total > budget:
+        raise ConfigError(
+            f"one member needs about {_gib(footprint.total)} of working memory (n={n} tokens: the n x n "
+            f"attention and Gram matrices), more than half of the {_gib(memory)} available (the other half "
+            "is left for the compiler's buffers); lower n, drop the attention metric, or use a machine with "
+            "more memory."
+        )
+    if footprint.output * pairs > 0.8 * memory:
+        raise ConfigError(
+            f"the results of {pairs} solves would take {_gib(footprint.output * pairs)} of memory but "
+            f"{_gib(memory)} is available; lower members or saves, or drop save_states and the attention metric."
+        )
+    if chunk_size is None:
+        # Keep each chunk's working set (a state and its n x n attention per head) near
+        # the size of the last-level cache: measured on a 2-core CPU
+        # (benchmarks/phase_diagram.py) this is 2-3x faster at d=128 than one vmap over
+        # 2048 members, and never slower at small d.
+        heads = max([t.heads for t in field.terms if isinstance(t, SelfAttention)], default=1)
+        chunk_size = max(1, (4 * 2**20) // (n * max(n, d) * y0.dtype.itemsize * heads))
+    chunk = max(1, min(int(chunk_size), budget // footprint.total, math.ceil(pairs / devices)))
+    pieces = math.ceil(pairs / (chunk * devices))
+    size = math.ceil(pairs / pieces)
+    size = devices * math.ceil(size / devices)
+    return size, pieces
 
 
 def solve_ensemble(
@@ -70,8 +267,9 @@ def solve_ensemble(
     betas: Float[Array, " beta"],
     *,
     t1: float,
-    ts: Float[Array, " times"] | None = None,
+    ts=None,
     save_every: int | None = None,
+    save_steps=None,
     t0: float = 0.0,
     dt: float | None = None,
     solver: str = "tsit5",
@@ -83,83 +281,53 @@ def solve_ensemble(
     devices: Sequence[jax.Device] | None = None,
     check: bool = True,
 ) -> EnsembleResult:
-    """Solve one system per (beta, member) pair in one compiled call.
+    """Solve one system per (beta, member) pair.
 
     `system(key, beta) -> (field, y0, record)` builds a member from its key and its beta
-    (it is traced, not run in Python). Output times are either every `save_every`
-    fixed steps (`dt` must divide `t1 - t0`) or the given `ts` (diffrax dense output,
-    and the only choice with `adaptive=True`). `keys` holds one key per member; member m uses
-    the same key for every beta, so a beta sweep compares like with like. Members are
-    processed `chunk_size` at a time (`lax.map` over vmapped chunks) to bound memory;
-    by default the chunk is sized to the CPU cache.
-    The pairs are shared out over `devices` (default: every local device) with
-    `jax.shard_map`; with one device this is a plain vmap.
+    (it is traced, not run in Python). Output, as for `simulate`: the grid steps
+    `save_steps`, or every `save_every` fixed steps and at `t1`, or the times `ts`
+    (interpolated between grid steps off the grid; the only choice with `adaptive`).
+    `keys` holds one key per member; member m uses the same key for every beta, so a
+    beta sweep compares like with like. The pairs are solved in equal pieces of at
+    most `chunk_size` members per device (by default sized to the CPU cache), always
+    small enough for the memory, shared out over `devices` (default: every local
+    device) with `jax.shard_map`.
 
-    beta, the times and the step are data: calling again with other values of them
-    reuses the compiled program. With `check=True` a failed solve raises
-    `SolverFailure` and a non-finite state raises `NonFiniteStateError`.
+    beta and the times are data: calling again with other values of them reuses the
+    compiled program. With `check=True` a failed solve raises `SolverFailure` and a
+    non-finite state raises `NonFiniteStateError`; either way the statistics after a
+    member's first bad state are masked (see `EnsembleResult`).
     """
-    dtype = jnp.asarray(betas).dtype
-    options = dict(solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
-    if ts is None:
-        if adaptive:
-            raise ConfigError("adaptive solves need output times ts.")
-        num_steps = fixed_steps(float(t0), float(t1), float(dt))
-        if num_steps is None:
-            raise ConfigError(f"dt={dt} does not divide t1 - t0 = {t1 - t0}; pass output times ts instead.")
-        options.update(save_every=save_every or num_steps, num_steps=num_steps)
-    else:
-        ts = jnp.asarray(ts, dtype)
-    if chunk_size is None:
-        chunk_size = _cache_sized_chunk(system, keys[0], jnp.asarray(betas, dtype).reshape(-1)[0])
-    devices = jax.local_devices() if devices is None else list(devices)
-    mesh = Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
-    stats, result, steps, times = _solve(
-        system,
-        keys,
-        jnp.asarray(betas, dtype).reshape(-1),
-        ts,
-        jnp.asarray(t0, dtype),
-        jnp.asarray(t1, dtype),
-        None if dt is None else jnp.asarray(dt, dtype),
-        options,
-        chunk_size,
-        mesh,
-    )
-    out = EnsembleResult(ts=times, stats=stats, result=result, num_steps=steps)
+    plan = EnsemblePlan(system, keys, betas, t1=t1, ts=ts, save_every=save_every, save_steps=save_steps, t0=t0,
+                        dt=dt, solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps,
+                        chunk_size=chunk_size, devices=devices)
+    out = plan.assemble([plan.solve(i) for i in range(plan.pieces)])
     if check:
-        check_ensemble(out, betas)
+        check_ensemble(out, np.asarray(plan.betas))
     return out
-
-
-def _cache_sized_chunk(system, key, beta) -> int:
-    # Keep each chunk's working set (a state and its n x n attention per head) near the
-    # size of the last-level cache: measured on a 2-core CPU (benchmarks/phase_diagram.py)
-    # this is 2-3x faster at d=128 than one vmap over 2048 members, and never slower at
-    # small d. Shapes come from tracing one member, not from running it.
-    field, y0, _ = jax.eval_shape(system, key, beta)
-    n, d = y0.shape
-    heads = max([term.heads for term in field.terms if isinstance(term, SelfAttention)], default=1)
-    per_member = n * max(n, d) * y0.dtype.itemsize * heads
-    return max(1, (4 * 2**20) // per_member)
 
 
 def check_ensemble(out: EnsembleResult, betas) -> None:
     """Raise one clear error if a member failed or its state left the finite numbers."""
     betas = np.asarray(betas).reshape(-1)
-    finite = np.asarray(out.stats["finite"])
-    if not finite.all():
-        b, m, i = np.argwhere(~finite)[0]
-        ts = np.asarray(out.ts)
+    failed = np.asarray(out.result) != 0
+    valid = np.asarray(out.valid)
+    bad = ~valid[..., -1]
+    if not bad.any():
+        return
+    ts = np.asarray(out.ts)
+    count = int(bad.sum())
+    others = f" (and {count - 1} other solve{'s' if count > 2 else ''})" if count > 1 else ""
+    if (bad & ~failed).any():
+        b, m = np.argwhere(bad & ~failed)[0]
+        i = int(np.argmin(valid[b, m]))
         since = f"after t={ts[i - 1]:g}" if i > 0 else "from the start"
         raise NonFiniteStateError(
             f"the state became non-finite (NaN or inf) {since} (first bad output t={ts[i]:g}) in member {m} "
-            f"at beta={betas[b]:g}; use a smaller dt, an adaptive solver, float64 or a smaller beta."
+            f"at beta={betas[b]:g}{others}; use a smaller dt, an adaptive solver, float64 or a smaller beta."
         )
-    failed = np.asarray(out.result) != dfx.RESULTS.successful._value
-    if failed.any():
-        b, m = np.argwhere(failed)[0]
-        raise SolverFailure(
-            f"the solver stopped before t1 in member {m} at beta={betas[b]:g} "
-            f"(after {int(np.asarray(out.num_steps)[b, m])} steps); raise max_steps or loosen rtol/atol."
-        )
+    b, m = np.argwhere(failed)[0]
+    raise SolverFailure(
+        f"the solver stopped before t1 in member {m} at beta={betas[b]:g}{others} "
+        f"(after {int(np.asarray(out.num_steps)[b, m])} steps); raise max_steps or loosen rtol/atol."
+    )

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import equinox as eqx
+import jax.numpy as jnp
 from jaxtyping import Array, Float, ScalarLike
 
 from ._errors import ConfigError
@@ -20,11 +22,15 @@ class VectorField(eqx.Module):
     - `none`: $\\dot x_i = F(t, X)_i$ in $\\mathbb{R}^d$;
     - `sphere`: $\\dot x_i = P_{x_i} F(t, X)_i$ on $S^{d-1}$ (the post-LN limit). With
       `tangent=False` the projection is left out and only the solver's retraction
-      keeps the state on the sphere (scheme (b) of DESIGN.md section 2);
+      keeps the state on the sphere (the `euler_renorm` scheme of public phase-diagram
+      code);
     - `pre`: $\\dot x_i = F(t, N(X))_i$ (the pre-LN residual stream);
     - `peri`: $\\dot x_i = N_{out}(F(t, N(X))_i)$.
 
-    Called as `field(t, x, args)` so that it is a diffrax vector field.
+    Called as `field(t, x, args)` so that it is a diffrax vector field. `piece_time`,
+    when set, is the time at which piecewise weight schedules choose their piece (the
+    fixed-step loop pins it to each step's midpoint, see `pinned`); by default they
+    choose it at the evaluation time `t`.
     """
 
     terms: tuple[AbstractInteraction, ...]
@@ -32,6 +38,7 @@ class VectorField(eqx.Module):
     norm: TokenNorm | None = None
     out_norm: TokenNorm | None = None
     tangent: bool = eqx.field(static=True, default=True)
+    piece_time: Float[Array, ""] | None = None
 
     def __check_init__(self):
         if self.scheme not in SCHEMES:
@@ -48,10 +55,15 @@ class VectorField(eqx.Module):
         """Where the state lives: the sphere for `sphere`, flat space otherwise."""
         return Sphere() if self.scheme == "sphere" else Euclidean()
 
+    def pinned(self, at: ScalarLike) -> "VectorField":
+        """The same field with its schedules' pieces chosen at time `at`."""
+        return dataclasses.replace(self, piece_time=jnp.asarray(at))
+
     def raw(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """$F(t, \\cdot)$ evaluated at the (normalized, for pre/peri) tokens, unprojected."""
         h = self.norm(x) if self.scheme in ("pre", "peri") else x
-        return sum((term(t, h) for term in self.terms[1:]), self.terms[0](t, h))
+        at = self.piece_time
+        return sum((term(t, h, at) for term in self.terms[1:]), self.terms[0](t, h, at))
 
     def __call__(self, t: ScalarLike, x: Float[Array, "n d"], args=None) -> Float[Array, "n d"]:
         f = self.raw(t, x)
@@ -66,6 +78,6 @@ class VectorField(eqx.Module):
         h = self.norm(x) if self.scheme in ("pre", "peri") else x
         for term in self.terms:
             if isinstance(term, SelfAttention):
-                return term.weights(t, h)
+                return term.weights(t, h, self.piece_time)
         raise ConfigError("attention metrics need an attention term in the vector field.")
 

@@ -30,20 +30,21 @@ def cosines(x: Float[Array, "n d"]) -> Float[Array, "n n"]:
 
 
 def _log_energy(g: Float[Array, "n n"], beta: ScalarLike) -> Scalar:
-    n = g.shape[0]
-    return jax.nn.logsumexp(beta * g) - jnp.log(2 * beta * n**2)
+    # log(2 beta n^2) as a sum of logs: n^2 overflows int32 from n = 46341 on.
+    log_n = jnp.log(jnp.asarray(g.shape[0], g.dtype))
+    return jax.nn.logsumexp(beta * g) - jnp.log(2 * beta) - 2 * log_n
 
 
 def log_interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
     """$\\log E_\\beta$ with $E_\\beta = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$
-    (survey 003, eq. 29), by a log-sum-exp so that $\\beta = 10^4$ does not overflow."""
+    ("A Survey of Continuous Time Dynamics of Transformers", eq. 29), by a log-sum-exp so that $\\beta = 10^4$ does not overflow."""
     return _log_energy(gram(x), beta)
 
 
 def interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
-    """$E_\\beta(X) = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$ (003, eq. 29).
+    """$E_\\beta(X) = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$ (the survey, eq. 29).
 
-    Non-decreasing along the SA and USA flows with $Q = K = V = I$ (003, lemma 3.3).
+    Non-decreasing along the SA and USA flows with $Q = K = V = I$ (the survey, lemma 3.3).
     Overflows to `inf` once $\\beta$ passes the exponent range (about 88 in float32,
     709 in float64); `log_interaction_energy` never does.
     """
@@ -52,7 +53,7 @@ def interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
 
 def normalized_energy(x: Float[Array, "n d"]) -> Scalar:
     """$\\frac{1}{n^2}\\sum_{ij} \\exp(\\langle x_i, x_j\\rangle / |x_i||x_j|)$ for states off
-    the sphere (003, eq. 52); on the sphere it is $2 E_1$."""
+    the sphere (the survey, eq. 52); on the sphere it is $2 E_1$."""
     return jnp.mean(jnp.exp(cosines(x)))
 
 
@@ -61,8 +62,10 @@ def _pair_fraction(close: Bool[Array, "n n"], dtype) -> Scalar:
     n = close.shape[0]
     if n < 2:
         return jnp.ones((), dtype)
-    pairs = jnp.sum(close & ~jnp.eye(n, dtype=bool), dtype=jnp.int32)
-    return pairs.astype(dtype) / (n * (n - 1))
+    # Counted per row (at most n - 1 < 2^31 each), then summed in floating point: the
+    # total n (n - 1) overflows int32 from n = 46341 on.
+    per_row = jnp.sum(close, axis=1, dtype=jnp.int32) - jnp.diagonal(close).astype(jnp.int32)
+    return jnp.sum(per_row.astype(dtype)) / (float(n) * float(n - 1))
 
 
 def pair_density(x: Float[Array, "n d"], eps: ScalarLike) -> Scalar:

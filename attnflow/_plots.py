@@ -1,49 +1,450 @@
-"""Figures drawn from a results Dataset (never from live simulation objects)."""
+"""The summary figure of a results Dataset (drawn from the file, never from live
+simulation objects).
+
+`summary_figure(ds)` builds it; `plot_summary(ds, path)` saves it as a PNG. One panel
+per recorded time series, in the order of the clustering story: pair density, cluster
+count, interaction energy, normalized energy, order parameter, largest cluster,
+attention rank and attention concentration. Each panel shows the ensemble mean over
+members (one line per beta) and the 10-90 % band of the members. A caption under the
+panels says what was run: the initial condition, the weight schedule, the dynamics and
+the solver, and how many members failed.
+
+matplotlib is imported inside the functions: importing attnflow must stay fast.
+"""
 
 from __future__ import annotations
 
+import math
+import textwrap
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+import numpy as np
+import xarray as xr
+import yaml
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import xarray as xr  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-_PANELS = (
-    ("pair_density", "pair density  P(cos > 1 - eps)"),
-    ("clusters", "clusters"),
-    ("log_energy", "log interaction energy"),
-    ("order_parameter", "order parameter |mean x|"),
+_EPS = r"\varepsilon"
+
+# (variable, y label, reduction to (beta?, member, time), y range or None, uses eps).
+# Reductions keep NaN (skipna=False) so that a member whose state blew up is NaN at
+# that time and drops out of the ensemble statistics instead of biasing them.
+_PANELS: tuple[tuple[str, str, Callable[[xr.DataArray], xr.DataArray], tuple[float, float] | None, bool], ...] = (
+    (
+        "pair_density",
+        "pair density\n" rf"$P(\cos(x_i, x_j) > 1 - {_EPS})$",
+        lambda da: da,
+        (0.0, 1.0),
+        True,
+    ),
+    (
+        "clusters",
+        "clusters\n" rf"components of $\cos > 1 - {_EPS}$",
+        lambda da: da,
+        None,
+        True,
+    ),
+    (
+        "log_energy",
+        "log interaction energy " r"$\log E_\beta$" "\n"
+        r"$E_\beta = \sum_{ij} e^{\beta\langle x_i, x_j\rangle} / (2\beta n^2)$",
+        lambda da: da,
+        None,
+        False,
+    ),
+    (
+        "energy",
+        "interaction energy\n" r"$E_\beta = \sum_{ij} e^{\beta\langle x_i, x_j\rangle} / (2\beta n^2)$",
+        lambda da: da,
+        None,
+        False,
+    ),
+    (
+        "normalized_energy",
+        "normalized energy\n" r"$\sum_{ij} e^{\cos(x_i, x_j)} / n^2$",
+        lambda da: da,
+        None,
+        False,
+    ),
+    (
+        "order_parameter",
+        "order parameter\n" r"$|\sum_i x_i / |x_i|\,| / n$",
+        lambda da: da,
+        (0.0, 1.0),
+        False,
+    ),
+    (
+        "cluster_sizes",
+        "largest cluster\n" r"$|C_{\max}| / n$",
+        lambda da: da.isel(cluster=0) / da.sizes["cluster"],
+        (0.0, 1.0),
+        True,
+    ),
+    (
+        "attention_rank",
+        "attention rank\n" r"numerical rank of $(a_{ij})$, mean over heads",
+        lambda da: da.mean("head", skipna=False),
+        None,
+        False,
+    ),
+    (
+        "attention",
+        "attention concentration\n" r"$\sum_i \max_j a_{ij} / n$, mean over heads",
+        lambda da: da.max("key", skipna=False).mean(("query", "head"), skipna=False),
+        (0.0, 1.0),
+        False,
+    ),
 )
+
+_STATUS = {1: "state became non-finite", 2: "solver stopped early"}
+
+# Sizes in inches: a panel cell (axes plus its labels), the caption's line height,
+# the title band, and the characters of the 8 pt caption font per inch of width.
+_CELL = (4.4, 3.0)
+_LINE = 0.16
+_TITLE = 0.4
+_CHARS_PER_INCH = 14
+_PANELS_PER_ROW = 3
+_MIN_WIDTH = 7.0
+
+
+def _config(ds: xr.Dataset) -> dict:
+    try:
+        cfg = yaml.safe_load(ds.attrs.get("config", "")) or {}
+    except yaml.YAMLError:
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _panels(ds: xr.Dataset) -> list[tuple[str, str, xr.DataArray, tuple[float, float] | None, bool]]:
+    """The recorded time series to draw, each reduced to dims `(beta?, member?, time)`."""
+    panels = []
+    for name, label, reduce, limits, uses_eps in _PANELS:
+        if name not in ds or "time" not in ds[name].dims:
+            continue
+        if name == "energy" and "log_energy" in ds:
+            continue
+        series = reduce(ds[name])
+        if set(series.dims) <= {"beta", "member", "time"}:
+            panels.append((name, label, series, limits, uses_eps))
+    return panels
+
+
+def _betas(ds: xr.Dataset, cfg: dict) -> list:
+    if "beta" in ds.coords or "beta" in ds.dims:
+        return list(np.atleast_1d(ds["beta"].values))
+    beta = cfg.get("beta")
+    return list(np.atleast_1d(beta)) if beta is not None else [None]
+
+
+def _beta_label(beta) -> str:
+    return r"$\beta$ = ?" if beta is None else rf"$\beta$ = {float(beta):g}"
+
+
+def _members(series: xr.DataArray) -> np.ndarray:
+    """`(member, time)` values as floats, non-finite values as NaN."""
+    if "member" not in series.dims:
+        series = series.expand_dims("member")
+    values = series.transpose("member", "time").values.astype(float)
+    return np.where(np.isfinite(values), values, np.nan)
+
+
+def _ensemble_statistics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NaN-aware mean and 10 and 90 % percentiles over members (axis 0)."""
+    with warnings.catch_warnings():
+        # A time at which every member is NaN gives NaN, not a warning.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(values, axis=0)
+        low, high = np.nanpercentile(values, [10, 90], axis=0)
+    return mean, low, high
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:g}"
+
+
+def _sequence(values: Any) -> str:
+    return "[" + ", ".join(_number(v) for v in np.atleast_1d(values).tolist()) + "]"
+
+
+def _polynomial(coefficients: Any) -> str:
+    terms = []
+    for k, c in enumerate(np.atleast_1d(coefficients).tolist()):
+        if c == 0:
+            continue
+        power = "" if k == 0 else (" t" if k == 1 else f" t^{k}")
+        terms.append(f"{_number(c)}{power}")
+    return " + ".join(terms).replace("+ -", "- ") or "0"
+
+
+def _initial_condition(cfg: dict) -> str:
+    init = cfg.get("init")
+    if not isinstance(init, dict):
+        return str(init) if init is not None else "not recorded"
+    parameters = []
+    for key, value in init.items():
+        if key == "kind" or value is None:
+            continue
+        # Arrays (given tokens, given centres) are named, not printed.
+        if isinstance(value, (list, tuple)):
+            parameters.append(f"{key} given")
+        else:
+            parameters.append(f"{key} = {_number(value)}")
+    kind = init.get("kind", "?")
+    return f"{kind} ({', '.join(parameters)})" if parameters else str(kind)
+
+
+def _matrix(name: str, spec: Any, shared: bool) -> str:
+    """One of Q, K, V, O as the weight schedule builds it."""
+    if not isinstance(spec, dict):
+        return f"{name} {spec}"
+    kind = spec.get("kind", "?")
+    if kind == "none":
+        return f"no {name}"
+    if kind == "identity":
+        text = f"{name} = I"
+    elif kind == "matrix":
+        text = f"{name} = given matrix"
+    elif kind == "tied":
+        text = f"{name} = {'-' if spec.get('sign', 1) < 0 else ''}QᵀK"
+    elif kind == "random":
+        law, scale = spec.get("law", "?"), spec.get("scale")
+        text = f"{name} random ({law}, scale {_number(scale)}, {'shared' if shared else 'per member'})"
+        if spec.get("redraw_every") is not None:
+            text += f", redrawn every {_number(spec['redraw_every'])}"
+    else:
+        text = f"{name} {kind}"
+    if spec.get("switch_times"):
+        text += f" × factors {_sequence(spec.get('factors', []))} switching at t = {_sequence(spec['switch_times'])}"
+    if spec.get("poly") is not None:
+        text += f" × f(t) = {_polynomial(spec['poly'])}"
+    return text
+
+
+def _weights(cfg: dict) -> str:
+    weights = cfg.get("weights")
+    if not isinstance(weights, dict):
+        return "Weights: not recorded"
+    shared = bool(weights.get("shared", True))
+    matrices = [_matrix(name, weights.get(key, {}), shared) for name, key in zip("QKVO", "qkvo") if key in weights]
+    return "Weights: " + "; ".join(matrices)
+
+
+def _system(cfg: dict) -> str:
+    n, d = cfg.get("n", "?"), cfg.get("d", "?")
+    dynamics = {"sa": "SA (softmax attention)", "usa": "USA (unnormalized attention, 1/n)"}
+    parts = [
+        f"Dynamics {dynamics.get(cfg.get('dynamics'), cfg.get('dynamics', '?'))}",
+        f"norm = {cfg.get('norm', '?')}",
+        f"n = {n} tokens, d = {d}",
+    ]
+    token_norm = cfg.get("token_norm")
+    if cfg.get("norm") in ("pre", "peri") and isinstance(token_norm, dict):
+        parts[-2] += f" ({token_norm.get('kind', '?')} norm)"
+    heads = cfg.get("heads", 1)
+    if heads != 1 or cfg.get("d_k") is not None or cfg.get("d_v") is not None:
+        parts.append(f"{heads} heads, d_k = {cfg.get('d_k') or d}, d_v = {cfg.get('d_v') or d}")
+    if cfg.get("attention") is False:
+        parts.append("attention off")
+    if cfg.get("causal"):
+        parts.append("causal mask")
+    if cfg.get("alibi") is not None:
+        parts.append(f"ALiBi slope {_sequence(cfg['alibi'])}")
+    mlp = cfg.get("mlp")
+    if isinstance(mlp, dict) and mlp.get("enabled"):
+        hidden = mlp.get("hidden") or f"4d = {4 * d if isinstance(d, int) else '?'}"
+        parts.append(f"MLP ({mlp.get('activation', '?')}, hidden {hidden}, scale {_number(mlp.get('scale'))})")
+    return "; ".join(parts)
+
+
+def _solver(cfg: dict, saves: int | None) -> str:
+    text = f"Solver {cfg.get('solver', '?')}, dt = {_number(cfg.get('dt', '?'))}"
+    if cfg.get("adaptive"):
+        text += f" (adaptive, rtol {_number(cfg.get('rtol'))}, atol {_number(cfg.get('atol'))})"
+    if "t0" in cfg and "t1" in cfg:
+        text += f", t from {_number(cfg['t0'])} to {_number(cfg['t1'])}"
+    # The stored times, not the `saves` asked for: saves may be moved onto the step grid.
+    if saves is not None:
+        text += f", {saves} {cfg.get('save_spacing', 'linear')}-spaced saves"
+    if "dtype" in cfg:
+        text += f", {cfg['dtype']}"
+    return text
+
+
+def _failures(ds: xr.Dataset, panels: list) -> str | None:
+    """How many (beta, member) runs failed and how, or a note on NaN values."""
+    if "status" in ds:
+        status = ds["status"].values
+        failed = np.isfinite(status) & (status != 0)
+        if failed.any():
+            kinds = ", ".join(
+                f"{int((status[failed] == code).sum())} {_STATUS.get(int(code), f'status {int(code)}')}"
+                for code in np.unique(status[failed])
+            )
+            runs = "runs (beta, member)" if "beta" in ds["status"].dims else "members"
+            text = f"Failed: {int(failed.sum())} of {status.size} {runs}: {kinds}"
+            if "failure_time" in ds and np.isfinite(ds["failure_time"].values).any():
+                text += f", the first at t = {np.nanmin(ds['failure_time'].values):.4g}"
+            return text + "; their statistics are NaN from then on and are left out of the means and bands."
+    if any(not np.isfinite(series.values.astype(float)).all() for _, _, series, _, _ in panels):
+        return "Some values are NaN or infinite (a state blew up); they are left out of the means and bands."
+    return None
+
+
+def _caption(ds: xr.Dataset, cfg: dict, panels: list) -> list[str]:
+    """The caption's paragraphs: what the lines and bands are, and what was run."""
+    paragraphs = []
+    if panels:
+        members = ds.sizes.get("member", cfg.get("members", "?"))
+        legend = f"Lines: ensemble means over {members} members; bands: 10–90 % of members."
+        if any(uses_eps for *_, uses_eps in panels):
+            eps = _number(cfg.get("eps", "?"))
+            legend += f" Clustering threshold: a pair is close when cos(x_i, x_j) > 1 − ε, ε = {eps}."
+        paragraphs.append(legend)
+    paragraphs += [
+        f"Initial condition: {_initial_condition(cfg)}. {_system(cfg)}.",
+        f"{_weights(cfg)}.",
+        f"{_solver(cfg, ds.sizes.get('time'))}.",
+    ]
+    failures = _failures(ds, panels)
+    if failures:
+        paragraphs.append(failures)
+    if panels and "x" in ds:
+        paragraphs.append("Not drawn, stored in results.nc: x (token states).")
+    return paragraphs
+
+
+def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
+    """The summary figure of a results Dataset.
+
+    One panel per recorded time series (at most three per row), x axis t (log spaced
+    when `save_spacing: log`, then against $t - t_0$), the ensemble mean over members
+    as one line per beta and the 10-90 % band of the members around it. The legend
+    (beta values) sits to the right of the panels and the caption under them. When no
+    time series was recorded the figure holds a single panel saying what the file holds.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    cfg = _config(ds)
+    panels = _panels(ds)
+    betas = _betas(ds, cfg)
+    colors = plt.cm.viridis(np.linspace(0.0, 0.9, len(betas)))
+
+    # As few rows as three panels per row allow, filled evenly (four panels: 2 x 2).
+    rows = max(math.ceil(len(panels) / _PANELS_PER_ROW), 1)
+    columns = max(math.ceil(len(panels) / rows), 1)
+    panel_height = rows * _CELL[1] if panels else 1.6
+    # The legend is one column of entries to the right of the panels, more columns
+    # when the betas do not fit in the panels' height.
+    entries = len(betas) + 1
+    legend_columns = math.ceil(entries / max(int(panel_height / 0.22), 1))
+    legend_width = 1.4 * legend_columns if panels else 0.0
+    width = max(columns * _CELL[0] + legend_width, _MIN_WIDTH)
+    wrap = int(width * _CHARS_PER_INCH)
+    caption = [line for paragraph in _caption(ds, cfg, panels) for line in textwrap.wrap(paragraph, wrap)]
+    caption_height = len(caption) * _LINE + 0.25
+    title_height = _TITLE if title else 0.0
+    height = panel_height + caption_height + title_height
+
+    fig = plt.figure(figsize=(width, height))
+    grid = fig.add_gridspec(rows, columns)
+    if title:
+        fig.suptitle(title, fontsize=11, y=1 - 0.08 / height, va="top")
+    fig.text(
+        0.01, (caption_height - 0.1) / height, "\n".join(caption), fontsize=8, va="top", ha="left", gid="caption"
+    )
+
+    if not panels:
+        ax = fig.add_subplot(grid[0, 0])
+        ax.set_axis_off()
+        recorded = cfg.get("metrics", "not recorded")
+        stored = ", ".join(name for name in ds.data_vars) or "nothing"
+        ax.text(
+            0.5,
+            0.5,
+            f"No time-series metric was recorded (metrics = {recorded}).\n"
+            f"results.nc holds: {stored}." + ("\nThe states x are in results.nc." if "x" in ds else ""),
+            ha="center",
+            va="center",
+            fontsize=10,
+            wrap=True,
+        )
+        fig.tight_layout(rect=(0, caption_height / height, 1, 1 - title_height / height))
+        return fig
+
+    time = ds["time"].values.astype(float)
+    log_time = cfg.get("save_spacing") == "log"
+    t0 = float(cfg.get("t0", time[0])) if log_time else 0.0
+    # A log axis cannot show t = t0: those points are left out.
+    shown = time - t0 > 0 if log_time else np.ones(time.shape, bool)
+    abscissa = (time - t0)[shown]
+    xlabel = ("t" if t0 == 0 else f"t − t0 (t0 = {t0:g})") + (", log scale" if log_time else "")
+    marker = "o" if abscissa.size == 1 else None
+
+    for index, (name, label, series, limits, _) in enumerate(panels):
+        ax = fig.add_subplot(grid[index // columns, index % columns])
+        finite = False
+        for position, (color, beta) in enumerate(zip(colors, betas)):
+            values = _members(series.isel(beta=position) if "beta" in series.dims else series)[:, shown]
+            mean, low, high = _ensemble_statistics(values)
+            finite |= bool(np.isfinite(mean).any())
+            ax.plot(abscissa, mean, color=color, marker=marker, linewidth=1.5, label=_beta_label(beta))
+            ax.fill_between(abscissa, low, high, color=color, alpha=0.2, linewidth=0)
+        if not finite:
+            ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center", color="0.4")
+        if log_time and abscissa.size:
+            ax.set_xscale("log")
+        if limits is not None:
+            ax.set_ylim(limits[0] - 0.04, limits[1] + 0.04)
+        if name == "clusters":
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(xlabel, fontsize=9)
+        ax.set_ylabel(label, fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.25, linewidth=0.5)
+
+    right = 1 - legend_width / width
+    top = 1 - title_height / height
+    fig.tight_layout(rect=(0, caption_height / height, right, top), h_pad=1.0, w_pad=1.0)
+    handles = [plt.Line2D([], [], color=color, linewidth=1.5) for color in colors]
+    handles.append(Patch(color="0.5", alpha=0.3, linewidth=0))
+    labels = [_beta_label(beta) for beta in betas] + ["10–90 %\nof members"]
+    fig.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(right + 0.05 / width, top - 0.1 / height),
+        ncols=legend_columns,
+        fontsize=8,
+        frameon=False,
+        title="mean over members",
+        title_fontsize=8,
+    )
+    return fig
 
 
 def plot_summary(ds: xr.Dataset, path: str | Path, title: str | None = None) -> Path:
-    """Ensemble means (and 10-90% bands) of the recorded metrics against time, one line per beta."""
-    panels = [(k, label) for k, label in _PANELS if k in ds]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    betas = np.atleast_1d(ds["beta"].values)
-    colors = plt.cm.viridis(np.linspace(0.0, 0.9, len(betas)))
-    t = ds["time"].values
-    for ax, (name, label) in zip(axes[0], panels):
-        da = ds[name]
-        if "beta" not in da.dims:
-            da = da.expand_dims(beta=betas)
-        for color, beta in zip(colors, betas):
-            v = da.sel(beta=beta).values.astype(float)
-            ax.plot(t, v.mean(axis=0), color=color, label=f"beta={beta:g}")
-            lo, hi = np.percentile(v, [10, 90], axis=0)
-            ax.fill_between(t, lo, hi, color=color, alpha=0.15, linewidth=0)
-        ax.set_xlabel("t")
-        ax.set_title(label, fontsize=10)
-        if float(t[0]) >= 0 and len(t) > 2 and np.allclose(np.diff(np.log(t[1:])), np.log(t[2] / t[1])):
-            ax.set_xscale("log")
-    axes[0][0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
+    """Save `summary_figure(ds, title)` as a PNG at `path` and return the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = summary_figure(ds, title=title)
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
     return path

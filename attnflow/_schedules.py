@@ -3,6 +3,12 @@
 A schedule is called as `schedule(t)` and returns an array of a fixed `shape`, for
 example `(heads, d_k, d)` for the queries. Every array inside a schedule is data
 (traced), so changing the values never recompiles; the number of pieces is structure.
+
+Piecewise schedules are right-continuous: a switch time belongs to the piece that
+starts there. `schedule(t, at)` chooses the piece at time `at` instead of `t` (smooth
+factors still see `t`); fixed-step runs pass each step's midpoint, so that every stage
+of a step uses one piece and a switch on the grid takes effect exactly at the step that
+starts there, whatever the last bits of the floating-point times.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, ScalarLike
 
@@ -20,8 +27,9 @@ class AbstractSchedule(eqx.Module):
     """A matrix-valued function of time $t \\mapsto W(t)$."""
 
     @abc.abstractmethod
-    def __call__(self, t: ScalarLike) -> Array:
-        """The value at time `t`."""
+    def __call__(self, t: ScalarLike, at: ScalarLike | None = None) -> Array:
+        """The value at time `t`, with the piece of a piecewise schedule chosen at `at`
+        (default `t`)."""
 
     @property
     @abc.abstractmethod
@@ -40,7 +48,7 @@ class Identity(AbstractSchedule):
     dim: int = eqx.field(static=True)
     dtype: str = eqx.field(static=True, default="float32")
 
-    def __call__(self, t):
+    def __call__(self, t, at=None):
         return jnp.broadcast_to(jnp.eye(self.dim, dtype=self.dtype), self.shape)
 
     @property
@@ -53,7 +61,7 @@ class Constant(AbstractSchedule):
 
     value: Array
 
-    def __call__(self, t):
+    def __call__(self, t, at=None):
         return self.value
 
     @property
@@ -64,9 +72,9 @@ class Constant(AbstractSchedule):
 class PiecewiseConstant(AbstractSchedule):
     """$W(t) = W_k$ for $\\tau_{k} \\le t < \\tau_{k+1}$, with switch times $\\tau_1 < \\dots$.
 
-    `values` has one more entry along its first axis than `times` has switches; a
-    value equal to a switch time takes the piece that starts there. A periodic redraw
-    is the special case of equally spaced switch times.
+    `values` has one more entry along its first axis than `times` has switches. The
+    switch time itself belongs to the piece that starts there ($W(\\tau_k) = W_k$). A
+    periodic redraw is the special case of equally spaced switch times.
     """
 
     times: Float[Array, " k"]
@@ -79,8 +87,8 @@ class PiecewiseConstant(AbstractSchedule):
                 f"needs {self.times.shape[0] + 1} pieces, got {self.values.shape[0]}."
             )
 
-    def __call__(self, t):
-        index = jnp.searchsorted(self.times, t, side="right")
+    def __call__(self, t, at=None):
+        index = jnp.searchsorted(self.times, t if at is None else at, side="right")
         return self.values[index]
 
     @property
@@ -98,9 +106,13 @@ class Scaled(AbstractSchedule):
     coefficients: Float[Array, " p"]
     base: AbstractSchedule
 
-    def __call__(self, t):
+    def __call__(self, t, at=None):
+        return self.factor(t) * self.base(t, at)
+
+    def factor(self, t: ScalarLike) -> Array:
+        """$f(t)$."""
         powers = t ** jnp.arange(self.coefficients.shape[0], dtype=self.coefficients.dtype)
-        return jnp.sum(self.coefficients * powers) * self.base(t)
+        return jnp.sum(self.coefficients * powers)
 
     @property
     def shape(self):
@@ -108,7 +120,11 @@ class Scaled(AbstractSchedule):
 
 
 class PiecewiseSchedule(AbstractSchedule):
-    """Switch between whole schedules at given times (each piece may itself vary)."""
+    """Switch between whole schedules at given times (each piece may itself vary).
+
+    As for `PiecewiseConstant`, the switch time itself belongs to the piece that
+    starts there.
+    """
 
     times: Float[Array, " k"]
     pieces: tuple[AbstractSchedule, ...]
@@ -123,11 +139,51 @@ class PiecewiseSchedule(AbstractSchedule):
         if len(shapes) != 1:
             raise ConfigError(f"all pieces of a schedule must have one shape, got {sorted(shapes)}.")
 
-    def __call__(self, t):
-        index = jnp.searchsorted(self.times, t, side="right")
-        values = jnp.stack([p(t) for p in self.pieces])
-        return values[index]
+    def __call__(self, t, at=None):
+        index = self.piece(t if at is None else at)
+        return jnp.stack([p(t, at) for p in self.pieces])[index]
+
+    def piece(self, at: ScalarLike) -> Array:
+        """The index of the piece in force at time `at`."""
+        return jnp.searchsorted(self.times, at, side="right")
 
     @property
     def shape(self):
         return self.pieces[0].shape
+
+
+def identity_multiple(schedule: AbstractSchedule) -> bool:
+    """Whether the schedule is $c(t) I$ by construction (a structural, static fact): the
+    identity, scaled by polynomials, or switching between such schedules."""
+    if isinstance(schedule, Identity):
+        return True
+    if isinstance(schedule, Scaled):
+        return identity_multiple(schedule.base)
+    if isinstance(schedule, PiecewiseSchedule):
+        return all(identity_multiple(p) for p in schedule.pieces)
+    return False
+
+
+def identity_factor(schedule: AbstractSchedule, t: ScalarLike, at: ScalarLike | None = None) -> Array | None:
+    """$c(t)$ for a schedule that is $c(t) I$ (see `identity_multiple`); None for the
+    identity itself, so that callers can skip multiplying by one."""
+    if isinstance(schedule, Identity):
+        return None
+    if isinstance(schedule, Scaled):
+        inner = identity_factor(schedule.base, t, at)
+        return schedule.factor(t) if inner is None else schedule.factor(t) * inner
+    if isinstance(schedule, PiecewiseSchedule):
+        ones = jnp.ones((), schedule.times.dtype)
+        factors = [identity_factor(p, t, at) for p in schedule.pieces]
+        stacked = jnp.stack([ones if c is None else c for c in factors])
+        return stacked[schedule.piece(t if at is None else at)]
+    raise TypeError(f"{type(schedule).__name__} is not a multiple of the identity.")
+
+
+def switch_times(tree) -> Array | None:
+    """Every switch time of the piecewise schedules inside `tree` (a vector field, a
+    term), concatenated; None when there is none."""
+    piecewise = (PiecewiseConstant, PiecewiseSchedule)
+    found = [leaf.times for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, piecewise))
+             if isinstance(leaf, piecewise)]
+    return jnp.concatenate(found) if found else None

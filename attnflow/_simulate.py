@@ -3,34 +3,36 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable
 
-import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
-from jaxtyping import Array, Float, Int, ScalarLike
+from jaxtyping import Array, Bool, Float, Int, ScalarLike
 
 from ._errors import ConfigError
 from ._field import VectorField
-from ._geometry import Sphere
-from ._solvers import Retracted, solver_from_name
+from ._grid import bracketing_steps, step_count
+from ._schedules import switch_times
+from ._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
 
 
 class Solution(eqx.Module):
     """The output of `simulate`.
 
     `stats` maps a name to an array whose first axis is `ts`; it holds the states `x`
-    (shape `(times, n, d)`) when they were asked for, and the boolean `finite`.
-    `result` is diffrax's result code (`dfx.RESULTS.successful` when `t1` was reached).
+    (shape `(times, n, d)`) when they were asked for. `result` is 0 when the solve
+    reached `t1` and diffrax's failure code otherwise (adaptive runs only: a fixed-step
+    run always completes); `reached[i]` says whether the solve got to `ts[i]`.
     """
 
     ts: Float[Array, " times"]
     stats: dict[str, Array]
-    result: dfx.RESULTS
+    result: Int[Array, ""]
     num_steps: Int[Array, ""]
+    reached: Bool[Array, " times"]
 
     @property
     def xs(self) -> Array:
@@ -41,44 +43,61 @@ def _states(t, x, field):
     return {"x": x}
 
 
-def fixed_steps(t0: float, t1: float, dt: float) -> int | None:
-    """The number of steps of size `dt` from `t0` to `t1`, or None if `dt` does not divide it."""
-    count = round((t1 - t0) / dt)
-    if count >= 1 and abs(count * dt - (t1 - t0)) <= 1e-9 * max(1.0, abs(t1 - t0)):
-        return count
-    return None
+def _record_at_marks(field, table, y0, t0, h, num_steps: int, marks, record):
+    """Fixed steps with a `lax.scan`, recording at the grid steps `marks`.
 
-
-def _step_loop(field, solver, y0, t0, dt, num_steps: int, save_every: int, record):
-    """Fixed steps with a `lax.scan`, recording every `save_every` steps.
-
-    diffrax's solvers do the stepping; the loop itself is a plain scan, so there is no
-    step-size controller, event or interpolation machinery per step and the recorded
-    values are exactly the states at the grid times $t_0 + k \\Delta t$.
+    Step k goes from $t_k = t_0 + k h$ to $t_{k+1}$ with every stage using the schedule
+    pieces in force at the midpoint $t_k + h/2$. The state at a mark is recorded before
+    the step from it; the statistics go into a buffer with one spare slot that takes
+    the (zero) output of the steps that record nothing. The predicate depends on the
+    step index only, so under `jax.vmap` over members the `lax.cond` stays a branch.
     """
-    term = dfx.ODETerm(field)
-    t0 = jnp.asarray(t0, y0.dtype)
-    dt = jnp.asarray(dt, y0.dtype)
-    state = solver.init(term, t0, t0 + dt, y0, None)
+    geometry = field.geometry
+    marks = jnp.asarray(marks, jnp.int32)
+    count = marks.shape[0]
+
+    def stats_at(k, y):
+        t = t0 + k * h
+        return record(t, y, field.pinned(t + h / 2))
+
+    template = jax.eval_shape(stats_at, 0, y0)
+    buffer = jax.tree.map(lambda s: jnp.zeros((count + 1,) + s.shape, s.dtype), template)
+
+    def store(buffer, k, y):
+        slot = jnp.searchsorted(marks, k)
+        hit = marks[jnp.minimum(slot, count - 1)] == k
+        stats = lax.cond(hit, stats_at, lambda k, y: jax.tree.map(jnp.zeros_like, template), k, y)
+        slot = jnp.where(hit, slot, count)
+        return jax.tree.map(lambda b, s: b.at[slot].set(s), buffer, stats)
 
     def step(carry, k):
-        y, state = carry
-        y, _, _, state, _ = solver.step(term, t0 + k * dt, t0 + (k + 1) * dt, y, None, state, False)
-        return (y, state), None
+        y, buffer = carry
+        buffer = store(buffer, k, y)
+        t = t0 + k * h
+        pinned = field.pinned(t + h / 2)
+        y = geometry.retract(rk_step(lambda s, z: pinned(s, z), table, t, h, y))
+        return (y, buffer), None
 
-    def block(carry, j):
-        # Record, then step (the final state is recorded after the loop): on the
-        # phase-diagram benchmark this order ran about 20% faster than the reverse.
-        stats = record(t0 + j * save_every * dt, carry[0], field)
-        carry, _ = lax.scan(step, carry, j * save_every + jnp.arange(save_every))
-        return carry, stats
+    (y1, buffer), _ = lax.scan(step, (y0, buffer), jnp.arange(num_steps))
+    buffer = store(buffer, num_steps, y1)
+    return jax.tree.map(lambda b: b[:count], buffer)
 
-    num_saves = num_steps // save_every
-    (y1, _), stats = lax.scan(block, (y0, state), jnp.arange(num_saves))
-    last = record(t0 + num_steps * dt, y1, field)
-    stats = jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), stats, last)
-    ts = t0 + dt * save_every * jnp.arange(num_saves + 1, dtype=y0.dtype)
-    return ts, stats
+
+def _hermite(field, t0, h, ks, thetas, states):
+    """Cubic Hermite interpolation between the grid states bracketing each output time,
+    with the slopes of the step's own field pieces, then retracted."""
+    geometry = field.geometry
+
+    def one(k, theta, x0, x1):
+        t = t0 + k * h
+        pinned = field.pinned(t + h / 2)
+        f0 = geometry.project(x0, pinned(t, x0))
+        f1 = geometry.project(x1, pinned(t + h, x1))
+        t2, t3 = theta * theta, theta * theta * theta
+        x = (2 * t3 - 3 * t2 + 1) * x0 + (t3 - 2 * t2 + theta) * h * f0 + (3 * t2 - 2 * t3) * x1 + (t3 - t2) * h * f1
+        return geometry.retract(x)
+
+    return jax.vmap(one)(ks, thetas, *states)
 
 
 def simulate(
@@ -88,9 +107,10 @@ def simulate(
     t1: ScalarLike,
     t0: ScalarLike = 0.0,
     dt: ScalarLike | None = None,
-    solver: str | dfx.AbstractSolver = "tsit5",
-    ts: Float[Array, " times"] | None = None,
+    solver="tsit5",
     save_every: int | None = None,
+    save_steps=None,
+    ts=None,
     num_steps: int | None = None,
     record: Callable | None = None,
     adaptive: bool = False,
@@ -104,73 +124,88 @@ def simulate(
 
     - `field`: the `VectorField`; its `geometry` says where the state lives. On the
       sphere `y0` is retracted first, every step is followed by the retraction, and
-      values saved between steps are retracted too.
+      values interpolated between steps are retracted too.
     - `solver`: a name (`euler`, `euler_renorm`, `heun`, `midpoint`, `ralston`,
       `bosh3`, `rk4`, `tsit5`, `dopri5`, `dopri8`) or a diffrax solver instance.
-      `euler_renorm` steps along the unprojected field, then retracts.
-    - `dt`: the fixed step, or the first step when `adaptive`.
-    - `save_every`: with fixed steps and no `ts`, record every `save_every` steps
-      (default: only at `t0` and `t1`). `dt` must divide `t1 - t0`; the number of steps
-      is then computed from the (concrete) times, or given as `num_steps` when the
-      times are traced.
-    - `ts`: arbitrary output times instead, read off diffrax's dense output.
+      `euler` steps along the tangent-projected field, `euler_renorm` along the
+      unprojected one; both then retract.
+    - `dt`: the fixed step, or the first step when `adaptive`. Fixed steps must cut
+      $[t_0, t_1]$ into a whole number $N$ of steps (`attnflow.step_count`); the
+      steps are then exactly $h = (t_1 - t_0)/N$. With traced times pass `num_steps`.
+    - Output, for fixed steps: the states at the grid steps `save_steps` (integers in
+      $[0, N]$), or every `save_every` steps and at $t_1$, or (default) at $t_0$ and
+      $t_1$. `ts` asks for arbitrary times in $[t_0, t_1]$ instead: those on the grid
+      are recorded there, the others interpolated (cubic Hermite) between the grid
+      states around them. For adaptive runs, `ts` (default $t_0, t_1$) are read off
+      diffrax's dense output.
     - `record`: `record(t, x, field) -> dict` of statistics saved at each output time
       (e.g. a `Recorder`); by default the states themselves, under `"x"`.
-    - `adaptive`: PID step-size control with `rtol`, `atol` instead of fixed steps.
+    - `adaptive`: PID step-size control with `rtol`, `atol` and at most `max_steps`
+      steps; the solver steps to just before and just after every switch time of the
+      field's schedules.
+
+    Piecewise weight schedules (a switch time belongs to the piece that starts
+    there) are read, in a fixed-step run, at each step's midpoint: a switch on the grid
+    takes effect exactly at the step that starts there, in every dtype, and an off-grid
+    switch at the nearest grid time.
 
     Traceable: it can be called under `jax.jit` and `jax.vmap`, and the fixed-step path
     is differentiable in forward mode (`jax.jvp`, for tangent dynamics) and reverse
-    mode alike. It does not raise for
-    a failed or non-finite run; look at `result` and `stats["finite"]`, or use the
-    ensemble runner, which does.
+    mode (`jax.grad`) for every solver. It does not raise for a failed or non-finite
+    run; look at `result`, `reached` and the states, or use the ensemble runner.
     """
-    if isinstance(solver, str):
-        solver, tangent = solver_from_name(solver)
-        if field.scheme == "sphere" and field.tangent != tangent:
-            field = dataclasses.replace(field, tangent=tangent)
+    if isinstance(solver, str) and solver not in SOLVERS:
+        raise ConfigError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}.")
+    if isinstance(solver, str) and field.scheme == "sphere" and field.tangent != SOLVERS[solver][0]:
+        field = dataclasses.replace(field, tangent=SOLVERS[solver][0])
     if dt is None and not adaptive:
         raise ConfigError("fixed-step integration needs a step dt.")
-    if adaptive and not isinstance(solver, dfx.AbstractAdaptiveSolver):
-        raise ConfigError(f"{type(solver).__name__} has no error estimate, so it cannot adapt its step; "
-                          "use heun, midpoint, ralston, bosh3, rk4, tsit5, dopri5 or dopri8.")
-    geometry = field.geometry
-    if isinstance(geometry, Sphere):
-        solver = Retracted(solver, geometry)
-    y0 = geometry.retract(jnp.asarray(y0))
+    y0 = field.geometry.retract(jnp.asarray(y0))
     record = _states if record is None else record
+    if adaptive:
+        return _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps)
 
-    if not adaptive and ts is None:
-        if num_steps is None:
-            num_steps = fixed_steps(float(t0), float(t1), float(dt))
-            if num_steps is None:
-                raise ConfigError(f"dt={dt} does not divide t1 - t0 = {t1 - t0}; pass output times ts instead.")
-        save_every = num_steps if save_every is None else save_every
-        if num_steps % save_every:
-            raise ConfigError(f"save_every={save_every} must divide the number of steps {num_steps}.")
-        ts, stats = _step_loop(field, solver, y0, t0, dt, num_steps, save_every, record)
-        return Solution(ts=ts, stats=stats, result=dfx.RESULTS.successful, num_steps=jnp.asarray(num_steps))
-
+    table: Tableau = tableau(solver) if isinstance(solver, str) else tableau_of(solver)
+    if num_steps is None:
+        num_steps = step_count(t0, t1, dt)
+    dtype = y0.dtype
+    t0_, t1_ = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    h = (t1_ - t0_) / num_steps
     if ts is None:
-        ts = jnp.stack([jnp.asarray(t0, y0.dtype), jnp.asarray(t1, y0.dtype)])
+        if save_steps is None:
+            every = num_steps if save_every is None else int(save_every)
+            if every < 1:
+                raise ConfigError(f"save_every must be a positive number of steps, got {save_every}.")
+            save_steps = np.unique(np.append(np.arange(0, num_steps, every), num_steps))
+        marks = np.asarray(save_steps, np.int64)
+        if marks.ndim != 1 or marks.size == 0 or (np.diff(marks) <= 0).any() or marks[0] < 0 or marks[-1] > num_steps:
+            raise ConfigError(f"save_steps must be increasing grid steps in [0, {num_steps}], got {marks.tolist()}.")
+        stats = _record_at_marks(field, table, y0, t0_, h, num_steps, marks, record)
+        out_ts = t0_ + h * jnp.asarray(marks, dtype)
+    else:
+        ks, thetas = bracketing_steps(np.asarray(ts), float(t0), float(t1), num_steps)
+        marks = np.unique(np.concatenate([ks, ks + 1]))
+        grid = _record_at_marks(field, table, y0, t0_, h, num_steps, marks, _states)["x"]
+        index = lambda k: jnp.asarray(np.searchsorted(marks, k))
+        states = (grid[index(ks)], grid[index(ks + 1)])
+        xs = _hermite(field, t0_, h, jnp.asarray(ks, dtype), jnp.asarray(thetas, dtype), states)
+        out_ts = jnp.asarray(ts, dtype)
+        pins = t0_ + (jnp.asarray(ks, dtype) + 0.5) * h
+        stats = jax.vmap(lambda t, x, at: record(t, x, field.pinned(at)))(out_ts, xs, pins)
+    return Solution(ts=out_ts, stats=stats, result=jnp.asarray(0, jnp.int32), num_steps=jnp.asarray(num_steps),
+                    reached=jnp.ones(out_ts.shape, bool))
 
-    def save(t, y, args):
-        return record(t, geometry.retract(y), field)
 
-    controller = dfx.PIDController(rtol=rtol, atol=atol) if adaptive else dfx.ConstantStepSize()
-    with warnings.catch_warnings():
-        # diffrax pre-fills the output buffers with inf, which NumPy warns about when
-        # casting to the integer and boolean statistics; every slot is overwritten.
-        warnings.filterwarnings("ignore", "invalid value encountered in cast", RuntimeWarning)
-        sol = dfx.diffeqsolve(
-            dfx.ODETerm(field),
-            solver,
-            t0=t0,
-            t1=t1,
-            dt0=dt,
-            y0=y0,
-            saveat=dfx.SaveAt(ts=ts, fn=save),
-            stepsize_controller=controller,
-            max_steps=max_steps,
-            throw=False,
-        )
-    return Solution(ts=sol.ts, stats=sol.ys, result=sol.result, num_steps=sol.stats["num_steps"])
+def _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps) -> Solution:
+    from ._adaptive import diffrax_solver, solve_adaptive
+
+    solver = diffrax_solver(solver) if isinstance(solver, str) else solver
+    dtype = y0.dtype
+    ts = jnp.stack([jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)]) if ts is None else jnp.asarray(ts, dtype)
+    jumps = switch_times(field)
+    stats, result, steps, reached = solve_adaptive(
+        field, solver, y0, t0=t0, t1=t1, dt=dt, ts=ts, record=record, rtol=rtol, atol=atol,
+        max_steps=max_steps, jump_ts=None if jumps is None else jumps.astype(dtype),
+    )
+    return Solution(ts=ts, stats=stats, result=jnp.asarray(result, jnp.int32), num_steps=jnp.asarray(steps),
+                    reached=reached)

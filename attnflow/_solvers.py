@@ -1,122 +1,121 @@
-"""Time stepping: diffrax solvers, classical RK4, and the retraction onto the sphere."""
+"""Fixed-step time stepping: explicit Runge-Kutta methods and the retraction onto the sphere.
+
+A fixed-step run takes its Butcher tableau from the diffrax solver of the same name
+(Euler and the classical RK4 are written here) and steps it in a plain `lax.scan`
+with every stage unrolled: there is no error estimate to compute, no solver state to
+carry, and forward- and reverse-mode differentiation both pass through. Adaptive runs
+use `diffrax.diffeqsolve` (see `_adaptive.py`).
+"""
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
-from typing import ClassVar
+from typing import NamedTuple
 
-import diffrax as dfx
-import numpy as np
+from jaxtyping import Array, Float, ScalarLike
 
 from ._errors import ConfigError
-from ._geometry import AbstractGeometry
-
-_rk4_tableau = dfx.ButcherTableau(
-    a_lower=(np.array([0.5]), np.array([0.0, 0.5]), np.array([0.0, 0.0, 1.0])),
-    b_sol=np.array([1 / 6, 1 / 3, 1 / 3, 1 / 6]),
-    # Embedded midpoint rule (weight 1 on the second stage): a second-order estimate.
-    b_error=np.array([1 / 6, 1 / 3 - 1, 1 / 3, 1 / 6]),
-    c=np.array([0.5, 0.5, 1.0]),
-)
 
 
-class RK4(dfx.AbstractERK):
-    """The classical fourth-order Runge-Kutta method.
+class Tableau(NamedTuple):
+    """An explicit Runge-Kutta method: stage $i$ is evaluated at $t + c_i h$ and
+    $y + h \\sum_{j<i} a_{ij} k_j$; the step is $y + h \\sum_i b_i k_i$."""
 
-    Its embedded error estimate is the midpoint rule, so with an adaptive controller the
-    local error it controls is $O(h^3)$.
-    """
-
-    tableau: ClassVar[dfx.ButcherTableau] = _rk4_tableau
-    interpolation_cls: ClassVar[Callable[..., dfx.ThirdOrderHermitePolynomialInterpolation]] = (
-        dfx.ThirdOrderHermitePolynomialInterpolation.from_k
-    )
-
-    def order(self, terms):
-        return 4
-
-    def error_order(self, terms):
-        return 3
+    a: tuple[tuple[float, ...], ...]
+    b: tuple[float, ...]
+    c: tuple[float, ...]
 
 
-class Retracted(dfx.AbstractWrappedSolver):
-    """Any diffrax solver followed by the geometry's retraction after every step.
-
-    On the sphere this is the projection method: every accepted step ends with
-    $x_i \\leftarrow x_i / |x_i|$. The step's error estimate is the wrapped solver's,
-    taken before the retraction. The dense output's end point is the retracted state,
-    and values saved between steps are retracted by the caller.
-    """
-
-    solver: dfx.AbstractSolver
-    geometry: AbstractGeometry
-
-    @property
-    def term_structure(self):
-        return self.solver.term_structure
-
-    @property
-    def interpolation_cls(self):  # pyright: ignore
-        return self.solver.interpolation_cls
-
-    @property
-    def term_compatible_contr_kwargs(self):
-        return self.solver.term_compatible_contr_kwargs
-
-    def order(self, terms):
-        return self.solver.order(terms)
-
-    def strong_order(self, terms):
-        return self.solver.strong_order(terms)
-
-    def error_order(self, terms):
-        return self.solver.error_order(terms)
-
-    def init(self, terms, t0, t1, y0, args):
-        return self.solver.init(terms, t0, t1, y0, args)
-
-    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
-        y1, y_error, dense_info, solver_state, result = self.solver.step(
-            terms, t0, t1, y0, args, solver_state, made_jump
-        )
-        y1 = self.geometry.retract(y1)
-        if "y1" in dense_info:
-            dense_info = dict(dense_info, y1=y1)
-        return y1, y_error, dense_info, solver_state, result
-
-    def func(self, terms, t0, y0, args):
-        return self.solver.func(terms, t0, y0, args)
-
-
-# name -> (solver class, whether the sphere field is tangent-projected, order)
-SOLVERS: dict[str, tuple[type[dfx.AbstractSolver], bool, int]] = {
-    "euler": (dfx.Euler, True, 1),
-    "euler_renorm": (dfx.Euler, False, 1),
-    "heun": (dfx.Heun, True, 2),
-    "midpoint": (dfx.Midpoint, True, 2),
-    "ralston": (dfx.Ralston, True, 2),
-    "bosh3": (dfx.Bosh3, True, 3),
-    "rk4": (RK4, True, 4),
-    "tsit5": (dfx.Tsit5, True, 5),
-    "dopri5": (dfx.Dopri5, True, 5),
-    "dopri8": (dfx.Dopri8, True, 8),
+# name -> (whether the sphere field is tangent-projected, order, diffrax class name)
+SOLVERS: dict[str, tuple[bool, int, str | None]] = {
+    "euler": (True, 1, None),
+    "euler_renorm": (False, 1, None),
+    "heun": (True, 2, "Heun"),
+    "midpoint": (True, 2, "Midpoint"),
+    "ralston": (True, 2, "Ralston"),
+    "bosh3": (True, 3, "Bosh3"),
+    "rk4": (True, 4, None),
+    "tsit5": (True, 5, "Tsit5"),
+    "dopri5": (True, 5, "Dopri5"),
+    "dopri8": (True, 8, "Dopri8"),
 }
-ADAPTIVE = tuple(name for name, (cls, _, _) in SOLVERS.items() if cls is not dfx.Euler)
+ADAPTIVE = tuple(name for name in SOLVERS if not name.startswith("euler"))
+
+_EULER = Tableau(a=((),), b=(1.0,), c=(0.0,))
+# The classical fourth-order method (Kutta 1901).
+_RK4 = Tableau(a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)), b=(1 / 6, 1 / 3, 1 / 3, 1 / 6), c=(0.0, 0.5, 0.5, 1.0))
 
 
-def solver_from_name(name: str) -> tuple[dfx.AbstractSolver, bool]:
-    """The diffrax solver for a name, and whether the sphere field is projected.
+def _needed(a: tuple, b: tuple) -> int:
+    """How many leading stages the step uses: a trailing stage with $b_i = 0$ that no
+    later stage reads only serves first-same-as-last reuse, which fixed steps skip."""
+    stages = len(b)
+    while stages > 1 and b[stages - 1] == 0 and all(
+        len(row) <= stages - 1 or row[stages - 1] == 0 for row in a[stages:]
+    ):
+        stages -= 1
+    return stages
 
-    `euler` is scheme (a) of DESIGN.md section 2: Euler on the tangent-projected field,
-    then the retraction. `euler_renorm` is scheme (b): Euler on the unprojected field,
-    then the retraction, as in most public phase-diagram code.
-    """
+
+def _from_diffrax(class_name: str) -> Tableau:
+    import diffrax
+
+    tableau = getattr(diffrax, class_name).tableau
+    a = ((),) + tuple(tuple(float(v) for v in row) for row in tableau.a_lower)
+    b = tuple(float(v) for v in tableau.b_sol)
+    c = (0.0,) + tuple(float(v) for v in tableau.c)
+    stages = _needed(a, b)
+    return Tableau(a=a[:stages], b=b[:stages], c=c[:stages])
+
+
+def tableau(name: str) -> Tableau:
+    """The Butcher tableau of a named solver."""
     if name not in SOLVERS:
         raise ConfigError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}.")
-    cls, tangent, _ = SOLVERS[name]
-    if issubclass(cls, dfx.AbstractRungeKutta):
-        # A plain lax.scan over the stages: forward- and reverse-mode autodiff both pass
-        # through it (diffrax's default checkpointed scan is reverse-mode only), which the
-        # tangent dynamics of Lyapunov exponents need.
-        return cls(scan_kind="lax"), tangent
-    return cls(), tangent
+    if name.startswith("euler"):
+        return _EULER
+    if name == "rk4":
+        return _RK4
+    return _from_diffrax(SOLVERS[name][2])
+
+
+def tableau_of(solver) -> Tableau:
+    """The tableau of a diffrax solver instance (explicit Runge-Kutta methods and Euler)."""
+    import diffrax
+
+    if isinstance(solver, diffrax.Euler):
+        return _EULER
+    table = getattr(solver, "tableau", None)
+    if not isinstance(solver, diffrax.AbstractERK) or table is None:
+        raise ConfigError(
+            f"fixed-step runs take an explicit Runge-Kutta solver, got {type(solver).__name__}; "
+            "pass adaptive=True to use it with diffeqsolve."
+        )
+    a = ((),) + tuple(tuple(float(v) for v in row) for row in table.a_lower)
+    b = tuple(float(v) for v in table.b_sol)
+    c = (0.0,) + tuple(float(v) for v in table.c)
+    stages = _needed(a, b)
+    return Tableau(a=a[:stages], b=b[:stages], c=c[:stages])
+
+
+def rk_step(
+    f: Callable[[ScalarLike, Array], Array],
+    table: Tableau,
+    t: ScalarLike,
+    h: ScalarLike,
+    y: Float[Array, "n d"],
+) -> Float[Array, "n d"]:
+    """One explicit Runge-Kutta step of size `h` from `(t, y)` for $\\dot y = f(t, y)$."""
+    ks: list[Array] = []
+    for a_row, c in zip(table.a, table.c):
+        increment = _combine(a_row, ks)
+        ks.append(f(t + c * h if c else t, y if increment is None else y + h * increment))
+    return y + h * _combine(table.b, ks)
+
+
+def _combine(weights: tuple[float, ...], ks: list[Array]) -> Array | None:
+    """$\\sum_j w_j k_j$ over the non-zero weights (None when there is none)."""
+    terms = [k if w == 1 else w * k for w, k in zip(weights, ks) if w != 0]
+    return functools.reduce(operator.add, terms) if terms else None

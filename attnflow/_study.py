@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 import yaml
 
-from ._build import betas_of, build_system, save_plan, validate_config
-from ._ensemble import check_ensemble, solve_ensemble
+from ._build import betas_of, build_system, output_times, validate_config
+from ._config import NOT_RESULT_KEYS, Config, to_container
+from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
 from ._errors import NonFiniteStateError, SolverFailure
+from ._store import PieceStore, in_background, load_results, write_results
+
+__all__ = ["config_yaml", "load_results", "run", "write_results"]
 
 _DIMS = {
     "x": ("token", "dim"),
@@ -23,83 +23,164 @@ _DIMS = {
     "attention": ("head", "query", "key"),
     "attention_rank": ("head",),
 }
+STATUS_MEANINGS = "ok non_finite solver_stopped"
 
 
-# Keys that say what to do with a result, not what the result is.
-_NOT_RESULT_KEYS = ("overwrite", "plot")
-
-
-def config_yaml(cfg: Mapping) -> str:
+def config_yaml(cfg: Config) -> str:
     """The resolved config as YAML (what is stored in `results.nc`), without the keys
-    that do not change the results (`overwrite`, `plot`)."""
-    return yaml.safe_dump({k: v for k, v in cfg.items() if k not in _NOT_RESULT_KEYS}, sort_keys=True)
+    that do not change the results (`overwrite`, `plot`, `compilation_cache`)."""
+    return yaml.safe_dump({k: v for k, v in to_container(cfg).items() if k not in NOT_RESULT_KEYS}, sort_keys=True)
 
 
-def run(config: Mapping) -> xr.Dataset:
-    """Run the study a config describes and return its results.
+def cache_directory() -> Path:
+    """Where compiled programs are kept: `$ATTNFLOW_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/attnflow/jax`, else `~/.cache/attnflow/jax`."""
+    if os.environ.get("ATTNFLOW_CACHE_DIR"):
+        return Path(os.environ["ATTNFLOW_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "attnflow" / "jax"
 
-    `config` is a plain mapping with the keys of `conf/config.yaml` (missing keys take
-    their defaults). The Dataset has dimensions `member` and `time` (and `beta` when
-    beta is a list), one variable per metric, the states `x` when `save_states`, and
-    the resolved config as YAML in `attrs["config"]`.
+
+def prepare_jax(cfg: Config) -> None:
+    """Process-wide JAX settings a config asks for: float64, and JAX's persistent
+    compilation cache (so that a repeated structure is not compiled again; it takes
+    effect when set before the process's first compilation, as the command line does)."""
+    import jax
+
+    if cfg.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    if cfg.compilation_cache and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(cache_directory()))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def plan_study(cfg: Config) -> EnsemblePlan:
+    """The ensemble plan of a validated config (its pieces, before any is solved)."""
+    import jax
+    import jax.numpy as jnp
+
+    prepare_jax(cfg)
+    dtype = jnp.dtype(cfg.dtype.value)
+    betas, _ = betas_of(cfg)
+    _, marks, times = output_times(cfg)
+    keys = jax.random.split(jax.random.key(cfg.seed), cfg.members)
+    return EnsemblePlan(
+        build_system(cfg),
+        keys,
+        jnp.asarray(betas, dtype),
+        t0=cfg.t0,
+        t1=cfg.t1,
+        dt=cfg.dt,
+        save_steps=marks,
+        ts=None if marks is not None else times,
+        solver=cfg.solver.value,
+        adaptive=cfg.adaptive,
+        rtol=cfg.rtol,
+        atol=cfg.atol,
+        max_steps=cfg.max_steps,
+        chunk_size=cfg.chunk_size,
+    )
+
+
+def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | None = None):
+    """Run the study a config describes and return its results as an xarray Dataset.
+
+    `config` is a mapping with any of the keys of `conf/config.yaml` (missing keys
+    take their defaults), checked as the command line checks it. The Dataset has
+    dimensions `member` and `time` (and `beta` when beta is a list), one variable per
+    metric, the states `x` when `save_states`, `num_steps`, the per-solve `status`
+    (0 ok, 1 non-finite, 2 solver stopped) and `failure_time`, and the resolved config
+    as YAML in `attrs["config"]`.
+
+    The solves run in pieces of equal size. With `pieces` (a folder), each finished
+    piece is kept there, and a run interrupted or killed before the end resumes from
+    the finished ones when it is started again with the same config and folder.
+    Ctrl-C stops a run at once.
 
     `dtype: float64` switches on `jax_enable_x64` for the process (JAX's float64 is a
     global setting); float32 runs stay float32 either way.
 
-    Raises `ConfigError` for an impossible config, `NonFiniteStateError` when a state
-    becomes NaN or infinite, `SolverFailure` when a solve stops early; the last two
-    carry the computed Dataset as `error.dataset`.
+    Raises `ConfigError` for an impossible config (or one that does not fit in
+    memory), `NonFiniteStateError` when a state becomes NaN or infinite,
+    `SolverFailure` when a solve stops early; the last two carry the computed Dataset
+    as `error.dataset`, its statistics missing (NaN) from each failed solve's first
+    bad output time on.
     """
-    cfg = validate_config(dict(config))
-    if cfg["dtype"] == "float64":
-        jax.config.update("jax_enable_x64", True)
-    dtype = jnp.dtype(cfg["dtype"])
+    cfg = validate_config(config)
+    return solve_study(cfg, plan_study(cfg), pieces=pieces)
+
+
+def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None):
+    """Solve a planned study (see `run`, which plans and then calls this).
+    `on_resume(found, total)` is told how many finished pieces were found."""
+    store = None
+    if pieces is not None:
+        identity = f"{config_yaml(cfg)}\npieces: {plan.pieces} of {plan.piece_size}\n"
+        store = PieceStore(Path(pieces), identity)
+    outputs = [store.load(i) if store is not None else None for i in range(plan.pieces)]
+    found = sum(out is not None for out in outputs)
+    if found and on_resume is not None:
+        on_resume(found, plan.pieces)
+    for i in range(plan.pieces):
+        out = outputs[i]
+        if out is None:
+            out = in_background(lambda: plan.solve(i))
+            if store is not None:
+                store.save(i, out)
+            outputs[i] = out
+    result = plan.assemble(outputs)
     betas, beta_is_list = betas_of(cfg)
-    ts, save_every = save_plan(cfg)
-    keys = jax.random.split(jax.random.key(cfg["seed"]), cfg["members"])
-    result = solve_ensemble(
-        build_system(cfg),
-        keys,
-        jnp.asarray(betas, dtype),
-        t0=cfg["t0"],
-        t1=cfg["t1"],
-        dt=cfg["dt"],
-        ts=None if ts is None else jnp.asarray(ts, dtype),
-        save_every=save_every,
-        solver=cfg["solver"],
-        adaptive=cfg["adaptive"],
-        rtol=cfg["rtol"],
-        atol=cfg["atol"],
-        max_steps=cfg["max_steps"],
-        chunk_size=cfg["chunk_size"],
-        check=False,
-    )
-    data_vars = {}
-    for name, value in result.stats.items():
-        if name == "finite":
-            continue
-        value = np.asarray(value)
-        dims = ("beta", "member", "time") + _DIMS.get(name, ())
-        data_vars[name] = (dims, value)
-    ds = xr.Dataset(
-        data_vars,
-        coords={"beta": np.asarray(betas), "member": np.arange(cfg["members"]), "time": np.asarray(result.ts)},
-        attrs={"config": config_yaml(cfg), "attnflow_version": _version()},
-    )
-    ds["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))
-    if not beta_is_list:
-        ds = ds.squeeze("beta")
-    _describe(ds)
+    ds = to_dataset(cfg, result, betas, beta_is_list)
     try:
         check_ensemble(result, betas)
     except (NonFiniteStateError, SolverFailure) as error:
-        # Keep what was computed (NaN where a state blew up) for the caller to inspect.
+        ds.attrs["error"] = str(error)
         error.dataset = ds
         raise
     return ds
 
 
-def _describe(ds: xr.Dataset) -> None:
+def to_dataset(cfg: Config, result: EnsembleResult, betas, beta_is_list: bool):
+    """The ensemble's statistics as an xarray Dataset with the config in its attributes.
+
+    Entries after a solve's first bad state are missing: NaN; the integer statistics
+    with missing entries are stored as int32 with `_FillValue` -1 and come back as
+    floats with NaN.
+    """
+    import xarray as xr
+
+    valid = np.asarray(result.valid)
+    data_vars = {}
+    encodings = {}
+    for name, value in result.stats.items():
+        value = np.asarray(value)
+        dims = ("beta", "member", "time") + _DIMS.get(name, ())
+        if np.issubdtype(value.dtype, np.integer) and not valid.all():
+            mask = valid.reshape(valid.shape + (1,) * (value.ndim - 3))
+            value = np.where(mask, value.astype(np.float64), np.nan)
+            encodings[name] = {"dtype": "int32", "_FillValue": INTEGER_FILL}
+        data_vars[name] = (dims, value)
+    ds = xr.Dataset(
+        data_vars,
+        coords={"beta": np.asarray(betas), "member": np.arange(cfg.members), "time": np.asarray(result.ts)},
+        attrs={"config": config_yaml(cfg), "attnflow_version": _version()},
+    )
+    for name, encoding in encodings.items():
+        ds[name].encoding.update(encoding)
+    ds["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))
+    failed = ~valid[..., -1]
+    stopped = np.asarray(result.result) != 0
+    ds["status"] = (("beta", "member"), np.where(failed, np.where(stopped, 2, 1), 0).astype(np.int8))
+    first_bad = np.argmin(valid, axis=-1)
+    ds["failure_time"] = (("beta", "member"), np.where(failed, np.asarray(result.ts)[first_bad], np.nan))
+    if not beta_is_list:
+        ds = ds.squeeze("beta")
+    _describe(ds)
+    return ds
+
+
+def _describe(ds) -> None:
     notes = {
         "energy": "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)",
         "log_energy": "log of the interaction energy (finite for any beta)",
@@ -112,10 +193,14 @@ def _describe(ds: xr.Dataset) -> None:
         "attention_rank": "numerical rank of each head's attention matrix",
         "x": "token states",
         "num_steps": "solver steps taken",
+        "status": "0: reached t1; 1: the state became non-finite; 2: the solver stopped early",
+        "failure_time": "first output time whose statistics are missing (NaN when the solve succeeded)",
     }
     for name, text in notes.items():
         if name in ds:
             ds[name].attrs["description"] = text
+    if "status" in ds:
+        ds["status"].attrs.update(flag_values=np.array([0, 1, 2], np.int8), flag_meanings=STATUS_MEANINGS)
 
 
 def _version() -> str:
@@ -125,28 +210,3 @@ def _version() -> str:
         return version("attnflow")
     except Exception:
         return "unknown"
-
-
-def write_results(ds: xr.Dataset, path: str | os.PathLike) -> Path:
-    """Write `ds` to NetCDF atomically: a temporary file in the same folder, then a rename.
-
-    A run that fails or is interrupted leaves no partial file at `path`, and an
-    existing file is only ever replaced by a complete one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        ds.to_netcdf(tmp, engine="netcdf4")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def load_results(path: str | os.PathLike) -> xr.Dataset:
-    """Read a `results.nc` written by attnflow (its config is `ds.attrs['config']`)."""
-    with xr.open_dataset(path, engine="netcdf4") as ds:
-        return ds.load()

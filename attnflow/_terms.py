@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Scalar, ScalarLike
 
 from ._errors import ConfigError
-from ._schedules import AbstractSchedule, Identity
+from ._schedules import AbstractSchedule, identity_factor, identity_multiple
 
 def _contract(a: Array, b: Array) -> Array:
     """`a @ b.T` over the last axis of both, batched (and broadcast) over leading axes."""
@@ -27,16 +27,18 @@ def _mix(weights: Array, values: Array) -> Array:
     return jnp.einsum("...ij,...jk->...ik", weights, values)
 
 
-def _apply(schedule: AbstractSchedule, t: ScalarLike, x: Float[Array, "n d"]) -> Array:
+def _apply(schedule: AbstractSchedule, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None) -> Array:
     """Rows of `x` mapped by every head's matrix: `(heads, n, rows of W)`.
 
-    An identity schedule returns `x` itself, without a head axis: every head sees the
-    same array. (A broadcast head axis of size one would be correct too, but XLA on CPU
-    compiles it to code several times slower.)
+    A schedule that is a multiple $c(t) I$ of the identity returns $c(t)\\,x$ (or `x`
+    itself), without a head axis: every head sees the same array. (A broadcast head
+    axis of size one would be correct too, but XLA on CPU compiles it to code several
+    times slower.)
     """
-    if isinstance(schedule, Identity):
-        return x
-    w = schedule(t)
+    if identity_multiple(schedule):
+        factor = identity_factor(schedule, t, at)
+        return x if factor is None else factor.astype(x.dtype) * x
+    w = schedule(t, at)
     return jnp.einsum("hed,nd->hne", w, x)
 
 
@@ -44,8 +46,9 @@ class AbstractInteraction(eqx.Module):
     """A term $F(t, X)$ of the vector field, acting on all tokens at once."""
 
     @abc.abstractmethod
-    def __call__(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        """The term's value for every token."""
+    def __call__(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, "n d"]:
+        """The term's value for every token; `at` chooses the pieces of piecewise
+        weight schedules (default `t`)."""
 
 
 class SelfAttention(AbstractInteraction):
@@ -56,7 +59,7 @@ class SelfAttention(AbstractInteraction):
 
     with $Z^h_i = \\sum_j \\exp(\\dots)$ for softmax attention (`"sa"`) and $Z_i^h = n$ for
     the unnormalized variant (`"usa"`), as in eq. (13)-(15) and (30) of the survey
-    (003). The mask $m_{ij}$ is $-\\infty$ for $j > i$ when `causal`, plus
+    ("A Survey of Continuous Time Dynamics of Transformers"). The mask $m_{ij}$ is $-\\infty$ for $j > i$ when `causal`, plus
     $-\\lambda_h |i - j|$ when `alibi` slopes are given. `V` multiplies column vectors.
 
     Schedules return per-head stacks: `query`, `key` of shape `(heads, d_k, d)`,
@@ -100,13 +103,13 @@ class SelfAttention(AbstractInteraction):
     def dim(self) -> int:
         return self.query.shape[-1]
 
-    def logits(self, t: ScalarLike, x: Float[Array, "n d"]) -> Array:
+    def logits(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Array:
         """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked.
 
         Shape `(heads, n, n)`, or `(n, n)` when every head has the same logits.
         """
         n = x.shape[0]
-        scores = self.beta * _contract(_apply(self.query, t, x), _apply(self.key, t, x))
+        scores = self.beta * _contract(_apply(self.query, t, x, at), _apply(self.key, t, x, at))
         if self.alibi is not None:
             index = jnp.arange(n)
             distance = jnp.abs(index[:, None] - index[None, :]).astype(x.dtype)
@@ -116,21 +119,21 @@ class SelfAttention(AbstractInteraction):
             scores = jnp.where(allowed, scores, -jnp.inf)
         return scores
 
-    def weights(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
+    def weights(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, "heads n n"]:
         """The attention matrices $a^h_{ij}(t)$ of every head."""
-        a = self._weights(t, x)
+        a = self._weights(t, x, at)
         return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
 
-    def _weights(self, t, x):
-        scores = self.logits(t, x)
+    def _weights(self, t, x, at):
+        scores = self.logits(t, x, at)
         if self.kind == "sa":
             # Subtracting the row maximum keeps exp() finite for any beta.
             return jax.nn.softmax(scores, axis=-1)
         return jnp.exp(scores) / x.shape[0]
 
-    def __call__(self, t, x):
-        scores = self.logits(t, x)
-        values = _apply(self.value, t, x)
+    def __call__(self, t, x, at=None):
+        scores = self.logits(t, x, at)
+        values = _apply(self.value, t, x, at)
         if self.kind == "sa":
             # Softmax with the row maximum subtracted (finite for any beta), normalized
             # after the mixing: n*d divisions instead of n*n.
@@ -141,7 +144,7 @@ class SelfAttention(AbstractInteraction):
             mixed = _mix(jnp.exp(scores), values) / x.shape[0]
         if self.output is not None:
             spec = "hde,ne->hnd" if mixed.ndim == 2 else "hde,hne->hnd"
-            mixed = jnp.einsum(spec, self.output(t), mixed)
+            mixed = jnp.einsum(spec, self.output(t, at), mixed)
         if mixed.ndim == 2:
             # No head axis: all heads are identical (identity Q, K, V and O).
             return mixed if self.heads == 1 else self.heads * mixed
@@ -180,17 +183,17 @@ class MLP(AbstractInteraction):
         if self.w2.shape != (d, hidden):
             raise ConfigError(f"W2 must have shape {(d, hidden)} to match W1 {self.w1.shape}, got {self.w2.shape}.")
 
-    def __call__(self, t, x):
-        h = x @ self.w1(t).T
+    def __call__(self, t, x, at=None):
+        h = x @ self.w1(t, at).T
         if self.b1 is not None:
-            h = h + self.b1(t)
+            h = h + self.b1(t, at)
         if self.activation == "swiglu":
-            h = jax.nn.silu(h) * (x @ self.gate(t).T)
+            h = jax.nn.silu(h) * (x @ self.gate(t, at).T)
         else:
             h = _ACTIVATIONS[self.activation](h)
-        out = h @ self.w2(t).T
+        out = h @ self.w2(t, at).T
         if self.b2 is not None:
-            out = out + self.b2(t)
+            out = out + self.b2(t, at)
         return out
 
 
@@ -200,7 +203,7 @@ NORMS = ("sphere", "rms", "layer")
 class TokenNorm(eqx.Module):
     """A normalization applied to every token separately.
 
-    - `sphere`: $x / |x|$;
+    - `sphere`: $x / |x|$ (no gain, no $\\epsilon$);
     - `rms`: $\\sqrt{d}\\, x / \\sqrt{|x|^2 + d\\epsilon} \\odot \\gamma$ (RMSNorm);
     - `layer`: $\\sqrt{d}\\,(x - \\bar x) / \\sqrt{|x - \\bar x|^2 + d\\epsilon} \\odot \\gamma + b$,
       LayerNorm read geometrically as a projection onto $\\mathbf{1}^\\perp$ followed by a
@@ -220,6 +223,8 @@ class TokenNorm(eqx.Module):
             raise ConfigError(f"unknown token normalization {self.kind!r}; choose one of {', '.join(NORMS)}.")
         if self.kind != "layer" and self.shift is not None:
             raise ConfigError("only the 'layer' normalization has an additive shift (beta).")
+        if self.kind == "sphere" and (self.gamma is not None or self.eps != 0):
+            raise ConfigError("the 'sphere' normalization x/|x| takes no gamma and no eps; use 'rms' for either.")
 
     def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         d = x.shape[-1]

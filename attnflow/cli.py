@@ -1,79 +1,221 @@
 """The `attnflow` command: Hydra composes the config, `run` does the work.
 
-Errors a person can fix (a bad config value, a run that turned NaN) are printed as one
-sentence on stderr with exit code 2 and no traceback; nothing is written then.
+Errors a person can fix (a bad value, a typo, an unwritable output folder, a run that
+turned NaN) are printed as one sentence on stderr and the command exits with code 2,
+with no traceback and nothing half-written. In a sweep (`-m`) every job runs; each
+failure is reported with its job, and the sweep exits with code 2 if any job failed.
+Ctrl-C (or SIGTERM) stops a run at once with one line and exit code 130; the finished
+pieces of the run are kept, and the same command resumes from them.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
-import logging
+from ._config import config_source
 
-import hydra
-import xarray as xr
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-
-from ._build import config_source
-from ._errors import ConfigError, NonFiniteStateError, SolverFailure
-from ._study import config_yaml, run, write_results
+_FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job of this process
+_JOBS: list[str] = []
+_CURRENT: dict[str, Path] = {}  # the run directory being worked in (for the interrupt message)
 
 
-def _fail(message: str) -> None:
-    print(f"attnflow: error: {message}", file=sys.stderr)
-    sys.exit(2)
+def _say(message: str) -> None:
+    print(f"attnflow: {message}", file=sys.stderr, flush=True)
 
 
-def _existing_config(path: Path) -> str | None:
+def _overrides(hydra_cfg) -> list[str]:
+    """The command-line overrides of the job, as typed (`${...}` left unresolved)."""
+    from omegaconf import OmegaConf
+
+    return list(OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
+
+
+def _job_label(hydra_cfg) -> str:
+    from omegaconf import OmegaConf
+
+    overrides = ", ".join(_overrides(hydra_cfg))
+    number = "" if OmegaConf.is_missing(hydra_cfg.job, "num") else f" {hydra_cfg.job.num}"
+    return f"job{number}" + (f" ({overrides})" if overrides else "")
+
+
+def _record_failure(message: str, hydra_cfg, out: Path) -> None:
+    from hydra.types import RunMode
+
+    sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    label = _job_label(hydra_cfg) if sweep else "run"
+    _FAILED.append((label, message))
+    _say(f"error: {label}: {message}" if sweep else f"error: {message}")
+    if sweep and out.is_dir() and not (out / "results.nc").exists():
+        # The job's own record of why it has no results (its folder holds nothing else
+        # of value; a folder with results is never touched by a refused job).
+        from ._store import RunDirectory
+
+        try:
+            RunDirectory(out).write_text("error.txt", message + "\n")
+        except OSError:
+            pass
+
+
+def _job(cfg) -> None:
+    """One run (one job of a sweep): check, lock, compute in pieces, write, plot."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ._config import explain
+    from ._errors import ConfigError, NonFiniteStateError, SolverFailure
+
+    hydra_cfg = HydraConfig.get()
+    out = Path(hydra_cfg.runtime.output_dir)
+    _JOBS.append(_job_label(hydra_cfg))
     try:
-        with xr.open_dataset(path, engine="netcdf4") as ds:  # lazy: only the attributes are read
-            return ds.attrs.get("config")
-    except (OSError, ValueError):
-        return None
+        try:
+            # Hydra has composed it against the typed schema: it is a Config already.
+            typed = OmegaConf.to_object(cfg)
+        except OmegaConfBaseException as error:
+            raise ConfigError(explain(error)) from None
+        from ._build import validate_config
+        from ._store import RunDirectory, write_results
+        from ._study import config_yaml, plan_study, solve_study
 
-
-@hydra.main(version_base=None, config_path=config_source()[0], config_name="config")
-def main(cfg: DictConfig) -> None:
-    from ._build import validate_config
-
-    # Hydra sets the root logger to INFO; JAX would then report every absent backend.
-    logging.getLogger("jax").setLevel(logging.WARNING)
-    container = OmegaConf.to_container(cfg, resolve=True)
-    out = Path(HydraConfig.get().runtime.output_dir)
-    path = out / "results.nc"
-    try:
-        resolved = validate_config(container)
-        if path.exists() and not resolved["overwrite"]:
-            if _existing_config(path) == config_yaml(resolved):
-                print(f"attnflow: {path} already holds this run; skipping it.")
+        resolved = validate_config(typed)
+        with RunDirectory(out) as folder:
+            _CURRENT["dir"] = folder.path
+            stored = folder.finished_config(resolved.overwrite)
+            if stored is not None and stored == config_yaml(resolved):
+                print(f"attnflow: {folder.results_path} already holds this run; skipping it.", flush=True)
+                _CURRENT.pop("dir", None)
                 return
-            raise ConfigError(
-                f"{path} holds a different run; choose another hydra.run.dir or set overwrite=true."
-            )
-        ds = run(container)
+            if stored is not None and not resolved.overwrite:
+                raise ConfigError(f"{folder.results_path} holds a different run; choose another hydra.run.dir "
+                                  "or set overwrite=true.")
+            plan = plan_study(resolved)  # refuses what does not fit, before anything is written
+            _write_record(folder, cfg, hydra_cfg)
+            pieces = folder.path / folder.PIECES
+            try:
+                ds = solve_study(resolved, plan, pieces=pieces, on_resume=lambda found, total: print(
+                    f"attnflow: resuming from {found} of {total} finished pieces in {pieces}", flush=True))
+            except (NonFiniteStateError, SolverFailure) as error:
+                # Nothing computed is lost: the statistics, missing from each failed
+                # solve's first bad output on, go to a file that cannot be mistaken for
+                # a finished run.
+                kept = write_results(error.dataset, folder.path / "incomplete.nc")
+                _remove_tree(pieces)
+                raise ConfigError(f"{str(error).rstrip('.')}; what was computed is in {kept}.") from None
+            path = write_results(ds, folder.results_path)
+            _remove_tree(pieces)
+            for stale in ("incomplete.nc", "error.txt"):
+                (folder.path / stale).unlink(missing_ok=True)
+            print(f"attnflow: wrote {path}", flush=True)
+            if resolved.plot:
+                from ._plots import plot_summary
+
+                figure = plot_summary(ds, folder.path / "summary.png", title=_title(resolved))
+                print(f"attnflow: wrote {figure}", flush=True)
     except ConfigError as error:
-        _fail(str(error))
-    except (NonFiniteStateError, SolverFailure) as error:
-        # Nothing computed is lost: the statistics, NaN where the state blew up, go to a
-        # file that cannot be mistaken for a finished run.
-        kept = write_results(error.dataset, out / "incomplete.nc")
-        _fail(f"{str(error).rstrip('.')}; what was computed is in {kept}.")
-    write_results(ds, path)
-    print(f"attnflow: wrote {path}")
-    if resolved["plot"]:
-        from ._plots import plot_summary
-
-        figure = plot_summary(ds, out / "summary.png", title=_title(resolved))
-        print(f"attnflow: wrote {figure}")
+        _record_failure(str(error), hydra_cfg, out)
+    # Cleared on the way out of a finished or refused job only: an interrupt keeps it,
+    # so that its message can say where the finished pieces are.
+    _CURRENT.pop("dir", None)
 
 
-def _title(cfg: dict) -> str:
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _write_record(folder, cfg, hydra_cfg) -> None:
+    """What Hydra would write to `.hydra/`, written only once the run is accepted."""
+    from omegaconf import OmegaConf
+
+    folder.write_text(".hydra/config.yaml", OmegaConf.to_yaml(cfg))
+    folder.write_text(".hydra/overrides.yaml", OmegaConf.to_yaml(_overrides(hydra_cfg)))
+    folder.write_text(".hydra/hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
+
+
+def _title(cfg) -> str:
     return (
-        f"{cfg['dynamics'].upper()} on norm={cfg['norm']}, n={cfg['n']}, d={cfg['d']}, "
-        f"{cfg['members']} members, {cfg['solver']} dt={cfg['dt']}"
+        f"{cfg.dynamics.value.upper()} on norm={cfg.norm}, n={cfg.n}, d={cfg.d}, "
+        f"{cfg.members} members, {cfg.solver} dt={cfg.dt}"
     )
+
+
+def _sentence(error: BaseException) -> str:
+    """One sentence for an error raised by Hydra while composing the config."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ._config import explain
+
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        options = ", ".join(o for o in (error.options or []) if not o.startswith("attnflow_schema"))
+        if group:
+            return f"unknown {group} {option!r}; choose one of {options}."
+        return f"cannot find the config {error.missing_cfg_file!r}."
+    if isinstance(error, OverrideParseException):
+        first = str(error).strip().splitlines()[0].rstrip(".")
+        return f"cannot parse the command line ({first})."
+    cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        return explain(cause)
+    if isinstance(error, OSError) and error.filename:
+        return f"cannot use {error.filename} ({error.strerror})."
+    first = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
+    return f"{first}."
+
+
+def _interrupted() -> None:
+    """Ctrl-C: remove what is half-written, say what is kept, exit at once."""
+    from ._store import RunDirectory, discard_partial_files
+
+    discard_partial_files()
+    folder = _CURRENT.get("dir")
+    kept = len(list((folder / RunDirectory.PIECES).glob("piece-*.npz"))) if folder else 0
+    if kept:
+        _say(f"interrupted; {kept} finished piece{'s are' if kept > 1 else ' is'} kept in "
+             f"{folder / RunDirectory.PIECES} and the same command resumes from there.")
+    else:
+        _say("interrupted; no results were written.")
+    sys.stdout.flush()
+    # os._exit: a compiled computation may still be running in a worker thread, and a
+    # normal exit would wait for it.
+    os._exit(130)
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    """The console entry point."""
+    import hydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ._config import register_schema
+
+    # Let Hydra's own errors reach this function (instead of its multi-line printer).
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    signal.signal(signal.SIGTERM, _terminate)
+    register_schema()
+    entry = hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
+    try:
+        entry()
+    except KeyboardInterrupt:
+        _interrupted()
+    except (HydraException, OmegaConfBaseException, OSError) as error:
+        _say(f"error: {_sentence(error)}")
+        sys.exit(2)
+    if _FAILED:
+        if len(_JOBS) > 1:
+            names = "; ".join(label for label, _ in _FAILED)
+            _say(f"error: {len(_FAILED)} of {len(_JOBS)} jobs failed: {names}.")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

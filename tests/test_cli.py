@@ -29,9 +29,9 @@ if not ATTNFLOW.exists():
 SMALL = ["n=8", "d=3", "beta=[0.5,2]", "members=4", "t1=2", "dt=0.1", "saves=5"]
 
 
-def attnflow(*args: str, cwd: Path, module: bool = False) -> subprocess.CompletedProcess:
+def attnflow(*args: str, cwd: Path, module: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the command (the console script, or `python -m attnflow.cli`) on the CPU."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
     env.pop("HYDRA_FULL_ERROR", None)  # it would turn the one-line error into a traceback
     command = [sys.executable, "-m", "attnflow.cli"] if module else [str(ATTNFLOW)]
     assert module or ATTNFLOW.exists(), f"the attnflow console script is not installed next to {sys.executable}"
@@ -133,15 +133,26 @@ def test_overwrite_and_plot_do_not_make_a_different_run(tmp_path):
         pytest.param(["solver=foo"], "solver", id="unknown-solver"),
         pytest.param(["init=orthonormal", "n=5", "d=3"], "orthonormal", id="orthonormal-n>d"),
         pytest.param(["dt=-0.1"], "dt", id="negative-dt"),
+        pytest.param(["causal=maybe"], "causal must be true or false, got 'maybe'", id="not-a-boolean"),
+        pytest.param(["dt=100"], "longer than t1 - t0", id="dt-longer-than-the-run"),
+        pytest.param(["dt=0.7"], "does not divide", id="dt-does-not-divide"),
+        pytest.param(["mlp.activation=relu"], "does not apply with mlp.enabled=false", id="key-does-not-apply"),
+        pytest.param(["betta=1"], "unknown config key betta", id="typo"),
+        pytest.param(["init=foo"], "unknown init 'foo'; choose one of caps", id="unknown-group-option"),
+        pytest.param(["init=caps", "init.kk=3"], "init (caps) takes kind, k, radius, centres", id="typo-in-group"),
+        pytest.param(["t1=${foo}"], "t1 holds an interpolation that cannot be resolved", id="interpolation"),
+        pytest.param(["beta=[1,"], "cannot parse the command line", id="syntax"),
+        pytest.param(["n=40000", "members=100000"], "GiB", id="does-not-fit-in-memory"),
     ],
 )
 def test_bad_input_prints_one_error_line_and_writes_nothing(tmp_path, args, says):
     out = tmp_path / "run"
     proc = attnflow(*args, f"hydra.run.dir={out}", cwd=tmp_path)
     line = assert_one_error_line(proc)
+    assert proc.returncode == 2
     assert says in line, line
     assert_nothing_written(tmp_path)
-    assert not list(tmp_path.rglob("*.nc"))
+    assert not list(tmp_path.rglob("*.nc")) and not list(tmp_path.rglob(".hydra"))
 
 
 def test_non_finite_run_fails_and_keeps_what_was_computed_apart(tmp_path):
@@ -168,21 +179,173 @@ def test_module_entry_point_finds_its_config(tmp_path):
 
 def test_multirun_writes_one_result_per_job_and_resumes(tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", "beta=0.5,1", f"hydra.sweep.dir={sweep}", "n=4", "d=3", "members=2", "t1=1", "dt=0.1",
+    args = ["-m", "beta=0.5,-1,1", f"hydra.sweep.dir={sweep}", "n=4", "d=3", "members=2", "t1=1", "dt=0.1",
             "saves=3", "plot=false"]
-    assert_ok(attnflow(*args, cwd=tmp_path))
-    for job, beta in (("0", 0.5), ("1", 1.0)):
+    proc = attnflow(*args, cwd=tmp_path)
+    # One bad job does not stop the others: every job runs, the failure is reported with
+    # its job and recorded in its folder, and the sweep exits non-zero.
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert errors[0].startswith("attnflow: error: job 1 (beta=-1") and "every beta must be positive" in errors[0]
+    assert errors[-1].startswith("attnflow: error: 1 of 3 jobs failed: job 1 (beta=-1")
+    assert "every beta must be positive" in (sweep / "1" / "error.txt").read_text()
+    for job, beta in (("0", 0.5), ("2", 1.0)):
         ds = load(sweep / job / "results.nc")
         assert "beta" not in ds.dims  # a scalar beta per job
         assert ds["energy"].dims == ("member", "time")
         assert yaml.safe_load(ds.attrs["config"])["beta"] == beta
 
-    # An interrupted sweep (job 1 never finished) resumes: job 0 is skipped, job 1 redone.
+    # An interrupted sweep (job 2 never finished) resumes: job 0 is skipped, job 2 redone.
     kept = (sweep / "0" / "results.nc").read_bytes()
-    (sweep / "1" / "results.nc").unlink()
+    (sweep / "2" / "results.nc").unlink()
     resumed = attnflow(*args, cwd=tmp_path)
-    assert_ok(resumed)
+    assert resumed.returncode == 2
     assert "skip" in resumed.stdout.lower(), resumed.stdout
     assert (sweep / "0" / "results.nc").read_bytes() == kept
-    assert yaml.safe_load(load(sweep / "1" / "results.nc").attrs["config"])["beta"] == 1.0
+    assert yaml.safe_load(load(sweep / "2" / "results.nc").attrs["config"])["beta"] == 1.0
     assert not list(sweep.rglob("*.tmp"))
+
+
+def test_the_summary_plot_draws_whatever_was_recorded(tmp_path):
+    """Valid metric choices that used to crash the plot after results.nc was written."""
+    sweep = tmp_path / "sweep"
+    proc = attnflow("-m", "metrics=[energy],[],[attention]", f"hydra.sweep.dir={sweep}", "n=4", "d=3", "members=2",
+                    "beta=1", "t1=0.5", "dt=0.1", "saves=3", "save_states=true", cwd=tmp_path)
+    assert_ok(proc)
+    for job in ("0", "1", "2"):
+        assert (sweep / job / "results.nc").exists()
+        assert (sweep / job / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- where the results go: checked and locked before any computing ----------------------
+
+
+TINY = ["n=4", "d=3", "members=2", "beta=1", "t1=0.5", "dt=0.1", "saves=2", "plot=false"]
+
+
+def test_the_output_location_is_checked_before_computing(tmp_path):
+    # results.nc is a folder
+    folder = tmp_path / "folder"
+    (folder / "results.nc").mkdir(parents=True)
+    line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={folder}", cwd=tmp_path))
+    assert "is a directory" in line, line
+    # a corrupt results.nc is named as such (not "a different run") and left alone...
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "results.nc").write_bytes(b"not a netcdf file")
+    line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={corrupt}", cwd=tmp_path))
+    assert "not a readable NetCDF file" in line and "overwrite=true" in line, line
+    assert (corrupt / "results.nc").read_bytes() == b"not a netcdf file"
+    # ...unless overwrite=true replaces it
+    assert_ok(attnflow(*TINY, "overwrite=true", f"hydra.run.dir={corrupt}", cwd=tmp_path))
+    assert load(corrupt / "results.nc")["energy"].shape == (2, 2)
+    # a run directory that cannot be written to
+    if os.geteuid() == 0:
+        readonly = Path("/proc/sys")  # root writes anywhere but here
+    else:
+        readonly = tmp_path / "readonly"
+        readonly.mkdir()
+        readonly.chmod(0o555)
+    line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={readonly}", cwd=tmp_path))
+    assert "cannot write in the run directory" in line, line
+    # a run directory below a file
+    (tmp_path / "plain").write_text("")
+    line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={tmp_path / 'plain' / 'run'}", cwd=tmp_path))
+    assert "plain" in line, line
+
+
+def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_alone(tmp_path):
+    import fcntl
+
+    out = tmp_path / "run"
+    assert_ok(attnflow(*TINY, f"hydra.run.dir={out}", cwd=tmp_path))
+    record = {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()}
+    results = (out / "results.nc").read_bytes()
+    # another run holds the folder: refused at once (not allowed to replace its results)
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        line = assert_one_error_line(attnflow(*TINY, "overwrite=true", f"hydra.run.dir={out}", cwd=tmp_path))
+        assert "another attnflow run is working in" in line, line
+    finally:
+        os.close(fd)
+    # a different run is refused, and neither the results nor .hydra/ are touched
+    line = assert_one_error_line(attnflow(*TINY, "seed=3", f"hydra.run.dir={out}", cwd=tmp_path))
+    assert "holds a different run" in line, line
+    assert (out / "results.nc").read_bytes() == results
+    assert {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()} == record
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_results_are_created_with_the_users_umask(tmp_path, umask, mode):
+    out = tmp_path / "run"
+    proc = subprocess.run([str(ATTNFLOW), *TINY, f"hydra.run.dir={out}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                          preexec_fn=lambda: os.umask(umask))
+    assert_ok(proc)
+    for path in (out / "results.nc", out / ".hydra" / "config.yaml"):
+        assert path.stat().st_mode & 0o777 == mode, path
+
+
+# --- interrupting a run -------------------------------------------------------------------
+
+
+LONG = ["n=32", "d=16", "members=2048", "beta=1", "t1=20", "dt=0.1", "saves=5", "chunk_size=128", "plot=false",
+        "metrics=[energy]"]
+
+
+def test_ctrl_c_stops_at_once_keeps_finished_pieces_and_the_run_resumes(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    pieces = out / ".attnflow-pieces"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([str(ATTNFLOW), *LONG, f"hydra.run.dir={out}"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(pieces.glob("piece-*.npz"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    _, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 5, "Ctrl-C did not stop the run within seconds"
+    assert proc.returncode == 130
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("attnflow: interrupted;") and "resumes" in lines[0], stderr
+    assert "Traceback" not in stderr
+    kept = len(list(pieces.glob("piece-*.npz")))
+    assert kept >= 2 and not (out / "results.nc").exists()
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+    resumed = attnflow(*LONG, f"hydra.run.dir={out}", cwd=tmp_path)
+    assert_ok(resumed)
+    assert f"resuming from {kept} of 16 finished pieces" in resumed.stdout, resumed.stdout
+    assert not pieces.exists()
+    import attnflow as af
+
+    clean = af.run({"n": 32, "d": 16, "members": 2048, "beta": 1.0, "t1": 20.0, "dt": 0.1, "saves": 5,
+                    "chunk_size": 128, "metrics": ["energy"]})
+    np.testing.assert_array_equal(load(out / "results.nc")["energy"].values, clean["energy"].values)
+
+
+# --- start-up -------------------------------------------------------------------------------
+
+
+def test_compiled_programs_are_cached_across_runs_unless_switched_off(tmp_path):
+    cache, off = tmp_path / "cache", tmp_path / "off"
+    first = attnflow(*TINY, f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path, env={"ATTNFLOW_CACHE_DIR": str(cache)})
+    assert_ok(first)
+    entries = sorted(p.name for p in cache.iterdir())
+    assert entries
+    # the same structure with another beta compiles nothing new
+    again = attnflow(*[a if not a.startswith("beta=") else "beta=3" for a in TINY], f"hydra.run.dir={tmp_path / 'b'}",
+                     cwd=tmp_path,
+                     env={"ATTNFLOW_CACHE_DIR": str(cache)})
+    assert_ok(again)
+    assert sorted(p.name for p in cache.iterdir()) == entries
+    assert_ok(attnflow(*TINY, "compilation_cache=false", f"hydra.run.dir={tmp_path / 'c'}", cwd=tmp_path,
+                       env={"ATTNFLOW_CACHE_DIR": str(off)}))
+    assert not off.exists() or not list(off.iterdir())

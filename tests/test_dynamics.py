@@ -118,7 +118,7 @@ def test_adaptive_solution_saved_between_steps_is_on_the_sphere():
 
 @pytest.mark.parametrize("kind,beta", [("sa", 0.5), ("sa", 2.0), ("sa", 8.0), ("usa", 0.5), ("usa", 2.0), ("usa", 4.0)])
 def test_interaction_energy_never_decreases(kind, beta):
-    """Lemma 3.3 of the survey (003): E_beta is non-decreasing along the flow, Q = K = V = I.
+    """Lemma 3.3 of the survey: E_beta is non-decreasing along the flow, Q = K = V = I.
 
     (USA velocities scale like e^beta / n, so its largest beta is kept where dt = 0.01
     is a stable step.)"""
@@ -134,7 +134,7 @@ def test_interaction_energy_never_decreases(kind, beta):
 
 @pytest.mark.parametrize("d", [3, 5])
 def test_single_cluster_for_d_at_least_3(d):
-    """Theorem 4.2 (1) of 003: for d >= 3 and Q = K = V = I the flow collapses to one point."""
+    """Theorem 4.2 (1) of the survey: for d >= 3 and Q = K = V = I the flow collapses to one point."""
     beta = 1.0
     field = identity_field(d, beta)
     rec = af.Recorder(jnp.asarray(beta), jnp.asarray(1e-4), metrics=("clusters", "pair_density", "order_parameter"))
@@ -149,7 +149,7 @@ def test_single_cluster_for_d_at_least_3(d):
 
 @pytest.mark.parametrize("weights", ["identity", "random"])
 def test_causal_flow_converges_to_the_first_token(weights):
-    """Theorem 4.3 of 003 (Karagodin et al.): with V = I and causal masking every x_i(t)
+    """Theorem 4.3 of the survey (Karagodin et al.): with V = I and causal masking every x_i(t)
     tends to x_1(0), and x_1 does not move (it attends only to itself)."""
     d, n, beta = 3, 6, 1.0
     if weights == "identity":
@@ -234,15 +234,6 @@ def test_sphere_schemes_differ_at_first_order_only():
     assert gaps[0] > 1e-6
     rates = np.log2(np.array(gaps[:-1]) / np.array(gaps[1:]))
     np.testing.assert_allclose(rates, 1.0, atol=0.15)
-
-
-def test_scan_loop_equals_diffeqsolve_with_the_same_steps():
-    field = random_field(jax.random.key(17), d=3, beta=1.0, mlp=True)
-    y0 = _uniform(jax.random.key(18), 6, 3)
-    fast = af.simulate(field, y0, t1=2.0, dt=0.1, solver="tsit5", save_every=5)
-    dense = af.simulate(field, y0, t1=2.0, dt=0.1, solver="tsit5", ts=fast.ts)
-    np.testing.assert_allclose(fast.ts, dense.ts, atol=1e-14)
-    np.testing.assert_allclose(fast.xs, dense.xs, atol=1e-12)
 
 
 @pytest.mark.parametrize("scheme", ["none", "pre", "peri"])

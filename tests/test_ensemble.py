@@ -21,7 +21,7 @@ def test_vmap_over_members_equals_a_python_loop():
     cfg = af.validate_config(_small(weights={"shared": False, "q": {"kind": "random"}, "k": {"kind": "random"}},
                                     metrics=["energy", "pair_density", "clusters"], save_states=True))
     system = af.build_system(cfg)
-    keys = jax.random.split(jax.random.key(3), cfg["members"])
+    keys = jax.random.split(jax.random.key(3), cfg.members)
     betas = jnp.asarray([0.5, 2.0])
     batched = af.solve_ensemble(system, keys, betas, t1=2.0, dt=0.1, save_every=5, solver="rk4")
     for b, beta in enumerate(betas):
@@ -99,10 +99,18 @@ def test_shared_and_per_member_weights():
     assert not np.allclose(a, b)
 
 
-def test_output_times_off_the_step_grid_use_dense_output():
-    ds = af.run(_small(saves=4, beta=1.0, save_states=True))  # 20 steps, 3 intervals
-    np.testing.assert_allclose(ds["time"].values, np.linspace(0, 2, 4))
-    np.testing.assert_allclose(np.linalg.norm(ds["x"].values, axis=-1), 1.0, atol=1e-13)
+def test_output_times_on_the_grid_unless_exact_times_are_asked_for():
+    # 20 steps and saves=4: the stride 7 records at t = 0, 0.7, 1.4 and 2 on the step
+    # grid (the times used are the coordinate); exact_times gives 0, 2/3, 4/3, 2,
+    # interpolated between the grid states and retracted to the sphere.
+    grid = af.run(_small(saves=4, beta=1.0, save_states=True))
+    np.testing.assert_allclose(grid["time"].values, [0.0, 0.7, 1.4, 2.0])
+    every = af.run(_small(saves=21, beta=1.0, save_states=True))
+    np.testing.assert_array_equal(grid["x"].values, every["x"].sel(time=grid["time"].values, method="nearest").values)
+    exact = af.run(_small(saves=4, beta=1.0, save_states=True, exact_times=True))
+    np.testing.assert_allclose(exact["time"].values, np.linspace(0, 2, 4))
+    np.testing.assert_allclose(np.linalg.norm(exact["x"].values, axis=-1), 1.0, atol=1e-13)
+    np.testing.assert_allclose(exact["x"].values[:, -1], grid["x"].values[:, -1], atol=1e-14)
     log = af.run(_small(saves=6, save_spacing="log", beta=1.0, adaptive=True, solver="tsit5", t1=50.0))
     t = log["time"].values
     assert t[0] == 0 and np.isclose(t[-1], 50) and np.allclose(np.diff(np.log(t[1:])), np.log(t[2] / t[1]))
@@ -222,3 +230,58 @@ def test_token_norm_gamma_and_shift_from_config():
         af.validate_config(_small(norm="pre", token_norm={"kind": "rms", "shift": 1.0}))
     with pytest.raises(af.ConfigError, match="token_norm.gamma"):
         af.validate_config(_small(norm="peri", token_norm={"kind": "layer", "gamma": [1.0, 2.0]}))
+
+
+# --- data versus structure, pieces ------------------------------------------------------
+
+
+def _count_compiles():
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None
+    )
+    return compiles
+
+
+def test_new_values_of_a_config_reuse_the_compiled_program():
+    """Switch times, factors, scales, matrices, eps and initial-condition parameters
+    are data: a study that changes only them does not compile its solve again."""
+    compiles = _count_compiles()
+
+    def study(tau, scale, eps, radius, value):
+        return af.run(_small(n=5, members=3, beta=1.0, init={"kind": "caps", "k": 2, "radius": radius}, eps=eps,
+                             weights={"q": {"kind": "matrix", "value": value, "scale": scale},
+                                      "v": {"switch_times": [tau], "factors": [1.0, -1.0]}}))
+
+    first = study(0.5, 1.5, 0.01, 0.2, np.eye(3).tolist())
+    before = len(compiles)
+    second = study(1.3, 0.5, 0.05, 0.4, (2 * np.eye(3)).tolist())
+    assert len(compiles) - before <= 2, compiles[before:]  # small host-side helpers at most
+    assert not np.allclose(first["energy"].values, second["energy"].values)
+
+
+def test_an_interrupted_run_resumes_from_its_finished_pieces(tmp_path, monkeypatch):
+    """With a pieces folder, every finished piece is kept; a second run with the same
+    config solves only the missing ones and gives the same numbers as one clean run."""
+    from attnflow._ensemble import EnsemblePlan
+
+    config = _small(members=12, chunk_size=2, beta=[0.5, 2.0], save_states=True)
+    clean = af.run(config)
+    solved = []
+    original = EnsemblePlan.solve
+    monkeypatch.setattr(EnsemblePlan, "solve", lambda self, i: solved.append(i) or original(self, i))
+    af.run(config, pieces=tmp_path)
+    pieces = sorted(tmp_path.glob("piece-*.npz"))
+    assert len(solved) == len(pieces) == 12  # 24 (beta, member) pairs, 2 per piece
+    for lost in pieces[5:]:
+        lost.unlink()  # as if the run had been killed after five pieces
+    solved.clear()
+    resumed = af.run(config, pieces=tmp_path)
+    assert solved == list(range(5, 12))
+    for name in ("x", "energy", "clusters"):
+        np.testing.assert_array_equal(resumed[name].values, clean[name].values)
+    # A different config does not reuse another run's pieces.
+    solved.clear()
+    af.run({**config, "seed": 1}, pieces=tmp_path)
+    assert solved == list(range(12))

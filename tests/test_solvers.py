@@ -69,7 +69,7 @@ def test_adaptive_solvers_meet_their_tolerance(problems, solver):
     field, y0, _, ref = problems["random"]
     sol = af.simulate(field, y0, t1=2.0, dt=0.1, solver=solver, adaptive=True, rtol=1e-8, atol=1e-10,
                       ts=jnp.array([0.0, 2.0]))
-    assert sol.result == af._simulate.dfx.RESULTS.successful
+    assert int(sol.result) == 0 and bool(np.all(sol.reached))
     np.testing.assert_allclose(sol.xs[-1], ref, atol=1e-6)
     loose = af.simulate(field, y0, t1=2.0, dt=0.1, solver=solver, adaptive=True, rtol=1e-3, atol=1e-5,
                         ts=jnp.array([0.0, 2.0]))
@@ -86,22 +86,184 @@ def test_adaptive_equiangular_solution():
     np.testing.assert_allclose(rho, equiangular_rho(np.asarray(ts), beta, n), atol=1e-7)
 
 
-def test_fixed_steps_need_a_dividing_step():
+# --- every fixed-step tableau against diffrax's own implementation ---------------------
+
+
+@pytest.mark.parametrize("solver", list(af.SOLVERS))
+def test_fixed_steps_equal_diffrax_constant_step_solves(solver):
+    """attnflow steps the Butcher tableau itself (unrolled stages, no FSAL); diffrax's
+    `diffeqsolve` with constant steps is an independent implementation of the same
+    method. Off the sphere (no retraction) they agree to rounding."""
+    import diffrax as dfx
+
+    field = random_field(jax.random.key(5), d=3, beta=1.0, mlp=True, scheme="none")
+    y0 = jax.random.normal(jax.random.key(6), (4, 3), jnp.float64)
+    ours = af.simulate(field, y0, t1=1.0, dt=0.1, solver=solver).xs[-1]
+    cls = {"euler": dfx.Euler, "euler_renorm": dfx.Euler, "rk4": af.RK4}.get(solver) or getattr(
+        dfx, af.SOLVERS[solver][2])
+    theirs = dfx.diffeqsolve(dfx.ODETerm(field), cls(), t0=0.0, t1=1.0, dt0=0.1, y0=y0,
+                             stepsize_controller=dfx.ConstantStepSize()).ys[-1]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-13)
+
+
+# --- differentiation through every fixed-step solver -----------------------------------
+
+
+@pytest.mark.parametrize("solver", list(af.SOLVERS))
+def test_forward_and_reverse_mode_match_finite_differences(solver):
+    """`jax.jvp` (tangent dynamics, for Lyapunov exponents) and `jax.grad` (training
+    through the flow) pass through every fixed-step solver on the sphere, and agree with
+    a central finite difference of the flow map."""
+    field = random_field(jax.random.key(7), d=3, beta=1.0, heads=2)
+    y0 = af.UniformSphere()(jax.random.key(8), 4, 3, jnp.float64)
+    w = jax.random.normal(jax.random.key(9), (4, 3), jnp.float64)
+    v = af.Sphere().project(y0, jax.random.normal(jax.random.key(10), (4, 3), jnp.float64))
+    loss = lambda y: jnp.sum(w * af.simulate(field, y, t1=0.2, dt=0.1, solver=solver).xs[-1])
+    h = 1e-6
+
+    @jax.jit
+    def derivatives(y):
+        central = (loss(y + h * v) - loss(y - h * v)) / (2 * h)
+        return central, jax.jvp(loss, (y,), (v,))[1], jnp.sum(jax.grad(loss)(y) * v)
+
+    central, forward, reverse = derivatives(y0)
+    np.testing.assert_allclose(forward, central, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(reverse, central, rtol=1e-6, atol=1e-9)
+
+
+# --- the fixed-step grid ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "t0, t1, dt, message",
+    [
+        (0.0, 30.0, 100.0, "longer than"),
+        (0.0, 1.0, 0.3, "does not divide"),
+        (0.0, 1.0, 0.0, "positive"),
+        (0.0, 10.0, 0.10001, "does not divide"),
+    ],
+)
+def test_one_grid_rule_for_simulate_and_run(t0, t1, dt, message):
+    """`simulate` and `run` refuse the same grids with the same sentence."""
     field = identity_field(3, 1.0)
     y0 = af.UniformSphere()(jax.random.key(2), 4, 3, jnp.float64)
-    with pytest.raises(af.ConfigError, match="does not divide"):
-        af.simulate(field, y0, t1=1.0, dt=0.3, solver="euler")
-    with pytest.raises(af.ConfigError, match="save_every"):
-        af.simulate(field, y0, t1=1.0, dt=0.1, solver="euler", save_every=3)
-    with pytest.raises(af.ConfigError, match="error estimate"):
-        af.simulate(field, y0, t1=1.0, dt=0.1, solver="euler", adaptive=True, ts=jnp.array([0.0, 1.0]))
-    # With output times the same step runs through diffrax, which shortens the last step.
-    sol = af.simulate(field, y0, t1=1.0, dt=0.3, solver="euler", ts=jnp.array([0.0, 1.0]))
-    assert int(sol.num_steps) == 4
+    with pytest.raises(af.ConfigError, match=message) as direct:
+        af.simulate(field, y0, t0=t0, t1=t1, dt=dt, solver="euler")
+    with pytest.raises(af.ConfigError, match=message) as configured:
+        af.run({"n": 4, "members": 1, "t0": t0, "t1": t1, "dt": dt, "saves": 2, "compilation_cache": False})
+    assert str(direct.value) == str(configured.value)
 
 
-def test_saved_times_are_the_step_grid():
-    sol = af.simulate(identity_field(3, 1.0), af.UniformSphere()(jax.random.key(3), 4, 3, jnp.float64), t1=3.0,
-                      t0=1.0, dt=0.25, solver="rk4", save_every=2)
-    np.testing.assert_allclose(sol.ts, np.arange(1.0, 3.01, 0.5))
-    assert int(sol.num_steps) == 8
+def test_steps_are_exactly_the_span_over_their_count():
+    # A dt rounded to float32 (0.10000000149) still cuts [0, 10] into 100 steps, and the
+    # steps are then exactly 1/10 of the span: the same result as the float64 dt.
+    assert af.step_count(0.0, 10.0, np.float32(0.1)) == 100
+    assert af.step_count(0.0, 1.0, 0.25) == 4
+    field = identity_field(3, 1.0)
+    y0 = af.UniformSphere()(jax.random.key(2), 4, 3, jnp.float64)
+    a = af.simulate(field, y0, t1=10.0, dt=np.float32(0.1), solver="rk4", save_every=25)
+    b = af.simulate(field, y0, t1=10.0, dt=0.1, solver="rk4", save_every=25)
+    np.testing.assert_array_equal(a.xs, b.xs)
+    np.testing.assert_allclose(a.ts, [0.0, 2.5, 5.0, 7.5, 10.0])
+    # The grid times themselves: a short decimal on the grid is its nearest float64.
+    assert af.grid_times(0.0, 10.0, 100)[12] == 1.2
+
+
+def test_output_on_the_grid_with_any_number_of_saves():
+    """A stride that does not divide the steps still records on the grid (and at t1);
+    linear and log spacing, any `saves`, always ending at t1 and increasing."""
+    assert af.save_steps(20, 4).tolist() == [0, 7, 14, 20]
+    assert af.save_steps(300, 151).tolist() == list(range(0, 301, 2))
+    assert af.save_steps(100, 2).tolist() == [0, 100]
+    assert af.save_steps(100, 1).tolist() == [100]
+    for steps, saves in ((1, 2), (1, 5), (7, 3), (100, 2), (300, 40), (10, 10)):
+        log = af.save_steps(steps, saves, "log")
+        assert log[0] == 0 and log[-1] == steps and np.all(np.diff(log) > 0) and len(log) <= saves
+    times = af.save_times(0.0, 30.0, 2, "log", 0.1)
+    np.testing.assert_allclose(times, [0.0, 30.0])
+    field = identity_field(3, 1.0)
+    y0 = af.UniformSphere()(jax.random.key(3), 4, 3, jnp.float64)
+    marks = af.save_steps(20, 4)
+    sol = af.simulate(field, y0, t1=2.0, dt=0.1, solver="rk4", save_steps=marks)
+    every = af.simulate(field, y0, t1=2.0, dt=0.1, solver="rk4", save_every=1)
+    np.testing.assert_allclose(sol.ts, [0.0, 0.7, 1.4, 2.0])
+    np.testing.assert_allclose(sol.xs, every.xs[marks], rtol=0, atol=1e-15)
+
+
+def test_off_grid_output_times_are_interpolated_between_grid_states():
+    """`ts` off the grid: cubic Hermite interpolation of the grid states (error O(h^4)
+    for RK4), exact on grid points; states stay on the sphere."""
+    field = random_field(jax.random.key(11), d=3, beta=1.0, heads=2)
+    y0 = af.UniformSphere()(jax.random.key(12), 5, 3, jnp.float64)
+    ts = jnp.array([0.0, 0.35, 0.7, 1.234, 2.0])
+    fine = af.simulate(field, y0, t1=2.0, dt=2.0 / 1600, solver="rk4", ts=ts)  # interpolation error ~ h^4
+    errors = []
+    for dt in (0.1, 0.05):
+        sol = af.simulate(field, y0, t1=2.0, dt=dt, solver="rk4", ts=ts)
+        grid = af.simulate(field, y0, t1=2.0, dt=dt, solver="rk4", save_every=1)
+        np.testing.assert_allclose(sol.xs[2], grid.xs[round(0.7 / dt)], rtol=0, atol=1e-15)
+        np.testing.assert_allclose(np.linalg.norm(sol.xs, axis=-1), 1.0, atol=1e-14)
+        errors.append(float(jnp.abs(sol.xs - fine.xs).max()))
+    assert errors[1] < errors[0] / 8, errors  # at least third order in h
+
+
+# --- switch times -----------------------------------------------------------------------
+
+
+def _flip_field(tau, dtype):
+    """n = 1 token, V = +I before tau and -I from tau on: with Euler, |x| is multiplied
+    by (1 + h) per step before the switch and by (1 - h) from it on."""
+    eye = af.Identity(1, 2, jnp.dtype(dtype).name)
+    value = af.PiecewiseSchedule(jnp.asarray([tau], dtype),
+                                 (af.Scaled(jnp.ones(1, dtype), eye), af.Scaled(-jnp.ones(1, dtype), eye)))
+    attention = af.SelfAttention(eye, eye, value, None, jnp.asarray(1.0, dtype), None, heads=1)
+    return af.VectorField((attention,), scheme="none")
+
+
+@pytest.mark.parametrize("dtype, dt", [("float32", 0.1), ("float64", 0.1), ("float32", 0.01)])
+def test_a_switch_on_the_grid_takes_effect_exactly_at_its_step(dtype, dt):
+    """For every grid time tau, every output mode and both dtypes, the final norm is
+    (1 + h)^k (1 - h)^(N - k) with k = tau / h: the step that starts at tau already uses
+    the new piece, whatever the last bits of the floating-point times (a switch applied
+    one step late would be off by (1 + h)/(1 - h))."""
+    steps = round(10.0 / dt) if dt == 0.1 else 30
+    t1 = steps * dt
+    taus = np.round(np.arange(1, steps) * dt, 10)
+    x0 = jnp.asarray([[0.6, 0.8]], dtype)
+    outputs = {"ends": {}, "every 7": {"save_steps": af.save_steps(steps, 4)},
+               "log": {"save_steps": af.save_steps(steps, 6, "log")},
+               "off-grid times": {"ts": np.array([0.0, t1 / 3, t1])}}
+    for name, output in outputs.items():
+        final = jax.jit(jax.vmap(lambda tau: af.simulate(_flip_field(tau, dtype), x0, t1=t1, dt=dt, solver="euler",
+                                                 num_steps=steps, **output).xs[-1, 0]))(jnp.asarray(taus, dtype))
+        k = np.round(taus / dt)
+        want = (1 + dt) ** k * (1 - dt) ** (steps - k)
+        got = np.linalg.norm(np.asarray(final, np.float64), axis=-1)
+        np.testing.assert_allclose(got, want, rtol=2e-5 if dtype == "float32" else 1e-12, err_msg=name)
+
+
+def test_switch_times_through_the_config_on_every_output_path():
+    """The same through `run`: saves that divide the steps or not, log spacing, exact
+    times, float32 and float64, at the switch times the audit found applied late."""
+    for dtype, taus in (("float32", (1.2, 3.2)), ("float64", (0.9, 4.7))):
+        for tau in taus:
+            k = round(10 * tau)
+            want = 1.1**k * 0.9 ** (100 - k)
+            for output in ({"saves": 11}, {"saves": 4}, {"saves": 6, "save_spacing": "log"},
+                           {"saves": 4, "exact_times": True}):
+                ds = af.run({"n": 1, "d": 2, "members": 1, "beta": 1.0, "norm": "none", "solver": "euler", "t1": 10.0,
+                             "dt": 0.1, "dtype": dtype, "save_states": True, "metrics": [], "compilation_cache": False,
+                             "init": {"kind": "given", "value": [[0.6, 0.8]]},
+                             "weights": {"v": {"switch_times": [tau], "factors": [1.0, -1.0]}}, **output})
+                norms = np.linalg.norm(ds["x"].values[0, :, 0].astype(np.float64), axis=-1)  # member 0, token 0
+                np.testing.assert_allclose(norms[-1] / norms[0], want, rtol=1e-5, err_msg=f"{dtype} {tau} {output}")
+
+
+def test_adaptive_runs_step_to_the_switch_times():
+    """An adaptive solve of the flip field lands on the exact solution
+    exp(tau - (t1 - tau)) without straddling the switch."""
+    tau, t1 = 1.3, 3.0
+    x0 = jnp.asarray([[0.6, 0.8]], jnp.float64)
+    sol = af.simulate(_flip_field(tau, "float64"), x0, t1=t1, dt=0.1, solver="tsit5", adaptive=True, rtol=1e-10,
+                      atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(sol.xs[-1]), np.exp(tau - (t1 - tau)), rtol=1e-8)

@@ -1,0 +1,423 @@
+"""The typed schema of a study's configuration, and how a config is composed.
+
+The dataclasses below say what each key is (its type, its choices); the YAML files in
+`conf/` (shipped as `attnflow.conf`) hold the default values and nothing else. The
+command line composes the two through Hydra (the schema is registered in Hydra's
+ConfigStore and named in each YAML file's defaults list); `compose(mapping)` composes
+the same files with OmegaConf for the Python API. Either way, types, booleans, choices
+and unknown keys are checked by OmegaConf against the schema, and a bad value becomes a
+one-sentence `ConfigError`. Nothing here imports Hydra unless `register_schema` runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import functools
+import importlib.resources
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import errors as oc_errors
+
+from ._errors import ConfigError
+
+# The choices come from the modules that implement them (one source of truth); they are
+# spelled out here, not imported, so that reading a config does not import JAX.
+SOLVER_NAMES = ("euler", "euler_renorm", "heun", "midpoint", "ralston", "bosh3", "rk4", "tsit5", "dopri5", "dopri8")
+SCHEME_NAMES = ("none", "sphere", "pre", "peri")
+METRIC_NAMES = ("energy", "log_energy", "normalized_energy", "pair_density", "clusters", "cluster_sizes",
+                "order_parameter", "attention", "attention_rank")
+
+
+class Choice(str, enum.Enum):
+    """One of a fixed set of names; it compares equal to (and prints as) its name."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def _choice(name: str, names: tuple[str, ...]) -> type[Choice]:
+    return Choice(name, [(n, n) for n in names], module=__name__)
+
+
+Dynamics = _choice("Dynamics", ("sa", "usa"))
+Scheme = _choice("Scheme", SCHEME_NAMES)
+NormKind = _choice("NormKind", ("sphere", "rms", "layer"))
+MatrixKind = _choice("MatrixKind", ("identity", "matrix", "random", "tied", "none"))
+Law = _choice("Law", ("gaussian", "goe", "wishart", "orthogonal"))
+Activation = _choice("Activation", ("gelu", "gelu_tanh", "relu", "silu", "swiglu"))
+DType = _choice("DType", ("float32", "float64"))
+Solver = _choice("Solver", SOLVER_NAMES)
+Spacing = _choice("Spacing", ("linear", "log"))
+Metric = _choice("Metric", METRIC_NAMES)
+
+
+@dataclass
+class TokenNormConfig:
+    """The normalization N of the `pre` and `peri` schemes."""
+
+    kind: NormKind = MISSING
+    eps: float = MISSING
+    gamma: Any = MISSING  # a number or d numbers (rms, layer)
+    shift: Any = MISSING  # a number or d numbers (layer)
+
+
+@dataclass
+class MatrixConfig:
+    """One of Q, K, V, O: a constant kind, then optional switches and a polynomial factor."""
+
+    kind: MatrixKind = MISSING
+    law: Law = MISSING
+    scale: float = MISSING
+    value: Any = MISSING  # (rows, cols) or (heads, rows, cols) nested lists, for kind=matrix
+    sign: float = MISSING  # V = sign Q^T K, for kind=tied
+    switch_times: list[float] = MISSING
+    factors: list[float] = MISSING
+    redraw_every: float | None = MISSING
+    poly: list[float] | None = MISSING
+
+
+@dataclass
+class WeightsConfig:
+    shared: bool = MISSING
+    q: MatrixConfig = MISSING
+    k: MatrixConfig = MISSING
+    v: MatrixConfig = MISSING
+    o: MatrixConfig = MISSING
+
+
+@dataclass
+class MLPConfig:
+    enabled: bool = MISSING
+    hidden: int | None = MISSING
+    activation: Activation = MISSING
+    scale: float = MISSING
+    bias: bool = MISSING
+
+
+@dataclass
+class InitConfig:
+    """An initial condition; `kind` names the option of the `init` group."""
+
+    kind: str = MISSING
+
+
+@dataclass
+class UniformInit(InitConfig):
+    kind: str = "uniform"
+
+
+@dataclass
+class OrthonormalInit(InitConfig):
+    kind: str = "orthonormal"
+
+
+@dataclass
+class CapsInit(InitConfig):
+    kind: str = "caps"
+    k: int = MISSING
+    radius: float = MISSING
+    centres: Any = MISSING
+
+
+@dataclass
+class MixtureInit(InitConfig):
+    kind: str = "mixture"
+    k: int = MISSING
+    sigma: float = MISSING
+    spread: float = MISSING
+    centres: Any = MISSING
+
+
+@dataclass
+class CubeInit(InitConfig):
+    kind: str = "cube"
+    low: float = MISSING
+    high: float = MISSING
+
+
+@dataclass
+class GivenInit(InitConfig):
+    kind: str = "given"
+    value: Any = MISSING
+
+
+INITS: dict[str, type[InitConfig]] = {
+    "uniform": UniformInit,
+    "orthonormal": OrthonormalInit,
+    "caps": CapsInit,
+    "mixture": MixtureInit,
+    "cube": CubeInit,
+    "given": GivenInit,
+}
+
+
+@dataclass
+class Config:
+    """A whole study: the system, the ensemble, the time stepping and the output."""
+
+    n: int = MISSING
+    d: int = MISSING
+    beta: Any = MISSING  # a number, or a list of them (a `beta` dimension)
+    dynamics: Dynamics = MISSING
+    norm: Scheme = MISSING
+    token_norm: TokenNormConfig = MISSING
+    attention: bool = MISSING
+    causal: bool = MISSING
+    alibi: Any = MISSING  # a slope, or one per head
+    heads: int = MISSING
+    d_k: int | None = MISSING
+    d_v: int | None = MISSING
+    weights: WeightsConfig = MISSING
+    mlp: MLPConfig = MISSING
+    init: InitConfig = MISSING
+    members: int = MISSING
+    seed: int = MISSING
+    dtype: DType = MISSING
+    t0: float = MISSING
+    t1: float = MISSING
+    dt: float | None = MISSING
+    solver: Solver = MISSING
+    adaptive: bool = MISSING
+    rtol: float = MISSING
+    atol: float = MISSING
+    max_steps: int = MISSING
+    chunk_size: int | None = MISSING
+    saves: int = MISSING
+    save_spacing: Spacing = MISSING
+    exact_times: bool = MISSING
+    save_states: bool = MISSING
+    metrics: list[Metric] = MISSING
+    eps: float = MISSING
+    rank_rtol: float | None = MISSING
+    max_output_gib: float = MISSING
+    overwrite: bool = MISSING
+    plot: bool = MISSING
+    compilation_cache: bool = MISSING
+
+
+# Keys that say what to do with a result, not what the result is.
+NOT_RESULT_KEYS = ("overwrite", "plot", "compilation_cache")
+
+
+def config_source() -> tuple[str, Any]:
+    """Where the YAML configs are: `("pkg://attnflow.conf", files)` once installed, or the
+    repository's `conf/` folder when attnflow is imported from a source checkout."""
+    try:
+        return "pkg://attnflow.conf", importlib.resources.files("attnflow.conf")
+    except ModuleNotFoundError:
+        folder = Path(__file__).resolve().parents[1] / "conf"
+        return str(folder), folder
+
+
+def register_schema() -> None:
+    """Put the schema in Hydra's ConfigStore, where the YAML defaults lists find it."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(group="attnflow_schema", name="config", node=Config)
+    for name, cls in INITS.items():
+        store.store(group="attnflow_schema", name=f"init_{name}", node=cls)
+
+
+def _values(*parts: str):
+    """A YAML file of `conf/` without its defaults list (and Hydra's own settings)."""
+    text = config_source()[1].joinpath(*parts).read_text()
+    node = OmegaConf.create(text)
+    for key in ("defaults", "hydra"):
+        node.pop(key, None)
+    return node
+
+
+@functools.lru_cache(maxsize=None)
+def _root_defaults():
+    root_text = config_source()[1].joinpath("config.yaml").read_text()
+    entries = OmegaConf.create(root_text).get("defaults", [])
+    init_kind = next(entry["init"] for entry in entries if isinstance(entry, Mapping) and "init" in entry)
+    base = OmegaConf.merge(OmegaConf.structured(Config), {k: v for k, v in _values("config.yaml").items()})
+    return base, init_kind
+
+
+@functools.lru_cache(maxsize=None)
+def _init_defaults(kind: str):
+    return OmegaConf.merge(OmegaConf.structured(INITS[kind]), _values("init", f"{kind}.yaml"))
+
+
+def _plain(value: Any) -> Any:
+    """Nested Python containers and numbers (NumPy and JAX arrays become lists)."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True, enum_to_str=True)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return OmegaConf.to_container(OmegaConf.structured(value), enum_to_str=True)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.name
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):
+        return value.tolist()
+    return value
+
+
+def compose(config: Any = None) -> Config:
+    """The defaults of `conf/` with `config` on top, checked against the schema.
+
+    `config` is a (nested) mapping with any subset of the keys, as the command line
+    would give them; `init` may be the name of an initial condition. Raises `ConfigError`
+    for a wrong type, an unknown choice or an unknown key. Ranges, shapes and
+    combinations are checked by `validate_config`.
+    """
+    if isinstance(config, Config):
+        return copy.deepcopy(config)  # typed already: its types and keys were checked
+    user = _plain(config if config is not None else {})
+    if not isinstance(user, Mapping):
+        raise ConfigError(f"a config must be a mapping of keys to values, got {type(config).__name__}.")
+    user = dict(user)
+    user.pop("hydra", None)
+    base, default_init = _root_defaults()
+    init = user.pop("init", None)
+    if isinstance(init, str):
+        init = {"kind": init}
+    if init is not None and not isinstance(init, Mapping):
+        raise ConfigError(f"init must be a kind ({', '.join(INITS)}) or a mapping with one, got {init!r}.")
+    init = dict(init or {})
+    kind = init.get("kind", default_init)
+    if kind not in INITS:
+        raise ConfigError(f"unknown init kind {kind!r}; choose one of {', '.join(INITS)}.")
+    _check_groups(user, Config, "")
+    _check_groups(init, INITS[kind], "init.")
+    try:
+        cfg = OmegaConf.merge(base, user)
+    except oc_errors.OmegaConfBaseException as error:
+        raise ConfigError(explain(error, init_kind=kind)) from None
+    try:
+        cfg.init = OmegaConf.merge(_init_defaults(kind), init)
+    except oc_errors.OmegaConfBaseException as error:
+        # The init node is merged on its own, so its errors name keys without `init.`.
+        error.full_key = f"init.{error.full_key}" if getattr(error, "full_key", None) else "init"
+        raise ConfigError(explain(error, init_kind=kind)) from None
+    return OmegaConf.to_object(cfg)
+
+
+def _check_groups(given: Mapping, schema: type, prefix: str) -> None:
+    """A group (a nested dataclass of the schema) must be given as a mapping."""
+    hints = typing.get_type_hints(schema)
+    for key, value in given.items():
+        kind = hints.get(key)
+        if dataclasses.is_dataclass(kind) and kind is not InitConfig:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{prefix}{key} must be {_describe(kind)}, got {value!r}.")
+            _check_groups(value, kind, f"{prefix}{key}.")
+
+
+def to_container(cfg: Config) -> dict:
+    """The config as plain nested dicts and lists (choices as their names)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_config() -> Config:
+    return compose({})
+
+
+def defaults() -> Config:
+    """The default study (what a bare `attnflow` runs)."""
+    return copy.deepcopy(_default_config())
+
+
+# --- one sentence for every way a value can be wrong --------------------------------
+
+
+def _schema_at(path: list[str], init_kind: str | None) -> Any:
+    """The schema type at a dotted path (list items by index), or None if unknown."""
+    kind: Any = Config
+    for part in path:
+        if _is_optional(kind):
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        if typing.get_origin(kind) is list:
+            kind = typing.get_args(kind)[0]
+            continue
+        if kind is InitConfig:
+            kind = INITS.get(init_kind or "", InitConfig)
+        if not (dataclasses.is_dataclass(kind) and isinstance(kind, type)):
+            return None
+        hints = typing.get_type_hints(kind)
+        if part not in hints:
+            return None
+        kind = hints[part]
+    if kind is InitConfig:
+        kind = INITS.get(init_kind or "", InitConfig)
+    return kind
+
+
+def _is_optional(kind: Any) -> bool:
+    return typing.get_origin(kind) in (typing.Union, types.UnionType)
+
+
+def _describe(kind: Any) -> str:
+    if _is_optional(kind):
+        inner = [a for a in typing.get_args(kind) if a is not type(None)]
+        return f"{_describe(inner[0])} or null"
+    if typing.get_origin(kind) is list:
+        return f"a list of {_plural(typing.get_args(kind)[0])}"
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return "one of " + ", ".join(kind.__members__)
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        return "a mapping of " + ", ".join(f.name for f in dataclasses.fields(kind))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, "valid")
+
+
+def _plural(kind: Any) -> str:
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return "names among " + ", ".join(kind.__members__)
+    return {bool: "booleans", int: "integers", float: "numbers", str: "strings"}.get(kind, "values")
+
+
+def _split(full_key: str) -> list[str]:
+    parts = []
+    for piece in str(full_key).replace("]", "").split("."):
+        parts.extend(p for p in piece.split("[") if p != "")
+    return parts
+
+
+def explain(error: Exception, init_kind: str | None = None) -> str:
+    """One sentence for an OmegaConf error raised while composing or resolving a config."""
+    full_key = str(getattr(error, "full_key", "") or "")
+    path = _split(full_key)
+    if isinstance(error, oc_errors.InterpolationResolutionError):
+        reason = str(getattr(error, "msg", None) or error).splitlines()[0].rstrip(".")
+        return f"{full_key or 'a value'} holds an interpolation that cannot be resolved ({reason})."
+    if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)) and path:
+        parent = _schema_at(path[:-1], init_kind)
+        holder = getattr(error, "object_type", None)
+        if parent is InitConfig and holder in INITS.values():
+            parent, init_kind = holder, holder.kind
+        group = ".".join(path[:-1])
+        if dataclasses.is_dataclass(parent):
+            allowed = ", ".join(f.name for f in dataclasses.fields(parent))
+            where = f"{group} ({init_kind})" if parent in INITS.values() else group
+            if group:
+                return f"unknown config key {full_key}; {where} takes {allowed}."
+            return f"unknown config key {full_key}; known keys are {allowed}."
+        return f"unknown config key {full_key}."
+    if isinstance(error, oc_errors.MissingMandatoryValue) and full_key:
+        return f"{full_key} has no value; give it one."
+    if full_key:
+        kind = _schema_at(path, init_kind)
+        value = getattr(error, "value", None)
+        if kind is not None:
+            return f"{full_key} must be {_describe(kind)}, got {value!r}."
+    first = str(getattr(error, "msg", None) or error).splitlines()[0].strip().rstrip(".")
+    return f"invalid config: {first}."

@@ -1,0 +1,244 @@
+"""The results store: NetCDF files written whole or not at all, finished pieces of a run
+kept until its results are written, and the run directory (checked and locked before
+any computing starts).
+
+Every file is written under a temporary name in its own folder and renamed into place;
+the temporary names in flight are known (`discard_partial_files`), so an interrupted
+run leaves none behind. Files are created with the user's umask.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._errors import ConfigError
+
+_PARTIAL: set[Path] = set()
+_PARTIAL_LOCK = threading.Lock()
+_TMP_SUFFIX = ".tmp"
+
+
+def in_background(work: Callable[[], Any]) -> Any:
+    """Run `work()` in a worker thread and wait for it.
+
+    A compiled computation or a NetCDF write cannot be interrupted from Python, but the
+    wait can: Ctrl-C raises `KeyboardInterrupt` here at once, while the abandoned
+    worker runs on (its results unused) until the process ends.
+    """
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = work()
+        except BaseException as error:  # re-raised in the caller's thread
+            box["error"] = error
+
+    thread = threading.Thread(target=target, name="attnflow-worker", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.25)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
+
+
+def _write_atomically(path: Path, write: Callable[[Path], None]) -> Path:
+    path = Path(path)
+    tmp = _temporary(path)
+    with _PARTIAL_LOCK:
+        _PARTIAL.add(tmp)
+    try:
+        in_background(lambda: write(tmp))
+        with _PARTIAL_LOCK:
+            # Under the lock: an interrupt handler that discards partial files either
+            # runs before the rename (and removes tmp) or after it (nothing to remove).
+            os.replace(tmp, path)
+            _PARTIAL.discard(tmp)
+    except BaseException:
+        with _PARTIAL_LOCK:
+            _PARTIAL.discard(tmp)
+            tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def discard_partial_files() -> None:
+    """Remove every temporary file still being written (for an interrupt handler)."""
+    with _PARTIAL_LOCK:
+        for tmp in list(_PARTIAL):
+            tmp.unlink(missing_ok=True)
+            _PARTIAL.discard(tmp)
+
+
+def write_results(ds, path: str | os.PathLike) -> Path:
+    """Write a results Dataset to NetCDF, whole or not at all: a temporary file in the
+    same folder, then a rename. An existing file is only replaced by a complete one.
+
+    The variables' `encoding` is used as it is (integer statistics with missing
+    entries carry an int32 `_FillValue` there).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _write_atomically(path, lambda tmp: ds.to_netcdf(tmp, engine="netcdf4"))
+
+
+def load_results(path: str | os.PathLike):
+    """Read a `results.nc` written by attnflow (its config is `ds.attrs['config']`)."""
+    import xarray as xr
+
+    with xr.open_dataset(path, engine="netcdf4") as ds:
+        return ds.load()
+
+
+def stored_config(path: Path) -> str:
+    """The config YAML stored in a results file; raises `ConfigError` if the file is
+    not a readable attnflow results file."""
+    import xarray as xr
+
+    try:
+        with xr.open_dataset(path, engine="netcdf4") as ds:  # lazy: only the attributes are read
+            config = ds.attrs.get("config")
+    except (OSError, ValueError, RuntimeError) as error:
+        raise ConfigError(f"{path} exists but is not a readable NetCDF file ({type(error).__name__}); "
+                          "remove it, choose another hydra.run.dir, or set overwrite=true to replace it.") from None
+    if not isinstance(config, str):
+        raise ConfigError(f"{path} is not an attnflow results file (it stores no config); remove it, choose "
+                          "another hydra.run.dir, or set overwrite=true to replace it.")
+    return config
+
+
+class PieceStore:
+    """The finished pieces of one run, each an `.npz` file (read without pickle), kept
+    in a folder whose `plan.txt` names the config and the cut into pieces; a folder
+    left by a different plan is emptied first."""
+
+    def __init__(self, folder: Path, identity: str):
+        self.folder = Path(folder)
+        marker = self.folder / "plan.txt"
+        if self.folder.exists() and (not marker.exists() or marker.read_text() != identity):
+            shutil.rmtree(self.folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for stale in self.folder.glob(f"*{_TMP_SUFFIX}"):
+            stale.unlink(missing_ok=True)  # a killed writer's leftovers
+        if not marker.exists():
+            _write_atomically(marker, lambda tmp: tmp.write_text(identity))
+
+    def _path(self, index: int) -> Path:
+        return self.folder / f"piece-{index:05d}.npz"
+
+    def load(self, index: int) -> dict[str, np.ndarray] | None:
+        path = self._path(index)
+        if not path.exists():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                return {name.replace("__", "/"): data[name] for name in data.files}
+        except (OSError, ValueError, EOFError):
+            path.unlink(missing_ok=True)  # a damaged piece is recomputed
+            return None
+
+    def save(self, index: int, out: dict[str, np.ndarray]) -> None:
+        def write(tmp: Path):
+            with open(tmp, "wb") as f:
+                np.savez(f, **{name.replace("/", "__"): value for name, value in out.items()})
+
+        _write_atomically(self._path(index), write)
+
+    def count(self) -> int:
+        return len(list(self.folder.glob("piece-*.npz")))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class RunDirectory:
+    """The folder of one run, checked and locked before anything is computed.
+
+    Entering it creates the folder, checks that files can be written there, takes an
+    exclusive lock (a second run in the same folder is refused at once, not allowed to
+    replace the first one's results), and removes temporary files that a killed run
+    left. `results` says what is already there.
+    """
+
+    PIECES = ".attnflow-pieces"
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunDirectory":
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f"cannot create the run directory {self.path} ({error.strerror}); "
+                              "choose another hydra.run.dir.") from None
+        if not self.path.is_dir():
+            raise ConfigError(f"the run directory {self.path} is not a directory; choose another hydra.run.dir.")
+        self._fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(self._fd)
+            self._fd = None
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ConfigError(f"another attnflow run is working in {self.path}; wait for it to finish or "
+                                  "choose another hydra.run.dir.") from None
+            raise
+        try:
+            probe = _temporary(self.path / "probe")
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as error:
+            self.__exit__(None, None, None)
+            raise ConfigError(f"cannot write in the run directory {self.path} ({error.strerror}); "
+                              "choose another hydra.run.dir.") from None
+        for stale in self.path.glob(f".*{_TMP_SUFFIX}"):
+            stale.unlink(missing_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
+
+    @property
+    def results_path(self) -> Path:
+        return self.path / "results.nc"
+
+    def finished_config(self, overwrite: bool) -> str | None:
+        """The config stored by a finished run here, or None when there is none (or it
+        will be overwritten). A `results.nc` that is a folder is refused, and so is an
+        unreadable one unless `overwrite`."""
+        path = self.results_path
+        if path.is_dir():
+            raise ConfigError(f"{path} is a directory, not a results file; remove it or choose another hydra.run.dir.")
+        if not path.exists():
+            return None
+        if overwrite:
+            try:
+                return stored_config(path)
+            except ConfigError:
+                return None
+        return stored_config(path)
+
+    def pieces(self, identity: str) -> PieceStore:
+        return PieceStore(self.path / self.PIECES, identity)
+
+    def write_text(self, relative: str, text: str) -> Path:
+        target = self.path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return _write_atomically(target, lambda tmp: tmp.write_text(text))
