@@ -18,7 +18,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, PRNGKeyArray, ScalarLike
+from jaxtyping import Array, ArrayLike, PRNGKeyArray, ScalarLike, UInt32
 
 from ._config import Config, InitConfig, MatrixConfig, _default_config, compose, to_container
 from ._errors import ConfigError
@@ -153,6 +153,8 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     for key in ("n", "d", "members", "heads", "saves", "max_steps"):
         _number(key, getattr(cfg, key), minimum=1)
     _number("seed", cfg.seed, minimum=0)
+    if cfg.seed >= 2**32:
+        raise ConfigError(f"seed must be below 2^32 = {2**32}, got {cfg.seed}.")
     betas_of(cfg)
     for key in ("t0", "t1"):
         _number(key, getattr(cfg, key))
@@ -359,7 +361,7 @@ class _Values:
     """The numeric values of a config, read by dotted path: the traced `data` where
     given (see `ConfiguredSystem`), else the config's own value."""
 
-    def __init__(self, cfg: Config, data: Mapping[str, Array] | None = None):
+    def __init__(self, cfg: Config, data: Mapping[str, ArrayLike] | None = None):
         self.cfg = cfg
         self.data = data or {}
 
@@ -424,7 +426,7 @@ class _QtK(AbstractSchedule):
         return (self.query.shape[0], self.query.shape[-1], self.query.shape[-1])
 
 
-def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: Mapping[str, Array] | None = None
+def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: Mapping[str, ArrayLike] | None = None
                 ) -> VectorField:
     """The vector field of a validated config; random weights are drawn from `key`.
     `data` may give (traced) values for the config's numeric entries, by dotted path."""
@@ -472,7 +474,7 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
     return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm)
 
 
-def build_init(cfg: Config, dtype, data: Mapping[str, Array] | None = None) -> AbstractInitialCondition:
+def build_init(cfg: Config, dtype, data: Mapping[str, ArrayLike] | None = None) -> AbstractInitialCondition:
     """The initial-condition law of a validated config (`data` as for `build_field`)."""
     get = _Values(cfg, data)
     kind = cfg.init.kind
@@ -542,17 +544,21 @@ class _Structure:
     def __eq__(self, other):
         return isinstance(other, _Structure) and self._key == other._key
 
+    def __repr__(self):
+        return f"_Structure({self._key})"
+
 
 class ConfiguredSystem(eqx.Module):
     """One ensemble member of a config: `system(key, beta) -> (field, y0, recorder)`.
 
     The config's structure is static (it decides what is compiled); its numeric
-    values, the seed-derived key for shared weights, and beta are data.
+    values, the seed (from which the weights shared by the ensemble are drawn), and
+    beta are data.
     """
 
     structure: _Structure = eqx.field(static=True)
-    values: dict[str, Array]
-    shared_key: PRNGKeyArray
+    values: dict[str, ArrayLike]
+    seed: UInt32[ArrayLike, ""]
 
     @property
     def config(self) -> Config:
@@ -564,7 +570,7 @@ class ConfiguredSystem(eqx.Module):
         dtype = jnp.dtype(cfg.dtype.value)
         k_init, k_weights = jax.random.split(key)
         if cfg.weights.shared:
-            k_weights = self.shared_key
+            k_weights = jax.random.fold_in(jax.random.key(self.seed), 1)
         field = build_field(cfg, k_weights, beta, dtype, self.values)
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         recorder = Recorder(
@@ -583,6 +589,5 @@ def build_system(cfg: Config) -> ConfiguredSystem:
     static = dataclasses.replace(cfg, beta=0.0, seed=0, members=1)
     data = _data(static)
     dtype = jnp.dtype(cfg.dtype.value)
-    values = {path: jnp.asarray(value, dtype) for path, value in data.items()}
-    shared_key = jax.random.fold_in(jax.random.key(cfg.seed), 1)
-    return ConfiguredSystem(_Structure(static, data), values, shared_key)
+    values = {path: np.asarray(value, dtype) for path, value in data.items()}
+    return ConfiguredSystem(_Structure(static, data), values, np.asarray(cfg.seed, np.uint32))

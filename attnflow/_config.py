@@ -259,7 +259,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True, enum_to_str=True)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return OmegaConf.to_container(OmegaConf.structured(value), enum_to_str=True)
+        return to_container(value)
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -322,9 +322,16 @@ def _check_groups(given: Mapping, schema: type, prefix: str) -> None:
             _check_groups(value, kind, f"{prefix}{key}.")
 
 
-def to_container(cfg: Config) -> dict:
-    """The config as plain nested dicts and lists (choices as their names)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+def to_container(cfg: Any) -> Any:
+    """The config as plain nested dicts and lists (choices as their names), in the
+    schema's key order."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: to_container(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, (list, tuple)):
+        return [to_container(v) for v in cfg]
+    if isinstance(cfg, enum.Enum):
+        return cfg.name
+    return cfg
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,9 +10,12 @@ what the machine's memory holds.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -51,19 +54,21 @@ class EnsembleResult:
 
 
 @eqx.filter_jit
-def _solve_pairs(system, keys, betas, t0, t1, dt, options, mesh):
-    """Solve the (key, beta) pairs of one piece, a vmap over them (per device)."""
+def _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, mesh):
+    """Solve the pairs (keys[members[p]], betas[beta_index[p]]) of one piece, a vmap
+    over them (per device). The gathers happen here, inside the one compiled program."""
 
-    def member(key, beta):
-        field, y0, record = system(key, beta)
+    def member(m, b):
+        field, y0, record = system(keys[m], betas[b])
         sol = simulate(field, y0, t0=t0, t1=t1, dt=dt, record=record, **options)
         return sol.stats, sol.result, sol.num_steps, sol.reached
 
     solve = jax.vmap(member)
     if mesh is None:
-        return solve(keys, betas)
+        return solve(members, beta_index)
     spec = PartitionSpec(mesh.axis_names[0])
-    return jax.shard_map(solve, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)(keys, betas)
+    return jax.shard_map(solve, mesh=mesh, in_specs=(spec, spec), out_specs=spec,
+                         check_vma=False)(members, beta_index)
 
 
 def available_memory(device: jax.Device | None = None) -> int:
@@ -143,8 +148,8 @@ class EnsemblePlan:
                  devices=None, memory: int | None = None):
         self.system = system
         self.keys = keys
-        self.dtype = jnp.asarray(betas).dtype
-        self.betas = jnp.asarray(betas, self.dtype).reshape(-1)
+        self.dtype = np.dtype(getattr(betas, "dtype", None) or jnp.asarray(betas).dtype)
+        self.betas = jnp.asarray(np.asarray(betas, self.dtype).reshape(-1))
         options = dict(solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
         if adaptive:
             if ts is None:
@@ -170,17 +175,21 @@ class EnsemblePlan:
         self.mesh = Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
         self.pairs = int(self.betas.shape[0]) * int(keys.shape[0])
         stages = len(tableau(solver).b) if isinstance(solver, str) and solver in SOLVERS else 13
-        member = jax.eval_shape(system, keys[0], self.betas[0])  # shapes only: nothing is computed
+        # shapes only: nothing is computed
+        member = jax.eval_shape(lambda k, b: system(k[0], b[0]), keys, self.betas)
         footprint = member_footprint(member, stages, count)
         memory = available_memory(devices[0]) if memory is None else memory
         self.footprint = footprint
         self.piece_size, self.pieces = _pieces(member, footprint, self.pairs, len(devices), chunk_size, memory)
+        self._program = None  # the exported piece program, once looked up
+        self._export_tried = False
 
-    def _inputs(self, i: int):
+    def _inputs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The member and beta index of each pair of piece i (the last piece wraps around)."""
         start = i * self.piece_size
-        index = np.arange(start, start + self.piece_size) % self.pairs  # the last piece wraps around
+        index = np.arange(start, start + self.piece_size) % self.pairs
         n_member = self.keys.shape[0]
-        return self.keys[index % n_member], self.betas[index // n_member]
+        return (index % n_member).astype(np.int32), (index // n_member).astype(np.int32)
 
     def size_of(self, i: int) -> int:
         """The number of real (not padding) pairs in piece i."""
@@ -188,19 +197,73 @@ class EnsemblePlan:
 
     def solve(self, i: int) -> dict[str, np.ndarray]:
         """Piece i: `stats/NAME`, `result`, `num_steps` and `reached`, one row per pair."""
-        keys, betas = self._inputs(i)
+        members, beta_index = self._inputs(i)
         t0, t1, dt = self.times
         # Times are data (new values reuse the program), except with output times off
         # the grid of a fixed-step run, which are placed between grid steps in Python.
         static = "ts" in self.options and not self.options["adaptive"]
-        as_data = lambda v: None if v is None else (float(v) if static else jnp.asarray(v, self.dtype))
-        stats, result, steps, reached = _solve_pairs(self.system, keys, betas, as_data(t0), as_data(t1),
-                                                     as_data(dt), self.options, self.mesh)
+        as_data = lambda v: None if v is None else (float(v) if static else np.asarray(v, self.dtype))
+        times = (as_data(t0), as_data(t1), as_data(dt))
+        if not self._export_tried:
+            self._export_tried = True
+            if not static and self.mesh is None:
+                self._program = self._exported(members, beta_index, times)
+        exported = self._program
+        if exported is not None:
+            program, leaves = exported
+            outputs = program.call(leaves, jax.random.key_data(self.keys), self.betas, members, beta_index, *times)
+        else:
+            outputs = _solve_pairs(self.system, self.keys, self.betas, members, beta_index, *times, self.options,
+                                   self.mesh)
+        stats, result, steps, reached = outputs
         size = self.size_of(i)
         out = {f"stats/{name}": np.asarray(value)[:size] for name, value in stats.items()}
         out.update(result=np.asarray(result)[:size], num_steps=np.asarray(steps)[:size],
                    reached=np.asarray(reached)[:size])
         return out
+
+    def _exported(self, members, beta_index, times):
+        """The piece program as a `jax.export` artifact kept in the persistent cache:
+        a rerun with the same structure loads it instead of tracing and lowering it
+        again (its compiled form comes from JAX's own cache). None when JAX's cache is
+        not in use, or the program cannot be exported (adaptive solves)."""
+        folder = jax.config.jax_compilation_cache_dir
+        if not folder:
+            return None
+        dynamic, static = eqx.partition(self.system, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(dynamic)
+        args = (leaves, jax.random.key_data(self.keys), self.betas, members, beta_index, *times)
+        shapes = jax.tree.map(lambda a: (np.shape(a), str(np.asarray(a).dtype)), args)
+        key = _program_key(static, treedef, self.options, shapes)
+        if key in _LOADED:  # one object per program: its compiled call is reused in-process
+            return _LOADED[key], leaves
+        path = Path(folder) / "attnflow-exported" / f"{key}.bin"
+        from jax import export
+
+        if path.exists():
+            try:
+                _LOADED[key] = export.deserialize(bytearray(path.read_bytes()))
+                return _LOADED[key], leaves
+            except Exception:  # a damaged or foreign file: trace again and replace it
+                path.unlink(missing_ok=True)
+        options = self.options
+
+        def piece(leaves, key_data, betas, members, beta_index, t0, t1, dt):
+            system = eqx.combine(jax.tree.unflatten(treedef, leaves), static)
+            keys = jax.random.wrap_key_data(key_data)
+            return _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, None)
+
+        try:
+            program = export.export(jax.jit(piece))(*args)
+            serialized = program.serialize()
+        except NotImplementedError:
+            return None  # e.g. the host callbacks of diffrax's adaptive solves: solved directly
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(serialized)
+        os.replace(tmp, path)
+        _LOADED[key] = program
+        return program, leaves
 
     def output_times(self) -> np.ndarray:
         """The output times in float64 (the grid times actually recorded)."""
@@ -227,6 +290,29 @@ class EnsemblePlan:
                 stats[name] = np.where(mask, value, np.asarray(fill).astype(value.dtype))
         return EnsembleResult(ts=self.output_times(), stats=stats, result=shape(joined["result"]),
                               num_steps=shape(joined["num_steps"]), valid=valid)
+
+
+_LOADED: dict = {}  # exported piece programs of this process, by key
+
+
+@functools.lru_cache(maxsize=1)
+def _source_hash() -> str:
+    """A hash of attnflow's own code: an edit invalidates every exported program."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _program_key(static, treedef, options, shapes) -> str:
+    """What an exported piece program depends on: the system's structure, the solve
+    options, the shapes and dtypes of its arguments, and the versions of the code."""
+    from importlib.metadata import version
+
+    parts = [repr(static), repr(treedef), repr(sorted(options.items())), repr(shapes), _source_hash(),
+             jax.__version__, version("jaxlib"), eqx.__version__, version("diffrax"),  # diffrax: its tableaus
+             str(jax.config.jax_default_prng_impl), str(jax.config.jax_enable_x64)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
 def _pieces(member, footprint: MemberFootprint, pairs: int, devices: int, chunk_size, memory: int):

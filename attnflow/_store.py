@@ -9,6 +9,7 @@ run leaves none behind. Files are created with the user's umask.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import os
@@ -84,16 +85,80 @@ def discard_partial_files() -> None:
             _PARTIAL.discard(tmp)
 
 
-def write_results(ds, path: str | os.PathLike) -> Path:
-    """Write a results Dataset to NetCDF, whole or not at all: a temporary file in the
-    same folder, then a rename. An existing file is only replaced by a complete one.
+@dataclasses.dataclass
+class Results:
+    """A study's results as NetCDF lays them out, without xarray: coordinates and
+    variables (named dimensions, values, attributes), global attributes, and the
+    encoding of integer variables with missing entries (stored as floats with NaN here,
+    written as int32 with a `_FillValue`).
 
-    The variables' `encoding` is used as it is (integer statistics with missing
-    entries carry an int32 `_FillValue` there).
+    The command line writes them directly (`write_netcdf`), so a run that draws no plot
+    never imports xarray; `to_xarray` gives the Dataset that reading the file back with
+    xarray gives.
     """
+
+    coords: dict[str, tuple[tuple[str, ...], Any]]
+    data_vars: dict[str, tuple[tuple[str, ...], Any, dict]]
+    attrs: dict[str, str]
+    encoding: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    def to_xarray(self):
+        import xarray as xr
+
+        ds = xr.Dataset(
+            {name: (dims, values, attrs) for name, (dims, values, attrs) in self.data_vars.items()},
+            coords={name: (dims, values) for name, (dims, values) in self.coords.items()},
+            attrs=dict(self.attrs),
+        )
+        for name, encoding in self.encoding.items():
+            ds[name].encoding.update(encoding)
+        return ds
+
+    def write_netcdf(self, path: Path) -> None:
+        """The file xarray would write for `to_xarray()` (CF conventions: NaN as the fill
+        value of floats, scalar coordinates named in each variable's `coordinates`)."""
+        import netCDF4
+
+        scalars = " ".join(name for name, (dims, _) in self.coords.items() if dims == ())
+        with netCDF4.Dataset(path, "w", format="NETCDF4") as f:
+            sizes = {}
+            for dims, values, *_ in list(self.data_vars.values()) + list(self.coords.values()):
+                sizes.update(zip(dims, np.shape(values)))
+            for dim, size in sizes.items():
+                f.createDimension(dim, size)
+            variables = [(n, d, v, a) for n, (d, v, a) in self.data_vars.items()]
+            variables += [(n, d, v, {}) for n, (d, v) in self.coords.items()]
+            for name, dims, values, attrs in variables:
+                values = np.asarray(values)
+                encoding = self.encoding.get(name)
+                if encoding is not None:
+                    fill = encoding["_FillValue"]
+                    values = np.where(np.isnan(values), fill, values).astype(encoding["dtype"])
+                elif np.issubdtype(values.dtype, np.floating):
+                    fill = np.nan
+                else:
+                    fill = False
+                var = f.createVariable(name, values.dtype, dims, fill_value=fill)
+                var.set_auto_maskandscale(False)
+                for key, value in attrs.items():
+                    var.setncattr(key, value)
+                if scalars and name in self.data_vars:
+                    var.setncattr("coordinates", scalars)
+                var[...] = values
+            for key, value in self.attrs.items():
+                f.setncattr(key, value)
+
+
+def write_results(results, path: str | os.PathLike) -> Path:
+    """Write `Results` (or an xarray Dataset) to NetCDF, whole or not at all: a
+    temporary file in the same folder, then a rename. An existing file is only ever
+    replaced by a complete one. A Dataset's variables are written with their
+    `encoding`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return _write_atomically(path, lambda tmp: ds.to_netcdf(tmp, engine="netcdf4"))
+    if isinstance(results, Results):
+        return _write_atomically(path, results.write_netcdf)
+    return _write_atomically(path, lambda tmp: results.to_netcdf(tmp, engine="netcdf4"))
 
 
 def load_results(path: str | os.PathLike):
@@ -107,11 +172,11 @@ def load_results(path: str | os.PathLike):
 def stored_config(path: Path) -> str:
     """The config YAML stored in a results file; raises `ConfigError` if the file is
     not a readable attnflow results file."""
-    import xarray as xr
+    import netCDF4
 
     try:
-        with xr.open_dataset(path, engine="netcdf4") as ds:  # lazy: only the attributes are read
-            config = ds.attrs.get("config")
+        with netCDF4.Dataset(path) as f:  # only the attributes are read
+            config = f.getncattr("config") if "config" in f.ncattrs() else None
     except (OSError, ValueError, RuntimeError) as error:
         raise ConfigError(f"{path} exists but is not a readable NetCDF file ({type(error).__name__}); "
                           "remove it, choose another hydra.run.dir, or set overwrite=true to replace it.") from None

@@ -13,7 +13,7 @@ from ._build import betas_of, build_system, output_times, validate_config
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
 from ._errors import NonFiniteStateError, SolverFailure
-from ._store import PieceStore, in_background, load_results, write_results
+from ._store import PieceStore, Results, in_background, load_results, write_results
 
 __all__ = ["config_yaml", "load_results", "run", "write_results"]
 
@@ -108,12 +108,17 @@ def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | N
     bad output time on.
     """
     cfg = validate_config(config)
-    return solve_study(cfg, plan_study(cfg), pieces=pieces)
+    try:
+        return solve_study(cfg, plan_study(cfg), pieces=pieces).to_xarray()
+    except (NonFiniteStateError, SolverFailure) as error:
+        error.dataset = error.results.to_xarray()
+        raise
 
 
 def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None):
-    """Solve a planned study (see `run`, which plans and then calls this).
-    `on_resume(found, total)` is told how many finished pieces were found."""
+    """Solve a planned study (see `run`, which plans, calls this and returns the
+    `Results` as an xarray Dataset). `on_resume(found, total)` is told how many
+    finished pieces were found. A failed solve's error carries `error.results`."""
     store = None
     if pieces is not None:
         identity = f"{config_yaml(cfg)}\npieces: {plan.pieces} of {plan.piece_size}\n"
@@ -131,76 +136,72 @@ def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | 
             outputs[i] = out
     result = plan.assemble(outputs)
     betas, beta_is_list = betas_of(cfg)
-    ds = to_dataset(cfg, result, betas, beta_is_list)
+    results = to_results(cfg, result, betas, beta_is_list)
     try:
         check_ensemble(result, betas)
     except (NonFiniteStateError, SolverFailure) as error:
-        ds.attrs["error"] = str(error)
-        error.dataset = ds
+        results.attrs["error"] = str(error)
+        error.results = results
         raise
-    return ds
+    return results
 
 
-def to_dataset(cfg: Config, result: EnsembleResult, betas, beta_is_list: bool):
-    """The ensemble's statistics as an xarray Dataset with the config in its attributes.
+def to_results(cfg: Config, result: EnsembleResult, betas, beta_is_list: bool) -> Results:
+    """The ensemble's statistics as `Results` (an xarray Dataset's layout) with the
+    config in its attributes.
 
     Entries after a solve's first bad state are missing: NaN; the integer statistics
-    with missing entries are stored as int32 with `_FillValue` -1 and come back as
+    with missing entries are stored as int32 with `_FillValue` -1 and read back as
     floats with NaN.
     """
-    import xarray as xr
-
     valid = np.asarray(result.valid)
-    data_vars = {}
-    encodings = {}
+    failed = ~valid[..., -1]
+    stopped = np.asarray(result.result) != 0
+    first_bad = np.argmin(valid, axis=-1)
+    data_vars, encoding = {}, {}
     for name, value in result.stats.items():
         value = np.asarray(value)
-        dims = ("beta", "member", "time") + _DIMS.get(name, ())
         if np.issubdtype(value.dtype, np.integer) and not valid.all():
             mask = valid.reshape(valid.shape + (1,) * (value.ndim - 3))
             value = np.where(mask, value.astype(np.float64), np.nan)
-            encodings[name] = {"dtype": "int32", "_FillValue": INTEGER_FILL}
-        data_vars[name] = (dims, value)
-    ds = xr.Dataset(
-        data_vars,
-        coords={"beta": np.asarray(betas), "member": np.arange(cfg.members), "time": np.asarray(result.ts)},
-        attrs={"config": config_yaml(cfg), "attnflow_version": _version()},
-    )
-    for name, encoding in encodings.items():
-        ds[name].encoding.update(encoding)
-    ds["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))
-    failed = ~valid[..., -1]
-    stopped = np.asarray(result.result) != 0
-    ds["status"] = (("beta", "member"), np.where(failed, np.where(stopped, 2, 1), 0).astype(np.int8))
-    first_bad = np.argmin(valid, axis=-1)
-    ds["failure_time"] = (("beta", "member"), np.where(failed, np.asarray(result.ts)[first_bad], np.nan))
-    if not beta_is_list:
-        ds = ds.squeeze("beta")
-    _describe(ds)
-    return ds
+            encoding[name] = {"dtype": "int32", "_FillValue": INTEGER_FILL}
+        data_vars[name] = (("beta", "member", "time") + _DIMS.get(name, ()), value)
+    data_vars["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))
+    data_vars["status"] = (("beta", "member"), np.where(failed, np.where(stopped, 2, 1), 0).astype(np.int8))
+    data_vars["failure_time"] = (("beta", "member"), np.where(failed, np.asarray(result.ts)[first_bad], np.nan))
+    beta = np.asarray(betas, dtype=np.float64)
+    if not beta_is_list:  # a single beta: a scalar coordinate, no `beta` dimension
+        data_vars = {name: (dims[1:], value[0]) for name, (dims, value) in data_vars.items()}
+        beta = beta[0]
+    coords = {"beta": (("beta",) if beta_is_list else (), beta), "member": (("member",), np.arange(cfg.members)),
+              "time": (("time",), np.asarray(result.ts, dtype=np.float64))}
+    described = {name: (dims, value, _attributes(name)) for name, (dims, value) in data_vars.items()}
+    return Results(coords=coords, data_vars=described,
+                   attrs={"config": config_yaml(cfg), "attnflow_version": _version()}, encoding=encoding)
 
 
-def _describe(ds) -> None:
-    notes = {
-        "energy": "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)",
-        "log_energy": "log of the interaction energy (finite for any beta)",
-        "normalized_energy": "mean_ij exp(cos(x_i, x_j))",
-        "pair_density": "fraction of pairs i != j with cos(x_i, x_j) > 1 - eps",
-        "clusters": "connected components of the graph cos(x_i, x_j) > 1 - eps",
-        "cluster_sizes": "cluster sizes, largest first, zero-padded",
-        "order_parameter": "|mean_i x_i / |x_i||",
-        "attention": "attention matrices a_ij of each head",
-        "attention_rank": "numerical rank of each head's attention matrix",
-        "x": "token states",
-        "num_steps": "solver steps taken",
-        "status": "0: reached t1; 1: the state became non-finite; 2: the solver stopped early",
-        "failure_time": "first output time whose statistics are missing (NaN when the solve succeeded)",
-    }
-    for name, text in notes.items():
-        if name in ds:
-            ds[name].attrs["description"] = text
-    if "status" in ds:
-        ds["status"].attrs.update(flag_values=np.array([0, 1, 2], np.int8), flag_meanings=STATUS_MEANINGS)
+_DESCRIPTIONS = {
+    "energy": "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)",
+    "log_energy": "log of the interaction energy (finite for any beta)",
+    "normalized_energy": "mean_ij exp(cos(x_i, x_j))",
+    "pair_density": "fraction of pairs i != j with cos(x_i, x_j) > 1 - eps",
+    "clusters": "connected components of the graph cos(x_i, x_j) > 1 - eps",
+    "cluster_sizes": "cluster sizes, largest first, zero-padded",
+    "order_parameter": "|mean_i x_i / |x_i||",
+    "attention": "attention matrices a_ij of each head",
+    "attention_rank": "numerical rank of each head's attention matrix",
+    "x": "token states",
+    "num_steps": "solver steps taken",
+    "status": "0: reached t1; 1: the state became non-finite; 2: the solver stopped early",
+    "failure_time": "first output time whose statistics are missing (NaN when the solve succeeded)",
+}
+
+
+def _attributes(name: str) -> dict:
+    attrs = {"description": _DESCRIPTIONS[name]} if name in _DESCRIPTIONS else {}
+    if name == "status":
+        attrs.update(flag_values=np.array([0, 1, 2], np.int8), flag_meanings=STATUS_MEANINGS)
+    return attrs
 
 
 def _version() -> str:

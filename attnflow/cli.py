@@ -96,16 +96,16 @@ def _job(cfg) -> None:
             _write_record(folder, cfg, hydra_cfg)
             pieces = folder.path / folder.PIECES
             try:
-                ds = solve_study(resolved, plan, pieces=pieces, on_resume=lambda found, total: print(
+                results = solve_study(resolved, plan, pieces=pieces, on_resume=lambda found, total: print(
                     f"attnflow: resuming from {found} of {total} finished pieces in {pieces}", flush=True))
             except (NonFiniteStateError, SolverFailure) as error:
                 # Nothing computed is lost: the statistics, missing from each failed
                 # solve's first bad output on, go to a file that cannot be mistaken for
                 # a finished run.
-                kept = write_results(error.dataset, folder.path / "incomplete.nc")
+                kept = write_results(error.results, folder.path / "incomplete.nc")
                 _remove_tree(pieces)
                 raise ConfigError(f"{str(error).rstrip('.')}; what was computed is in {kept}.") from None
-            path = write_results(ds, folder.results_path)
+            path = write_results(results, folder.results_path)
             _remove_tree(pieces)
             for stale in ("incomplete.nc", "error.txt"):
                 (folder.path / stale).unlink(missing_ok=True)
@@ -113,7 +113,7 @@ def _job(cfg) -> None:
             if resolved.plot:
                 from ._plots import plot_summary
 
-                figure = plot_summary(ds, folder.path / "summary.png", title=_title(resolved))
+                figure = plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))
                 print(f"attnflow: wrote {figure}", flush=True)
     except ConfigError as error:
         _record_failure(str(error), hydra_cfg, out)

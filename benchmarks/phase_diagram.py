@@ -4,31 +4,37 @@ The configuration of the pair-density phase diagrams ("A mathematical perspectiv
 transformers", fig. 3): Q = K = V = I, SA dynamics on the sphere, n = 32 tokens,
 2048 members, Euler on the unprojected field followed by renormalization, h = 0.1,
 t in [0, 30], float32, the pair density P(<x_i, x_j> > 1 - eps) recorded after every
-step. Three implementations run in this one process:
+step. Three measurements, taken in interleaved rounds (a new random order each round,
+so that the machine's changing load falls on all of them alike):
 
-1. attnflow (`solve_ensemble`, compiled once, timed on a second call with a new beta);
+1. attnflow (`solve_ensemble`, compiled once beforehand, a new beta every call);
 2. the same algorithm in batched NumPy, written the way public phase-diagram code
-   does it (stacked `@` products over all members, one Python loop over steps);
-3. a large float32 matrix multiply (the best of NumPy and XLA), the machine's
-   matmul throughput, against which the attnflow run's flop rate is compared.
+   does it (stacked `@` products over all members, one Python loop over steps), from
+   attnflow's own initial states;
+3. a large float32 matrix multiply (the best of NumPy and XLA): the machine's matmul
+   throughput in that round, against which the attnflow run's flop rate is compared.
 
-Flops counted: 4 n^2 d per member and step (Gram matrix and attention mixing) plus
-2 n^2 d per member and record (the Gram matrix of the pair density).
+The table gives medians over the rounds: of the times, of the per-round speed-up
+(NumPy / attnflow) and of the per-round share of matmul throughput. Flops counted:
+4 n^2 d per member and step (Gram matrix and attention mixing) plus 2 n^2 d per member
+and record (the Gram matrix of the pair density).
 
-    python benchmarks/phase_diagram.py            # d in {2, 32, 128}
-    python benchmarks/phase_diagram.py --dims 128 --members 512
+    python benchmarks/phase_diagram.py                  # d in {2, 32, 128}, 5 rounds
+    python benchmarks/phase_diagram.py --dims 128 --members 512 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import random
+import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from machine import describe
 
 import attnflow as af
 
@@ -55,8 +61,8 @@ def numpy_phase_diagram(x0: np.ndarray, beta: float, dt: float, steps: int, eps:
     return np.stack(out, axis=1)
 
 
-def matmul_throughput(size: int = 2048, repeats: int = 5) -> float:
-    """Best float32 GEMM rate (flop/s) of NumPy and XLA on this machine."""
+def matmul_throughput(size: int = 2048, repeats: int = 3) -> float:
+    """Best float32 GEMM rate (flop/s) of NumPy and XLA, measured now."""
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
     rates = []
     for f, arg in ((np.matmul, a), (jax.jit(jnp.matmul), jnp.asarray(a))):
@@ -71,7 +77,7 @@ def matmul_throughput(size: int = 2048, repeats: int = 5) -> float:
 def attnflow_phase_diagram(d: int, members: int, n: int, dt: float, t1: float, eps: float):
     cfg = af.validate_config(
         dict(n=n, d=d, members=members, t1=t1, dt=dt, solver="euler_renorm", metrics=["pair_density"],
-             eps=eps, saves=round(t1 / dt) + 1, dtype="float32", beta=1.0)
+             eps=eps, saves=round(t1 / dt) + 1, dtype="float32", beta=1.0, compilation_cache=False)
     )
     system = af.build_system(cfg)
     keys = jax.random.split(jax.random.key(0), members)
@@ -93,43 +99,58 @@ def main():
     parser.add_argument("--members", type=int, default=2048)
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--beta", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     dt, t1, eps = 0.1, 30.0, 1e-2
     steps = round(t1 / dt)
-    peak = matmul_throughput()
-    print(f"machine: {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.devices()[0].platform}; "
-          f"float32 matmul throughput {peak / 1e9:.1f} GFLOP/s")
-    header = f"{'d':>4} {'attnflow s':>11} {'compile s':>10} {'numpy s':>9} {'speed-up':>9} {'GFLOP/s':>8} {'of matmul':>10} {'|dP|':>7}"
+    print(f"machine: {describe()}")
+    print(f"{args.rounds} interleaved rounds per d; medians (min-max of the matmul rate)")
+    header = (f"{'d':>4} {'attnflow s':>11} {'compile s':>10} {'numpy s':>9} {'speed-up':>9} {'GFLOP/s':>8} "
+              f"{'matmul GFLOP/s':>18} {'of matmul':>10} {'|dP|':>7}")
     print(header)
     rows = []
     for d in args.dims:
         solve, compile_s, system, keys = attnflow_phase_diagram(d, args.members, args.n, dt, t1, eps)
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            result = solve(args.beta)
-            times.append(time.perf_counter() - start)
-        jax_s = min(times)
         # The NumPy run starts from attnflow's own initial states, so both curves agree.
         x0 = np.asarray(jax.vmap(lambda k: system(k, args.beta)[1])(keys))
-        start = time.perf_counter()
-        density_np = numpy_phase_diagram(x0, args.beta, dt, steps, eps)
-        numpy_s = time.perf_counter() - start
-        density_jax = np.asarray(result.stats["pair_density"][0])
-        mean_gap = float(np.max(np.abs(density_np.mean(0) - density_jax.mean(0))))
         flops = args.members * args.n**2 * d * (4 * steps + 2 * (steps + 1))
-        rate = flops / jax_s
-        row = dict(d=d, attnflow_s=jax_s, compile_s=compile_s - jax_s, numpy_s=numpy_s, speedup=numpy_s / jax_s,
-                   gflops=rate / 1e9, matmul_fraction=rate / peak, matmul_gflops=peak / 1e9,
-                   max_mean_density_gap=mean_gap)
+        reference = np.asarray(solve(args.beta).stats["pair_density"][0])
+        samples = {"attnflow": [], "numpy": [], "matmul": []}
+        gaps = []
+
+        def run_attnflow():
+            start = time.perf_counter()
+            result = solve(args.beta + 1e-3 * len(samples["attnflow"]))  # a new beta: no recompilation
+            samples["attnflow"].append(time.perf_counter() - start)
+            return result
+
+        def run_numpy():
+            start = time.perf_counter()
+            density = numpy_phase_diagram(x0, args.beta, dt, steps, eps)
+            samples["numpy"].append(time.perf_counter() - start)
+            gaps.append(float(np.max(np.abs(density.mean(0) - reference.mean(0)))))  # the curves agree
+
+        for _ in range(args.rounds):
+            order = [run_attnflow, run_numpy, lambda: samples["matmul"].append(matmul_throughput())]
+            random.shuffle(order)
+            for measure in order:
+                measure()
+        jax_s, numpy_s = statistics.median(samples["attnflow"]), statistics.median(samples["numpy"])
+        speedup = statistics.median(n_ / a for n_, a in zip(samples["numpy"], samples["attnflow"]))
+        share = statistics.median(flops / a / m for a, m in zip(samples["attnflow"], samples["matmul"]))
+        peak = samples["matmul"]
+        row = dict(d=d, attnflow_s=jax_s, compile_s=compile_s - jax_s, numpy_s=numpy_s, speedup=speedup,
+                   gflops=flops / jax_s / 1e9, matmul_gflops=statistics.median(peak) / 1e9,
+                   matmul_gflops_range=[min(peak) / 1e9, max(peak) / 1e9], matmul_fraction=share,
+                   max_mean_density_gap=max(gaps), rounds=args.rounds)
         rows.append(row)
-        print(f"{d:>4} {jax_s:>11.2f} {row['compile_s']:>10.2f} {numpy_s:>9.2f} {row['speedup']:>8.1f}x "
-              f"{rate / 1e9:>8.1f} {row['matmul_fraction']:>9.0%} {mean_gap:>7.3f}", flush=True)
+        matmul = f"{row['matmul_gflops']:.0f} ({min(peak) / 1e9:.0f}-{max(peak) / 1e9:.0f})"
+        print(f"{d:>4} {jax_s:>11.2f} {row['compile_s']:>10.2f} {numpy_s:>9.2f} {speedup:>8.1f}x "
+              f"{row['gflops']:>8.1f} {matmul:>18} {share:>9.0%} {max(gaps):>7.3f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump(dict(machine=describe(), rows=rows), f, indent=2)
 
 
 if __name__ == "__main__":

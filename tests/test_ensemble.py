@@ -285,3 +285,39 @@ def test_an_interrupted_run_resumes_from_its_finished_pieces(tmp_path, monkeypat
     solved.clear()
     af.run({**config, "seed": 1}, pieces=tmp_path)
     assert solved == list(range(12))
+
+
+def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
+    """With the compilation cache on, a piece program is exported once and loaded by
+    later runs instead of traced again; the numbers are those of a direct solve, and a
+    damaged exported file is traced again, not trusted."""
+    from pathlib import Path
+
+    from jax import export
+
+    from attnflow._build import validate_config
+    from attnflow._ensemble import _LOADED, EnsemblePlan
+    from attnflow._study import plan_study, prepare_jax, solve_study
+
+    cfg = validate_config(_small(n=7, d=5, members=3, beta=[0.5, 2.0], save_states=True))  # a structure of its own
+    prepare_jax(cfg)  # switches on the session's cache folder (conftest)
+    folder = Path(jax.config.jax_compilation_cache_dir) / "attnflow-exported"
+    solve = lambda: solve_study(cfg, plan_study(cfg)).to_xarray()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(EnsemblePlan, "_exported", lambda *args: None)
+        direct = solve()
+    before = set(folder.glob("*.bin")) if folder.exists() else set()
+    first = solve()
+    (program,) = set(folder.glob("*.bin")) - before
+    _LOADED.clear()  # as in a new process
+    with monkeypatch.context() as patch:
+        patch.setattr(export, "export", lambda *a, **k: pytest.fail("traced again instead of loaded"))
+        loaded = solve()
+    program.write_bytes(b"damaged")
+    _LOADED.clear()  # as in a new process
+    retraced = solve()
+    assert program.read_bytes() != b"damaged"
+    for ds in (first, loaded, retraced):
+        np.testing.assert_array_equal(ds["x"].values, direct["x"].values)
+        np.testing.assert_array_equal(ds["energy"].values, direct["energy"].values)
