@@ -256,8 +256,10 @@ class EnsemblePlan:
         try:
             program = export.export(jax.jit(piece))(*args)
             serialized = program.serialize()
-        except NotImplementedError:
-            return None  # e.g. the host callbacks of diffrax's adaptive solves: solved directly
+        except (NotImplementedError, ImportError):
+            # The host callbacks of diffrax's adaptive solves cannot be exported (nor can
+            # anything without the flatbuffers package): those are solved directly.
+            return None
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(serialized)

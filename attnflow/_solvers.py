@@ -59,15 +59,19 @@ def _needed(a: tuple, b: tuple) -> int:
     return stages
 
 
+def _converted(table) -> Tableau:
+    """A diffrax `ButcherTableau` as plain numbers, without the stages fixed steps skip."""
+    a = ((),) + tuple(tuple(float(v) for v in row) for row in table.a_lower)
+    b = tuple(float(v) for v in table.b_sol)
+    c = (0.0,) + tuple(float(v) for v in table.c)
+    stages = _needed(a, b)
+    return Tableau(a=a[:stages], b=b[:stages], c=c[:stages])
+
+
 def _from_diffrax(class_name: str) -> Tableau:
     import diffrax
 
-    tableau = getattr(diffrax, class_name).tableau
-    a = ((),) + tuple(tuple(float(v) for v in row) for row in tableau.a_lower)
-    b = tuple(float(v) for v in tableau.b_sol)
-    c = (0.0,) + tuple(float(v) for v in tableau.c)
-    stages = _needed(a, b)
-    return Tableau(a=a[:stages], b=b[:stages], c=c[:stages])
+    return _converted(getattr(diffrax, class_name).tableau)
 
 
 def tableau(name: str) -> Tableau:
@@ -93,11 +97,7 @@ def tableau_of(solver) -> Tableau:
             f"fixed-step runs take an explicit Runge-Kutta solver, got {type(solver).__name__}; "
             "pass adaptive=True to use it with diffeqsolve."
         )
-    a = ((),) + tuple(tuple(float(v) for v in row) for row in table.a_lower)
-    b = tuple(float(v) for v in table.b_sol)
-    c = (0.0,) + tuple(float(v) for v in table.c)
-    stages = _needed(a, b)
-    return Tableau(a=a[:stages], b=b[:stages], c=c[:stages])
+    return _converted(table)
 
 
 def rk_step(

@@ -7,7 +7,8 @@ to the baseline's:
 
 - `bare jax`: `import jax`, then compile and run one small jitted function (the floor
   any JAX program pays);
-- `import attnflow.cli`: the imports of the command line alone;
+- `imports of a run`: what a plot-free fixed-step run imports (JAX, equinox, Hydra,
+  OmegaConf, netCDF4 and attnflow's own modules), without running anything;
 - `attnflow, cold cache`: the trivial run with an empty compilation cache;
 - `attnflow, cached`: the same run again, its programs in JAX's persistent cache;
 - `attnflow, cache off`: `compilation_cache=false`.
@@ -34,6 +35,7 @@ from machine import describe
 
 TRIVIAL = ["n=4", "d=3", "members=2", "t1=0.1", "dt=0.1", "saves=2", "plot=false"]
 BARE_JAX = "import jax, jax.numpy as jnp; jax.jit(lambda x: x @ x + 1)(jnp.ones((4, 4))).block_until_ready()"
+IMPORTS = "import attnflow.cli, attnflow._study, attnflow._build, hydra.main, netCDF4"
 
 
 def timed(command: list[str], env: dict) -> float:
@@ -60,7 +62,7 @@ def main():
 
     variants = {
         "bare jax": lambda: timed([sys.executable, "-c", BARE_JAX], env),
-        "import attnflow.cli": lambda: timed([sys.executable, "-c", "import attnflow.cli"], env),
+        "imports of a run": lambda: timed([sys.executable, "-c", IMPORTS], env),
         "attnflow, cold cache": lambda: timed(
             [attnflow, *TRIVIAL, run_dir()], dict(env, ATTNFLOW_CACHE_DIR=str(work / f"cold{next(runs)}"))),
         "attnflow, cached": lambda: timed([attnflow, *TRIVIAL, run_dir()], dict(env, ATTNFLOW_CACHE_DIR=str(warm_cache))),
