@@ -72,7 +72,7 @@ _PANELS: tuple[tuple[str, str, Callable[[xr.DataArray], xr.DataArray], tuple[flo
     ),
     (
         "order_parameter",
-        "order parameter\n" r"$|\sum_i x_i / |x_i|\,| / n$",
+        "order parameter\n" r"$\|\frac{1}{n}\sum_i \hat x_i\|$,  $\hat x = x / \|x\|$",
         lambda da: da,
         (0.0, 1.0),
         False,
