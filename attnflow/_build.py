@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, PRNGKeyArray, ScalarLike, UInt32
 
-from ._config import Config, InitConfig, MatrixConfig, _default_config, compose, to_container
+from ._config import Config, MatrixConfig, _default_config, compose, to_container
 from ._errors import ConfigError
 from ._field import VectorField
 from ._grid import save_times, step_count
@@ -149,7 +149,7 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     """
     cfg = compose(config)
     base = _default_config()
-    n, d = cfg.n, cfg.d
+    d = cfg.d
     for key in ("n", "d", "members", "heads", "saves", "max_steps"):
         _number(key, getattr(cfg, key), minimum=1)
     _number("seed", cfg.seed, minimum=0)

@@ -19,11 +19,10 @@ import importlib.resources
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 

@@ -148,7 +148,7 @@ class EnsemblePlan:
                  devices=None, memory: int | None = None):
         self.system = system
         self.keys = keys
-        self.dtype = np.dtype(getattr(betas, "dtype", None) or jnp.asarray(betas).dtype)
+        self.dtype = np.dtype(betas.dtype if hasattr(betas, "dtype") else jnp.asarray(betas).dtype)
         self.betas = jnp.asarray(np.asarray(betas, self.dtype).reshape(-1))
         options = dict(solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
         if adaptive:
@@ -210,8 +210,8 @@ class EnsemblePlan:
                 self._program = self._exported(members, beta_index, times)
         exported = self._program
         if exported is not None:
-            program, leaves = exported
-            outputs = program.call(leaves, jax.random.key_data(self.keys), self.betas, members, beta_index, *times)
+            program, leaves, key_data = exported
+            outputs = program.call(leaves, key_data, self.betas, members, beta_index, *times)
         else:
             outputs = _solve_pairs(self.system, self.keys, self.betas, members, beta_index, *times, self.options,
                                    self.mesh)
@@ -232,18 +232,19 @@ class EnsemblePlan:
             return None
         dynamic, static = eqx.partition(self.system, eqx.is_array)
         leaves, treedef = jax.tree.flatten(dynamic)
-        args = (leaves, jax.random.key_data(self.keys), self.betas, members, beta_index, *times)
-        shapes = jax.tree.map(lambda a: (np.shape(a), str(np.asarray(a).dtype)), args)
+        key_data = jax.random.key_data(self.keys)
+        args = (leaves, key_data, self.betas, members, beta_index, *times)
+        shapes = jax.tree.map(lambda a: (np.shape(a), str(jnp.result_type(a))), args)
         key = _program_key(static, treedef, self.options, shapes)
         if key in _LOADED:  # one object per program: its compiled call is reused in-process
-            return _LOADED[key], leaves
+            return _LOADED[key], leaves, key_data
         path = Path(folder) / "attnflow-exported" / f"{key}.bin"
         from jax import export
 
         if path.exists():
             try:
                 _LOADED[key] = export.deserialize(bytearray(path.read_bytes()))
-                return _LOADED[key], leaves
+                return _LOADED[key], leaves, key_data
             except Exception:  # a damaged or foreign file: trace again and replace it
                 path.unlink(missing_ok=True)
         options = self.options
@@ -265,7 +266,7 @@ class EnsemblePlan:
         tmp.write_bytes(serialized)
         os.replace(tmp, path)
         _LOADED[key] = program
-        return program, leaves
+        return program, leaves, key_data
 
     def output_times(self) -> np.ndarray:
         """The output times in float64 (the grid times actually recorded)."""

@@ -12,7 +12,7 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Scalar, ScalarLike
+from jaxtyping import Array, Float, ScalarLike
 
 from ._errors import ConfigError
 from ._schedules import AbstractSchedule, identity_factor, identity_multiple
