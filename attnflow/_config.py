@@ -278,8 +278,8 @@ def compose(config: Any = None) -> Config:
     for a wrong type, an unknown choice or an unknown key. Ranges, shapes and
     combinations are checked by `validate_config`.
     """
-    if isinstance(config, Config):
-        return copy.deepcopy(config)  # typed already: its types and keys were checked
+    # A Config instance goes through the schema too: its fields may have been replaced
+    # by hand (`dataclasses.replace(cfg, solver="rk4")`) with values of any type.
     user = _plain(config if config is not None else {})
     if not isinstance(user, Mapping):
         raise ConfigError(f"a config must be a mapping of keys to values, got {type(config).__name__}.")

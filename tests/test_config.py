@@ -405,3 +405,20 @@ def test_the_chunk_shrinks_to_fit_the_memory():
     assert tight.pieces * tight.piece_size >= 64
     with pytest.raises(ConfigError, match="one member needs"):
         make(roomy.footprint.total)
+
+
+def by_hand(cfg, **changes):
+    """A copy of a config with fields set by attribute (no type check on the way)."""
+    changed = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        setattr(changed, key, value)
+    return changed
+
+
+def test_a_config_changed_by_hand_goes_through_the_schema_again():
+    cfg = attnflow.validate_config(TINY)
+    assert attnflow.validate_config(by_hand(cfg, solver="rk4")).solver == "rk4"
+    with pytest.raises(ConfigError, match=r"^solver must be one of .*, got 'rk5'\.$"):
+        attnflow.validate_config(by_hand(cfg, solver="rk5"))
+    with pytest.raises(ConfigError, match=r"^causal must be true or false, got 'maybe'\.$"):
+        attnflow.validate_config(by_hand(cfg, causal="maybe"))
