@@ -48,7 +48,8 @@ _EXPORTS = {
     "_schedules": ("AbstractSchedule", "Constant", "Identity", "PiecewiseConstant", "PiecewiseSchedule", "Scaled"),
     "_simulate": ("Solution", "simulate"),
     "_solvers": ("SOLVERS", "Tableau", "tableau"),
-    "_study": ("load_results", "run", "write_results"),
+    "_store": ("Results", "load_results", "write_results"),
+    "_study": ("run",),
     "_terms": ("MLP", "AbstractInteraction", "SelfAttention", "TokenNorm"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

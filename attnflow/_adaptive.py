@@ -17,7 +17,7 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._geometry import AbstractGeometry
-from ._solvers import _RK4, SOLVERS
+from ._solvers import _RK4, SOLVERS, no_error_estimate
 
 _rk4_tableau = dfx.ButcherTableau(
     a_lower=tuple(np.array(row) for row in _RK4.a[1:]),
@@ -101,8 +101,7 @@ def diffrax_solver(name: str) -> dfx.AbstractSolver:
     if name not in SOLVERS:
         raise ConfigError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}.")
     if name.startswith("euler"):
-        raise ConfigError(f"solver {name!r} has no error estimate, so it cannot adapt its step; "
-                          "use heun, midpoint, ralston, bosh3, rk4, tsit5, dopri5 or dopri8.")
+        raise no_error_estimate(f"solver {name!r}")
     cls = RK4 if name == "rk4" else getattr(dfx, SOLVERS[name][2])
     return cls()
 
@@ -114,8 +113,7 @@ def solve_adaptive(field, solver, y0, *, t0, t1, dt, ts, record, rtol, atol, max
     the solve got to `ts[i]` (it stops early when it runs out of steps).
     """
     if not isinstance(solver, dfx.AbstractAdaptiveSolver):
-        raise ConfigError(f"{type(solver).__name__} has no error estimate, so it cannot adapt its step; "
-                          "use heun, midpoint, ralston, bosh3, rk4, tsit5, dopri5 or dopri8.")
+        raise no_error_estimate(type(solver).__name__)
     geometry = field.geometry
     solver = Retracted(solver, geometry)
 

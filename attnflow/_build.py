@@ -35,6 +35,7 @@ from ._initial import (
 )
 from ._metrics import Recorder
 from ._random_matrices import draw_matrix
+from ._solvers import no_error_estimate
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
 from ._terms import MLP, SelfAttention, TokenNorm
 
@@ -168,8 +169,7 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     else:
         step_count(cfg.t0, cfg.t1, cfg.dt)  # the one rule of fixed-step grids
     if cfg.adaptive and cfg.solver.startswith("euler"):
-        raise ConfigError(f"solver {cfg.solver.value!r} has no error estimate; with adaptive=true use one of "
-                          "heun, midpoint, ralston, bosh3, rk4, tsit5, dopri5, dopri8.")
+        raise no_error_estimate(f"solver {str(cfg.solver)!r}")
     if cfg.adaptive or cfg.exact_times:
         save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
     for key in ("rtol", "atol", "eps"):

@@ -25,11 +25,11 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
-from ._grid import step_count
+from ._grid import every_steps, step_count
 from ._metrics import Recorder
 from ._schedules import identity_multiple
 from ._simulate import simulate
-from ._solvers import SOLVERS, tableau
+from ._solvers import SOLVERS, tableau, tableau_of
 from ._terms import MLP, SelfAttention
 
 # Integer statistics have no NaN: after a member's first bad state they hold this.
@@ -160,8 +160,7 @@ class EnsemblePlan:
             options["num_steps"] = num_steps
             if ts is None:
                 if save_steps is None:
-                    every = num_steps if save_every is None else int(save_every)
-                    save_steps = np.unique(np.append(np.arange(0, num_steps, every), num_steps))
+                    save_steps = every_steps(num_steps, num_steps if save_every is None else int(save_every))
                 options["save_steps"] = tuple(int(k) for k in save_steps)
                 count = len(options["save_steps"])
             else:
@@ -174,7 +173,7 @@ class EnsemblePlan:
         devices = jax.local_devices() if devices is None else list(devices)
         self.mesh = Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
         self.pairs = int(self.betas.shape[0]) * int(keys.shape[0])
-        stages = len(tableau(solver).b) if isinstance(solver, str) and solver in SOLVERS else 13
+        stages = _stage_count(solver)
         # shapes only: nothing is computed
         member = jax.eval_shape(lambda k, b: system(k[0], b[0]), keys, self.betas)
         footprint = member_footprint(member, stages, count)
@@ -296,6 +295,17 @@ class EnsemblePlan:
 
 
 _LOADED: dict = {}  # exported piece programs of this process, by key
+
+
+def _stage_count(solver) -> int:
+    """Stages held at once by one step: the tableau's, or (a diffrax instance that is not
+    an explicit Runge-Kutta method, adaptive runs only) the most of any solver here."""
+    if isinstance(solver, str):
+        return len(tableau(solver).b)
+    try:
+        return len(tableau_of(solver).b)
+    except ConfigError:
+        return max(len(tableau(name).b) for name in SOLVERS)
 
 
 @functools.lru_cache(maxsize=1)

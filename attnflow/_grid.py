@@ -68,8 +68,14 @@ def save_steps(num_steps: int, saves: int, spacing: str = "linear") -> np.ndarra
         inner = np.geomspace(1, num_steps, saves - 1) if saves > 2 else np.array([num_steps])
         marks = np.concatenate([[0], np.round(inner).astype(np.int64)])
         return np.unique(np.clip(marks, 0, num_steps))
-    stride = math.ceil(num_steps / (saves - 1))
-    return np.unique(np.append(np.arange(0, num_steps, stride), num_steps))
+    return every_steps(num_steps, math.ceil(num_steps / (saves - 1)))
+
+
+def every_steps(num_steps: int, every: int) -> np.ndarray:
+    """The grid steps 0, k, 2k, ... below $N$, and $N$ itself."""
+    if every < 1:
+        raise ConfigError(f"save_every must be a positive number of steps, got {every}.")
+    return np.unique(np.append(np.arange(0, num_steps, every), num_steps))
 
 
 def save_times(t0: ScalarLike, t1: ScalarLike, saves: int, spacing: str = "linear",

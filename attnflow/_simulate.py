@@ -14,7 +14,7 @@ from jaxtyping import Array, Bool, Float, Int, ScalarLike
 
 from ._errors import ConfigError
 from ._field import VectorField
-from ._grid import bracketing_steps, step_count
+from ._grid import bracketing_steps, every_steps, step_count
 from ._schedules import switch_times
 from ._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
 
@@ -173,10 +173,7 @@ def simulate(
     h = (t1_ - t0_) / num_steps
     if ts is None:
         if save_steps is None:
-            every = num_steps if save_every is None else int(save_every)
-            if every < 1:
-                raise ConfigError(f"save_every must be a positive number of steps, got {save_every}.")
-            save_steps = np.unique(np.append(np.arange(0, num_steps, every), num_steps))
+            save_steps = every_steps(num_steps, num_steps if save_every is None else int(save_every))
         marks = np.asarray(save_steps, np.int64)
         if marks.ndim != 1 or marks.size == 0 or (np.diff(marks) <= 0).any() or marks[0] < 0 or marks[-1] > num_steps:
             raise ConfigError(f"save_steps must be increasing grid steps in [0, {num_steps}], got {marks.tolist()}.")

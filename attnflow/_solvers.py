@@ -43,6 +43,11 @@ SOLVERS: dict[str, tuple[bool, int, str | None]] = {
 }
 ADAPTIVE = tuple(name for name in SOLVERS if not name.startswith("euler"))
 
+
+def no_error_estimate(what: str) -> ConfigError:
+    """The error for adaptive stepping asked of a solver that cannot estimate its error."""
+    return ConfigError(f"{what} has no error estimate, so it cannot adapt its step (adaptive=true); use one of {', '.join(ADAPTIVE)}.")
+
 _EULER = Tableau(a=((),), b=(1.0,), c=(0.0,))
 # The classical fourth-order method (Kutta 1901).
 _RK4 = Tableau(a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)), b=(1 / 6, 1 / 3, 1 / 3, 1 / 6), c=(0.0, 0.5, 0.5, 1.0))

@@ -13,9 +13,7 @@ from ._build import betas_of, build_system, output_times, validate_config
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
 from ._errors import NonFiniteStateError, SolverFailure
-from ._store import PieceStore, Results, in_background, load_results, write_results
-
-__all__ = ["config_yaml", "load_results", "run", "write_results"]
+from ._store import PieceStore, Results, in_background
 
 _DIMS = {
     "x": ("token", "dim"),

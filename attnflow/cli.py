@@ -10,6 +10,7 @@ pieces of the run are kept, and the same command resumes from them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -53,10 +54,8 @@ def _record_failure(message: str, hydra_cfg, out: Path) -> None:
         # of value; a folder with results is never touched by a refused job).
         from ._store import RunDirectory
 
-        try:
+        with contextlib.suppress(OSError):
             RunDirectory(out).write_text("error.txt", message + "\n")
-        except OSError:
-            pass
 
 
 def _job(cfg) -> None:

@@ -422,3 +422,18 @@ def test_a_config_changed_by_hand_goes_through_the_schema_again():
         attnflow.validate_config(by_hand(cfg, solver="rk5"))
     with pytest.raises(ConfigError, match=r"^causal must be true or false, got 'maybe'\.$"):
         attnflow.validate_config(by_hand(cfg, causal="maybe"))
+
+
+def test_the_schemas_choices_are_the_cores_own():
+    """The schema spells its choices out (reading a config must not import JAX); they
+    must name exactly what the core implements."""
+    from attnflow import _config
+    from attnflow._field import SCHEMES
+    from attnflow._metrics import METRICS
+    from attnflow._random_matrices import LAWS
+    from attnflow._terms import ACTIVATIONS, NORMS
+
+    pairs = [(_config.Solver, attnflow.SOLVERS), (_config.Scheme, SCHEMES), (_config.Metric, METRICS),
+             (_config.Law, LAWS), (_config.Activation, ACTIVATIONS), (_config.NormKind, NORMS)]
+    for choice, core in pairs:
+        assert tuple(choice.__members__) == tuple(core), choice.__name__
