@@ -151,6 +151,14 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     cfg = compose(config)
     base = _default_config()
     d = cfg.d
+    if isinstance(d, (list, tuple)):
+        raise ConfigError(f"d={list(d)} is a list: a study takes one dimension (a list of them, one panel each, "
+                          "is for experiments such as experiment=phase_diagram).")
+    if not (isinstance(d, int) and not isinstance(d, bool)):
+        raise ConfigError(f"d must be a whole number, got {d!r}.")
+    if cfg.experiment is not None:
+        raise ConfigError(f"experiment={cfg.experiment.name} is run by attnflow.run_experiment (or the command "
+                          "line), not as a single study.")
     for key in ("n", "d", "members", "heads", "saves", "max_steps"):
         _number(key, getattr(cfg, key), minimum=1)
     _number("seed", cfg.seed, minimum=0)
@@ -292,13 +300,22 @@ def _check_weights(cfg: Config) -> None:
         _number(f"weights.{name}.sign", spec.sign)
         if spec.kind == "random" and spec.law != "gaussian" and rows != cols:
             raise ConfigError(f"the {spec.law} law needs square matrices, weights.{name} is {(rows, cols)}.")
+        per_piece = False
         if spec.kind == "matrix":
             if spec.value is None:
                 raise ConfigError(f"weights.{name}.kind=matrix needs weights.{name}.value (a nested list).")
             shape = _array(f"weights.{name}.value", spec.value, cfg.dtype).shape
-            if shape not in ((rows, cols), (heads, rows, cols)):
+            per_piece = _matrix_per_piece(len(spec.switch_times), heads, shape)
+            pieces = len(spec.switch_times) + 1
+            allowed = [(rows, cols), (heads, rows, cols)]
+            if pieces > 1:
+                allowed += ([(pieces, rows, cols)] if heads == 1 else []) + [(pieces, heads, rows, cols)]
+            if shape not in allowed:
+                one_per_piece = (f", or one matrix per piece of weights.{name}.switch_times: "
+                                 f"{' or '.join(map(str, allowed[2:]))}") if pieces > 1 else ""
                 raise ConfigError(
-                    f"weights.{name}.value must have shape {(rows, cols)} or {(heads, rows, cols)}, got {shape}."
+                    f"weights.{name}.value must have shape {(rows, cols)} or {(heads, rows, cols)}{one_per_piece}, "
+                    f"got {shape}."
                 )
             scaled = np.abs(_array(f"weights.{name}.value", spec.value, cfg.dtype)).max() * abs(spec.scale)
             if scaled > float(np.finfo(cfg.dtype).max):
@@ -306,7 +323,7 @@ def _check_weights(cfg: Config) -> None:
         times, factors = list(spec.switch_times), list(spec.factors)
         for value in times + factors + list(spec.poly or []):
             _number(f"every entry of weights.{name}.switch_times, .factors and .poly", value)
-        if times or factors:
+        if (times or factors) and not (per_piece and not factors):
             if len(factors) != len(times) + 1:
                 raise ConfigError(
                     f"weights.{name} has {len(times)} switch_times and needs {len(times) + 1} factors, got {len(factors)}."
@@ -317,6 +334,13 @@ def _check_weights(cfg: Config) -> None:
             _number(f"weights.{name}.redraw_every", spec.redraw_every, positive=True)
             if (cfg.t1 - cfg.t0) / spec.redraw_every > 10_000:
                 raise ConfigError(f"weights.{name}.redraw_every is too small: more than 10000 redraws over [t0, t1].")
+
+
+def _matrix_per_piece(switches: int, heads: int, shape: tuple[int, ...]) -> bool:
+    """Whether a kind=matrix value of this shape holds one matrix per piece of its
+    switch times (`(pieces, rows, cols)` with one head, or `(pieces, heads, rows, cols)`)
+    rather than one matrix (per head) for all times."""
+    return switches > 0 and (len(shape) == 4 or (len(shape) == 3 and heads == 1)) and shape[0] == switches + 1
 
 
 def output_times(cfg: Config) -> tuple[int | None, np.ndarray | None, np.ndarray]:
@@ -383,7 +407,11 @@ def _schedule(name: str, get: _Values, key: PRNGKeyArray, shape, dtype) -> Abstr
             base = Scaled(jnp.reshape(jnp.asarray(scale, dtype), (1,)), base)
     elif kind == "matrix":
         value = scale * jnp.asarray(get(f"weights.{name}.value"), dtype)
-        base = Constant(jnp.broadcast_to(value, shape))
+        if _matrix_per_piece(len(spec.switch_times), heads, value.shape):
+            times = jnp.asarray(get(f"weights.{name}.switch_times"), dtype)
+            base = PiecewiseConstant(times, value.reshape((value.shape[0],) + tuple(shape)))
+        else:
+            base = Constant(jnp.broadcast_to(value, shape))
     elif kind == "random" and spec.redraw_every is not None:
         period = spec.redraw_every
         count = int(math.ceil((cfg.t1 - cfg.t0) / period))
@@ -400,7 +428,9 @@ def _schedule(name: str, get: _Values, key: PRNGKeyArray, shape, dtype) -> Abstr
 def _modulate(name: str, get: _Values, base: AbstractSchedule, dtype) -> AbstractSchedule:
     spec: MatrixConfig = getattr(get.cfg.weights, name)
     factors = jnp.asarray(get(f"weights.{name}.factors"), dtype).reshape(-1)
-    if len(spec.switch_times):
+    if len(spec.switch_times) and factors.shape[0]:
+        # (Switch times without factors: a kind=matrix value with one matrix per piece,
+        # already piecewise.)
         times = jnp.asarray(get(f"weights.{name}.switch_times"), dtype)
         base = PiecewiseSchedule(times, tuple(Scaled(factors[i : i + 1], base) for i in range(factors.shape[0])))
     elif factors.shape[0]:

@@ -79,7 +79,7 @@ class MatrixConfig:
     kind: MatrixKind = MISSING
     law: Law = MISSING
     scale: float = MISSING
-    value: Any = MISSING  # (rows, cols) or (heads, rows, cols) nested lists, for kind=matrix
+    value: Any = MISSING  # (rows, cols) or (heads, rows, cols) nested lists, for kind=matrix; or one per piece of switch_times
     sign: float = MISSING  # V = sign Q^T K, for kind=tied
     switch_times: list[float] = MISSING
     factors: list[float] = MISSING
@@ -152,6 +152,15 @@ class GivenInit(InitConfig):
     value: Any = MISSING
 
 
+@dataclass
+class ExperimentConfig:
+    """Set by `experiment=NAME`: which experiment draws the figures, and its own options
+    (checked by the experiment's code, `attnflow.experiments`)."""
+
+    name: str = MISSING
+    options: Any = None  # a mapping of the experiment's options
+
+
 INITS: dict[str, type[InitConfig]] = {
     "uniform": UniformInit,
     "orthonormal": OrthonormalInit,
@@ -167,8 +176,8 @@ class Config:
     """A whole study: the system, the ensemble, the time stepping and the output."""
 
     n: int = MISSING
-    d: int = MISSING
-    beta: Any = MISSING  # a number, or a list of them (a `beta` dimension)
+    d: Any = MISSING  # a whole number (a list: one panel each, in experiments that take it)
+    beta: Any = MISSING  # a number, or a list of them (a `beta` dimension), e.g. ${linspace:0.1,9,90}
     dynamics: Dynamics = MISSING
     norm: Scheme = MISSING
     token_norm: TokenNormConfig = MISSING
@@ -204,6 +213,7 @@ class Config:
     overwrite: bool = MISSING
     plot: bool = MISSING
     compilation_cache: bool = MISSING
+    experiment: ExperimentConfig | None = MISSING
 
 
 # Keys that say what to do with a result, not what the result is.
@@ -218,6 +228,23 @@ def config_source() -> tuple[str, Any]:
     except ModuleNotFoundError:
         folder = Path(__file__).resolve().parents[1] / "conf"
         return str(folder), folder
+
+
+def linspace(start: Any, stop: Any, num: Any) -> list[float]:
+    """`${linspace:START,STOP,NUM}` in a config: NUM evenly spaced numbers from START to
+    STOP, both included (NumPy's `linspace`), e.g. `beta: ${linspace:0.1,9,90}`."""
+    try:
+        start, stop, count = float(start), float(stop), int(num)
+    except (TypeError, ValueError):
+        raise ValueError(f"linspace takes two numbers and a count, got {start!r}, {stop!r}, {num!r}") from None
+    if count < 1 or count != float(num):
+        raise ValueError(f"linspace needs a whole count of at least 1, got {num!r}")
+    import numpy as np
+
+    return np.linspace(start, stop, count).tolist()
+
+
+OmegaConf.register_new_resolver("linspace", linspace, replace=True)
 
 
 def register_schema() -> None:
@@ -307,7 +334,10 @@ def compose(config: Any = None) -> Config:
         # The init node is merged on its own, so its errors name keys without `init.`.
         error.full_key = f"init.{error.full_key}" if getattr(error, "full_key", None) else "init"
         raise ConfigError(explain(error, init_kind=kind)) from None
-    return OmegaConf.to_object(cfg)
+    try:
+        return OmegaConf.to_object(cfg)
+    except oc_errors.OmegaConfBaseException as error:  # an interpolation that cannot be resolved
+        raise ConfigError(explain(error, init_kind=kind)) from None
 
 
 def _check_groups(given: Mapping, schema: type, prefix: str) -> None:

@@ -113,10 +113,12 @@ def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | N
         raise
 
 
-def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None):
+def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None,
+                on_piece=None):
     """Solve a planned study (see `run`, which plans, calls this and returns the
     `Results` as an xarray Dataset). `on_resume(found, total)` is told how many
-    finished pieces were found. A failed solve's error carries `error.results`."""
+    finished pieces were found, `on_piece()` of each piece finished (found or solved).
+    A failed solve's error carries `error.results`."""
     store = None
     if pieces is not None:
         identity = f"{config_yaml(cfg)}\npieces: {plan.pieces} of {plan.piece_size}\n"
@@ -132,6 +134,8 @@ def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | 
             if store is not None:
                 store.save(i, out)
             outputs[i] = out
+        if on_piece is not None:
+            on_piece()
     result = plan.assemble(outputs)
     betas, beta_is_list = betas_of(cfg)
     results = to_results(cfg, result, betas, beta_is_list)

@@ -77,10 +77,18 @@ def _job(cfg) -> None:
         except OmegaConfBaseException as error:
             raise ConfigError(explain(error)) from None
         from ._build import validate_config
+        from ._progress import Progress
         from ._store import RunDirectory, write_results
         from ._study import config_yaml, plan_study, solve_study
 
-        resolved = validate_config(typed)
+        experiment = None
+        if typed.experiment is not None:
+            from .experiments import plan_experiment
+
+            experiment = plan_experiment(typed)  # every panel checked and planned
+            resolved = experiment.cfg
+        else:
+            resolved = validate_config(typed)
         with RunDirectory(out) as folder:
             _CURRENT["dir"] = folder.path
             stored = folder.finished_config(resolved.overwrite)
@@ -91,18 +99,29 @@ def _job(cfg) -> None:
             if stored is not None and not resolved.overwrite:
                 raise ConfigError(f"{folder.results_path} holds a different run; choose another hydra.run.dir "
                                   "or set overwrite=true.")
-            plan = plan_study(resolved)  # refuses what does not fit, before anything is written
+            plan = plan_study(resolved) if experiment is None else None  # refuses what does not fit
             _write_record(folder, cfg, hydra_cfg)
             pieces = folder.path / folder.PIECES
+            name = "attnflow" if experiment is None else experiment.name
+            total = plan.pieces if experiment is None else experiment.pieces
             try:
-                results = solve_study(resolved, plan, pieces=pieces, on_resume=lambda found, total: print(
-                    f"attnflow: resuming from {found} of {total} finished pieces in {pieces}", flush=True))
+                with Progress(name, total) as progress:
+                    if experiment is None:
+                        results = solve_study(resolved, plan, pieces=pieces, on_piece=progress.advance,
+                                              on_resume=lambda found, total: _resuming(found, total, pieces))
+                    else:
+                        from .experiments import solve_experiment
+
+                        results = solve_experiment(experiment, pieces=pieces, on_piece=progress.advance,
+                                                   on_resume=lambda label, found, total: _resuming(
+                                                       found, total, pieces / label))
             except (NonFiniteStateError, SolverFailure) as error:
                 # Nothing computed is lost: the statistics, missing from each failed
                 # solve's first bad output on, go to a file that cannot be mistaken for
-                # a finished run.
+                # a finished run (an experiment's other panels keep their pieces).
                 kept = write_results(error.results, folder.path / "incomplete.nc")
-                _remove_tree(pieces)
+                if experiment is None:
+                    _remove_tree(pieces)
                 raise ConfigError(f"{str(error).rstrip('.')}; what was computed is in {kept}.") from None
             path = write_results(results, folder.results_path)
             _remove_tree(pieces)
@@ -110,15 +129,25 @@ def _job(cfg) -> None:
                 (folder.path / stale).unlink(missing_ok=True)
             print(f"attnflow: wrote {path}", flush=True)
             if resolved.plot:
-                from ._plots import plot_summary
+                if experiment is None:
+                    from ._plots import plot_summary
 
-                figure = plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))
-                print(f"attnflow: wrote {figure}", flush=True)
+                    figures = [plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))]
+                else:
+                    from .experiments import draw_experiment
+
+                    figures = draw_experiment(results, folder.path)
+                for figure in figures:
+                    print(f"attnflow: wrote {figure}", flush=True)
     except ConfigError as error:
         _record_failure(str(error), hydra_cfg, out)
     # Cleared on the way out of a finished or refused job only: an interrupt keeps it,
     # so that its message can say where the finished pieces are.
     _CURRENT.pop("dir", None)
+
+
+def _resuming(found: int, total: int, pieces: Path) -> None:
+    print(f"attnflow: resuming from {found} of {total} finished pieces in {pieces}", flush=True)
 
 
 def _remove_tree(path: Path) -> None:
@@ -190,8 +219,60 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+_USAGE = {
+    "plot": "attnflow plot DIR...: redraw the figures of each run directory (or results.nc) from its results.nc",
+    "report": "attnflow report DIR: one table (report.csv) and one figure (report.png) across the runs of a sweep",
+}
+
+
+def _command(name: str, args: list[str]) -> int:
+    """`attnflow plot DIR...` and `attnflow report DIR`: read results, draw, summarize."""
+    from ._errors import ConfigError
+
+    if not args or any(a in ("-h", "--help") for a in args) or (name == "report" and len(args) != 1):
+        _say(f"usage: {_USAGE[name]}.")
+        return 0 if any(a in ("-h", "--help") for a in args) else 2
+    try:
+        if name == "plot":
+            for arg in args:
+                for path in _redraw(Path(arg)):
+                    print(f"attnflow: wrote {path}", flush=True)
+        else:
+            from ._report import report
+
+            for path in report(Path(args[0])):
+                print(f"attnflow: wrote {path}", flush=True)
+    except ConfigError as error:
+        _say(f"error: {error}")
+        return 2
+    except KeyboardInterrupt:
+        _interrupted()
+    return 0
+
+
+def _redraw(path: Path) -> list[Path]:
+    from ._errors import ConfigError
+    from ._store import load_results, stored_config
+
+    results = path / "results.nc" if path.is_dir() else path
+    if not results.is_file():
+        raise ConfigError(f"{path} holds no results.nc; give a run directory or a results file.")
+    stored_config(results)  # one sentence for a file that is not attnflow's
+    ds = load_results(results)
+    if ds.attrs.get("experiment"):
+        from .experiments import draw_experiment
+
+        return draw_experiment(ds, results.parent)
+    from ._plots import plot_summary
+
+    return [plot_summary(ds, results.parent / "summary.png")]
+
+
 def main() -> None:
     """The console entry point."""
+    if len(sys.argv) > 1 and sys.argv[1] in _USAGE:
+        signal.signal(signal.SIGTERM, _terminate)
+        sys.exit(_command(sys.argv[1], sys.argv[2:]))
     import hydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException

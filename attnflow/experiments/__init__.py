@@ -1,0 +1,43 @@
+"""The figures of the self-attention-dynamics literature, one experiment each.
+
+An experiment is a config, `conf/experiment/NAME.yaml` (run as `attnflow
+experiment=NAME`, any key overridable on top), and a module `attnflow.experiments.NAME`
+that says what to compute beyond the core study and how to draw it. A module holds:
+
+- `TITLE` and `PAPER`: what the figure shows and what it reproduces;
+- `OPTIONS`: the experiment's own settings (`experiment.options.KEY=...`) with their
+  defaults;
+- `PANEL_KEYS` (optional): top-level keys that may hold a list, one panel per entry
+  (`d: [2, 8, 32, 128]` in the phase diagram; `d=8` draws one panel);
+- `panels(base, options) -> {label: config}` (optional): the studies to solve, each a
+  config mapping; by default one per combination of the panel keys;
+- `analyse(cfg, options, results) -> xarray.Dataset`: every panel's data and the
+  derived quantities (a curve, merge times, a trained surrogate), in one Dataset;
+- `draw(ds, folder) -> [paths]`: the figures, from that Dataset alone.
+
+`run_experiment(name, overrides)` runs one from Python; the command line runs the same
+code and writes `results.nc` and the figures into the run directory; `attnflow plot DIR`
+redraws them from `results.nc`.
+"""
+
+from ._runner import (
+    EXPERIMENTS,
+    ExperimentPlan,
+    compose_experiment,
+    draw_experiment,
+    experiment_module,
+    plan_experiment,
+    run_experiment,
+    solve_experiment,
+)
+
+__all__ = [
+    "EXPERIMENTS",
+    "ExperimentPlan",
+    "compose_experiment",
+    "draw_experiment",
+    "experiment_module",
+    "plan_experiment",
+    "run_experiment",
+    "solve_experiment",
+]

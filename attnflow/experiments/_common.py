@@ -1,0 +1,109 @@
+"""What several experiments share: putting panels side by side in one Dataset, the
+ensemble summary that keeps a file small, the figure style, and reading configs back."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+import yaml
+
+# One look for every figure: a publication-sized font, light grids, no top/right frame.
+STYLE = {
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "savefig.bbox": "tight",
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "image.cmap": "viridis",
+    "pdf.fonttype": 42,
+}
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend with the shared style applied."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(STYLE)
+    return plt
+
+
+def save(fig, folder: Path, name: str) -> list[Path]:
+    """Save `fig` as `name.png` (for the README) and `name.pdf` (vector) in `folder`;
+    closes the figure. Each file is written whole or not at all."""
+    from .._store import _write_atomically
+
+    plt = pyplot()
+    paths = []
+    for suffix in ("png", "pdf"):
+        path = Path(folder) / f"{name}.{suffix}"
+        _write_atomically(path, lambda tmp, suffix=suffix: fig.savefig(tmp, format=suffix))
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def caption(fig, text: str, width: int = 110) -> None:
+    """A caption under the axes, wrapped to `width` characters."""
+    import textwrap
+
+    fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, width)), ha="left", va="top", fontsize=8)
+
+
+def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:
+    """The stored config of an experiment (or of one of its panels) as a mapping."""
+    if panel is None:
+        return yaml.safe_load(ds.attrs["config"])
+    return yaml.safe_load(ds.attrs["panel_configs"])[panel]
+
+
+def stack_panels(results: Mapping[str, xr.Dataset], dim: str = "panel",
+                 coordinate: Sequence | None = None) -> xr.Dataset:
+    """The panels' Datasets along a new dimension `dim` (labelled by the panel names or
+    by `coordinate`); each panel's own config attribute is dropped (the experiment
+    stores them all in `panel_configs`)."""
+    labels = list(results)
+    parts = [ds.drop_attrs() if hasattr(ds, "drop_attrs") else ds.assign_attrs({}) for ds in results.values()]
+    for part in parts:
+        part.attrs = {}
+    stacked = xr.concat(parts, dim=dim, coords="minimal", compat="override", join="outer")
+    return stacked.assign_coords({dim: list(coordinate) if coordinate is not None else labels})
+
+
+def member_summary(da: xr.DataArray, dim: str = "member") -> xr.Dataset:
+    """Mean and the 10th/50th/90th percentiles over `dim`, NaN (failed members) left
+    out; what a figure of a large ensemble needs, at a fraction of its size."""
+    values = da.values
+    axis = da.dims.index(dim)
+    dims = tuple(d for d in da.dims if d != dim)
+    coords = {k: v for k, v in da.coords.items() if dim not in v.dims}
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(values, axis=axis)
+            q = np.nanpercentile(values, [10, 50, 90], axis=axis)
+    name = da.name or "value"
+    return xr.Dataset(
+        {
+            f"{name}_mean": (dims, mean, {"description": f"mean over {dim}s of {name}"}),
+            f"{name}_q10": (dims, q[0], {"description": f"10th percentile over {dim}s of {name}"}),
+            f"{name}_median": (dims, q[1], {"description": f"median over {dim}s of {name}"}),
+            f"{name}_q90": (dims, q[2], {"description": f"90th percentile over {dim}s of {name}"}),
+        },
+        coords=coords,
+    )

@@ -1,0 +1,209 @@
+"""Plan, solve, analyse and draw an experiment: its panels are core studies (validated
+and planned before anything is computed), solved in pieces that a rerun resumes from,
+then handed to the experiment's own `analyse` and `draw`."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from .._build import validate_config
+from .._config import Config, _plain, compose, config_source, register_schema, to_container
+from .._ensemble import EnsemblePlan
+from .._errors import ConfigError, NonFiniteStateError, SolverFailure
+from .._study import _version, config_yaml, plan_study, solve_study
+
+# Every experiment: conf/experiment/NAME.yaml and attnflow/experiments/NAME.py.
+EXPERIMENTS = (
+    "single_cluster",
+    "metastability",
+    "phase_diagram",
+    "phase_diagram_random",
+    "circle",
+    "random_qk",
+    "bouncing",
+    "token_detection",
+    "causal",
+    "polytope",
+    "polynomial",
+    "normalization",
+    "flow_matching",
+)
+
+
+def experiment_module(name: str) -> ModuleType:
+    """The module of experiment `name` (its `analyse` and `draw`)."""
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+def _options(module: ModuleType, name: str, given: Any) -> dict:
+    options = dict(getattr(module, "OPTIONS", {}))
+    given = _plain(given) if given is not None else {}
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"experiment.options must be a mapping of option names to values, got {given!r}.")
+    unknown = sorted(set(given) - set(options))
+    if unknown:
+        takes = ", ".join(options) if options else "no options"
+        raise ConfigError(f"unknown option experiment.options.{unknown[0]} of experiment {name}; it takes {takes}.")
+    options.update(given)
+    return options
+
+
+def panel_configs(base: dict, keys: tuple[str, ...]) -> dict[str, dict]:
+    """One config per combination of the list-valued `keys` of `base`, labelled
+    `key=value,...`; `{"main": base}` when none of them is a list."""
+    lists = [(key, base[key]) for key in keys if isinstance(base.get(key), list)]
+    if not lists:
+        return {"main": base}
+    for key, values in lists:
+        if not values:
+            raise ConfigError(f"{key} is an empty list; give at least one value (one panel each).")
+    panels = {}
+    for combination in itertools.product(*(values for _, values in lists)):
+        label = ",".join(f"{key}={value}" for (key, _), value in zip(lists, combination))
+        panels[label] = {**base, **{key: value for (key, _), value in zip(lists, combination)}}
+    return panels
+
+
+@dataclasses.dataclass
+class ExperimentPlan:
+    """An experiment ready to solve: its config (every option filled in), its module,
+    and one validated, planned study per panel."""
+
+    cfg: Config
+    options: dict
+    module: ModuleType
+    studies: dict[str, tuple[Config, EnsemblePlan]]
+
+    @property
+    def name(self) -> str:
+        return self.cfg.experiment.name
+
+    @property
+    def pieces(self) -> int:
+        return sum(plan.pieces for _, plan in self.studies.values())
+
+
+def plan_experiment(cfg: Config) -> ExperimentPlan:
+    """Check every panel of an experiment config and plan its studies; raises
+    `ConfigError` (naming the panel) before anything is computed."""
+    if cfg.experiment is None:
+        raise ConfigError("this config names no experiment; set experiment=NAME.")
+    module = experiment_module(cfg.experiment.name)
+    options = _options(module, cfg.experiment.name, cfg.experiment.options)
+    cfg = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, options=options))
+    check = getattr(module, "check", None)
+    if check is not None:
+        check(cfg, options)
+    base = to_container(cfg)
+    base.pop("experiment")
+    make = getattr(module, "panels", None)
+    configs = make(base, options) if make is not None else panel_configs(base, getattr(module, "PANEL_KEYS", ()))
+    studies = {}
+    for label, config in configs.items():
+        try:
+            panel = validate_config(config)
+            studies[label] = (panel, plan_study(panel))
+        except ConfigError as error:
+            if len(configs) == 1:
+                raise
+            raise ConfigError(f"panel {label} of experiment {cfg.experiment.name}: {error}") from None
+    return ExperimentPlan(cfg, options, module, studies)
+
+
+def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None = None,
+                     on_piece: Callable[[], None] | None = None,
+                     on_resume: Callable[[str, int, int], None] | None = None):
+    """Solve every panel (keeping finished pieces under `pieces/<panel>` when given),
+    then analyse: returns the experiment's xarray Dataset with its config, its panels'
+    configs and the experiment's name in the attributes.
+
+    A failed solve raises as `run` does, its message naming the panel and its
+    `error.results` holding that panel's statistics."""
+    results = {}
+    for label, (cfg, study) in plan.studies.items():
+        folder = None if pieces is None else Path(pieces) / label
+        resume = None if on_resume is None else (lambda found, total, label=label: on_resume(label, found, total))
+        try:
+            results[label] = solve_study(cfg, study, pieces=folder, on_resume=resume, on_piece=on_piece).to_xarray()
+        except (NonFiniteStateError, SolverFailure) as error:
+            if len(plan.studies) > 1:
+                error.args = (f"panel {label}: {error}",)
+            raise
+    ds = plan.module.analyse(plan.cfg, plan.options, results)
+    ds.attrs.update(
+        config=config_yaml(plan.cfg),
+        experiment=plan.name,
+        panel_configs=yaml.safe_dump({label: yaml.safe_load(config_yaml(cfg))
+                                      for label, (cfg, _) in plan.studies.items()}, sort_keys=False),
+        attnflow_version=_version(),
+    )
+    return ds
+
+
+def draw_experiment(ds, folder: str | os.PathLike) -> list[Path]:
+    """Draw the figures of an experiment's Dataset (as read from its `results.nc`)
+    into `folder`; returns their paths."""
+    name = ds.attrs.get("experiment")
+    if not name:
+        raise ConfigError("this results file was not written by an experiment (it names none).")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return list(experiment_module(name).draw(ds, folder))
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    merged = dict(base)
+    for key, value in over.items():
+        if key == "init" and isinstance(value, str):
+            value = {"kind": value}
+        if key == "init" and isinstance(value, Mapping) and value.get("kind", base["init"]["kind"]) != base["init"]["kind"]:
+            merged[key] = dict(value)  # another initial condition: none of the old one's keys apply
+        elif isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
+            merged[key] = _merge(base[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def compose_experiment(name: str, overrides: Mapping | None = None) -> Config:
+    """The config of `attnflow experiment=NAME` with `overrides` (a nested mapping, as
+    in `run`) on top, checked against the schema."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    if name not in EXPERIMENTS:
+        raise ConfigError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
+    register_schema()
+    source, folder = config_source()
+    GlobalHydra.instance().clear()
+    start = (initialize_config_module("attnflow.conf", version_base=None) if source.startswith("pkg://")
+             else initialize_config_dir(str(folder), version_base=None))
+    with start:
+        composed = hydra_compose("config", overrides=[f"experiment={name}"])
+    container = OmegaConf.to_container(composed, resolve=True, enum_to_str=True)
+    container.pop("hydra", None)
+    user = _plain(overrides or {})
+    if not isinstance(user, Mapping):
+        raise ConfigError(f"overrides must be a mapping of keys to values, got {type(overrides).__name__}.")
+    return compose(_merge(container, user))
+
+
+def run_experiment(name: str, overrides: Mapping | None = None, *, pieces: str | os.PathLike | None = None):
+    """Run experiment `name` (as `attnflow experiment=NAME` with `overrides`) and return
+    its Dataset; `draw_experiment(ds, folder)` draws its figures.
+
+    `pieces` keeps finished pieces in a folder, as in `run`."""
+    return solve_experiment(plan_experiment(compose_experiment(name, overrides)), pieces=pieces)
