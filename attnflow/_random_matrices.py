@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, PRNGKeyArray, ScalarLike
 
 LAWS = ("gaussian", "goe", "wishart", "orthogonal")
 
@@ -39,7 +39,7 @@ def orthogonal(key: PRNGKeyArray, shape: tuple[int, ...], dtype=jnp.float32) -> 
     return q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[..., None, :]
 
 
-def draw_matrix(law: str, key: PRNGKeyArray, shape: tuple[int, ...], scale: float | Float[Array, ""] = 1.0,
+def draw_matrix(law: str, key: PRNGKeyArray, shape: tuple[int, ...], scale: ScalarLike = 1.0,
          dtype=jnp.float32) -> Array:
     """Draw one array of `shape` (leading axes are heads) from the named `law`, times `scale`."""
     sampler = {"gaussian": gaussian, "goe": goe, "wishart": wishart, "orthogonal": orthogonal}[law]

@@ -1,0 +1,333 @@
+"""One table and one figure across the runs of a sweep (`attnflow report DIR`).
+
+A Hydra multirun (`attnflow -m d=2,3 solver=euler_renorm,rk4 ...`) leaves one run
+directory per job, each with its `results.nc`. `report(DIR)` reads all of them (at any
+depth under DIR; `incomplete.nc` files of failed jobs are not results and are left
+out), finds the swept keys (the config keys, as dotted names such as `weights.v.kind`,
+whose values differ between runs) and writes into DIR:
+
+- `report.csv` (and the same table as `report.nc`): one row per run and beta, with the
+  run's folder, the swept keys, beta, the final saved time, the fraction of failed
+  members, and for each recorded metric the mean over members and its 10 and 90 %
+  percentiles at the final time (failed members left out);
+- `report.png`: the final-time mean of each metric against the first swept key, one
+  line per value of the other swept keys and beta, with the members' 10-90 % band.
+
+The metrics are those of the summary figure, reduced the same way (largest cluster as
+a fraction of n, attention rank and concentration averaged over heads). An experiment's
+results (`attnflow experiment=NAME`) are summarized as far as they have that shape:
+its row always holds the folder, the experiment and the swept keys, plus its per-member
+time series and per-member quantities and its scalar results.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+import yaml
+
+from ._errors import ConfigError
+
+# Per-member bookkeeping, not a result to summarize (the failed fraction stands for it).
+_BOOKKEEPING = ("status", "failure_time")
+
+
+def _natural(path: Path) -> list:
+    """Sort key putting run 2 before run 10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def _flatten(mapping: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"weights": {"v": {"kind": "tied"}}}` -> `{"weights.v.kind": "tied"}`; lists are values."""
+    if not isinstance(mapping, dict):
+        return {prefix: mapping} if prefix else {}
+    flat = {}
+    for key, value in mapping.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _cell(value: Any) -> Any:
+    """A config value as a table cell: numbers stay numbers, anything else is text
+    (`true`, `null`, `[1.0, 2.0]`, as in the config)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _override_order(run: Path) -> list[str]:
+    """The keys of a run's command-line overrides in the order they were typed."""
+    overrides = run / ".hydra" / "overrides.yaml"
+    try:
+        typed = yaml.safe_load(overrides.read_text()) if overrides.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return []
+    keys = []
+    for item in typed or []:
+        if isinstance(item, str) and "=" in item:
+            keys.append(item.split("=", 1)[0].lstrip("+~"))
+    return keys
+
+
+# The table's names of the summary figure's reduced metrics.
+_REDUCED = {"cluster_sizes": "largest_cluster", "attention": "attention_concentration"}
+
+
+def _label(name: str) -> str:
+    """The summary figure's axis label of a metric (its own name otherwise)."""
+    from ._plots import _PANELS
+
+    labels = {_REDUCED.get(panel[0], panel[0]): panel[1] for panel in _PANELS}
+    return labels.get(name, name.replace("_", " "))
+
+
+def _series(ds: xr.Dataset) -> dict[str, xr.DataArray]:
+    """The per-member time series of a run, each with dims (beta?, member, time)."""
+    from ._plots import _PANELS
+
+    found = {}
+    for name, _, reduce, _, _ in _PANELS:
+        if name in ds and {"member", "time"} <= set(ds[name].dims):
+            found[_REDUCED.get(name, name)] = reduce(ds[name])
+    for name, da in ds.data_vars.items():
+        if name in found or name in _REDUCED or not {"member", "time"} <= set(da.dims):
+            continue
+        found[str(name)] = da
+    return {name: da for name, da in found.items() if _squeezable(da, {"beta", "member", "time"})}
+
+
+def _squeezable(da: xr.DataArray, allowed: set[str]) -> bool:
+    return all(dim in allowed or da.sizes[dim] == 1 for dim in da.dims)
+
+
+def _squeeze(da: xr.DataArray, allowed: set[str]) -> xr.DataArray:
+    return da.squeeze([dim for dim in da.dims if dim not in allowed], drop=True)
+
+
+def _statistics(values: np.ndarray) -> tuple[float, float, float]:
+    values = values.astype(float)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return np.nan, np.nan, np.nan
+    low, high = np.percentile(values, [10, 90])
+    return float(values.mean()), float(low), float(high)
+
+
+def _rows(ds: xr.Dataset, run: str, flat: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per beta of one run (without the swept keys)."""
+    series = {name: _squeeze(da, {"beta", "member", "time"}) for name, da in _series(ds).items()}
+    per_member = {
+        str(name): _squeeze(da, {"beta", "member"}) for name, da in ds.data_vars.items()
+        if "member" in da.dims and "time" not in da.dims and name not in _BOOKKEEPING
+        and np.issubdtype(da.dtype, np.number) and _squeezable(da, {"beta", "member"})
+    }
+    scalars = {str(name): float(da.values) for name, da in ds.data_vars.items()
+               if da.ndim == 0 and np.issubdtype(da.dtype, np.number)}
+    if "beta" in ds.dims:
+        betas = [float(b) for b in ds["beta"].values]
+    elif "beta" in ds.coords and ds["beta"].ndim == 0:
+        betas = [float(ds["beta"])]
+    else:
+        beta = flat.get("beta")
+        betas = [float(beta) if isinstance(beta, (int, float)) and not isinstance(beta, bool) else np.nan]
+    final_time = float(ds["time"].values[-1]) if "time" in ds.coords and ds["time"].size else np.nan
+    rows = []
+    for position, beta in enumerate(betas):
+        def at_beta(da: xr.DataArray, position: int = position) -> xr.DataArray:
+            return da.isel(beta=position) if "beta" in da.dims else da
+
+        row: dict[str, Any] = {"run": run, "beta": beta, "final_time": final_time}
+        if "status" in ds and "member" in ds["status"].dims:
+            status = _squeeze(at_beta(ds["status"]), {"member"}).values
+            row["failed_fraction"] = float(np.mean(status != 0)) if status.size else np.nan
+        for name, da in series.items():
+            final = at_beta(da).isel(time=-1).values
+            row[f"{name}_mean"], row[f"{name}_q10"], row[f"{name}_q90"] = _statistics(final)
+        for name, da in per_member.items():
+            row[f"{name}_mean"], row[f"{name}_q10"], row[f"{name}_q90"] = _statistics(at_beta(da).values)
+        row.update(scalars)
+        rows.append(row)
+    return rows
+
+
+def _read(folder: Path) -> list[tuple[Path, dict[str, Any], xr.Dataset]]:
+    from ._store import load_results, stored_config
+
+    if not folder.is_dir():
+        raise ConfigError(f"{folder} is not a directory; give the directory of a sweep (its hydra.sweep.dir).")
+    files = sorted((p for p in folder.rglob("results.nc") if p.is_file()), key=_natural)
+    if not files:
+        raise ConfigError(f"{folder} holds no results.nc at any depth; give the directory of a finished sweep "
+                          "(its hydra.sweep.dir).")
+    runs = []
+    for path in files:
+        try:
+            config = yaml.safe_load(stored_config(path))
+        except ConfigError:
+            raise ConfigError(f"{path} is not a readable attnflow results file; remove it or move it out of "
+                              f"{folder}.") from None
+        runs.append((path, _flatten(config if isinstance(config, dict) else {}), load_results(path)))
+    return runs
+
+
+def _swept(runs: list[tuple[Path, dict[str, Any], xr.Dataset]]) -> list[str]:
+    """The config keys whose values differ between runs, in the order they were typed on
+    the command line (then alphabetically); beta has its own column."""
+    keys = sorted({key for _, flat, _ in runs for key in flat})
+    swept = [key for key in keys if key != "beta"
+             and len({repr(_cell(flat.get(key))) for _, flat, _ in runs}) > 1]
+    order = _override_order(runs[0][0].parent)
+    return sorted(swept, key=lambda key: (order.index(key) if key in order else len(order), key))
+
+
+def summary_table(folder: str | Path):
+    """The report's table (a pandas DataFrame) of every `results.nc` under `folder`, and
+    the swept keys; raises `ConfigError` when there is none."""
+    import pandas as pd
+
+    folder = Path(folder)
+    runs = _read(folder)
+    swept = _swept(runs)
+    rows = []
+    for path, flat, ds in runs:
+        run = str(path.parent.relative_to(folder)) if path.parent != folder else "."
+        for row in _rows(ds, run, flat):
+            if ds.attrs.get("experiment"):
+                row["experiment"] = str(ds.attrs["experiment"])
+            row.update({key: _cell(flat.get(key)) for key in swept})
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    first = ["run", *(["experiment"] if "experiment" in table else []), *swept, "beta", "final_time"]
+    first += ["failed_fraction"] if "failed_fraction" in table else []
+    table = table[first + [c for c in table.columns if c not in first]]
+    table.attrs["series"] = sorted({name for _, _, ds in runs for name in _series(ds)})
+    return table, swept
+
+
+def _metrics(table) -> list[str]:
+    names = [c.removesuffix("_mean") for c in table.columns if c.endswith("_mean")]
+    names = [name for name in names if {f"{name}_q10", f"{name}_q90"} <= set(table.columns)]
+    if "energy" in names and "log_energy" in names:
+        names.remove("energy")  # the summary figure's choice: the log scale shows every beta
+    if "num_steps" in names and table["num_steps_mean"].nunique() == 1:
+        names.remove("num_steps")  # a fixed step: nothing to show
+    return [name for name in names if np.isfinite(table[f"{name}_mean"].to_numpy(dtype=float)).any()]
+
+
+def report_figure(table, swept: list[str], title: str):
+    """The final-time mean of each metric against the first swept key (or beta, or the
+    run, when nothing else was swept), one line per value of the other swept keys and
+    beta, with the 10-90 % band of the members (error bars when the swept key takes
+    categories rather than numbers)."""
+    import textwrap
+
+    from .experiments._common import pyplot
+
+    plt = pyplot()
+    metrics = _metrics(table)
+    betas = sorted(set(table["beta"].dropna())) if "beta" in table else []
+    if swept:
+        x_key, groups = swept[0], swept[1:] + (["beta"] if len(betas) > 1 else [])
+    elif len(betas) > 1:
+        x_key, groups = "beta", []
+    else:
+        x_key, groups = "run", []
+    x_values = list(dict.fromkeys(table[x_key].tolist()))
+    numeric = all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+                  for v in x_values)
+    positions = {v: (float(v) if numeric else i) for i, v in enumerate(x_values)}
+    lines = list(dict.fromkeys(tuple(row) for row in table[groups].itertuples(index=False))) if groups else [()]
+    colors = plt.cm.viridis(np.linspace(0.0, 0.9, max(len(lines), 1)))
+    # As few rows as three panels per row allow, filled evenly (four panels: 2 x 2).
+    rows = max(-(-len(metrics) // 3), 1)
+    columns = max(-(-len(metrics) // rows), 1)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.8 * columns + 2.2, 2.9 * rows + 0.9), squeeze=False)
+    for ax in axes.flat[len(metrics):]:
+        ax.set_axis_off()
+    for ax, name in zip(axes.flat, metrics):
+        for index, (color, line) in enumerate(zip(colors, lines)):
+            chosen = table
+            for key, value in zip(groups, line):
+                chosen = chosen[chosen[key] == value]
+            xs = np.array([positions[v] for v in chosen[x_key]])
+            order = np.argsort(xs, kind="stable")
+            mean, low, high = (chosen[f"{name}_{s}"].to_numpy(dtype=float)[order] for s in ("mean", "q10", "q90"))
+            label = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in zip(groups, line))
+            if numeric:
+                ax.plot(xs[order], mean, marker="o", markersize=3.5, color=color, label=label or "mean")
+                ax.fill_between(xs[order], low, high, color=color, alpha=0.18, linewidth=0)
+            else:
+                # Categories (a solver, a schedule) are not joined by lines; the lines'
+                # points are set side by side so that none hides another.
+                shift = 0.25 * (index - (len(lines) - 1) / 2) / max(len(lines), 1)
+                ax.errorbar(xs[order] + shift, mean, yerr=[mean - low, high - mean], fmt="o", markersize=3.5,
+                            color=color, capsize=2, linewidth=1, label=label or "mean")
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(_label(name), fontsize=8)
+        if numeric and min(x_values) > 0 and max(x_values) >= 20 * min(x_values):
+            ax.set_xscale("log")  # d = 2 ... 128, members = 16 ... 2048
+        if not numeric or len(x_values) <= 8:
+            ax.set_xticks(list(positions.values()), [f"{v:g}" if numeric else str(v) for v in x_values],
+                          rotation=20 if not numeric and len(x_values) > 3 else 0)
+            ax.minorticks_off()
+        if not numeric:
+            ax.set_xlim(-0.6, len(x_values) - 0.4)
+    if not metrics:
+        axes[0, 0].text(0.5, 0.5, "these results record no per-member metric", ha="center", va="center")
+    fig.suptitle(title, fontsize=10)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if groups and handles:
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.93), frameon=False,
+                   title=f"mean over members\n({'band' if numeric else 'bars'}: 10-90 %)", title_fontsize=8)
+    fig.tight_layout()
+    runs = table["run"].nunique()
+    times = ", ".join(f"{t:g}" for t in sorted(set(table["final_time"].dropna())))
+    others = [name for name in metrics if name not in table.attrs.get("series", metrics)]
+    text = (f"{runs} run{'s' if runs > 1 else ''}; one point per run and beta: the mean over members of each "
+            f"metric at the run's final saved time (t = {times})"
+            + (f" ({', '.join(others)}: per member, as stored)" if others else "")
+            + f", failed members left out; {'shaded' if numeric else 'bars'}: 10-90 % of the members. "
+            f"Swept: {', '.join(swept) or 'nothing but beta'}.")
+    fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, int(14 * fig.get_figwidth()))), ha="left", va="top",
+             fontsize=8)
+    return fig
+
+
+def report(folder: str | Path) -> list[Path]:
+    """Summarize every run under `folder` into `report.csv`, `report.nc` and
+    `report.png` there (each written whole or not at all); returns their paths."""
+    from ._store import _write_atomically, write_results
+    from .experiments._common import pyplot
+
+    folder = Path(folder)
+    table, swept = summary_table(folder)
+    csv = _write_atomically(folder / "report.csv", lambda tmp: table.to_csv(tmp, index=False))
+    ds = xr.Dataset.from_dataframe(table.rename_axis("row"))
+    for name in ds.data_vars:
+        if ds[name].dtype == object:
+            ds[name] = ds[name].astype(str)
+    ds.attrs = {"swept_keys": ", ".join(swept), "source": str(folder.resolve()),
+                "description": "one row per run and beta: swept keys, beta, and the member mean and 10/90 % "
+                               "percentiles of each metric at the final saved time"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Warning)  # xarray's notes on string encodings
+        nc = write_results(ds, folder / "report.nc")
+    runs = table["run"].nunique()
+    fig = report_figure(table, swept, f"{folder.resolve().name}: {runs} run{'s' if runs > 1 else ''}"
+                        + (f" across {', '.join(swept)}" if swept else ""))
+    plt = pyplot()
+    try:
+        png = _write_atomically(folder / "report.png", lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
+    return [csv, nc, png]

@@ -1,0 +1,17 @@
+#!/bin/sh
+# Make the whole gallery: every experiment at full size, each into figures/NAME/
+# (results.nc, the PNG and PDF figures, animations). A finished experiment is skipped
+# when run again; an interrupted one resumes from its finished pieces.
+#
+#   sh experiments/all_figures.sh                  # all of them
+#   sh experiments/all_figures.sh circle causal    # some of them
+#
+# The two phase diagrams are long on a CPU (hours; phase_diagram_random days on 2 cores):
+# run them on a GPU, or give them members=... and beta='${linspace:0.1,9,30}'.
+set -e
+cd "$(dirname "$0")/.."
+names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching phase_diagram phase_diagram_random}"
+for name in $names; do
+    echo "== $name"
+    attnflow "experiment=$name" "hydra.run.dir=figures/$name"
+done

@@ -1,0 +1,104 @@
+"""The experiment framework: every figure is a config plus a module, reachable from the
+command line and from Python, checked before anything is computed, redrawn from its
+`results.nc` alone. The figures' own properties are tested in their own files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import attnflow as af
+from attnflow._errors import ConfigError
+from attnflow.experiments import (
+    EXPERIMENTS,
+    compose_experiment,
+    draw_experiment,
+    experiment_module,
+    plan_experiment,
+    run_experiment,
+)
+from attnflow.experiments._runner import panel_configs
+
+from test_cli import assert_ok, assert_one_error_line, attnflow, load
+
+CONF = Path(af.__file__).resolve().parents[1] / "conf" / "experiment"
+TINY = {"members": 2, "t1": 1.0, "dt": 0.1, "saves": 3, "compilation_cache": False}
+
+
+def test_every_experiment_has_a_config_and_a_module_with_the_protocol():
+    shipped = sorted(p.stem for p in CONF.glob("*.yaml"))
+    assert shipped == sorted(EXPERIMENTS)
+    for name in EXPERIMENTS:
+        text = (CONF / f"{name}.yaml").read_text()
+        assert text.startswith("# @package _global_"), name
+        assert yaml.safe_load(text)["experiment"]["name"] == name
+        module = experiment_module(name)
+        for attribute in ("TITLE", "PAPER", "OPTIONS", "analyse", "draw"):
+            assert hasattr(module, attribute), (name, attribute)
+
+
+def test_panel_keys_expand_lists_and_a_study_refuses_a_list():
+    base = {"d": [2, 8], "n": 4}
+    assert panel_configs(base, ("d",)) == {"d=2": {"d": 2, "n": 4}, "d=8": {"d": 8, "n": 4}}
+    assert panel_configs({"d": 3}, ("d",)) == {"main": {"d": 3}}
+    with pytest.raises(ConfigError, match=r"d=\[2, 8\] is a list: a study takes one dimension"):
+        af.validate_config({"d": [2, 8]})
+    with pytest.raises(ConfigError, match="d must be a whole number, got 2.5"):
+        af.validate_config({"d": 2.5})
+
+
+def test_beta_from_linspace_is_an_evenly_spaced_list():
+    cfg = af.validate_config({"beta": "${linspace:0.1,9,90}"})
+    np.testing.assert_allclose(cfg.beta, np.linspace(0.1, 9.0, 90), rtol=0, atol=0)
+    assert cfg == af.validate_config({"beta": np.linspace(0.1, 9.0, 90).tolist()})
+    with pytest.raises(ConfigError, match="beta holds an interpolation that cannot be resolved.*whole count"):
+        af.validate_config({"beta": "${linspace:1,2,0}"})
+
+
+def test_bad_experiment_input_is_one_sentence_before_any_computing():
+    with pytest.raises(ConfigError, match="unknown experiment 'nope'; choose one of single_cluster"):
+        compose_experiment("nope")
+    cfg = compose_experiment("single_cluster", {**TINY, "experiment": {"options": {"colour": 1}}})
+    with pytest.raises(ConfigError, match="unknown option experiment.options.colour of experiment single_cluster"):
+        plan_experiment(cfg)
+    with pytest.raises(ConfigError, match=r"experiment=single_cluster is run by attnflow.run_experiment"):
+        af.run(cfg)
+
+
+def test_the_python_api_and_the_command_line_compose_the_same_config(tmp_path):
+    proc = attnflow("experiment=single_cluster", "members=2", "t1=1", "dt=0.1", "saves=3", "compilation_cache=false",
+                    f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert_ok(proc)
+    stored = load(tmp_path / "run" / "results.nc").attrs["config"]
+    from attnflow._study import config_yaml
+
+    assert stored == config_yaml(plan_experiment(compose_experiment("single_cluster", TINY)).cfg)
+    # Rerunning the same command finds the finished run; `attnflow plot` redraws it.
+    again = attnflow("experiment=single_cluster", "members=2", "t1=1", "dt=0.1", "saves=3",
+                     "compilation_cache=false", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert_ok(again)
+    assert "already holds this run; skipping it" in again.stdout
+    png = tmp_path / "run" / "single_cluster.png"
+    png.unlink()
+    redraw = attnflow("plot", str(tmp_path / "run"), cwd=tmp_path)
+    assert_ok(redraw)
+    assert png.exists()
+
+
+def test_experiment_errors_from_the_command_line_are_one_line(tmp_path):
+    line = assert_one_error_line(attnflow("experiment=nope", cwd=tmp_path))
+    assert "unknown experiment 'nope'" in line
+    line = assert_one_error_line(attnflow("plot", str(tmp_path / "missing"), cwd=tmp_path))
+    assert "holds no results.nc" in line
+
+
+def test_run_experiment_returns_what_draw_needs(tmp_path):
+    ds = run_experiment("single_cluster", TINY)
+    assert ds.attrs["experiment"] == "single_cluster"
+    assert set(yaml.safe_load(ds.attrs["panel_configs"])) == {"main"}
+    paths = draw_experiment(ds, tmp_path)
+    assert {p.suffix for p in paths} >= {".png", ".pdf"}
+    assert all(p.exists() and p.stat().st_size > 0 for p in paths)

@@ -1,0 +1,87 @@
+"""The flow-matching surrogate of the attention flow (survey section 5.3), reduced.
+
+A field of time and one token, trained on the training members' (token, image) pairs,
+carries the held-out members' tokens to nearly the attention flow's end law, by
+nearly straight paths: close at the end, apart on the way."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import xarray as xr
+
+from attnflow import ConfigError
+from attnflow.experiments import (
+    compose_experiment,
+    draw_experiment,
+    plan_experiment,
+    run_experiment,
+)
+from attnflow.surrogate import FlowMatchingField
+
+REDUCED = {"members": 64, "experiment": {"options": {"train_steps": 1000, "distance_times": 5}}}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run_experiment("flow_matching", REDUCED), run_experiment("flow_matching", REDUCED)
+
+
+def test_surrogate_reaches_the_attention_flows_end_law(runs):
+    ds, _ = runs
+    end, reference = float(ds["end_distance"]), float(ds["reference_distance"])
+    # The two end ensembles of held-out tokens are close on the scale of how far the
+    # attention flow moved the tokens.
+    assert end < 0.2 * reference
+    # The distances are between held-out tokens only, and both flows start from them.
+    assert ds.sizes["test_member"] == 16 and ds["test_member"].min() == 48
+    assert float(ds["surrogate_distance"][0]) < 1e-3 * reference
+
+
+def test_surrogate_paths_are_straight_where_attention_paths_are_curved(runs):
+    ds, _ = runs
+    # On the way, straight chords and arcs on the sphere carry different laws...
+    assert float(ds["surrogate_distance"].max()) > 2 * float(ds["end_distance"])
+    # ...because the chords cut inside the ball, where the attention flow never goes.
+    assert float(ds["surrogate_min_norm"]) < 0.95
+    np.testing.assert_allclose(np.linalg.norm(ds["x"].values, axis=-1), 1.0, atol=1e-12)
+
+
+def test_training_lowers_the_loss(runs):
+    ds, _ = runs
+    for name in ("train_loss", "test_loss"):
+        loss = ds[name].values
+        assert np.isfinite(loss).all()
+        assert loss[-100:].mean() < 0.5 * loss[:10].mean(), name
+
+
+def test_same_seed_same_result(runs):
+    first, second = runs
+    xr.testing.assert_identical(first, second)
+
+
+def test_field_sees_one_token_at_a_time():
+    field = FlowMatchingField(3, width=16, depth=2, key=jax.random.key(0), dtype=jnp.float64)
+    x = jax.random.normal(jax.random.key(1), (5, 3), jnp.float64)
+    others_moved = x.at[jnp.array([0, 1, 3, 4])].multiply(-2.0)
+    velocity = jax.jit(lambda x: field(0.3, x))
+    np.testing.assert_array_equal(velocity(x)[2], velocity(others_moved)[2])
+    assert not np.allclose(velocity(x)[0], velocity(others_moved)[0])
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"beta": [1.0, 4.0]}, "one number"),
+    ({"experiment": {"options": {"test_fraction": 1.0}}}, "test_fraction"),
+    ({"save_states": False}, "save_states"),
+])
+def test_bad_settings_stop_early(override, message):
+    with pytest.raises(ConfigError, match=message):
+        plan_experiment(compose_experiment("flow_matching", override))
+
+
+def test_draw_from_the_stored_file(runs, tmp_path):
+    ds, _ = runs
+    ds.to_netcdf(tmp_path / "results.nc")
+    paths = draw_experiment(xr.load_dataset(tmp_path / "results.nc"), tmp_path)
+    assert {p.name for p in paths} == {"flow_matching.png", "flow_matching.pdf"}
+    assert all(p.stat().st_size > 0 for p in paths)

@@ -1,0 +1,135 @@
+"""The phase-diagram figures ("A mathematical perspective on Transformers", figs. 3-5):
+the equiangular time t_eps(beta) against an independent SciPy solve, the transition
+of the pair density following that curve more closely as d grows, the random-matrix
+panels, and two and three clusters on the circle. Each experiment runs reduced (fewer
+members and betas) through `run_experiment`, the code path of the command line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+from scipy.integrate import solve_ivp
+
+import attnflow as af
+from attnflow._errors import ConfigError
+from attnflow.experiments import (
+    compose_experiment,
+    draw_experiment,
+    plan_experiment,
+    run_experiment,
+)
+
+
+def _scipy_time(beta: float, n: int, eps: float) -> float:
+    """The first t with rho(t) = 1 - eps, integrating rho' in t with a terminal event."""
+
+    def rate(t, rho):
+        r = rho[0]
+        return [2 * np.exp(beta * r) * (1 - r) * (1 + (n - 1) * r) / (np.exp(beta) + (n - 1) * np.exp(beta * r))]
+
+    def reached(t, rho):
+        return rho[0] - (1 - eps)
+
+    reached.terminal = True
+    reached.direction = 1
+    solution = solve_ivp(rate, (0.0, 1e5), [0.0], method="DOP853", events=reached, rtol=1e-13, atol=1e-15)
+    return float(solution.t_events[0][0])
+
+
+@pytest.mark.parametrize("n,eps", [(32, 1e-3), (2, 1e-2), (5, 1e-6)])
+def test_equiangular_time_matches_an_independent_scipy_solve(n, eps):
+    betas = np.array([0.1, 1.0, 3.0, 6.0, 9.0])
+    times = np.asarray(af.equiangular_time(betas, n, eps))
+    expected = np.array([_scipy_time(b, n, eps) for b in betas])
+    np.testing.assert_allclose(times, expected, rtol=1e-8)
+    assert np.all(np.diff(times) > 0)  # a larger beta slows the collapse
+    # Any shape of beta; one beta alone gives a scalar.
+    assert af.equiangular_time(betas.reshape(5, 1), n, eps).shape == (5, 1)
+    np.testing.assert_allclose(float(af.equiangular_time(3.0, n, eps)), expected[2], rtol=1e-8)
+
+
+def test_equiangular_time_refuses_impossible_input():
+    with pytest.raises(ValueError, match="n >= 2"):
+        af.equiangular_time(1.0, 1)
+    with pytest.raises(ValueError, match="eps must lie in"):
+        af.equiangular_time(1.0, 8, eps=1.5)
+
+
+def test_phase_diagram_follows_the_equiangular_curve_more_closely_in_higher_dimension(tmp_path):
+    betas = np.linspace(0.1, 9.0, 10).tolist()
+    ds = run_experiment("phase_diagram", {"d": [2, 32], "members": 32, "beta": betas})
+    assert list(ds["d"].values) == [2, 32]
+    # The stored curve is the equiangular time for the config's n and the option's eps.
+    np.testing.assert_allclose(ds["equiangular_time"].values, af.equiangular_time(np.array(betas), 32, 1e-3))
+    density = ds["pair_density_mean"]
+    assert density.dims == ("d", "beta", "time") and ds.sizes["time"] == 301
+    assert float(density.min()) >= 0 and float(density.max()) <= 1
+    assert "member" not in ds.dims  # the ensemble is summarized
+    # Uniform tokens start unclustered; at the smallest beta every member collapses by t = 30.
+    assert float(density.isel(time=0).max()) < 0.05
+    np.testing.assert_allclose(density.isel(beta=0, time=-1), 1.0)
+    # The transition follows the equiangular step more closely at d = 32 than at d = 2,
+    # by either measure.
+    mismatch = ds["curve_mismatch"].values
+    assert mismatch[1] < 0.5 * mismatch[0], mismatch
+    log_error = ds["crossing_log_error"].values
+    assert log_error[1] < 0.5 * log_error[0], log_error
+    # The figure redraws from results.nc alone.
+    ds.to_netcdf(tmp_path / "results.nc")
+    paths = draw_experiment(xr.load_dataset(tmp_path / "results.nc"), tmp_path)
+    assert {p.name for p in paths} == {"phase_diagram.png", "phase_diagram.pdf"}
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_panels_are_planned_as_the_figures_need_and_bad_options_stop_early():
+    full = plan_experiment(compose_experiment("phase_diagram", {"members": 2}))
+    assert [cfg.d for cfg, _ in full.studies.values()] == [2, 8, 32, 128]
+    for cfg, _ in full.studies.values():
+        assert (cfg.n, len(cfg.beta), cfg.members, cfg.t1, cfg.dt, cfg.solver, cfg.eps) == (
+            32, 90, 2, 30.0, 0.1, "euler_renorm", 1e-3)
+    np.testing.assert_allclose(cfg.beta, np.linspace(0.1, 9.0, 90), rtol=1e-12)
+    assert list(plan_experiment(compose_experiment("phase_diagram", {"d": 8})).studies) == ["main"]
+    with pytest.raises(ConfigError, match="experiment.options.eps"):
+        plan_experiment(compose_experiment("phase_diagram", {"experiment": {"options": {"eps": 1.0}}}))
+    with pytest.raises(ConfigError, match="experiment.options.snapshots"):
+        plan_experiment(compose_experiment("circle", {"experiment": {"options": {"snapshots": [1e3]}}}))
+    plan = plan_experiment(compose_experiment("phase_diagram_random", {"members": 2}))
+    assert list(plan.studies) == ["ginibre", "goe_wishart", "v_plus_qtk", "v_minus_qtk"]
+    for cfg, _ in plan.studies.values():
+        assert cfg.d == 128 and not cfg.weights.shared
+    weights = plan.studies["goe_wishart"][0].weights
+    assert (weights.q.kind, weights.k.law, weights.v.law) == ("identity", "goe", "wishart")
+    assert [plan.studies[p][0].weights.v.sign for p in ("v_plus_qtk", "v_minus_qtk")] == [1.0, -1.0]
+    with pytest.raises(ConfigError, match="experiment.options.panels must be"):
+        plan_experiment(compose_experiment("phase_diagram_random", {"experiment": {"options": {"panels": ["gue"]}}}))
+
+
+def test_value_against_the_attention_matrix_keeps_clusters_apart_at_large_beta(tmp_path):
+    """With V = Q^T K the value pulls each token towards the ones it attends to most: at
+    beta = 9 several clusters persist (mean pair density well below 1 at t = 30). With
+    V = -Q^T K every member collapses to one cluster, as both do at beta = 0.5."""
+    ds = run_experiment("phase_diagram_random", {
+        "d": 32, "members": 16, "beta": [0.5, 9.0],
+        "experiment": {"options": {"panels": ["v_plus_qtk", "v_minus_qtk"]}}})
+    density = ds["pair_density_mean"]
+    assert float(density.min()) >= 0 and float(density.max()) <= 1
+    final = density.isel(time=-1)
+    plus, minus = final.sel(panel="v_plus_qtk"), final.sel(panel="v_minus_qtk")
+    assert float(minus.min()) > 0.98 and float(plus.sel(beta=0.5)) > 0.98
+    assert float(plus.sel(beta=9.0)) < float(minus.sel(beta=9.0)) - 0.2
+    paths = draw_experiment(ds, tmp_path)
+    assert {p.name for p in paths} == {"phase_diagram_random.png", "phase_diagram_random.pdf"}
+
+
+def test_circle_holds_two_clusters_at_beta_4_and_three_at_beta_9(tmp_path):
+    ds = run_experiment("circle", {"members": 32})
+    assert list(ds["beta"].values) == [4.0, 9.0]
+    np.testing.assert_array_equal(ds["final_clusters_median"].values, [2, 3])
+    # The member drawn is typical, and its final state has that many clusters.
+    for b, expected in enumerate((2, 3)):
+        member = int(ds["shown_member"].values[b])
+        assert int(ds["clusters"].isel(beta=b, member=member, time=-1)) == expected
+        assert len(np.unique(ds["final_cluster"].isel(beta=b).values)) == expected
+    paths = draw_experiment(ds, tmp_path)
+    assert {p.name for p in paths} == {"circle.png", "circle.pdf"}
