@@ -1,7 +1,8 @@
 """attnflow: self-attention dynamics as an interacting particle system, in JAX.
 
 The one-system entry point is `simulate`; ensembles go through `solve_ensemble`; a
-whole configured study (the `attnflow` command without Hydra) is `run(config)`.
+whole configured study (the `attnflow` command without Hydra) is `run(config)`, and a
+figure of the literature is `run_experiment(name, overrides)`.
 
 Names are imported on first use, so that `import attnflow` (and the command line)
 only pays for the parts a run needs: matplotlib for plots, diffrax for adaptive runs.
@@ -18,6 +19,7 @@ _EXPORTS = {
     "_ensemble": ("EnsembleResult", "solve_ensemble"),
     "_errors": ("ConfigError", "NonFiniteStateError", "SolverFailure"),
     "equiangular": ("equiangular_rate", "equiangular_time"),
+    "experiments": ("draw_experiment", "run_experiment"),
     "_field": ("VectorField",),
     "_geometry": ("AbstractGeometry", "Euclidean", "Sphere"),
     "_grid": ("grid_times", "save_steps", "save_times", "step_count"),
