@@ -4,13 +4,13 @@ command line and from Python, checked before anything is computed, redrawn from 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import yaml
+from test_cli import assert_ok, assert_one_error_line, attnflow, load
 
 import attnflow as af
+from attnflow._config import config_source
 from attnflow._errors import ConfigError
 from attnflow.experiments import (
     EXPERIMENTS,
@@ -22,17 +22,15 @@ from attnflow.experiments import (
 )
 from attnflow.experiments._runner import panel_configs
 
-from test_cli import assert_ok, assert_one_error_line, attnflow, load
-
-CONF = Path(af.__file__).resolve().parents[1] / "conf" / "experiment"
+CONF = config_source()[1].joinpath("experiment")  # the shipped configs, installed or not
 TINY = {"members": 2, "t1": 1.0, "dt": 0.1, "saves": 3, "compilation_cache": False}
 
 
 def test_every_experiment_has_a_config_and_a_module_with_the_protocol():
-    shipped = sorted(p.stem for p in CONF.glob("*.yaml"))
+    shipped = sorted(p.name[: -len(".yaml")] for p in CONF.iterdir() if p.name.endswith(".yaml"))
     assert shipped == sorted(EXPERIMENTS)
     for name in EXPERIMENTS:
-        text = (CONF / f"{name}.yaml").read_text()
+        text = CONF.joinpath(f"{name}.yaml").read_text()
         assert text.startswith("# @package _global_"), name
         assert yaml.safe_load(text)["experiment"]["name"] == name
         module = experiment_module(name)
@@ -102,3 +100,18 @@ def test_run_experiment_returns_what_draw_needs(tmp_path):
     paths = draw_experiment(ds, tmp_path)
     assert {p.suffix for p in paths} >= {".png", ".pdf"}
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+
+
+def test_progress_counts_pieces_and_draws_only_when_asked(capsys):
+    from attnflow._progress import Progress
+
+    with Progress("quiet", 3, show=False) as bar:
+        for _ in range(3):
+            bar.advance()
+    assert bar.done == 3
+    assert capsys.readouterr().err == ""
+    with Progress("phase diagram", 4, show=True) as bar:
+        for _ in range(4):
+            bar.advance()
+    err = capsys.readouterr().err
+    assert "phase diagram" in err and "4/4" in err

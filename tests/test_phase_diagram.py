@@ -132,4 +132,4 @@ def test_circle_holds_two_clusters_at_beta_4_and_three_at_beta_9(tmp_path):
         assert int(ds["clusters"].isel(beta=b, member=member, time=-1)) == expected
         assert len(np.unique(ds["final_cluster"].isel(beta=b).values)) == expected
     paths = draw_experiment(ds, tmp_path)
-    assert {p.name for p in paths} == {"circle.png", "circle.pdf"}
+    assert {p.name for p in paths} == {"circle.png", "circle.pdf", "circle_beta4.gif", "circle_beta9.gif"}

@@ -132,4 +132,14 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         f"the tokens of one typical member (the first whose final count is the median) at the saved times nearest "
         f"{', '.join(f'{t:g}' for t in wanted)}, coloured by the cluster they end in. Right: clusters (tokens joined when cos > 1 - {cfg['eps']:g}) "
         f"over log time. Median count at t = {times[-1]:g}: {final}."), width=150)
-    return save(fig, folder, "circle")
+    paths = save(fig, folder, "circle")
+    # An animation of the member drawn, one per beta (the saved times are log-spaced,
+    # so its frames are too).
+    from ._animate import animation
+
+    angle = ds["angle"].values  # (beta, time, token)
+    for b, beta in enumerate(betas):
+        x = np.stack([np.cos(angle[b]), np.sin(angle[b])], axis=-1)
+        paths.append(animation(x, times, Path(folder) / f"circle_beta{beta:g}.gif",
+                               title=rf"$\beta = {beta:g}$, n = {cfg['n']}, member {int(ds['shown_member'][b])}"))
+    return paths
