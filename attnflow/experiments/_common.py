@@ -107,3 +107,29 @@ def member_summary(da: xr.DataArray, dim: str = "member") -> xr.Dataset:
         },
         coords=coords,
     )
+
+
+def wireframe_sphere(ax, color: str = "0.85", zoom: float = 1.0, unit_limits: bool = False) -> None:
+    """The unit sphere as a light wireframe on 3-D axes, with equal aspect and no axes
+    (`unit_limits`: the axes span exactly [-1, 1])."""
+    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
+    ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color=color, linewidth=0.3)
+    ax.set_box_aspect((1, 1, 1), zoom=zoom)
+    if unit_limits:
+        for axis in "xyz":
+            getattr(ax, f"set_{axis}lim")(-1, 1)
+    ax.set_axis_off()
+
+
+def check_drawn_member(name: str, cfg, options, why: str) -> None:
+    """`experiment.options.member` must index a member (or be None where the experiment
+    picks one), and the states must be saved: `why` says what the experiment does with them."""
+    from .._errors import ConfigError
+
+    member = options["member"]
+    if member is not None and not (isinstance(member, int) and not isinstance(member, bool)
+                                   and 0 <= member < cfg.members):
+        raise ConfigError(f"experiment.options.member must be a member index from 0 to {cfg.members - 1}, "
+                          f"got {member!r}.")
+    if not cfg.save_states:
+        raise ConfigError(f"experiment {name} {why}: keep save_states=true.")

@@ -16,7 +16,14 @@ from typing import Any
 import yaml
 
 from .._build import validate_config
-from .._config import Config, _plain, compose, config_source, register_schema, to_container
+from .._config import (
+    Config,
+    _plain,
+    compose,
+    config_source,
+    register_schema,
+    to_container,
+)
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
 from .._study import _version, config_yaml, plan_study, solve_study

@@ -26,7 +26,14 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, config_of, member_summary, pyplot, save
+from ._common import (
+    caption,
+    check_drawn_member,
+    config_of,
+    member_summary,
+    pyplot,
+    save,
+)
 
 TITLE = "Bouncing: V flips sign at t = 5, the tokens scatter and gather elsewhere"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, eq. 48, fig. 4"
@@ -34,12 +41,7 @@ OPTIONS = {"member": 0}  # the member whose tokens are drawn
 
 
 def check(cfg, options) -> None:
-    member = options["member"]
-    if not (isinstance(member, int) and 0 <= member < cfg.members):
-        raise ConfigError(f"experiment.options.member must be a member index from 0 to {cfg.members - 1}, "
-                          f"got {member!r}.")
-    if not cfg.save_states:
-        raise ConfigError("experiment bouncing reads the tokens' states: keep save_states=true.")
+    check_drawn_member("bouncing", cfg, options, "reads the tokens' states")
     if "order_parameter" not in cfg.metrics:
         raise ConfigError("experiment bouncing draws the order parameter: add order_parameter to metrics.")
     v = cfg.weights.v

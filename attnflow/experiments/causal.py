@@ -33,7 +33,7 @@ import xarray as xr
 
 from .._errors import ConfigError
 from ._animate import animate_states
-from ._common import caption, config_of, member_summary, pyplot, save
+from ._common import caption, config_of, member_summary, pyplot, save, wireframe_sphere
 
 TITLE = "Causal attention: every token converges to the first one"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, theorem 4.3 (eq. 37-38)"
@@ -113,12 +113,6 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     return out
 
 
-def _sphere(ax) -> None:
-    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
-    ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", linewidth=0.3)
-    ax.set_box_aspect((1, 1, 1))
-    ax.set_axis_off()
-
 
 def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     plt = pyplot()
@@ -133,7 +127,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     x = ds["x_member"].values
     if x.shape[-1] == 3:
         ax = fig.add_subplot(grid[0], projection="3d")
-        _sphere(ax)
+        wireframe_sphere(ax)
         for i in range(n):
             ax.plot(*x[:, i].T, color=colors[i], linewidth=1.3)
             ax.scatter(*x[0, i], color=colors[i], s=18)

@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, config_of, pyplot, save, wireframe_sphere
 
 TITLE = "Flow-matching surrogate of the attention flow"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, section 5.3 (figures 7 and 8)"
@@ -154,16 +154,6 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     return xr.merge([ds, derived], combine_attrs="drop")
 
 
-def _sphere(ax) -> None:
-    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
-    ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", linewidth=0.3)
-    ax.set_box_aspect((1, 1, 1))
-    for axis in "xyz":
-        getattr(ax, f"set_{axis}lim")(-1, 1)
-    ax.set_axis_off()
-    ax.view_init(elev=20, azim=-60)
-
-
 def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     """Running mean over `window` steps (the minibatch loss is noisy)."""
     window = max(1, min(window, len(values)))
@@ -191,7 +181,8 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ]
     for i, (title, points) in enumerate(ensembles):
         ax = fig.add_subplot(2, 3, i + 1, projection="3d")
-        _sphere(ax)
+        wireframe_sphere(ax, unit_limits=True)
+        ax.view_init(elev=20, azim=-60)
         ax.scatter(*points.reshape(-1, 3).T, c=token_colours, s=4, alpha=0.6, depthshade=False)
         ax.set_title(title)
 

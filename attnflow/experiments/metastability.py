@@ -51,7 +51,7 @@ import yaml
 
 from .._errors import ConfigError
 from ..metastability import detect_metastability
-from ._common import caption, config_of, pyplot, save, stack_panels
+from ._common import caption, config_of, pyplot, save, stack_panels, wireframe_sphere
 from ._runner import _merge
 
 TITLE = "Metastability: clusters that persist, then merge; the energy staircase over log time"
@@ -265,13 +265,6 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 # --- the figure -----------------------------------------------------------------
 
 
-def _sphere(ax) -> None:
-    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
-    ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", linewidth=0.3)
-    ax.set_box_aspect((1, 1, 1), zoom=1.3)
-    ax.set_axis_off()
-
-
 def _paths(fig, spec, p: xr.Dataset, config: Mapping, keep: np.ndarray, letter: str) -> None:
     plt = pyplot()
     member = int(p["drawn_member"])
@@ -282,7 +275,7 @@ def _paths(fig, spec, p: xr.Dataset, config: Mapping, keep: np.ndarray, letter: 
     colors = plt.cm.tab10(np.unique(labels, return_inverse=True)[1] % 10)
     if x.shape[-1] == 3:
         ax = fig.add_subplot(spec, projection="3d")
-        _sphere(ax)
+        wireframe_sphere(ax, zoom=1.3)
         for i in range(x.shape[1]):
             ax.plot(*x[:, i].T, color=colors[i], linewidth=1.0)
             ax.scatter(*x[0, i], color=colors[i], marker="o", s=12)

@@ -43,7 +43,14 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, config_of, member_summary, pyplot, save
+from ._common import (
+    caption,
+    check_drawn_member,
+    config_of,
+    member_summary,
+    pyplot,
+    save,
+)
 
 TITLE = "Polynomial weight magnitudes: growing weights keep tokens dispersed"
 PAPER = "Neural ODE Transformers, app. C.8, fig. 14"
@@ -62,12 +69,7 @@ _LENGTH = 5  # every panel's coefficients padded to this length: one compiled pr
 
 
 def check(cfg, options) -> None:
-    member = options["member"]
-    if member is not None and not (isinstance(member, int) and 0 <= member < cfg.members):
-        raise ConfigError(f"experiment.options.member must be a member index from 0 to {cfg.members - 1}, "
-                          f"got {member!r}.")
-    if not cfg.save_states:
-        raise ConfigError("experiment polynomial measures the dispersion on the states: keep save_states=true.")
+    check_drawn_member("polynomial", cfg, options, "measures the dispersion on the states")
     if cfg.t0 != 0:
         raise ConfigError(f"experiment polynomial runs on [0, T] with T = t1; set t0=0, got t0={cfg.t0}.")
     for name in "qkv":

@@ -50,7 +50,14 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, config_of, member_summary, pyplot, save
+from ._common import (
+    caption,
+    check_drawn_member,
+    config_of,
+    member_summary,
+    pyplot,
+    save,
+)
 
 TITLE = "Without normalization: rescaled tokens reach polytopes and hyperplanes, attention gets leaders"
 PAPER = "The emergence of clusters in self-attention dynamics (Geshkovski, Letrouit, Polyanskiy, Rigollet, 2023)"
@@ -90,12 +97,7 @@ def top_eigenspace(v: np.ndarray, rtol: float = 1e-9) -> tuple[float, np.ndarray
 
 
 def check(cfg, options) -> None:
-    member = options["member"]
-    if member is not None and not (isinstance(member, int) and 0 <= member < cfg.members):
-        raise ConfigError(f"experiment.options.member must be a member index from 0 to {cfg.members - 1}, "
-                          f"got {member!r}.")
-    if not cfg.save_states:
-        raise ConfigError("experiment polytope rescales the saved states: keep save_states=true.")
+    check_drawn_member("polytope", cfg, options, "rescales the saved states")
     if cfg.norm != "none":
         raise ConfigError(f"experiment polytope is about dynamics without normalization: keep norm=none, "
                           f"got norm={cfg.norm}.")

@@ -26,7 +26,15 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, config_of, member_summary, pyplot, save, stack_panels
+from ._common import (
+    caption,
+    check_drawn_member,
+    config_of,
+    member_summary,
+    pyplot,
+    save,
+    stack_panels,
+)
 
 TITLE = "Random Q, K with V = I still cluster; V = -I does not"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, fig. 3"
@@ -38,12 +46,7 @@ _SERIES = ("clusters", "pair_density", "order_parameter")
 
 
 def check(cfg, options) -> None:
-    member = options["member"]
-    if not (isinstance(member, int) and 0 <= member < cfg.members):
-        raise ConfigError(f"experiment.options.member must be a member index from 0 to {cfg.members - 1}, "
-                          f"got {member!r}.")
-    if not cfg.save_states:
-        raise ConfigError("experiment random_qk draws a member's tokens: keep save_states=true.")
+    check_drawn_member("random_qk", cfg, options, "draws a member's tokens")
     missing = [name for name in _SERIES if name not in cfg.metrics]
     if missing:
         raise ConfigError(f"experiment random_qk draws {', '.join(_SERIES)}: add {', '.join(missing)} to metrics.")

@@ -18,7 +18,7 @@ import numpy as np
 import xarray as xr
 
 from ._animate import animate_states
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, config_of, pyplot, save, wireframe_sphere
 
 TITLE = "Single cluster on S^2, monotone interaction energy"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, fig. 1 (theorem 4.2, lemma 3.3)"
@@ -34,12 +34,6 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     return ds
 
 
-def _sphere(ax) -> None:
-    u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
-    ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.8", linewidth=0.3)
-    ax.set_box_aspect((1, 1, 1))
-    ax.set_axis_off()
-
 
 def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     plt = pyplot()
@@ -49,7 +43,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     t = ds["time"].values
     fig = plt.figure(figsize=(9.5, 4.0))
     ax = fig.add_subplot(1, 2, 1, projection="3d")
-    _sphere(ax)
+    wireframe_sphere(ax)
     colors = plt.cm.tab10(np.arange(x.shape[1]) % 10)
     for i in range(x.shape[1]):
         ax.plot(*x[:, i].T, color=colors[i], linewidth=1.5)
