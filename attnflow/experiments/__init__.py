@@ -17,9 +17,11 @@ that says what to compute beyond the core study and how to draw it. A module hol
 
 `run_experiment(name, overrides)` runs one from Python; the command line runs the same
 code and writes `results.nc` and the figures into the run directory; `attnflow plot DIR`
-redraws them from `results.nc`.
+redraws them from `results.nc`. `animate_states`, `animation` and `sphere_html` draw
+the GIF and the interactive HTML view of stored token states.
 """
 
+from ._animate import animate_states, animation, sphere_html
 from ._runner import (
     EXPERIMENTS,
     ExperimentPlan,
@@ -33,6 +35,9 @@ from ._runner import (
 
 __all__ = [
     "EXPERIMENTS",
+    "animate_states",
+    "animation",
+    "sphere_html",
     "ExperimentPlan",
     "compose_experiment",
     "draw_experiment",
