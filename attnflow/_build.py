@@ -470,7 +470,10 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
         k = _schedule("k", get, kk, (heads, dk, d), dtype)
         if cfg.weights.v.kind == "tied":
             sign = jnp.asarray(get("weights.v.sign"), dtype) * jnp.asarray(get("weights.v.scale"), dtype)
-            v = _modulate("v", get, _QtK(q, k, sign), dtype)
+            tied: AbstractSchedule = _QtK(q, k, sign)
+            if isinstance(q, Constant) and isinstance(k, Constant):
+                tied = Constant(tied(0.0))  # fixed Q and K: Q^T K formed once, not at every step
+            v = _modulate("v", get, tied, dtype)
         else:
             v = _schedule("v", get, kv, (heads, dv, d), dtype)
         o = _schedule("o", get, ko, (heads, d, dv), dtype)

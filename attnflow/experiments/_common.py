@@ -133,3 +133,8 @@ def check_drawn_member(name: str, cfg, options, why: str) -> None:
                           f"got {member!r}.")
     if not cfg.save_states:
         raise ConfigError(f"experiment {name} {why}: keep save_states=true.")
+
+
+def failed_members(ds: xr.Dataset, description: str = "members whose solve failed") -> xr.DataArray:
+    """How many members of a panel's Dataset failed (`status` not 0), as a described scalar."""
+    return xr.DataArray(int((ds["status"] != 0).sum())).assign_attrs(description=description)

@@ -169,7 +169,9 @@ def draw_experiment(ds, folder: str | os.PathLike) -> list[Path]:
     return list(experiment_module(name).draw(ds, folder))
 
 
-def _merge(base: dict, over: Mapping) -> dict:
+def merge_overrides(base: dict, over: Mapping) -> dict:
+    """`over` merged into the config mapping `base`, key by key; a new initial-condition
+    kind replaces `init` whole (none of the old kind's keys apply to it)."""
     merged = dict(base)
     for key, value in over.items():
         if key == "init" and isinstance(value, str):
@@ -177,7 +179,7 @@ def _merge(base: dict, over: Mapping) -> dict:
         if key == "init" and isinstance(value, Mapping) and value.get("kind", base["init"]["kind"]) != base["init"]["kind"]:
             merged[key] = dict(value)  # another initial condition: none of the old one's keys apply
         elif isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
-            merged[key] = _merge(base[key], value)
+            merged[key] = merge_overrides(base[key], value)
         else:
             merged[key] = value
     return merged
@@ -205,7 +207,7 @@ def compose_experiment(name: str, overrides: Mapping | None = None) -> Config:
     user = _plain(overrides or {})
     if not isinstance(user, Mapping):
         raise ConfigError(f"overrides must be a mapping of keys to values, got {type(overrides).__name__}.")
-    return compose(_merge(container, user))
+    return compose(merge_overrides(container, user))
 
 
 def run_experiment(name: str, overrides: Mapping | None = None, *, pieces: str | os.PathLike | None = None):

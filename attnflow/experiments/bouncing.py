@@ -30,6 +30,7 @@ from ._common import (
     caption,
     check_drawn_member,
     config_of,
+    failed_members,
     member_summary,
     pyplot,
     save,
@@ -108,8 +109,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     out["attracting_basis"] = xr.DataArray(basis, dims=("direction", "dim")).assign_attrs(
         description="orthonormal basis of the attracting subspace of V(0) (positive eigenvalues of its symmetric part)")
     out["switch_time"] = xr.DataArray(switch).assign_attrs(description="the time at which V flips sign")
-    out["failed_members"] = xr.DataArray(int((ds["status"] != 0).sum())).assign_attrs(
-        description="members whose solve failed")
+    out["failed_members"] = failed_members(ds)
     return out
 
 

@@ -33,7 +33,15 @@ import xarray as xr
 
 from .._errors import ConfigError
 from ._animate import animate_states
-from ._common import caption, config_of, member_summary, pyplot, save, wireframe_sphere
+from ._common import (
+    caption,
+    config_of,
+    failed_members,
+    member_summary,
+    pyplot,
+    save,
+    wireframe_sphere,
+)
 
 TITLE = "Causal attention: every token converges to the first one"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, theorem 4.3 (eq. 37-38)"
@@ -108,10 +116,8 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     out["x_member"] = ds["x"].isel(member=member).drop_vars("member").assign_attrs(
         description=f"states x(time, token, dim) of member {member}")
     out["fit_start"] = xr.DataArray(float(t[late][0])).assign_attrs(description="first time of the rate fit")
-    out["failed_members"] = xr.DataArray(int((ds["status"] != 0).sum())).assign_attrs(
-        description="members whose solve failed")
+    out["failed_members"] = failed_members(ds)
     return out
-
 
 
 def draw(ds: xr.Dataset, folder: Path) -> list[Path]:

@@ -52,7 +52,7 @@ import yaml
 from .._errors import ConfigError
 from ..metastability import detect_metastability
 from ._common import caption, config_of, pyplot, save, stack_panels, wireframe_sphere
-from ._runner import _merge
+from ._runner import merge_overrides
 
 TITLE = "Metastability: clusters that persist, then merge; the energy staircase over log time"
 PAPER = ("A Survey of Continuous Time Dynamics of Transformers, fig. 2 (theorem 4.7); "
@@ -86,7 +86,7 @@ def panels(base: dict, options) -> dict[str, dict]:
     Each takes one beta and records the cluster count and the energy."""
     configs = {"sphere": base}
     if options["circle"] is not None:
-        configs["circle"] = _merge(base, options["circle"])
+        configs["circle"] = merge_overrides(base, options["circle"])
     for label, config in configs.items():
         if isinstance(config["beta"], (list, Mapping)):
             raise ConfigError(f"panel {label} of experiment metastability takes one beta, got beta={config['beta']}.")

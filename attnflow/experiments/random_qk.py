@@ -30,6 +30,7 @@ from ._common import (
     caption,
     check_drawn_member,
     config_of,
+    failed_members,
     member_summary,
     pyplot,
     save,
@@ -71,8 +72,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
             description=f"number of clusters (cos > 1 - {cfg.eps:g}) of every member at t = {cfg.t1:g}")
         part["one_cluster_fraction"] = xr.DataArray(float((final == 1).mean())).assign_attrs(
             description="fraction of the members in a single cluster at the final time")
-        part["failed_members"] = xr.DataArray(int((ds["status"] != 0).sum())).assign_attrs(
-            description="members whose solve failed (left out of the statistics)")
+        part["failed_members"] = failed_members(ds, "members whose solve failed (left out of the statistics)")
         part["x_member"] = ds["x"].isel(member=member).drop_vars("member").assign_attrs(
             description=f"states x(time, token, dim) of member {member}")
         parts[label] = part
