@@ -17,7 +17,7 @@ _EXPORTS = {
     "_build": ("ConfiguredSystem", "build_field", "build_init", "build_system", "validate_config"),
     "_config": ("Config", "compose"),
     "_ensemble": ("EnsembleResult", "solve_ensemble"),
-    "_errors": ("ConfigError", "NonFiniteStateError", "SolverFailure"),
+    "_errors": ("CheckpointError", "ConfigError", "NonFiniteStateError", "SolverFailure"),
     "equiangular": ("equiangular_rate", "equiangular_time"),
     "experiments": ("draw_experiment", "run_experiment"),
     "_field": ("VectorField",),
@@ -49,12 +49,12 @@ _EXPORTS = {
     "metastability": ("Merges", "Plateaus", "detect_metastability", "merges", "plateaus"),
     "_plots": ("plot_summary", "summary_figure"),
     "_random_matrices": ("draw_matrix",),
-    "_schedules": ("AbstractSchedule", "Constant", "Identity", "PiecewiseConstant", "PiecewiseSchedule", "Scaled"),
+    "_schedules": ("AbstractSchedule", "Constant", "Identity", "Interpolated", "PiecewiseConstant", "PiecewiseSchedule", "Scaled"),
     "_simulate": ("Solution", "simulate"),
     "_solvers": ("SOLVERS", "Tableau", "tableau"),
     "_store": ("Results", "load_results", "write_results"),
     "_study": ("run",),
-    "_terms": ("MLP", "AbstractInteraction", "SelfAttention", "TokenNorm"),
+    "_terms": ("MLP", "AbstractInteraction", "Rotary", "SelfAttention", "TokenNorm"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

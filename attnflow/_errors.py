@@ -11,3 +11,8 @@ class NonFiniteStateError(FloatingPointError):
 
 class SolverFailure(RuntimeError):
     """The ODE solver stopped before `t1` (step budget exhausted or step size collapsed)."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be read: missing, truncated, inconsistent, of an unknown
+    architecture, or pickle-based and not trusted. One sentence: which file and why."""

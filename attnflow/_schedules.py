@@ -96,6 +96,48 @@ class PiecewiseConstant(AbstractSchedule):
         return tuple(self.values.shape[1:])
 
 
+class Interpolated(AbstractSchedule):
+    r"""$W(t)$ interpolated between knots $(\tau_k, W_k)$, constant beyond the first and last.
+
+    `kind="linear"` joins the knots by straight lines; `kind="cubic"` uses cubic Hermite
+    pieces whose slopes are the centred differences of the knots (Catmull-Rom; one-sided
+    at the ends), so $W$ is $C^1$ between the first and last knot and passes through
+    every knot. A checkpoint's layers become knots at $t = 0, 1, \dots, L - 1$.
+    """
+
+    times: Float[Array, " k"]
+    values: Array
+    kind: str = eqx.field(static=True, default="linear")
+
+    def __check_init__(self):
+        if self.kind not in ("linear", "cubic"):
+            raise ConfigError(f"interpolation must be 'linear' or 'cubic', got {self.kind!r}.")
+        if self.times.ndim != 1 or self.values.shape[0] != self.times.shape[0] or self.times.shape[0] < 2:
+            raise ConfigError(
+                f"an interpolated schedule needs at least two knots and one value per knot, got "
+                f"{self.times.shape[0]} times and {self.values.shape[0]} values."
+            )
+
+    def __call__(self, t, at=None):
+        times, values = self.times, self.values
+        t = jnp.clip(jnp.asarray(t, times.dtype), times[0], times[-1])
+        k = jnp.clip(jnp.searchsorted(times, t, side="right") - 1, 0, times.shape[0] - 2)
+        width = times[k + 1] - times[k]
+        s = ((t - times[k]) / width).astype(values.dtype)
+        w0, w1 = values[k], values[k + 1]
+        if self.kind == "linear":
+            return (1 - s) * w0 + s * w1
+        slopes = jnp.gradient(values, times, axis=0)
+        m0, m1 = slopes[k] * width, slopes[k + 1] * width
+        s2, s3 = s * s, s * s * s
+        return ((2 * s3 - 3 * s2 + 1) * w0 + (s3 - 2 * s2 + s) * m0
+                + (-2 * s3 + 3 * s2) * w1 + (s3 - s2) * m1)
+
+    @property
+    def shape(self):
+        return tuple(self.values.shape[1:])
+
+
 class Scaled(AbstractSchedule):
     """$W(t) = f(t)\\, W_0(t)$ with a polynomial $f(t) = \\sum_k c_k t^k$.
 

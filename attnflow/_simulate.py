@@ -43,7 +43,45 @@ def _states(t, x, field):
     return {"x": x}
 
 
-def _record_at_marks(field, table, y0, t0, h, num_steps: int, marks, record):
+SPLITS = ("lie", "strang")
+
+
+def _advance(field, table, t, h, y, split=None, retractions=None):
+    r"""One step of size `h` from `(t, y)` with `field` already pinned to the step.
+
+    Without `split`, one Runge-Kutta step of the whole field, then the retraction.
+    With `split`, the field is cut into its terms $F = F_1 + \dots + F_m$ and each
+    sub-flow takes a Runge-Kutta step of its own: Lie-Trotter applies
+    $\Phi_1^h, \dots, \Phi_m^h$ in order (first order); Strang applies
+    $\Phi_1^{h/2} \cdots \Phi_{m-1}^{h/2}\, \Phi_m^h\, \Phi_{m-1}^{h/2} \cdots \Phi_1^{h/2}$
+    (second order). `retractions[k]`, when given, maps the state after each sub-step of
+    term k (`retraction(at, y)` with the step's piece time `at`): the post-LN
+    normalization of a trained encoder.
+    """
+    geometry = field.geometry
+    if split is None:
+        return geometry.retract(rk_step(lambda s, z: field(s, z), table, t, h, y))
+    parts = [dataclasses.replace(field, terms=(term,)) for term in field.terms]
+    retractions = retractions or (None,) * len(parts)
+
+    def sub(k, start, size, y):
+        y = geometry.retract(rk_step(lambda s, z: parts[k](s, z), table, start, size, y))
+        return y if retractions[k] is None else retractions[k](field.piece_time, y)
+
+    if split == "lie":
+        for k in range(len(parts)):
+            y = sub(k, t, h, y)
+        return y
+    last = len(parts) - 1
+    for k in range(last):
+        y = sub(k, t, h / 2, y)
+    y = sub(last, t, h, y)
+    for k in reversed(range(last)):
+        y = sub(k, t + h / 2, h / 2, y)
+    return y
+
+
+def _record_at_marks(field, table, y0, t0, h, num_steps: int, marks, record, split=None, retractions=None):
     """Fixed steps with a `lax.scan`, recording at the grid steps `marks`.
 
     Step k goes from $t_k = t_0 + k h$ to $t_{k+1}$ with every stage using the schedule
@@ -74,8 +112,7 @@ def _record_at_marks(field, table, y0, t0, h, num_steps: int, marks, record):
         y, buffer = carry
         buffer = store(buffer, k, y)
         t = t0 + k * h
-        pinned = field.pinned(t + h / 2)
-        y = geometry.retract(rk_step(lambda s, z: pinned(s, z), table, t, h, y))
+        y = _advance(field.pinned(t + h / 2), table, t, h, y, split, retractions)
         return (y, buffer), None
 
     (y1, buffer), _ = lax.scan(step, (y0, buffer), jnp.arange(num_steps))
@@ -117,6 +154,8 @@ def simulate(
     rtol: float = 1e-6,
     atol: float = 1e-8,
     max_steps: int = 100_000,
+    split: str | None = None,
+    retractions=None,
 ) -> Solution:
     r"""Solve $\dot X = \mathcal{F}(t, X)$ from `y0` on $[t_0, t_1]$ for one system.
 
@@ -143,6 +182,11 @@ def simulate(
     - `adaptive`: PID step-size control with `rtol`, `atol` and at most `max_steps`
       steps; the solver steps to just before and just after every switch time of the
       field's schedules.
+    - `split`: `"lie"` (Lie-Trotter) or `"strang"` advances each term of the field by
+      its own sub-step (fixed steps only): a sequential transformer block is the
+      Lie-Trotter split of attention and MLP with one Euler step per layer.
+      `retractions`, one callable `(at, x) -> x` or None per term, maps the state after
+      each of that term's sub-steps (the post-LN normalization).
 
     Piecewise weight schedules (a switch time belongs to the piece that starts
     there) are read, in a fixed-step run, at each step's midpoint: a switch on the grid
@@ -162,6 +206,14 @@ def simulate(
         raise ConfigError("fixed-step integration needs a step dt.")
     y0 = field.geometry.retract(jnp.asarray(y0))
     record = _states if record is None else record
+    if split is not None or retractions is not None:
+        if split not in SPLITS:
+            raise ConfigError(f"unknown splitting {split!r}; choose one of {', '.join(SPLITS)}.")
+        if adaptive or ts is not None:
+            raise ConfigError("split steps are fixed steps recorded on the grid: leave out adaptive and ts.")
+        if retractions is not None and len(retractions) != len(field.terms):
+            raise ConfigError(f"give one retraction (or None) per term: {len(field.terms)} terms, "
+                              f"{len(retractions)} retractions.")
     if adaptive:
         return _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps)
 
@@ -177,7 +229,7 @@ def simulate(
         marks = np.asarray(save_steps, np.int64)
         if marks.ndim != 1 or marks.size == 0 or (np.diff(marks) <= 0).any() or marks[0] < 0 or marks[-1] > num_steps:
             raise ConfigError(f"save_steps must be increasing grid steps in [0, {num_steps}], got {marks.tolist()}.")
-        stats = _record_at_marks(field, table, y0, t0_, h, num_steps, marks, record)
+        stats = _record_at_marks(field, table, y0, t0_, h, num_steps, marks, record, split, retractions)
         out_ts = t0_ + h * jnp.asarray(marks, dtype)
     else:
         ks, thetas = bracketing_steps(np.asarray(ts), float(t0), float(t1), num_steps)

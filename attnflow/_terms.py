@@ -51,6 +51,45 @@ class AbstractInteraction(eqx.Module):
         weight schedules (default `t`)."""
 
 
+class Rotary(eqx.Module):
+    r"""Rotary position encoding (RoPE), in the "rotate half" layout of Hugging Face
+    models: the first `dims` entries of every query and key vector are split into
+    halves $(u, v)$, and at position $p$ the pair $(u_k, v_k)$ is rotated by the angle
+    $p\,\theta^{-2k/\mathrm{dims}}$ with base $\theta$. The remaining entries are left
+    alone (partial rotary, GPT-NeoX's `rotary_pct`). Logits then depend on positions
+    only through $i - j$.
+    """
+
+    dims: int = eqx.field(static=True)
+    base: float = eqx.field(static=True, default=10000.0)
+
+    def __check_init__(self):
+        if self.dims <= 0 or self.dims % 2:
+            raise ConfigError(f"rotary positions rotate pairs of entries: dims must be even and positive, got {self.dims}.")
+
+    def __call__(self, x: Float[Array, "... n k"]) -> Float[Array, "... n k"]:
+        """Rotate every row of `x` (rows are positions 0, 1, ..., n - 1)."""
+        n, k = x.shape[-2:]
+        if self.dims > k:
+            raise ConfigError(f"rotary positions rotate {self.dims} entries but the head vectors have only {k}.")
+        half = self.dims // 2
+        inv = self.base ** (-jnp.arange(half, dtype=x.dtype) * 2 / self.dims)
+        angle = jnp.arange(n, dtype=x.dtype)[:, None] * inv[None, :]
+        cos, sin = jnp.cos(angle), jnp.sin(angle)
+        u, v, rest = x[..., :half], x[..., half: self.dims], x[..., self.dims:]
+        return jnp.concatenate([u * cos - v * sin, v * cos + u * sin, rest], axis=-1)
+
+
+def _add(values: Array, bias: AbstractSchedule | None, t, at) -> Array:
+    """`values` (heads, n, k) plus a per-head bias (heads, k), or unchanged."""
+    if bias is None:
+        return values
+    b = bias(t, at)
+    if values.ndim == 2:
+        values = jnp.broadcast_to(values, (b.shape[0],) + values.shape)
+    return values + b[:, None, :]
+
+
 class SelfAttention(AbstractInteraction):
     """Multi-head self-attention as an interaction between tokens.
 
@@ -64,6 +103,10 @@ class SelfAttention(AbstractInteraction):
 
     Schedules return per-head stacks: `query`, `key` of shape `(heads, d_k, d)`,
     `value` `(heads, d_v, d)`, `output` `(heads, d, d_v)` or `None` for the identity.
+
+    Trained models add biases, $Q_h x_i + b^Q_h$ and so on (`query_bias`, `key_bias`
+    `(heads, d_k)`, `value_bias` `(heads, d_v)`, `output_bias` `(d,)`), and may rotate
+    queries and keys by position (`rotary`, a `Rotary`) before their product.
     """
 
     query: AbstractSchedule
@@ -75,6 +118,11 @@ class SelfAttention(AbstractInteraction):
     heads: int = eqx.field(static=True)
     kind: Literal["sa", "usa"] = eqx.field(static=True, default="sa")
     causal: bool = eqx.field(static=True, default=False)
+    query_bias: AbstractSchedule | None = None
+    key_bias: AbstractSchedule | None = None
+    value_bias: AbstractSchedule | None = None
+    output_bias: AbstractSchedule | None = None
+    rotary: Rotary | None = None
 
     def __check_init__(self):
         if self.kind not in ("sa", "usa"):
@@ -98,6 +146,11 @@ class SelfAttention(AbstractInteraction):
             raise ConfigError(f"the output schedule must return shape {(self.heads, d, dv)}, got {self.output.shape}.")
         if self.alibi is not None and self.alibi.shape != (self.heads,):
             raise ConfigError(f"alibi needs one slope per head, shape ({self.heads},), got {self.alibi.shape}.")
+        for name, want in (("query_bias", (self.heads, dk)), ("key_bias", (self.heads, dk)),
+                           ("value_bias", (self.heads, dv)), ("output_bias", (d,))):
+            bias = getattr(self, name)
+            if bias is not None and bias.shape != want:
+                raise ConfigError(f"the {name} schedule must return shape {want}, got {bias.shape}.")
 
     @property
     def dim(self) -> int:
@@ -109,7 +162,11 @@ class SelfAttention(AbstractInteraction):
         Shape `(heads, n, n)`, or `(n, n)` when every head has the same logits.
         """
         n = x.shape[0]
-        scores = self.beta * _contract(_apply(self.query, t, x, at), _apply(self.key, t, x, at))
+        q = _add(_apply(self.query, t, x, at), self.query_bias, t, at)
+        k = _add(_apply(self.key, t, x, at), self.key_bias, t, at)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        scores = self.beta * _contract(q, k)
         if self.alibi is not None:
             index = jnp.arange(n)
             distance = jnp.abs(index[:, None] - index[None, :]).astype(x.dtype)
@@ -133,7 +190,7 @@ class SelfAttention(AbstractInteraction):
 
     def __call__(self, t, x, at=None):
         scores = self.logits(t, x, at)
-        values = _apply(self.value, t, x, at)
+        values = _add(_apply(self.value, t, x, at), self.value_bias, t, at)
         if self.kind == "sa":
             # Softmax with the row maximum subtracted (finite for any beta), normalized
             # after the mixing: n*d divisions instead of n*n.
@@ -147,8 +204,10 @@ class SelfAttention(AbstractInteraction):
             mixed = jnp.einsum(spec, self.output(t, at), mixed)
         if mixed.ndim == 2:
             # No head axis: all heads are identical (identity Q, K, V and O).
-            return mixed if self.heads == 1 else self.heads * mixed
-        return jnp.sum(mixed, axis=0)
+            out = mixed if self.heads == 1 else self.heads * mixed
+        else:
+            out = jnp.sum(mixed, axis=0)
+        return out if self.output_bias is None else out + self.output_bias(t, at)
 
 
 _ACTIVATIONS = {

@@ -1,0 +1,163 @@
+"""The canonical form of a trained transformer: what every loader returns.
+
+Every family (GPT-2, GPT-NeoX/Pythia, BERT/MiniLM, Llama, GGUF llama) is read into the
+same few modules. Arrays of the blocks carry a leading **layer axis** of length `L`, so
+that the layer map is one `lax.scan` (and one compilation) however deep the model is.
+Conventions, matching DESIGN.md section 1:
+
+- matrices act on column vectors: `Q_h x` with `query[l, h]` of shape `(d_k, d)`;
+- per-head stacks: `query`, `key` `(L, H, d_k, d)`, `value` `(L, H, d_v, d)`,
+  `output` `(L, H, d, d_v)`, so that `Attn(X)_i = sum_h O_h sum_j a_ij^h (V_h x_j + b^V_h)
+  + b^O`; grouped key/value heads (Llama) are repeated to one per query head, and
+  `kv_heads` records how many distinct ones the checkpoint has;
+- biases: `query_bias`, `key_bias` `(L, H, d_k)`, `value_bias` `(L, H, d_v)`,
+  `output_bias` `(L, d)`, or None where the family has none;
+- the MLP is `W2 act(W1 x + b1) + b2`, or `W2 (silu(W1 x) * (W3 x))` for SwiGLU with
+  `gate` = W3 (Llama's `up_proj`; W1 is its `gate_proj`);
+- normalizations are the core's `TokenNorm` (kind `layer` or `rms`, with the model's
+  epsilon), their gains `(L, d)`;
+- the attention logits are `<Q_h x_i, K_h x_j> / sqrt(d_k)` (so beta = 1/sqrt(d_k)),
+  rotated first by rotary positions when `rotary` is set.
+
+How a block combines its parts is `arrangement`:
+
+- `sequential` (GPT-2, Llama, pre-LN): `x += Attn(N1(x)); x += MLP(N2(x))`;
+- `parallel` (GPT-NeoX): `x += Attn(N1(x)) + MLP(N2(x))`;
+- `post` (BERT, post-LN): `x = N1(x + Attn(x)); x = N2(x + MLP(x))`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from .._errors import CheckpointError
+from .._terms import Rotary, TokenNorm
+
+FAMILIES = ("gpt2", "gpt_neox", "bert", "llama")
+ARRANGEMENTS = ("sequential", "parallel", "post")
+
+
+
+class Attention(eqx.Module):
+    """Per-head attention weights of every layer (see the module docstring)."""
+
+    query: Float[Array, "L H dk d"]
+    key: Float[Array, "L H dk d"]
+    value: Float[Array, "L H dv d"]
+    output: Float[Array, "L H d dv"]
+    query_bias: Float[Array, "L H dk"] | None = None
+    key_bias: Float[Array, "L H dk"] | None = None
+    value_bias: Float[Array, "L H dv"] | None = None
+    output_bias: Float[Array, "L d"] | None = None
+    kv_heads: int = eqx.field(static=True, default=0)
+
+    @property
+    def heads(self) -> int:
+        return self.query.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.query.shape[2]
+
+
+class FeedForward(eqx.Module):
+    """The MLP of every layer: `W2 act(W1 x + b1) + b2` (or SwiGLU with `gate`)."""
+
+    w1: Float[Array, "L hidden d"]
+    w2: Float[Array, "L d hidden"]
+    b1: Float[Array, "L hidden"] | None = None
+    b2: Float[Array, "L d"] | None = None
+    gate: Float[Array, "L hidden d"] | None = None
+    activation: str = eqx.field(static=True, default="gelu")
+
+
+class Blocks(eqx.Module):
+    """All `L` blocks, stacked: attention, MLP and the two normalizations of each.
+
+    For `sequential` and `parallel` blocks `attn_norm` and `mlp_norm` act on the input
+    of their sub-block; for `post` blocks they act on its output (after the residual
+    addition)."""
+
+    attention: Attention
+    mlp: FeedForward
+    attn_norm: TokenNorm
+    mlp_norm: TokenNorm
+
+    @property
+    def depth(self) -> int:
+        return self.attention.query.shape[0]
+
+    def layer(self, index: int) -> "Blocks":
+        """Layer `index` alone (its arrays without the layer axis)."""
+        return jax.tree.map(lambda a: a[index], self)
+
+
+class Checkpoint(eqx.Module):
+    """A trained transformer in canonical form: embeddings, stacked blocks, final
+    normalization and unembedding, with the static facts that shape its layer map."""
+
+    family: str = eqx.field(static=True)
+    arrangement: Literal["sequential", "parallel", "post"] = eqx.field(static=True)
+    causal: bool = eqx.field(static=True)
+    blocks: Blocks
+    embed: Float[Array, "vocab d"]
+    positions: Float[Array, "P d"] | None = None
+    token_types: Float[Array, "T d"] | None = None
+    embed_norm: TokenNorm | None = None
+    final_norm: TokenNorm | None = None
+    unembed: Float[Array, "vocab d"] | None = None
+    rotary: Rotary | None = None
+    name: str = eqx.field(static=True, default="")
+
+    def __check_init__(self):
+        if self.family not in FAMILIES:
+            raise CheckpointError(f"unknown family {self.family!r}; attnflow reads {', '.join(FAMILIES)}.")
+        if self.arrangement not in ARRANGEMENTS:
+            raise CheckpointError(f"unknown block arrangement {self.arrangement!r}.")
+
+    @property
+    def depth(self) -> int:
+        return self.blocks.depth
+
+    @property
+    def dim(self) -> int:
+        return self.embed.shape[1]
+
+    @property
+    def heads(self) -> int:
+        return self.blocks.attention.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.blocks.attention.head_dim
+
+    def embed_tokens(self, ids: Int[Array, " n"], token_type: int = 0) -> Float[Array, "n d"]:
+        """The embedding output (the residual stream before block 1): token embeddings,
+        plus absolute positions and token types where the family has them, then the
+        embedding normalization (BERT)."""
+        x = self.embed[ids]
+        if self.positions is not None:
+            x = x + self.positions[: ids.shape[0]]
+        if self.token_types is not None:
+            x = x + self.token_types[token_type]
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
+        return x
+
+    def logits(self, x: Float[Array, "n d"]) -> Float[Array, "n vocab"]:
+        """Next-token logits of residual states `x`: the final norm, then the
+        unembedding (None for encoders without an LM head)."""
+        if self.unembed is None:
+            raise CheckpointError(f"{self.name or self.family} has no unembedding (LM head).")
+        h = x if self.final_norm is None else self.final_norm(x)
+        return h @ self.unembed.T
+
+
+def stack_layers(per_layer: list) -> object:
+    """Stack a list of per-layer pytrees (same structure) along a new leading axis."""
+    return jax.tree.map(lambda *a: jnp.stack(a), *per_layer)

@@ -1,0 +1,308 @@
+"""Reading a Hugging Face checkpoint folder: `config.json` and its named tensors.
+
+The weights are `model.safetensors`, or shards listed by `model.safetensors.index.json`,
+read with the `safetensors` package (lazily: a tensor is read when a family module
+asks for it). Pickle-based files (`pytorch_model.bin`, `*.pt`, `*.pth`, `*.ckpt`) can
+run arbitrary code when they are opened, so they are refused unless the caller trusts
+them (`trust_pickle=True`); trusted ones are read with `torch.load(weights_only=True)`.
+
+Every failure is a `CheckpointError` of one sentence naming the file and what is wrong.
+`WeightTable` is what the family modules read through: names under the checkpoint's
+prefix, shapes checked against what `config.json` implies.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._errors import CheckpointError
+from .._terms import TokenNorm
+from ._canonical import stack_layers
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TRUST_HINT = "pass trust_pickle=True (on the command line trust_pickle=true) if you trust its source"
+
+
+def read_config(folder: Path) -> dict:
+    """The parsed `config.json` of a checkpoint folder."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint folder {folder} has no config.json.")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON ({_first_line(error)}).") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(config).__name__}, not an object of settings.")
+    return config
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0].rstrip(".") if text else type(error).__name__
+
+
+class SafetensorsTensors(Mapping):
+    """The tensors of one or several `.safetensors` files, read on access as numpy
+    arrays (bfloat16 and float16 widened to float32).
+
+    `files` maps each tensor name to the file holding it (from a shard `index`, or the
+    files' own headers); every file is opened, its header checked against its length
+    and every tensor looked up when the mapping is made."""
+
+    def __init__(self, files: Mapping[str, Path], index: Path | None = None):
+        from safetensors import SafetensorError, safe_open
+
+        self._where = dict(files)
+        self._handles = {}
+        for path in sorted(set(self._where.values())):
+            try:
+                self._handles[path] = safe_open(str(path), framework="numpy")
+            except (SafetensorError, OSError, ValueError) as error:
+                raise CheckpointError(f"{path} is truncated or not a safetensors file ({_first_line(error)}).") from None
+        stored = {path: set(handle.keys()) for path, handle in self._handles.items()}
+        for name, path in self._where.items():
+            if name not in stored[path]:
+                raise CheckpointError(f"tensor {name} listed in {index or 'the shard index'} is missing from {path.name}.")
+
+    @classmethod
+    def of_files(cls, paths: list[Path]) -> "SafetensorsTensors":
+        """All tensors of whole files (no index)."""
+        from safetensors import SafetensorError, safe_open
+
+        where = {}
+        for path in paths:
+            try:
+                names = safe_open(str(path), framework="numpy").keys()
+            except (SafetensorError, OSError, ValueError) as error:
+                raise CheckpointError(f"{path} is truncated or not a safetensors file ({_first_line(error)}).") from None
+            where.update({name: path for name in names})
+        return cls(where)
+
+    def where(self, name: str) -> Path:
+        """The file that holds tensor `name`."""
+        return self._where[name]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        path = self._where[name]
+        handle = self._handles[path]
+        try:
+            dtype = handle.get_slice(name).get_dtype()
+            if dtype == "BF16":
+                return _read_bfloat16(path, name)
+            array = handle.get_tensor(name)
+        except Exception as error:  # safetensors raises several types for corrupt data
+            raise CheckpointError(f"{path} could not give tensor {name} ({_first_line(error)}).") from None
+        return array.astype(np.float32) if array.dtype == np.float16 else array
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def _read_bfloat16(path: Path, name: str) -> np.ndarray:
+    """A bfloat16 tensor as float32, from its raw bytes (numpy has no bfloat16): the
+    file is an 8-byte little-endian header length, a JSON header giving each tensor's
+    byte range, then the data; a bfloat16 is the upper half of a float32."""
+    with open(path, "rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        entry = json.loads(file.read(length))[name]
+    start, stop = entry["data_offsets"]
+    raw = np.fromfile(path, dtype="<u2", count=(stop - start) // 2, offset=8 + length + start)
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
+
+
+def _indexed(folder: Path, index_name: str) -> dict[str, Path]:
+    """Tensor name -> shard file, from a Hugging Face `*.index.json`, every shard present."""
+    path = folder / index_name
+    try:
+        weight_map = json.loads(path.read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{path} is not a shard index with a weight_map ({_first_line(error)}).") from None
+    where = {name: folder / shard for name, shard in weight_map.items()}
+    for shard in sorted(set(where.values())):
+        if not shard.is_file():
+            raise CheckpointError(f"shard {shard.name} listed in {path} is missing from {folder}.")
+    return where
+
+
+def read_tensors(path: Path, *, trust_pickle: bool = False) -> Mapping[str, np.ndarray]:
+    """The named tensors of a checkpoint folder (or of one weights file in it).
+
+    Looks for, in order: the safetensors shard index, `model.safetensors`, any other
+    `*.safetensors`, then pickle files (the PyTorch shard index, `pytorch_model.bin`,
+    `*.pt`, ...), which need `trust_pickle`."""
+    path = Path(path)
+    if path.is_file():
+        if path.suffix == ".safetensors":
+            return SafetensorsTensors.of_files([path])
+        if path.suffix in PICKLE_SUFFIXES:
+            return _read_pickles([path], trust_pickle)
+        raise CheckpointError(f"{path} is not a weights file attnflow reads (.safetensors, .gguf, or a trusted pickle).")
+    if (path / SAFETENSORS_INDEX).is_file():
+        return SafetensorsTensors(_indexed(path, SAFETENSORS_INDEX), index=path / SAFETENSORS_INDEX)
+    if (path / SAFETENSORS).is_file():
+        return SafetensorsTensors.of_files([path / SAFETENSORS])
+    others = sorted(path.glob("*.safetensors"))
+    if others:
+        return SafetensorsTensors.of_files(others)
+    if (path / PICKLE_INDEX).is_file():
+        return _read_pickles(sorted(set(_indexed(path, PICKLE_INDEX).values())), trust_pickle)
+    pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    if pickles:
+        return _read_pickles(pickles, trust_pickle)
+    raise CheckpointError(f"checkpoint folder {path} has no weights (model.safetensors, a shard index, or a pickle file).")
+
+
+def _read_pickles(paths: list[Path], trust: bool) -> dict[str, np.ndarray]:
+    """The tensors of PyTorch pickle files, read only when trusted and torch is present."""
+    if not trust:
+        raise CheckpointError(f"{paths[0]} is a pickle file, which can run code when opened; {TRUST_HINT}.")
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(f"{paths[0]} is a pickle file and reading it needs torch, which is not installed.") from None
+    tensors = {}
+    for path in paths:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch raises many types for corrupt or unsafe pickles
+            raise CheckpointError(f"{path} could not be read as a PyTorch state dict ({_first_line(error)}).") from None
+        if isinstance(state, Mapping) and "state_dict" in state and isinstance(state["state_dict"], Mapping):
+            state = state["state_dict"]
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"{path} holds a {type(state).__name__}, not a state dict of named tensors.")
+        for name, value in state.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach()
+                tensors[name] = (value.float() if value.is_floating_point() and value.dtype != torch.float64
+                                 else value).numpy()
+    if not tensors:
+        raise CheckpointError(f"{paths[0]} holds no tensors.")
+    return tensors
+
+
+class WeightTable:
+    """A checkpoint's tensors as one family reads them: names relative to the prefix
+    the checkpoint was saved under (`transformer.`, `gpt_neox.`, `bert.`, `model.`, or
+    none), shapes checked against what `config.json` implies, values as numpy arrays.
+
+    The prefix is found from `anchor`, a tensor every checkpoint of the family has (the
+    token embedding): it is whatever precedes the shortest name ending in `anchor`."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], anchor: str, family: str):
+        self.tensors, self.family = tensors, family
+        names = [name for name in tensors if name == anchor or name.endswith("." + anchor)]
+        if not names:
+            raise CheckpointError(f"the {family} checkpoint has no tensor named {anchor} (with any prefix); "
+                                  f"is config.json's model_type right?")
+        self.prefix = min(names, key=len)[: -len(anchor)]
+
+    def _source(self, name: str) -> str:
+        where = getattr(self.tensors, "where", None)
+        return f" in {where(name).name}" if where is not None else ""
+
+    def name(self, name: str) -> str | None:
+        """The stored name of `name`: under the prefix, or at the top level (LM heads)."""
+        for full in (self.prefix + name, name):
+            if full in self.tensors:
+                return full
+        return None
+
+    def has(self, name: str) -> bool:
+        return self.name(name) is not None
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Tensor `name`, which must have `shape`."""
+        full = self.name(name)
+        if full is None:
+            raise CheckpointError(f"the {self.family} checkpoint has no tensor {self.prefix + name}.")
+        array = self.tensors[full]
+        if tuple(array.shape) != tuple(shape):
+            raise CheckpointError(f"tensor {full}{self._source(full)} has shape {tuple(array.shape)} but config.json "
+                                  f"implies {tuple(shape)}.")
+        return array
+
+    def first(self, names: tuple[str, ...], shape: tuple[int, ...]) -> np.ndarray:
+        """The first of several alternative names that the checkpoint has."""
+        for name in names:
+            if self.has(name):
+                return self.get(name, shape)
+        return self.get(names[0], shape)
+
+
+_REQUIRED = object()
+
+
+def setting(config: Mapping, *names: str, default=_REQUIRED):
+    """The first of `names` set (not null) in `config.json`, else `default`; without a
+    default the setting is required."""
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    if default is _REQUIRED:
+        raise CheckpointError(f"config.json has no {names[0]}, which a {config.get('model_type')} model needs.")
+    return default
+
+
+def rope_settings(config: Mapping, fraction: float = 1.0) -> tuple[float, float]:
+    """`(base, fraction of each head rotated)` of a rotary model, from the places
+    transformers has kept them: `rope_parameters` (5.x), `rope_theta` and
+    `partial_rotary_factor`, or GPT-NeoX's `rotary_emb_base` and `rotary_pct`. Only the
+    plain RoPE (`rope_type` default) is the canonical `Rotary`. `fraction` is the
+    family's default when the config names none."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise CheckpointError(f"config.json asks for rope_type {kind!r}; attnflow's rotary positions are the plain "
+                              f"(default) RoPE only.")
+    base = params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
+    fraction = params.get("partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct", fraction)))
+    return float(base), float(fraction)
+
+
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "relu": "relu", "silu": "silu", "swish": "silu"}
+
+
+def activation(name: str) -> str:
+    """attnflow's name for a transformers activation (`hidden_act`, `activation_function`)."""
+    if name not in ACTIVATIONS:
+        raise CheckpointError(f"config.json's activation {name!r} is not one attnflow has "
+                              f"({', '.join(sorted(ACTIVATIONS))}).")
+    return ACTIVATIONS[name]
+
+
+def as_array(value: np.ndarray | None, dtype) -> jax.Array | None:
+    """A numpy stack as a JAX array of the checkpoint's dtype (float32 by default)."""
+    return None if value is None else jnp.asarray(np.asarray(value), dtype=dtype or jnp.float32)
+
+
+def stacked_norm(kind: str, gammas: list[np.ndarray], shifts: list[np.ndarray] | None, eps: float, dtype) -> TokenNorm:
+    """The `TokenNorm`s of all layers (one gain `(d,)` and shift or None per layer),
+    stacked: gains `(L, d)`, shifts `(L, d)` or None."""
+    return stack_layers([TokenNorm(kind, gamma=as_array(gamma, dtype), shift=as_array(shift, dtype), eps=float(eps))
+                         for gamma, shift in zip(gammas, shifts or [None] * len(gammas))])
+
+
+def heads_in(matrix: np.ndarray, heads: int) -> np.ndarray:
+    """Rows `(H * k, d)` of a projection as per-head blocks `(H, k, d)`."""
+    return matrix.reshape(heads, -1, matrix.shape[-1])
+
+
+def heads_out(matrix: np.ndarray, heads: int) -> np.ndarray:
+    """An output projection `(d, H * k)` (reading concatenated heads) as `(H, d, k)`."""
+    d = matrix.shape[0]
+    return matrix.reshape(d, heads, -1).transpose(1, 0, 2)

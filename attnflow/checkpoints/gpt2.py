@@ -1,0 +1,82 @@
+"""GPT-2 checkpoints (Hugging Face `model_type` `gpt2`) in canonical form.
+
+GPT-2 is pre-LN (`sequential`): `x += Attn(ln_1(x)); x += MLP(ln_2(x))`, with learned
+absolute positions (`wpe`), LayerNorms with `layer_norm_epsilon`, the `gelu_new` (tanh)
+activation and a final `ln_f`. Its projections are `Conv1D` layers, `y = x W + b` with
+`W` of shape `(in, out)`, so each is transposed to act on column vectors; the fused
+`c_attn` holds `[Q; K; V]` (rows of the transposed weight), each `H` heads of `d / H`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ._canonical import Attention, Blocks, Checkpoint, FeedForward
+from ._files import WeightTable, activation, as_array, setting, stacked_norm
+from .._terms import TokenNorm
+
+
+def split_attention(weight: np.ndarray, bias: np.ndarray | None, heads: int):
+    """Per-head `(Q, K, V)` `(H, d/H, d)` and biases `(H, d/H)` of a fused Conv1D
+    `c_attn` (weight `(d, 3d)`, bias `(3d,)`)."""
+    d = weight.shape[0]
+    rows = weight.T.reshape(3, heads, d // heads, d)
+    biases = (None,) * 3 if bias is None else tuple(bias.reshape(3, heads, d // heads))
+    return tuple(rows), biases
+
+
+def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", dtype=None) -> Checkpoint:
+    """A GPT-2 checkpoint from its `config.json` and named tensors."""
+    d, heads = int(setting(config, "n_embd", "hidden_size")), int(setting(config, "n_head", "num_attention_heads"))
+    depth = int(setting(config, "n_layer", "num_hidden_layers"))
+    vocab, places = int(setting(config, "vocab_size")), int(setting(config, "n_positions", "max_position_embeddings"))
+    hidden = int(setting(config, "n_inner", default=4 * d))
+    eps = float(setting(config, "layer_norm_epsilon", default=1e-5))
+    w = WeightTable(tensors, "wte.weight", "gpt2")
+
+    # The attention logits are <q, k> / sqrt(dk) unless the config says otherwise; other
+    # scalings are folded into the queries, which keeps the canonical beta = 1/sqrt(dk).
+    scale = np.ones(depth)
+    if not setting(config, "scale_attn_weights", default=True):
+        scale = scale * np.sqrt(d // heads)
+    if setting(config, "scale_attn_by_inverse_layer_idx", default=False):
+        scale = scale / np.arange(1, depth + 1)
+
+    parts = {key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2",
+                                 "g1", "s1", "g2", "s2")}
+    for l in range(depth):
+        at = f"h.{l}."
+        (q, k, v), (bq, bk, bv) = split_attention(w.get(at + "attn.c_attn.weight", (d, 3 * d)),
+                                                  w.get(at + "attn.c_attn.bias", (3 * d,)), heads)
+        values = {
+            "q": q * scale[l], "k": k, "v": v, "bq": bq * scale[l], "bk": bk, "bv": bv,
+            "o": w.get(at + "attn.c_proj.weight", (d, d)).reshape(heads, d // heads, d).transpose(0, 2, 1),
+            "bo": w.get(at + "attn.c_proj.bias", (d,)),
+            "w1": w.get(at + "mlp.c_fc.weight", (d, hidden)).T, "b1": w.get(at + "mlp.c_fc.bias", (hidden,)),
+            "w2": w.get(at + "mlp.c_proj.weight", (hidden, d)).T, "b2": w.get(at + "mlp.c_proj.bias", (d,)),
+            "g1": w.get(at + "ln_1.weight", (d,)), "s1": w.get(at + "ln_1.bias", (d,)),
+            "g2": w.get(at + "ln_2.weight", (d,)), "s2": w.get(at + "ln_2.bias", (d,)),
+        }
+        for key, value in values.items():
+            parts[key].append(value)
+    a = {key: as_array(np.stack(value), dtype) for key, value in parts.items()}
+
+    blocks = Blocks(
+        attention=Attention(query=a["q"], key=a["k"], value=a["v"], output=a["o"], query_bias=a["bq"],
+                            key_bias=a["bk"], value_bias=a["bv"], output_bias=a["bo"], kv_heads=heads),
+        mlp=FeedForward(w1=a["w1"], w2=a["w2"], b1=a["b1"], b2=a["b2"],
+                        activation=activation(setting(config, "activation_function", default="gelu_new"))),
+        attn_norm=stacked_norm("layer", parts["g1"], parts["s1"], eps, dtype),
+        mlp_norm=stacked_norm("layer", parts["g2"], parts["s2"], eps, dtype),
+    )
+    embed = w.get("wte.weight", (vocab, d))
+    unembed = w.get("lm_head.weight", (vocab, d)) if w.has("lm_head.weight") else embed
+    return Checkpoint(
+        family="gpt2", arrangement="sequential", causal=True, blocks=blocks,
+        embed=as_array(embed, dtype), positions=as_array(w.get("wpe.weight", (places, d)), dtype),
+        final_norm=TokenNorm("layer", gamma=as_array(w.get("ln_f.weight", (d,)), dtype),
+                             shift=as_array(w.get("ln_f.bias", (d,)), dtype), eps=eps),
+        unembed=as_array(unembed, dtype), name=name,
+    )

@@ -1,0 +1,93 @@
+"""Tiny synthetic checkpoints of every Hugging Face family, written by `transformers`
+itself (`save_pretrained`, safetensors), for the checkpoint tests.
+
+`write_tiny(family, folder)` writes one (2 layers, d = 32, 4 heads, a vocabulary of 97)
+and returns its folder; `reference(folder)` loads it back as the `transformers` model,
+in float64 and eval mode, the independent implementation the tests hold attnflow
+against. Every parameter is redrawn (norm gains near 1, all biases non-zero) so that no
+weight is a default value a loader could get right by accident.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import json
+
+import numpy as np
+import torch
+import transformers
+
+transformers.logging.set_verbosity_error()
+transformers.logging.disable_progress_bar()
+
+FAMILIES = ("gpt2", "gpt_neox", "bert", "llama")
+VOCAB, DIM, HEADS, DEPTH, HIDDEN, POSITIONS = 97, 32, 4, 2, 48, 64
+
+
+def tiny_config(family: str, **overrides) -> transformers.PretrainedConfig:
+    """A small config of `family` in that family's own naming; `overrides` change it."""
+    if family == "gpt2":
+        settings = dict(vocab_size=VOCAB, n_embd=DIM, n_head=HEADS, n_layer=DEPTH, n_inner=HIDDEN,
+                        n_positions=POSITIONS, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                        bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2Config(**(settings | overrides))
+    if family == "gpt_neox":
+        settings = dict(vocab_size=VOCAB, hidden_size=DIM, num_attention_heads=HEADS, num_hidden_layers=DEPTH,
+                        intermediate_size=HIDDEN, max_position_embeddings=POSITIONS, hidden_act="gelu",
+                        use_parallel_residual=True, rotary_pct=0.25, rotary_emb_base=10000, layer_norm_eps=1e-5,
+                        tie_word_embeddings=False)
+        return transformers.GPTNeoXConfig(**(settings | overrides))
+    if family == "bert":
+        settings = dict(vocab_size=VOCAB, hidden_size=DIM, num_attention_heads=HEADS, num_hidden_layers=DEPTH,
+                        intermediate_size=HIDDEN, max_position_embeddings=POSITIONS, type_vocab_size=2,
+                        hidden_act="gelu", layer_norm_eps=1e-12)
+        return transformers.BertConfig(**(settings | overrides))
+    if family == "llama":
+        settings = dict(vocab_size=VOCAB, hidden_size=DIM, num_attention_heads=HEADS, num_key_value_heads=2,
+                        num_hidden_layers=DEPTH, intermediate_size=HIDDEN, max_position_embeddings=POSITIONS,
+                        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True, attention_bias=False)
+        return transformers.LlamaConfig(**(settings | overrides))
+    raise ValueError(f"no tiny {family} model; choose one of {', '.join(FAMILIES)}")
+
+
+MODELS = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "bert": "BertForMaskedLM",
+          "llama": "LlamaForCausalLM"}
+
+
+def tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A randomly initialized tiny model (float32), every parameter redrawn."""
+    torch.manual_seed(seed)
+    model = getattr(transformers, MODELS[family])(tiny_config(family, **overrides))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name.lower() or name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                parameter.copy_(1 + 0.2 * torch.randn_like(parameter)) if name.endswith("weight") \
+                    else parameter.copy_(0.1 * torch.randn_like(parameter))
+            else:
+                parameter.copy_(0.3 * torch.randn_like(parameter))
+    return model.eval()
+
+
+def write_tiny(family: str, folder: str | Path, sharded: bool = False, seed: int = 0, **overrides) -> Path:
+    """Write a tiny `family` checkpoint into `folder` with `save_pretrained` (several
+    shards and an index when `sharded`); return the folder."""
+    folder = Path(folder)
+    model = tiny_model(family, seed, **overrides)
+    model.save_pretrained(folder, max_shard_size="20KB" if sharded else "10GB")
+    return folder
+
+
+def reference(folder: str | Path) -> torch.nn.Module:
+    """The checkpoint in `folder` read back by `transformers`, float64, eval mode."""
+    family = json.loads((Path(folder) / "config.json").read_text())["model_type"]
+    model = getattr(transformers, MODELS[family]).from_pretrained(folder, dtype=torch.float64,
+                                                                  attn_implementation="eager")
+    return model.eval()
+
+
+def hidden_states(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:
+    """`transformers`' `output_hidden_states` for one sequence, `(L + 1, n, d)`."""
+    with torch.no_grad():
+        out = model(input_ids=torch.as_tensor(np.asarray(ids, dtype=np.int64))[None], output_hidden_states=True)
+    return np.stack([h[0].double().numpy() for h in out.hidden_states])
