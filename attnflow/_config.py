@@ -214,6 +214,11 @@ class Config:
     plot: bool = MISSING
     compilation_cache: bool = MISSING
     experiment: ExperimentConfig | None = MISSING
+    # experiment=checkpoint only: the trained model, the sentence, and whether a pickle
+    # file may be read
+    checkpoint: str | None = MISSING
+    text: str | None = MISSING
+    trust_pickle: bool = MISSING
 
 
 # Keys that say what to do with a result, not what the result is.

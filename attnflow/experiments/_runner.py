@@ -43,6 +43,7 @@ EXPERIMENTS = (
     "polynomial",
     "normalization",
     "flow_matching",
+    "checkpoint",
 )
 
 

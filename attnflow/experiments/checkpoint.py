@@ -1,0 +1,298 @@
+"""A trained transformer beside its own dynamics and beside the theory.
+
+`attnflow experiment=checkpoint checkpoint=PATH text="..."` loads the checkpoint
+(`attnflow.checkpoints.load_checkpoint`: a Hugging Face directory, a `.gguf` file or an
+installed model name) and its tokenizer, and runs the sentence through:
+
+- **the model**: its reference forward pass, the residual stream `hidden` with dims
+  (`layer`, `token`, `dim`): layer 0 the embedding output, layer k the output of
+  block k, before any final norm; `final` the final norm's output;
+- **its dynamics**: the vector field built from its weights (`depth_flow`), solved on
+  $[0, L]$ with `steps` Euler (or split) steps per layer (one step per layer is the
+  layer map, equal to the model to float tolerance), and with an adaptive diffrax
+  solver of the unsplit field; their states at the integer depths are `simulated`
+  (`run`, `layer`, `token`, `dim`), each run's distance from the model `depth_error`;
+- **the theory**: $Q = K = V = I$ self-attention on the sphere at inverse temperature
+  `beta` from the model's own embedded tokens (normalized), for the same time $L$.
+
+For every source (the model, each run, the theory) and layer it stores the normalized
+interaction energy (`energy`, the off-sphere form), the pair-cosine histogram
+(`pair_cosines`), the cluster count at threshold `eps` (`clusters`), and the cosine
+distance of every token to the model's (`cosine_distance`); the attention matrices of
+every head, of the model and of the finest run (`attention`). With `probes`, the QK/OV
+spectra of every head, the tokens its singular vectors decode to, the Traveling Words
+embedding distances and the last token's path through the layers are stored too.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from .._errors import ConfigError
+from ._common import caption, config_of, pyplot, save
+
+TITLE = "A trained transformer against its dynamics and the theory"
+PAPER = "DESIGN.md sec. 2, 7; Neural ODE Transformers (QK/OV spectra); Traveling Words (probes)"
+OPTIONS = {"steps": [1, 2, 4, 8], "interpolation": "constant", "adaptive": True, "bins": 40, "probes": True}
+
+
+def check(cfg, options) -> None:
+    if not cfg.checkpoint:
+        raise ConfigError("experiment=checkpoint needs checkpoint=PATH (a model directory, a .gguf file, "
+                          "or minilm / smollm2).")
+    if not cfg.text or not str(cfg.text).strip():
+        raise ConfigError('experiment=checkpoint needs a sentence: text="...".')
+    steps = options["steps"]
+    if not isinstance(steps, list) or not steps or any(not isinstance(s, int) or isinstance(s, bool) or s < 1
+                                                       for s in steps):
+        raise ConfigError(f"experiment.options.steps must be a list of positive whole numbers, got {steps!r}.")
+    if options["interpolation"] not in ("constant", "linear", "cubic"):
+        raise ConfigError(f"experiment.options.interpolation must be constant, linear or cubic, "
+                          f"got {options['interpolation']!r}.")
+    if not isinstance(options["bins"], int) or options["bins"] < 2:
+        raise ConfigError(f"experiment.options.bins must be a whole number >= 2, got {options['bins']!r}.")
+    if not isinstance(cfg.beta, (int, float)) or isinstance(cfg.beta, bool):
+        raise ConfigError(f"experiment=checkpoint takes one beta (the theory run's), got {cfg.beta!r}.")
+    _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)  # a bad checkpoint stops here
+
+
+def panels(base, options) -> dict:
+    return {}  # nothing for the core study runner: everything happens in `analyse`
+
+
+@functools.lru_cache(maxsize=2)
+def _loaded(path: str, trust_pickle: bool, dtype: str):
+    from ..checkpoints import load_checkpoint, load_tokenizer
+
+    if dtype == "float64":
+        jax.config.update("jax_enable_x64", True)  # as a float64 study does, for the process
+    checkpoint = load_checkpoint(path, trust_pickle=trust_pickle, dtype=dtype)
+    return checkpoint, load_tokenizer(path)
+
+
+def _unit(x):
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _layer_metrics(xs, bins: int, eps: float):
+    """Energy, pair-cosine histogram and cluster count of states `xs` (..., n, d)."""
+    from .._metrics import cluster_count, cosines, normalized_energy
+
+    n = xs.shape[-2]
+    upper = np.triu_indices(n, 1)
+    edges = jnp.linspace(-1.0, 1.0, bins + 1)
+
+    def one(x):
+        c = cosines(x)
+        counts, _ = jnp.histogram(jnp.clip(c[upper], -1, 1), bins=edges)
+        return normalized_energy(x), counts / max(len(upper[0]), 1), cluster_count(_unit(x), eps)
+
+    flat = xs.reshape((-1,) + xs.shape[-2:])
+    energy, hist, clusters = jax.lax.map(one, flat)
+    shape = xs.shape[:-2]
+    return energy.reshape(shape), hist.reshape(shape + (bins,)), clusters.reshape(shape), np.asarray(edges)
+
+
+def _attention(flow, states):
+    """Every head's attention matrices at the states entering each layer."""
+    field = flow.field
+
+    def at(layer, x):
+        return field.pinned(layer + 0.5).attention_weights(layer, x)
+
+    depth = flow.depth
+    return jax.vmap(at)(jnp.arange(depth, dtype=states.dtype), states[:depth])
+
+
+def _theory(x0, depth: int, beta: float, dt: float):
+    from .. import Identity, SelfAttention, VectorField, simulate
+
+    d = x0.shape[-1]
+    identity = Identity(heads=1, dim=d, dtype=str(x0.dtype))
+    attention = SelfAttention(query=identity, key=identity, value=identity, output=None,
+                              beta=jnp.asarray(beta, x0.dtype), alibi=None, heads=1)
+    field = VectorField(terms=(attention,), scheme="sphere")
+    steps = int(round(depth / dt))
+    per_layer = max(steps // depth, 1)
+    solution = simulate(field, _unit(x0), t1=float(depth), dt=depth / (per_layer * depth), solver="rk4",
+                        save_steps=np.arange(0, per_layer * depth + 1, per_layer))
+    return solution.xs
+
+
+def _label(steps: int) -> str:
+    return "dt=1" if steps == 1 else f"dt=1/{steps}"
+
+
+def analyse(cfg, options, results) -> xr.Dataset:
+    from ..checkpoints import depth_flow, forward, run_depth
+
+    if True:
+        checkpoint, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
+        ids = np.asarray(tokenizer.encode(str(cfg.text)))
+        if ids.size == 0:
+            raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
+        strings = tokenizer.tokens(ids)
+        model = forward(checkpoint, ids)
+        hidden = model.hidden
+        depth, n = checkpoint.depth, ids.size
+
+        runs, states = [], []
+        layer_map = depth_flow(checkpoint)
+        flow = depth_flow(checkpoint, options["interpolation"])
+        for steps in options["steps"]:
+            runs.append(_label(steps))
+            states.append(run_depth(layer_map if steps == 1 else flow, hidden[0], steps_per_layer=steps))
+        if options["adaptive"] and checkpoint.arrangement != "post":
+            runs.append("adaptive")
+            states.append(run_depth(flow, hidden[0], adaptive=True))
+        runs.append("theory")
+        states.append(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt)))
+        simulated = jnp.stack(states)
+
+        sources = ["model"] + runs
+        every = jnp.concatenate([hidden[None], simulated])
+        energy, hist, clusters, edges = _layer_metrics(every, options["bins"], float(cfg.eps))
+        cos = jnp.sum(_unit(every) * _unit(hidden)[None], axis=-1)
+        error = jnp.linalg.norm(simulated - hidden[None], axis=(-2, -1)) / jnp.linalg.norm(hidden, axis=(-2, -1))
+        finest = [r for r in runs if r != "theory"][-1]
+        attention = jnp.stack([_attention(layer_map, hidden), _attention(layer_map, simulated[runs.index(finest)])])
+
+    layer = np.arange(depth + 1)
+    ds = xr.Dataset(
+        {
+            "token_id": ("token", ids, {"description": "token ids of the sentence"}),
+            "token_string": ("token", np.asarray(strings, dtype=object), {"description": "the tokens as text"}),
+            "hidden": (("layer", "token", "dim"), np.asarray(hidden, np.float32),
+                       {"description": "the model's residual stream: layer 0 the embedding output, layer k the "
+                                       "output of block k, before the final norm"}),
+            "final": (("token", "dim"), np.asarray(model.final, np.float32),
+                      {"description": "the final norm's output (the last hidden state where there is none)"}),
+            "simulated": (("run", "layer", "token", "dim"), np.asarray(simulated, np.float32),
+                          {"description": "states of the dynamics at integer depths: the checkpoint's field with "
+                                          "dt = 1/m (m steps per layer), adaptive, and the theory run"}),
+            "depth_error": (("run", "layer"), np.asarray(error),
+                            {"description": "|simulated - model| / |model| per layer (Frobenius)"}),
+            "cosine_distance": (("source", "layer", "token"), 1 - np.asarray(cos),
+                                {"description": "1 - cos(state, model state) per token"}),
+            "energy": (("source", "layer"), np.asarray(energy),
+                       {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
+            "pair_cosines": (("source", "layer", "bin"), np.asarray(hist),
+                             {"description": "histogram of the pair cosines cos(x_i, x_j), i < j (fractions)"}),
+            "clusters": (("source", "layer"), np.asarray(clusters),
+                         {"description": "cluster count: components of the graph cos(x_i, x_j) > 1 - eps"}),
+            "attention": (("attention_source", "block", "head", "query", "key"), np.asarray(attention, np.float32),
+                          {"description": f"attention matrices entering each block: the model's and the {finest} run's"}),
+        },
+        coords={"layer": layer, "run": runs, "source": sources, "bin": 0.5 * (edges[1:] + edges[:-1]),
+                "attention_source": ["model", finest], "block": np.arange(1, depth + 1)},
+        attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family, "arrangement": checkpoint.arrangement,
+               "model_name": checkpoint.name or str(cfg.checkpoint), "text": str(cfg.text)},
+    )
+    if options["probes"]:
+        ds = _probes(ds, checkpoint, tokenizer, hidden, ids)
+    return ds
+
+
+def _probes(ds, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
+    from ..checkpoints.probes import decode_head_vectors, distance_table, embedding_distances, token_path
+    from ..checkpoints.spectra import head_spectra
+
+    spectra = head_spectra(checkpoint)
+    path = token_path(checkpoint, hidden, tokenizer, position=-1, ids=ids)
+    heads = decode_head_vectors(checkpoint, tokenizer)
+    parts, kept = [ds], {}
+    for prefix, part in (("spectra", spectra), ("path", path), ("heads", heads)):
+        renamed = part.rename({name: f"{prefix}_{name}" for name in part.data_vars})
+        renamed = renamed.rename({dim: f"{prefix}_{dim}" for dim in part.dims if dim in ds.dims and dim not in ("layer",)})
+        # Each part's attributes travel in the file as "prefix:name" (netCDF has no None).
+        kept.update({f"{prefix}:{k}": v for k, v in part.attrs.items() if v is not None})
+        renamed.attrs = {}
+        parts.append(renamed)
+    merged = xr.merge(parts, compat="override", combine_attrs="override")
+    merged.attrs.update(kept)
+    merged.attrs["embedding_distances"] = distance_table(embedding_distances(checkpoint))
+    return merged
+
+
+def _sources_colors(sources):
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"]
+    runs = [s for s in sources if s not in ("model", "theory")]
+    colors = {"model": "black", "theory": "tab:red"}
+    colors.update({r: cmap(0.15 + 0.7 * i / max(len(runs) - 1, 1)) for i, r in enumerate(runs)})
+    return colors
+
+
+def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+    plt = pyplot()
+    cfg = config_of(ds)
+    name = ds.attrs.get("model_name", "checkpoint")
+    sources = [str(s) for s in ds.source.values]
+    colors = _sources_colors(sources)
+    written = []
+
+    # 1. Across depth: energy, clusters, distance from the model.
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    for s in sources:
+        style = dict(color=colors[s], lw=2.0 if s == "model" else 1.2, ls="--" if s == "theory" else "-")
+        axes[0].plot(ds.layer, ds.energy.sel(source=s), label=s, **style)
+        axes[1].plot(ds.layer, ds.clusters.sel(source=s), **style)
+    for r in ds.run.values:
+        axes[2].semilogy(ds.layer[1:], np.maximum(ds.depth_error.sel(run=r)[1:], 1e-9), color=colors[str(r)],
+                         ls="--" if r == "theory" else "-", label=str(r))
+    axes[0].set(xlabel="layer (depth t)", ylabel="normalized energy", title="interaction energy")
+    axes[1].set(xlabel="layer (depth t)", ylabel="clusters", title=f"cluster count (eps = {cfg['eps']})")
+    axes[2].set(xlabel="layer (depth t)", ylabel="|sim - model| / |model|", title="distance from the model")
+    axes[0].legend(ncol=2)
+    fig.suptitle(f"{name}: \"{ds.attrs['text']}\"")
+    caption(fig, "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m steps "
+                 "per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the unsplit field; "
+                 "dashed red: the theory model Q = K = V = I on the sphere from the same embedded tokens.")
+    written += save(fig, folder, "depth")
+
+    # 2. Pair-cosine histograms across depth, model / finest run / theory side by side.
+    shown = ["model", str(ds.attention_source.values[-1]), "theory"]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
+    top = float(ds.pair_cosines.max())
+    for ax, s in zip(axes, shown):
+        image = ax.pcolormesh(ds.layer, ds.bin, ds.pair_cosines.sel(source=s).T, shading="nearest", vmin=0, vmax=top)
+        ax.set(xlabel="layer (depth t)", title=s)
+    axes[0].set_ylabel("pair cosine")
+    fig.colorbar(image, ax=axes, label="fraction of pairs")
+    caption(fig, "Histogram of cos(x_i, x_j) over token pairs at each layer: clustering moves the mass to 1.")
+    written += save(fig, folder, "pair_cosines")
+
+    # 3. Attention maps (head-averaged) at four blocks, model against the finest run.
+    blocks = np.unique(np.linspace(1, int(ds.block.max()), 4).round().astype(int))
+    fig, axes = plt.subplots(2, len(blocks), figsize=(3 * len(blocks), 5.6), squeeze=False)
+    for row, s in enumerate(ds.attention_source.values):
+        for col, b in enumerate(blocks):
+            a = ds.attention.sel(attention_source=s, block=b).mean("head")
+            axes[row, col].imshow(a, vmin=0, vmax=1, cmap="magma")
+            axes[row, col].set(title=f"{s}, block {b}", xticks=[], yticks=[])
+    caption(fig, "Attention matrices averaged over heads (rows: queries, columns: keys), entering each block.")
+    written += save(fig, folder, "attention")
+
+    if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):
+        from ..checkpoints.probes import draw_token_path
+        from ..checkpoints.spectra import draw_spectra
+
+        spectra = _unprefixed(ds, "spectra")
+        written += list(draw_spectra(spectra, folder, "spectra"))
+        written += list(draw_token_path(_unprefixed(ds, "path"), folder, "token_path"))
+    return written
+
+
+def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
+    names = [v for v in ds.data_vars if v.startswith(prefix + "_")]
+    part = ds[names].rename({v: v[len(prefix) + 1:] for v in names})
+    part.attrs = {k[len(prefix) + 1:]: v for k, v in ds.attrs.items() if k.startswith(prefix + ":")}
+    dims = {d: d[len(prefix) + 1:] for d in part.dims if str(d).startswith(prefix + "_")}
+    return part.rename(dims) if dims else part
