@@ -32,6 +32,7 @@ _EXPORTS = {
         "UniformCube",
         "UniformSphere",
     ),
+    "lyapunov": ("lyapunov_spectrum",),
     "_metrics": (
         "Recorder",
         "cluster_count",
