@@ -11,6 +11,13 @@ only pays for the parts a run needs: matplotlib for plots, diffrax for adaptive 
 from __future__ import annotations
 
 import importlib
+import os
+
+# JAX's CPU LAPACK kernels (eig, svd, qr) run on the OpenBLAS that scipy ships. Its own
+# thread pool, stacked on XLA's threads, thrashed a small machine (the QK/OV spectra of
+# SmolLM2: 45 s against 4 s with one thread); set before scipy loads, a user's own
+# setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 _EXPORTS = {
     "_adaptive": ("RK4", "Retracted"),

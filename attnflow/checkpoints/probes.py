@@ -37,18 +37,18 @@ from ._canonical import Checkpoint, stack_layers
 from .spectra import low_rank_svd, output_value_factors, query_key_factors
 
 __all__ = [
-    "input_norms",
-    "output_norm",
-    "normalized_embeddings",
-    "embedding_distances",
-    "distance_table",
-    "readout_matrix",
-    "logit_lens",
     "decode_head_vectors",
-    "head_table",
-    "write_head_tables",
-    "token_path",
+    "distance_table",
     "draw_token_path",
+    "embedding_distances",
+    "head_table",
+    "input_norms",
+    "logit_lens",
+    "normalized_embeddings",
+    "output_norm",
+    "readout_matrix",
+    "token_path",
+    "write_head_tables",
 ]
 
 SETTINGS = ("original", "centered", "scaled", "centered_scaled")
@@ -106,8 +106,9 @@ def normalized_embeddings(checkpoint: Checkpoint, at: int | str = "final", gain:
     `at="final"`: through the output normalization (`final_norm`, or BERT's last
     LayerNorm), the sphere on which the logits are read (eq. 12-13); `at=l`: through
     the normalization that block `l`'s attention reads (the paper's per-layer
-    $\hat W_E$ of section 3.2: block `l`'s `attn_norm`, or for post-LN the first
-    LayerNorm before block 0). `gain=False` drops gain, shift and epsilon: the bare map
+    $\hat W_E$ of section 3.2: block `l`'s `attn_norm`; for post-LN blocks the norm
+    that closed the block before, the embedding LayerNorm for block 0, see
+    `input_norms`). `gain=False` drops gain, shift and epsilon: the bare map
     $\sqrt d\, \tilde x / |\tilde x|$, $\tilde x$ the row centred over its coordinates
     (LayerNorm, eq. 4) or the row itself (RMSNorm); this is Table 1's
     $\mathrm{LayerNorm}(W_E)$."""
@@ -125,7 +126,7 @@ def normalized_embeddings(checkpoint: Checkpoint, at: int | str = "final", gain:
 def _distances(a: Float[Array, "vocab d"], b: Float[Array, "vocab d"]) -> dict[str, float]:
     l2 = jnp.linalg.norm(a - b, axis=-1)
     cos = jnp.sum(a * b, axis=-1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
-    cosine = 1 - cos
+    cosine = jnp.maximum(1 - cos, 0)  # rounding can leave 1 - cos a hair below zero
     return {"l2_mean": float(l2.mean()), "l2_std": float(l2.std()),
             "cosine_mean": float(cosine.mean()), "cosine_std": float(cosine.std())}
 
@@ -210,7 +211,7 @@ def _strings_like(tokenizer, ids: np.ndarray) -> np.ndarray:
 # --- singular vectors of the heads, decoded -------------------------------------------
 
 
-def _oriented(scores: Float[Array, "... vocab"]) -> Float[Array, "..."]:
+def _oriented(scores: Float[Array, "*batch vocab"]) -> Float[Array, "*batch"]:
     """+1 or -1 per vector: the sign that makes its best-matching token match positively
     (a singular pair (u, v) and (-u, -v) are the same; the paper keeps the one whose
     reading side is closest to a token)."""
@@ -218,12 +219,12 @@ def _oriented(scores: Float[Array, "... vocab"]) -> Float[Array, "..."]:
 
 
 @eqx.filter_jit
-def _decoded(checkpoint: Checkpoint, chosen: Int[Array, " layers"], k: int, top: int):
-    """The numerical part of `decode_head_vectors`, compiled once: top tokens and
-    scores `(layers, 4, H, k, top)` and the `k` leading singular values of QK and OV."""
+def _decoded(checkpoint: Checkpoint, chosen: Int[Array, " layers"], qk: tuple, ov: tuple, k: int, top: int):
+    """The token search of `decode_head_vectors`, compiled once: top tokens and scores
+    `(layers, 4, H, k, top)` of the singular vectors `qk`, `ov` (`low_rank_svd` of the
+    chosen layers)."""
     pick = lambda tree: jax.tree.map(lambda a: a[chosen], tree)
-    qk_left, qk_singular, qk_right = low_rank_svd(*pick(query_key_factors(checkpoint)))
-    ov_left, ov_singular, ov_right = low_rank_svd(*pick(output_value_factors(checkpoint)))
+    (qk_left, _, qk_right), (ov_left, _, ov_right) = qk, ov
     embed, readout = checkpoint.embed, readout_matrix(checkpoint)
 
     def take(vectors: Float[Array, "L H d r"]) -> Float[Array, "L H k d"]:
@@ -240,8 +241,7 @@ def _decoded(checkpoint: Checkpoint, chosen: Int[Array, " layers"], k: int, top:
         return jax.lax.top_k(signed, top)
 
     per_layer = (pick(input_norms(checkpoint)), take(qk_left), take(qk_right), take(ov_left), take(ov_right))
-    scores, ids = jax.lax.map(one_layer, per_layer)
-    return scores, ids, qk_singular[..., :k], ov_singular[..., :k]
+    return jax.lax.map(one_layer, per_layer)
 
 
 def decode_head_vectors(checkpoint: Checkpoint, tokenizer=None, k: int = 4, top: int = 5,
@@ -270,11 +270,14 @@ def decode_head_vectors(checkpoint: Checkpoint, tokenizer=None, k: int = 4, top:
     chosen = np.unique(chosen % checkpoint.depth)
     k = int(min(k, checkpoint.head_dim, checkpoint.blocks.attention.value.shape[2]))
     top = int(min(top, checkpoint.embed.shape[0]))
-    scores, ids, qk_singular, ov_singular = _decoded(checkpoint, jnp.asarray(chosen), k, top)
+    pick = lambda tree: jax.tree.map(lambda a: a[chosen], tree)
+    qk = low_rank_svd(*pick(query_key_factors(checkpoint)))
+    ov = low_rank_svd(*pick(output_value_factors(checkpoint)))
+    scores, ids = _decoded(checkpoint, jnp.asarray(chosen), qk, ov, k, top)
     scores = np.moveaxis(np.asarray(scores), 1, 0)  # (vector, layer, head, component, top)
     ids = np.moveaxis(np.asarray(ids), 1, 0)
     dims = ("vector", "layer", "head", "component", "top")
-    singular = np.stack([np.asarray(qk_singular), np.asarray(ov_singular)])
+    singular = np.stack([np.asarray(qk[1][..., :k]), np.asarray(ov[1][..., :k])])
     return xr.Dataset(
         {
             "token_id": (dims, ids, {"description": "ids of the closest tokens to each singular vector"}),

@@ -36,7 +36,7 @@ from jaxtyping import Array, Complex, Float
 
 from ._canonical import Checkpoint
 
-__all__ = ["LowRankSpectrum", "thin_qr", "low_rank_svd", "low_rank_spectrum", "head_spectra", "draw_spectra"]
+__all__ = ["LowRankSpectrum", "draw_spectra", "head_spectra", "low_rank_spectrum", "low_rank_svd", "thin_qr"]
 
 
 class LowRankSpectrum(eqx.Module):
@@ -62,7 +62,7 @@ def _sorted_eigenvalues(small: Float[Array, "*batch r r"]) -> Complex[Array, "*b
 def _eigenvalues(small: Float[Array, "*batch r r"]) -> Complex[Array, "*batch r"]:
     """Eigenvalues of real square matrices, sorted by decreasing modulus. The general
     (non-symmetric) eigensolver runs on the CPU, where every JAX version has it."""
-    return _sorted_eigenvalues(jax.device_put(small, jax.devices("cpu")[0]))
+    return jax.block_until_ready(_sorted_eigenvalues(jax.device_put(small, jax.devices("cpu")[0])))
 
 
 def _swap(x: Array) -> Array:
@@ -76,28 +76,43 @@ def _cholesky_qr(a: Float[Array, "*batch d r"]) -> tuple[Float[Array, "*batch d 
     return q, _swap(lower)
 
 
+@jax.jit
+def _cholesky_qr2(a: Float[Array, "*batch d r"]) -> tuple[Float[Array, "*batch d r"], Float[Array, "*batch r r"]]:
+    q1, r1 = _cholesky_qr(a)
+    q, r2 = _cholesky_qr(q1)
+    return q, r2 @ r1
+
+
 def thin_qr(a: Float[Array, "*batch d r"]) -> tuple[Float[Array, "*batch d r"], Float[Array, "*batch r r"]]:
     r"""Thin QR factors of a batch of tall matrices by CholeskyQR2 (Fukaya et al. 2014):
     two Cholesky QR passes, orthogonal to working precision while the condition number
     stays below $\epsilon^{-1/2}$, and made of matrix products (several times faster on
     CPU than batched Householder QR). Where a Cholesky factor fails (rank-deficient or
-    too ill-conditioned factors) the whole batch falls back to Householder QR."""
-    q1, r1 = _cholesky_qr(a)
-    q, r2 = _cholesky_qr(q1)
-    r = r2 @ r1
-    return jax.lax.cond(jnp.isfinite(r).all() & jnp.isfinite(q).all(), lambda: (q, r), lambda: tuple(jnp.linalg.qr(a)))
+    too ill-conditioned factors) the whole batch falls back to Householder QR.
+
+    Each compiled program here holds one chain of LAPACK calls, and each is waited for:
+    two independent LAPACK calls in flight at once on XLA's CPU threads can deadlock
+    inside the BLAS library (seen with QR and SVD in one program, jaxlib 0.10)."""
+    q, r = _cholesky_qr2(a)
+    if not (bool(jnp.isfinite(r).all()) and bool(jnp.isfinite(q).all())):
+        q, r = jnp.linalg.qr(a)
+    return q, r
 
 
 @jax.jit
+def _core_svd(qa: Float[Array, "*batch d r"], ra: Float[Array, "*batch r r"], qb: Float[Array, "*batch d r"],
+              rb: Float[Array, "*batch r r"]):
+    u, s, vt = jnp.linalg.svd(ra @ _swap(rb))
+    return qa @ u, s, qb @ _swap(vt)
+
+
 def low_rank_svd(a: Float[Array, "*batch d r"], b: Float[Array, "*batch d r"]) -> tuple[
         Float[Array, "*batch d r"], Float[Array, "*batch r"], Float[Array, "*batch d r"]]:
     r"""`(left, singular, right)` of $M = A B^\top$ ($d \times d$, rank $\le r$): with thin
-    QR factors $A = U_A R_A$, $B = U_B R_B$, the SVD of the $r \times r$ core
-    $R_A R_B^\top = u\, s\, v^\top$ gives $M = (U_A u)\, s\, (U_B v)^\top$."""
-    qa, ra = thin_qr(a)
-    qb, rb = thin_qr(b)
-    u, s, vt = jnp.linalg.svd(ra @ _swap(rb))
-    return qa @ u, s, qb @ _swap(vt)
+    QR factors $A = U_A R_A$, $B = U_B R_B$ (both factored in one batch), the SVD of the
+    $r \times r$ core $R_A R_B^\top = u\, s\, v^\top$ gives $M = (U_A u)\, s\, (U_B v)^\top$."""
+    q, r = thin_qr(jnp.stack([a, b]))
+    return jax.block_until_ready(_core_svd(q[0], r[0], q[1], r[1]))
 
 
 def low_rank_spectrum(a: Float[Array, "*batch d r"], b: Float[Array, "*batch d r"]) -> LowRankSpectrum:

@@ -209,7 +209,10 @@ def _probes(ds, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
     parts, kept = [ds], {}
     for prefix, part in (("spectra", spectra), ("path", path), ("heads", heads)):
         renamed = part.rename({name: f"{prefix}_{name}" for name in part.data_vars})
-        renamed = renamed.rename({dim: f"{prefix}_{dim}" for dim in part.dims if dim in ds.dims and dim not in ("layer",)})
+        # Dims that the main Dataset also has get the prefix too (the spectra count
+        # blocks 0..L-1 along `layer`, the residual stream 0..L): nothing is aligned.
+        clashes = {dim: f"{prefix}_{dim}" for dim in part.dims if dim in ds.dims or dim in ds.coords}
+        renamed = renamed.rename(clashes)
         # Each part's attributes travel in the file as "prefix:name" (netCDF has no None).
         kept.update({f"{prefix}:{k}": v for k, v in part.attrs.items() if v is not None})
         renamed.attrs = {}
@@ -269,7 +272,21 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     caption(fig, "Histogram of cos(x_i, x_j) over token pairs at each layer: clustering moves the mass to 1.")
     written += save(fig, folder, "pair_cosines")
 
-    # 3. Attention maps (head-averaged) at four blocks, model against the finest run.
+    # 3. Each token's cosine distance to the model, per run, across depth.
+    runs = [str(r) for r in ds.run.values]
+    fig, axes = plt.subplots(1, len(runs), figsize=(2.6 * len(runs), 3.2), sharey=True, squeeze=False)
+    labels = [str(t) for t in ds.token_string.values]
+    for ax, r in zip(axes[0], runs):
+        image = ax.pcolormesh(ds.layer, np.arange(ds.sizes["token"]), ds.cosine_distance.sel(source=r).T,
+                              shading="nearest", vmin=0, vmax=1, cmap="magma")
+        ax.set(xlabel="layer (depth t)", title=r)
+    axes[0, 0].set_yticks(np.arange(len(labels)), labels if len(labels) <= 40 else None)
+    fig.colorbar(image, ax=axes[0], label="1 - cos(state, model)")
+    caption(fig, "Cosine distance of every token's simulated state to the model's, per layer: 0 where the dynamics "
+                 "follow the model.")
+    written += save(fig, folder, "cosine_distance")
+
+    # 4. Attention maps (head-averaged) at four blocks, model against the finest run.
     blocks = np.unique(np.linspace(1, int(ds.block.max()), 4).round().astype(int))
     fig, axes = plt.subplots(2, len(blocks), figsize=(3 * len(blocks), 5.6), squeeze=False)
     for row, s in enumerate(ds.attention_source.values):
@@ -287,6 +304,17 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         spectra = _unprefixed(ds, "spectra")
         written += list(draw_spectra(spectra, folder, "spectra"))
         written += list(draw_token_path(_unprefixed(ds, "path"), folder, "token_path"))
+    if any(v.startswith("heads_") for v in ds.data_vars):
+        from ..checkpoints.probes import write_head_tables
+
+        written += list(write_head_tables(_unprefixed(ds, "heads"), folder, "head_vectors"))
+    if "embedding_distances" in ds.attrs:
+        from .._store import _write_atomically
+
+        table = folder / "embedding_distances.md"
+        text = f"# Embedding distances of {name} (Traveling Words, Table 1)\n\n{ds.attrs['embedding_distances']}\n"
+        _write_atomically(table, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        written.append(table)
     return written
 
 
