@@ -26,7 +26,7 @@ from .._config import (
 )
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
-from .._study import _version, config_yaml, plan_study, solve_study
+from .._study import _version, config_yaml, plan_study, prepare_jax, solve_study
 
 # Every experiment: conf/experiment/NAME.yaml and attnflow/experiments/NAME.py.
 EXPERIMENTS = (
@@ -110,6 +110,7 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
     module = experiment_module(cfg.experiment.name)
     options = _options(module, cfg.experiment.name, cfg.experiment.options)
     cfg = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, options=options))
+    prepare_jax(cfg)  # float64 and the compilation cache, before `check` may compute anything
     check = getattr(module, "check", None)
     if check is not None:
         check(cfg, options)

@@ -70,8 +70,6 @@ def panels(base, options) -> dict:
 def _loaded(path: str, trust_pickle: bool, dtype: str):
     from ..checkpoints import load_checkpoint, load_tokenizer
 
-    if dtype == "float64":
-        jax.config.update("jax_enable_x64", True)  # as a float64 study does, for the process
     checkpoint = load_checkpoint(path, trust_pickle=trust_pickle, dtype=dtype)
     return checkpoint, load_tokenizer(path)
 
