@@ -37,33 +37,31 @@ reads the network (`HF_HUB_OFFLINE=1`).
 
     python benchmarks/checkpoint.py --rounds 3
 
-Last measured (date 2026-11-21), on a shared machine under load from other jobs
-(load average 3 to 5 on its 2 cores: hence the spread), `accelerate` importable for
-the `from_pretrained` row (installed outside the virtual environment for this run):
+Last measured (date 2026-11-21), after the experiments switched on the compilation
+cache and OpenBLAS was held to one thread, `accelerate` importable for the
+`from_pretrained` row (installed outside the virtual environment for this run):
 
     machine: AMD EPYC, 2 cores usable, Python 3.11.7, jax 0.10.2 on cpu (cpu)
     SmolLM2-135M-Instruct Q4_1, 32 tokens; 3 interleaved rounds; medians, and their ratio to the transformers baseline
     variant                           median s   min s   max s  x baseline
-    transformers                         25.58   20.12   33.76       1.00x
-    transformers from_pretrained         32.29   31.64   40.69       1.26x
-    attnflow forward                      9.21    8.73   10.31       0.36x
-    attnflow comparison                  72.62   59.39  136.95       2.84x
-    attnflow comparison, no probes       33.08   29.99   40.65       1.29x
-    attnflow comparison, cached          91.34   43.44  108.02       3.57x
+    transformers                         20.23   19.76   20.65       1.00x
+    transformers from_pretrained         31.75   28.09   37.08       1.57x
+    attnflow forward                      7.89    7.61    8.18       0.39x
+    attnflow comparison                  42.35   41.51   47.26       2.09x
+    attnflow comparison, no probes       31.66   29.36   33.37       1.57x
+    attnflow comparison, cached          31.08   30.79   32.81       1.54x
 
     in-process split (medians, s)
     variant                                 import          load first forward  warm forward
-    transformers                              2.69         20.05          0.22          0.22
-    transformers from_pretrained              3.39         27.25          0.77          0.95
-    attnflow forward                          1.16          3.85          3.20          0.48
+    transformers                              2.54         15.75          0.22          0.18
+    transformers from_pretrained              3.26         26.38          0.21          0.18
+    attnflow forward                          1.24          3.79          2.11          0.35
 
-The `cached` row is a second cold run: when this was measured `experiment=checkpoint`
-never reached `prepare_jax` (its `panels` returns no study), so the persistent
-compilation cache was not switched on. With the cache forced on, the in-process time
-of the full comparison fell from about 60 s to about 40 s; about 24 s of a cold run is
-tracing, lowering and compiling (179 programs), 10 s the adaptive solve (139 tsit5
-steps), 17 to 20 s the probes (of which 9 s decoding head singular vectors against the
-vocabulary, 4 to 7 s the QK/OV spectra), 4 s loading.
+An earlier run, before those two changes and under heavier load, gave 72.6 s for the
+comparison (2.84x). Of a cold comparison about 24 s was then tracing, lowering and
+compiling (179 programs), 10 s the adaptive solve (139 tsit5 steps), 4 s loading, and
+the rest the probes, whose QK/OV spectra took 42-49 s with OpenBLAS's own threads
+against 3-6 s on one thread.
 """
 
 from __future__ import annotations
