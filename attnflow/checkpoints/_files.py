@@ -24,7 +24,7 @@ import numpy as np
 
 from .._errors import CheckpointError
 from .._terms import TokenNorm
-from ._canonical import stack_layers
+from ._canonical import Attention, Blocks, FeedForward, stack_layers
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -295,6 +295,20 @@ def stacked_norm(kind: str, gammas: list[np.ndarray], shifts: list[np.ndarray] |
     stacked: gains `(L, d)`, shifts `(L, d)` or None."""
     return stack_layers([TokenNorm(kind, gamma=as_array(gamma, dtype), shift=as_array(shift, dtype), eps=float(eps))
                          for gamma, shift in zip(gammas, shifts or [None] * len(gammas))])
+
+
+def layer_norm_blocks(parts: Mapping[str, list], heads: int, mlp_activation: str, eps: float, dtype) -> Blocks:
+    """The stacked blocks of a LayerNorm family (GPT-2, GPT-NeoX, BERT) from per-layer
+    lists keyed `q k v o bq bk bv bo w1 b1 w2 b2` (weights, a list of Nones where the
+    family has no such bias) and `g1 s1 g2 s2` (the two norms' gains and shifts)."""
+    a = {key: None if value[0] is None else as_array(np.stack(value), dtype) for key, value in parts.items()}
+    return Blocks(
+        attention=Attention(query=a["q"], key=a["k"], value=a["v"], output=a["o"], query_bias=a["bq"],
+                            key_bias=a["bk"], value_bias=a["bv"], output_bias=a["bo"], kv_heads=heads),
+        mlp=FeedForward(w1=a["w1"], w2=a["w2"], b1=a["b1"], b2=a["b2"], activation=mlp_activation),
+        attn_norm=stacked_norm("layer", parts["g1"], parts["s1"], eps, dtype),
+        mlp_norm=stacked_norm("layer", parts["g2"], parts["s2"], eps, dtype),
+    )
 
 
 def heads_in(matrix: np.ndarray, heads: int) -> np.ndarray:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._canonical import Attention, Blocks, Checkpoint, FeedForward
-from ._files import WeightTable, activation, as_array, heads_in, heads_out, setting, stacked_norm
+from ._canonical import Checkpoint
+from ._files import WeightTable, activation, as_array, heads_in, heads_out, layer_norm_blocks, setting
 from .._errors import CheckpointError
 from .._terms import TokenNorm
 
@@ -62,16 +62,8 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
         }
         for key, value in values.items():
             parts[key].append(value)
-    a = {key: as_array(np.stack(value), dtype) for key, value in parts.items()}
 
-    blocks = Blocks(
-        attention=Attention(query=a["q"], key=a["k"], value=a["v"], output=a["o"], query_bias=a["bq"],
-                            key_bias=a["bk"], value_bias=a["bv"], output_bias=a["bo"], kv_heads=heads),
-        mlp=FeedForward(w1=a["w1"], w2=a["w2"], b1=a["b1"], b2=a["b2"],
-                        activation=activation(setting(config, "hidden_act", default="gelu"))),
-        attn_norm=stacked_norm("layer", parts["g1"], parts["s1"], eps, dtype),
-        mlp_norm=stacked_norm("layer", parts["g2"], parts["s2"], eps, dtype),
-    )
+    blocks = layer_norm_blocks(parts, heads, activation(setting(config, "hidden_act", default="gelu")), eps, dtype)
     gamma, shift = _norm(w, "embeddings.LayerNorm", d)
     return Checkpoint(
         family="bert", arrangement="post", causal=False, blocks=blocks,

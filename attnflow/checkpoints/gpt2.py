@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._canonical import Attention, Blocks, Checkpoint, FeedForward
-from ._files import WeightTable, activation, as_array, setting, stacked_norm
+from ._canonical import Checkpoint
+from ._files import WeightTable, activation, as_array, layer_norm_blocks, setting
 from .._terms import TokenNorm
 
 
@@ -61,16 +61,8 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
         }
         for key, value in values.items():
             parts[key].append(value)
-    a = {key: as_array(np.stack(value), dtype) for key, value in parts.items()}
 
-    blocks = Blocks(
-        attention=Attention(query=a["q"], key=a["k"], value=a["v"], output=a["o"], query_bias=a["bq"],
-                            key_bias=a["bk"], value_bias=a["bv"], output_bias=a["bo"], kv_heads=heads),
-        mlp=FeedForward(w1=a["w1"], w2=a["w2"], b1=a["b1"], b2=a["b2"],
-                        activation=activation(setting(config, "activation_function", default="gelu_new"))),
-        attn_norm=stacked_norm("layer", parts["g1"], parts["s1"], eps, dtype),
-        mlp_norm=stacked_norm("layer", parts["g2"], parts["s2"], eps, dtype),
-    )
+    blocks = layer_norm_blocks(parts, heads, activation(setting(config, "activation_function", default="gelu_new")), eps, dtype)
     embed = w.get("wte.weight", (vocab, d))
     unembed = w.get("lm_head.weight", (vocab, d)) if w.has("lm_head.weight") else embed
     return Checkpoint(

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._canonical import Attention, Blocks, Checkpoint, FeedForward
-from ._files import WeightTable, activation, as_array, heads_out, rope_settings, setting, stacked_norm
+from ._canonical import Checkpoint
+from ._files import WeightTable, activation, as_array, heads_out, layer_norm_blocks, rope_settings, setting
 from .._errors import CheckpointError
 from .._terms import Rotary, TokenNorm
 
@@ -59,7 +59,6 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
         }
         for key, value in values.items():
             parts[key].append(value)
-    a = {key: None if value[0] is None else as_array(np.stack(value), dtype) for key, value in parts.items()}
 
     base, fraction = rope_settings(config, fraction=0.25)  # transformers' GPT-NeoX default
     dims = int(head_dim * fraction)
@@ -73,14 +72,7 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
         unembed = embed
     else:
         unembed = None
-    blocks = Blocks(
-        attention=Attention(query=a["q"], key=a["k"], value=a["v"], output=a["o"], query_bias=a["bq"],
-                            key_bias=a["bk"], value_bias=a["bv"], output_bias=a["bo"], kv_heads=heads),
-        mlp=FeedForward(w1=a["w1"], w2=a["w2"], b1=a["b1"], b2=a["b2"],
-                        activation=activation(setting(config, "hidden_act", default="gelu"))),
-        attn_norm=stacked_norm("layer", parts["g1"], parts["s1"], eps, dtype),
-        mlp_norm=stacked_norm("layer", parts["g2"], parts["s2"], eps, dtype),
-    )
+    blocks = layer_norm_blocks(parts, heads, activation(setting(config, "hidden_act", default="gelu")), eps, dtype)
     parallel = setting(config, "use_parallel_residual", default=True)
     return Checkpoint(
         family="gpt_neox", arrangement="parallel" if parallel else "sequential", causal=True, blocks=blocks,

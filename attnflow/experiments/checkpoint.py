@@ -130,36 +130,35 @@ def _label(steps: int) -> str:
 def analyse(cfg, options, results) -> xr.Dataset:
     from ..checkpoints import depth_flow, forward, run_depth
 
-    if True:
-        checkpoint, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
-        ids = np.asarray(tokenizer.encode(str(cfg.text)))
-        if ids.size == 0:
-            raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
-        strings = tokenizer.tokens(ids)
-        model = forward(checkpoint, ids)
-        hidden = model.hidden
-        depth, n = checkpoint.depth, ids.size
+    checkpoint, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
+    ids = np.asarray(tokenizer.encode(str(cfg.text)))
+    if ids.size == 0:
+        raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
+    strings = tokenizer.tokens(ids)
+    model = forward(checkpoint, ids)
+    hidden = model.hidden
+    depth = checkpoint.depth
 
-        runs, states = [], []
-        layer_map = depth_flow(checkpoint)
-        flow = depth_flow(checkpoint, options["interpolation"])
-        for steps in options["steps"]:
-            runs.append(_label(steps))
-            states.append(run_depth(layer_map if steps == 1 else flow, hidden[0], steps_per_layer=steps))
-        if options["adaptive"] and checkpoint.arrangement != "post":
-            runs.append("adaptive")
-            states.append(run_depth(flow, hidden[0], adaptive=True))
-        runs.append("theory")
-        states.append(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt)))
-        simulated = jnp.stack(states)
+    runs, states = [], []
+    layer_map = depth_flow(checkpoint)
+    flow = depth_flow(checkpoint, options["interpolation"])
+    for steps in options["steps"]:
+        runs.append(_label(steps))
+        states.append(run_depth(layer_map if steps == 1 else flow, hidden[0], steps_per_layer=steps))
+    if options["adaptive"] and checkpoint.arrangement != "post":
+        runs.append("adaptive")
+        states.append(run_depth(flow, hidden[0], adaptive=True))
+    runs.append("theory")
+    states.append(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt)))
+    simulated = jnp.stack(states)
 
-        sources = ["model"] + runs
-        every = jnp.concatenate([hidden[None], simulated])
-        energy, hist, clusters, edges = _layer_metrics(every, options["bins"], float(cfg.eps))
-        cos = jnp.sum(_unit(every) * _unit(hidden)[None], axis=-1)
-        error = jnp.linalg.norm(simulated - hidden[None], axis=(-2, -1)) / jnp.linalg.norm(hidden, axis=(-2, -1))
-        finest = [r for r in runs if r != "theory"][-1]
-        attention = jnp.stack([_attention(layer_map, hidden), _attention(layer_map, simulated[runs.index(finest)])])
+    sources = ["model"] + runs
+    every = jnp.concatenate([hidden[None], simulated])
+    energy, hist, clusters, edges = _layer_metrics(every, options["bins"], float(cfg.eps))
+    cos = jnp.sum(_unit(every) * _unit(hidden)[None], axis=-1)
+    error = jnp.linalg.norm(simulated - hidden[None], axis=(-2, -1)) / jnp.linalg.norm(hidden, axis=(-2, -1))
+    finest = [r for r in runs if r != "theory"][-1]
+    attention = jnp.stack([_attention(layer_map, hidden), _attention(layer_map, simulated[runs.index(finest)])])
 
     layer = np.arange(depth + 1)
     ds = xr.Dataset(
