@@ -102,6 +102,20 @@ def report(imported, loaded, first, warm):
                       "first forward": first - loaded, "warm forward": warm - first}))
 """
 
+# What both transformers children do once the model is loaded: tokenize, then two
+# forward passes (the first, and a warm one), timed.
+TORCH_FORWARD = """
+loaded = time.perf_counter()
+ids = tokenizer(SENTENCE, return_tensors="pt").input_ids
+assert ids.shape == (1, TOKENS), ids.shape
+with torch.no_grad():
+    hidden = model(ids, output_hidden_states=True).hidden_states
+first = time.perf_counter()
+with torch.no_grad():
+    hidden = model(ids, output_hidden_states=True).hidden_states
+report(imported, loaded, first, time.perf_counter())
+"""
+
 TRANSFORMERS_READER = CHILD_PREAMBLE + CHILD_REPORT + """
 import gguf, torch, transformers
 from transformers.integrations.gguf import dequant
@@ -126,16 +140,7 @@ for name in model.state_dict():
         values = values.reshape(info.shape).numpy()
         state[name] = torch.from_numpy(processor.process(weights=values, name=info.name).weights.copy())
 assert model.load_state_dict(state, strict=False).missing_keys == ["lm_head.weight"]  # tied
-loaded = time.perf_counter()
-ids = tokenizer(SENTENCE, return_tensors="pt").input_ids
-assert ids.shape == (1, TOKENS), ids.shape
-with torch.no_grad():
-    hidden = model(ids, output_hidden_states=True).hidden_states
-first = time.perf_counter()
-with torch.no_grad():
-    hidden = model(ids, output_hidden_states=True).hidden_states
-report(imported, loaded, first, time.perf_counter())
-"""
+""" + TORCH_FORWARD
 
 TRANSFORMERS_PRETRAINED = CHILD_PREAMBLE + CHILD_REPORT + """
 import torch
@@ -143,16 +148,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 imported = time.perf_counter()
 tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, torch_dtype=torch.float32).eval()
-loaded = time.perf_counter()
-ids = tokenizer(SENTENCE, return_tensors="pt").input_ids
-assert ids.shape == (1, TOKENS), ids.shape
-with torch.no_grad():
-    hidden = model(ids, output_hidden_states=True).hidden_states
-first = time.perf_counter()
-with torch.no_grad():
-    hidden = model(ids, output_hidden_states=True).hidden_states
-report(imported, loaded, first, time.perf_counter())
-"""
+""" + TORCH_FORWARD
 
 ATTNFLOW_FORWARD = CHILD_PREAMBLE + CHILD_REPORT + """
 import attnflow.checkpoints.gguf, attnflow.checkpoints._flow
