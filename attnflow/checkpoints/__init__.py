@@ -5,6 +5,8 @@ layer map of a vector field over depth, and the analyses that read them.
   BERT/MiniLM, Llama-family; safetensors, sharded or not), a `.gguf` file of the llama
   architecture, or the name of an installed model (`"minilm"`, `"smollm2"`).
   Pickle files are read only with `trust_pickle=True`.
+- `save_checkpoint(checkpoint, folder)`: any checkpoint in attnflow's own format
+  (safetensors + JSON), which `load_checkpoint` reads back.
 - `load_tokenizer(path)`: the tokenizer that ships with the checkpoint.
 - `forward(checkpoint, ids)`: the real model's residual stream, block by block.
 - `depth_flow(checkpoint, interpolation)` and `run_depth(flow, x0, ...)`: the same
@@ -21,6 +23,7 @@ _EXPORTS = {
     "_canonical": ("Attention", "Blocks", "Checkpoint", "FeedForward"),
     "_flow": ("DepthFlow", "Forward", "depth_flow", "forward", "run_depth"),
     "_load": ("installed_model", "load_checkpoint"),
+    "native": ("save_checkpoint",),
     "_tokenizer": ("Tokenizer", "load_tokenizer"),
     "spectra": ("draw_spectra", "head_spectra"),
     "probes": ("decode_head_vectors", "embedding_distances", "normalized_embeddings", "token_path"),

