@@ -40,6 +40,7 @@ _EXPORTS = {
         "UniformSphere",
     ),
     "lyapunov": ("lyapunov_spectrum",),
+    "sensitivity": ("Sensitivity", "token_sensitivity"),
     "_metrics": (
         "Recorder",
         "cluster_count",

@@ -161,7 +161,8 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
                           "line), not as a single study.")
     given = [key for key in ("checkpoint", "text") if getattr(cfg, key) is not None]
     if given:
-        raise ConfigError(f"{given[0]} is read by experiment=checkpoint only; add experiment=checkpoint or remove it.")
+        raise ConfigError(f"{given[0]} is read by the experiments on trained models only (experiment=checkpoint, "
+                          "experiment=sensitivity); add one of them or remove it.")
     for key in ("n", "d", "members", "heads", "saves", "max_steps"):
         _number(key, getattr(cfg, key), minimum=1)
     _number("seed", cfg.seed, minimum=0)

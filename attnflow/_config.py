@@ -214,7 +214,7 @@ class Config:
     plot: bool = MISSING
     compilation_cache: bool = MISSING
     experiment: ExperimentConfig | None = MISSING
-    # experiment=checkpoint only: the trained model, the sentence, and whether a pickle
+    # experiments on trained models only (checkpoint, sensitivity): the trained model, the sentence, and whether a pickle
     # file may be read
     checkpoint: str | None = MISSING
     text: str | None = MISSING

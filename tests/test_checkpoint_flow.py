@@ -91,7 +91,7 @@ def test_checkpoint_experiment_on_minilm(tmp_path):
 def test_checkpoint_experiment_refuses_bad_input_in_one_sentence(tmp_path):
     with pytest.raises(af.ConfigError, match="text"):
         af.run_experiment("checkpoint", {"checkpoint": "minilm", "text": "  "})
-    with pytest.raises(af.ConfigError, match="experiment=checkpoint only"):
+    with pytest.raises(af.ConfigError, match="experiments on trained models only"):
         af.run({"checkpoint": "minilm"})
     missing = tmp_path / "nowhere"
     proc = subprocess.run([sys.executable, "-m", "attnflow.cli", "experiment=checkpoint", f"checkpoint={missing}",

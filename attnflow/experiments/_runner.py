@@ -44,6 +44,9 @@ EXPERIMENTS = (
     "normalization",
     "flow_matching",
     "checkpoint",
+    "lyapunov",
+    "lyapunov_polynomial",
+    "sensitivity",
 )
 
 

@@ -1,0 +1,454 @@
+"""Lyapunov spectra of the theory model against beta: consensus, and the slow exit of
+metastable clusters.
+
+Every member of a study (by default $Q = K = V = I$ softmax self-attention on the sphere,
+tokens uniform on $S^{d-1}$) gets its $k$ leading finite-time Lyapunov exponents by the
+QR method of `attnflow.lyapunov_spectrum`: the state is stepped with the study's own
+fixed-step map, $k$ deviation vectors tangent to the sphere ride along through its
+tangent map and are re-orthonormalised every `reorthonormalize_every` steps.
+
+At consensus (all tokens at one point $x^*$) the spectrum has a closed form
+(tests/README.md, section 11): the linearised dynamics are
+$\\dot v_i = -c\\,(v_i - \\bar v)$ on $(T_{x^*} S^{d-1})^n$, so the exponents are
+
+- $0$ with multiplicity $d - 1$: the mean mode, moving the consensus point along the
+  sphere (the rotations);
+- $-c$ with multiplicity $(n - 1)(d - 1)$: the tokens contracting to their mean, with
+  $c = H s_V$ for softmax attention whatever beta (the first-order attention is
+  uniform) and $c = H s_V e^{\\beta s_Q s_K}$ without normalization (USA); $H$ heads,
+  $s_Q, s_K, s_V$ the scales of identity weights ($c = 1$ and $c = e^\\beta$ by default).
+
+A member that reaches consensus early has $\\lambda_1, \\dots, \\lambda_{d-1} \\to 0$ and
+$\\lambda_d \\to -c$, up to the transient of its start, which the estimate over
+$[t_0, T]$ carries as $O(1/T)$. A member still split into several clusters (beta large:
+metastability) has more slow directions: the clusters' relative motion, driven by the
+attention weight $e^{-\\beta(1 - \\cos\\theta)}$ between clusters at angle $\\theta$, is
+nearly neutral, so $\\lambda_d$ stays near 0 until they merge.
+
+Stored (`analyse`): per beta and member the exponents over $[t_0, t_1]$ (`exponents`)
+and over the second half $[t_h, t_1]$ (`late_exponents`, from differences of the
+running cumulative sums: the start's transient left out); the 10/50/90 percentiles over
+members of both and of the running estimates at every re-orthonormalisation time; the
+closed-form consensus values where the config has them (NaN otherwise).
+
+All of it is one compiled program: a `jax.vmap` of `lyapunov_spectrum` over a piece of
+(beta, member) pairs, beta being data, called once per piece (`chunk_size` pairs at
+most). Every config key that builds the system (weights, heads, init, norm, dynamics,
+MLP, dtype, solver, seed, members) is honoured through `build_system`; the output keys
+of a study (saves, metrics, save_states, ...) do not apply and are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from .._build import betas_of, build_system, validate_config
+from .._config import Config, _default_config
+from .._errors import ConfigError
+from .._grid import step_count
+from .._solvers import tableau
+from .._store import in_background
+from ..lyapunov import lyapunov_spectrum
+from ._common import caption, config_of, member_summary, pyplot, save
+
+TITLE = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
+PAPER = ("Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
+         "consensus spectrum: tests/README.md, section 11")
+OPTIONS = {
+    "k": None,  # exponents kept (null: d, the d - 1 rotations and the first contracting one)
+    "reorthonormalize_every": 10,  # steps between QR factorizations
+}
+
+# Study keys about a study's saved output: they mean nothing to a spectrum.
+_OUTPUT_KEYS = ("saves", "save_spacing", "exact_times", "save_states", "metrics", "eps", "rank_rtol")
+# The initial deviation frame of a member is drawn from its key folded with this.
+_FRAME = 3
+
+
+def check_options(name: str, options) -> None:
+    k, every = options["k"], options["reorthonormalize_every"]
+    if k is not None and not (isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 1):
+        raise ConfigError(f"experiment.options.k of experiment {name} must be null or a whole number of "
+                          f"exponents >= 1, got {k!r}.")
+    if not (isinstance(every, numbers.Integral) and not isinstance(every, bool) and every >= 1):
+        raise ConfigError(f"experiment.options.reorthonormalize_every of experiment {name} must be a whole "
+                          f"number of steps >= 1, got {every!r}.")
+
+
+def study_config(cfg: Config) -> Config:
+    """The experiment's config as a checked single study (every key validated)."""
+    return validate_config(dataclasses.replace(cfg, experiment=None))
+
+
+def exponent_count(cfg: Config, options) -> int:
+    """The number of exponents kept: the option `k`, by default d."""
+    return int(options["k"]) if options["k"] is not None else int(cfg.d)
+
+
+def stability_limit(solver: str) -> float:
+    """The largest $x$ such that the solver's step is stable for $\\dot v = -s v$ at every
+    $s h \\le x$: $|R(-s h)| \\le 1$, with $R(z) = 1 + \\sum_m (b^T A^m \\mathbf 1) z^{m+1}$
+    the stability polynomial of its explicit tableau (2 for Euler, 2.785 for RK4)."""
+    table = tableau(solver)
+    stages = len(table.b)
+    a = np.zeros((stages, stages))
+    for i, row in enumerate(table.a):
+        a[i, : len(row)] = row
+    b = np.asarray(table.b)
+    coefficients, power = [1.0], np.ones(stages)
+    for _ in range(stages):
+        coefficients.append(float(b @ power))
+        power = a @ power
+    x = np.linspace(0.0, 20.0, 200_001)[1:]
+    unstable = np.abs(np.polynomial.polynomial.polyval(-x, coefficients)) > 1 + 1e-12
+    return float(x[np.argmax(unstable)]) if unstable.any() else float(x[-1])
+
+
+def consensus_rate(cfg: Config, beta: float) -> float | None:
+    """The contraction rate $c$ of the differential modes at consensus, or None when the
+    config has no closed form (anything but identity-like Q, K, V attention on the sphere:
+    other weights, an output matrix, a mask, ALiBi, an MLP, another normalization)."""
+    w = cfg.weights
+
+    def plain(spec) -> bool:
+        return spec.kind == "identity" and not spec.switch_times and not spec.factors and spec.poly is None
+
+    if not (cfg.norm == "sphere" and cfg.attention and not cfg.mlp.enabled and not cfg.causal and cfg.alibi is None
+            and all(plain(getattr(w, m)) for m in "qkv") and w.o.kind == "none"
+            and cfg.d_k in (None, cfg.d) and cfg.d_v in (None, cfg.d)):
+        return None
+    uniform = 1.0 if cfg.dynamics.value == "sa" else math.exp(beta * w.q.scale * w.k.scale)
+    return cfg.heads * w.v.scale * uniform
+
+
+def consensus_spectrum(cfg: Config, beta: float, k: int) -> np.ndarray:
+    """The $k$ leading exponents at consensus: $0$ ($d - 1$ times) and $-c$
+    ($(n - 1)(d - 1)$ times), in descending order; NaN without a closed form."""
+    rate = consensus_rate(cfg, beta)
+    if rate is None:
+        return np.full(k, np.nan)
+    values = [0.0] * (cfg.d - 1) + [-rate] * ((cfg.n - 1) * (cfg.d - 1))
+    return np.asarray(sorted(values, reverse=True)[:k])
+
+
+def check_spectrum(name: str, cfg: Config, k: int, every: int) -> None:
+    """What `ensemble_spectra` needs of a validated study config, checked before any
+    computing: fixed steps, at least two QR intervals, and (tracing one member's
+    spectrum, nothing computed) k and the interval within range."""
+    if cfg.adaptive:
+        raise ConfigError(f"experiment {name} follows the fixed step map of the solver (the QR method needs its "
+                          "tangent map); set adaptive=false and give dt.")
+    steps = step_count(cfg.t0, cfg.t1, cfg.dt)
+    if isinstance(every, int) and steps % every == 0 and steps // every < 2:
+        raise ConfigError(f"experiment.options.reorthonormalize_every={every} leaves one QR interval in the "
+                          f"{steps} steps; take at most {steps // 2} so that the late-window exponents exist.")
+    system = build_system(cfg)
+    dtype = jnp.dtype(cfg.dtype.value)
+    jax.eval_shape(lambda key, beta: _one(system, key, beta, (cfg.t0, cfg.t1, cfg.dt), k, every, cfg.solver.value),
+                   jax.random.key(0), jnp.zeros((), dtype))
+
+
+def check(cfg, options) -> None:
+    check_options("lyapunov", options)
+    study = study_config(cfg)
+    default = _default_config()
+    given = [key for key in _OUTPUT_KEYS if getattr(study, key) != getattr(default, key)]
+    if given:
+        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
+                          "lyapunov (it stores exponents, not a study's saved output); remove "
+                          f"{'it' if len(given) == 1 else 'them'}.")
+    check_spectrum("lyapunov", study, exponent_count(study, options), options["reorthonormalize_every"])
+    betas, _ = betas_of(study)
+    limit = stability_limit(study.solver.value)
+    if study.solver.value == "euler_renorm":
+        # A step along the unprojected field, then the retraction: at consensus the
+        # differential modes are divided by 1 + c h, stable at any step.
+        betas = []
+    for beta in betas:
+        rate = consensus_rate(study, beta)
+        if rate is not None and rate * study.dt > limit:
+            raise ConfigError(
+                f"at beta={beta:g} the tokens contract at consensus at rate c = {rate:.4g}, too fast for "
+                f"{study.solver.value} with dt={study.dt:g} (stable while c dt <= {limit:.3g}); take dt below "
+                f"{limit / rate:.3g} or smaller betas.")
+
+
+def panels(base, options) -> dict:
+    return {}  # everything is computed in `analyse`: one compiled spectrum program
+
+
+def _one(system, key, beta, span, k, every, solver):
+    """One member's spectrum: its field and tokens from the config, its deviation frame
+    from its own key."""
+    t0, t1, dt = span
+    field, y0, _ = system(key, beta)
+    res = lyapunov_spectrum(field, y0, t0=t0, t1=t1, dt=dt, k=k, solver=solver, reorthonormalize_every=every,
+                            running=True, key=jax.random.fold_in(key, _FRAME))
+    return res.exponents, res.running
+
+
+@eqx.filter_jit
+def _piece(system, keys, betas, members, beta_index, span, k, every, solver):
+    """The pairs (keys[members[p]], betas[beta_index[p]]) of one piece, a vmap over them."""
+    return jax.vmap(lambda m, b: _one(system, keys[m], betas[b], span, k, every, solver))(members, beta_index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spectra:
+    """Finite-time exponents of an ensemble (NumPy arrays, leading axes (beta, member)).
+
+    `exponents` over $[t_0, t_1]$; `running[..., m, :]` over $[t_0,$ `times[m]`$]$;
+    `late` over $[$`window`$, t_1]$, the second half of the QR times."""
+
+    betas: np.ndarray
+    times: np.ndarray
+    exponents: np.ndarray
+    running: np.ndarray
+    late: np.ndarray
+    window: float
+
+
+def local_exponents(spectra: Spectra, t0: float) -> np.ndarray:
+    """The exponents over each QR interval $[t_{m-1}, t_m]$: differences of the cumulative
+    log-stretches $S(t) = (t - t_0) \\lambda(t)$ over the interval's length (the local
+    rates of the deviation vectors, in the order of `exponents`)."""
+    times = np.concatenate([[t0], spectra.times])
+    sums = spectra.running * (times[1:] - t0)[:, None]
+    sums = np.concatenate([np.zeros_like(sums[..., :1, :]), sums], axis=-2)
+    return np.diff(sums, axis=-2) / np.diff(times)[:, None]
+
+
+def default_chunk(cfg: Config, k: int) -> int:
+    """Pairs solved at once: each one's working set (a state and its k tangent copies with
+    the n x n attention of each head) kept near 1 MiB in all. On the 2-core benchmark
+    machine 128 (beta, member) pairs (n = 32, k = 3, float64, T = 100) took 19-20 s in pieces of 128,
+    14-15 s in pieces of 32 and 16-18 s in pieces of 16 (two interleaved rounds)."""
+    item = 4 if cfg.dtype.value == "float32" else 8
+    return max(1, 2**20 // ((k + 1) * cfg.n * max(cfg.n, cfg.d) * item * cfg.heads))
+
+
+def ensemble_spectra(cfg: Config, k: int, every: int) -> Spectra:
+    """The k leading finite-time exponents of every (beta, member) of a validated study
+    config: member m has the key `split(key(seed), members)[m]` (the core studies'
+    members: the same weights and initial tokens), for every beta."""
+    betas, _ = betas_of(cfg)
+    dtype = jnp.dtype(cfg.dtype.value)
+    system = build_system(cfg)
+    keys = jax.random.split(jax.random.key(cfg.seed), cfg.members)
+    span = (cfg.t0, cfg.t1, cfg.dt)
+    count, members = len(betas), cfg.members
+    pairs = count * members
+    chunk = cfg.chunk_size or default_chunk(cfg, k)
+    pieces = math.ceil(pairs / chunk)
+    size = math.ceil(pairs / pieces)
+    beta_array = jnp.asarray(betas, dtype)
+    exponents, running = [], []
+    for i in range(pieces):
+        index = np.arange(i * size, (i + 1) * size) % pairs  # the last piece wraps around
+        out = in_background(lambda index=index: jax.device_get(_piece(
+            system, keys, beta_array, (index % members).astype(np.int32), (index // members).astype(np.int32),
+            span, k, every, cfg.solver.value)))
+        exponents.append(out[0])
+        running.append(out[1])
+    exponents = np.concatenate(exponents)[:pairs].reshape(count, members, k).astype(np.float64)
+    running = np.concatenate(running)[:pairs].reshape(count, members, -1, k).astype(np.float64)
+    steps = step_count(cfg.t0, cfg.t1, cfg.dt)
+    intervals = steps // every
+    times = cfg.t0 + (cfg.t1 - cfg.t0) * np.arange(1, intervals + 1) / intervals
+    half = intervals // 2 - 1
+    # Cumulative log-stretches S(t) = (t - t0) lambda(t): their difference over
+    # [times[half], t1] is that window's exponent (a column follows one vector).
+    sums = running * (times - cfg.t0)[:, None]
+    late = (sums[..., -1, :] - sums[..., half, :]) / (times[-1] - times[half])
+    bad = ~np.isfinite(exponents).all(axis=-1)
+    if bad.any():
+        where = sorted({betas[b] for b in np.nonzero(bad)[0]})
+        raise ConfigError(
+            f"the exponents of {int(bad.sum())} of {pairs} (beta, member) pairs are not finite (at beta = "
+            f"{', '.join(f'{b:g}' for b in where[:5])}): the states or deviation vectors blew up; lower dt.")
+    return Spectra(np.asarray(betas), times, exponents, running, late, float(times[half]))
+
+
+def analyse(cfg, options, results) -> xr.Dataset:
+    study = study_config(cfg)
+    k = exponent_count(study, options)
+    return spectrum_dataset(study, ensemble_spectra(study, k, options["reorthonormalize_every"]), k)
+
+
+PERCENTILES = {"q10": "10th percentile", "median": "median", "q90": "90th percentile"}
+
+
+def spectrum_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
+    """The exponents of every beta and member, their percentiles over members, the
+    running estimates' percentiles and the closed-form consensus values (dims `beta`,
+    `member`, `exponent` numbered from 1, `time` of the QR factorizations)."""
+    index = np.arange(1, k + 1)
+    coords = {"beta": spectra.betas, "member": np.arange(cfg.members), "exponent": index, "time": spectra.times}
+    ds = xr.Dataset(coords=coords)
+    ds["exponents"] = xr.DataArray(spectra.exponents, dims=("beta", "member", "exponent")).assign_attrs(
+        description=f"finite-time Lyapunov exponents over [t0, t1] = [{cfg.t0:g}, {cfg.t1:g}], descending")
+    ds["late_exponents"] = xr.DataArray(spectra.late, dims=("beta", "member", "exponent")).assign_attrs(
+        description=f"exponents over [{spectra.window:g}, {cfg.t1:g}] (the second half of the QR times: the "
+                    "transient of the start left out), of the same deviation vectors as `exponents`")
+    for name in ("exponents", "late_exponents"):
+        summary = member_summary(ds[name])
+        for key in ("q10", "median", "q90"):
+            ds[f"{name}_{key}"] = summary[f"{name}_{key}"]
+    running = xr.DataArray(spectra.running, dims=("beta", "member", "time", "exponent"), name="running")
+    summary = member_summary(running)
+    for key in ("q10", "median", "q90"):
+        ds[f"running_{key}"] = summary[f"running_{key}"].assign_attrs(
+            description=f"{PERCENTILES[key]} over members of the exponents over [t0, time] (their convergence in T)")
+    ds["consensus"] = xr.DataArray(np.stack([consensus_spectrum(cfg, b, k) for b in spectra.betas]),
+                                   dims=("beta", "exponent")).assign_attrs(
+        description="the exponents at consensus in closed form: 0 (d - 1 times), -c ((n - 1)(d - 1) times); NaN "
+                    "where the config has no closed form")
+    ds["late_window"] = xr.DataArray(spectra.window).assign_attrs(description="start of the late window")
+    if k >= cfg.d:
+        # The first contracting exponent at consensus, index d: within 10% of -c over the
+        # late window means the member sat at consensus there.
+        rate = -ds["consensus"].sel(exponent=cfg.d)
+        close = np.abs(ds["late_exponents"].sel(exponent=cfg.d) - (-rate)) < 0.1 * np.abs(rate)
+        ds["consensus_fraction"] = close.mean("member").where(np.isfinite(rate) & (rate != 0)).assign_attrs(
+            description=f"share of members whose late lambda_{cfg.d} is within 10% of its consensus value -c: at "
+                        "consensus over the late window (NaN without a closed form)")
+    return ds
+
+
+def _band(ax, x, ds, name, j, color, label, marker="o"):
+    part = ds.sel(exponent=j)
+    ax.fill_between(x, part[f"{name}_q10"], part[f"{name}_q90"], color=color, alpha=0.2, linewidth=0)
+    ax.plot(x, part[f"{name}_median"], color=color, marker=marker, markersize=3, label=label)
+
+
+def _drawn_exponents(ds, d: int) -> list[int]:
+    """The top exponent and the first contracting one at consensus (index d), or the
+    last kept when k < d."""
+    k = ds.sizes["exponent"]
+    return [1] if k == 1 else [1, min(d, k)]
+
+
+def _sample(values, count: int) -> list[int]:
+    """Up to `count` indices spread evenly over `values` (first and last included)."""
+    size = len(values)
+    return sorted(set(np.linspace(0, size - 1, min(count, size)).round().astype(int).tolist()))
+
+
+def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+    plt = pyplot()
+    cfg = config_of(ds)
+    d = cfg["d"]
+    betas = ds["beta"].values
+    drawn = _drawn_exponents(ds, d)
+    colors = {drawn[0]: "C0", drawn[-1]: "C3"}
+    fig, axes = plt.subplots(1, 3, figsize=(14.0, 4.4), layout="constrained")
+    window = float(ds["late_window"])
+    t0, t1 = cfg["t0"], cfg["t1"]
+    has_theory = bool(np.isfinite(ds["consensus"].values).any())
+    titles = {"exponents": f"(a) exponents over [{t0:g}, {t1:g}]",
+              "late_exponents": f"(b) exponents over the second half [{window:g}, {t1:g}]"}
+    for ax, name in zip(axes[:2], ("exponents", "late_exponents")):
+        for j in range(1, ds.sizes["exponent"] + 1):
+            if j not in drawn:
+                ax.plot(betas, ds[f"{name}_median"].sel(exponent=j), color="0.6", linewidth=0.8,
+                        label="others: median" if j == 2 else None)
+        for j in drawn:
+            _band(ax, betas, ds, name, j, colors[j], f"lambda_{j}: median, 10-90%")
+            if has_theory:
+                ax.plot(betas, ds["consensus"].sel(exponent=j), color=colors[j], linestyle="--", linewidth=1,
+                        label=f"lambda_{j} at consensus")
+        ax.axhline(0, color="k", linewidth=0.5)
+        ax.set_xlabel("beta")
+        ax.set_ylabel("Lyapunov exponent")
+        ax.set_title(titles[name])
+    axes[0].legend(loc="upper left", bbox_to_anchor=(0.0, 0.94), fontsize=7)
+    ax = axes[2]
+    t = ds["time"].values
+    chosen = _sample(betas, 4)
+    cmap = plt.get_cmap("viridis")
+    for c, b in enumerate(chosen):
+        color = cmap(c / max(len(chosen) - 1, 1))
+        for j, style in zip(drawn, ("-", "--")):
+            ax.plot(t, ds["running_median"].isel(beta=b).sel(exponent=j), color=color, linestyle=style,
+                    label=f"beta = {betas[b]:.3g}" if j == drawn[0] else None)
+    if has_theory:
+        for j in drawn:
+            for value in np.unique(ds["consensus"].isel(beta=chosen).sel(exponent=j).values):
+                ax.axhline(value, color="k", linestyle=":", linewidth=0.8)
+    ax.axvline(window, color="0.5", linewidth=0.6)
+    ax.set_xlabel("T")
+    ax.set_ylabel("exponent over [t0, T] (median over members)")
+    ax.set_title(f"(c) running estimates: lambda_{drawn[0]} solid" + (f", lambda_{drawn[-1]} dashed"
+                                                                      if len(drawn) > 1 else ""))
+    ax.legend(loc="lower right")
+    caption(fig, _caption(ds, cfg, drawn), width=190)
+    return save(fig, folder, "lyapunov")
+
+
+def _fixed(value: float) -> str:
+    """Three decimals, without the sign of a value that rounds to zero."""
+    text = f"{value:.3f}"
+    return text[1:] if text == "-0.000" else text
+
+
+def _caption(ds, cfg, drawn) -> str:
+    weights = cfg["weights"]
+    plain = all(weights[m]["kind"] == "identity" for m in "qkv") and weights["o"]["kind"] == "none"
+    system = (f"{cfg['dynamics'].upper()} attention, Q = K = V = I" if plain else
+              f"{cfg['dynamics'].upper()} attention, weights q={weights['q']['kind']}, k={weights['k']['kind']}, "
+              f"v={weights['v']['kind']}")
+    extra = " with an MLP" if cfg["mlp"]["enabled"] else ""
+    text = (f"{system}{extra}, norm={cfg['norm']}, n = {cfg['n']}, d = {cfg['d']}, {ds.sizes['member']} members "
+            f"per beta ({cfg['init']['kind']} initial tokens, the same for every beta), {cfg['solver']} with "
+            f"dt = {cfg['dt']:g} on [{cfg['t0']:g}, {cfg['t1']:g}]; the {ds.sizes['exponent']} leading finite-time "
+            f"exponents by the QR method, tangent to the sphere where the tokens live on it. ")
+    last = drawn[-1]
+    low, high = ds.isel(beta=0), ds.isel(beta=-1)
+    median = lambda part, name, j: _fixed(float(part[f"{name}_median"].sel(exponent=j)))
+    text += (f"Median lambda_1 and lambda_{last}: at beta = {float(low['beta']):.3g} {median(low, 'exponents', 1)} "
+             f"and {median(low, 'exponents', last)} over the whole horizon, {median(low, 'late_exponents', 1)} "
+             f"and {median(low, 'late_exponents', last)} over its second half; at beta = "
+             f"{float(high['beta']):.3g} {median(high, 'exponents', 1)} and {median(high, 'exponents', last)}, "
+             f"late {median(high, 'late_exponents', 1)} and {median(high, 'late_exponents', last)}. ")
+    top = ds["exponents_median"].sel(exponent=1).values
+    bump = float(ds["running_median"].sel(exponent=1).max())
+    text += (f"Across the betas the median lambda_1 lies in [{_fixed(top.min())}, {_fixed(top.max())}] (10-90% of "
+             f"members in [{_fixed(float(ds['exponents_q10'].sel(exponent=1).min()))}, "
+             f"{_fixed(float(ds['exponents_q90'].sel(exponent=1).max()))}]); its running estimate reaches at most "
+             f"{bump:.2f} (c)")
+    text += (", at short times only: no sustained separation of nearby starts. " if top.max() < 0.01 and bump > 0
+             else ". ")
+    consensus = ds["consensus"].sel(exponent=last).values
+    if np.isfinite(consensus).all():
+        text += ("Dashed (a, b) and dotted (c): the consensus spectrum in closed form, 0 for the d - 1 rotations "
+                 "of the consensus point and -c for the contraction of the tokens to it (c = 1 for softmax "
+                 "attention, e^beta without normalization). ")
+        late = ds["late_exponents_median"].sel(exponent=last).values
+        reached = np.abs(late - consensus) < 0.1 * np.abs(consensus)
+        if reached.any() and not reached.all():
+            first = float(ds["beta"].values[np.argmin(reached)])
+            text += (f"The median member has reached consensus by the second half of the horizon up to beta = "
+                     f"{float(ds['beta'].values[reached][-1]):.3g}; from beta = {first:.3g} on its late "
+                     f"lambda_{last} is near 0 instead of {float(consensus[-1]):.3g}: the tokens are still in "
+                     "several clusters (metastability), whose relative motion is nearly neutral, and the band "
+                     "spans members that did and did not merge. ")
+        elif reached.all():
+            text += "Every beta's median member reaches consensus within the second half of the horizon. "
+        if "consensus_fraction" in ds:
+            shares = ", ".join(f"{100 * v:.0f}" for v in ds["consensus_fraction"].values)
+            text += (f"Members at consensus over the second half (late lambda_{last} within 10% of -c), in % for "
+                     f"beta = {', '.join(f'{b:g}' for b in ds['beta'].values)}: {shares}. ")
+        text += ("Over the whole horizon the exponents carry the start's transient as O(1/T), which (c) shows "
+                 "decaying.")
+    else:
+        text += "This config has no closed-form consensus spectrum (it is known for identity Q, K, V on the sphere)."
+    return text

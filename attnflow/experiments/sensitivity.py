@@ -1,0 +1,250 @@
+"""Which words of a sentence the next word depends on: token-pair Lyapunov sensitivity
+of a trained model against its attention ("Neural ODE Transformers", eq. 7, fig. 3).
+
+`attnflow experiment=sensitivity checkpoint=PATH text="..."` loads the checkpoint and
+its tokenizer (as experiment=checkpoint does), embeds the sentence, and follows the
+model's own dynamics over depth (`depth_flow`: one Euler or split step per layer is the
+real forward pass; `steps` > 1 refines it, weights held per layer). Along that
+trajectory `attnflow.sensitivity.token_sensitivity` integrates, for each output
+position $j$ in `outputs` and every input token $i$, the tangent equation
+$\\dot Y_{ji} = J_{ji} Y_{ji}$, $Y_{ji}(0) = I$, with $J_{ji}$ the Jacobian block of token
+$j$'s velocity with respect to token $i$, and stores the largest finite-time exponent
+$\\lambda_{ji} = \\frac{1}{L} \\log \\sigma_{\\max}(Y_{ji}(L))$ as `exponent` (output,
+token); NaN where a causal mask hides $i$ from $j$ ($i > j$). Beside it, `attention`
+(output, token) is the attention the model pays, averaged over heads and layers: the
+map that attention-based explanations read. The default output is the last position,
+whose state predicts the next token; the model's top prediction is stored too
+(`prediction`).
+"""
+
+from __future__ import annotations
+
+import numbers
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from .._errors import CheckpointError, ConfigError
+from .._solvers import SOLVERS
+from ._common import caption, config_of, pyplot, save
+from .checkpoint import _loaded
+
+TITLE = "Token-pair Lyapunov sensitivity of a trained model beside its attention"
+PAPER = "Neural ODE Transformers, eq. 7, app. B, fig. 3"
+OPTIONS = {"outputs": [-1], "steps": 1, "solver": "euler"}
+
+
+def _token_count(cfg) -> int:
+    _, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
+    return int(np.asarray(tokenizer.encode(str(cfg.text))).size)
+
+
+def check(cfg, options) -> None:
+    if not cfg.checkpoint:
+        raise ConfigError("experiment=sensitivity needs checkpoint=PATH (a model directory, a .gguf file, "
+                          "or minilm / smollm2).")
+    if not cfg.text or not str(cfg.text).strip():
+        raise ConfigError('experiment=sensitivity needs a sentence: text="...".')
+    steps = options["steps"]
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ConfigError(f"experiment.options.steps must be a positive whole number of steps per layer, got {steps!r}.")
+    if options["solver"] not in SOLVERS:
+        raise ConfigError(f"experiment.options.solver must be one of {', '.join(SOLVERS)}, got {options['solver']!r}.")
+    outputs = options["outputs"]
+    if outputs is not None and (not isinstance(outputs, list) or not outputs or any(
+            not isinstance(o, numbers.Integral) or isinstance(o, bool) for o in outputs)):
+        raise ConfigError(f"experiment.options.outputs must be a list of token positions (e.g. [-1], the last) "
+                          f"or null for every token, got {outputs!r}.")
+    n = _token_count(cfg)  # a bad checkpoint stops here
+    if n == 0:
+        raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
+    if outputs is not None and any(not -n <= o < n for o in outputs):
+        bad = next(o for o in outputs if not -n <= o < n)
+        raise ConfigError(f"experiment.options.outputs has position {bad} but the text has {n} tokens; "
+                          f"use positions from {-n} to {n - 1}.")
+
+
+def panels(base, options) -> dict:
+    return {}  # nothing for the core study runner: everything happens in `analyse`
+
+
+def _prediction(checkpoint, tokenizer, last_state) -> tuple[int, str]:
+    """The model's most likely next token after the sentence, or (-1, "") without an LM head."""
+    try:
+        logits = checkpoint.logits(last_state[None])[0]
+    except CheckpointError:
+        return -1, ""
+    best = int(np.argmax(np.asarray(logits)))
+    return best, tokenizer.tokens([best])[0]
+
+
+def analyse(cfg, options, results) -> xr.Dataset:
+    from ..checkpoints import depth_flow, forward
+    from ..sensitivity import token_sensitivity
+
+    checkpoint, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
+    ids = np.asarray(tokenizer.encode(str(cfg.text)))
+    strings = tokenizer.tokens(ids)
+    model = forward(checkpoint, ids)
+    steps = int(options["steps"])
+    result = token_sensitivity(depth_flow(checkpoint), model.hidden[0], dt=1.0 / steps, outputs=options["outputs"],
+                               solver=options["solver"])
+    predicted, predicted_string = _prediction(checkpoint, tokenizer, model.hidden[-1][-1])
+    n = ids.size
+    return xr.Dataset(
+        {
+            "token_id": ("token", ids, {"description": "token ids of the sentence"}),
+            "token_string": ("token", np.asarray(strings, dtype=object), {"description": "the tokens as text"}),
+            "exponent": (("output", "token"), np.asarray(result.exponents, np.float64),
+                         {"description": "lambda_ji = (1/L) log sigma_max(Y_ji(L)), Y_ji' = J_ji Y_ji, Y_ji(0) = I: "
+                                         "sensitivity of output token j to input token i (NaN: i hidden from j by "
+                                         "the causal mask)"}),
+            "attention": (("output", "token"), np.asarray(result.attention, np.float64),
+                          {"description": "attention of output j to token i, averaged over heads and layers"}),
+        },
+        coords={"token": np.arange(n), "output": np.asarray(result.outputs)},
+        attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family, "arrangement": checkpoint.arrangement,
+               "causal": int(checkpoint.causal), "model_name": checkpoint.name or str(cfg.checkpoint),
+               "text": str(cfg.text), "prediction_id": predicted, "prediction": predicted_string,
+               "depth": checkpoint.depth},
+    )
+
+
+# --- figures ---------------------------------------------------------------------------
+
+_FONT = 11.0  # points, the highlighted sentence
+_PAD = 0.06   # inches of colour either side of a token
+
+
+def _shown(token: str) -> tuple[str, bool]:
+    """A token as drawn (newlines and tabs made visible) and whether a word starts
+    there (a leading space: drawn as a gap before its box)."""
+    text = token.replace("\n", "\u21b5").replace("\t", "\u21e5")
+    starts = text.startswith(" ")
+    text = text.strip(" ") or "\u2423"
+    return text, starts
+
+
+def _layout(fig, tokens: list[str], width: float) -> tuple[list[tuple[str, float, int]], int]:
+    """Each token's text, left edge (inches) and line when the sentence is set in boxes
+    on lines of `width` inches; and the number of lines."""
+    from matplotlib.font_manager import FontProperties
+
+    renderer = fig.canvas.get_renderer()
+    prop = FontProperties(size=_FONT)
+    placed, x, line = [], 0.0, 0
+    for token in tokens:
+        text, starts = _shown(token)
+        w = renderer.get_text_width_height_descent(text, prop, ismath=False)[0] / fig.dpi + 2 * _PAD
+        if x > 0:
+            x += 0.09 if starts else 0.015
+        if x > 0 and x + w > width:
+            x, line = 0.0, line + 1
+        placed.append((text, x + _PAD, line))
+        x += w
+    return placed, line + 1
+
+
+def _highlight(fig, ax, placed, values, cmap, title: str, mark: int) -> None:
+    """The sentence with each token's box coloured by `values` in [0, 1] (NaN: grey),
+    token `mark` outlined."""
+    from matplotlib.transforms import ScaledTranslation
+
+    ax.set_axis_off()
+    ax.set_title(title, loc="left")
+    step = 1.9 * _FONT / 72
+    for index, ((text, x, line), value) in enumerate(zip(placed, values)):
+        hidden = not np.isfinite(value)
+        face = "0.92" if hidden else cmap(value)
+        at = ax.transAxes + ScaledTranslation(x, -(line + 0.6) * step, fig.dpi_scale_trans)
+        ax.text(0, 1, text, transform=at, fontsize=_FONT, va="center", ha="left", parse_math=False,
+                color="0.6" if hidden else ("white" if value > 0.6 else "black"),
+                bbox={"boxstyle": "square,pad=0.25", "facecolor": face,
+                      "edgecolor": "black" if index == mark else "none", "linewidth": 1.2})
+
+
+def _scaled(values: np.ndarray, skip: int) -> np.ndarray:
+    """Min-max scaled to [0, 1] over the finite entries other than `skip` (the output
+    token itself, whose own update dominates), clipped there; NaN stays NaN."""
+    finite = np.isfinite(values)
+    others = finite & (np.arange(values.size) != skip)
+    others = others if others.any() else finite
+    low, high = values[others].min(), values[others].max()
+    scaled = np.clip((values - low) / (high - low), 0, 1) if high > low else np.ones_like(values)
+    return np.where(finite, scaled, np.nan)
+
+
+def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+    plt = pyplot()
+    cfg = config_of(ds)
+    name = ds.attrs.get("model_name", "checkpoint")
+    tokens = [str(t) for t in ds.token_string.values]
+    n = len(tokens)
+    last = int(ds.output.values[-1])
+    exponent = ds.exponent.sel(output=last).values
+    attention = ds.attention.sel(output=last).values
+    if ds.attrs.get("causal"):
+        attention = np.where(np.arange(n) > last, np.nan, attention)
+    steps = cfg["experiment"]["options"]["steps"]
+    written = []
+
+    # 1. The sentence highlighted by sensitivity and by attention, and both as bars.
+    width = 10.0
+    fig = plt.figure(figsize=(width + 0.6, 1))
+    placed, lines = _layout(fig, tokens, width)
+    text_height = 0.45 + lines * 1.9 * _FONT / 72
+    bars = 2.6
+    fig.set_size_inches(width + 0.6, 2 * text_height + bars + 0.6)
+    grid = fig.add_gridspec(3, 1, height_ratios=[text_height, text_height, bars], hspace=0.35, bottom=0.17)
+    reds, blues = plt.get_cmap("Reds"), plt.get_cmap("Blues")
+    predicted = ds.attrs.get("prediction", "")
+    target = f"token {last} ({_shown(tokens[last])[0]!r})"
+    _highlight(fig, fig.add_subplot(grid[0]), placed, 0.85 * _scaled(exponent, last), reds,
+               f"Lyapunov sensitivity of {target} to each token", last)
+    _highlight(fig, fig.add_subplot(grid[1]), placed, 0.85 * _scaled(attention, last), blues,
+               f"attention of {target}, mean over heads and layers", last)
+    ax = fig.add_subplot(grid[2])
+    positions = np.arange(n)
+    ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label="sensitivity $\\lambda_{ji}$")
+    ax.set_ylabel("$\\lambda_{ji}$ (per layer)")
+    twin = ax.twinx()
+    twin.bar(positions + 0.2, attention, width=0.4, color=blues(0.7), label="attention $\\bar a_{ji}$")
+    twin.set_ylabel("mean attention")
+    twin.grid(False)
+    ax.set_xticks(positions, [_shown(t)[0] for t in tokens], rotation=60, ha="right")
+    ax.legend(handles=ax.containers[:1] + twin.containers[:1], loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2,
+              frameon=False)
+    suffix = f"; the model's next word: {predicted!r}" if predicted else ""
+    fig.suptitle(f"{name}: sensitivity of {target}{suffix}", y=1.0)
+    caption(fig, f"Red: lambda_ji = (1/L) log sigma_max(Y_ji(L)) with Y' = J_ji Y, Y(0) = I along the model's own "
+                 f"layer map ({'one step' if steps == 1 else f'{steps} steps'} per layer, L = {ds.attrs['depth']}), "
+                 "J_ji the Jacobian of token j's update with respect to token i; blue: the attention of token j "
+                 "averaged over heads and layers. Each colour scale runs from the smallest to the largest value over the "
+                 "other tokens; token j itself (outlined), whose own update dominates its sensitivity, is clipped to it"
+                 + ("; grey: hidden by the causal mask." if ds.attrs.get("causal") and last < n - 1 else "."))
+    written += save(fig, folder, "sentence")
+
+    # 2. The full maps, when every token was an output.
+    if ds.sizes["output"] == n and np.array_equal(ds.output.values, np.arange(n)):
+        fig, axes = plt.subplots(1, 2, figsize=(12.5, 5.4), gridspec_kw={"wspace": 0.45})
+        labels = [_shown(t)[0] for t in tokens]
+        full_attention = ds.attention.values.copy()
+        if ds.attrs.get("causal"):
+            full_attention[np.triu_indices(n, 1)] = np.nan
+        for ax, values, cmap, title in ((axes[0], ds.exponent.values, "Reds", "Lyapunov sensitivity lambda_ji"),
+                                        (axes[1], full_attention, "Blues", "attention, mean over heads and layers")):
+            colours = plt.get_cmap(cmap).with_extremes(bad="0.92")
+            image = ax.imshow(np.ma.masked_invalid(values), cmap=colours)
+            ax.set(title=title, xlabel="input token i", ylabel="output token j")
+            ax.grid(False)
+            if n <= 40:
+                ax.set_xticks(np.arange(n), labels, rotation=90)
+                ax.set_yticks(np.arange(n), labels)
+            fig.colorbar(image, ax=ax, shrink=0.8)
+        fig.suptitle(f"{name}: \"{ds.attrs['text']}\"")
+        caption(fig, "Row j: how output token j responds to each input token i, by the largest finite-time "
+                     "exponent of the pair's tangent equation (left) and by attention (right); grey: hidden by "
+                     "the causal mask.")
+        written += save(fig, folder, "maps")
+    return written

@@ -1,0 +1,178 @@
+"""Experiments lyapunov and lyapunov_polynomial on reduced configs: the consensus
+spectrum of Q = K = V = I attention recovered at small beta (tests/README.md, section
+11), the O(1/T) transient of the whole-horizon estimates, the sum of all exponents of
+the polynomial-magnitude system against the log-determinants of its step map along the
+path, a zero field's exactly zero exponents, redrawing, and one-sentence refusals."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+import attnflow as af
+from attnflow.experiments import (
+    compose_experiment,
+    draw_experiment,
+    plan_experiment,
+    run_experiment,
+)
+from attnflow.experiments.polynomial import coefficients
+
+H = 0.1  # the step of the reduced lyapunov runs
+
+
+def rk4_rate(rate, h):
+    """The exponent of $\\dot v = \\lambda v$ under RK4 steps of size h: $\\log |R(h\\lambda)| / h$."""
+    z = rate * h
+    return np.log(np.abs(1 + z + z**2 / 2 + z**3 / 6 + z**4 / 24)) / h
+
+
+@pytest.fixture(scope="module", params=["sa", "usa"])
+def consensus_run(request):
+    # Six tokens on S^2 at small beta gather within a few time units, then contract to
+    # consensus at rate c = 1 (SA) or e^beta (USA): at T/2 = 30 they are e^{-20} or
+    # closer to it.
+    betas = [0.5, 1.0] if request.param == "sa" else [0.5]
+    overrides = {"n": 6, "beta": betas, "members": 3, "t1": 60.0, "dt": H, "dynamics": request.param,
+                 "compilation_cache": False}
+    return request.param, run_experiment("lyapunov", overrides)
+
+
+def test_small_beta_gives_the_consensus_spectrum(consensus_run):
+    kind, ds = consensus_run
+    d = 3
+    assert ds.sizes["exponent"] == d  # the default k: the d - 1 rotations and the first contracting exponent
+    for beta in ds["beta"].values:
+        rate = 1.0 if kind == "sa" else np.exp(beta)
+        expected = np.array([0.0] * (d - 1) + [-rate])
+        np.testing.assert_allclose(ds["consensus"].sel(beta=beta), expected, rtol=1e-12)
+        # Over the second half every member sits at consensus: the Jacobians differ from
+        # the linearisation at consensus by O(distance), whose mean over the window is
+        # below e^{-20}/30 ~ 1e-10, so the exponents are those of the linearised RK4
+        # map, 0 and log R(-c h)/h; they differ from -c by RK4's error, c^5 h^4/120.
+        late = ds["late_exponents"].sel(beta=beta).values
+        np.testing.assert_allclose(late, np.broadcast_to(np.where(expected == 0, 0, rk4_rate(expected, H)),
+                                                         late.shape), atol=1e-9)
+        np.testing.assert_allclose(late, np.broadcast_to(expected, late.shape), atol=2 * rate**5 * H**4 / 120)
+        # Over [0, T] the estimates are lambda + C/T, C the log-stretch of the start's
+        # transient (a member's own constant; the median over members keeps that form).
+        # So T (lambda(T) - lambda) is constant once consensus holds, and the distance of
+        # lambda(T) from the consensus value is what the running estimate still moves
+        # over [T/2, T]: a wrong limit shows as a distance larger than that motion.
+        running = ds["running_median"].sel(beta=beta)
+        t = ds["time"].values
+        second = t >= t[-1] / 2
+        limit = np.where(expected == 0, 0, rk4_rate(expected, H))
+        offset = t[second, None] * (running.values[second] - limit)
+        np.testing.assert_allclose(offset, np.broadcast_to(offset[-1], offset.shape), atol=1e-6)
+        motion = np.abs(running.values[second] - running.values[-1]).max(axis=0)
+        distance = np.abs(ds["exponents_median"].sel(beta=beta).values - expected)
+        assert np.all(distance <= 1.1 * motion + 2 * rate**5 * H**4 / 120), (distance, motion)
+
+
+def test_the_experiment_redraws_from_its_dataset(consensus_run, tmp_path):
+    _, ds = consensus_run
+    paths = draw_experiment(ds, tmp_path)
+    assert sorted(p.name for p in paths) == ["lyapunov.pdf", "lyapunov.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_any_system_of_the_config_runs_without_a_closed_form(tmp_path):
+    # Random V, pre-LN with an MLP, d = 4: no consensus spectrum (NaN), k = d exponents
+    # in flat space, descending, every member finite; the figure says so.
+    overrides = {"n": 4, "d": 4, "beta": [1.0, 2.0], "members": 2, "t1": 4.0, "norm": "pre",
+                 "weights": {"v": {"kind": "random"}}, "mlp": {"enabled": True}, "compilation_cache": False}
+    ds = run_experiment("lyapunov", overrides)
+    assert ds.sizes["exponent"] == 4 and np.isnan(ds["consensus"]).all()
+    exponents = ds["exponents"].values
+    assert np.isfinite(exponents).all() and np.all(np.diff(exponents, axis=-1) <= 0)
+    assert len(draw_experiment(ds, tmp_path)) == 2
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"experiment": {"options": {"k": 0}}}, "experiment.options.k of experiment lyapunov must be null or a whole"),
+    ({"n": 2, "experiment": {"options": {"k": 5}}}, "k must be a whole number of exponents from 1 to 4"),
+    ({"experiment": {"options": {"reorthonormalize_every": 7}}}, "dividing the 1000 steps"),
+    ({"experiment": {"options": {"reorthonormalize_every": 1000}}}, "leaves one QR interval"),
+    ({"adaptive": True}, "follows the fixed step map"),
+    ({"dynamics": "usa"}, "at beta=3.5 the tokens contract at consensus at rate c = 33.12, too fast for rk4"),
+    ({"save_states": True, "saves": 3}, "saves and save_states do not apply to experiment lyapunov"),
+    ({"beta": [0.5, -1.0]}, "every beta must be positive"),
+    ({"experiment": {"options": {"window": 1}}}, "unknown option experiment.options.window of experiment lyapunov"),
+])
+def test_bad_input_stops_with_one_sentence_before_computing(overrides, message):
+    # plan_experiment runs every check; nothing is computed for this experiment there.
+    with pytest.raises(af.ConfigError) as error:
+        plan_experiment(compose_experiment("lyapunov", {**overrides, "compilation_cache": False}))
+    text = str(error.value)
+    assert message in text and "\n" not in text and text.endswith("."), text
+
+
+def test_polynomial_refusals_are_one_sentence():
+    for overrides, message in [
+        ({"experiment": {"options": {"schedules": ["f0", "f9"]}}}, "must be a list of distinct names among f0"),
+        ({"beta": [0.5, 1.0]}, "takes one beta"),
+        ({"weights": {"q": {"poly": [1.0]}}}, "sets weights.q.poly itself"),
+        ({"adaptive": True, "solver": "tsit5"}, "follows the fixed step map"),
+        ({"experiment": {"options": {"compare_every": 5}}}, "compare_every=5 equals reorthonormalize_every"),
+    ]:
+        with pytest.raises(af.ConfigError, match=message):
+            plan_experiment(compose_experiment("lyapunov_polynomial", {**overrides, "compilation_cache": False}))
+
+
+def test_polynomial_exponents_sum_to_the_log_determinants_of_the_step_map():
+    # With all k = n d exponents, the QR sums add up to log |det| of the product of the
+    # step map's Jacobians: for Euler, (1/T) sum_m log |det(I + h DF(t_m, y_m))| along the
+    # member's own path, at every magnitude, constant or growing. The reference takes the
+    # path from `simulate` and DF from autodiff of the field, member by member.
+    # The horizon is cut to T = 5: the tokens, which grow without normalization, stay
+    # below ~1e3, where the attention's derivatives keep their digits (the logits grow
+    # like |x|^2 and the derivatives lose digits to cancellation beyond).
+    n, d, names = 4, 3, ["f0", "f3"]
+    options = {"k": n * d, "schedules": names, "dispersion": False, "compare_every": None}
+    ds = run_experiment("lyapunov_polynomial", {"n": n, "members": 2, "t1": 5.0, "experiment": {"options": options},
+                                                "compilation_cache": False})
+    config = yaml.safe_load(ds.attrs["config"])
+    config.pop("experiment")
+    horizon, h = config["t1"], config["dt"]
+    steps = round(horizon / h)
+
+    @eqx.filter_jit
+    def log_determinants(field, y0):
+        path = af.simulate(field, y0, t1=horizon, dt=h, solver="euler", save_steps=np.arange(steps + 1)).xs
+
+        def log_det(t, y):
+            jac = jax.jacfwd(lambda z: field(t, z))(y).reshape(n * d, n * d)
+            return jnp.linalg.slogdet(jnp.eye(n * d) + h * jac)[1]
+
+        return jnp.sum(jax.vmap(log_det)(h * jnp.arange(steps), path[:-1])) / horizon
+
+    keys = jax.random.split(jax.random.key(config["seed"]), config["members"])
+    for name in names:
+        for matrix in "qkv":
+            config["weights"][matrix]["poly"] = coefficients(name, horizon)
+        system = af.build_system(af.validate_config(config))
+        for m, key in enumerate(keys):
+            field, y0, _ = system(key, config["beta"])
+            reference = float(log_determinants(field, y0))
+            total = float(ds["exponents"].sel(schedule=name, member=m).sum())
+            assert abs(total - reference) < 1e-9 * max(1.0, abs(reference)), (name, m, total, reference)
+
+
+def test_a_zero_field_has_zero_exponents_and_keeps_its_dispersion(tmp_path):
+    # V = 0 makes the field zero under every magnitude: the step map is the identity, so
+    # every exponent is 0 (up to the round-off of re-factoring an orthonormal frame) and
+    # the tokens do not move (dispersion exactly 1).
+    # (The sizes of the test above: the compiled spectrum program is reused.)
+    options = {"k": 12, "schedules": ["f0", "f2"], "compare_every": None}
+    ds = run_experiment("lyapunov_polynomial", {"n": 4, "members": 2, "t1": 5.0, "weights": {"v": {"scale": 0.0}},
+                                                "experiment": {"options": options}, "compilation_cache": False})
+    assert np.abs(ds["exponents"].values).max() < 1e-13
+    assert np.abs(ds["late_exponents"].values).max() < 1e-13
+    np.testing.assert_array_equal(ds["dispersion"].values, 1.0)
+    paths = draw_experiment(ds, tmp_path)
+    assert sorted(p.name for p in paths) == ["lyapunov_polynomial.pdf", "lyapunov_polynomial.png"]
