@@ -222,13 +222,20 @@ def _terminate(signum, frame) -> None:
 _USAGE = {
     "plot": "attnflow plot DIR...: redraw the figures of each run directory (or results.nc) from its results.nc",
     "report": "attnflow report DIR: one table (report.csv) and one figure (report.png) across the runs of a sweep",
+    "train": "attnflow train [KEY=VALUE ...]: train a DiffEqFormer or its GPT baseline (defaults in conf/train.yaml); "
+             "the same command, or out=DIR alone, resumes an interrupted run",
 }
 
 
 def _command(name: str, args: list[str]) -> int:
-    """`attnflow plot DIR...` and `attnflow report DIR`: read results, draw, summarize."""
+    """`attnflow plot DIR...` and `attnflow report DIR`: read results, draw, summarize;
+    `attnflow train ...`: the DiffEqFormer's training (its own settings and messages)."""
     from ._errors import ConfigError
 
+    if name == "train":
+        from .diffeqformer import main as train
+
+        return train(args)
     if not args or any(a in ("-h", "--help") for a in args) or (name == "report" and len(args) != 1):
         _say(f"usage: {_USAGE[name]}.")
         return 0 if any(a in ("-h", "--help") for a in args) else 2

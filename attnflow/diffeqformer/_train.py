@@ -1,0 +1,695 @@
+"""Training a DiffEqFormer or its GPT baseline: `attnflow train [KEY=VALUE ...]`.
+
+Next-token cross-entropy on an offline corpus (`_data`), AdamW (optax) with a linear
+warmup and a cosine decay, gradients clipped by their global norm; one jitted step
+(`equinox.filter_value_and_grad`). The GPT baseline is a canonical `Checkpoint` trained
+through the core's layer map (`attnflow.checkpoints.forward`). Fine-tuning starts from a
+model folder (`init`): a DiffEqFormer continues at any number of steps (all its
+hypernetwork parameters train), or, with `lora_rank > 0`, its populated layers (or the
+GPT's) are frozen and rank-r adapters of every attention and MLP matrix train.
+
+A run folder `out` holds
+
+- `train.json`: the settings and the corpus record; `metrics.jsonl`: one line per
+  validation (step, mean training loss since the last line, validation loss, time);
+- `state/`: the latest training state (every array of the model and of the optimizer,
+  `state.safetensors`, and `state.json` with the step), replaced atomically every
+  `save_every` steps;
+- `snapshots/step-NNNNNN/`: model folders at steps 0, 1, 2, 4, 8, ... and the last;
+- `model/`: the final model folder (`init=` accepts it, `load_checkpoint` reads it).
+
+The data order is a function of (seed, step), so a run interrupted at any point and
+started again with the same `out` continues from its latest state and ends with the
+weights an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+from omegaconf import MISSING
+
+from .._errors import CheckpointError, ConfigError
+
+MODELS = ("diffeqformer", "gpt")
+B2 = {"diffeqformer": 0.95, "gpt": 0.999}  # the paper's app. C.5
+ARCHITECTURE = ("vocab", "dim", "heads", "hidden", "context", "d_emb", "frequencies", "horizon")
+NOT_RESULT_KEYS = ("out", "save_every", "compilation_cache")
+STATE_VERSION = 1
+
+
+@dataclass
+class TrainConfig:
+    """The settings of `attnflow train` (values in conf/train.yaml, described there)."""
+
+    model: str = MISSING
+    vocab: int = MISSING
+    dim: int = MISSING
+    heads: int = MISSING
+    hidden: int = MISSING
+    context: int = MISSING
+    d_emb: int = MISSING
+    frequencies: int = MISSING
+    steps: int = MISSING
+    horizon: float = MISSING
+    solver: str = MISSING
+    dtype: str = MISSING
+    corpus: str = MISSING
+    seed: int = MISSING
+    batch: int = MISSING
+    train_steps: int = MISSING
+    lr: float = MISSING
+    warmup: float = MISSING
+    min_lr: float = MISSING
+    weight_decay: float = MISSING
+    b1: float = MISSING
+    b2: Optional[float] = MISSING
+    clip: float = MISSING
+    eval_every: int = MISSING
+    eval_batches: int = MISSING
+    save_every: int = MISSING
+    out: Optional[str] = MISSING
+    init: Optional[str] = MISSING
+    lora_rank: int = MISSING
+    compilation_cache: bool = MISSING
+
+    def record(self) -> dict[str, Any]:
+        """The settings that determine the result (all but `out`, `save_every`,
+        `compilation_cache`)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in NOT_RESULT_KEYS}
+
+    @property
+    def adam_b2(self) -> float:
+        return B2[self.model] if self.b2 is None else self.b2
+
+    @property
+    def folder(self) -> Path:
+        """The run folder: `out`, or one named after the model, corpus, steps and seed."""
+        if self.out is not None:
+            return Path(self.out).expanduser()
+        lora = f"-lora{self.lora_rank}" if self.lora_rank else ""
+        tuned = "-tuned" if self.init is not None else ""
+        return Path("runs") / "train" / f"{self.model}-{self.corpus}-s{self.steps}{tuned}{lora}-seed{self.seed}"
+
+
+def _defaults_file() -> Path:
+    from .._config import config_source
+
+    return Path(str(config_source()[1])) / "train.yaml"
+
+
+def _settings(args: Sequence[str]) -> dict[str, str]:
+    pairs = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"attnflow train takes settings as KEY=VALUE, got {arg!r}.")
+        pairs[key] = value
+    return pairs
+
+
+def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConfig:
+    """The settings of conf/train.yaml with `overrides` (a mapping, or `KEY=VALUE`
+    strings as typed on the command line) on top, typed and checked. When `out` names
+    a folder holding a run, that run's stored settings are the base instead, so that
+    `out=DIR` alone resumes it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    if isinstance(overrides, Mapping):
+        given = OmegaConf.create(dict(overrides))
+    else:
+        given = OmegaConf.from_dotlist([f"{k}={v}" for k, v in _settings(overrides).items()])
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    schema = OmegaConf.structured(TrainConfig)
+    try:
+        base = OmegaConf.load(_defaults_file())
+        out = given.get("out") if "out" in given else None
+        stored = _stored_settings(Path(str(out)).expanduser()) if out else None
+        if stored is not None:
+            base = OmegaConf.merge(base, OmegaConf.create(stored))
+        merged = OmegaConf.merge(schema, base, given)
+        cfg = OmegaConf.to_object(merged)
+    except ConfigKeyError as error:
+        key = str(getattr(error, "full_key", "") or getattr(error, "key", "") or "")
+        raise ConfigError(f"unknown setting {key!r} for attnflow train; the settings are {', '.join(names)}.") from None
+    except ValidationError as error:
+        key = str(getattr(error, "full_key", "") or "")
+        value = getattr(error, "value", None)
+        raise ConfigError(f"{key} must be {_kind(key)}, got {value!r}.") from None
+    except OmegaConfBaseException as error:
+        first = str(error).strip().splitlines()[0].rstrip(".")
+        raise ConfigError(f"invalid settings for attnflow train ({first}).") from None
+    check(cfg)
+    return cfg
+
+
+def _kind(key: str) -> str:
+    """What a setting's type accepts, in words."""
+    kind = str({f.name: f.type for f in dataclasses.fields(TrainConfig)}.get(key, ""))
+    words = next((w for t, w in (("int", "a whole number"), ("float", "a number"), ("bool", "true or false"),
+                                 ("str", "a word or path")) if t in kind), "of another type")
+    return words + (" or null" if "Optional" in kind else "")
+
+
+def _stored_settings(out: Path) -> dict | None:
+    path = out / "state" / "state.json"
+    if not path.is_file():
+        from ._store import recover
+
+        recover(out / "state")
+    if not path.is_file():
+        return None
+    from ._store import read_json
+
+    return dict(read_json(path).get("config", {}), out=str(out))
+
+
+def check(cfg: TrainConfig) -> None:
+    """What the types cannot say: ranges, choices and combinations; one sentence each."""
+    from .._solvers import SOLVERS
+    from ._data import corpus_name
+    from ._model import DTYPES
+
+    if cfg.model not in MODELS:
+        raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {cfg.model!r}.")
+    corpus_name(cfg.corpus)
+    if cfg.dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}.")
+    positive = ("vocab", "dim", "heads", "hidden", "context", "d_emb", "frequencies", "steps", "batch", "train_steps",
+                "eval_every", "eval_batches", "save_every")
+    for name in positive:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {getattr(cfg, name)}.")
+    for name in ("seed", "lora_rank"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must be zero or positive, got {getattr(cfg, name)}.")
+    if cfg.dim % cfg.heads:
+        raise ConfigError(f"dim={cfg.dim} must be a multiple of heads={cfg.heads}.")
+    if not cfg.horizon > 0 or not math.isfinite(cfg.horizon):
+        raise ConfigError(f"horizon must be a positive number, got {cfg.horizon}.")
+    if not cfg.lr > 0 or not math.isfinite(cfg.lr):
+        raise ConfigError(f"lr must be a positive number, got {cfg.lr}.")
+    if not 0 <= cfg.warmup < 1 or not 0 <= cfg.min_lr <= 1:
+        raise ConfigError(f"warmup must be in [0, 1) and min_lr in [0, 1] (shares), got {cfg.warmup} and {cfg.min_lr}.")
+    if not cfg.weight_decay >= 0 or not cfg.clip > 0:
+        raise ConfigError(f"weight_decay must be at least 0 and clip positive, got {cfg.weight_decay} and {cfg.clip}.")
+    for name in ("b1", "b2"):
+        value = getattr(cfg, name)
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"{name} must be in [0, 1), got {value}.")
+    if cfg.solver not in SOLVERS:
+        raise ConfigError(f"unknown solver {cfg.solver!r}; choose one of {', '.join(SOLVERS)}.")
+    if cfg.model == "gpt" and cfg.solver != "euler":
+        raise ConfigError("the GPT baseline is its layer map (solver=euler); other solvers are for the DiffEqFormer.")
+    if cfg.lora_rank and cfg.init is None:
+        raise ConfigError("lora_rank > 0 fine-tunes a trained model: give it with init=FOLDER.")
+    if cfg.corpus == "induction" and cfg.vocab < 2:
+        raise ConfigError(f"the induction task needs at least 2 symbols, got vocab={cfg.vocab}.")
+
+
+# --- what trains ----------------------------------------------------------------------
+
+
+class Setup(NamedTuple):
+    """Everything a run needs before its first step."""
+
+    module: Any  # DiffEqFormer, Checkpoint (GPT, unembedding tied) or LoRA
+    trainable: Any  # filter spec for equinox.partition
+    model_config: Any  # DiffEqFormerConfig
+    corpus: Any
+    tokenizer_json: str
+    corpus_info: dict
+
+
+def _init_folder(cfg: TrainConfig) -> Path:
+    folder = Path(cfg.init).expanduser()
+    if (folder / "model").is_dir() and not (folder / "config.json").exists():
+        folder = folder / "model"  # a run folder: its final model
+    if not folder.is_dir():
+        raise ConfigError(f"init={cfg.init} is not a model folder (give a folder written by attnflow train).")
+    return folder
+
+
+def _adopt(cfg: TrainConfig, found: Mapping[str, int], defaults: TrainConfig, folder: Path) -> TrainConfig:
+    """`cfg` with the architecture of the model in `folder`; a setting given other than
+    the default that disagrees with it is an error."""
+    for name, value in found.items():
+        mine = getattr(cfg, name)
+        if mine != value and mine != getattr(defaults, name):
+            raise ConfigError(f"{name}={mine} disagrees with the model in {folder} ({name}={value}); leave it out "
+                              "when starting from init.")
+    return dataclasses.replace(cfg, **found)
+
+
+def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
+    """The model to train, what of it trains, the corpus and its tokenizer; `cfg` with
+    the architecture read from `init` when there is one."""
+    import equinox as eqx
+    import jax
+
+    from ..checkpoints import load_checkpoint
+    from ._data import corpus_name, load_corpus
+    from ._model import DiffEqFormer, DiffEqFormerConfig, gpt, lora, populate
+    from ._store import CONFIG_FILE, diffeqformer_config, load_diffeqformer, tokenizer_text
+
+    cfg = dataclasses.replace(cfg, corpus=corpus_name(cfg.corpus))
+    key = jax.random.key(cfg.seed)
+    init_key, lora_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 3)
+    tokenizer_json, base = None, None
+    if cfg.init is not None:
+        folder = _init_folder(cfg)
+        defaults = train_config()
+        tokenizer_json = tokenizer_text(folder)
+        if cfg.model == "diffeqformer":
+            if not (folder / CONFIG_FILE).is_file():
+                raise ConfigError(f"init={cfg.init} holds no DiffEqFormer ({CONFIG_FILE} is missing); "
+                                  "with model=gpt it may be a GPT baseline.")
+            found = diffeqformer_config(folder)
+            cfg = _adopt(cfg, {name: getattr(found, name) for name in ARCHITECTURE}, defaults, folder)
+            base = load_diffeqformer(folder).with_steps(cfg.steps)
+        else:
+            checkpoint = load_checkpoint(folder, dtype=cfg.dtype)
+            if checkpoint.family != "gpt2" or checkpoint.positions is None:
+                raise ConfigError(f"init={cfg.init} is not a GPT baseline written by attnflow train.")
+            if cfg.steps != checkpoint.depth:
+                raise ConfigError(f"the GPT baseline in {folder} has {checkpoint.depth} layers; give steps="
+                                  f"{checkpoint.depth} (only the DiffEqFormer changes its number of steps).")
+            found = {"vocab": int(checkpoint.embed.shape[0]), "dim": checkpoint.dim, "heads": checkpoint.heads,
+                     "hidden": int(checkpoint.blocks.mlp.w1.shape[1]), "context": int(checkpoint.positions.shape[0])}
+            cfg = _adopt(cfg, found, defaults, folder)
+            base = checkpoint
+    corpus, tokenizer_json, info = load_corpus(cfg.corpus, vocab=cfg.vocab, context=cfg.context,
+                                               tokenizer_json=tokenizer_json)
+    if cfg.init is None:
+        cfg = dataclasses.replace(cfg, vocab=corpus.vocab)
+    elif corpus.vocab != cfg.vocab:
+        raise ConfigError(f"the tokenizer of init={cfg.init} has {corpus.vocab} tokens but its model {cfg.vocab}.")
+    model_config = DiffEqFormerConfig(vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads, hidden=cfg.hidden,
+                                      context=cfg.context, d_emb=cfg.d_emb, frequencies=cfg.frequencies,
+                                      steps=cfg.steps, horizon=cfg.horizon, dtype=cfg.dtype)
+    if base is None:
+        base = DiffEqFormer(model_config, key=init_key) if cfg.model == "diffeqformer" else gpt(init_key, model_config)
+    if cfg.lora_rank:
+        checkpoint = populate(base, cfg.steps) if cfg.model == "diffeqformer" else base
+        module = lora(checkpoint, cfg.lora_rank, key=lora_key)
+        trainable = module.trainable()
+    else:
+        module = base
+        if cfg.model == "gpt":
+            # The unembedding is the embedding (tied): not a parameter of its own.
+            module = dataclasses.replace(module, unembed=None)
+        trainable = jax.tree.map(eqx.is_inexact_array, module)
+    return cfg, Setup(module, trainable, model_config, corpus, tokenizer_json, info)
+
+
+def _logits(module, ids, solver: str):
+    from ._model import DiffEqFormer, LoRA, checkpoint_logits
+
+    if isinstance(module, DiffEqFormer):
+        return module(ids, solver=solver)
+    if isinstance(module, LoRA):
+        return checkpoint_logits(module.merged(), ids)
+    return checkpoint_logits(module, ids)
+
+
+def loss(module, inputs, targets, solver: str = "euler"):
+    """Mean next-token cross-entropy (nats) of a batch `(inputs, targets)`."""
+    import jax
+    import optax
+
+    logits = jax.vmap(lambda ids: _logits(module, ids, solver))(inputs)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+
+def decay_mask(params):
+    """Where AdamW's weight decay applies: matrices and embeddings. For the DiffEqFormer
+    every array of two or more axes (the hypernetworks of matrices, their MLPs, the
+    embeddings; not the vectors: biases, gains, shifts); for GPT its attention and MLP
+    matrices and embeddings; never the LoRA adapters."""
+    import jax
+
+    from ._model import DiffEqFormer, LoRA
+
+    if isinstance(params, DiffEqFormer):
+        return jax.tree.map(lambda a: a.ndim >= 2, params)
+    if isinstance(params, LoRA):
+        return jax.tree.map(lambda a: False, params)
+    return _gpt_mask(params)
+
+
+def _gpt_mask(params):
+    import equinox as eqx
+    import jax
+
+    mask = jax.tree.map(lambda a: False, params)
+    paths = [lambda m: m.blocks.attention.query, lambda m: m.blocks.attention.key, lambda m: m.blocks.attention.value,
+             lambda m: m.blocks.attention.output, lambda m: m.blocks.mlp.w1, lambda m: m.blocks.mlp.w2,
+             lambda m: m.embed, lambda m: m.positions]
+    for where in paths:
+        if where(params) is not None:
+            mask = eqx.tree_at(where, mask, True)
+    return mask
+
+
+def optimizer(cfg: TrainConfig):
+    """AdamW with the schedule: linear warmup over `warmup * train_steps` steps to `lr`,
+    cosine decay to `min_lr * lr` at `train_steps`; gradients clipped first."""
+    import optax
+
+    warmup = max(1, round(cfg.warmup * cfg.train_steps)) if cfg.warmup > 0 else 0
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.train_steps, warmup + 1),
+                                                  end_value=cfg.min_lr * cfg.lr)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip),
+                       optax.adamw(schedule, b1=cfg.b1, b2=cfg.adam_b2, weight_decay=cfg.weight_decay,
+                                   mask=decay_mask))
+
+
+def snapshot_steps(train_steps: int) -> list[int]:
+    """0, 1, 2, 4, 8, ... up to `train_steps`, and `train_steps`."""
+    steps = {0, train_steps}
+    k = 1
+    while k < train_steps:
+        steps.add(k)
+        k *= 2
+    return sorted(steps)
+
+
+def training_step(tx, batch: int, context: int, solver: str):
+    """The jitted step `(params, static, opt_state, corpus, key) -> (params, opt_state,
+    loss)`: a batch drawn from `key`, the loss and its gradient with respect to the
+    trainable `params` (`static` the frozen rest), one optimizer update."""
+    import equinox as eqx
+
+    @eqx.filter_jit
+    def step(params, static, opt_state, corpus, key):
+        inputs, targets = corpus.batch(key, batch, context)
+        value, grads = eqx.filter_value_and_grad(lambda p: loss(eqx.combine(p, static), inputs, targets, solver))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state, value
+
+    return step
+
+
+def validation_loss(batch: int, context: int, solver: str, batches: int):
+    """The jitted mean loss `(params, static, corpus, key) -> loss` over `batches`
+    held-out batches, the same ones for the same `key`."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    @eqx.filter_jit
+    def evaluate(params, static, corpus, key):
+        module = eqx.combine(params, static)
+
+        def one(i):
+            inputs, targets = corpus.batch(jax.random.fold_in(key, i), batch, context, "validation")
+            return loss(module, inputs, targets, solver)
+
+        return jnp.mean(jax.lax.map(one, jnp.arange(batches)))
+
+    return evaluate
+
+
+# --- the run folder ---------------------------------------------------------------------
+
+
+class RunFolder:
+    """The files of one training run (see the module docstring)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    state = property(lambda self: self.path / "state")
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    model = property(lambda self: self.path / "model")
+
+    def snapshot(self, step: int) -> Path:
+        return self.path / "snapshots" / f"step-{step:06d}"
+
+    def stored_state(self) -> dict | None:
+        from ._store import read_json, recover
+
+        recover(self.state)
+        return read_json(self.state / "state.json") if (self.state / "state.json").is_file() else None
+
+    def claim(self, cfg: TrainConfig) -> dict | None:
+        """The stored state's record when the folder holds this run (None when it is
+        new, or when this run started there but saved no state yet); an error when it
+        holds another run or anything else."""
+        stored = self.stored_state()
+        if stored is None:
+            begun = self.path / "train.json"
+            if begun.is_file():
+                from ._store import read_json
+
+                self._same(read_json(begun).get("config", {}), cfg)
+            elif self.path.exists() and any(self.path.iterdir()):
+                raise ConfigError(f"out={self.path} exists and holds no training run; choose another out=.")
+            return None
+        if stored.get("format_version") != STATE_VERSION:
+            raise CheckpointError(f"{self.state / 'state.json'} is of another format version; start a new out=.")
+        self._same(stored.get("config", {}), cfg)
+        return stored
+
+    def _same(self, old: dict, cfg: TrainConfig) -> None:
+        new = cfg.record()
+        differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if differ:
+            k = differ[0]
+            raise ConfigError(f"out={self.path} holds a run with {k}={old.get(k)!r}, not {new.get(k)!r}; give the same "
+                              "settings (or out= alone) to resume it, or another out= for a new run.")
+
+    def keep_metrics_until(self, step: int) -> list[dict]:
+        """The metric lines up to `step` (those of a later, unsaved stretch dropped)."""
+        kept = []
+        if self.metrics.is_file():
+            for line in self.metrics.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by an interruption
+                if entry.get("step", math.inf) <= step:
+                    kept.append(entry)
+        partial = self.metrics.with_name(".metrics.jsonl.partial")
+        partial.write_text("".join(json.dumps(e) + "\n" for e in kept))
+        os.replace(partial, self.metrics)
+        return kept
+
+    def log(self, entry: dict) -> None:
+        with self.metrics.open("a") as file:
+            file.write(json.dumps(entry) + "\n")
+
+
+def save_state(folder: Path, module, opt_state, step: int, elapsed: float, record: dict) -> None:
+    """The latest training state, atomically: every array of the model and the
+    optimizer (`state.safetensors`) and `state.json`."""
+    from ._store import arrays_by_name, atomic_folder, write_arrays
+
+    arrays = {f"model/{k}": v for k, v in arrays_by_name(module).items()}
+    arrays |= {f"optimizer/{k}": v for k, v in arrays_by_name(opt_state).items()}
+    with atomic_folder(folder) as partial:
+        write_arrays(arrays, partial / "state.safetensors")
+        (partial / "state.json").write_text(json.dumps(dict(record, step=step, elapsed=elapsed,
+                                                            format_version=STATE_VERSION), indent=2) + "\n")
+
+
+def load_state(folder: Path, module, opt_state):
+    """`(module, opt_state)` filled with the arrays of the saved state."""
+    from ._store import fill, read_arrays
+
+    arrays = read_arrays(folder / "state.safetensors")
+    where = str(folder / "state.safetensors")
+    part = lambda prefix: {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    unknown = sorted(k for k in arrays if not k.startswith(("model/", "optimizer/")))
+    if unknown:
+        raise CheckpointError(f"{where} holds an array {unknown[0]} of no model or optimizer.")
+    return fill(module, part("model/"), where), fill(opt_state, part("optimizer/"), where)
+
+
+# --- the loop ----------------------------------------------------------------------------
+
+
+class TrainResult(NamedTuple):
+    """What `train` returns: the run folder, the trained model (a `DiffEqFormer`, the GPT
+    baseline's `Checkpoint` or a `LoRA` of a checkpoint), the step reached and the
+    metric lines (as in `metrics.jsonl`)."""
+
+    out: Path
+    model: Any
+    step: int
+    metrics: list[dict]
+
+
+def _tied(model):
+    """A trained GPT baseline with its unembedding (the embedding) filled in."""
+    from ._model import Checkpoint
+
+    if isinstance(model, Checkpoint) and model.unembed is None:
+        return dataclasses.replace(model, unembed=model.embed)
+    return model
+
+
+def _say(message: str) -> None:
+    print(f"attnflow: {message}", flush=True)
+
+
+def _prepare_jax(cfg: TrainConfig) -> None:
+    import jax
+
+    if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
+        raise ConfigError("dtype=float64 needs JAX's 64-bit mode; the attnflow command switches it on, a library "
+                          "caller sets jax.config.update('jax_enable_x64', True) first.")
+    if cfg.compilation_cache and not jax.config.jax_compilation_cache_dir:
+        from .._study import cache_directory
+
+        jax.config.update("jax_compilation_cache_dir", str(cache_directory()))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = None,
+          show: bool | None = None) -> TrainResult:
+    """Train as `cfg` says, into the run folder `cfg.folder`, resuming from its latest
+    state when it holds this run. `on_step(step, info)` is called after every step
+    (`info`: the step's loss, and the validation loss on validation steps); `show`
+    draws a progress bar (default: when stderr is a terminal). Ctrl-C
+    (KeyboardInterrupt) stops the run with its latest state intact and re-raises."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from .._progress import Progress
+    from ._store import save_model
+
+    check(cfg)
+    _prepare_jax(cfg)
+    run = RunFolder(cfg.folder)
+    cfg, s = setup(cfg)
+    stored = run.claim(cfg)
+    tx = optimizer(cfg)
+    params, static = eqx.partition(s.module, s.trainable)
+    opt_state = tx.init(params)
+    record = {"config": cfg.record(), "model_config": s.model_config.to_json(), "corpus": s.corpus_info}
+    extra = lambda step: {"training": {"step": step, "config": cfg.record(), "corpus": s.corpus_info}}
+    start, elapsed, metrics = 0, 0.0, []
+    if stored is not None:
+        module, opt_state = load_state(run.state, s.module, opt_state)
+        params, static = eqx.partition(module, s.trainable)
+        start, elapsed = int(stored["step"]), float(stored.get("elapsed", 0.0))
+        metrics = run.keep_metrics_until(start)
+        if start >= cfg.train_steps and run.model.is_dir():
+            _say(f"{run.path} holds this run, finished at step {start}; nothing to do.")
+            return TrainResult(run.path, _tied(module), start, metrics)
+        _say(f"resuming {run.path} from step {start} of {cfg.train_steps}.")
+    else:
+        run.path.mkdir(parents=True, exist_ok=True)
+        (run.path / "train.json").write_text(json.dumps(record, indent=2) + "\n")
+        run.metrics.write_text("")
+
+    key = jax.random.key(cfg.seed)
+    data_key, validation_key = jax.random.fold_in(key, 1), jax.random.fold_in(key, 2)
+    corpus, solver, batch, context = s.corpus, cfg.solver, cfg.batch, cfg.context
+
+    step_fn = training_step(tx, batch, context, solver)
+    evaluate = validation_loss(batch, context, solver, cfg.eval_batches)
+
+    snapshots = set(snapshot_steps(cfg.train_steps))
+
+    def snapshot(step, params):
+        save_model(eqx.combine(params, static), run.snapshot(step), tokenizer_json=s.tokenizer_json, extra=extra(step))
+
+    if stored is None:
+        validation = float(evaluate(params, static, corpus, validation_key))
+        entry = {"step": 0, "train_loss": None, "val_loss": validation, "time": 0.0}
+        run.log(entry)
+        metrics.append(entry)
+        snapshot(0, params)
+        save_state(run.state, s.module, opt_state, 0, 0.0, record)
+    step, saved, recent = start, start, []
+    clock, mark, tokens = time.perf_counter(), time.perf_counter(), 0
+    show = sys.stderr.isatty() if show is None else show
+    try:
+        with Progress(f"train {cfg.model}", cfg.train_steps, show=show) as bar:
+            bar.advance(start)
+            while step < cfg.train_steps:
+                params, opt_state, value = step_fn(params, static, opt_state, corpus, jax.random.fold_in(data_key, step))
+                step += 1
+                recent.append(value)
+                tokens += batch * context
+                info = {"loss": value}
+                if step % cfg.eval_every == 0 or step == cfg.train_steps:
+                    validation = float(evaluate(params, static, corpus, validation_key))
+                    train_loss = float(jnp.mean(jnp.stack(recent)))
+                    now = time.perf_counter()
+                    rate = tokens / max(now - mark, 1e-9)
+                    entry = {"step": step, "train_loss": train_loss, "val_loss": validation,
+                             "time": round(elapsed + now - clock, 3), "tokens_per_second": round(rate, 1)}
+                    run.log(entry)
+                    metrics.append(entry)
+                    info["val_loss"] = validation
+                    recent, mark, tokens = [], now, 0
+                    bar.describe(f"train {cfg.model}: loss {train_loss:.3f}, validation {validation:.3f}, "
+                                 f"{rate:,.0f} tokens/s")
+                    if not bar.show:
+                        _say(f"step {step}/{cfg.train_steps}: train loss {train_loss:.4f}, validation "
+                             f"{validation:.4f}, {rate:,.0f} tokens/s")
+                if step in snapshots:
+                    snapshot(step, params)
+                if step % cfg.save_every == 0 or step == cfg.train_steps:
+                    save_state(run.state, eqx.combine(params, static), opt_state, step,
+                               elapsed + time.perf_counter() - clock, record)
+                    saved = step
+                bar.advance()
+                if on_step is not None:
+                    on_step(step, info)
+    except KeyboardInterrupt:
+        print(f"attnflow: interrupted at step {step}; the state of step {saved} in {run.state} is intact, and "
+              f"`attnflow train out={run.path}` resumes from it.", file=sys.stderr, flush=True)
+        raise
+    model = _tied(eqx.combine(params, static))
+    save_model(model, run.model, tokenizer_json=s.tokenizer_json, extra=extra(step))
+    _say(f"wrote {run.model} (step {step}, validation loss {metrics[-1]['val_loss']:.4f}).")
+    return TrainResult(run.path, model, step, metrics)
+
+
+# --- the command ---------------------------------------------------------------------------
+
+USAGE = ("attnflow train [KEY=VALUE ...]: train a DiffEqFormer (model=diffeqformer) or its GPT baseline "
+         "(model=gpt); defaults in conf/train.yaml; `attnflow train out=DIR` resumes an interrupted run")
+
+
+def main(args: Sequence[str]) -> int:
+    """`attnflow train [KEY=VALUE ...]`: 0 when done, 2 for bad settings (one sentence),
+    1 for an unreadable init or state, 130 on Ctrl-C (the latest state kept)."""
+    if any(a in ("-h", "--help") for a in args):
+        print(f"usage: {USAGE}.\nsettings and their defaults:\n{_defaults_file().read_text()}", flush=True)
+        return 0
+    try:
+        cfg = train_config(list(args))
+        if cfg.dtype == "float64":
+            import jax
+
+            jax.config.update("jax_enable_x64", True)
+        train(cfg)
+    except CheckpointError as error:
+        print(f"attnflow: error: {error}", file=sys.stderr, flush=True)
+        return 1
+    except ConfigError as error:
+        print(f"attnflow: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # A compiled step may still be running in a worker thread; do not wait for it.
+        os._exit(130)
+    return 0
