@@ -47,6 +47,8 @@ EXPERIMENTS = (
     "lyapunov",
     "lyapunov_polynomial",
     "sensitivity",
+    "diffeqformer",
+    "adaptive_depth",
 )
 
 

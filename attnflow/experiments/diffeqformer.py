@@ -1,0 +1,887 @@
+r"""A trained DiffEqFormer beside its GPT baseline: how they learn, what their output
+states do across training, how their attention weights move across depth, which
+words their next-token prediction is sensitive to, and whether the attention of the
+trained DiffEqFormer alone makes tokens cluster ("Neural ODE Transformers", sections
+5.1, 5.2 and app. C.8; "A Survey of Continuous Time Dynamics of Transformers",
+section 5.4).
+
+`attnflow experiment=diffeqformer` reads two training runs of `attnflow train` in
+`out` (`out/diffeqformer`, `out/gpt`). A run that is missing or unfinished is trained
+(or resumed) there first, with the settings of conf/train.yaml and the overrides of
+option `train` (both models, ~25 minutes on two CPU cores at the defaults); a
+finished run is only read. Then:
+
+1. **Losses**: the validation losses of both runs (their `metrics.jsonl`).
+2. **Energy across training** (survey, section 5.4): every snapshot of both runs
+   (steps 0, 1, 2, 4, ... and the last) is run on a fixed sample of held-out
+   sequences (`tokens` tokens, whole windows of the model's context). For each
+   sequence the output states $X$ (the last layer's residual stream, before the final
+   norm) give the normalized interaction energy
+   $\frac{1}{n^2}\sum_{ij}\exp(\cos(x_i, x_j))$ (the survey's eq. 52, for states off the
+   sphere), and each position's next-token distribution $p$ its divergence
+   $\mathrm{KL}(p \,\|\, u) = \sum_v p_v (\log p_v - \log u_v)$ from the unigram
+   distribution $u$ of the training tokens (add-one smoothed, so that $\log u$ is
+   finite; uniform for the synthetic induction task, whose symbols are uniform). Both
+   are averaged over sequences (and positions), together with the sample's
+   cross-entropy.
+3. **Spectral dynamics** (paper, section 5.1): the eigenvalues of
+   $W_{QK} = Q_h(t)^\top K_h(t)$ and $W_{OV} = O_h(t) V_h(t)$ of every head, for the
+   DiffEqFormer on a fine grid $t_k = kT/M$, $k < M$ (`spectra_steps` = $M$), with
+   the hypernetwork's own $O_h(t)$ (not the step $T/N$ that the populated layers
+   fold into it), and for every layer of the GPT. Like `head_spectra`, the raw
+   matrices are used (the LayerNorm gains are not folded in, biases are left out).
+   The *spectral variation* between neighbouring layers (or grid points) $l, l+1$ of
+   a head is the optimal-matching distance of the two eigenvalue sets relative to
+   their size,
+   $\delta_l = \min_\pi \|\lambda^{(l)} - \lambda^{(l+1)}_\pi\|_2 \,/\, \tfrac12(\|\lambda^{(l)}\|_2 + \|\lambda^{(l+1)}\|_2)$
+   (the distance that the Hoffman-Wielandt inequality bounds by
+   $\|W^{(l)} - W^{(l+1)}\|_F$ for normal matrices); beside it the relative change of
+   the matrix itself, $\|W^{(l+1)} - W^{(l)}\|_F / \tfrac12(\|W^{(l)}\|_F + \|W^{(l+1)}\|_F)$.
+   Both are compared at the same number of points, the DiffEqFormer's weights at
+   the GPT's $L$ layer times $t_l = lT/L$ against the GPT's $L$ layers; the mean over
+   heads and neighbours is the *roughness* (0 for weights that do not change).
+4. **Token sensitivity** (paper, section 5.2): for the sentence `sentence`, the
+   largest finite-time exponent $\lambda_{ji}$ of $\dot Y = J_{ji} Y$, $Y(0) = I$ of the
+   last token $j$ with respect to every token $i$ (`attnflow.sensitivity`), along the
+   DiffEqFormer's own Euler solve of its field on $[0, T]$ in $N$ steps and along the
+   GPT's layer map, beside the attention averaged over heads and steps. The
+   DiffEqFormer's exponent is per unit of $t$ (its whole depth is $T$), the GPT's per
+   layer; $\lambda_{ji}$ times the depth (`log_stretch`, the log of the growth over the
+   whole model) compares the two.
+5. **Clustering under the learned attention** (paper, section 5.1, app. C.8, fig.
+   2c-d): the DiffEqFormer's attention term alone (its learned $Q, K, V, O$ with the
+   LayerNorm gains and shifts of $N_1$ folded in, as in its field), in the model's own
+   pre-LN form $\dot X = \mathrm{Attn}_{\tau}(N_1(X))$, from the embedded tokens of the
+   sentence, over a long horizon $T_c$ (`cluster_horizon`) with the weights stretched
+   over it, $\tau = tT/T_c$ (solved as
+   $dX/d\tau = (T_c/T)\,\mathrm{Attn}_\tau(N_1(X))$ on $[0, T]$, the output matrix and
+   bias scaled by $T_c/T$, by an adaptive Tsit5 solver); and the same with every
+   weight frozen at $\tau = $ `frozen_at` $\cdot T$ (weight sharing). Pre-LN, because
+   that is how the trained model's attention reads tokens: its logits and updates
+   were learned on $N_1(x)$, of norm about $\sqrt d$, and on the unit sphere the
+   logits would shrink by a factor of about $d$, a different temperature. Each is run
+   with the learned biases and without the two that only add a constant drift (the
+   value and output biases: the attention weights of a row sum to one), so that
+   clustering by a common drift can be told from clustering by interaction.
+   Stored: the cluster count ($\cos > 1 - $ `eps`), the mean pair cosine and the
+   normalized energy over log-spaced times, and the size of the effective weights
+   $\|Q(\tau)\|_F, \dots$ across $\tau$ (the paper's fig. 2e).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+from jaxtyping import Array, Float
+
+from .._errors import ConfigError
+from .._schedules import AbstractSchedule
+from ._common import caption, pyplot, save
+
+TITLE = "A trained DiffEqFormer against its GPT baseline: losses, energy across training, spectral flow, " \
+        "sensitivity, clustering"
+PAPER = "Neural ODE Transformers, sec. 5.1, 5.2, app. C.8; A Survey of Continuous Time Dynamics of Transformers, " \
+        "sec. 5.4"
+OPTIONS = {
+    "out": "runs/diffeqformer",
+    "train": {},
+    "sentence": "The for statement is used to iterate over the elements of a",
+    "tokens": 4096,
+    "spectra_steps": 90,
+    "cluster_horizon": 20.0,
+    "frozen_at": 0.5,
+}
+MODELS = ("diffeqformer", "gpt")
+REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
+THEORY_SAVES = 61  # t = 0 and 60 log-spaced times up to the horizon
+THEORY_RTOL = 1e-5
+
+
+# --- the training runs ----------------------------------------------------------------
+
+
+def _stored_config(folder: Path) -> tuple[dict | None, int]:
+    """The settings and step of the latest state of the run in `folder` (None, -1 when
+    it holds none)."""
+    from ..diffeqformer._store import read_json, recover
+
+    recover(folder / "state")
+    path = folder / "state" / "state.json"
+    if not path.is_file():
+        return None, -1
+    record = read_json(path)
+    return dict(record.get("config", {})), int(record.get("step", -1))
+
+
+def finished(folder: str | Path) -> bool:
+    """Whether `folder` holds a finished training run: its latest state at its last
+    step and its final model written."""
+    stored, step = _stored_config(Path(folder))
+    return stored is not None and step >= int(stored.get("train_steps", math.inf)) and (Path(folder) / "model").is_dir()
+
+
+def trained_run(folder: str | Path, model: str, overrides: Mapping | None = None, **settings) -> Path:
+    """The finished training run of `model` in `folder`: read when it is there,
+    trained (or resumed) there first otherwise, by `attnflow.diffeqformer.train` with
+    the defaults of conf/train.yaml, `overrides` and `settings` on top. A finished run
+    whose settings disagree with a given one is refused (one sentence)."""
+    from ..diffeqformer import train, train_config
+    from ..diffeqformer._data import corpus_name
+
+    folder = Path(folder)
+    given = {**dict(overrides or {}), **settings, "model": model}
+    if finished(folder):
+        stored, _ = _stored_config(folder)
+        typed = train_config(given)  # the given settings, typed and checked
+        for key in given:
+            want = getattr(typed, key)
+            have = stored.get(key, want)
+            if key == "corpus":
+                want, have = corpus_name(want), corpus_name(have)
+            if have != want:
+                raise ConfigError(f"{folder} holds a finished {stored.get('model')} run with {key}={have!r}, not "
+                                  f"{want!r}; give another out= or the run's own settings.")
+        return folder
+    print(f"attnflow: training the {model} run in {folder} (it is missing or unfinished).", flush=True)
+    train(train_config({**given, "out": str(folder)}))
+    return folder
+
+
+def read_metrics(folder: str | Path) -> list[dict]:
+    """The lines of a run's `metrics.jsonl` (a line cut by an interruption is skipped)."""
+    lines = []
+    for line in (Path(folder) / "metrics.jsonl").read_text().splitlines():
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return lines
+
+
+def run_record(folder: str | Path) -> dict:
+    """A run's `train.json` (its settings, model sizes and corpus record)."""
+    from ..diffeqformer._store import read_json
+
+    return read_json(Path(folder) / "train.json")
+
+
+def snapshots(folder: str | Path) -> dict[int, Path]:
+    """The model folders of a run's snapshots by training step."""
+    found = {}
+    for path in sorted((Path(folder) / "snapshots").glob("step-*")):
+        if path.is_dir() and path.name[5:].isdigit():
+            found[int(path.name[5:])] = path
+    return found
+
+
+# --- checks ------------------------------------------------------------------------------
+
+
+def _positive_int(options, name: str, least: int = 1) -> None:
+    value = options[name]
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+        raise ConfigError(f"experiment.options.{name} must be a whole number of at least {least}, got {value!r}.")
+
+
+def check_train_overrides(name: str, overrides, option: str = "train") -> dict:
+    """`experiment.options.<option>`: a mapping of `attnflow train` settings, checked
+    by `train_config`; the settings the experiment chooses itself are refused."""
+    from ..diffeqformer import train_config
+
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"experiment.options.{option} must be a mapping of attnflow train settings (e.g. "
+                          f"{{lr: 0.001}}), got {overrides!r}.")
+    chosen = sorted(set(overrides) & set(REFUSED))
+    if chosen:
+        raise ConfigError(f"experiment {name} sets {chosen[0]} itself; leave it out of experiment.options.{option}.")
+    train_config(dict(overrides))  # unknown settings and bad values stop here
+    return dict(overrides)
+
+
+def check(cfg, options) -> None:
+    if not isinstance(options["out"], str) or not options["out"]:
+        raise ConfigError(f"experiment.options.out must be a folder name, got {options['out']!r}.")
+    check_train_overrides("diffeqformer", options["train"])
+    sentence = options["sentence"]
+    if not isinstance(sentence, str) or not sentence.strip():
+        raise ConfigError(f"experiment.options.sentence must be a non-empty text, got {sentence!r}.")
+    _positive_int(options, "tokens")
+    _positive_int(options, "spectra_steps", 2)
+    horizon = options["cluster_horizon"]
+    if not isinstance(horizon, numbers.Real) or isinstance(horizon, bool) or not 0 < horizon < math.inf:
+        raise ConfigError(f"experiment.options.cluster_horizon must be a positive number, got {horizon!r}.")
+    at = options["frozen_at"]
+    if not isinstance(at, numbers.Real) or isinstance(at, bool) or not 0 <= at <= 1:
+        raise ConfigError(f"experiment.options.frozen_at must be a share of the horizon in [0, 1], got {at!r}.")
+    if not 0 < cfg.eps < 2:
+        raise ConfigError(f"eps must be in (0, 2) (clusters: cos > 1 - eps), got {cfg.eps}.")
+    model = Path(options["out"]) / "diffeqformer" / "model"
+    if model.is_dir():  # a sentence longer than the context stops here when the model is there already
+        _sentence_ids(model, sentence)
+
+
+def panels(base, options) -> dict:
+    return {}  # nothing for the core study runner: everything happens in `analyse`
+
+
+def _sentence_ids(model_folder: Path, sentence: str) -> np.ndarray:
+    from ..checkpoints import load_tokenizer
+    from ..diffeqformer import diffeqformer_config
+
+    ids = np.asarray(load_tokenizer(model_folder).encode(sentence))
+    context = diffeqformer_config(model_folder).context
+    if ids.size == 0:
+        raise ConfigError(f"the sentence {sentence!r} encodes to no tokens.")
+    if ids.size > context:
+        raise ConfigError(f"the sentence has {ids.size} tokens but the models' context is {context}; give a shorter "
+                          "experiment.options.sentence.")
+    return ids
+
+
+# --- 2. energy and unigram divergence across training ------------------------------------
+
+
+def unigram_kl(logits, log_unigram):
+    r"""$\mathrm{KL}(p \,\|\, u) = \sum_v p_v(\log p_v - \log u_v)$ of the next-token
+    distributions $p = \mathrm{softmax}(\text{logits})$ (`(..., vocab)`) from the
+    distribution $u$ given by its logarithm (`(vocab,)`); one value per position."""
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.sum(jnp.exp(log_p) * (log_p - log_unigram), axis=-1)
+
+
+def log_unigram(corpus) -> np.ndarray:
+    """$\\log u$: the add-one smoothed token frequencies of a corpus's training tokens
+    (uniform for the synthetic induction task, whose symbols are drawn uniformly)."""
+    tokens = np.asarray(corpus.train)
+    counts = np.bincount(tokens, minlength=corpus.vocab).astype(np.float64) + 1.0
+    return np.log(counts / counts.sum())
+
+
+@eqx.filter_jit
+def _output_statistics(checkpoint, inputs, targets, log_u):
+    """Per sequence: the normalized energy of the output states (the last residual
+    stream, before the final norm), the mean divergence of its next-token
+    distributions from the unigram, and its mean cross-entropy."""
+    from .._metrics import normalized_energy
+    from ..checkpoints import forward
+
+    def one(ids, target):
+        states = forward(checkpoint, ids).hidden[-1]
+        logits = checkpoint.logits(states)
+        log_p = jax.nn.log_softmax(logits, axis=-1)
+        loss = -jnp.take_along_axis(log_p, target[:, None], axis=-1).mean()
+        return normalized_energy(states), unigram_kl(logits, log_u).mean(), loss
+
+    return jax.vmap(one)(inputs, targets)
+
+
+def _validation_sample(folder: Path, tokens: int, seed: int):
+    """The corpus of a run (with the run's own tokenizer), `tokens` held-out tokens in
+    windows of the run's context, and the log unigram of its training tokens."""
+    from ..diffeqformer import load_corpus
+    from ..diffeqformer._store import tokenizer_text
+
+    record = run_record(folder)
+    settings = record["config"]
+    context = int(record["model_config"]["context"])
+    corpus, _, _ = load_corpus(settings["corpus"], vocab=int(settings["vocab"]), context=context,
+                               tokenizer_json=tokenizer_text(folder / "model"))
+    sequences = max(1, math.ceil(tokens / context))
+    inputs, targets = corpus.batch(jax.random.fold_in(jax.random.key(seed), 7), sequences, context, "validation")
+    return corpus, np.asarray(inputs), np.asarray(targets), log_unigram(corpus)
+
+
+def training_statistics(folder: Path, tokens: int, seed: int) -> xr.Dataset:
+    """Energy, unigram divergence and loss of every snapshot of a run (dim
+    `snapshot_step`), averaged over the validation sample."""
+    from ..checkpoints import load_checkpoint
+
+    _, inputs, targets, log_u = _validation_sample(folder, tokens, seed)
+    rows = {"energy": [], "energy_spread": [], "kl": [], "sample_loss": []}
+    found = snapshots(folder)
+    for path in found.values():
+        checkpoint = load_checkpoint(path)
+        energy, kl, loss = (np.asarray(a, np.float64) for a in _output_statistics(
+            checkpoint, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(log_u, checkpoint.embed.dtype)))
+        rows["energy"].append(energy.mean())
+        rows["energy_spread"].append(energy.std())
+        rows["kl"].append(kl.mean())
+        rows["sample_loss"].append(loss.mean())
+    return xr.Dataset({k: ("snapshot_step", np.asarray(v)) for k, v in rows.items()},
+                      coords={"snapshot_step": np.asarray(list(found), np.int64)},
+                      attrs={"sequences": int(inputs.shape[0]), "context": int(inputs.shape[1])})
+
+
+# --- 3. spectra across depth -----------------------------------------------------------------
+
+
+def hypernetwork_checkpoint(model, steps: int):
+    """`populate(model, steps)` with the attention output $O_h(t_k)$ of the
+    hypernetwork itself at $t_k = kT/N$ instead of $(T/N)\\, O_h(t_k)$: the weights at
+    the grid times, as matrices of the continuous-time model (for spectra)."""
+    from ..diffeqformer import populate
+
+    checkpoint = populate(model, steps)
+    dtype = jnp.dtype(model.config.dtype)
+    h = jnp.asarray(model.config.horizon, dtype) / steps
+    times = jnp.asarray(0.0, dtype) + jnp.arange(steps) * h  # populate's own times
+    return eqx.tree_at(lambda c: c.blocks.attention.output, checkpoint, jax.vmap(model.output)(times))
+
+
+def spectral_variation(real, imag) -> np.ndarray:
+    r"""$\delta_l = \min_\pi \|\lambda^{(l)} - \lambda^{(l+1)}_\pi\|_2 / \tfrac12(\|\lambda^{(l)}\|_2 + \|\lambda^{(l+1)}\|_2)$
+    for eigenvalues `real + i imag` of shape `(points, heads, r)`: the optimal-matching
+    distance of neighbouring spectra (an assignment problem per pair), relative to
+    their size; shape `(points - 1, heads)`."""
+    from scipy.optimize import linear_sum_assignment
+
+    values = np.asarray(real, np.float64) + 1j * np.asarray(imag, np.float64)
+    points, heads, _ = values.shape
+    out = np.zeros((points - 1, heads))
+    for l in range(points - 1):
+        for h in range(heads):
+            a, b = values[l, h], values[l + 1, h]
+            cost = np.abs(a[:, None] - b[None, :]) ** 2
+            rows, cols = linear_sum_assignment(cost)
+            size = 0.5 * (np.linalg.norm(a) + np.linalg.norm(b))
+            out[l, h] = np.sqrt(cost[rows, cols].sum()) / size if size > 0 else 0.0
+    return out
+
+
+def _matrices(checkpoint) -> dict[str, np.ndarray]:
+    """$W_{QK} = Q_h^\\top K_h$ and $W_{OV} = O_h V_h$ of every layer and head, `(L, H, d, d)`."""
+    att = checkpoint.blocks.attention
+    q, k, v, o = (np.asarray(a, np.float64) for a in (att.query, att.key, att.value, att.output))
+    return {"qk": np.einsum("lhrd,lhre->lhde", q, k), "ov": np.einsum("lhdr,lhre->lhde", o, v)}
+
+
+def matrix_variation(matrix: np.ndarray) -> np.ndarray:
+    """$\\|W^{(l+1)} - W^{(l)}\\|_F / \\tfrac12(\\|W^{(l)}\\|_F + \\|W^{(l+1)}\\|_F)$ for
+    matrices `(points, heads, d, d)`; shape `(points - 1, heads)`."""
+    norms = np.linalg.norm(matrix, axis=(-2, -1))
+    change = np.linalg.norm(np.diff(matrix, axis=0), axis=(-2, -1))
+    size = 0.5 * (norms[1:] + norms[:-1])
+    return np.where(size > 0, change / np.where(size > 0, size, 1.0), 0.0)
+
+
+def _spectra(model, gpt, fine: int) -> xr.Dataset:
+    from ..checkpoints import head_spectra
+
+    depth = gpt.depth
+    fine_spectra = head_spectra(hypernetwork_checkpoint(model, fine))
+    same = hypernetwork_checkpoint(model, depth)
+    same_spectra, gpt_spectra = head_spectra(same), head_spectra(gpt)
+    horizon = model.config.horizon
+    data = {}
+    for prefix in ("qk", "ov"):
+        for part in ("real", "imag"):
+            name = f"{prefix}_eig_{part}"
+            data[f"dfq_{name}"] = (("t", "head", f"{prefix}_rank"), fine_spectra[name].values,
+                                   {"description": f"{part} parts of the eigenvalues of the DiffEqFormer's "
+                                                   f"{prefix.upper()} matrix at t (hypernetwork weights)"})
+            data[f"gpt_{name}"] = (("layer", "head", f"{prefix}_rank"), gpt_spectra[name].values,
+                                   {"description": f"{part} parts of the eigenvalues of the GPT's {prefix.upper()} "
+                                                   "matrix of each layer"})
+    spectral, weights = [], []
+    for spectra, checkpoint in ((same_spectra, same), (gpt_spectra, gpt)):
+        spectral.append([spectral_variation(spectra[f"{p}_eig_real"].values, spectra[f"{p}_eig_imag"].values)
+                         for p in ("qk", "ov")])
+        matrices = _matrices(checkpoint)
+        weights.append([matrix_variation(matrices[p]) for p in ("qk", "ov")])
+    fine_variation = [spectral_variation(fine_spectra[f"{p}_eig_real"].values, fine_spectra[f"{p}_eig_imag"].values)
+                      for p in ("qk", "ov")]
+    dims = ("spectra_model", "matrix", "interval", "head")
+    data["spectral_variation"] = (dims, np.asarray(spectral), {
+        "description": "optimal-matching distance between the eigenvalues of neighbouring layers (the DiffEqFormer "
+                       "at the GPT's layer times) relative to their size, per head"})
+    data["weight_variation"] = (dims, np.asarray(weights), {
+        "description": "|W_(l+1) - W_l|_F / mean of |W|_F of neighbouring layers, per head"})
+    data["fine_spectral_variation"] = (("matrix", "fine_interval", "head"), np.asarray(fine_variation), {
+        "description": "spectral variation of the DiffEqFormer between neighbouring points of the fine t grid"})
+    coords = {"t": fine_spectra["layer"].values * horizon / fine, "layer": gpt_spectra["layer"].values,
+              "head": gpt_spectra["head"].values, "qk_rank": gpt_spectra["qk_rank"].values,
+              "ov_rank": gpt_spectra["ov_rank"].values, "spectra_model": list(MODELS), "matrix": ["qk", "ov"],
+              "interval": np.arange(depth - 1), "fine_interval": np.arange(fine - 1)}
+    return xr.Dataset(data, coords=coords)
+
+
+# --- 4. sensitivity -----------------------------------------------------------------------------
+
+
+def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
+
+    from ..checkpoints import depth_flow, forward
+    from ..sensitivity import token_sensitivity
+
+    c = model.config
+    ids_ = jnp.asarray(ids)
+    ours = token_sensitivity(model.field(), model.embed_tokens(ids_), t1=c.horizon, dt=c.horizon / c.steps,
+                             outputs=[-1])
+    theirs = token_sensitivity(depth_flow(gpt), gpt.embed_tokens(ids_), outputs=[-1])
+    predicted = [int(np.argmax(np.asarray(model(ids_))[-1])),
+                 int(np.argmax(np.asarray(gpt.logits(forward(gpt, ids_).hidden[-1][-1:]))[0]))]
+    spans = np.asarray([c.horizon, float(gpt.depth)])
+    exponent = np.stack([np.asarray(ours.exponents[0], np.float64), np.asarray(theirs.exponents[0], np.float64)])
+    attention = np.stack([np.asarray(ours.attention[0], np.float64), np.asarray(theirs.attention[0], np.float64)])
+    return xr.Dataset(
+        {
+            "token_id": ("token", ids, {"description": "token ids of the sentence"}),
+            "token_string": ("token", np.asarray(tokenizer.tokens(ids), dtype=object),
+                             {"description": "the tokens as text"}),
+            "exponent": (("sens_model", "token"), exponent, {
+                "description": "lambda_ji = log sigma_max(Y_ji(end)) / depth, Y' = J_ji Y, Y(0) = I, j the last token "
+                               "(per unit t for the DiffEqFormer, per layer for the GPT; NaN: none)"}),
+            "log_stretch": (("sens_model", "token"), exponent * spans[:, None], {
+                "description": "lambda_ji times the depth: log sigma_max(Y_ji) over the whole model"}),
+            "sens_attention": (("sens_model", "token"), attention, {
+                "description": "attention of the last token to token i, mean over heads and steps (layers)"}),
+            "prediction_id": ("sens_model", np.asarray(predicted), {"description": "the model's most likely next token"}),
+            "prediction": ("sens_model", np.asarray(tokenizer.tokens(predicted), dtype=object),
+                           {"description": "the model's most likely next token, as text"}),
+            "depth_span": ("sens_model", spans, {"description": "the time span of the sensitivity integration"}),
+        },
+        coords={"token": np.arange(ids.size), "sens_model": list(MODELS)},
+    )
+
+
+# --- 5. clustering under the learned attention --------------------------------------------------
+
+THEORY_WEIGHTS = ("time-dependent", "frozen")
+THEORY_DRIFT = ("learned biases", "no drift biases")
+_SCHEDULES = ("query", "key", "value", "output", "query_bias", "key_bias", "value_bias", "output_bias")
+
+
+class Retimed(AbstractSchedule):
+    """$W(a + b t)$: a schedule read at an affinely mapped time; $b = 0$ holds it at
+    $a$. Offset and rate are data, so a frozen and a time-dependent field share one
+    compiled solve."""
+
+    base: AbstractSchedule
+    offset: Float[Array, ""]
+    rate: Float[Array, ""]
+
+    def __call__(self, t, at=None):
+        return self.base(self.offset + self.rate * t, None if at is None else self.offset + self.rate * at)
+
+    @property
+    def shape(self):
+        return self.base.shape
+
+
+def learned_attention_field(model, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True):
+    r"""The DiffEqFormer's attention term alone as a pre-LN `VectorField` in the
+    stretched time $\tau = tT/T_c$: $dX/d\tau = (T_c/T)\,\mathrm{Attn}_\tau(N_1(X))$ on
+    $[0, T]$ (its output matrix and bias scaled by $T_c/T$ with the core's `Scaled`);
+    with `frozen_at` every weight held at $\tau = $ `frozen_at`$\cdot T$; without
+    `drift` the value and output biases scaled to zero (they only add the same vector
+    to every token's velocity). Every variant has the same structure."""
+    from .. import VectorField
+    from .._schedules import Scaled
+
+    field = model.field()
+    attention = field.terms[0]
+    dtype = jnp.dtype(model.config.dtype)
+    if frozen_at is None:
+        offset, rate = jnp.asarray(0.0, dtype), jnp.asarray(1.0, dtype)
+    else:
+        offset, rate = jnp.asarray(frozen_at * model.config.horizon, dtype), jnp.asarray(0.0, dtype)
+    retimed = {name: Retimed(getattr(attention, name), offset, rate) for name in _SCHEDULES}
+    speed = cluster_horizon / model.config.horizon
+    keep = 1.0 if drift else 0.0
+    factors = {"output": speed, "output_bias": speed * keep, "value_bias": keep}
+    retimed |= {name: Scaled(jnp.asarray([factor], dtype), retimed[name]) for name, factor in factors.items()}
+    return VectorField(terms=(dataclasses.replace(attention, **retimed),), scheme="pre", norm=field.norm)
+
+
+@eqx.filter_jit
+def _attention_only(field, x0, taus, horizon: float, eps):
+    """The adaptive solve of an attention-only field on $[0, T]$ and, at the times
+    `taus`, the cluster count, mean pair cosine, normalized energy and mean norm; the
+    solver's result code. One compiled program for every field of one structure."""
+    from .. import simulate
+    from .._metrics import cluster_count, cosines, normalized_energy
+
+    solution = simulate(field, x0, t1=horizon, dt=1e-5 * horizon, solver="tsit5", adaptive=True, ts=taus,
+                        rtol=THEORY_RTOL, atol=THEORY_RTOL, max_steps=200_000)
+    upper = np.triu_indices(x0.shape[0], 1)
+
+    def measures(x):
+        cos = cosines(x)
+        return cluster_count(x, eps), jnp.mean(cos[upper]), normalized_energy(x), jnp.mean(jnp.linalg.norm(x, axis=-1))
+
+    return solution.result, jax.vmap(measures)(solution.xs)
+
+
+def _theory(model, ids: np.ndarray, cluster_horizon: float, frozen_at: float, eps: float) -> xr.Dataset:
+    c = model.config
+    dtype = jnp.dtype(c.dtype)
+    x0 = model.embed_tokens(jnp.asarray(ids))
+    fractions = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, THEORY_SAVES - 1)])
+    taus = jnp.asarray(fractions * c.horizon, dtype)
+    out = {"clusters": [], "mean_cosine": [], "theory_energy": [], "mean_norm": []}
+    for weights in THEORY_WEIGHTS:
+        rows = {k: [] for k in out}
+        for drift in (True, False):
+            field = learned_attention_field(model, cluster_horizon, frozen_at=frozen_at if weights == "frozen" else None,
+                                            drift=drift)
+            result, values = _attention_only(field, x0, taus, float(c.horizon), jnp.asarray(eps, dtype))
+            if int(result) != 0:
+                raise ConfigError("the adaptive solve of the attention-only dynamics stopped early; lower "
+                                  "experiment.options.cluster_horizon.")
+            for key, value in zip(rows, values):
+                rows[key].append(np.asarray(value))
+        for key, values in rows.items():
+            out[key].append(values)
+    dims = ("theory_weights", "theory_drift", "theory_time")
+    # The effective weights that the dynamics reads (gains of N_1 folded in), across tau.
+    attention = model.field().terms[0]
+    grid = jnp.linspace(0.0, c.horizon, 101, dtype=dtype)
+    schedules = [attention.query, attention.key, attention.value, attention.output]
+    norms = np.stack([np.asarray(jax.vmap(lambda t, w=w: jnp.linalg.norm(w(t)))(grid)) for w in schedules])
+    return xr.Dataset(
+        {
+            "clusters": (dims, np.asarray(out["clusters"], np.int64), {
+                "description": "clusters of the attention-only dynamics: components of cos(x_i, x_j) > 1 - eps"}),
+            "mean_cosine": (dims, np.asarray(out["mean_cosine"], np.float64),
+                            {"description": "mean pair cosine cos(x_i, x_j), i < j"}),
+            "theory_energy": (dims, np.asarray(out["theory_energy"], np.float64),
+                              {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
+            "mean_norm": (dims, np.asarray(out["mean_norm"], np.float64),
+                          {"description": "mean token norm |x_i| of the residual stream"}),
+            "weight_norm": (("weight", "tau"), norms, {
+                "description": "Frobenius norm over all heads of the effective attention weights (LayerNorm gains "
+                               "folded in) at model time tau"}),
+        },
+        coords={"theory_weights": list(THEORY_WEIGHTS), "theory_drift": list(THEORY_DRIFT),
+                "theory_time": fractions * cluster_horizon, "weight": ["Q", "K", "V", "O"], "tau": np.asarray(grid)},
+    )
+
+
+# --- analyse ----------------------------------------------------------------------------------------
+
+
+def _losses(folders: dict[str, Path]) -> xr.Dataset:
+    parts = []
+    for name, folder in folders.items():
+        lines = [e for e in read_metrics(folder) if e.get("val_loss") is not None]
+        steps = np.asarray([e["step"] for e in lines], np.int64)
+        val = np.asarray([e["val_loss"] for e in lines], np.float64)
+        train = np.asarray([np.nan if e.get("train_loss") is None else e["train_loss"] for e in lines], np.float64)
+        parts.append(xr.Dataset({"val_loss": ("eval_step", val), "train_loss": ("eval_step", train)},
+                                coords={"eval_step": steps}).expand_dims(model=[name]))
+    return xr.concat(parts, dim="model", join="outer")
+
+
+def analyse(cfg, options, results) -> xr.Dataset:
+    from ..checkpoints import load_checkpoint, load_tokenizer
+    from ..diffeqformer import load_diffeqformer
+
+    out = Path(options["out"])
+    overrides = dict(options["train"])
+    folders = {name: trained_run(out / name, name, overrides) for name in MODELS}
+    model = load_diffeqformer(folders["diffeqformer"] / "model")
+    gpt = load_checkpoint(folders["gpt"] / "model")
+    tokenizer = load_tokenizer(folders["diffeqformer"] / "model")
+    ids = _sentence_ids(folders["diffeqformer"] / "model", options["sentence"])
+
+    print("attnflow: losses and the energy of the output states across training ...", flush=True)
+    losses = _losses(folders)
+    training = xr.concat([training_statistics(folders[name], int(options["tokens"]), int(cfg.seed))
+                          .expand_dims(model=[name]) for name in MODELS], dim="model", join="outer")
+    print("attnflow: QK/OV spectra across depth ...", flush=True)
+    spectra = _spectra(model, gpt, int(options["spectra_steps"]))
+    print("attnflow: token sensitivity of the sentence ...", flush=True)
+    sensitivity = _sensitivity(model, gpt, ids, tokenizer)
+    print("attnflow: clustering under the learned attention ...", flush=True)
+    theory = _theory(model, ids, float(options["cluster_horizon"]), float(options["frozen_at"]), float(cfg.eps))
+
+    ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="drop")
+    ds["energy"].attrs["description"] = ("normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j)) of the "
+                                         "output states (last layer, before the final norm), mean over sequences")
+    ds["energy_spread"].attrs["description"] = "standard deviation of that energy over the sequences"
+    ds["kl"].attrs["description"] = ("KL(p || unigram) of the next-token distributions, mean over positions and "
+                                     "sequences (nats)")
+    ds["sample_loss"].attrs["description"] = "cross-entropy on the same held-out sample (nats per token)"
+    ds["val_loss"].attrs["description"] = "validation loss of the run (metrics.jsonl)"
+    ds["train_loss"].attrs["description"] = "mean training loss since the previous validation (metrics.jsonl)"
+    records = {name: run_record(folders[name]) for name in MODELS}
+    ds.attrs.update(
+        out=str(out), sentence=options["sentence"], horizon=float(model.config.horizon),
+        dfq_steps=int(model.config.steps), gpt_layers=int(gpt.depth), spectra_steps=int(options["spectra_steps"]),
+        cluster_horizon=float(options["cluster_horizon"]), frozen_at=float(options["frozen_at"]),
+        eps=float(cfg.eps), sequences=int(training.attrs.get("sequences", 0)),
+        context=int(training.attrs.get("context", 0)),
+        corpus=str(records["diffeqformer"]["config"]["corpus"]),
+        train_steps=json.dumps({name: int(records[name]["config"]["train_steps"]) for name in MODELS}),
+    )
+    return ds
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+COLORS = {"diffeqformer": "C0", "gpt": "C3"}
+LABELS = {"diffeqformer": "DiffEqFormer", "gpt": "GPT"}
+
+
+def roughness(ds: xr.Dataset) -> xr.Dataset:
+    """The mean over heads and neighbouring layers of the spectral and weight
+    variations, per model and matrix."""
+    return xr.Dataset({"spectral": ds["spectral_variation"].mean(("interval", "head")),
+                       "weights": ds["weight_variation"].mean(("interval", "head"))})
+
+
+def single_cluster_time(clusters, times) -> float | None:
+    """The first saved time from which the cluster count stays 1 (None if it never does)."""
+    clusters = np.asarray(clusters)
+    if clusters[-1] != 1:
+        return None
+    above = np.nonzero(clusters != 1)[0]
+    return float(times[0 if above.size == 0 else above[-1] + 1])
+
+
+def _write_text(path: Path, text: str) -> Path:
+    from .._store import _write_atomically
+
+    _write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return path
+
+
+def _final(ds: xr.Dataset, name: str, model: str) -> tuple[int, float]:
+    values = ds[name].sel(model=model).dropna("eval_step")
+    return int(values["eval_step"].values[-1]), float(values.values[-1])
+
+
+def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
+    rough = roughness(ds)
+    lines = ["# DiffEqFormer against its GPT baseline", "",
+             (f"Runs in `{ds.attrs['out']}` on `{ds.attrs['corpus']}`; validation losses in nats per token "
+              "(last line of each run's `metrics.jsonl`)."), "",
+             "| model | step | validation loss | training loss |", "|---|---|---|---|"]
+    for model in MODELS:
+        step, val = _final(ds, "val_loss", model)
+        train = float(ds["train_loss"].sel(model=model, eval_step=step))
+        lines.append(f"| {LABELS[model]} | {step} | {val:.3f} | {train:.3f} |")
+    lines += ["", ("Roughness of the attention weights across depth (mean over heads and neighbouring layers; "
+                   f"the DiffEqFormer at the GPT's {ds.attrs['gpt_layers']} layer times t = lT/L; 0 = constant "
+                   "weights):"),
+              "", "| model | QK spectra | OV spectra | QK matrices | OV matrices |", "|---|---|---|---|---|"]
+    for model in MODELS:
+        r = rough.sel(spectra_model=model)
+        lines.append(f"| {LABELS[model]} | {float(r.spectral.sel(matrix='qk')):.4f} | "
+                     f"{float(r.spectral.sel(matrix='ov')):.4f} | {float(r.weights.sel(matrix='qk')):.4f} | "
+                     f"{float(r.weights.sel(matrix='ov')):.4f} |")
+    lines += ["", "Energy and unigram divergence of the output states, first and last snapshot:", "",
+              "| model | step | energy | KL to unigram | sample loss |", "|---|---|---|---|---|"]
+    for model in MODELS:
+        part = ds[["energy", "kl", "sample_loss"]].sel(model=model).dropna("snapshot_step", subset=["energy"])
+        for index in (0, -1):
+            row = part.isel(snapshot_step=index)
+            lines.append(f"| {LABELS[model]} | {int(row.snapshot_step)} | {float(row.energy):.3f} | "
+                         f"{float(row.kl):.3f} | {float(row.sample_loss):.3f} |")
+    lines += ["", (f"Attention-only dynamics of the DiffEqFormer (clusters at cos > 1 - {ds.attrs['eps']:g}), at "
+                   f"t = T_c = {ds.attrs['cluster_horizon']:g}:"), "",
+              "| weights | biases | clusters | mean pair cosine | one cluster from t = |", "|---|---|---|---|---|"]
+    for weights in ds.theory_weights.values:
+        for drift in ds.theory_drift.values:
+            part = ds[["clusters", "mean_cosine"]].sel(theory_weights=weights, theory_drift=drift)
+            since = single_cluster_time(part.clusters.values, ds.theory_time.values)
+            lines.append(f"| {weights} | {drift} | {int(part.clusters[-1])} | {float(part.mean_cosine[-1]):.4f} | "
+                         f"{'never' if since is None else f'{since:.3g}'} |")
+    return [_write_text(folder / "losses.md", "\n".join(lines) + "\n")]
+
+
+def _draw_losses(ds: xr.Dataset, folder: Path) -> list[Path]:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), layout="constrained")
+    for model in MODELS:
+        part = ds.sel(model=model).dropna("eval_step", subset=["val_loss"])
+        step, val = _final(ds, "val_loss", model)
+        ax.plot(part.eval_step, part.val_loss, color=COLORS[model], marker="o", markersize=3,
+                label=f"{LABELS[model]}: validation ({val:.2f} at step {step})")
+        ax.plot(part.eval_step, part.train_loss, color=COLORS[model], ls="--", lw=1, label=f"{LABELS[model]}: training")
+    ax.set(xlabel="training step", ylabel="loss (nats per token)",
+           title=f"Losses on {ds.attrs['corpus']}: DiffEqFormer ({ds.attrs['dfq_steps']} Euler steps on "
+                 f"[0, {ds.attrs['horizon']:g}]) and GPT ({ds.attrs['gpt_layers']} layers)")
+    ax.legend()
+    caption(fig, "Validation loss (solid) on held-out chunks and the mean training loss since the previous validation "
+                 "(dashed), as recorded in each run's metrics.jsonl.", width=100)
+    return save(fig, folder, "losses")
+
+
+def _draw_training(ds: xr.Dataset, folder: Path) -> list[Path]:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
+    for model in MODELS:
+        part = ds.sel(model=model).dropna("snapshot_step", subset=["energy"])
+        steps = part.snapshot_step.values
+        kw = {"color": COLORS[model], "marker": "o", "markersize": 3, "label": LABELS[model]}
+        axes[0].plot(steps, part.energy, **kw)
+        axes[0].fill_between(steps, part.energy - part.energy_spread, part.energy + part.energy_spread,
+                             color=COLORS[model], alpha=0.15, linewidth=0)
+        axes[1].plot(steps, part.kl, **kw)
+        axes[2].plot(steps, part.sample_loss, **kw)
+    titles = ("(a) energy of the output states", "(b) KL(p || unigram)", "(c) loss on the same sample")
+    labels = ("(1/n^2) sum_ij exp(cos(x_i, x_j))", "nats", "nats per token")
+    for ax, title, label in zip(axes, titles, labels):
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set(xlabel="training step (0, then logarithmic)", ylabel=label, title=title)
+    axes[0].axhline(np.e, color="0.5", ls=":", lw=1)
+    axes[0].text(0.99, np.e, "e: one direction ", transform=axes[0].get_yaxis_transform(), ha="right", va="top",
+                 fontsize=7, color="0.4")
+    axes[0].legend()
+    fig.suptitle(f"Across training: the output states of both models on {ds.attrs['sequences']} held-out sequences "
+                 f"of {ds.attrs['context']} tokens")
+    caption(fig, "(a) Normalized interaction energy of the last layer's residual stream (before the final norm) of each "
+                 "sequence, mean over sequences with +- one standard deviation; it is e when all tokens point the same "
+                 "way. (b) Divergence of the predicted next-token distribution from the unigram distribution of the "
+                 "training tokens (add-one smoothed), mean over positions and sequences: low when the model predicts "
+                 "the word frequencies everywhere. (c) Cross-entropy on the same sample. One point per snapshot.",
+            width=150)
+    return save(fig, folder, "training_energy")
+
+
+def _eigen_scatter(ax, x, real, cmap, heads):
+    """Real parts of every head's eigenvalues against depth, coloured by head."""
+    for h in range(heads):
+        values = real[:, h, :]
+        ax.scatter(np.repeat(x, values.shape[-1]), values.ravel(), s=2, color=cmap(h / max(heads - 1, 1)),
+                   alpha=0.5, linewidth=0, label=f"head {h}")
+    ax.axhline(0, color="0.4", lw=0.6)
+
+
+def _draw_spectra(ds: xr.Dataset, folder: Path) -> list[Path]:
+    plt = pyplot()
+    heads = ds.sizes["head"]
+    cmap = plt.get_cmap("viridis")
+    horizon, layers = ds.attrs["horizon"], ds.attrs["gpt_layers"]
+    rough = roughness(ds)
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.4), layout="constrained")
+    for row, prefix in enumerate(("qk", "ov")):
+        name = "Q_h^T K_h" if prefix == "qk" else "O_h V_h"
+        _eigen_scatter(axes[row, 0], ds.t.values, ds[f"dfq_{prefix}_eig_real"].values, cmap, heads)
+        axes[row, 0].set(xlabel=f"t (hypernetwork weights at {ds.sizes['t']} points)", ylabel="Re lambda",
+                         title=f"DiffEqFormer: eigenvalues of {name}(t)")
+        _eigen_scatter(axes[row, 1], ds.layer.values, ds[f"gpt_{prefix}_eig_real"].values, cmap, heads)
+        axes[row, 1].set(xlabel="layer", ylabel="Re lambda", title=f"GPT: eigenvalues of {name} per layer")
+        ax = axes[row, 2]
+        for model in MODELS:
+            values = ds["spectral_variation"].sel(spectra_model=model, matrix=prefix)
+            mean = float(rough.spectral.sel(spectra_model=model, matrix=prefix))
+            ax.plot(values.interval + 1, values.mean("head"), color=COLORS[model], marker="o", markersize=3,
+                    label=f"{LABELS[model]}: roughness {mean:.3f}")
+            ax.fill_between(values.interval + 1, values.min("head"), values.max("head"), color=COLORS[model],
+                            alpha=0.15, linewidth=0)
+        ax.set_yscale("log")
+        ax.set(xlabel=f"between layers l-1 and l (DiffEqFormer at t = l T/{layers})", ylabel="relative distance",
+               title=f"variation of the {prefix.upper()} spectra between neighbours")
+        ax.legend()
+    axes[0, 0].legend(markerscale=4, loc="best")
+    fig.suptitle("Spectral dynamics: the DiffEqFormer's continuous weights against the GPT's independent layers")
+    caption(fig, f"Left: real parts of the eigenvalues of every head's QK and OV matrix of the DiffEqFormer on a grid of "
+                 f"t in [0, {horizon:g}) (O_h(t) of the hypernetwork, without the step T/N of the populated layers); "
+                 f"middle: the GPT's {layers} layers; colour: head. Right: min_pi |lambda_l - lambda_(l+1),pi| / mean "
+                 f"|lambda| between neighbouring layers, the DiffEqFormer's weights taken at the same {layers} "
+                 "points; mean over heads with the min-max band. The roughness is its mean over heads and neighbours.",
+            width=170)
+    return save(fig, folder, "spectra")
+
+
+def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
+    from .sensitivity import _highlight, _layout, _scaled, _shown
+
+    plt = pyplot()
+    tokens = [str(t) for t in ds.token_string.values]
+    n = len(tokens)
+    last = n - 1
+    width = 10.0
+    fig = plt.figure(figsize=(width + 0.6, 1))
+    placed, lines = _layout(fig, tokens, width)
+    text_height = 0.45 + lines * 1.9 * 11.0 / 72
+    bars, gap = 2.2, 0.9  # inches: the bar charts, and the room of their rotated labels
+    heights = [text_height, text_height, bars, gap, text_height, text_height, bars]
+    fig.set_size_inches(width + 0.6, sum(heights) + 2.2)
+    grid = fig.add_gridspec(len(heights), 1, height_ratios=heights, hspace=0.3, top=0.94, bottom=0.09)
+    reds, blues = plt.get_cmap("Reds"), plt.get_cmap("Blues")
+    positions = np.arange(n)
+    labels = [_shown(t)[0] for t in tokens]
+    for block, model in enumerate(MODELS):
+        part = ds.sel(sens_model=model)
+        exponent, attention = part.exponent.values, part.sens_attention.values
+        unit = "per unit t" if model == "diffeqformer" else "per layer"
+        nxt = _shown(str(part.prediction.values))[0]
+        row = 4 * block
+        _highlight(fig, fig.add_subplot(grid[row]), placed, 0.85 * _scaled(exponent, last), reds,
+                   f"{LABELS[model]}: Lyapunov sensitivity of the last token (its next word: {nxt!r})", last)
+        _highlight(fig, fig.add_subplot(grid[row + 1]), placed, 0.85 * _scaled(attention, last), blues,
+                   f"{LABELS[model]}: attention of the last token, mean over heads and "
+                   f"{'steps' if model == 'diffeqformer' else 'layers'}", last)
+        ax = fig.add_subplot(grid[row + 2])
+        ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label=f"lambda_ji ({unit})")
+        ax.set_ylabel(f"lambda ({unit})")
+        twin = ax.twinx()
+        twin.bar(positions + 0.2, attention, width=0.4, color=blues(0.7), label="mean attention")
+        twin.set_ylabel("attention")
+        twin.grid(False)
+        ax.set_xticks(positions, labels, rotation=60, ha="right")
+        ax.legend(handles=ax.containers[:1] + twin.containers[:1], loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2,
+                  frameon=False)
+    fig.suptitle(f"Which tokens the next word depends on: \"{ds.attrs['sentence']}\"", y=0.99)
+    caption(fig, f"Red: lambda_ji = log sigma_max(Y_ji) / depth with Y' = J_ji Y, Y(0) = I, j the last token (outlined), "
+                 f"along the DiffEqFormer's Euler solve ({ds.attrs['dfq_steps']} steps on [0, {ds.attrs['horizon']:g}]) and "
+                 f"the GPT's layer map ({ds.attrs['gpt_layers']} layers); blue: the attention of the last token. Each "
+                 "colour scale runs over the tokens other than the last one, which is clipped to it.", width=150)
+    return save(fig, folder, "sensitivity")
+
+
+def _draw_clustering(ds: xr.Dataset, folder: Path) -> list[Path]:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9), layout="constrained")
+    t = ds.theory_time.values
+    shown = t > 0
+    styles = {"time-dependent": "C0", "frozen": "C1"}
+    for weights in ds.theory_weights.values:
+        for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
+            part = ds.sel(theory_weights=weights, theory_drift=drift)
+            label = f"{weights}, {drift}"
+            axes[0].plot(t[shown], part.clusters.values[shown], color=styles[str(weights)], ls=ls, label=label)
+            axes[1].plot(t[shown], 1 - part.mean_cosine.values[shown], color=styles[str(weights)], ls=ls, label=label)
+    axes[0].set(xscale="log", xlabel="t", ylabel="clusters", title=f"(a) cluster count (cos > 1 - {ds.attrs['eps']:g})")
+    axes[1].set(xscale="log", yscale="log", xlabel="t", ylabel="1 - mean cos(x_i, x_j)", title="(b) spread of directions")
+    axes[0].legend()
+    norms = ds.weight_norm
+    for weight in norms.weight.values:
+        values = norms.sel(weight=weight)
+        axes[2].plot(norms.tau, values / values.isel(tau=0), label=str(weight))
+    at = ds.attrs["frozen_at"] * ds.attrs["horizon"]
+    axes[2].axvline(at, color="0.5", ls=":", lw=1)
+    axes[2].set(xlabel="model time tau", ylabel="|W(tau)|_F / |W(0)|_F", title="(c) size of the learned weights")
+    axes[2].legend()
+    fig.suptitle(f"The DiffEqFormer's attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, "
+                 f"over t in [0, {ds.attrs['cluster_horizon']:g}]")
+    caption(fig, f"(a, b) dX/dt = Attn_tau(N_1(X)) with the learned weights at tau = t T / T_c (time-dependent) or held "
+                 f"at tau = {at:g} (frozen: weight sharing); solid with the learned biases, dashed without the value and "
+                 "output biases (a drift common to all tokens). (c) Frobenius norms of the effective Q, K, V, O (all "
+                 "heads, LayerNorm gains folded in) across the model's time, relative to tau = 0; dotted: the frozen "
+                 "time. The paper's fig. 2d has magnitudes that grow polynomially; these barely change.", width=170)
+    return save(fig, folder, "clustering")
+
+
+def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+    folder = Path(folder)
+    written = _tables(ds, folder)
+    written += _draw_losses(ds, folder)
+    written += _draw_training(ds, folder)
+    written += _draw_spectra(ds, folder)
+    written += _draw_sensitivity(ds, folder)
+    written += _draw_clustering(ds, folder)
+    return written
