@@ -6,11 +6,12 @@
 #   sh experiments/all_figures.sh                  # all of them
 #   sh experiments/all_figures.sh circle causal    # some of them
 #
+# diffeqformer trains its two models first when runs/diffeqformer lacks them (~25 min).
 # The two phase diagrams are long on a CPU (hours; phase_diagram_random days on 2 cores):
 # run them on a GPU, or give them members=... and beta='${linspace:0.1,9,30}'.
 set -e
 cd "$(dirname "$0")/.."
-names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching checkpoint sensitivity lyapunov lyapunov_polynomial phase_diagram phase_diagram_random}"
+names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching checkpoint sensitivity lyapunov lyapunov_polynomial diffeqformer adaptive_depth phase_diagram phase_diagram_random}"
 for name in $names; do
     echo "== $name"
     attnflow "experiment=$name" "hydra.run.dir=figures/$name"
