@@ -47,7 +47,16 @@ def prepare_jax(cfg: Config) -> None:
 
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    if cfg.compilation_cache and not jax.config.jax_compilation_cache_dir:
+    if cfg.compilation_cache:
+        use_compilation_cache()
+
+
+def use_compilation_cache() -> None:
+    """Keep every compiled program in JAX's persistent cache, in `cache_directory()`,
+    unless the process has chosen a cache folder already."""
+    import jax
+
+    if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", str(cache_directory()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -32,8 +32,7 @@ from attnflow.experiments import (
 from attnflow.experiments import diffeqformer as study
 
 # Both tiny runs train on the copying task (no tokenizer to train, and the fine-tuning
-# runs below compile the same programs as the pretraining ones, which JAX's
-# persistent cache then serves).
+# runs below have the shapes of the pretraining ones).
 TRAIN = {"corpus": "induction", "vocab": 8, "dim": 16, "heads": 2, "hidden": 32, "context": 16, "d_emb": 8,
          "frequencies": 4, "steps": 4, "batch": 8, "train_steps": 8, "lr": 0.03, "warmup": 0.0, "eval_every": 4,
          "eval_batches": 2, "save_every": 4}

@@ -549,12 +549,10 @@ def _prepare_jax(cfg: TrainConfig) -> None:
     if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
         raise ConfigError("dtype=float64 needs JAX's 64-bit mode; the attnflow command switches it on, a library "
                           "caller sets jax.config.update('jax_enable_x64', True) first.")
-    if cfg.compilation_cache and not jax.config.jax_compilation_cache_dir:
-        from .._study import cache_directory
+    if cfg.compilation_cache:
+        from .._study import use_compilation_cache
 
-        jax.config.update("jax_compilation_cache_dir", str(cache_directory()))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        use_compilation_cache()
 
 
 def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = None,
