@@ -33,11 +33,12 @@ from ._initial import (
     UniformCube,
     UniformSphere,
 )
-from ._metrics import Recorder
+from ._metrics import Recorder, attention_rows
 from ._random_matrices import draw_matrix
 from ._solvers import no_error_estimate
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
 from ._terms import MLP, SelfAttention, TokenNorm
+from ._tiled import resolve_block
 
 # What each metric reads: the clustering threshold eps, the attention term.
 _CLUSTERING = {"pair_density", "clusters", "cluster_sizes"}
@@ -194,6 +195,12 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     for key in ("d_k", "d_v", "chunk_size"):
         if getattr(cfg, key) is not None:
             _number(key, getattr(cfg, key), minimum=1)
+    if cfg.attention_block is not None:
+        _number("attention_block", cfg.attention_block, minimum=0)
+    if "attention_rank" in metrics and resolve_block(cfg.n, cfg.attention_block) is not None:
+        raise ConfigError(f"attention_rank needs the whole n x n attention maps, which are formed in tiles at "
+                          f"n={cfg.n} with attention_block={cfg.attention_block}; drop the metric or set "
+                          "attention_block=0 (dense).")
     if cfg.rank_rtol is not None:
         _number("rank_rtol", cfg.rank_rtol, positive=True)
     _number("max_output_gib", cfg.max_output_gib, positive=True)
@@ -363,9 +370,11 @@ def output_times(cfg: Config) -> tuple[int | None, np.ndarray | None, np.ndarray
 def _per_save_bytes(cfg: Config) -> int:
     itemsize = 4 if cfg.dtype == "float32" else 8
     n, d = cfg.n, cfg.d
+    rows = attention_rows(n, cfg.attention_block)
     size = {"energy": itemsize, "log_energy": itemsize, "normalized_energy": itemsize, "pair_density": itemsize,
             "clusters": 4, "cluster_sizes": 4 * n, "order_parameter": itemsize,
-            "attention": cfg.heads * n * n * itemsize, "attention_rank": 4 * cfg.heads}
+            "attention": cfg.heads * (n if rows is None else len(rows)) * n * itemsize,
+            "attention_rank": 4 * cfg.heads}
     total = 1 + sum(size[m] for m in cfg.metrics)
     return total + (n * d * itemsize if cfg.save_states else 0)
 
@@ -484,7 +493,8 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
         alibi = None if cfg.alibi is None else jnp.broadcast_to(jnp.asarray(get("alibi"), dtype), (heads,))
         terms.append(
             SelfAttention(q, k, v, o, jnp.asarray(beta, dtype), alibi, heads=heads,
-                          kind=cfg.dynamics.value, causal=bool(cfg.causal))
+                          kind=cfg.dynamics.value, causal=bool(cfg.causal), block=cfg.attention_block,
+                          unit_rows=_unit_rows(cfg))
         )
     mlp = cfg.mlp
     if mlp.enabled:
@@ -509,6 +519,13 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
         per_dim = lambda path: None if _get(cfg, path) is None else jnp.broadcast_to(jnp.asarray(get(path), dtype), (d,))
         norm = TokenNorm(tn.kind.value, per_dim("token_norm.gamma"), per_dim("token_norm.shift"), eps=float(tn.eps))
     return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm)
+
+
+def _unit_rows(cfg: Config) -> bool:
+    """Whether the attention term sees unit tokens: the states on the sphere (retracted
+    after every step; a Runge-Kutta stage is off the sphere by O(dt^2)), or normalized by
+    the sphere token norm first."""
+    return cfg.norm == "sphere" or (cfg.norm in ("pre", "peri") and cfg.token_norm.kind == "sphere")
 
 
 def build_init(cfg: Config, dtype, data: Mapping[str, ArrayLike] | None = None) -> AbstractInitialCondition:
@@ -616,6 +633,7 @@ class ConfiguredSystem(eqx.Module):
             metrics=tuple(m.value for m in cfg.metrics),
             save_states=bool(cfg.save_states),
             rank_rtol=cfg.rank_rtol,
+            block=cfg.attention_block,
         )
         return field, y0, recorder
 

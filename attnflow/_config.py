@@ -60,6 +60,7 @@ DType = _choice("DType", ("float32", "float64"))
 Solver = _choice("Solver", SOLVER_NAMES)
 Spacing = _choice("Spacing", ("linear", "log"))
 Metric = _choice("Metric", METRIC_NAMES)
+MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "default"))
 
 
 @dataclass
@@ -187,6 +188,7 @@ class Config:
     heads: int = MISSING
     d_k: int | None = MISSING
     d_v: int | None = MISSING
+    attention_block: int | None = MISSING  # null: tiles above a size; 0: dense; k > 0: tiles of k tokens
     weights: WeightsConfig = MISSING
     mlp: MLPConfig = MISSING
     init: InitConfig = MISSING
@@ -213,6 +215,7 @@ class Config:
     overwrite: bool = MISSING
     plot: bool = MISSING
     compilation_cache: bool = MISSING
+    matmul_precision: MatmulPrecision = MISSING  # float32 products on a GPU or TPU (see prepare_jax)
     experiment: ExperimentConfig | None = MISSING
     # experiments on trained models only (checkpoint, sensitivity): the trained model, the sentence, and whether a pickle
     # file may be read

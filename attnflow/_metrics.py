@@ -3,6 +3,11 @@
 Every function takes one configuration; `jax.vmap` makes it act on many. `Recorder`
 bundles the chosen metrics so the solver computes them at each saved time instead of
 keeping every state.
+
+The metrics that read every pair of tokens take `block`, with the rule of the attention
+term (`SelfAttention.block`): `None` forms the $n \\times n$ Gram matrix whole up to
+`attnflow._tiled.TILED_ABOVE` tokens and goes through it in tiles above, `0` always whole,
+a positive number in tiles of that many tokens (memory $O(n \\cdot \\mathrm{block})$).
 """
 
 from __future__ import annotations
@@ -10,12 +15,14 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array, Bool, Float, Int, Scalar, ScalarLike
 
+from . import _tiled
 from ._errors import ConfigError
 from ._geometry import Sphere
-from ._terms import _contract
+from ._terms import SelfAttention, _contract
 
 
 def gram(x: Float[Array, "n d"]) -> Float[Array, "n n"]:
@@ -35,26 +42,44 @@ def _log_energy(g: Float[Array, "n n"], beta: ScalarLike) -> Scalar:
     return jax.nn.logsumexp(beta * g) - jnp.log(2 * beta) - 2 * log_n
 
 
-def log_interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
+def _log_energy_tiled(x: Float[Array, "n d"], beta: ScalarLike, tile: int) -> Scalar:
+    log_n = jnp.log(jnp.asarray(x.shape[0], x.dtype))
+    return _tiled.log_sum_exp_pairs(x, beta, tile) - jnp.log(2 * beta) - 2 * log_n
+
+
+def log_interaction_energy(x: Float[Array, "n d"], beta: ScalarLike, block: int | None = None) -> Scalar:
     """$\\log E_\\beta$ with $E_\\beta = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$
     ("A Survey of Continuous Time Dynamics of Transformers", eq. 29), by a log-sum-exp so that $\\beta = 10^4$ does not overflow."""
-    return _log_energy(gram(x), beta)
+    tile = _tiled.resolve_block(x.shape[0], block)
+    return _log_energy(gram(x), beta) if tile is None else _log_energy_tiled(x, beta, tile)
 
 
-def interaction_energy(x: Float[Array, "n d"], beta: ScalarLike) -> Scalar:
+def interaction_energy(x: Float[Array, "n d"], beta: ScalarLike, block: int | None = None) -> Scalar:
     """$E_\\beta(X) = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$ (the survey, eq. 29).
 
     Non-decreasing along the SA and USA flows with $Q = K = V = I$ (the survey, lemma 3.3).
     Overflows to `inf` once $\\beta$ passes the exponent range (about 88 in float32,
     709 in float64); `log_interaction_energy` never does.
     """
-    return jnp.exp(log_interaction_energy(x, beta))
+    return jnp.exp(log_interaction_energy(x, beta, block))
 
 
-def normalized_energy(x: Float[Array, "n d"]) -> Scalar:
+def _unit(x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _normalized_energy_tiled(u: Float[Array, "n d"], tile: int) -> Scalar:
+    n = u.shape[0]
+    return _tiled.exp_sum_pairs(u, tile) / n / n
+
+
+def normalized_energy(x: Float[Array, "n d"], block: int | None = None) -> Scalar:
     """$\\frac{1}{n^2}\\sum_{ij} \\exp(\\langle x_i, x_j\\rangle / |x_i||x_j|)$ for states off
     the sphere (the survey, eq. 52); on the sphere it is $2 E_1$."""
-    return jnp.mean(jnp.exp(cosines(x)))
+    tile = _tiled.resolve_block(x.shape[0], block)
+    if tile is None:
+        return jnp.mean(jnp.exp(cosines(x)))
+    return _normalized_energy_tiled(_unit(x), tile)
 
 
 def _pair_fraction(close: Bool[Array, "n n"], dtype) -> Scalar:
@@ -68,13 +93,21 @@ def _pair_fraction(close: Bool[Array, "n n"], dtype) -> Scalar:
     return jnp.sum(per_row.astype(dtype)) / (float(n) * float(n - 1))
 
 
-def pair_density(x: Float[Array, "n d"], eps: ScalarLike) -> Scalar:
+def _pair_count_fraction(count: Scalar, n: int) -> Scalar:
+    """A number of ordered pairs i != j over all n (n - 1) of them (1 for one token)."""
+    return jnp.ones_like(count) if n < 2 else count / (float(n) * float(n - 1))
+
+
+def pair_density(x: Float[Array, "n d"], eps: ScalarLike, block: int | None = None) -> Scalar:
     """Fraction of pairs $i \\ne j$ with $\\cos(x_i, x_j) > 1 - \\epsilon$.
 
     The quantity of the phase diagrams of "A mathematical perspective on transformers"
     (fig. 3-5). It is 1 once all tokens are in one cluster.
     """
-    return _pair_fraction(cosines(x) > 1 - eps, x.dtype)
+    tile = _tiled.resolve_block(x.shape[0], block)
+    if tile is None:
+        return _pair_fraction(cosines(x) > 1 - eps, x.dtype)
+    return _pair_count_fraction(_tiled.close_pair_count(_unit(x), 1 - eps, tile), x.shape[0])
 
 
 def _components(adjacency: Bool[Array, "n n"]) -> Int[Array, " n"]:
@@ -108,19 +141,23 @@ def _sizes(labels: Int[Array, " n"]) -> Int[Array, " n"]:
     return -jnp.sort(-sizes)
 
 
-def cluster_labels(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, " n"]:
-    """Connected components of the graph joining tokens with $\\cos > 1 - \\epsilon$."""
-    return _labels(cosines(x) > 1 - eps)
+def cluster_labels(x: Float[Array, "n d"], eps: ScalarLike, block: int | None = None) -> Int[Array, " n"]:
+    """Connected components of the graph joining tokens with $\\cos > 1 - \\epsilon$: each
+    token's label is the smallest token of its component."""
+    tile = _tiled.resolve_block(x.shape[0], block)
+    if tile is None:
+        return _labels(cosines(x) > 1 - eps)
+    return _tiled.components(_unit(x), 1 - eps, tile)
 
 
-def cluster_count(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, ""]:
+def cluster_count(x: Float[Array, "n d"], eps: ScalarLike, block: int | None = None) -> Int[Array, ""]:
     """Number of connected components of the $\\epsilon$-threshold graph."""
-    return _count(cluster_labels(x, eps))
+    return _count(cluster_labels(x, eps, block))
 
 
-def cluster_sizes(x: Float[Array, "n d"], eps: ScalarLike) -> Int[Array, " n"]:
+def cluster_sizes(x: Float[Array, "n d"], eps: ScalarLike, block: int | None = None) -> Int[Array, " n"]:
     """Sizes of the clusters, largest first, padded with zeros to length n."""
-    return _sizes(cluster_labels(x, eps))
+    return _sizes(cluster_labels(x, eps, block))
 
 
 def _order(x: Float[Array, "n d"], inv_norm: Float[Array, " n"]) -> Scalar:
@@ -132,11 +169,34 @@ def order_parameter(x: Float[Array, "n d"]) -> Scalar:
     return _order(x, 1 / jnp.linalg.norm(x, axis=-1))
 
 
-def numerical_rank(a: Float[Array, "n n"], rtol: ScalarLike | None = None) -> Int[Array, ""]:
-    """Number of singular values above `rtol * s_max` (NumPy's default `rtol = n * eps`)."""
-    s = jnp.linalg.svd(a, compute_uv=False)
+RANK_METHODS = ("pivoted_qr", "svd")
+
+
+def numerical_rank(a: Float[Array, "n n"], rtol: ScalarLike | None = None, *,
+                   method: str = "pivoted_qr") -> Int[Array, ""]:
+    """The numerical rank of `a`: how many of its singular values exceed `rtol * s_max`
+    (NumPy's default `rtol = n * eps`).
+
+    `method="svd"` counts the singular values themselves. `"pivoted_qr"` (the default,
+    a quarter of the cost on a CPU: benchmarks/layout.py) counts the diagonal entries of
+    the QR factorization with column pivoting $A P = Q R$ above `rtol * |R_11|`. Its
+    $|R_{11}|$, the largest column norm, lies within a factor $\\sqrt n$ of $s_{\\max}$
+    and the pivoting orders $|R_{kk}|$ like the singular values, so the count is the
+    SVD's wherever the singular values are either well above the threshold or at
+    rounding level: matrices of rank r (up to rounding), such as the near-Boolean
+    attention maps of clustered tokens. A singular value within a factor of about
+    $\\sqrt n$ of the threshold may be counted differently by the two.
+    """
     if rtol is None:
         rtol = max(a.shape) * jnp.finfo(a.dtype).eps
+    if method == "svd":
+        s = jnp.linalg.svd(a, compute_uv=False)
+    elif method == "pivoted_qr":
+        from jax.scipy.linalg import qr
+
+        s = jnp.abs(jnp.diagonal(qr(a, mode="r", pivoting=True)[0]))
+    else:
+        raise ConfigError(f"unknown rank method {method!r}; choose one of {', '.join(RANK_METHODS)}.")
     return jnp.sum(s > rtol * s[0])
 
 
@@ -152,6 +212,27 @@ METRICS = (
     "attention_rank",
 )
 DEFAULT_METRICS = ("energy", "log_energy", "pair_density", "clusters", "order_parameter")
+# Query rows whose attention is recorded when the map is too large to keep whole.
+ATTENTION_ROWS = 64
+
+
+def attention_rows(n: int, block: int | None) -> np.ndarray | None:
+    """The query rows of the `attention` metric at `n` tokens: None (all of them) where the
+    pairwise statistics are formed whole, else `ATTENTION_ROWS` rows evenly spaced from the
+    first to the last token (where they go through tiles, see `Recorder`)."""
+    if _tiled.resolve_block(n, block) is None:
+        return None
+    return np.unique(np.round(np.linspace(0, n - 1, min(ATTENTION_ROWS, n))).astype(np.int32))
+
+
+def _attention_weights(field, t: ScalarLike, x: Float[Array, "n d"], rows) -> Array:
+    """The attention maps of the field's first attention term for the query `rows`, at the
+    tokens it sees (`VectorField.attention_weights`, restricted to some rows)."""
+    h = field.norm(x) if field.scheme in ("pre", "peri") else x
+    for term in field.terms:
+        if isinstance(term, SelfAttention):
+            return term.weights(t, h, field.piece_time, rows=jnp.asarray(rows))
+    raise ConfigError("attention metrics need an attention term in the vector field.")
 
 
 class Recorder(eqx.Module):
@@ -160,6 +241,11 @@ class Recorder(eqx.Module):
     `beta` enters the interaction energy, `eps` the clustering threshold; both are data.
     The key `finite` (whether the state's squared norm is finite) is always recorded so
     that a run can say when a state first became NaN or infinite.
+
+    `block` follows the rule of the attention term (`SelfAttention.block`). Where it
+    means tiles, every pairwise metric goes through tiles (memory $O(n \\cdot
+    \\mathrm{block})$), `attention` holds the rows of `attention_rows` only, and
+    `attention_rank`, which needs whole maps, is refused.
     """
 
     beta: Float[Array, ""]
@@ -167,6 +253,7 @@ class Recorder(eqx.Module):
     metrics: tuple[str, ...] = eqx.field(static=True, default=DEFAULT_METRICS)
     save_states: bool = eqx.field(static=True, default=False)
     rank_rtol: float | None = eqx.field(static=True, default=None)
+    block: int | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         unknown = [m for m in self.metrics if m not in METRICS]
@@ -180,6 +267,12 @@ class Recorder(eqx.Module):
         out: dict[str, Array] = {"finite": jnp.isfinite(jnp.sum(x * x))}
         m = set(self.metrics)
         n = x.shape[0]
+        tile = _tiled.resolve_block(n, self.block)
+        if tile is not None:
+            out.update(self._tiled(t, x, field, tile))
+            if self.save_states:
+                out["x"] = x
+            return out
         # One Gram matrix serves every metric: cosines are its normalized entries.
         g = gram(x)
         if field is not None and isinstance(field.geometry, Sphere):
@@ -217,4 +310,40 @@ class Recorder(eqx.Module):
                 out["attention_rank"] = jax.vmap(lambda ah: numerical_rank(ah, self.rank_rtol))(a).astype(jnp.int32)
         if self.save_states:
             out["x"] = x
+        return out
+
+    def _tiled(self, t, x, field, tile: int) -> dict[str, Array]:
+        """The metrics through tiles of the Gram matrix (no n x n array; see `_tiled`)."""
+        m = set(self.metrics)
+        n = x.shape[0]
+        if "attention_rank" in m:
+            raise ConfigError(f"attention_rank needs the whole {n} x {n} attention maps, which are not formed at "
+                              f"n = {n} (tiles of {tile}); drop the metric or set attention_block=0 (dense).")
+        out: dict[str, Array] = {}
+        if field is not None and isinstance(field.geometry, Sphere):
+            inv_norm = jnp.ones(n, x.dtype)  # unit rows: the solver retracts every saved state
+            u = x
+        else:
+            inv_norm = lax.rsqrt(jnp.sum(x * x, axis=-1))
+            u = x * inv_norm[:, None]
+        if m & {"energy", "log_energy"}:
+            log_e = _log_energy_tiled(x, self.beta, tile)
+            if "energy" in m:
+                out["energy"] = jnp.exp(log_e)
+            if "log_energy" in m:
+                out["log_energy"] = log_e
+        if "normalized_energy" in m:
+            out["normalized_energy"] = _normalized_energy_tiled(u, tile)
+        if "pair_density" in m:
+            out["pair_density"] = _pair_count_fraction(_tiled.close_pair_count(u, 1 - self.eps, tile), n)
+        if m & {"clusters", "cluster_sizes"}:
+            labels = _tiled.components(u, 1 - self.eps, tile)
+            if "clusters" in m:
+                out["clusters"] = _count(labels)
+            if "cluster_sizes" in m:
+                out["cluster_sizes"] = _sizes(labels)
+        if "order_parameter" in m:
+            out["order_parameter"] = _order(x, inv_norm)
+        if "attention" in m:
+            out["attention"] = _attention_weights(field, t, x, attention_rows(n, self.block))
         return out

@@ -1,10 +1,12 @@
 """One table and one figure across the runs of a sweep (`attnflow report DIR`).
 
 A Hydra multirun (`attnflow -m d=2,3 solver=euler_renorm,rk4 ...`) leaves one run
-directory per job, each with its `results.nc`. `report(DIR)` reads all of them (at any
-depth under DIR; `incomplete.nc` files of failed jobs are not results and are left
-out), finds the swept keys (the config keys, as dotted names such as `weights.v.kind`,
-whose values differ between runs) and writes into DIR:
+directory per job, each with its `results.nc`, whichever launcher ran the jobs.
+`report(DIR)` reads all of them (at any depth under DIR, outside hidden folders such
+as the submitit launcher's `.submitit/`; the `incomplete.nc` and `error.txt` of failed
+jobs are not results and are left out), finds the swept keys (the config keys, as
+dotted names such as `weights.v.kind`, whose values differ between runs) and writes
+into DIR:
 
 - `report.csv` (and the same table as `report.nc`): one row per run and beta, with the
   run's folder, the swept keys, beta, the final saved time, the fraction of failed
@@ -165,7 +167,10 @@ def _read(folder: Path) -> list[tuple[Path, dict[str, Any], xr.Dataset]]:
 
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a directory; give the directory of a sweep (its hydra.sweep.dir).")
-    files = sorted((p for p in folder.rglob("results.nc") if p.is_file()), key=_natural)
+    # Hidden folders hold a launcher's or a run's bookkeeping (.submitit/, .hydra/,
+    # .attnflow-pieces/), never a run.
+    files = sorted((p for p in folder.rglob("results.nc") if p.is_file()
+                    and not any(part.startswith(".") for part in p.relative_to(folder).parts[:-1])), key=_natural)
     if not files:
         raise ConfigError(f"{folder} holds no results.nc at any depth; give the directory of a finished sweep "
                           "(its hydra.sweep.dir).")

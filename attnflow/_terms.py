@@ -12,8 +12,9 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, ScalarLike
+from jaxtyping import Array, Float, Int, ScalarLike
 
+from . import _tiled
 from ._errors import ConfigError
 from ._schedules import AbstractSchedule, identity_factor, identity_multiple
 
@@ -67,14 +68,16 @@ class Rotary(eqx.Module):
         if self.dims <= 0 or self.dims % 2:
             raise ConfigError(f"rotary positions rotate pairs of entries: dims must be even and positive, got {self.dims}.")
 
-    def __call__(self, x: Float[Array, "... n k"]) -> Float[Array, "... n k"]:
-        """Rotate every row of `x` (rows are positions 0, 1, ..., n - 1)."""
+    def __call__(self, x: Float[Array, "... n k"], positions: Int[Array, " n"] | None = None
+                 ) -> Float[Array, "... n k"]:
+        """Rotate every row of `x`; row i is at position `positions[i]` (default i)."""
         n, k = x.shape[-2:]
         if self.dims > k:
             raise ConfigError(f"rotary positions rotate {self.dims} entries but the head vectors have only {k}.")
         half = self.dims // 2
         inv = self.base ** (-jnp.arange(half, dtype=x.dtype) * 2 / self.dims)
-        angle = jnp.arange(n, dtype=x.dtype)[:, None] * inv[None, :]
+        positions = jnp.arange(n) if positions is None else positions
+        angle = positions.astype(x.dtype)[:, None] * inv[None, :]
         cos, sin = jnp.cos(angle), jnp.sin(angle)
         u, v, rest = x[..., :half], x[..., half: self.dims], x[..., self.dims:]
         return jnp.concatenate([u * cos - v * sin, v * cos + u * sin, rest], axis=-1)
@@ -107,6 +110,19 @@ class SelfAttention(AbstractInteraction):
     Trained models add biases, $Q_h x_i + b^Q_h$ and so on (`query_bias`, `key_bias`
     `(heads, d_k)`, `value_bias` `(heads, d_v)`, `output_bias` `(d,)`), and may rotate
     queries and keys by position (`rotary`, a `Rotary`) before their product.
+
+    Long sequences: `block` chooses how the logits are formed. `None` (the default)
+    forms them whole up to `attnflow._tiled.TILED_ABOVE` tokens and in tiles of
+    `DEFAULT_BLOCK` above; `0` always whole; a positive number in tiles of that many
+    queries and keys, with an online softmax (memory $O(n \\cdot \\mathrm{block})$, see
+    `attnflow._tiled`). Both give the same values to rounding.
+
+    `unit_rows` says that the tokens it sees have unit norm (the sphere, or a sphere
+    token norm). With identity-multiple Q and K and no query or key bias, the row
+    maximum of the logits is then known in advance: $\\beta |q_i| \\max_j |k_j|$ bounds it
+    (Cauchy-Schwarz) and equals it, $\\beta s_Q s_K$ at the diagonal, on unit rows. The
+    tiled path then needs no running maximum, and without a causal mask it goes through
+    the symmetric logits once per pair of tiles (`attnflow._tiled.symmetric_attention`).
     """
 
     query: AbstractSchedule
@@ -123,10 +139,15 @@ class SelfAttention(AbstractInteraction):
     value_bias: AbstractSchedule | None = None
     output_bias: AbstractSchedule | None = None
     rotary: Rotary | None = None
+    block: int | None = eqx.field(static=True, default=None)
+    unit_rows: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         if self.kind not in ("sa", "usa"):
             raise ConfigError(f"attention kind must be 'sa' (softmax) or 'usa' (unnormalized), got {self.kind!r}.")
+        if self.block is not None and not (isinstance(self.block, int) and self.block >= 0):
+            raise ConfigError(f"the attention block must be None (chosen by size), 0 (dense) or a positive number "
+                              f"of tokens per tile, got {self.block!r}.")
         for name in ("query", "key", "value"):
             shape = getattr(self, name).shape
             if len(shape) != 3 or shape[0] != self.heads:
@@ -156,49 +177,96 @@ class SelfAttention(AbstractInteraction):
     def dim(self) -> int:
         return self.query.shape[-1]
 
-    def logits(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Array:
-        """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked.
+    def tile(self, n: int) -> int | None:
+        """The tile size at `n` tokens (None: the logits are formed whole)."""
+        return _tiled.resolve_block(n, self.block)
 
-        Shape `(heads, n, n)`, or `(n, n)` when every head has the same logits.
-        """
-        n = x.shape[0]
-        q = _add(_apply(self.query, t, x, at), self.query_bias, t, at)
+    def _queries_keys(self, t, x, at, rows):
+        """Queries of the tokens `rows` (all when None) and keys of all tokens, biased and
+        rotated: `(heads, m, d_k)` and `(heads, n, d_k)`, or without the head axis."""
+        q = _add(_apply(self.query, t, x if rows is None else x[rows], at), self.query_bias, t, at)
         k = _add(_apply(self.key, t, x, at), self.key_bias, t, at)
         if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        scores = self.beta * _contract(q, k)
+            q, k = self.rotary(q, rows), self.rotary(k)
+        return q, k
+
+    def _row_max(self, q: Array, k: Array) -> Array | None:
+        """$|\\beta|\\,|q_i| \\max_j |k_j|$ where it is the row maximum of unit tokens (see the
+        class), else None: the maximum is then searched for."""
+        known = (self.unit_rows and self.kind == "sa" and identity_multiple(self.query)
+                 and identity_multiple(self.key) and self.query_bias is None and self.key_bias is None)
+        if not known:
+            return None
+        norm = lambda a: jnp.sqrt(jnp.sum(a * a, axis=-1))
+        return jnp.abs(self.beta) * norm(q) * jnp.max(norm(k), axis=-1, keepdims=True)
+
+    def _symmetric(self, rows, top) -> bool:
+        """Whether the logits of all tokens are symmetric in i and j with a constant bound
+        (see `_tiled.symmetric_attention`): identity-multiple Q and K without biases (both
+        rotated alike, if at all), no causal mask, all rows, and for softmax attention the
+        known maximum."""
+        return (rows is None and not self.causal and identity_multiple(self.query) and identity_multiple(self.key)
+                and self.query_bias is None and self.key_bias is None and (self.kind == "usa" or top is not None))
+
+    def _mask(self, scores: Array, n: int, rows: Array | None) -> Array:
+        """ALiBi and the causal mask added to `scores` `(..., m, n)` of queries at `rows`."""
+        if self.alibi is None and not self.causal:
+            return scores
+        index = jnp.arange(n)
+        at = index if rows is None else rows
         if self.alibi is not None:
-            index = jnp.arange(n)
-            distance = jnp.abs(index[:, None] - index[None, :]).astype(x.dtype)
+            distance = jnp.abs(at[:, None] - index[None, :]).astype(scores.dtype)
             scores = scores - self.alibi[:, None, None] * distance
         if self.causal:
-            allowed = jnp.tril(jnp.ones((n, n), dtype=bool))
-            scores = jnp.where(allowed, scores, -jnp.inf)
+            scores = jnp.where(index[None, :] <= at[:, None], scores, -jnp.inf)
         return scores
 
-    def weights(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, "heads n n"]:
-        """The attention matrices $a^h_{ij}(t)$ of every head."""
-        a = self._weights(t, x, at)
-        return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
+    def logits(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None,
+               rows: Int[Array, " m"] | None = None) -> Array:
+        """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked, for
+        the query tokens `rows` (default all) against all keys.
 
-    def _weights(self, t, x, at):
-        scores = self.logits(t, x, at)
+        Shape `(heads, m, n)`, or `(m, n)` when every head has the same logits.
+        """
+        q, k = self._queries_keys(t, x, at, rows)
+        return self._mask(self.beta * _contract(q, k), x.shape[0], rows)
+
+    def weights(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None,
+                rows: Int[Array, " m"] | None = None) -> Float[Array, "heads m n"]:
+        """The attention matrices $a^h_{ij}(t)$ of every head, for the query tokens `rows`
+        (default all; formed whole: $m \\times n$ per head)."""
+        scores = self.logits(t, x, at, rows)
         if self.kind == "sa":
             # Subtracting the row maximum keeps exp() finite for any beta.
-            return jax.nn.softmax(scores, axis=-1)
-        return jnp.exp(scores) / x.shape[0]
-
-    def __call__(self, t, x, at=None):
-        scores = self.logits(t, x, at)
-        values = _add(_apply(self.value, t, x, at), self.value_bias, t, at)
-        if self.kind == "sa":
-            # Softmax with the row maximum subtracted (finite for any beta), normalized
-            # after the mixing: n*d divisions instead of n*n.
-            top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
-            e = jnp.exp(scores - top)
-            mixed = _mix(e, values) / jnp.sum(e, axis=-1, keepdims=True)
+            a = jax.nn.softmax(scores, axis=-1)
         else:
-            mixed = _mix(jnp.exp(scores), values) / x.shape[0]
+            a = jnp.exp(scores) / x.shape[0]
+        return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
+
+    def __call__(self, t, x, at=None, rows: Int[Array, " m"] | None = None):
+        """The term at every token, or at the tokens `rows` only (each still attending to all
+        n tokens): shape `(m, d)`."""
+        n = x.shape[0]
+        q, k = self._queries_keys(t, x, at, rows)
+        values = _add(_apply(self.value, t, x, at), self.value_bias, t, at)
+        tile = self.tile(n)
+        if tile is not None:
+            top = self._row_max(q, k)
+            mixed = _tiled.attention_heads(q, k, values, self.beta, self.alibi, block=tile, kind=self.kind,
+                                           causal=self.causal, positions=rows, row_max=top,
+                                           symmetric=self._symmetric(rows, top))
+        else:
+            scores = self._mask(self.beta * _contract(q, k), n, rows)
+            if self.kind == "sa":
+                # Softmax with the row maximum subtracted (finite for any beta), normalized
+                # after the mixing: n*d divisions instead of n*n. (The maximum is searched
+                # for even when it is known: XLA fuses the search into the product that forms
+                # the logits, and the known one measured no faster, benchmarks/tiled.py.)
+                top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+                e = jnp.exp(scores - top)
+                mixed = _mix(e, values) / jnp.sum(e, axis=-1, keepdims=True)
+            else:
+                mixed = _mix(jnp.exp(scores), values) / n
         if self.output is not None:
             spec = "hde,ne->hnd" if mixed.ndim == 2 else "hde,hne->hnd"
             mixed = jnp.einsum(spec, self.output(t, at), mixed)

@@ -6,21 +6,35 @@ with no traceback and nothing half-written. In a sweep (`-m`) every job runs; ea
 failure is reported with its job, and the sweep exits with code 2 if any job failed.
 Ctrl-C (or SIGTERM) stops a run at once with one line and exit code 130; the finished
 pieces of the run are kept, and the same command resumes from them.
+
+A sweep's jobs run wherever Hydra's launcher puts them: in this process (the basic
+launcher), in parallel local processes (`hydra/launcher=joblib`) or as submitit jobs
+(`hydra/launcher=submitit_local`, `submitit_slurm`). Each job leaves its outcome in the
+sweep folder (`_SweepRecord`), so that the process that launched the sweep can name the
+failed jobs, whichever process or machine ran them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+
 from ._config import config_source
 
-_FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job of this process
+_FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job (of the sweep, once it ends)
 _JOBS: list[str] = []
-_CURRENT: dict[str, Path] = {}  # the run directory being worked in (for the interrupt message)
+_CURRENT: dict[str, Path] = {}  # the run (or sweep) directory being worked in (for the interrupt message)
+_OUTCOMES = ".attnflow-jobs"  # in a sweep's folder: one file per job, `{num}.json`
+# What the joblib and submitit launchers raise when a job's process dies.
+_LOST_JOB = ("TerminatedWorkerError", "UncompletedJobError")
+_BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
 def _say(message: str) -> None:
@@ -58,92 +72,162 @@ def _record_failure(message: str, hydra_cfg, out: Path) -> None:
             RunDirectory(out).write_text("error.txt", message + "\n")
 
 
+class _SweepRecord(Callback):
+    """Hydra callback (named in conf/config.yaml) that collects the outcome of every job
+    of a sweep in the process that launched it.
+
+    The joblib and submitit launchers run jobs in other processes, on other machines
+    for SLURM, so each job writes its outcome (`_record_outcome`) into the sweep
+    folder, which a cluster shares; this reads them once the launcher has returned.
+    """
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        sweep = Path(str(config.hydra.sweep.dir))
+        shutil.rmtree(sweep / _OUTCOMES, ignore_errors=True)  # a previous sweep's
+        _CURRENT["sweep"] = sweep
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        folder = Path(str(config.hydra.sweep.dir)) / _OUTCOMES
+        outcomes = []
+        for path in folder.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                outcomes.append(json.loads(path.read_text()))
+        outcomes.sort(key=lambda outcome: outcome["num"])
+        _JOBS[:] = [outcome["job"] for outcome in outcomes]
+        _FAILED[:] = [(outcome["job"], outcome["error"]) for outcome in outcomes if outcome["error"]]
+        here = _stderr_identity()
+        for outcome in outcomes:
+            if outcome["error"] and outcome.get("stderr") != here:
+                # The job's own line went to its log (submitit): say it here too.
+                _say(f"error: {outcome['job']}: {outcome['error']}")
+        shutil.rmtree(folder, ignore_errors=True)
+        _CURRENT.pop("sweep", None)
+
+
+def _record_outcome(hydra_cfg, error: str | None) -> None:
+    """A sweep job's outcome (None: finished or already there), for `_SweepRecord`."""
+    from ._store import RunDirectory
+
+    outcome = {"num": int(hydra_cfg.job.num), "job": _job_label(hydra_cfg), "error": error,
+               "stderr": _stderr_identity()}
+    with contextlib.suppress(OSError):
+        RunDirectory(Path(str(hydra_cfg.sweep.dir))).write_text(f"{_OUTCOMES}/{outcome['num']}.json",
+                                                                json.dumps(outcome))
+
+
+def _stderr_identity() -> list[int] | None:
+    """Which file stderr is (a job's lines reached the sweep's terminal when its
+    stderr is the launching process's own)."""
+    try:
+        status = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [status.st_dev, status.st_ino]
+
+
 def _job(cfg) -> None:
     """One run (one job of a sweep): check, lock, compute in pieces, write, plot."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from ._errors import ConfigError
+
+    hydra_cfg = HydraConfig.get()
+    out = Path(hydra_cfg.runtime.output_dir)
+    sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    _JOBS.append(_job_label(hydra_cfg))
+    error = None
+    try:
+        _run(cfg, hydra_cfg, out)
+    except ConfigError as failure:
+        error = str(failure)
+        _record_failure(error, hydra_cfg, out)
+    if sweep:
+        _record_outcome(hydra_cfg, error)
+    # Cleared on the way out of a finished or refused job only: an interrupt keeps it,
+    # so that its message can say where the finished pieces are.
+    _CURRENT.pop("dir", None)
+
+
+def _run(cfg, hydra_cfg, out: Path) -> None:
+    """The work of `_job`; a `ConfigError` says why there are no results."""
+    from hydra.types import RunMode
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from ._config import explain
     from ._errors import ConfigError, NonFiniteStateError, SolverFailure
 
-    hydra_cfg = HydraConfig.get()
-    out = Path(hydra_cfg.runtime.output_dir)
-    _JOBS.append(_job_label(hydra_cfg))
     try:
+        # Hydra has composed it against the typed schema: it is a Config already.
+        typed = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as error:
+        raise ConfigError(explain(error)) from None
+    from ._build import validate_config
+    from ._progress import Progress
+    from ._store import RunDirectory, write_results
+    from ._study import config_yaml, plan_study, solve_study
+
+    experiment = None
+    if typed.experiment is not None:
+        from .experiments import plan_experiment
+
+        experiment = plan_experiment(typed)  # every panel checked and planned
+        resolved = experiment.cfg
+    else:
+        resolved = validate_config(typed)
+    with RunDirectory(out) as folder:
+        _CURRENT["dir"] = folder.path
+        stored = folder.finished_config(resolved.overwrite)
+        if stored is not None and stored == config_yaml(resolved):
+            print(f"attnflow: {folder.results_path} already holds this run; skipping it.", flush=True)
+            return
+        if stored is not None and not resolved.overwrite:
+            raise ConfigError(f"{folder.results_path} holds a different run; choose another hydra.run.dir "
+                              "or set overwrite=true.")
+        plan = plan_study(resolved) if experiment is None else None  # refuses what does not fit
+        _write_record(folder, cfg, hydra_cfg)
+        pieces = folder.path / folder.PIECES
+        name = "attnflow" if experiment is None else experiment.name
+        total = plan.pieces if experiment is None else experiment.pieces
+        # The jobs of a parallel launcher share one terminal: none draws a live bar.
+        parallel = (hydra_cfg.mode == RunMode.MULTIRUN
+                    and OmegaConf.select(hydra_cfg, "launcher._target_") != _BASIC_LAUNCHER)
         try:
-            # Hydra has composed it against the typed schema: it is a Config already.
-            typed = OmegaConf.to_object(cfg)
-        except OmegaConfBaseException as error:
-            raise ConfigError(explain(error)) from None
-        from ._build import validate_config
-        from ._progress import Progress
-        from ._store import RunDirectory, write_results
-        from ._study import config_yaml, plan_study, solve_study
-
-        experiment = None
-        if typed.experiment is not None:
-            from .experiments import plan_experiment
-
-            experiment = plan_experiment(typed)  # every panel checked and planned
-            resolved = experiment.cfg
-        else:
-            resolved = validate_config(typed)
-        with RunDirectory(out) as folder:
-            _CURRENT["dir"] = folder.path
-            stored = folder.finished_config(resolved.overwrite)
-            if stored is not None and stored == config_yaml(resolved):
-                print(f"attnflow: {folder.results_path} already holds this run; skipping it.", flush=True)
-                _CURRENT.pop("dir", None)
-                return
-            if stored is not None and not resolved.overwrite:
-                raise ConfigError(f"{folder.results_path} holds a different run; choose another hydra.run.dir "
-                                  "or set overwrite=true.")
-            plan = plan_study(resolved) if experiment is None else None  # refuses what does not fit
-            _write_record(folder, cfg, hydra_cfg)
-            pieces = folder.path / folder.PIECES
-            name = "attnflow" if experiment is None else experiment.name
-            total = plan.pieces if experiment is None else experiment.pieces
-            try:
-                with Progress(name, total) as progress:
-                    if experiment is None:
-                        results = solve_study(resolved, plan, pieces=pieces, on_piece=progress.advance,
-                                              on_resume=lambda found, total: _resuming(found, total, pieces))
-                    else:
-                        from .experiments import solve_experiment
-
-                        results = solve_experiment(experiment, pieces=pieces, on_piece=progress.advance,
-                                                   on_resume=lambda label, found, total: _resuming(
-                                                       found, total, pieces / label))
-            except (NonFiniteStateError, SolverFailure) as error:
-                # Nothing computed is lost: the statistics, missing from each failed
-                # solve's first bad output on, go to a file that cannot be mistaken for
-                # a finished run (an experiment's other panels keep their pieces).
-                kept = write_results(error.results, folder.path / "incomplete.nc")
+            with Progress(name, total, show=False if parallel else None) as progress:
                 if experiment is None:
-                    _remove_tree(pieces)
-                raise ConfigError(f"{str(error).rstrip('.')}; what was computed is in {kept}.") from None
-            path = write_results(results, folder.results_path)
-            _remove_tree(pieces)
-            for stale in ("incomplete.nc", "error.txt"):
-                (folder.path / stale).unlink(missing_ok=True)
-            print(f"attnflow: wrote {path}", flush=True)
-            if resolved.plot:
-                if experiment is None:
-                    from ._plots import plot_summary
-
-                    figures = [plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))]
+                    results = solve_study(resolved, plan, pieces=pieces, on_piece=progress.advance,
+                                          on_resume=lambda found, total: _resuming(found, total, pieces))
                 else:
-                    from .experiments import draw_experiment
+                    from .experiments import solve_experiment
 
-                    figures = draw_experiment(results, folder.path)
-                for figure in figures:
-                    print(f"attnflow: wrote {figure}", flush=True)
-    except ConfigError as error:
-        _record_failure(str(error), hydra_cfg, out)
-    # Cleared on the way out of a finished or refused job only: an interrupt keeps it,
-    # so that its message can say where the finished pieces are.
-    _CURRENT.pop("dir", None)
+                    results = solve_experiment(experiment, pieces=pieces, on_piece=progress.advance,
+                                               on_resume=lambda label, found, total: _resuming(
+                                                   found, total, pieces / label))
+        except (NonFiniteStateError, SolverFailure) as error:
+            # Nothing computed is lost: the statistics, missing from each failed
+            # solve's first bad output on, go to a file that cannot be mistaken for
+            # a finished run (an experiment's other panels keep their pieces).
+            kept = write_results(error.results, folder.path / "incomplete.nc")
+            if experiment is None:
+                _remove_tree(pieces)
+            raise ConfigError(f"{str(error).rstrip('.')}; what was computed is in {kept}.") from None
+        path = write_results(results, folder.results_path)
+        _remove_tree(pieces)
+        for stale in ("incomplete.nc", "error.txt"):
+            (folder.path / stale).unlink(missing_ok=True)
+        print(f"attnflow: wrote {path}", flush=True)
+        if resolved.plot:
+            if experiment is None:
+                from ._plots import plot_summary
+
+                figures = [plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))]
+            else:
+                from .experiments import draw_experiment
+
+                figures = draw_experiment(results, folder.path)
+            for figure in figures:
+                print(f"attnflow: wrote {figure}", flush=True)
 
 
 def _resuming(found: int, total: int, pieces: Path) -> None:
@@ -182,6 +266,9 @@ def _sentence(error: BaseException) -> str:
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         group, _, option = error.missing_cfg_file.rpartition("/")
         options = ", ".join(o for o in (error.options or []) if not o.startswith("attnflow_schema"))
+        if group == "hydra/launcher":
+            return (f"unknown hydra/launcher {option!r}; choose one of {options} (joblib comes with "
+                    'pip install "attnflow[joblib]", submitit_local and submitit_slurm with "attnflow[slurm]").')
         if group:
             return f"unknown {group} {option!r}; choose one of {options}."
         return f"cannot find the config {error.missing_cfg_file!r}."
@@ -204,12 +291,22 @@ def _interrupted() -> None:
     discard_partial_files()
     folder = _CURRENT.get("dir")
     kept = len(list((folder / RunDirectory.PIECES).glob("piece-*.npz"))) if folder else 0
+    sweep = _CURRENT.get("sweep")
     if kept:
         _say(f"interrupted; {kept} finished piece{'s are' if kept > 1 else ' is'} kept in "
              f"{folder / RunDirectory.PIECES} and the same command resumes from there.")
+    elif sweep is not None:
+        # Between jobs, or the jobs ran in other processes (a parallel launcher, whose
+        # workers stop with this one): their finished pieces are where they were.
+        _say(f"interrupted; the finished jobs and pieces are kept in {sweep} and the same command resumes "
+             "from there, skipping the finished jobs.")
     else:
         _say("interrupted; no results were written.")
     sys.stdout.flush()
+    if folder is None and sweep is not None:
+        # Nothing computes in this process (the launcher's workers are stopped): a normal
+        # exit, which lets joblib release what its workers shared.
+        sys.exit(130)
     # os._exit: a compiled computation may still be running in a worker thread, and a
     # normal exit would wait for it.
     os._exit(130)
@@ -297,6 +394,15 @@ def main() -> None:
         _interrupted()
     except (HydraException, OmegaConfBaseException, OSError) as error:
         _say(f"error: {_sentence(error)}")
+        sys.exit(2)
+    except Exception as error:
+        if type(error).__name__ not in _LOST_JOB:
+            raise  # a bug: its traceback
+        # A job's process died (killed for memory, or by the scheduler's time limit):
+        # the launcher gives up on the jobs it had not run yet.
+        first = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
+        _say(f"error: a job's process ended before its job did ({first}); the finished jobs are kept in "
+             f"{_CURRENT.get('sweep', 'the sweep folder')} and the same command runs the others.")
         sys.exit(2)
     if _FAILED:
         if len(_JOBS) > 1:

@@ -12,12 +12,19 @@ so that the machine's changing load falls on all of them alike):
    does it (stacked `@` products over all members, one Python loop over steps), from
    attnflow's own initial states;
 3. a large float32 matrix multiply (the best of NumPy and XLA): the machine's matmul
-   throughput in that round, against which the attnflow run's flop rate is compared.
+   throughput in that round, against which the attnflow run's flop rate is compared;
+4. the exp rate of XLA on the default device (a jitted sum of exp over 2^24 numbers):
+   at small d the workload is bound by its n^2 exps per member and step, not by matmul.
 
 The table gives medians over the rounds: of the times, of the per-round speed-up
-(NumPy / attnflow) and of the per-round share of matmul throughput. Flops counted:
-4 n^2 d per member and step (Gram matrix and attention mixing) plus 2 n^2 d per member
-and record (the Gram matrix of the pair density).
+(NumPy / attnflow), of the per-round share of matmul throughput and of the per-round
+share of the exp rate. Flops counted: 4 n^2 d per member and step (Gram matrix and
+attention mixing) plus 2 n^2 d per member and record (the Gram matrix of the pair
+density); exps counted: n^2 per member and step.
+
+Nothing here assumes a CPU: on a GPU the same command times the same workload (XLA's
+matmul and exp rates are then the GPU's, NumPy's stays the host's), with float32
+products at the precision a run uses (`matmul_precision`, highest by default).
 
     python benchmarks/phase_diagram.py                  # d in {2, 32, 128}, 5 rounds
     python benchmarks/phase_diagram.py --dims 128 --members 512 --rounds 3
@@ -74,17 +81,39 @@ def matmul_throughput(size: int = 2048, repeats: int = 3) -> float:
     return max(rates)
 
 
-def attnflow_phase_diagram(d: int, members: int, n: int, dt: float, t1: float, eps: float):
+def exp_throughput(size: int = 2**24, repeats: int = 3) -> float:
+    """XLA's exp rate (exps per second) in float32 on the default device, measured now."""
+    a = jnp.asarray(np.random.default_rng(1).uniform(-4, 0, size).astype(np.float32))
+    f = jax.jit(lambda a: jnp.sum(jnp.exp(a)))
+    jax.block_until_ready(f(a))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        jax.block_until_ready(f(a))
+    return size * repeats / (time.perf_counter() - start)
+
+
+def phase_config(d: int, members: int, n: int = 32, dt: float = 0.1, t1: float = 30.0, eps: float = 1e-2):
+    """The benchmark's study config, with the JAX settings a run of it would have."""
+    from attnflow._study import prepare_jax
+
     cfg = af.validate_config(
         dict(n=n, d=d, members=members, t1=t1, dt=dt, solver="euler_renorm", metrics=["pair_density"],
              eps=eps, saves=round(t1 / dt) + 1, dtype="float32", beta=1.0, compilation_cache=False)
     )
+    prepare_jax(cfg)
+    return cfg
+
+
+def attnflow_phase_diagram(d: int, members: int, n: int, dt: float, t1: float, eps: float, **options):
+    """A solve of the workload (compiled by a first call, whose time is returned too);
+    `options` go to `solve_ensemble` (chunk_size, layout)."""
+    cfg = phase_config(d, members, n, dt, t1, eps)
     system = af.build_system(cfg)
     keys = jax.random.split(jax.random.key(0), members)
 
     def solve(beta):
         result = af.solve_ensemble(system, keys, jnp.asarray([beta], jnp.float32), t1=t1, dt=dt,
-                                   save_every=1, solver="euler_renorm")
+                                   save_every=1, solver="euler_renorm", **options)
         return jax.block_until_ready(result)
 
     start = time.perf_counter()
@@ -105,9 +134,10 @@ def main():
     dt, t1, eps = 0.1, 30.0, 1e-2
     steps = round(t1 / dt)
     print(f"machine: {describe()}")
+    print(f"float32 matmul precision: {jax.config.jax_default_matmul_precision or 'default'}")
     print(f"{args.rounds} interleaved rounds per d; medians (min-max of the matmul rate)")
     header = (f"{'d':>4} {'attnflow s':>11} {'compile s':>10} {'numpy s':>9} {'speed-up':>9} {'GFLOP/s':>8} "
-              f"{'matmul GFLOP/s':>18} {'of matmul':>10} {'|dP|':>7}")
+              f"{'matmul GFLOP/s':>18} {'of matmul':>10} {'exp G/s':>8} {'of exp':>7} {'|dP|':>7}")
     print(header)
     rows = []
     for d in args.dims:
@@ -115,8 +145,9 @@ def main():
         # The NumPy run starts from attnflow's own initial states, so both curves agree.
         x0 = np.asarray(jax.vmap(lambda k: system(k, args.beta)[1])(keys))
         flops = args.members * args.n**2 * d * (4 * steps + 2 * (steps + 1))
+        exps = args.members * args.n**2 * steps
         reference = np.asarray(solve(args.beta).stats["pair_density"][0])
-        samples = {"attnflow": [], "numpy": [], "matmul": []}
+        samples = {"attnflow": [], "numpy": [], "matmul": [], "exp": []}
         gaps = []
 
         def run_attnflow():
@@ -132,22 +163,26 @@ def main():
             gaps.append(float(np.max(np.abs(density.mean(0) - reference.mean(0)))))  # the curves agree
 
         for _ in range(args.rounds):
-            order = [run_attnflow, run_numpy, lambda: samples["matmul"].append(matmul_throughput())]
+            order = [run_attnflow, run_numpy, lambda: samples["matmul"].append(matmul_throughput()),
+                     lambda: samples["exp"].append(exp_throughput())]
             random.shuffle(order)
             for measure in order:
                 measure()
         jax_s, numpy_s = statistics.median(samples["attnflow"]), statistics.median(samples["numpy"])
         speedup = statistics.median(n_ / a for n_, a in zip(samples["numpy"], samples["attnflow"]))
         share = statistics.median(flops / a / m for a, m in zip(samples["attnflow"], samples["matmul"]))
+        exp_share = statistics.median(exps / a / e for a, e in zip(samples["attnflow"], samples["exp"]))
         peak = samples["matmul"]
         row = dict(d=d, attnflow_s=jax_s, compile_s=compile_s - jax_s, numpy_s=numpy_s, speedup=speedup,
                    gflops=flops / jax_s / 1e9, matmul_gflops=statistics.median(peak) / 1e9,
                    matmul_gflops_range=[min(peak) / 1e9, max(peak) / 1e9], matmul_fraction=share,
+                   exp_rate=statistics.median(samples["exp"]), exp_fraction=exp_share,
                    max_mean_density_gap=max(gaps), rounds=args.rounds)
         rows.append(row)
         matmul = f"{row['matmul_gflops']:.0f} ({min(peak) / 1e9:.0f}-{max(peak) / 1e9:.0f})"
         print(f"{d:>4} {jax_s:>11.2f} {row['compile_s']:>10.2f} {numpy_s:>9.2f} {speedup:>8.1f}x "
-              f"{row['gflops']:>8.1f} {matmul:>18} {share:>9.0%} {max(gaps):>7.3f}", flush=True)
+              f"{row['gflops']:>8.1f} {matmul:>18} {share:>9.0%} {row['exp_rate'] / 1e9:>8.2f} {exp_share:>6.0%} "
+              f"{max(gaps):>7.3f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=describe(), rows=rows), f, indent=2)

@@ -142,7 +142,7 @@ def test_overwrite_and_plot_do_not_make_a_different_run(tmp_path):
         pytest.param(["init=caps", "init.kk=3"], "init (caps) takes kind, k, radius, centres", id="typo-in-group"),
         pytest.param(["t1=${foo}"], "t1 holds an interpolation that cannot be resolved", id="interpolation"),
         pytest.param(["beta=[1,"], "cannot parse the command line", id="syntax"),
-        pytest.param(["n=40000", "members=100000"], "GiB", id="does-not-fit-in-memory"),
+        pytest.param(["n=40000", "members=100000", "attention_block=0"], "GiB", id="does-not-fit-in-memory"),
     ],
 )
 def test_bad_input_prints_one_error_line_and_writes_nothing(tmp_path, args, says):

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import attnflow as af
 
@@ -321,3 +322,150 @@ def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
     for ds in (first, loaded, retraced):
         np.testing.assert_array_equal(ds["x"].values, direct["x"].values)
         np.testing.assert_array_equal(ds["energy"].values, direct["energy"].values)
+
+
+# --- layouts, chunks and the memory of a member ------------------------------------------
+
+
+def test_members_last_layout_gives_the_numbers_of_members_first():
+    """The members-last evaluation of a piece is the same program: the states, every
+    statistic (the cluster count's while loop, the sizes' scatter, the rank's QR) and
+    the steps agree with `jax.vmap`'s layout, for two heads of per-member random
+    weights; 7 members in pieces of 3 wrap around."""
+    cfg = af.validate_config(_small(members=7, heads=2, solver="heun", save_states=True,
+                                    weights={"shared": False, "q": {"kind": "random"}, "k": {"kind": "random"}},
+                                    metrics=["energy", "pair_density", "clusters", "cluster_sizes", "attention_rank"]))
+    system = af.build_system(cfg)
+    keys = jax.random.split(jax.random.key(7), 7)
+    run = lambda layout: af.solve_ensemble(system, keys, jnp.asarray([0.5, 4.0]), t1=2.0, dt=0.1, save_every=5,
+                                           solver="heun", chunk_size=3, layout=layout)
+    first, last = run("members_first"), run("members_last")
+    assert set(first.stats) == set(last.stats)
+    for name, value in first.stats.items():
+        assert last.stats[name].dtype == value.dtype, name
+        if np.issubdtype(value.dtype, np.floating):
+            np.testing.assert_allclose(last.stats[name], value, rtol=1e-12, atol=1e-13, err_msg=name)
+        else:
+            np.testing.assert_array_equal(last.stats[name], value, err_msg=name)
+    np.testing.assert_array_equal(last.num_steps, first.num_steps)
+    with pytest.raises(af.ConfigError, match="unknown ensemble layout 'rows'"):
+        af.solve_ensemble(system, keys, jnp.asarray([0.5]), t1=2.0, dt=0.1, layout="rows")
+
+
+def test_members_last_evaluates_loops_conditions_and_gathers_like_vmap():
+    """The layout's rules on a program of their own: a scan whose carry starts shared
+    and becomes per-member, a cond on the step, a while loop with a per-member
+    condition, gathers and scatters at shared indices, products with one or both
+    operands per member, reductions and reshapes."""
+    from attnflow._ensemble import members_last
+
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((3, 4)))
+
+    def f(x, b):  # x: (3, 4), b: ()
+        def step(carry, k):
+            y, acc = carry
+            y = jnp.tanh((y @ w.T) @ w + b * k)
+            acc = acc + lax.cond(k % 2 == 0, lambda: jnp.sum(y, axis=0), lambda: jnp.max(y, axis=0))
+            return (y, acc), y[1, ::2]
+
+        (y, acc), ys = lax.scan(step, (x, jnp.zeros(4)), jnp.arange(5.0))
+        count = lax.while_loop(lambda c: c[1] < 10 * jnp.abs(b), lambda c: (c[0] + 1, c[1] + 1.0), (0, 0.0))[0]
+        buffer = jnp.zeros((6, 3)).at[2].set(y[:, 0]).at[jnp.array([0, 5])].add(jnp.ones((2, 3)) * b)
+        return dict(y=y.reshape(-1), acc=acc, ys=ys, count=count, buffer=buffer, g=jnp.einsum("ij,kj->ik", y, x),
+                    wy=w @ y.T, sorted=jnp.sort(y, axis=1), cum=jnp.cumsum(y, axis=0))
+
+    xs = jnp.asarray(np.random.default_rng(1).standard_normal((6, 3, 4)))
+    bs = jnp.linspace(-0.5, 0.7, 6)
+    expected = jax.vmap(f)(xs, bs)
+    got = jax.jit(lambda x, b: members_last(f, x, b))(xs, bs)
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-13, atol=1e-14, err_msg=name)
+
+
+def _plan(d: int, n: int = 32, **options):
+    from attnflow._ensemble import EnsemblePlan
+
+    cfg = af.validate_config(dict(n=n, d=d, members=512, beta=1.0, t1=1.0, dt=0.1, saves=11, dtype="float32",
+                                  solver="euler_renorm", metrics=["pair_density"]))
+    keys = jax.random.split(jax.random.key(0), cfg.members)
+    return EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32), t1=1.0, dt=0.1, save_every=1,
+                        solver="euler_renorm", **options)
+
+
+def test_default_layout_is_members_last_only_for_fixed_steps_at_small_d_on_a_cpu():
+    from attnflow._ensemble import MEMBERS_LAST_UP_TO, default_layout
+
+    assert _plan(2).layout == "members_last"
+    assert _plan(MEMBERS_LAST_UP_TO + 1).layout == "members_first"
+    assert _plan(2, layout="members_first").layout == "members_first"
+    member = _plan(2).member
+    assert default_layout(member, adaptive=True) == "members_first"
+    assert default_layout(member, adaptive=False, platform="gpu") == "members_first"
+    assert default_layout(member, adaptive=False, piece_size=8) == "members_first"  # too few to fill a vector
+
+
+def test_a_members_footprint_counts_state_stages_heads_and_pairs():
+    """The working set grows as n d with the state (one more n d per Runge-Kutta stage)
+    and as n^2 with the logits (per head unless Q and K are the identity) and the
+    statistics; on the tiled path it grows linearly in n."""
+    from attnflow._ensemble import member_footprint
+
+    def footprint(stages=1, **overrides):
+        cfg = af.validate_config({**dict(n=32, d=8, members=1, beta=1.0, dtype="float32",
+                                         metrics=["pair_density"]), **overrides})
+        member = jax.eval_shape(lambda: af.build_system(cfg)(jax.random.key(0), jnp.float32(1.0)))
+        return member_footprint(member, stages, saves=11)
+
+    base = footprint()
+    item, n, d = 4, 32, 8
+    assert footprint(stages=4).working - base.working == 3 * item * n * d  # three more slopes
+    assert footprint(d=16).state == 2 * base.state
+    assert footprint(n=64).pairwise == 4 * base.pairwise
+    # Random Q and K: logits per head, queries and keys per head.
+    two = footprint(heads=2, weights={"q": {"kind": "random"}, "k": {"kind": "random"}})
+    assert two.pairwise - base.pairwise == 2 * item * n * n  # one more head's logits and exps
+    assert two.attention - base.attention == item * 2 * n * (2 * d) + item * n * d  # q, k per head; mixed per head
+    # Tiles: the pairwise memory per token is the same at 4096 and 8192 tokens.
+    tiled = [footprint(n=m, d=2).pairwise / m for m in (4096, 8192)]
+    assert tiled[0] == tiled[1] < 4096 * item
+
+
+def test_default_chunk_fills_the_cpu_cache_or_a_quarter_of_an_accelerators_memory():
+    from attnflow._ensemble import CPU_CHUNK_BYTES, MemberFootprint, default_chunk
+
+    member = MemberFootprint(state=10_000, attention=5_000, pairwise=25_000, output=1_000)
+    cpu = default_chunk("cpu", 64 * 2**30, member)
+    assert cpu == CPU_CHUNK_BYTES // 40_000 == default_chunk("cpu", 2**30, member)  # not the memory's to decide
+    assert cpu * member.working <= CPU_CHUNK_BYTES < (cpu + 1) * member.working
+    gpu = [default_chunk("gpu", memory, member) for memory in (2**30, 2**34)]
+    assert gpu == [2**30 // (4 * 40_000), 2**34 // (4 * 40_000)]
+    assert default_chunk("gpu", 1000, member) == default_chunk("cpu", 1000, MemberFootprint(10**9, 0, 0, 0)) == 1
+    # The plans follow: the chunk shrinks as the member grows with d.
+    sizes = [_plan(d).piece_size for d in (2, 32, 128)]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1]
+    for d, size in zip((2, 32, 128), sizes):
+        assert size * _plan(d).footprint.working <= CPU_CHUNK_BYTES
+
+
+def test_rank_by_pivoted_qr_counts_what_the_svd_counts_on_low_rank_and_clustered_maps():
+    """`attention_rank` reads the rank off a QR factorization with column pivoting: on
+    rank-r products (float32 and float64) and on the attention maps of tokens sitting in
+    k clusters (k distinct rows), and on a near-identity map, it equals the SVD's count."""
+    from attnflow._metrics import numerical_rank
+    from systems import identity_field
+
+    rng = np.random.default_rng(5)
+    for dtype in (np.float32, np.float64):
+        for r in (1, 2, 5, 9, 12):
+            a = jnp.asarray(rng.standard_normal((12, r)) @ rng.standard_normal((r, 12)), dtype)
+            assert int(numerical_rank(a)) == int(numerical_rank(a, method="svd")) == r
+    for k, beta in ((1, 3.0), (3, 3.0), (5, 30.0)):
+        centres = rng.standard_normal((k, 4))
+        x = jnp.asarray(centres[rng.integers(0, k, 16)] / np.linalg.norm(centres, axis=1).max())
+        x = x.at[:k].set(centres / np.linalg.norm(centres, axis=1).max())  # every cluster present
+        a = identity_field(4, beta).attention_weights(0.0, x / jnp.linalg.norm(x, axis=1, keepdims=True))[0]
+        assert int(numerical_rank(a)) == int(numerical_rank(a, method="svd")) == k
+    a = identity_field(8, 40.0).attention_weights(0.0, jnp.eye(8))[0]
+    assert int(numerical_rank(a)) == int(numerical_rank(a, method="svd")) == 8
+    with pytest.raises(af.ConfigError, match="unknown rank method"):
+        numerical_rank(a, method="lu")

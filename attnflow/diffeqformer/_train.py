@@ -560,7 +560,8 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = Non
     """Train as `cfg` says, into the run folder `cfg.folder`, resuming from its latest
     state when it holds this run. `on_step(step, info)` is called after every step
     (`info`: the step's loss, and the validation loss on validation steps); `show`
-    draws a progress bar (default: when stderr is a terminal). Ctrl-C
+    draws a progress bar (default: when stderr is a terminal, or under another drawn
+    bar, as an experiment's). Ctrl-C
     (KeyboardInterrupt) stops the run with its latest state intact and re-raises."""
     import equinox as eqx
     import jax
@@ -615,9 +616,8 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = Non
         save_state(run.state, s.module, opt_state, 0, 0.0, record)
     step, saved, recent = start, start, []
     clock, mark, tokens = time.perf_counter(), time.perf_counter(), 0
-    show = sys.stderr.isatty() if show is None else show
     try:
-        with Progress(f"train {cfg.model}", cfg.train_steps, show=show) as bar:
+        with Progress(f"train {cfg.model}", cfg.train_steps, unit="steps", show=show) as bar:
             bar.advance(start)
             while step < cfg.train_steps:
                 params, opt_state, value = step_fn(params, static, opt_state, corpus, jax.random.fold_in(data_key, step))

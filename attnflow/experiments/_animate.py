@@ -163,6 +163,7 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
     """
     from matplotlib import animation as mpl_animation
 
+    from .._progress import Progress
     from .._store import _write_atomically
     from ._common import pyplot
 
@@ -235,9 +236,10 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
     def write(tmp: Path) -> None:
         # The writers pick the format from the file name: write under the real suffix
         # in a scratch folder, then move the file to the temporary name.
-        with tempfile.TemporaryDirectory(prefix="attnflow-animation-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="attnflow-animation-") as scratch, \
+                Progress(f"animation {path.name}", len(shown), unit="frames") as bar:
             out = Path(scratch) / f"animation{suffix}"
-            movie.save(out, writer=writer, dpi=dpi)
+            movie.save(out, writer=writer, dpi=dpi, progress_callback=lambda i, count: bar.advance())
             shutil.move(out, tmp)
 
     try:

@@ -49,6 +49,7 @@ EXPERIMENTS = (
     "sensitivity",
     "diffeqformer",
     "adaptive_depth",
+    "long_context",
 )
 
 
@@ -104,7 +105,9 @@ class ExperimentPlan:
 
     @property
     def pieces(self) -> int:
-        return sum(plan.pieces for _, plan in self.studies.values())
+        """Units of progress: the studies' pieces, and the experiment's own (its `pieces`)."""
+        own = getattr(self.module, "pieces", None)
+        return sum(plan.pieces for _, plan in self.studies.values()) + (own(self.cfg, self.options) if own else 0)
 
 
 def plan_experiment(cfg: Config) -> ExperimentPlan:
@@ -154,7 +157,11 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
             if len(plan.studies) > 1:
                 error.args = (f"panel {label}: {error}",)
             raise
-    ds = plan.module.analyse(plan.cfg, plan.options, results)
+    if getattr(plan.module, "pieces", None) is not None:
+        # An experiment that counts its own pieces reports them as it computes them.
+        ds = plan.module.analyse(plan.cfg, plan.options, results, on_piece=on_piece)
+    else:
+        ds = plan.module.analyse(plan.cfg, plan.options, results)
     ds.attrs.update(
         config=config_yaml(plan.cfg),
         experiment=plan.name,

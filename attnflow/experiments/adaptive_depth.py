@@ -39,6 +39,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
+from .._progress import Progress
 from ._common import caption, pyplot, save
 from .diffeqformer import check_train_overrides, read_metrics, run_record, trained_run
 
@@ -191,30 +192,38 @@ def analyse(cfg, options, results) -> xr.Dataset:
         return evaluated[key]
 
     zero = np.zeros((2, len(steps)))
-    for j, n in enumerate(steps):
-        solved = model.with_steps(n)
-        zero[0, j] = loss(f"s{n}", solved, pretrained, target, fine_settings)
-        zero[1, j] = loss(f"s{n}", solved, pretrained, source, own["diffeqformer"])
-    gpt_zero = [loss("gpt", gpt, baseline, target, {**fine_settings, "solver": "euler"}),
-                loss("gpt", gpt, baseline, corpus_name(own["gpt"]["corpus"]), own["gpt"])]
+    with Progress("zero-shot losses", len(steps) + 1, unit="models") as bar:
+        for j, n in enumerate(steps):
+            solved = model.with_steps(n)
+            zero[0, j] = loss(f"s{n}", solved, pretrained, target, fine_settings)
+            zero[1, j] = loss(f"s{n}", solved, pretrained, source, own["diffeqformer"])
+            bar.advance()
+        gpt_zero = [loss("gpt", gpt, baseline, target, {**fine_settings, "solver": "euler"}),
+                    loss("gpt", gpt, baseline, corpus_name(own["gpt"]["corpus"]), own["gpt"])]
+        bar.advance()
 
     out = finetune_folder(options)
     rank = int(options["lora_rank"])
     final = np.full((len(methods), len(steps)), np.nan)
     start, seconds = np.full_like(final, np.nan), np.full_like(final, np.nan)
     curves = {}
-    for i, method in enumerate(methods):
-        for j, n in enumerate(steps):
-            lines = _finetune(out / _run_label("diffeqformer", n, method, rank), "diffeqformer", pretrained, n, method,
-                              options)
-            final[i, j], start[i, j], seconds[i, j] = lines[-1]["val_loss"], lines[0]["val_loss"], lines[-1]["time"]
-            curves[(method, n)] = lines
     gpt_final, gpt_start, gpt_seconds = (np.full(len(methods), np.nan) for _ in range(3))
-    for i, method in enumerate(methods):
-        lines = _finetune(out / _run_label("gpt", gpt.depth, method, rank), "gpt", baseline, gpt.depth, method,
-                          options)
-        gpt_final[i], gpt_start[i], gpt_seconds[i] = lines[-1]["val_loss"], lines[0]["val_loss"], lines[-1]["time"]
-        curves[(method, "gpt")] = lines
+    # Each fine-tuning run (read back when finished, trained otherwise) draws its own
+    # line of steps under this one.
+    with Progress("fine-tuning runs", len(methods) * (len(steps) + 1), unit="runs") as bar:
+        for i, method in enumerate(methods):
+            for j, n in enumerate(steps):
+                lines = _finetune(out / _run_label("diffeqformer", n, method, rank), "diffeqformer", pretrained, n,
+                                  method, options)
+                final[i, j], start[i, j], seconds[i, j] = lines[-1]["val_loss"], lines[0]["val_loss"], lines[-1]["time"]
+                curves[(method, n)] = lines
+                bar.advance()
+        for i, method in enumerate(methods):
+            lines = _finetune(out / _run_label("gpt", gpt.depth, method, rank), "gpt", baseline, gpt.depth, method,
+                              options)
+            gpt_final[i], gpt_start[i], gpt_seconds[i] = lines[-1]["val_loss"], lines[0]["val_loss"], lines[-1]["time"]
+            curves[(method, "gpt")] = lines
+            bar.advance()
 
     eval_steps = sorted({e["step"] for lines in curves.values() for e in lines})
     curve = np.full((len(methods), len(steps) + 1, len(eval_steps)), np.nan)

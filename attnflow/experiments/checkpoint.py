@@ -35,6 +35,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
+from .._progress import Progress
 from ._common import caption, config_of, pyplot, save
 
 TITLE = "A trained transformer against its dynamics and the theory"
@@ -142,14 +143,21 @@ def analyse(cfg, options, results) -> xr.Dataset:
     runs, states = [], []
     layer_map = depth_flow(checkpoint)
     flow = depth_flow(checkpoint, options["interpolation"])
-    for steps in options["steps"]:
-        runs.append(_label(steps))
-        states.append(run_depth(layer_map if steps == 1 else flow, hidden[0], steps_per_layer=steps))
-    if options["adaptive"] and checkpoint.arrangement != "post":
-        runs.append("adaptive")
-        states.append(run_depth(flow, hidden[0], adaptive=True))
-    runs.append("theory")
-    states.append(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt)))
+    adaptive = options["adaptive"] and checkpoint.arrangement != "post"
+    with Progress(f"{checkpoint.name or 'checkpoint'}: runs through depth", len(options["steps"]) + adaptive + 1,
+                  unit="runs") as bar:
+        for steps in options["steps"]:
+            runs.append(_label(steps))
+            states.append(jax.block_until_ready(run_depth(layer_map if steps == 1 else flow, hidden[0],
+                                                          steps_per_layer=steps)))
+            bar.advance()
+        if adaptive:
+            runs.append("adaptive")
+            states.append(jax.block_until_ready(run_depth(flow, hidden[0], adaptive=True)))
+            bar.advance()
+        runs.append("theory")
+        states.append(jax.block_until_ready(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt))))
+        bar.advance()
     simulated = jnp.stack(states)
 
     sources = ["model"] + runs

@@ -85,6 +85,7 @@ import xarray as xr
 from jaxtyping import Array, Float
 
 from .._errors import ConfigError
+from .._progress import Progress
 from .._schedules import AbstractSchedule
 from ._common import caption, pyplot, save
 
@@ -309,14 +310,16 @@ def training_statistics(folder: Path, tokens: int, seed: int) -> xr.Dataset:
     _, inputs, targets, log_u = _validation_sample(folder, tokens, seed)
     rows = {"energy": [], "energy_spread": [], "kl": [], "sample_loss": []}
     found = snapshots(folder)
-    for path in found.values():
-        checkpoint = load_checkpoint(path)
-        energy, kl, loss = (np.asarray(a, np.float64) for a in _output_statistics(
-            checkpoint, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(log_u, checkpoint.embed.dtype)))
-        rows["energy"].append(energy.mean())
-        rows["energy_spread"].append(energy.std())
-        rows["kl"].append(kl.mean())
-        rows["sample_loss"].append(loss.mean())
+    with Progress(f"snapshots of {folder.name}", len(found), unit="snapshots") as bar:
+        for path in found.values():
+            checkpoint = load_checkpoint(path)
+            energy, kl, loss = (np.asarray(a, np.float64) for a in _output_statistics(
+                checkpoint, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(log_u, checkpoint.embed.dtype)))
+            rows["energy"].append(energy.mean())
+            rows["energy_spread"].append(energy.std())
+            rows["kl"].append(kl.mean())
+            rows["sample_loss"].append(loss.mean())
+            bar.advance()
     return xr.Dataset({k: ("snapshot_step", np.asarray(v)) for k, v in rows.items()},
                       coords={"snapshot_step": np.asarray(list(found), np.int64)},
                       attrs={"sequences": int(inputs.shape[0]), "context": int(inputs.shape[1])})
@@ -594,16 +597,22 @@ def analyse(cfg, options, results) -> xr.Dataset:
     tokenizer = load_tokenizer(folders["diffeqformer"] / "model")
     ids = _sentence_ids(folders["diffeqformer"] / "model", options["sentence"])
 
-    print("attnflow: losses and the energy of the output states across training ...", flush=True)
-    losses = _losses(folders)
-    training = xr.concat([training_statistics(folders[name], int(options["tokens"]), int(cfg.seed))
-                          .expand_dims(model=[name]) for name in MODELS], dim="model", join="outer")
-    print("attnflow: QK/OV spectra across depth ...", flush=True)
-    spectra = _spectra(model, gpt, int(options["spectra_steps"]))
-    print("attnflow: token sensitivity of the sentence ...", flush=True)
-    sensitivity = _sensitivity(model, gpt, ids, tokenizer)
-    print("attnflow: clustering under the learned attention ...", flush=True)
-    theory = _theory(model, ids, float(options["cluster_horizon"]), float(options["frozen_at"]), float(cfg.eps))
+    with Progress("DiffEqFormer analysis", 4, unit="stages") as bar:
+        stage = lambda text: print(f"attnflow: {text} ...", flush=True) if not bar.show else bar.describe(text)
+        stage("losses and the energy of the output states across training")
+        losses = _losses(folders)
+        training = xr.concat([training_statistics(folders[name], int(options["tokens"]), int(cfg.seed))
+                              .expand_dims(model=[name]) for name in MODELS], dim="model", join="outer")
+        bar.advance()
+        stage("QK/OV spectra across depth")
+        spectra = _spectra(model, gpt, int(options["spectra_steps"]))
+        bar.advance()
+        stage("token sensitivity of the sentence")
+        sensitivity = _sensitivity(model, gpt, ids, tokenizer)
+        bar.advance()
+        stage("clustering under the learned attention")
+        theory = _theory(model, ids, float(options["cluster_horizon"]), float(options["frozen_at"]), float(cfg.eps))
+        bar.advance()
 
     ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="drop")
     ds["energy"].attrs["description"] = ("normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j)) of the "

@@ -27,6 +27,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
+from .._progress import Progress
 from ._common import caption, config_of, pyplot, save, wireframe_sphere
 
 TITLE = "Flow-matching surrogate of the attention flow"
@@ -99,28 +100,37 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     # One stream of randomness for the surrogate, apart from the members' own.
     k_init, k_fit = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), 1))
     field = FlowMatchingField(d, width=options["width"], depth=options["depth"], key=k_init, dtype=x.dtype)
-    field, train_loss, test_loss = fit_flow_matching(
-        field, tokens(train[:, 0]), tokens(train[:, -1]), key=k_fit, steps=options["train_steps"],
-        batch_size=options["batch_size"], learning_rate=options["learning_rate"],
-        test=(tokens(test[:, 0]), tokens(test[:, -1])))
+    # Each stage is one compiled call: the line counts stages (the training's steps run
+    # inside its call).
+    with Progress("flow matching", 3, unit="stages") as bar:
+        bar.describe(f"flow matching: {options['train_steps']} training steps")
+        field, train_loss, test_loss = jax.block_until_ready(fit_flow_matching(
+            field, tokens(train[:, 0]), tokens(train[:, -1]), key=k_fit, steps=options["train_steps"],
+            batch_size=options["batch_size"], learning_rate=options["learning_rate"],
+            test=(tokens(test[:, 0]), tokens(test[:, -1]))))
+        bar.advance()
 
-    time = ds["time"].values
-    s = (time - time[0]) / (time[-1] - time[0])
-    pushed = push_forward(field, test[:, 0], s, steps=options["surrogate_steps"])  # (test member, time, token, dim)
+        bar.describe("flow matching: the held-out members carried by the surrogate")
+        time = ds["time"].values
+        s = (time - time[0]) / (time[-1] - time[0])
+        pushed = jax.block_until_ready(push_forward(field, test[:, 0], s, steps=options["surrogate_steps"]))
+        bar.advance()  # pushed: (test member, time, token, dim)
 
-    eps = float(options["epsilon"])
-    # One pair after the other (`lax.map`): each Sinkhorn loop stops when it converges.
-    compare = jax.jit(lambda a, b: jax.lax.map(lambda ab: sinkhorn_distance(*ab, epsilon=eps), (a, b)))
-    at = np.unique(np.round(np.linspace(0, saves - 1, options["distance_times"])).astype(int))
-    first = jnp.broadcast_to(test[:, :1], test[:, at].shape)
-    pooled = lambda a: a.swapaxes(0, 1).reshape(a.shape[1], -1, d)  # (time, tokens of every member, dim)
-    # Surrogate against attention at matched times, and attention against its start.
-    distances = compare(pooled(jnp.concatenate([pushed[:, at], first], 1)),
-                        pooled(jnp.concatenate([test[:, at], test[:, at]], 1)))
-    surrogate_distance, attention_distance = np.asarray(distances).reshape(2, -1)
-    # Whole configurations: each held-out member one point of R^(n d).
-    joint, joint_reference = np.asarray(compare(jnp.stack([pushed[:, -1], test[:, 0]]).reshape(2, held_out, -1),
-                                                jnp.stack([test[:, -1], test[:, -1]]).reshape(2, held_out, -1)))
+        bar.describe("flow matching: transport distances")
+        eps = float(options["epsilon"])
+        # One pair after the other (`lax.map`): each Sinkhorn loop stops when it converges.
+        compare = jax.jit(lambda a, b: jax.lax.map(lambda ab: sinkhorn_distance(*ab, epsilon=eps), (a, b)))
+        at = np.unique(np.round(np.linspace(0, saves - 1, options["distance_times"])).astype(int))
+        first = jnp.broadcast_to(test[:, :1], test[:, at].shape)
+        pooled = lambda a: a.swapaxes(0, 1).reshape(a.shape[1], -1, d)  # (time, tokens of every member, dim)
+        # Surrogate against attention at matched times, and attention against its start.
+        distances = compare(pooled(jnp.concatenate([pushed[:, at], first], 1)),
+                            pooled(jnp.concatenate([test[:, at], test[:, at]], 1)))
+        surrogate_distance, attention_distance = np.asarray(distances).reshape(2, -1)
+        # Whole configurations: each held-out member one point of R^(n d).
+        joint, joint_reference = np.asarray(compare(jnp.stack([pushed[:, -1], test[:, 0]]).reshape(2, held_out, -1),
+                                                    jnp.stack([test[:, -1], test[:, -1]]).reshape(2, held_out, -1)))
+        bar.advance()
 
     test_members = ds["member"].values[-held_out:]
     described = lambda dims, value, text: (dims, np.asarray(value), {"description": text})

@@ -55,6 +55,7 @@ from .._build import betas_of, build_system, validate_config
 from .._config import Config, _default_config
 from .._errors import ConfigError
 from .._grid import step_count
+from .._progress import Progress
 from .._solvers import tableau
 from .._store import in_background
 from ..lyapunov import lyapunov_spectrum
@@ -252,13 +253,15 @@ def ensemble_spectra(cfg: Config, k: int, every: int) -> Spectra:
     size = math.ceil(pairs / pieces)
     beta_array = jnp.asarray(betas, dtype)
     exponents, running = [], []
-    for i in range(pieces):
-        index = np.arange(i * size, (i + 1) * size) % pairs  # the last piece wraps around
-        out = in_background(lambda index=index: jax.device_get(_piece(
-            system, keys, beta_array, (index % members).astype(np.int32), (index // members).astype(np.int32),
-            span, k, every, cfg.solver.value)))
-        exponents.append(out[0])
-        running.append(out[1])
+    with Progress("Lyapunov spectra", pairs, unit="members") as bar:
+        for i in range(pieces):
+            index = np.arange(i * size, (i + 1) * size) % pairs  # the last piece wraps around
+            out = in_background(lambda index=index: jax.device_get(_piece(
+                system, keys, beta_array, (index % members).astype(np.int32), (index // members).astype(np.int32),
+                span, k, every, cfg.solver.value)))
+            exponents.append(out[0])
+            running.append(out[1])
+            bar.advance(min(size, pairs - i * size))
     exponents = np.concatenate(exponents)[:pairs].reshape(count, members, k).astype(np.float64)
     running = np.concatenate(running)[:pairs].reshape(count, members, -1, k).astype(np.float64)
     steps = step_count(cfg.t0, cfg.t1, cfg.dt)

@@ -50,6 +50,7 @@ import xarray as xr
 import yaml
 
 from .._errors import ConfigError
+from .._progress import Progress
 from ..metastability import detect_metastability
 from ._common import caption, config_of, pyplot, save, stack_panels, wireframe_sphere
 from ._runner import merge_overrides
@@ -154,27 +155,34 @@ def _predictions(res: xr.Dataset, found: xr.Dataset, config: Mapping) -> np.ndar
     t, t0 = res["time"].values, float(config["t0"])
     beta, eps = float(config["beta"]), float(config["eps"])
     clusters = res["clusters"].values
-    for m in range(members):
-        pairs = np.flatnonzero((found["merge_from"].values[m] == 2) & (found["merge_to"].values[m] == 1))
-        if not pairs.size:
-            continue
-        merged = found["merge_time"].values[m, pairs[-1]]
-        two = np.flatnonzero((clusters[m] == 2) & (t > t0) & (t < merged))
-        if not two.size:
-            continue
-        middle = t0 + np.sqrt((t[two[0]] - t0) * (merged - t0))
-        k = two[np.argmin(abs(np.log(t[two] - t0) - np.log(middle - t0)))]
-        x = res["x"].values[m, k]
-        labels = _cluster_labels(x, eps)
-        ids = np.unique(labels)
-        if ids.size != 2:
-            continue
-        centres = [x[labels == i].sum(0) for i in ids]
-        centres = [c / np.linalg.norm(c) for c in centres]
-        theta = float(np.arccos(np.clip(centres[0] @ centres[1], -1, 1)))
-        mass = float(np.mean(labels == ids[0]))
-        out[m] = t[k] + two_cluster_time(theta, mass, beta, eps)
+    with Progress("two-cluster predictions", members, unit="members") as bar:
+        for m in range(members):
+            out[m] = _prediction(res, found, clusters, m, t, t0, beta, eps)
+            bar.advance()
     return out
+
+
+def _prediction(res, found, clusters, m: int, t, t0: float, beta: float, eps: float) -> float:
+    """The two-cluster prediction of member m's last 2 -> 1 merge (NaN where none)."""
+    pairs = np.flatnonzero((found["merge_from"].values[m] == 2) & (found["merge_to"].values[m] == 1))
+    if not pairs.size:
+        return np.nan
+    merged = found["merge_time"].values[m, pairs[-1]]
+    two = np.flatnonzero((clusters[m] == 2) & (t > t0) & (t < merged))
+    if not two.size:
+        return np.nan
+    middle = t0 + np.sqrt((t[two[0]] - t0) * (merged - t0))
+    k = two[np.argmin(abs(np.log(t[two] - t0) - np.log(middle - t0)))]
+    x = res["x"].values[m, k]
+    labels = _cluster_labels(x, eps)
+    ids = np.unique(labels)
+    if ids.size != 2:
+        return np.nan
+    centres = [x[labels == i].sum(0) for i in ids]
+    centres = [c / np.linalg.norm(c) for c in centres]
+    theta = float(np.arccos(np.clip(centres[0] @ centres[1], -1, 1)))
+    mass = float(np.mean(labels == ids[0]))
+    return t[k] + two_cluster_time(theta, mass, beta, eps)
 
 
 def _labels_before_last_merge(x: np.ndarray, t: np.ndarray, found: xr.Dataset, member: int,

@@ -26,6 +26,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import CheckpointError, ConfigError
+from .._progress import Progress
 from .._solvers import SOLVERS
 from ._common import caption, config_of, pyplot, save
 from .checkpoint import _loaded
@@ -80,6 +81,8 @@ def _prediction(checkpoint, tokenizer, last_state) -> tuple[int, str]:
 
 
 def analyse(cfg, options, results) -> xr.Dataset:
+    import jax
+
     from ..checkpoints import depth_flow, forward
     from ..sensitivity import token_sensitivity
 
@@ -88,8 +91,15 @@ def analyse(cfg, options, results) -> xr.Dataset:
     strings = tokenizer.tokens(ids)
     model = forward(checkpoint, ids)
     steps = int(options["steps"])
-    result = token_sensitivity(depth_flow(checkpoint), model.hidden[0], dt=1.0 / steps, outputs=options["outputs"],
-                               solver=options["solver"])
+    outputs = options["outputs"]
+    count = ids.size if outputs is None else (len(outputs) if isinstance(outputs, list) else 1)
+    # One compiled call for every output token (its outputs are static): the line shows
+    # the time spent on it.
+    with Progress(f"sensitivity of {count} output token{'s' if count > 1 else ''} over {checkpoint.depth} layers", 1,
+                  unit="solves") as bar:
+        result = jax.block_until_ready(token_sensitivity(depth_flow(checkpoint), model.hidden[0], dt=1.0 / steps,
+                                                         outputs=outputs, solver=options["solver"]))
+        bar.advance()
     predicted, predicted_string = _prediction(checkpoint, tokenizer, model.hidden[-1][-1])
     n = ids.size
     return xr.Dataset(

@@ -1,0 +1,170 @@
+"""Sweeps on Hydra's launchers, run as real subprocesses the way a researcher runs them.
+
+The joblib launcher runs a sweep's jobs in parallel local processes and the submitit
+launcher as submitit jobs (its local executor here: one subprocess per job, as SLURM
+would run them on its nodes). Whatever ran them, a sweep must give the numbers the basic
+launcher gives (same seed, same results), run every job whatever the others do, name
+its failed jobs and exit non-zero, resume after being killed without recomputing a
+finished job (a half-finished one from its pieces), and leave a folder that `attnflow
+report` reads. Each subprocess pays JAX's start-up, so the sweeps are tiny and few.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+from attnflow._report import report, summary_table
+
+pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install 'attnflow[joblib]'")
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install 'attnflow[slurm]'")
+
+ATTNFLOW = Path(sys.executable).with_name("attnflow")
+if not ATTNFLOW.exists():
+    ATTNFLOW = Path(shutil.which("attnflow") or ATTNFLOW)
+
+# Four jobs: beta=1 with 2 members (one piece) and 2048 members (16 pieces of 128, a few
+# seconds: the job that is interrupted half-way), and the same two with beta=-1, which
+# no run accepts.
+SWEEP = ["-m", "beta=1,-1", "members=2,2048", "chunk_size=128", "n=32", "d=3", "t1=20", "dt=0.1", "saves=3",
+         "plot=false"]
+JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+
+
+def environment() -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("HYDRA_FULL_ERROR", None)  # it would turn the one-line errors into tracebacks
+    return env
+
+
+def attnflow(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ATTNFLOW), *args], cwd=cwd, env=environment(), capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def load(path: Path) -> xr.Dataset:
+    with xr.open_dataset(path, engine="netcdf4") as ds:
+        return ds.load()
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+def assert_failed_jobs_named(proc: subprocess.CompletedProcess, failed: list[str], jobs: int) -> None:
+    """Exit code 2; the last line names every failed job (its number and overrides)."""
+    assert proc.returncode == 2, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    last = error_lines(proc)[-1]
+    assert last.startswith(f"attnflow: error: {len(failed)} of {jobs} jobs failed: "), proc.stderr
+    for job in failed:
+        assert f"{job} (" in last, last
+    for line in error_lines(proc)[:-1]:
+        assert line.startswith("attnflow: error: job "), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def basic(tmp_path_factory) -> Path:
+    """The sweep on Hydra's basic launcher: every job in turn, in one process."""
+    folder = tmp_path_factory.mktemp("basic")
+    proc = attnflow(*SWEEP, f"hydra.sweep.dir={folder}", cwd=folder)
+    assert_failed_jobs_named(proc, ["job 2", "job 3"], jobs=4)
+    return folder
+
+
+def test_joblib_sweep_equals_the_basic_one_and_resumes_after_a_kill(basic, tmp_path):
+    sweep = tmp_path / "joblib"
+    args = [*SWEEP, *JOBLIB, f"hydra.sweep.dir={sweep}"]
+    pieces = sweep / "1" / ".attnflow-pieces"
+
+    # Killed (SIGTERM, as a scheduler or `timeout` does) once job 0 has finished and
+    # job 1 is half-way through its pieces.
+    proc = subprocess.Popen([str(ATTNFLOW), *args], cwd=tmp_path, env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline and not (
+            (sweep / "0" / "results.nc").exists() and len(list(pieces.glob("piece-*.npz"))) >= 2):
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the sweep ended before it could be killed\n{proc.communicate()}"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("attnflow: interrupted; the finished jobs"), stderr
+    assert "resumes" in lines[0] and "Traceback" not in stderr
+    assert not (sweep / "1" / "results.nc").exists()
+    kept = len(list(pieces.glob("piece-*.npz")))
+    assert 2 <= kept < 16
+    finished = (sweep / "0" / "results.nc").stat().st_mtime_ns
+
+    # The same command again: job 0 is skipped, job 1 resumes from its pieces (its
+    # worker was stopped with the sweep: nothing holds its folder), jobs 2 and 3 fail
+    # again without stopping the others, and the sweep exits 2 naming them.
+    resumed = attnflow(*args, cwd=tmp_path)
+    assert_failed_jobs_named(resumed, ["job 2", "job 3"], jobs=4)
+    assert f"{sweep / '0' / 'results.nc'} already holds this run; skipping it." in resumed.stdout, resumed.stdout
+    assert f"resuming from {kept} of 16 finished pieces in {pieces}" in resumed.stdout, resumed.stdout
+    assert (sweep / "0" / "results.nc").stat().st_mtime_ns == finished
+    assert not pieces.exists()
+    for job in ("2", "3"):
+        assert "every beta must be positive" in (sweep / job / "error.txt").read_text()
+        assert not (sweep / job / "results.nc").exists()
+
+    # Result for result, the numbers of the basic launcher's sweep (job 1's assembled
+    # from the pieces of two processes).
+    for job in ("0", "1"):
+        ours, theirs = load(sweep / job / "results.nc"), load(basic / job / "results.nc")
+        assert ours.attrs["config"] == theirs.attrs["config"]
+        assert yaml.safe_load(ours.attrs["config"])["members"] == (2 if job == "0" else 2048)
+        assert set(ours.data_vars) == set(theirs.data_vars) and ours["energy"].sizes["member"] > 1
+        for name in ours.data_vars:
+            np.testing.assert_array_equal(ours[name].values, theirs[name].values, err_msg=f"job {job}: {name}")
+    assert not list(sweep.rglob("*.tmp"))
+
+
+def test_submitit_local_sweep_runs_jobs_as_subprocesses_and_its_report_reads(tmp_path):
+    sweep = tmp_path / "submitit"
+    proc = attnflow("-m", "hydra/launcher=submitit_local", "d=2,3,0", "n=4", "members=2", "beta=[1,2]", "t1=1",
+                    "dt=0.1", "saves=3", "plot=false", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    # The failed job's own line went to its submitit log: the sweep says it too.
+    assert_failed_jobs_named(proc, ["job 2"], jobs=3)
+    assert any("job 2 (d=0" in line and "d must be at least 1" in line for line in error_lines(proc)), proc.stderr
+    assert "d must be at least 1" in (sweep / "2" / "error.txt").read_text()
+
+    # Each job ran in its own submitit process, which logged it under .submitit/.
+    logs = {path.read_text() for path in sweep.glob(".submitit/*/*_log.out")}
+    for job in ("0", "1"):
+        assert sum(f"wrote {sweep / job / 'results.nc'}" in log for log in logs) == 1, logs
+    job_ids = {yaml.safe_load((sweep / job / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["id"]
+               for job in ("0", "1")}
+    assert len(job_ids) == 2 and all((sweep / ".submitit" / str(job_id)).is_dir() for job_id in job_ids)
+
+    # The report reads the runs and nothing of submitit's bookkeeping.
+    table, swept = summary_table(sweep)
+    assert swept == ["d"]
+    assert sorted(set(table["run"])) == ["0", "1"] and len(table) == 2 * 2
+    for job, d in (("0", 2), ("1", 3)):
+        ds = load(sweep / job / "results.nc")
+        rows = table[table["run"] == job].sort_values("beta")
+        assert rows["d"].tolist() == [d, d] and rows["beta"].tolist() == [1.0, 2.0]
+        np.testing.assert_allclose(rows["energy_mean"], ds["energy"].isel(time=-1).mean("member"), rtol=1e-6)
+    assert [path.name for path in report(sweep)] == ["report.csv", "report.nc", "report.png"]
+
+
+def test_an_unknown_launcher_is_one_sentence_naming_the_extras(tmp_path):
+    proc = attnflow("-m", "hydra/launcher=jobib", "n=4", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith("attnflow: error: unknown hydra/launcher 'jobib'"), proc.stderr
+    assert "joblib" in lines[0] and "attnflow[joblib]" in lines[0] and "attnflow[slurm]" in lines[0]
+    assert not (tmp_path / "sweep").exists()
