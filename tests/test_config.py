@@ -388,7 +388,7 @@ def test_metrics_trace_past_n_squared_of_two_to_the_31():
 
 def test_runs_that_cannot_fit_in_memory_are_refused_with_the_numbers():
     with pytest.raises(ConfigError, match=r"one member needs about [0-9.]+ GiB .* available") as info:
-        attnflow.run({**TINY, "n": 200_000, "d": 2, "members": 1, "beta": 1.0})
+        attnflow.run({**TINY, "n": 200_000, "d": 2, "members": 1, "beta": 1.0, "attention_block": 0})
     assert_one_sentence(str(info.value))
 
 
