@@ -179,23 +179,25 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
     return MemberFootprint(state=state, attention=attention, pairwise=pairwise, output=per_save * saves)
 
 
-# The share of a CPU's cache a chunk of members may fill (`default_chunk`).
-CPU_CHUNK_BYTES = 4 * 2**20
+# The working set a chunk of members may have on a CPU (`default_chunk`).
+CPU_CHUNK_BYTES = 8 * 2**20
 
 
 def default_chunk(platform: str, memory: int, footprint: MemberFootprint) -> int:
     """Members solved at once per device, by default.
 
-    On a CPU, as many as keep the chunk's working set (`footprint.working` each) within
-    `CPU_CHUNK_BYTES`, whatever the memory: each chunk then runs its whole time loop
-    while its states stay in cache (benchmarks/layout.py measures this against fixed
-    chunks). On an accelerator (GPU, TPU), whose throughput grows with the batch, as
-    many as fill a quarter of its free `memory`: XLA's buffers for a step and the
+    On a CPU, whatever the memory, the largest power of two whose working set
+    (`footprint.working` per member) stays within `CPU_CHUNK_BYTES`: each chunk then
+    runs its whole time loop while its states stay in cache, and its members split
+    evenly over vector lanes and threads. On the 2-core benchmark machine
+    (benchmarks/layout.py, n = 32) this is 256 members at d = 2 and 8, 128 at d = 32,
+    64 at d = 128. On an accelerator (GPU, TPU), whose throughput grows with the batch,
+    as many as fill a quarter of its free `memory`: XLA's buffers for a step and the
     recorded output share the rest.
     """
     per_member = max(footprint.working, 1)
     if platform == "cpu":
-        return max(1, CPU_CHUNK_BYTES // per_member)
+        return 1 << max(0, (CPU_CHUNK_BYTES // per_member).bit_length() - 1)
     return max(1, memory // (4 * per_member))
 
 

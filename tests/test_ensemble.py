@@ -435,8 +435,9 @@ def test_default_chunk_fills_the_cpu_cache_or_a_quarter_of_an_accelerators_memor
 
     member = MemberFootprint(state=10_000, attention=5_000, pairwise=25_000, output=1_000)
     cpu = default_chunk("cpu", 64 * 2**30, member)
-    assert cpu == CPU_CHUNK_BYTES // 40_000 == default_chunk("cpu", 2**30, member)  # not the memory's to decide
-    assert cpu * member.working <= CPU_CHUNK_BYTES < (cpu + 1) * member.working
+    assert cpu == default_chunk("cpu", 2**30, member)  # not the memory's to decide
+    assert cpu & (cpu - 1) == 0  # a power of two: lanes and threads share it evenly
+    assert cpu * member.working <= CPU_CHUNK_BYTES < 2 * cpu * member.working
     gpu = [default_chunk("gpu", memory, member) for memory in (2**30, 2**34)]
     assert gpu == [2**30 // (4 * 40_000), 2**34 // (4 * 40_000)]
     assert default_chunk("gpu", 1000, member) == default_chunk("cpu", 1000, MemberFootprint(10**9, 0, 0, 0)) == 1
