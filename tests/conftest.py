@@ -2,18 +2,34 @@
 every `attnflow` subprocess of the session shares one JAX compilation cache in a
 temporary folder (never the user's own cache).
 
-The pytest process itself never writes compiled programs to that cache (JAX's switch
-`jax_enable_compilation_cache` is off here): it compiles thousands of programs in one
-long process, and JAX's executable serialization crashed such a process (a
-segmentation fault while writing the entry of a large differentiated solve), while the
-command line runs one study per process. attnflow's own exported piece programs still
-go to the session's folder when a test switches the cache folder on."""
+The test process compiles thousands of programs, and JAX keeps every program it has
+compiled for the life of the process. Each compiled CPU program holds memory mappings
+of its own (measured: about 100 more a second through tests/test_config.py), so one
+long process passed Linux's limit on mappings per process (`vm.max_map_count`, 65530
+here) and died inside XLA (a segmentation fault or an abort while compiling or
+serializing a large differentiated solve, late in the run). So JAX's caches are cleared
+after every test module, which returns the mappings (test_config.py ends near 7500
+with them, and each module starts again near 1500). The process also never writes
+compiled programs to the persistent cache (JAX's `jax_enable_compilation_cache` is off
+here): it would not save time, as each program is compiled once per process anyway.
+attnflow's own exported piece programs still go to the session's folder when a test
+switches the cache folder on."""
 
+import gc
 import os
 import tempfile
 
 import jax
+import pytest
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_enable_compilation_cache", False)
 os.environ.setdefault("ATTNFLOW_CACHE_DIR", tempfile.mkdtemp(prefix="attnflow-test-cache-"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each module, drop the compiled programs (and their memory mappings)."""
+    yield
+    jax.clear_caches()
+    gc.collect()
