@@ -3,9 +3,9 @@
 The (beta, member) pairs are cut into pieces of equal size; one compiled function
 solves a piece (a `jax.vmap` over it, shared out over the local devices), so a piece is
 the unit of work that an interruption can lose and a resumed run can skip. The piece
-size is the member chunk: sized to the CPU cache (measured fastest) or to an
-accelerator's memory, and never beyond what the memory holds. At small d on a CPU a
-piece is evaluated with the member axis last (`members_last`).
+size is the member chunk: sized by the working set that ran fastest on a CPU, or to an
+accelerator's memory, and never beyond what the memory holds. A piece may also be
+evaluated with the member axis last (`members_last`), on request.
 """
 
 from __future__ import annotations
@@ -57,23 +57,12 @@ class EnsembleResult:
 
 
 # Where the member axis sits in the arrays of a piece: "members_first" is `jax.vmap`'s
-# (member, n, d); "members_last" keeps the state that the time loop carries as
-# (n, d, member) (see `members_last`).
+# (member, n, d) and the default; "members_last" keeps the state that the time loop
+# carries as (n, d, member) (see `members_last`). On the 2-core benchmark machine
+# (benchmarks/layout.py, the phase-diagram workload at d = 2 and 8) members last was
+# 0.8-1.1x the speed of members first at the same chunk, and slower than members first
+# at the fastest chunk, so it is not chosen by itself.
 LAYOUTS = ("members_first", "members_last")
-# Up to this d the members-last layout is chosen by default (benchmarks/layout.py).
-MEMBERS_LAST_UP_TO = 4
-
-
-def default_layout(member, adaptive: bool, platform: str = "cpu", piece_size: int = 1024) -> str:
-    """The layout of an ensemble by default: members last for fixed steps at small d
-    (d <= `MEMBERS_LAST_UP_TO`) on a CPU with pieces of at least 32 members, where the
-    work on each token's few coordinates then runs along the members in the vector
-    units; members first otherwise (on accelerators, whose compilers lay arrays out for
-    themselves; for adaptive steps, whose step-size control differs between members;
-    for a few members, which fill no vector)."""
-    _, y0, _ = member
-    small = (platform == "cpu" and not adaptive and y0.shape[-1] <= MEMBERS_LAST_UP_TO and piece_size >= 32)
-    return "members_last" if small else "members_first"
 
 
 @eqx.filter_jit
@@ -179,19 +168,22 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
     return MemberFootprint(state=state, attention=attention, pairwise=pairwise, output=per_save * saves)
 
 
-# The working set a chunk of members may have on a CPU (`default_chunk`).
-CPU_CHUNK_BYTES = 8 * 2**20
+# The working set a chunk of members may have on a CPU (`default_chunk`), measured: on
+# the 2-core benchmark machine the fastest chunks of the phase-diagram workload held
+# 21-46 MB (benchmarks/layout.py: 2048 members at d = 2 and 8, 512 at d = 32, 256 at
+# d = 128), and a quarter of that ran up to 2x slower at d = 128.
+CPU_CHUNK_BYTES = 48 * 2**20
 
 
 def default_chunk(platform: str, memory: int, footprint: MemberFootprint) -> int:
     """Members solved at once per device, by default.
 
     On a CPU, whatever the memory, the largest power of two whose working set
-    (`footprint.working` per member) stays within `CPU_CHUNK_BYTES`: each chunk then
-    runs its whole time loop while its states stay in cache, and its members split
-    evenly over vector lanes and threads. On the 2-core benchmark machine
-    (benchmarks/layout.py, n = 32) this is 256 members at d = 2 and 8, 128 at d = 32,
-    64 at d = 128. On an accelerator (GPU, TPU), whose throughput grows with the batch,
+    (`footprint.working` per member) stays within `CPU_CHUNK_BYTES`: each chunk runs its
+    whole time loop on its own states, and its members split evenly over vector lanes
+    and threads. On the 2-core benchmark machine (benchmarks/layout.py, n = 32) this is
+    2048 members at d = 2 and 8, 1024 at d = 32 and 256 at d = 128, each the fastest
+    fixed chunk or within 6% of it. On an accelerator (GPU, TPU), whose throughput grows with the batch,
     as many as fill a quarter of its free `memory`: XLA's buffers for a step and the
     recorded output share the rest.
     """
@@ -249,8 +241,7 @@ class EnsemblePlan:
         platform = devices[0].platform
         self.piece_size, self.pieces = _pieces(member, footprint, self.pairs, len(devices), chunk_size, memory,
                                                platform)
-        per_device = self.piece_size // len(devices)
-        self.layout = default_layout(member, adaptive, platform, per_device) if layout is None else layout
+        self.layout = "members_first" if layout is None else layout
         if self.layout not in LAYOUTS:
             raise ConfigError(f"unknown ensemble layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}.")
         self._program = None  # the exported piece program, once looked up
@@ -460,10 +451,10 @@ def solve_ensemble(
     (interpolated between grid steps off the grid; the only choice with `adaptive`).
     `keys` holds one key per member; member m uses the same key for every beta, so a
     beta sweep compares like with like. The pairs are solved in equal pieces of at
-    most `chunk_size` members per device (by default `default_chunk`: sized to the CPU
-    cache, or to an accelerator's memory), always small enough for the memory, shared
+    most `chunk_size` members per device (by default `default_chunk`: a measured working
+    set on a CPU, or an accelerator's memory), always small enough for the memory, shared
     out over `devices` (default: every local device) with `jax.shard_map`. `layout`
-    (see `LAYOUTS`; default `default_layout`) says where the member axis sits in the
+    (see `LAYOUTS`; default `members_first`) says where the member axis sits in the
     arrays of a piece; both give the same numbers.
 
     beta and the times are data: calling again with other values of them reuses the

@@ -4,7 +4,7 @@ The workload of benchmarks/phase_diagram.py (Q = K = V = I on the sphere, n = 32
 2048 members, Euler with renormalization, h = 0.1, t in [0, 30], float32, the pair
 density recorded after every step), solved by `solve_ensemble` in several ways:
 
-- `default`: the plan attnflow makes by itself (`default_chunk`, `default_layout`);
+- `default`: the plan attnflow makes by itself (`default_chunk`, members first);
 - a fixed chunk of members solved at once (`--chunks`), in each layout (`members_first`
   is `jax.vmap`'s, `members_last` keeps the state as (n, d, members); it is timed up to
   `--last-up-to`);

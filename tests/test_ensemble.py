@@ -392,16 +392,9 @@ def _plan(d: int, n: int = 32, **options):
                         solver="euler_renorm", **options)
 
 
-def test_default_layout_is_members_last_only_for_fixed_steps_at_small_d_on_a_cpu():
-    from attnflow._ensemble import MEMBERS_LAST_UP_TO, default_layout
-
-    assert _plan(2).layout == "members_last"
-    assert _plan(MEMBERS_LAST_UP_TO + 1).layout == "members_first"
-    assert _plan(2, layout="members_first").layout == "members_first"
-    member = _plan(2).member
-    assert default_layout(member, adaptive=True) == "members_first"
-    assert default_layout(member, adaptive=False, platform="gpu") == "members_first"
-    assert default_layout(member, adaptive=False, piece_size=8) == "members_first"  # too few to fill a vector
+def test_the_layout_is_members_first_unless_asked():
+    assert _plan(2).layout == _plan(128).layout == "members_first"
+    assert _plan(2, layout="members_last").layout == "members_last"
 
 
 def test_a_members_footprint_counts_state_stages_heads_and_pairs():
