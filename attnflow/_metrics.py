@@ -235,6 +235,22 @@ def _attention_weights(field, t: ScalarLike, x: Float[Array, "n d"], rows) -> Ar
     raise ConfigError("attention metrics need an attention term in the vector field.")
 
 
+def _energies(metrics: set[str], log_e: Scalar) -> dict[str, Array]:
+    """The energy statistics asked for in `metrics`, from the log energy."""
+    out = {"energy": jnp.exp(log_e), "log_energy": log_e}
+    return {name: value for name, value in out.items() if name in metrics}
+
+
+def _clusterings(metrics: set[str], labels: Int[Array, " n"]) -> dict[str, Array]:
+    """The cluster statistics asked for in `metrics`, from the cluster labels."""
+    out = {}
+    if "clusters" in metrics:
+        out["clusters"] = _count(labels)
+    if "cluster_sizes" in metrics:
+        out["cluster_sizes"] = _sizes(labels)
+    return out
+
+
 class Recorder(eqx.Module):
     """The statistics saved at each output time: a function `(t, x, field) -> dict`.
 
@@ -283,11 +299,7 @@ class Recorder(eqx.Module):
             inv_norm = lax.rsqrt(jnp.diagonal(g))
             cos = g * inv_norm[:, None] * inv_norm[None, :]
         if m & {"energy", "log_energy"}:
-            log_e = _log_energy(g, self.beta)
-            if "energy" in m:
-                out["energy"] = jnp.exp(log_e)
-            if "log_energy" in m:
-                out["log_energy"] = log_e
+            out.update(_energies(m, _log_energy(g, self.beta)))
         if "normalized_energy" in m:
             out["normalized_energy"] = jnp.mean(jnp.exp(cos))
         if m & {"pair_density", "clusters", "cluster_sizes"}:
@@ -295,11 +307,7 @@ class Recorder(eqx.Module):
             if "pair_density" in m:
                 out["pair_density"] = _pair_fraction(close, x.dtype)
             if m & {"clusters", "cluster_sizes"}:
-                labels = _labels(close)
-                if "clusters" in m:
-                    out["clusters"] = _count(labels)
-                if "cluster_sizes" in m:
-                    out["cluster_sizes"] = _sizes(labels)
+                out.update(_clusterings(m, _labels(close)))
         if "order_parameter" in m:
             out["order_parameter"] = _order(x, inv_norm)
         if m & {"attention", "attention_rank"}:
@@ -327,21 +335,13 @@ class Recorder(eqx.Module):
             inv_norm = lax.rsqrt(jnp.sum(x * x, axis=-1))
             u = x * inv_norm[:, None]
         if m & {"energy", "log_energy"}:
-            log_e = _log_energy_tiled(x, self.beta, tile)
-            if "energy" in m:
-                out["energy"] = jnp.exp(log_e)
-            if "log_energy" in m:
-                out["log_energy"] = log_e
+            out.update(_energies(m, _log_energy_tiled(x, self.beta, tile)))
         if "normalized_energy" in m:
             out["normalized_energy"] = _normalized_energy_tiled(u, tile)
         if "pair_density" in m:
             out["pair_density"] = _pair_count_fraction(_tiled.close_pair_count(u, 1 - self.eps, tile), n)
         if m & {"clusters", "cluster_sizes"}:
-            labels = _tiled.components(u, 1 - self.eps, tile)
-            if "clusters" in m:
-                out["clusters"] = _count(labels)
-            if "cluster_sizes" in m:
-                out["cluster_sizes"] = _sizes(labels)
+            out.update(_clusterings(m, _tiled.components(u, 1 - self.eps, tile)))
         if "order_parameter" in m:
             out["order_parameter"] = _order(x, inv_norm)
         if "attention" in m:

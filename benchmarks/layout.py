@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from machine import describe
-from phase_diagram import attnflow_phase_diagram, exp_throughput, matmul_throughput, numpy_phase_diagram, phase_config
+from phase_diagram import (attnflow_phase_diagram, exp_throughput, matmul_throughput, numpy_phase_diagram, phase_config,
+                           workload)
 
 import attnflow as af
 from attnflow._ensemble import EnsemblePlan
@@ -157,8 +158,7 @@ def main():
             solves[key] = solve
             if x0 is None:
                 x0 = np.asarray(jax.vmap(lambda k: system(k, args.beta)[1])(keys))
-        flops = args.members * args.n**2 * d * (4 * steps + 2 * (steps + 1))
-        exps = args.members * args.n**2 * steps
+        flops, exps = workload(args.members, args.n, d, steps)
         samples = {key: [] for key in solves}
         baselines = {"numpy": [], "matmul": [], "exp": []}
         tasks = [(key, lambda solve=solve, key=key: samples[key].append(_timed(lambda: solve(args.beta))))

@@ -122,6 +122,13 @@ def attnflow_phase_diagram(d: int, members: int, n: int, dt: float, t1: float, e
     return solve, compile_and_run, system, keys
 
 
+def workload(members: int, n: int, d: int, steps: int) -> tuple[int, int]:
+    """(flops, exps) of the workload: 4 n^2 d flops per member and step (logits and
+    mixing) plus 2 n^2 d per record (the Gram matrix, recorded at every step and at
+    t = 0), and n^2 exps per member and step."""
+    return members * n**2 * d * (4 * steps + 2 * (steps + 1)), members * n**2 * steps
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[2, 32, 128])
@@ -144,8 +151,7 @@ def main():
         solve, compile_s, system, keys = attnflow_phase_diagram(d, args.members, args.n, dt, t1, eps)
         # The NumPy run starts from attnflow's own initial states, so both curves agree.
         x0 = np.asarray(jax.vmap(lambda k: system(k, args.beta)[1])(keys))
-        flops = args.members * args.n**2 * d * (4 * steps + 2 * (steps + 1))
-        exps = args.members * args.n**2 * steps
+        flops, exps = workload(args.members, args.n, d, steps)
         reference = np.asarray(solve(args.beta).stats["pair_density"][0])
         samples = {"attnflow": [], "numpy": [], "matmul": [], "exp": []}
         gaps = []
