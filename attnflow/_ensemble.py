@@ -10,6 +10,7 @@ evaluated with the member axis last (`members_last`), on request.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -300,14 +301,14 @@ class EnsemblePlan:
         shapes = jax.tree.map(lambda a: (np.shape(a), str(jnp.result_type(a))), args)
         key = _program_key(static, treedef, {**self.options, "layout": self.layout}, shapes)
         if key in _LOADED:  # one object per program: its compiled call is reused in-process
+            _LOADED.move_to_end(key)
             return _LOADED[key], leaves, key_data
         path = Path(folder) / "attnflow-exported" / f"{key}.bin"
         from jax import export
 
         if path.exists():
             try:
-                _LOADED[key] = export.deserialize(bytearray(path.read_bytes()))
-                return _LOADED[key], leaves, key_data
+                return _remember(key, export.deserialize(bytearray(path.read_bytes()))), leaves, key_data
             except Exception:  # a damaged or foreign file: trace again and replace it
                 path.unlink(missing_ok=True)
         options, layout = self.options, self.layout
@@ -330,8 +331,7 @@ class EnsemblePlan:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(serialized)
         os.replace(tmp, path)
-        _LOADED[key] = program
-        return program, leaves, key_data
+        return _remember(key, program), leaves, key_data
 
     def output_times(self) -> np.ndarray:
         """The output times in float64 (the grid times actually recorded)."""
@@ -360,7 +360,18 @@ class EnsemblePlan:
                               num_steps=shape(joined["num_steps"]), valid=valid)
 
 
-_LOADED: dict = {}  # exported piece programs of this process, by key
+# The exported piece programs of this process, by key, the most recently used last: a
+# notebook that runs many studies keeps the last `_LOADED_MOST` (each holds its compiled
+# program; the files stay in the cache folder).
+_LOADED: collections.OrderedDict = collections.OrderedDict()
+_LOADED_MOST = 16
+
+
+def _remember(key: str, program):
+    _LOADED[key] = program
+    while len(_LOADED) > _LOADED_MOST:
+        _LOADED.popitem(last=False)
+    return program
 
 
 def _stage_count(solver) -> int:

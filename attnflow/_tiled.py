@@ -16,7 +16,11 @@ $e^{\\ell_{ij} - M_i}$ without rescaling. For $Q = K = I$ on the sphere the boun
 $\\beta |q_i| \\max_j |k_j|$ (Cauchy-Schwarz) is $\\beta$, the diagonal logit itself. The
 logits are then also symmetric, $\\ell_{ij} = \\ell_{ji}$ (without a causal mask), and
 `symmetric_attention` exponentiates each pair of tiles once for its rows and its columns:
-half the exps, the cost that bounds the whole computation at small d.
+half the exps, the cost that bounds the whole computation at small d. The pairs of tiles
+(here and in the pairwise statistics) go a few at a time, in lanes: one exp over several
+tiles is large enough for XLA to share among the cores. Each step of that loop computes
+tiles loaded by the step before it, because a tile sliced inside the step gets its slice
+fused into the exp, which XLA then does not vectorize (4-10x slower at d = 2).
 
 Everything is written for one head and one system: heads are a `jax.vmap` over the
 operands that carry a head axis, and ensembles a `jax.vmap` of the caller. Forward and
@@ -105,9 +109,8 @@ def fold_tiles(fold: Callable, init: Callable, rows, cols, block: int, *, skip: 
 
 
 def products(a: Float[Array, "m k"], b: Float[Array, "n k"]) -> Float[Array, "m n"]:
-    """$\\langle a_i, b_j \\rangle$ of one tile, as a matrix product. (Written as broadcast
-    products for d = 2, 3, which XLA fuses with the exp that follows, the tile ran 2-7x
-    slower on the benchmark CPU with jax 0.10.2.)"""
+    """$\\langle a_i, b_j \\rangle$ of one tile, as a matrix product. (Broadcast products
+    sliced inside the loop ran 2-7x slower: see `_tile_products`.)"""
     return jnp.einsum("ik,jk->ij", a, b)
 
 
@@ -179,15 +182,88 @@ def attention(q: Float[Array, "m dk"], k: Float[Array, "n dk"], v: Float[Array, 
 # Column sums of a tile, `e.T @ v`, as one vector-matrix product per column of v up to this
 # many columns: on the benchmark CPU (jax 0.10.2) XLA's matrix product with the tile
 # transposed took 4-5 times as long as the tile's exps, the vector-matrix products next to
-# nothing (a 512 x 512 tile, 4 columns).
+# nothing (a 512 x 512 tile, 4 columns). Row sums `e @ v` likewise: the symmetric
+# attention took 0.8x the time with them (n = 32768, d = 2).
 _COLUMN_PRODUCTS = 16
+# Logits of a tile as broadcast products up to this many coordinates (fused with the exp
+# that follows: one pass over the tile instead of a matrix product written out and read
+# back), as a matrix product above. Measured on the symmetric attention at n = 32768: 0.85x
+# the time of the matrix product at d = 2, level at d = 3, 1.3-1.5x at d = 4.
+_BROADCAST_PRODUCTS = 2
+# Pairs of tiles evaluated together in each step of the symmetric loop: one exp of
+# `lanes` tiles is large enough for XLA to share it among the cores, and the row and column
+# products of the lanes go together. 4 lanes of 512 x 512 tiles took 0.70x the time of
+# one lane at n = 32768 and 0.76x at n = 100000 (d = 2, float32, 2 cores); 8 lanes were no
+# faster than 4.
+_LANES = 4
 
 
-def _column_sums(e: Float[Array, "b c"], v: Float[Array, "b k"]) -> Float[Array, "c k"]:
-    """$e^T v$ for a tile $e$."""
-    if v.shape[1] <= _COLUMN_PRODUCTS:
-        return jnp.stack([v[:, c] @ e for c in range(v.shape[1])], axis=1)
-    return jnp.einsum("ij,ic->jc", e, v)
+def _column_sums(e: Float[Array, "... b c"], v: Float[Array, "... b k"]) -> Float[Array, "... c k"]:
+    """$e^T v$ for a tile $e$ (or a stack of tiles)."""
+    if v.shape[-1] <= _COLUMN_PRODUCTS:
+        return jnp.stack([jnp.einsum("...ij,...i->...j", e, v[..., c]) for c in range(v.shape[-1])], axis=-1)
+    return jnp.einsum("...ij,...ic->...jc", e, v)
+
+
+def _row_sums(e: Float[Array, "... b c"], v: Float[Array, "... c k"]) -> Float[Array, "... b k"]:
+    """$e v$ for a tile $e$ (or a stack of tiles)."""
+    if v.shape[-1] <= _COLUMN_PRODUCTS:
+        return jnp.stack([jnp.einsum("...ij,...j->...i", e, v[..., c]) for c in range(v.shape[-1])], axis=-1)
+    return jnp.einsum("...ij,...jc->...ic", e, v)
+
+
+def _tile_products(a: Float[Array, "... m k"], b: Float[Array, "... n k"]) -> Float[Array, "... m n"]:
+    """`products` of tiles held whole by the loop (not sliced inside it: XLA would then fuse
+    the dynamic slice into the exp, which stops its vectorization, 4-10x slower)."""
+    if a.shape[-1] > _BROADCAST_PRODUCTS:
+        return jnp.einsum("...ik,...jk->...ij", a, b)
+    return sum(a[..., :, c, None] * b[..., None, :, c] for c in range(a.shape[-1]))
+
+
+def _lanes(pairs: int) -> int:
+    """The most lanes, up to `_LANES`, whose padding of the pair list adds at most an eighth."""
+    for lanes in range(min(_LANES, pairs), 1, -1):
+        if 8 * (-pairs % lanes) <= pairs:
+            return lanes
+    return 1
+
+
+def _pair_scan(body: Callable, carry, rows, cols, lanes: int):
+    """`carry = body(carry, i, j, live, at_i, at_j)` over the pairs of tiles (I, J) with
+    I <= J, `lanes` pairs at a time: `i`, `j` are the `(lanes,)` tile indices, `live` says
+    which lanes hold a real pair (the last step is padded with repeats of the last pair),
+    `at_i` is `rows` at `i` and `at_j` is `cols` at `j` (pytrees of tile stacks
+    `(count, size, ...)`).
+
+    Each step computes the tiles loaded by the step before it (carried whole, see
+    `_tile_products`) while it loads those of the next. The pairs are counted, not listed:
+    nothing here grows with the number of pairs."""
+    count = jax.tree.leaves(rows)[0].shape[0]
+    pairs = count * (count + 1) // 2
+    steps = -(-pairs // lanes)
+
+    def advance(i, j):  # the next pair in the order (0, 0), (0, 1), ..., (1, 1), ...
+        wrap = j + 1 >= count
+        return jnp.where(wrap, i + 1, i), jnp.where(wrap, i + 1, j + 1)
+
+    def load(i, j):
+        i, j = jnp.minimum(i, count - 1), jnp.minimum(j, count - 1)
+        return (i, j), (jax.tree.map(lambda a: a[i], rows), jax.tree.map(lambda a: a[j], cols))
+
+    def step(state, _):
+        carry, t, (i, j), (at, loaded) = state
+        carry = body(carry, *at, t * lanes + jnp.arange(lanes) < pairs, *loaded)
+        for _ in range(lanes):
+            i, j = advance(i, j)
+        return (carry, t + 1, (i, j), load(i, j)), None
+
+    first = [(0, 0)]
+    while len(first) < lanes:
+        i, j = first[-1]
+        first.append((i, j + 1) if j + 1 < count else (i + 1, i + 1))
+    i, j = (jnp.asarray(a, jnp.int32) for a in zip(*first))
+    (carry, *_), _ = lax.scan(step, (carry, jnp.int32(0), (i, j), load(i, j)), length=steps)
+    return carry
 
 
 def _symmetric(q, k, v, beta, slope, shift, *, block: int, kind: str):
@@ -199,20 +275,21 @@ def _symmetric(q, k, v, beta, slope, shift, *, block: int, kind: str):
         v = jnp.concatenate([v, jnp.ones((n, 1), v.dtype)], axis=1)
     size = min(block, n)
     # Padding: zero rows of v add nothing (nor to the normalizer column), whatever their logits.
-    q_tiles, k_tiles, v_tiles = _split(q, size), _split(k, size), _split(v, size)
-    count = q_tiles.shape[0]
-    index = jnp.arange(count * size).reshape(count, size)
+    v_tiles = _split(v, size)
+    rows, cols = {"q": _split(q, size), "v": v_tiles}, {"k": _split(k, size), "v": v_tiles}
+    count = v_tiles.shape[0]
+    offsets = jnp.arange(size)
 
-    def pair(acc, ij):
-        i, j = ij
-        s = beta * products(q_tiles[i], k_tiles[j])
+    def body(acc, i, j, live, at_i, at_j):
+        s = beta * _tile_products(at_i["q"], at_j["k"])
         if slope is not None:
-            s = s - slope * jnp.abs(index[i][:, None] - index[j][None, :]).astype(s.dtype)
+            distance = (i - j)[:, None, None] * size + offsets[:, None] - offsets[None, :]
+            s = s - slope * jnp.abs(distance).astype(s.dtype)
         e = jnp.exp(s if shift is None else s - shift)
-        acc = acc.at[i].add(e @ v_tiles[j])
-        return acc.at[j].add(jnp.where(i != j, _column_sums(e, v_tiles[i]), 0)), None
+        acc = acc.at[i].add(jnp.where(live[:, None, None], _row_sums(e, at_j["v"]), 0))
+        return acc.at[j].add(jnp.where((live & (i != j))[:, None, None], _column_sums(e, at_i["v"]), 0))
 
-    acc, _ = lax.scan(pair, jnp.zeros_like(v_tiles), _tile_pairs(count))
+    acc = _pair_scan(body, jnp.zeros_like(v_tiles), rows, cols, _lanes(count * (count + 1) // 2))
     acc = acc.reshape(-1, v.shape[1])[:n]
     return acc[:, :-1] / acc[:, -1:] if normalized else acc / n
 
@@ -273,28 +350,25 @@ def attention_heads(q: Array, k: Array, v: Array, beta: ScalarLike, slopes: Arra
 # once, counting an off-diagonal pair of tiles for both of its halves.
 
 
-def _tile_pairs(count: int) -> tuple[Array, Array]:
-    first, second = np.triu_indices(count)
-    return jnp.asarray(first, jnp.int32), jnp.asarray(second, jnp.int32)
-
-
 def fold_pairs(fold: Callable, init, x: Float[Array, "n d"], block: int):
     """`carry = fold(carry, s, valid, index_i, index_j, weight)` over the tile pairs I <= J of
-    the Gram matrix $s = \\langle x_i, x_j\\rangle$ (tile I against tile J), `valid` marking
-    the real (unpadded) pairs and `weight` 2 for I < J, 1 on the diagonal."""
+    the Gram matrix $s = \\langle x_i, x_j\\rangle$ (tile I against tile J), a few pairs at a
+    time: `s` is `(lanes, size, size)`, `index_i`, `index_j` the `(lanes, size)` token
+    indices, `valid` marks the real (unpadded) pairs and `weight` `(lanes, 1, 1)` is 2 for
+    I < J, 1 on the diagonal and 0 for a padding lane."""
     n = x.shape[0]
     size = min(block, n)
     tiles = _split(x, size)
-    index = jnp.arange(tiles.shape[0] * size).reshape(-1, size)
+    count = tiles.shape[0]
+    offsets = jnp.arange(size)
 
-    def pair(carry, ij):
-        i, j = ij
-        valid = (index[i][:, None] < n) & (index[j][None, :] < n)
-        weight = jnp.where(i == j, 1, 2)
-        return fold(carry, products(tiles[i], tiles[j]), valid, index[i], index[j], weight), None
+    def body(carry, i, j, live, at_i, at_j):
+        index_i, index_j = i[:, None] * size + offsets, j[:, None] * size + offsets
+        valid = (index_i[:, :, None] < n) & (index_j[:, None, :] < n)
+        weight = jnp.where(live, jnp.where(i == j, 1, 2), 0)[:, None, None]
+        return fold(carry, _tile_products(at_i, at_j), valid, index_i, index_j, weight)
 
-    carry, _ = lax.scan(pair, init, _tile_pairs(tiles.shape[0]))
-    return carry
+    return _pair_scan(body, init, tiles, tiles, _lanes(count * (count + 1) // 2))
 
 
 def log_sum_exp_pairs(x: Float[Array, "n d"], beta: ScalarLike, block: int) -> Scalar:
@@ -305,7 +379,7 @@ def log_sum_exp_pairs(x: Float[Array, "n d"], beta: ScalarLike, block: int) -> S
     shift = jnp.abs(beta) * jnp.max(jnp.sum(x * x, axis=-1))
 
     def fold(total, s, valid, index_i, index_j, weight):
-        return total + weight * jnp.sum(jnp.where(valid, jnp.exp(beta * s - shift), 0))
+        return total + jnp.sum(jnp.where(valid, weight * jnp.exp(beta * s - shift), 0))
 
     return shift + jnp.log(fold_pairs(fold, jnp.zeros((), x.dtype), x, block))
 
@@ -315,8 +389,8 @@ def close_pair_count(u: Float[Array, "n d"], threshold: ScalarLike, block: int) 
     counted per tile (below 2^31) and summed in floating point."""
 
     def fold(total, s, valid, index_i, index_j, weight):
-        close = (s > threshold) & valid & (index_i[:, None] != index_j[None, :])
-        return total + (weight * jnp.sum(close, dtype=jnp.int32)).astype(total.dtype)
+        close = (s > threshold) & valid & (index_i[:, :, None] != index_j[:, None, :])
+        return total + jnp.sum(jnp.where(close, weight, 0), dtype=jnp.int32).astype(total.dtype)
 
     return fold_pairs(fold, jnp.zeros((), u.dtype), u, block)
 
@@ -325,7 +399,7 @@ def exp_sum_pairs(u: Float[Array, "n d"], block: int) -> Scalar:
     """$\\sum_{ij} e^{\\langle u_i, u_j\\rangle}$ over tiles."""
 
     def fold(total, s, valid, index_i, index_j, weight):
-        return total + weight * jnp.sum(jnp.where(valid, jnp.exp(s), 0))
+        return total + jnp.sum(jnp.where(valid, weight * jnp.exp(s), 0))
 
     return fold_pairs(fold, jnp.zeros((), u.dtype), u, block)
 
@@ -335,7 +409,7 @@ def components(u: Float[Array, "n d"], threshold: ScalarLike, block: int) -> Int
     joining $i$ and $j$ when $\\langle u_i, u_j\\rangle$ is above `threshold` (and $i$ to itself).
 
     Min-label propagation, as the dense `_components`, but each sweep goes through the tile
-    pairs I <= J one after another, lowering the labels of both tiles (the graph is
+    pairs I <= J a few at a time, lowering the labels of both tiles (the graph is
     symmetric) with those lowered so far, followed by pointer jumping; sweeps repeat until
     the labels stop changing. Labels only fall, always to labels of connected tokens, and
     a sweep that changes nothing leaves every edge with equal labels: each component then
@@ -348,18 +422,19 @@ def components(u: Float[Array, "n d"], threshold: ScalarLike, block: int) -> Int
     count = tiles.shape[0]
     index = jnp.arange(count * size).reshape(count, size)
 
-    def pair(labels, ij):
-        i, j = ij
-        close = (products(tiles[i], tiles[j]) > threshold) | (index[i][:, None] == index[j][None, :])
-        close = close & (index[i][:, None] < n) & (index[j][None, :] < n)
-        row = jnp.minimum(labels[i], jnp.min(jnp.where(close, labels[j][None, :], n), axis=1))
-        labels = labels.at[i].set(row)
-        col = jnp.minimum(labels[j], jnp.min(jnp.where(close, row[:, None], n), axis=0))
-        return labels.at[j].set(col), None
+    def pair(labels, i, j, live, at_i, at_j):
+        # The lanes of a step see the labels lowered by the steps before it. A padding lane
+        # repeats a real pair: lowering its labels again changes nothing.
+        close = (_tile_products(at_i, at_j) > threshold) | (index[i][:, :, None] == index[j][:, None, :])
+        close = close & (index[i][:, :, None] < n) & (index[j][:, None, :] < n)
+        row = jnp.minimum(labels[i], jnp.min(jnp.where(close, labels[j][:, None, :], n), axis=2))
+        labels = labels.at[i].min(row)
+        col = jnp.minimum(labels[j], jnp.min(jnp.where(close, row[:, :, None], n), axis=1))
+        return labels.at[j].min(col)
 
     def step(state):
         labels, _ = state
-        new, _ = lax.scan(pair, labels, _tile_pairs(count))
+        new = _pair_scan(pair, labels, tiles, tiles, _lanes(count * (count + 1) // 2))
         flat = new.reshape(-1)
         flat = flat[jnp.minimum(flat, count * size - 1)]  # pointer jumping (padding points to itself)
         new = flat.reshape(count, size)

@@ -1,5 +1,7 @@
 """Ensembles, schedules, initial conditions and the config-driven study."""
 
+import collections
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -322,6 +324,21 @@ def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
     for ds in (first, loaded, retraced):
         np.testing.assert_array_equal(ds["x"].values, direct["x"].values)
         np.testing.assert_array_equal(ds["energy"].values, direct["energy"].values)
+
+
+def test_the_loaded_programs_of_a_process_are_bounded(monkeypatch):
+    """A long notebook session keeps the most recently used `_LOADED_MOST` piece programs,
+    not every one it ever ran; a program used again moves to the end."""
+    from attnflow import _ensemble
+
+    monkeypatch.setattr(_ensemble, "_LOADED", collections.OrderedDict())
+    for k in range(_ensemble._LOADED_MOST):
+        _ensemble._remember(f"p{k}", k)
+    _ensemble._LOADED.move_to_end("p0")  # p0 used again: p1 is now the oldest
+    for k in range(_ensemble._LOADED_MOST, _ensemble._LOADED_MOST + 3):
+        assert _ensemble._remember(f"p{k}", k) == k
+    assert len(_ensemble._LOADED) == _ensemble._LOADED_MOST
+    assert "p0" in _ensemble._LOADED and not {"p1", "p2", "p3"} & set(_ensemble._LOADED)
 
 
 # --- layouts, chunks and the memory of a member ------------------------------------------
