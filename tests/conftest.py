@@ -33,3 +33,20 @@ def _release_compiled_programs():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C handled as Python does by default (KeyboardInterrupt), in this process and in
+    the processes it starts, for the tests that send it. A shell starts a background job
+    with SIGINT ignored (POSIX, without job control: `(pytest &)`, `nohup ... &` in a
+    script), and a process inherits that: such a test would then see no interrupt at all."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -295,7 +295,7 @@ LONG = ["n=32", "d=16", "members=2048", "beta=1", "t1=20", "dt=0.1", "saves=5", 
         "metrics=[energy]"]
 
 
-def test_ctrl_c_stops_at_once_keeps_finished_pieces_and_the_run_resumes(tmp_path):
+def test_ctrl_c_stops_at_once_keeps_finished_pieces_and_the_run_resumes(tmp_path, ctrl_c):
     import signal
     import time
 

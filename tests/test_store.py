@@ -20,7 +20,7 @@ def _large_dataset(megabytes: int) -> xr.Dataset:
     return xr.Dataset({"x": (("i",), values)}, attrs={"config": "n: 1\n"})
 
 
-def test_ctrl_c_during_a_write_leaves_nothing_and_does_not_deadlock(tmp_path):
+def test_ctrl_c_during_a_write_leaves_nothing_and_does_not_deadlock(tmp_path, ctrl_c):
     """Ctrl-C while NetCDF is being written: the wait returns at once, the temporary
     file is gone, no results file appears, and the next write works (the audit saw
     xarray's file lock deadlock here)."""
