@@ -35,7 +35,6 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Int, Scalar, ScalarLike
 
@@ -198,18 +197,13 @@ _BROADCAST_PRODUCTS = 2
 _LANES = 4
 
 
-def _column_sums(e: Float[Array, "... b c"], v: Float[Array, "... b k"]) -> Float[Array, "... c k"]:
-    """$e^T v$ for a tile $e$ (or a stack of tiles)."""
+def _tile_sums(e: Float[Array, "... b c"], v: Float[Array, "... k"], *, columns: bool) -> Float[Array, "... k"]:
+    """$e v$ (row sums) or, with `columns`, $e^T v$ (column sums) for a tile $e$ (or a stack
+    of tiles): one vector-matrix product per column of v up to `_COLUMN_PRODUCTS` columns."""
+    spec = "...ij,...i->...j" if columns else "...ij,...j->...i"
     if v.shape[-1] <= _COLUMN_PRODUCTS:
-        return jnp.stack([jnp.einsum("...ij,...i->...j", e, v[..., c]) for c in range(v.shape[-1])], axis=-1)
-    return jnp.einsum("...ij,...ic->...jc", e, v)
-
-
-def _row_sums(e: Float[Array, "... b c"], v: Float[Array, "... c k"]) -> Float[Array, "... b k"]:
-    """$e v$ for a tile $e$ (or a stack of tiles)."""
-    if v.shape[-1] <= _COLUMN_PRODUCTS:
-        return jnp.stack([jnp.einsum("...ij,...j->...i", e, v[..., c]) for c in range(v.shape[-1])], axis=-1)
-    return jnp.einsum("...ij,...jc->...ic", e, v)
+        return jnp.stack([jnp.einsum(spec, e, v[..., c]) for c in range(v.shape[-1])], axis=-1)
+    return jnp.einsum("...ij,...ic->...jc" if columns else "...ij,...jc->...ic", e, v)
 
 
 def _tile_products(a: Float[Array, "... m k"], b: Float[Array, "... n k"]) -> Float[Array, "... m n"]:
@@ -228,9 +222,9 @@ def _lanes(pairs: int) -> int:
     return 1
 
 
-def _pair_scan(body: Callable, carry, rows, cols, lanes: int):
+def _pair_scan(body: Callable, carry, rows, cols):
     """`carry = body(carry, i, j, live, at_i, at_j)` over the pairs of tiles (I, J) with
-    I <= J, `lanes` pairs at a time: `i`, `j` are the `(lanes,)` tile indices, `live` says
+    I <= J, `_lanes(pairs)` pairs at a time: `i`, `j` are the `(lanes,)` tile indices, `live` says
     which lanes hold a real pair (the last step is padded with repeats of the last pair),
     `at_i` is `rows` at `i` and `at_j` is `cols` at `j` (pytrees of tile stacks
     `(count, size, ...)`).
@@ -240,6 +234,7 @@ def _pair_scan(body: Callable, carry, rows, cols, lanes: int):
     nothing here grows with the number of pairs."""
     count = jax.tree.leaves(rows)[0].shape[0]
     pairs = count * (count + 1) // 2
+    lanes = _lanes(pairs)
     steps = -(-pairs // lanes)
 
     def advance(i, j):  # the next pair in the order (0, 0), (0, 1), ..., (1, 1), ...
@@ -277,7 +272,6 @@ def _symmetric(q, k, v, beta, slope, shift, *, block: int, kind: str):
     # Padding: zero rows of v add nothing (nor to the normalizer column), whatever their logits.
     v_tiles = _split(v, size)
     rows, cols = {"q": _split(q, size), "v": v_tiles}, {"k": _split(k, size), "v": v_tiles}
-    count = v_tiles.shape[0]
     offsets = jnp.arange(size)
 
     def body(acc, i, j, live, at_i, at_j):
@@ -286,10 +280,10 @@ def _symmetric(q, k, v, beta, slope, shift, *, block: int, kind: str):
             distance = (i - j)[:, None, None] * size + offsets[:, None] - offsets[None, :]
             s = s - slope * jnp.abs(distance).astype(s.dtype)
         e = jnp.exp(s if shift is None else s - shift)
-        acc = acc.at[i].add(jnp.where(live[:, None, None], _row_sums(e, at_j["v"]), 0))
-        return acc.at[j].add(jnp.where((live & (i != j))[:, None, None], _column_sums(e, at_i["v"]), 0))
+        acc = acc.at[i].add(jnp.where(live[:, None, None], _tile_sums(e, at_j["v"], columns=False), 0))
+        return acc.at[j].add(jnp.where((live & (i != j))[:, None, None], _tile_sums(e, at_i["v"], columns=True), 0))
 
-    acc = _pair_scan(body, jnp.zeros_like(v_tiles), rows, cols, _lanes(count * (count + 1) // 2))
+    acc = _pair_scan(body, jnp.zeros_like(v_tiles), rows, cols)
     acc = acc.reshape(-1, v.shape[1])[:n]
     return acc[:, :-1] / acc[:, -1:] if normalized else acc / n
 
@@ -359,7 +353,6 @@ def fold_pairs(fold: Callable, init, x: Float[Array, "n d"], block: int):
     n = x.shape[0]
     size = min(block, n)
     tiles = _split(x, size)
-    count = tiles.shape[0]
     offsets = jnp.arange(size)
 
     def body(carry, i, j, live, at_i, at_j):
@@ -368,7 +361,7 @@ def fold_pairs(fold: Callable, init, x: Float[Array, "n d"], block: int):
         weight = jnp.where(live, jnp.where(i == j, 1, 2), 0)[:, None, None]
         return fold(carry, _tile_products(at_i, at_j), valid, index_i, index_j, weight)
 
-    return _pair_scan(body, init, tiles, tiles, _lanes(count * (count + 1) // 2))
+    return _pair_scan(body, init, tiles, tiles)
 
 
 def log_sum_exp_pairs(x: Float[Array, "n d"], beta: ScalarLike, block: int) -> Scalar:
@@ -434,7 +427,7 @@ def components(u: Float[Array, "n d"], threshold: ScalarLike, block: int) -> Int
 
     def step(state):
         labels, _ = state
-        new = _pair_scan(pair, labels, tiles, tiles, _lanes(count * (count + 1) // 2))
+        new = _pair_scan(pair, labels, tiles, tiles)
         flat = new.reshape(-1)
         flat = flat[jnp.minimum(flat, count * size - 1)]  # pointer jumping (padding points to itself)
         new = flat.reshape(count, size)
