@@ -39,7 +39,7 @@ _EXPORTS = {
         "UniformCube",
         "UniformSphere",
     ),
-    "lyapunov": ("lyapunov_spectrum",),
+    "lyapunov": ("lyapunov_spectrum", "rotation_orbit"),
     "sensitivity": ("Sensitivity", "token_sensitivity"),
     "_metrics": (
         "Recorder",

@@ -34,7 +34,7 @@ from ._initial import (
     UniformSphere,
 )
 from ._metrics import Recorder, attention_rows
-from ._random_matrices import draw_matrix
+from ._random_matrices import SQUARE_LAWS, draw_matrix
 from ._solvers import no_error_estimate
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
 from ._terms import MLP, SelfAttention, TokenNorm
@@ -118,18 +118,19 @@ def _not_applicable(cfg: Config, base: Config) -> None:
         rules.append(("metrics without pair_density, clusters or cluster_sizes", [("eps", lambda c: c.eps)]))
     random_weights = cfg.mlp.enabled or (cfg.attention and any(getattr(cfg.weights, m).kind == "random" for m in "qkvo"))
     if not random_weights:
-        rules.append(("no random weights", [("weights.shared", lambda c: c.weights.shared)]))
+        rules.append(("no random weights", [("weights.shared", lambda c: c.weights.shared),
+                                            ("weights.per_beta", lambda c: c.weights.per_beta)]))
     if cfg.attention:
         for m in "qkvo":
             spec, default = getattr(cfg.weights, m), getattr(base.weights, m)
             uses = {
                 "identity": ("scale",),
-                "matrix": ("value", "scale"),
-                "random": ("law", "scale", "redraw_every"),
-                "tied": ("sign", "scale"),
+                "matrix": ("value", "scale", "transpose"),
+                "random": ("law", "scale", "redraw_every", "transpose"),
+                "tied": ("sign", "scale", "transpose"),
                 "none": (),
             }[spec.kind]
-            unused = [k for k in ("law", "scale", "value", "sign", "redraw_every") if k not in uses]
+            unused = [k for k in ("law", "scale", "value", "sign", "redraw_every", "transpose") if k not in uses]
             if spec.kind == "none":
                 unused += ["switch_times", "factors", "poly"]
             given = [k for k in unused if getattr(spec, k) != getattr(default, k)]
@@ -309,8 +310,10 @@ def _check_weights(cfg: Config) -> None:
                 raise ConfigError("V tied to +-Q^T K needs d_v = d.")
         _number(f"weights.{name}.scale", spec.scale)
         _number(f"weights.{name}.sign", spec.sign)
-        if spec.kind == "random" and spec.law != "gaussian" and rows != cols:
+        if spec.kind == "random" and spec.law in SQUARE_LAWS and rows != cols:
             raise ConfigError(f"the {spec.law} law needs square matrices, weights.{name} is {(rows, cols)}.")
+        if spec.transpose and rows != cols:
+            raise ConfigError(f"weights.{name}.transpose needs a square matrix, weights.{name} is {(rows, cols)}.")
         per_piece = False
         if spec.kind == "matrix":
             if spec.value is None:
@@ -450,7 +453,23 @@ def _modulate(name: str, get: _Values, base: AbstractSchedule, dtype) -> Abstrac
         base = Scaled(factors[:1], base)
     if spec.poly is not None:
         base = Scaled(jnp.asarray(get(f"weights.{name}.poly"), dtype).reshape(-1), base)
+    if spec.transpose:
+        base = _Transposed(base)
     return base
+
+
+class _Transposed(AbstractSchedule):
+    """$W(t)^\top$ per head: the matrix a code that multiplies row vectors ($x W$) applies
+    to column vectors."""
+
+    base: AbstractSchedule
+
+    def __call__(self, t, at=None):
+        return jnp.swapaxes(self.base(t, at), -1, -2)
+
+    @property
+    def shape(self):
+        return self.base.shape[:-2] + self.base.shape[:-3:-1]
 
 
 class _QtK(AbstractSchedule):
@@ -625,6 +644,12 @@ class ConfiguredSystem(eqx.Module):
         k_init, k_weights = jax.random.split(key)
         if cfg.weights.shared:
             k_weights = jax.random.fold_in(jax.random.key(self.seed), 1)
+        if cfg.weights.per_beta:
+            # A draw of its own for every value of beta (equal in float32: one draw), with
+            # the same initial tokens: the members are then independent per (member, beta)
+            # in their weights, as in the code of "A mathematical perspective on Transformers".
+            bits = jax.lax.bitcast_convert_type(jnp.asarray(beta, jnp.float32), jnp.uint32)
+            k_weights = jax.random.fold_in(k_weights, bits)
         field = build_field(cfg, k_weights, beta, dtype, self.values)
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         recorder = Recorder(

@@ -54,7 +54,7 @@ Dynamics = _choice("Dynamics", ("sa", "usa"))
 Scheme = _choice("Scheme", SCHEME_NAMES)
 NormKind = _choice("NormKind", ("sphere", "rms", "layer"))
 MatrixKind = _choice("MatrixKind", ("identity", "matrix", "random", "tied", "none"))
-Law = _choice("Law", ("gaussian", "goe", "wishart", "orthogonal"))
+Law = _choice("Law", ("gaussian", "product", "goe", "wishart", "orthogonal"))
 Activation = _choice("Activation", ("gelu", "gelu_tanh", "relu", "silu", "swiglu"))
 DType = _choice("DType", ("float32", "float64"))
 Solver = _choice("Solver", SOLVER_NAMES)
@@ -82,6 +82,7 @@ class MatrixConfig:
     scale: float = MISSING
     value: Any = MISSING  # (rows, cols) or (heads, rows, cols) nested lists, for kind=matrix; or one per piece of switch_times
     sign: float = MISSING  # V = sign Q^T K, for kind=tied
+    transpose: bool = MISSING  # use W^T: a code that multiplies row vectors, x W, applies W^T to columns
     switch_times: list[float] = MISSING
     factors: list[float] = MISSING
     redraw_every: float | None = MISSING
@@ -91,6 +92,7 @@ class MatrixConfig:
 @dataclass
 class WeightsConfig:
     shared: bool = MISSING
+    per_beta: bool = MISSING  # random weights drawn anew for every beta (false: the same draw at every beta)
     q: MatrixConfig = MISSING
     k: MatrixConfig = MISSING
     v: MatrixConfig = MISSING

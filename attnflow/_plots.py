@@ -200,7 +200,7 @@ def _initial_condition(cfg: dict) -> str:
     return f"{kind} ({', '.join(parameters)})" if parameters else str(kind)
 
 
-def _matrix(name: str, spec: Any, shared: bool) -> str:
+def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:
     """One of Q, K, V, O as the weight schedule builds it."""
     if not isinstance(spec, dict):
         return f"{name} {spec}"
@@ -212,14 +212,20 @@ def _matrix(name: str, spec: Any, shared: bool) -> str:
     elif kind == "matrix":
         text = f"{name} = given matrix"
     elif kind == "tied":
-        text = f"{name} = {'-' if spec.get('sign', 1) < 0 else ''}QᵀK"
+        scale = spec.get("scale", 1)
+        factor = "" if scale == 1 else f"{_number(scale)} "
+        text = f"{name} = {'-' if spec.get('sign', 1) < 0 else ''}{factor}QᵀK"
     elif kind == "random":
         law, scale = spec.get("law", "?"), spec.get("scale")
-        text = f"{name} random ({law}, scale {_number(scale)}, {'shared' if shared else 'per member'})"
+        drawn = ("shared" if shared else "per member") + (" and beta" if per_beta and not shared else
+                                                            ", per beta" if per_beta else "")
+        text = f"{name} random ({law}, scale {_number(scale)}, {drawn})"
         if spec.get("redraw_every") is not None:
             text += f", redrawn every {_number(spec['redraw_every'])}"
     else:
         text = f"{name} {kind}"
+    if spec.get("transpose") and kind in ("matrix", "random", "tied"):
+        text += " transposed"
     if spec.get("switch_times"):
         text += f" × factors {_sequence(spec.get('factors', []))} switching at t = {_sequence(spec['switch_times'])}"
     if spec.get("poly") is not None:
@@ -231,8 +237,9 @@ def _weights(cfg: dict) -> str:
     weights = cfg.get("weights")
     if not isinstance(weights, dict):
         return "Weights: not recorded"
-    shared = bool(weights.get("shared", True))
-    matrices = [_matrix(name, weights.get(key, {}), shared) for name, key in zip("QKVO", "qkvo") if key in weights]
+    shared, per_beta = bool(weights.get("shared", True)), bool(weights.get("per_beta", False))
+    matrices = [_matrix(name, weights.get(key, {}), shared, per_beta) for name, key in zip("QKVO", "qkvo")
+                if key in weights]
     return "Weights: " + "; ".join(matrices)
 
 

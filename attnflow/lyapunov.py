@@ -22,6 +22,20 @@ On the sphere each token moves in $T_{x_i} S^{d-1}$: the deviation vectors start
 tangent space of every token and are projected back onto it before each factorization,
 so the $k \\le n(d-1)$ exponents leave out the $n$ normal directions (along which the
 retraction contracts at once, an exponent of $-\\infty$).
+
+**Symmetries.** A flow that commutes with a group, $\\Phi_t(g y) = g\\, \\Phi_t(y)$, maps
+the tangent vectors of the group orbit at $y$ to those at $\\Phi_t(y)$: for rotations,
+$D\\Phi_t(y)[A y] = A\\, \\Phi_t(y)$ for every skew-symmetric $A$. Such vectors neither
+grow nor shrink while the orbit keeps its dimension, so the spectrum holds zeros forced
+by the symmetry, one per orbit direction, whatever the dynamics do. Self-attention with
+$Q$, $K$, $V$ multiples of the identity commutes with every rotation of $\\mathbb R^d$:
+its orbit has dimension $d(d-1)/2$ while the tokens span at least a plane (for example
+two distinct clusters), and $d - 1$ at consensus. With `quotient` (for example
+`rotation_orbit`), the deviation vectors are kept orthogonal to the orbit's tangent
+space (projected before every factorization): the exponents are those of the flow on
+the quotient, the *transverse* exponents, the spectrum with the orbit's directions
+removed. The orbit's span is invariant under the tangent map, so the projected products
+telescope: $P D\\Phi_2 P D\\Phi_1 P = P D\\Phi_2 D\\Phi_1 P$ with $P$ the projection.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 
@@ -85,6 +100,33 @@ def _orthonormalized(v: Float[Array, " k *shape"]) -> tuple[Array, Array]:
     return (q * sign).T.reshape(v.shape), jnp.log(jnp.abs(diag))
 
 
+def rotation_orbit(y: Float[Array, "n d"]) -> Float[Array, "m n d"]:
+    """The tangent vectors $A y$ of the rotation orbit of the tokens $y$ (rows $x_i \\mapsto
+    A x_i$), one for each generator $A = e_a e_b^\\top - e_b e_a^\\top$, $a < b$: $m =
+    d(d-1)/2$ vectors that span the orbit's tangent space (fewer independent ones when the
+    tokens are degenerate, for example all at one point). Tangent to the sphere at every
+    token: the `quotient` of `lyapunov_spectrum` for rotation-equivariant flows."""
+    d = y.shape[-1]
+    a, b = (jnp.asarray(i) for i in np.triu_indices(d, k=1))
+    m = jnp.arange(a.shape[0])
+    # Row x_i of A y is e_a x_ib - e_b x_ia for the generator (a, b).
+    out = jnp.zeros((a.shape[0],) + y.shape, y.dtype)
+    out = out.at[m, :, a].set(y[:, b].T)
+    return out.at[m, :, b].set(-y[:, a].T)
+
+
+def _orbit_complement(span: Array, v: Array) -> Array:
+    """`v` (k vectors) projected onto the orthogonal complement of the span of `span` (m
+    vectors), both flattened. Directions of the span whose share of its Gram spectrum is
+    at the round-off of the dtype (a degenerate orbit) are left out."""
+    s = span.reshape(span.shape[0], -1)
+    w, u = jnp.linalg.eigh(s @ s.T)
+    keep = w > w[-1] * 100 * jnp.finfo(s.dtype).eps
+    basis = jnp.where(keep[:, None], (u.T @ s) / jnp.sqrt(jnp.where(keep, w, 1.0))[:, None], 0.0)
+    flat = v.reshape(v.shape[0], -1)
+    return (flat - (flat @ basis.T) @ basis).reshape(v.shape)
+
+
 def lyapunov_spectrum(
     field: VectorField | Callable,
     y0: Float[Array, "*shape"],
@@ -98,6 +140,7 @@ def lyapunov_spectrum(
     running: bool = False,
     key: PRNGKeyArray | None = None,
     args=None,
+    quotient: Callable[[Array], Array] | None = None,
 ) -> LyapunovSpectrum:
     r"""The $k$ leading finite-time Lyapunov exponents of $\dot y = f(t, y)$ on $[t_0, t_1]$
     from `y0`, by the QR (Benettin) method.
@@ -119,6 +162,12 @@ def lyapunov_spectrum(
       time (their convergence in $T$).
     - `key`: draws the initial orthonormal deviation vectors (default
       `jax.random.key(0)`).
+    - `quotient`: a function of the state returning vectors `(m, *y.shape)` that span
+      the tangent space of the orbit of a symmetry of the flow (for example
+      `rotation_orbit` when the flow commutes with rotations); the deviation vectors
+      are then kept orthogonal to it, and the exponents are the transverse ones: the
+      zeros that the symmetry forces are left out. `k` is then at most the dimension
+      less $m$.
 
     Traceable in `y0` (and the field's arrays): it can be called under `jax.jit` and
     `jax.vmap` over members; $t_0$, $t_1$, `dt` and the integers are static.
@@ -142,6 +191,15 @@ def lyapunov_spectrum(
     on_sphere = not isinstance(geometry, Euclidean)
     dimension = y0.shape[0] * (y0.shape[1] - 1) if on_sphere else y0.size
     where = f"the tangent space has dimension n(d - 1) = {dimension}" if on_sphere else f"the state has {dimension} entries"
+    if quotient is not None:
+        if not callable(quotient):
+            raise ConfigError(f"quotient must be a function of the state (such as rotation_orbit), got {quotient!r}.")
+        spanning = jax.eval_shape(quotient, y0)
+        if spanning.shape[1:] != y0.shape:
+            raise ConfigError(f"quotient must return vectors of the state's shape, (m, "
+                              f"{', '.join(map(str, y0.shape))}), got shape {spanning.shape}.")
+        dimension -= spanning.shape[0]
+        where += f", less the {spanning.shape[0]} orbit directions of the quotient"
     k = dimension if k is None else k
     if not (isinstance(k, numbers.Integral) and 1 <= k <= dimension):
         raise ConfigError(f"k must be a whole number of exponents from 1 to {dimension} ({where}), got {k!r}.")
@@ -160,7 +218,11 @@ def lyapunov_spectrum(
     t0_ = jnp.asarray(t0, dtype)
     h = (jnp.asarray(t1, dtype) - t0_) / num_steps
     key = jax.random.key(0) if key is None else key
-    tangent = lambda y, v: jax.vmap(lambda w: geometry.project(y, w))(v)
+    on_manifold = lambda y, v: jax.vmap(lambda w: geometry.project(y, w))(v)
+    if quotient is None:
+        tangent = on_manifold
+    else:
+        tangent = lambda y, v: _orbit_complement(quotient(y), on_manifold(y, v))
     v0, _ = _orthonormalized(tangent(y0, jax.random.normal(key, (k,) + y0.shape, dtype)))
 
     def advance(y, v, t):

@@ -119,6 +119,52 @@ def test_consensus_spectrum_is_the_analytic_one(kind, betas):
         np.testing.assert_allclose(running[-1], expected, atol=3.0 / t1)
 
 
+def test_rotation_orbit_spans_the_directions_the_symmetry_keeps_neutral():
+    """Q = K = V = I attention commutes with rotations, so the tangent map carries an
+    orbit direction A y to A Phi(y) (tests/README.md, section 11). At consensus the
+    transverse spectrum (quotient=rotation_orbit) is -rate every time, the d - 1 zeros of
+    the full spectrum being the orbit; for two distinct clusters the full spectrum holds
+    d(d - 1)/2 = 3 forced zeros and the transverse one at most the clusters' relative
+    angle. Breaking the quotient (no projection) brings the zeros back."""
+    d, n, h = 3, 6, 0.1
+    y = af.UniformSphere()(jax.random.key(0), n, d, jnp.float64)
+    orbit = np.asarray(af.rotation_orbit(y))
+    assert orbit.shape == (3, n, d)
+    np.testing.assert_allclose(np.sum(orbit * np.asarray(y)[None], axis=-1), 0.0, atol=1e-15)  # tangent
+    field = consensus_field(2.0, d)
+    step = lambda z: af.simulate(field, z, t1=1.0, dt=h, solver="rk4", save_every=10).xs[-1]
+    image, pushed = jax.vmap(lambda v: jax.jvp(step, (y,), (v,)), out_axes=(None, 0))(jnp.asarray(orbit))
+    np.testing.assert_allclose(pushed, af.rotation_orbit(image), atol=1e-12)
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def late(y0, beta, transverse):
+        res = lyapunov_spectrum(consensus_field(beta, d), y0, t1=40.0, dt=h, k=5, running=True,
+                                reorthonormalize_every=5, quotient=af.rotation_orbit if transverse else None)
+        half = res.times.size // 2 - 1
+        return ((res.times[-1] * res.running[-1] - res.times[half] * res.running[half])
+                / (res.times[-1] - res.times[half]))
+
+    # Consensus: the tokens at one point, nudged by 1e-7.
+    centre = np.array([0.3, -0.5, 0.8]) / np.linalg.norm([0.3, -0.5, 0.8])
+    near = jnp.asarray(np.tile(centre, (n, 1)) + 1e-7 * np.random.default_rng(0).normal(size=(n, d)))
+    np.testing.assert_allclose(late(near, 1.0, True), rk4_rate(-1.0, h), atol=1e-10)
+    full = np.asarray(late(near, 1.0, False))
+    np.testing.assert_allclose(full[:2], 0.0, atol=1e-10)
+    np.testing.assert_allclose(full[2:], rk4_rate(-1.0, h), atol=1e-10)
+    # Two clusters of three tokens, 90 degrees apart, at beta = 9: apart for the whole run.
+    rng = np.random.default_rng(1)
+    two = np.concatenate([np.eye(3)[0] + 0.05 * rng.normal(size=(3, 3)), np.eye(3)[1] + 0.05 * rng.normal(size=(3, 3))])
+    two = jnp.asarray(two / np.linalg.norm(two, axis=1, keepdims=True))
+    full = np.asarray(late(two, 9.0, False))
+    assert np.all(np.abs(full[:3]) < 1e-3), full  # the three rotations: forced zeros
+    transverse = np.asarray(late(two, 9.0, True))
+    # The clusters' relative angle alone stays nearly neutral (it drifts: 0.004 here); the
+    # rest contract inside the clusters.
+    assert abs(transverse[0]) < 0.01 and np.all(transverse[1:] < -0.9), transverse
+    with pytest.raises(af.ConfigError, match="k must be a whole number of exponents from 1 to 9"):
+        lyapunov_spectrum(consensus_field(1.0, d), near, t1=1.0, dt=h, k=10, quotient=af.rotation_orbit)
+
+
 def test_exponents_do_not_depend_on_the_reorthonormalisation_interval(on_attractor):
     # The product of the interval factors R is the triangular factor of the whole
     # product, so only round-off tells the intervals apart while the vectors stay well

@@ -74,6 +74,42 @@ def test_small_beta_gives_the_consensus_spectrum(consensus_run):
         assert np.all(distance <= 1.1 * motion + 2 * rate**5 * H**4 / 120), (distance, motion)
 
 
+@pytest.fixture(scope="module")
+def beta_run():
+    # The README's system (n = 32 uniform tokens on S^2, RK4 with h = 0.1 on [0, 100]) at
+    # a small, a middle and a large beta, 16 members each.
+    return run_experiment("lyapunov", {"beta": [1.0, 3.0, 5.0], "members": 16, "compilation_cache": False})
+
+
+def test_consensus_at_small_beta_and_metastable_clusters_at_large_beta(beta_run):
+    """The README's claims on experiment=lyapunov. beta = 1: every member at consensus over
+    [50, 100], lambda_1 = 0 (the symmetry), lambda_3 = -1 and its transverse exponents
+    all -1 (the closed form); beta = 5: no member at consensus, lambda_3 = 0 (forced by
+    the third rotation while the tokens are split) and the leading transverse exponent
+    near 0 (the clusters' relative position, nearly neutral: measured, not forced); the
+    running transverse estimate rises at short times, then decays."""
+    ds = beta_run
+    # The share at consensus falls with beta: 100% at 1 and 0 at 5, and half of the
+    # members at beta = 3 (the committed run: 50% of 64); 16 members put a binomial
+    # standard deviation of 12.5% on that half, so [0.15, 0.85] holds at 2.8 of them.
+    share = ds["consensus_fraction"].values
+    assert share[0] == 1.0 and share[2] == 0.0 and 0.15 <= share[1] <= 0.85, share
+    late, transverse = ds["late_exponents"], ds["late_transverse_exponents"]
+    # lambda_1 is the forced 0 at consensus; a split member's also sees its slow
+    # transverse direction (up to 0.03 here), the median stays at 0.
+    np.testing.assert_allclose(late.sel(beta=1.0, exponent=1), 0.0, atol=1e-3)
+    assert float(late.sel(beta=5.0, exponent=1).min()) > -5e-3
+    assert abs(float(ds["late_exponents_median"].sel(beta=5.0, exponent=1))) < 0.01
+    np.testing.assert_allclose(late.sel(beta=1.0, exponent=3), -1.0, atol=1e-3)
+    np.testing.assert_allclose(transverse.sel(beta=1.0), -1.0, atol=1e-3)
+    np.testing.assert_allclose(late.sel(beta=5.0, exponent=3), 0.0, atol=2e-3)
+    assert abs(float(ds["late_transverse_exponents_median"].sel(beta=5.0, transverse=1))) < 0.01
+    assert float(transverse.sel(beta=5.0, transverse=1).min()) > -0.1  # every member: a neutral direction
+    np.testing.assert_allclose(ds["transverse_consensus"], -1.0)
+    running = ds["transverse_running_median"].sel(transverse=1)
+    assert float(running.max()) > 0.03 and float(running.isel(time=-1).max()) < 0.01
+
+
 def test_the_experiment_redraws_from_its_dataset(consensus_run, tmp_path):
     _, ds = consensus_run
     paths = draw_experiment(ds, tmp_path)

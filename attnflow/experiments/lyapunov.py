@@ -1,5 +1,5 @@
 """Lyapunov spectra of the theory model against beta: consensus, and the slow exit of
-metastable clusters.
+metastable clusters, with the zeros that the rotation symmetry forces named and removed.
 
 Every member of a study (by default $Q = K = V = I$ softmax self-attention on the sphere,
 tokens uniform on $S^{d-1}$) gets its $k$ leading finite-time Lyapunov exponents by the
@@ -18,18 +18,33 @@ $\\dot v_i = -c\\,(v_i - \\bar v)$ on $(T_{x^*} S^{d-1})^n$, so the exponents ar
   uniform) and $c = H s_V e^{\\beta s_Q s_K}$ without normalization (USA); $H$ heads,
   $s_Q, s_K, s_V$ the scales of identity weights ($c = 1$ and $c = e^\\beta$ by default).
 
-A member that reaches consensus early has $\\lambda_1, \\dots, \\lambda_{d-1} \\to 0$ and
-$\\lambda_d \\to -c$, up to the transient of its start, which the estimate over
-$[t_0, T]$ carries as $O(1/T)$. A member still split into several clusters (beta large:
-metastability) has more slow directions: the clusters' relative motion, driven by the
-attention weight $e^{-\\beta(1 - \\cos\\theta)}$ between clusters at angle $\\theta$, is
-nearly neutral, so $\\lambda_d$ stays near 0 until they merge.
+**What the symmetry forces.** With $Q$, $K$, $V$ multiples of the identity the flow
+commutes with every rotation of $\\mathbb R^d$, so a deviation along the rotation orbit,
+$A X$ with $A$ skew-symmetric, is carried to $A X(t)$: it neither grows nor shrinks
+while the orbit keeps its dimension. The spectrum therefore holds zeros whatever the
+dynamics do: $d - 1$ of them at consensus (moving the consensus point), and
+$d(d-1)/2$ while the tokens span a plane, for example split into two clusters. So
+$\\lambda_1 = 0$ at every beta is the symmetry, not a finding, and for $d = 3$ so is
+$\\lambda_3 = 0$ for a member still split into clusters (the third rotation, about the
+consensus point, contracts with the tokens only once they meet).
+
+**What is measured.** The *transverse* exponents, with the deviation vectors kept
+orthogonal to the rotation orbit (`lyapunov_spectrum(..., quotient=rotation_orbit)`):
+the spectrum of the flow on configurations up to rotation. At consensus they are all
+$-c$ (the mean mode is the orbit). A member still split into several clusters (beta
+large: metastability) keeps a transverse exponent near 0: the clusters' relative
+position, driven by the attention weight $e^{-\\beta(1 - \\cos\\theta)}$ between clusters
+at angle $\\theta$, is nearly neutral until they merge. Estimates over $[t_0, T]$ carry the
+transient of the start as $O(1/T)$.
 
 Stored (`analyse`): per beta and member the exponents over $[t_0, t_1]$ (`exponents`)
 and over the second half $[t_h, t_1]$ (`late_exponents`, from differences of the
-running cumulative sums: the start's transient left out); the 10/50/90 percentiles over
-members of both and of the running estimates at every re-orthonormalisation time; the
-closed-form consensus values where the config has them (NaN otherwise).
+running cumulative sums: the start's transient left out); the same for the transverse
+exponents (`transverse_exponents`, `late_transverse_exponents`) when the system commutes
+with rotations (identity-like Q, K, V, no output matrix or MLP, on the sphere or in
+R^d); the 10/50/90 percentiles over members of all of them and of the running
+estimates at every re-orthonormalisation time; the closed-form consensus values where
+the config has them (NaN otherwise); the share of members at consensus per beta.
 
 All of it is one compiled program: a `jax.vmap` of `lyapunov_spectrum` over a piece of
 (beta, member) pairs, beta being data, called once per piece (`chunk_size` pairs at
@@ -58,7 +73,7 @@ from .._grid import step_count
 from .._progress import Progress
 from .._solvers import tableau
 from .._store import in_background
-from ..lyapunov import lyapunov_spectrum
+from ..lyapunov import lyapunov_spectrum, rotation_orbit
 from ._common import caption, config_of, member_summary, pyplot, save
 
 TITLE = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
@@ -131,6 +146,17 @@ def consensus_rate(cfg: Config, beta: float) -> float | None:
     return cfg.heads * w.v.scale * uniform
 
 
+def rotation_equivariant(cfg: Config) -> bool:
+    """Whether the config's flow commutes with every rotation of R^d (a structural fact):
+    attention alone with Q, K, V multiples of the identity (scales, switches and
+    polynomial factors allowed), no output matrix, on the sphere or without
+    normalization. Masks and ALiBi act on positions, not on R^d, and keep it."""
+    w = cfg.weights
+    return (cfg.attention and not cfg.mlp.enabled and cfg.norm in ("sphere", "none") and w.o.kind == "none"
+            and all(getattr(w, m).kind == "identity" for m in "qkv") and cfg.d_k in (None, cfg.d)
+            and cfg.d_v in (None, cfg.d))
+
+
 def consensus_spectrum(cfg: Config, beta: float, k: int) -> np.ndarray:
     """The $k$ leading exponents at consensus: $0$ ($d - 1$ times) and $-c$
     ($(n - 1)(d - 1)$ times), in descending order; NaN without a closed form."""
@@ -187,20 +213,21 @@ def panels(base, options) -> dict:
     return {}  # everything is computed in `analyse`: one compiled spectrum program
 
 
-def _one(system, key, beta, span, k, every, solver):
+def _one(system, key, beta, span, k, every, solver, quotient=None):
     """One member's spectrum: its field and tokens from the config, its deviation frame
     from its own key."""
     t0, t1, dt = span
     field, y0, _ = system(key, beta)
     res = lyapunov_spectrum(field, y0, t0=t0, t1=t1, dt=dt, k=k, solver=solver, reorthonormalize_every=every,
-                            running=True, key=jax.random.fold_in(key, _FRAME))
+                            running=True, key=jax.random.fold_in(key, _FRAME), quotient=quotient)
     return res.exponents, res.running
 
 
 @eqx.filter_jit
-def _piece(system, keys, betas, members, beta_index, span, k, every, solver):
+def _piece(system, keys, betas, members, beta_index, span, k, every, solver, quotient=None):
     """The pairs (keys[members[p]], betas[beta_index[p]]) of one piece, a vmap over them."""
-    return jax.vmap(lambda m, b: _one(system, keys[m], betas[b], span, k, every, solver))(members, beta_index)
+    return jax.vmap(lambda m, b: _one(system, keys[m], betas[b], span, k, every, solver, quotient))(
+        members, beta_index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,10 +264,11 @@ def default_chunk(cfg: Config, k: int) -> int:
     return max(1, 2**20 // ((k + 1) * cfg.n * max(cfg.n, cfg.d) * item * cfg.heads))
 
 
-def ensemble_spectra(cfg: Config, k: int, every: int) -> Spectra:
+def ensemble_spectra(cfg: Config, k: int, every: int, quotient=None) -> Spectra:
     """The k leading finite-time exponents of every (beta, member) of a validated study
     config: member m has the key `split(key(seed), members)[m]` (the core studies'
-    members: the same weights and initial tokens), for every beta."""
+    members: the same weights and initial tokens), for every beta. `quotient` as for
+    `lyapunov_spectrum` (the transverse exponents)."""
     betas, _ = betas_of(cfg)
     dtype = jnp.dtype(cfg.dtype.value)
     system = build_system(cfg)
@@ -253,12 +281,13 @@ def ensemble_spectra(cfg: Config, k: int, every: int) -> Spectra:
     size = math.ceil(pairs / pieces)
     beta_array = jnp.asarray(betas, dtype)
     exponents, running = [], []
-    with Progress("Lyapunov spectra", pairs, unit="members") as bar:
+    what = "Lyapunov spectra" if quotient is None else "transverse Lyapunov spectra"
+    with Progress(what, pairs, unit="members") as bar:
         for i in range(pieces):
             index = np.arange(i * size, (i + 1) * size) % pairs  # the last piece wraps around
             out = in_background(lambda index=index: jax.device_get(_piece(
                 system, keys, beta_array, (index % members).astype(np.int32), (index // members).astype(np.int32),
-                span, k, every, cfg.solver.value)))
+                span, k, every, cfg.solver.value, quotient)))
             exponents.append(out[0])
             running.append(out[1])
             bar.advance(min(size, pairs - i * size))
@@ -281,10 +310,54 @@ def ensemble_spectra(cfg: Config, k: int, every: int) -> Spectra:
     return Spectra(np.asarray(betas), times, exponents, running, late, float(times[half]))
 
 
+def transverse_count(cfg: Config, k: int) -> int:
+    """How many transverse exponents are kept: k, at most the n(d - 1) tangent directions
+    (n d in R^d) less the d(d - 1)/2 rotations."""
+    dimension = cfg.n * (cfg.d - 1) if cfg.norm == "sphere" else cfg.n * cfg.d
+    return min(k, dimension - cfg.d * (cfg.d - 1) // 2)
+
+
 def analyse(cfg, options, results) -> xr.Dataset:
     study = study_config(cfg)
     k = exponent_count(study, options)
-    return spectrum_dataset(study, ensemble_spectra(study, k, options["reorthonormalize_every"]), k)
+    every = options["reorthonormalize_every"]
+    ds = spectrum_dataset(study, ensemble_spectra(study, k, every), k)
+    if rotation_equivariant(study) and transverse_count(study, k) >= 1:
+        count = transverse_count(study, k)
+        ds = ds.merge(transverse_dataset(study, ensemble_spectra(study, count, every, quotient=rotation_orbit),
+                                         count))
+    return ds
+
+
+def transverse_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
+    """The transverse exponents (rotations removed) as `spectrum_dataset` stores the full
+    ones, on their own dimension `transverse` (numbered from 1), with their closed form at
+    consensus (-c, every one) and the share of members at consensus."""
+    index = np.arange(1, k + 1)
+    coords = {"beta": spectra.betas, "member": np.arange(cfg.members), "transverse": index,
+              "time": spectra.times}
+    ds = xr.Dataset(coords=coords)
+    dims = ("beta", "member", "transverse")
+    ds["transverse_exponents"] = xr.DataArray(spectra.exponents, dims=dims).assign_attrs(
+        description=f"finite-time Lyapunov exponents over [t0, t1] = [{cfg.t0:g}, {cfg.t1:g}] of deviations kept "
+                    "orthogonal to the rotation orbit (the zeros forced by the symmetry removed), descending")
+    ds["late_transverse_exponents"] = xr.DataArray(spectra.late, dims=dims).assign_attrs(
+        description=f"transverse exponents over [{spectra.window:g}, {cfg.t1:g}] (the second half of the QR times)")
+    for name in ("transverse_exponents", "late_transverse_exponents"):
+        summary = member_summary(ds[name])
+        for key in ("q10", "median", "q90"):
+            ds[f"{name}_{key}"] = summary[f"{name}_{key}"]
+    running = xr.DataArray(spectra.running, dims=("beta", "member", "time", "transverse"), name="running")
+    summary = member_summary(running)
+    for key in ("q10", "median", "q90"):
+        ds[f"transverse_running_{key}"] = summary[f"running_{key}"].assign_attrs(
+            description=f"{PERCENTILES[key]} over members of the transverse exponents over [t0, time]")
+    rates = np.array([consensus_rate(cfg, b) if consensus_rate(cfg, b) is not None else np.nan
+                      for b in spectra.betas])
+    ds["transverse_consensus"] = xr.DataArray(np.broadcast_to(-rates[:, None], (len(rates), k)).copy(),
+                                              dims=("beta", "transverse")).assign_attrs(
+        description="the transverse exponents at consensus in closed form: -c, every one (NaN without it)")
+    return ds
 
 
 PERCENTILES = {"q10": "10th percentile", "median": "median", "q90": "90th percentile"}
@@ -327,8 +400,8 @@ def spectrum_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
     return ds
 
 
-def _band(ax, x, ds, name, j, color, label, marker="o"):
-    part = ds.sel(exponent=j)
+def _band(ax, x, ds, name, j, color, label, marker="o", dim="exponent"):
+    part = ds.sel({dim: j})
     ax.fill_between(x, part[f"{name}_q10"], part[f"{name}_q90"], color=color, alpha=0.2, linewidth=0)
     ax.plot(x, part[f"{name}_median"], color=color, marker=marker, markersize=3, label=label)
 
@@ -353,47 +426,74 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     betas = ds["beta"].values
     drawn = _drawn_exponents(ds, d)
     colors = {drawn[0]: "C0", drawn[-1]: "C3"}
-    fig, axes = plt.subplots(1, 3, figsize=(14.0, 4.4), layout="constrained")
+    transverse = "transverse_exponents" in ds
+    fig, axes = plt.subplots(1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4),
+                             layout="constrained")
     window = float(ds["late_window"])
-    t0, t1 = cfg["t0"], cfg["t1"]
+    t1 = cfg["t1"]
     has_theory = bool(np.isfinite(ds["consensus"].values).any())
-    titles = {"exponents": f"(a) exponents over [{t0:g}, {t1:g}]",
-              "late_exponents": f"(b) exponents over the second half [{window:g}, {t1:g}]"}
-    for ax, name in zip(axes[:2], ("exponents", "late_exponents")):
-        for j in range(1, ds.sizes["exponent"] + 1):
-            if j not in drawn:
-                ax.plot(betas, ds[f"{name}_median"].sel(exponent=j), color="0.6", linewidth=0.8,
-                        label="others: median" if j == 2 else None)
-        for j in drawn:
-            _band(ax, betas, ds, name, j, colors[j], f"lambda_{j}: median, 10-90%")
-            if has_theory:
-                ax.plot(betas, ds["consensus"].sel(exponent=j), color=colors[j], linestyle="--", linewidth=1,
-                        label=f"lambda_{j} at consensus")
+    # (a) the whole spectrum over the late window, its forced zeros named.
+    ax = axes[0]
+    for j in range(1, ds.sizes["exponent"] + 1):
+        if j not in drawn:
+            ax.plot(betas, ds["late_exponents_median"].sel(exponent=j), color="0.6", linewidth=0.8,
+                    label="others: median" if j == 2 else None)
+    for j in drawn:
+        _band(ax, betas, ds, "late_exponents", j, colors[j], f"lambda_{j}: median, 10-90%")
+        if has_theory:
+            ax.plot(betas, ds["consensus"].sel(exponent=j), color=colors[j], linestyle="--", linewidth=1,
+                    label=f"lambda_{j} at consensus")
+    ax.axhline(0, color="k", linewidth=0.5)
+    ax.set_xlabel("beta")
+    ax.set_ylabel("Lyapunov exponent")
+    forced = " (lambda_1 = 0 forced by rotations)" if transverse else ""
+    ax.set_title(f"(a) full spectrum over [{window:g}, {t1:g}]{forced}")
+    ax.legend(loc="lower left", fontsize=7)
+    if transverse:
+        # (b) the transverse exponents: what the symmetry does not fix.
+        ax = axes[1]
+        count = ds.sizes["transverse"]
+        last = min(d, count)
+        for j, color in ((1, "C2"), (last, "C4")) if last > 1 else ((1, "C2"),):
+            _band(ax, betas, ds, "late_transverse_exponents", j, color, f"transverse lambda_{j}: median, 10-90%",
+                  dim="transverse")
+        if np.isfinite(ds["transverse_consensus"].values).any():
+            ax.plot(betas, ds["transverse_consensus"].sel(transverse=1), color="k", linestyle="--", linewidth=1,
+                    label="every transverse exponent at consensus")
         ax.axhline(0, color="k", linewidth=0.5)
         ax.set_xlabel("beta")
         ax.set_ylabel("Lyapunov exponent")
-        ax.set_title(titles[name])
-    axes[0].legend(loc="upper left", bbox_to_anchor=(0.0, 0.94), fontsize=7)
-    ax = axes[2]
+        ax.set_title(f"(b) transverse spectrum (rotations removed) over [{window:g}, {t1:g}]")
+        ax.legend(loc="lower right", fontsize=7)
+    if "consensus_fraction" in ds:
+        ax = axes[2] if transverse else axes[1]
+        ax.plot(betas, 100 * ds["consensus_fraction"].values, color="C1", marker="o", markersize=3)
+        ax.set_ylim(-3, 103)
+        ax.set_xlabel("beta")
+        ax.set_ylabel("members at consensus over the late window (%)")
+        ax.set_title(f"({'c' if transverse else 'b'}) share of members at consensus")
+    else:
+        (axes[2] if transverse else axes[1]).set_visible(False)
+    # Last: the running estimates (the transverse ones where they exist).
+    ax = axes[-1]
     t = ds["time"].values
     chosen = _sample(betas, 4)
     cmap = plt.get_cmap("viridis")
+    name, dim, which = (("transverse_running", "transverse", [1]) if transverse else ("running", "exponent", drawn))
     for c, b in enumerate(chosen):
         color = cmap(c / max(len(chosen) - 1, 1))
-        for j, style in zip(drawn, ("-", "--")):
-            ax.plot(t, ds["running_median"].isel(beta=b).sel(exponent=j), color=color, linestyle=style,
-                    label=f"beta = {betas[b]:.3g}" if j == drawn[0] else None)
-    if has_theory:
-        for j in drawn:
-            for value in np.unique(ds["consensus"].isel(beta=chosen).sel(exponent=j).values):
-                ax.axhline(value, color="k", linestyle=":", linewidth=0.8)
+        for j, style in zip(which, ("-", "--")):
+            ax.plot(t, ds[f"{name}_median"].isel(beta=b).sel({dim: j}), color=color, linestyle=style,
+                    label=f"beta = {betas[b]:.3g}" if j == which[0] else None)
+    ax.axhline(0, color="k", linestyle=":", linewidth=0.8)
     ax.axvline(window, color="0.5", linewidth=0.6)
     ax.set_xlabel("T")
     ax.set_ylabel("exponent over [t0, T] (median over members)")
-    ax.set_title(f"(c) running estimates: lambda_{drawn[0]} solid" + (f", lambda_{drawn[-1]} dashed"
-                                                                      if len(drawn) > 1 else ""))
+    label = "transverse lambda_1" if transverse else f"lambda_{drawn[0]} solid" + (
+        f", lambda_{drawn[-1]} dashed" if len(drawn) > 1 else "")
+    ax.set_title(f"({'d' if transverse else 'c'}) running estimates: {label}")
     ax.legend(loc="lower right")
-    caption(fig, _caption(ds, cfg, drawn), width=190)
+    caption(fig, _caption(ds, cfg, drawn), width=240 if transverse else 190)
     return save(fig, folder, "lyapunov")
 
 
@@ -416,42 +516,34 @@ def _caption(ds, cfg, drawn) -> str:
             f"exponents by the QR method, tangent to the sphere where the tokens live on it. ")
     last = drawn[-1]
     low, high = ds.isel(beta=0), ds.isel(beta=-1)
-    median = lambda part, name, j: _fixed(float(part[f"{name}_median"].sel(exponent=j)))
-    text += (f"Median lambda_1 and lambda_{last}: at beta = {float(low['beta']):.3g} {median(low, 'exponents', 1)} "
-             f"and {median(low, 'exponents', last)} over the whole horizon, {median(low, 'late_exponents', 1)} "
-             f"and {median(low, 'late_exponents', last)} over its second half; at beta = "
-             f"{float(high['beta']):.3g} {median(high, 'exponents', 1)} and {median(high, 'exponents', last)}, "
-             f"late {median(high, 'late_exponents', 1)} and {median(high, 'late_exponents', last)}. ")
-    top = ds["exponents_median"].sel(exponent=1).values
-    bump = float(ds["running_median"].sel(exponent=1).max())
-    text += (f"Across the betas the median lambda_1 lies in [{_fixed(top.min())}, {_fixed(top.max())}] (10-90% of "
-             f"members in [{_fixed(float(ds['exponents_q10'].sel(exponent=1).min()))}, "
-             f"{_fixed(float(ds['exponents_q90'].sel(exponent=1).max()))}]); its running estimate reaches at most "
-             f"{bump:.2f} (c)")
-    text += (", at short times only: no sustained separation of nearby starts. " if top.max() < 0.01 and bump > 0
-             else ". ")
+    median = lambda part, name, j, dim="exponent": _fixed(float(part[f"{name}_median"].sel({dim: j})))
+    if "transverse_exponents" in ds:
+        d = cfg["d"]
+        text += (f"The flow commutes with every rotation of R^{d}: the spectrum (a) holds zeros that the symmetry "
+                 f"forces, {d - 1} at consensus and {d * (d - 1) // 2} while the tokens are split into clusters, so "
+                 f"lambda_1 = 0 at every beta is not a finding, nor is lambda_{last} = 0 for a split member. "
+                 f"(b) The transverse exponents, deviations kept orthogonal to the rotation orbit: all -c at "
+                 f"consensus (dashed). Median late transverse lambda_1: {median(low, 'late_transverse_exponents', 1, 'transverse')} "
+                 f"at beta = {float(low['beta']):.3g}, {median(high, 'late_transverse_exponents', 1, 'transverse')} at "
+                 f"beta = {float(high['beta']):.3g}: a member still split into clusters has a transverse direction "
+                 "(the clusters' relative position) that is nearly neutral over the window. ")
+        bump = float(ds["transverse_running_median"].sel(transverse=1).max())
+        text += (f"(d) Its running estimate over [t0, T] reaches at most {bump:.2f} at short times (the transient of "
+                 "the start) and decays: nearby configurations, up to rotation, do not keep separating. ")
+    else:
+        text += (f"Median lambda_1 and lambda_{last} over the late window: at beta = {float(low['beta']):.3g} "
+                 f"{median(low, 'late_exponents', 1)} and {median(low, 'late_exponents', last)}; at beta = "
+                 f"{float(high['beta']):.3g} {median(high, 'late_exponents', 1)} and "
+                 f"{median(high, 'late_exponents', last)}. ")
     consensus = ds["consensus"].sel(exponent=last).values
     if np.isfinite(consensus).all():
-        text += ("Dashed (a, b) and dotted (c): the consensus spectrum in closed form, 0 for the d - 1 rotations "
-                 "of the consensus point and -c for the contraction of the tokens to it (c = 1 for softmax "
-                 "attention, e^beta without normalization). ")
-        late = ds["late_exponents_median"].sel(exponent=last).values
-        reached = np.abs(late - consensus) < 0.1 * np.abs(consensus)
-        if reached.any() and not reached.all():
-            first = float(ds["beta"].values[np.argmin(reached)])
-            text += (f"The median member has reached consensus by the second half of the horizon up to beta = "
-                     f"{float(ds['beta'].values[reached][-1]):.3g}; from beta = {first:.3g} on its late "
-                     f"lambda_{last} is near 0 instead of {float(consensus[-1]):.3g}: the tokens are still in "
-                     "several clusters (metastability), whose relative motion is nearly neutral, and the band "
-                     "spans members that did and did not merge. ")
-        elif reached.all():
-            text += "Every beta's median member reaches consensus within the second half of the horizon. "
+        text += ("Dashed (a): the consensus spectrum in closed form, 0 for the d - 1 rotations of the consensus "
+                 "point and -c for the contraction of the tokens to it (c = 1 for softmax attention, e^beta without "
+                 "normalization). ")
         if "consensus_fraction" in ds:
             shares = ", ".join(f"{100 * v:.0f}" for v in ds["consensus_fraction"].values)
             text += (f"Members at consensus over the second half (late lambda_{last} within 10% of -c), in % for "
                      f"beta = {', '.join(f'{b:g}' for b in ds['beta'].values)}: {shares}. ")
-        text += ("Over the whole horizon the exponents carry the start's transient as O(1/T), which (c) shows "
-                 "decaying.")
     else:
         text += "This config has no closed-form consensus spectrum (it is known for identity Q, K, V on the sphere)."
     return text

@@ -3,26 +3,41 @@
 The pair-density diagram of `phase_diagram` (n = 32 tokens uniform on the sphere, Euler
 along the unprojected field then renormalize, pair density with the threshold
 <x_i, x_j> > 1 - 1e-3, averaged over members), now with random weights drawn afresh
-for every member ("A mathematical perspective on Transformers", fig. 5). Four panels:
+for every member and every beta ("A mathematical perspective on Transformers", fig. 5),
+with the laws and scales of that paper's own code (`phase-diagrams.py` of its
+repository):
 
-- `ginibre`: Q, K and V Ginibre, i.i.d. N(0, 1/d) entries;
-- `goe_wishart`: Q = I and K from the GOE, (G + G^T)/sqrt(2d), so that Q^T K is a GOE
-  matrix (semicircle on [-2, 2]), and V Wishart, G G^T / d (positive semi-definite,
-  Marchenko-Pastur on [0, 4]);
-- `v_plus_qtk`: Q, K Ginibre and V = Q^T K;
-- `v_minus_qtk`: Q, K Ginibre and V = -Q^T K.
+- the bilinear form of the logits, $B = Q^\\top K$, is drawn directly ($Q = I$, $K = B$):
+  the product law $G_1 G_2 / \\sqrt d$ (logits of variance 1 on unit tokens), or the GOE
+  $(G + G^\\top)/\\sqrt 2$ (variance $1 + \\langle x, y\\rangle^2$);
+- V is Wishart, $G G^\\top / \\sqrt d$, or tied to the form, $\\pm B / \\sqrt d$
+  ($\\pm B / \\sqrt{d + 1}$ for the GOE);
+- that code multiplies row vectors by V ($x^\\top V$), so V acts here, on column vectors,
+  as its transpose; this matters for the tied panels only ($B$ is not symmetric).
 
-These are the laws of `attnflow._random_matrices`, scaled so that every spectrum stays
-of order one as d grows (G has i.i.d. N(0, 1) entries). The equiangular curve of the
-Q = K = V = I model is drawn over every panel for comparison; the same transition
-measures as in `phase_diagram` are stored, per panel.
+The four panels of the figure (`experiment.options.panels` picks and orders them):
 
-`experiment.options.panels` picks a subset of the four.
+- `product_wishart` (a): $B$ product law, V Wishart. The paper's caption calls this V
+  Gaussian; its code's only random V (labelled "Gsn" in its own plots) is the Wishart
+  $G G^\\top/\\sqrt d$, so that is the law used;
+- `goe_wishart` (b): $B$ GOE, V Wishart;
+- `v_plus_qtk` (c): $B$ product law, $V = +B/\\sqrt d$ (as the code applies it);
+- `v_minus_qtk` (d): $B$ product law, $V = -B/\\sqrt d$.
+
+Two more panels can be asked for: `product_identity` ($B$ product law, V = I: random
+logits alone) and `product_ginibre` ($B$ product law, V Ginibre with entries
+$N(0, 1/d)$: a literal reading of the caption, at the Ginibre scale of
+`attnflow`, not the paper's).
+
+The equiangular curve of the Q = K = V = I model is drawn over every panel for
+comparison; the same transition measures as in `phase_diagram` are stored, per panel,
+and for each beta the mean pair density at the last time (`final_pair_density`).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import xarray as xr
@@ -32,21 +47,42 @@ from ._common import caption, config_of, save
 from .phase_diagram import check as check_eps
 from .phase_diagram import heatmaps, summarize
 
-TITLE = "Phase diagram of the pair density with random Q, K, V (d = 128)"
+TITLE = "Phase diagram of the pair density with random Q^T K and V (d = 128)"
 PAPER = "A mathematical perspective on Transformers, fig. 5"
 # eps: the equiangular curve is the time at which rho = 1 - eps; panels: which of PANELS to solve.
-OPTIONS = {"eps": 1e-3, "panels": ["ginibre", "goe_wishart", "v_plus_qtk", "v_minus_qtk"]}
+OPTIONS = {"eps": 1e-3, "panels": ["product_wishart", "goe_wishart", "v_plus_qtk", "v_minus_qtk"]}
 
-_RANDOM = {"kind": "random", "law": "gaussian"}
-# label -> (the title of its panel, the weights it sets)
+_IDENTITY = {"kind": "identity"}
+_PRODUCT = {"kind": "random", "law": "product"}
+_GOE = {"kind": "random", "law": "goe"}
+_WISHART = {"kind": "random", "law": "wishart"}
+
+
+def _tied(sign: float, form: str):
+    """V = sign B / sqrt(d) (sqrt(d + 1) for the GOE), transposed: the row-vector V of the
+    paper's code as it acts on column vectors."""
+    extra = 1 if form == "goe" else 0
+    return lambda d: {"kind": "tied", "sign": sign, "scale": 1.0 / math.sqrt(d + extra), "transpose": True}
+
+
+# label -> (its title, {weight: spec, or a function of d giving it})
 PANELS = {
-    "ginibre": ("Ginibre Q, K, V", {"q": _RANDOM, "k": _RANDOM, "v": _RANDOM}),
-    "goe_wishart": (r"GOE $Q^\top K$, Wishart V", {"q": {"kind": "identity"}, "k": {"kind": "random", "law": "goe"},
-                                                   "v": {"kind": "random", "law": "wishart"}}),
-    "v_plus_qtk": (r"Ginibre Q, K;  $V = Q^\top K$", {"q": _RANDOM, "k": _RANDOM, "v": {"kind": "tied", "sign": 1.0}}),
-    "v_minus_qtk": (r"Ginibre Q, K;  $V = -Q^\top K$", {"q": _RANDOM, "k": _RANDOM,
-                                                        "v": {"kind": "tied", "sign": -1.0}}),
+    "product_wishart": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = GG^\top/\sqrt{d}$",
+                        {"q": _IDENTITY, "k": _PRODUCT, "v": _WISHART}),
+    "goe_wishart": (r"$Q^\top K$ GOE, $V = GG^\top/\sqrt{d}$", {"q": _IDENTITY, "k": _GOE, "v": _WISHART}),
+    "v_plus_qtk": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = +Q^\top K/\sqrt{d}$",
+                   {"q": _IDENTITY, "k": _PRODUCT, "v": _tied(1.0, "product")}),
+    "v_minus_qtk": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = -Q^\top K/\sqrt{d}$",
+                    {"q": _IDENTITY, "k": _PRODUCT, "v": _tied(-1.0, "product")}),
+    "product_identity": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = I$", {"q": _IDENTITY, "k": _PRODUCT, "v": _IDENTITY}),
+    "product_ginibre": (r"$Q^\top K = G_1G_2/\sqrt{d}$, V Ginibre $N(0, 1/d)$",
+                        {"q": _IDENTITY, "k": _PRODUCT, "v": {"kind": "random", "law": "gaussian"}}),
 }
+# What the caption says of each law, in words.
+LAWS = ("Q = I and K = B, the bilinear form Q^T K drawn directly: product law B = G1 G2/sqrt(d) (logits of variance "
+        "1 on unit tokens) or GOE (G + G^T)/sqrt(2); V Wishart G G^T/sqrt(d) or tied to B as +-B/sqrt(d) "
+        "(+-B/sqrt(d + 1) for the GOE) and applied as its transpose (the published code multiplies row vectors by V); "
+        "G, G1, G2 with N(0, 1) entries, drawn anew for every member and every beta")
 
 
 def check(cfg, options) -> None:
@@ -62,8 +98,10 @@ def panels(base: dict, options: dict) -> dict[str, dict]:
     for label in options["panels"]:
         config = copy.deepcopy(base)
         for name, spec in PANELS[label][1].items():
+            spec = spec(int(base["d"])) if callable(spec) else spec
             config["weights"][name] = {**config["weights"][name], **spec}
         config["weights"]["shared"] = False
+        config["weights"]["per_beta"] = True
         configs[label] = config
     return configs
 
@@ -71,22 +109,23 @@ def panels(base: dict, options: dict) -> dict[str, dict]:
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     labels = list(results)
     ds = summarize(cfg, options, results, "panel", labels)
-    return ds.assign_coords(panel_title=("panel", [PANELS[label][0] for label in labels]))
+    final = ds["pair_density_mean"].isel(time=-1, drop=True).assign_attrs(
+        description=f"mean pair density at t = {float(ds['time'][-1]):g}")
+    return ds.assign(final_pair_density=final).assign_coords(
+        panel_title=("panel", [PANELS[label][0] for label in labels]))
 
 
 def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     cfg = config_of(ds)
     labels = [str(p) for p in ds["panel"].values]
-    titles = [f"{ds['panel_title'].values[k]}\n(mismatch {float(ds['curve_mismatch'].values[k]):.3f})"
-              for k in range(len(labels))]
+    titles = [f"({chr(97 + k)}) {ds['panel_title'].values[k]}" for k in range(len(labels))]
     fig = heatmaps(ds, "panel", titles)
     beta = ds["beta"].values
     caption(fig, (
-        f"Random weights drawn per member: Ginibre entries N(0, 1/d), GOE (G + G^T)/sqrt(2d), Wishart G G^T/d; "
-        f"softmax attention on S^{cfg['d'] - 1}, n = {cfg['n']} tokens uniform at t = 0, {cfg['members']} members "
-        f"per (panel, beta), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], {cfg['solver']} with "
-        f"dt = {cfg['dt']} in {cfg['dtype']}. Colour: fraction of token pairs with <x_i, x_j> > 1 - "
-        f"{cfg['eps']:g}, averaged over members. Dashed: the equiangular curve of the Q = K = V = I model "
-        f"(n = {cfg['n']}, eps = {float(ds['equiangular_time'].attrs['eps']):g}). Mismatch = mean "
-        f"|P - 1{{t >= t_eps}}| over the grid."), width=30 * len(labels) + 20)
+        f"{LAWS}. Softmax attention on S^{cfg['d'] - 1}, n = {cfg['n']} tokens uniform at t = 0, "
+        f"{cfg['members']} members per (panel, beta), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
+        f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
+        f"{cfg['dtype']}. Colour: fraction of token pairs with <x_i, x_j> > 1 - {cfg['eps']:g}, averaged over "
+        f"members. Dashed: the equiangular curve of the Q = K = V = I model (n = {cfg['n']}, eps = "
+        f"{float(ds['equiangular_time'].attrs['eps']):g}), for comparison."), width=30 * min(len(labels), 4) + 20)
     return save(fig, folder, "phase_diagram_random")
