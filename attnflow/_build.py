@@ -36,15 +36,8 @@ from ._initial import (
 from ._metrics import Recorder, attention_rows
 from ._random_matrices import draw_matrix
 from ._solvers import SOLVERS, no_error_estimate
-from ._schedules import (
-    AbstractSchedule,
-    Constant,
-    Identity,
-    PiecewiseConstant,
-    PiecewiseSchedule,
-    Scaled,
-    identity_multiple,
-)
+from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
+from ._schedules import identity_multiple
 from ._terms import MLP, SelfAttention, TokenNorm
 from ._tiled import resolve_block
 
@@ -191,7 +184,7 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
         step_count(cfg.t0, cfg.t1, cfg.dt)  # the one rule of fixed-step grids
     if cfg.adaptive and cfg.solver.startswith("euler"):
         raise no_error_estimate(f"solver {str(cfg.solver)!r}")
-    _check_time_change(cfg)
+    cfg = _check_time_change(cfg)
     if cfg.adaptive or cfg.exact_times:
         save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
     for key in ("rtol", "atol", "eps"):
@@ -238,7 +231,8 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     return _numbers_as_floats(cfg)
 
 
-def _check_time_change(cfg: Config) -> None:
+def _check_time_change(cfg: Config) -> Config:
+    """The time change checked; a number as the speed becomes a float."""
     speed, collisions = cfg.time_change.speed, cfg.time_change.collisions
     if speed == "log_beta":
         low = [b for b in betas_of(cfg)[0] if b <= 1]
@@ -258,6 +252,9 @@ def _check_time_change(cfg: Config) -> None:
             raise ConfigError(f"time_change.collisions forms all n^2 distances, which n={cfg.n} with "
                               f"attention_block={cfg.attention_block} keeps to tiles; set attention_block=0 or "
                               "collisions=null.")
+    if speed in (None, "log_beta"):
+        return cfg
+    return dataclasses.replace(cfg, time_change=dataclasses.replace(cfg.time_change, speed=float(speed)))
 
 
 def _floats(value: Any) -> Any:
@@ -280,10 +277,8 @@ def _numbers_as_floats(cfg: Config) -> Config:
         weights = dataclasses.replace(weights, **{m: dataclasses.replace(spec, value=_floats(spec.value))})
     token_norm = dataclasses.replace(cfg.token_norm, gamma=_floats(cfg.token_norm.gamma),
                                      shift=_floats(cfg.token_norm.shift))
-    speed = cfg.time_change.speed
-    time_change = dataclasses.replace(cfg.time_change, speed=speed if speed in (None, "log_beta") else float(speed))
     return dataclasses.replace(cfg, beta=_floats(cfg.beta), alibi=_floats(cfg.alibi), init=init, weights=weights,
-                               token_norm=token_norm, time_change=time_change)
+                               token_norm=token_norm)
 
 
 def _cosine_metrics(cfg: Config) -> bool:
@@ -617,7 +612,9 @@ def _data(cfg: Config) -> dict[str, np.ndarray]:
     values = {}
     for path in _DATA_PATHS:
         value = _get(cfg, path)
-        if value is None or isinstance(value, str) or (path.endswith(".scale") and path.startswith("weights") and value == 1):
+        if isinstance(value, str):  # a choice (time_change.speed=log_beta) is structure
+            continue
+        if value is None or (path.endswith(".scale") and path.startswith("weights") and value == 1):
             continue
         values[path] = np.asarray(value, dtype=np.float64)
     return values

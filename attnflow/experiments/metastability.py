@@ -137,8 +137,9 @@ def panels(base: dict, options) -> dict[str, dict]:
         metrics = set(config["metrics"])
         needed = {"clusters", "cluster_sizes"} if label == "staircase" else {"clusters"}
         if not needed <= metrics or not metrics & {"energy", "log_energy"}:
-            raise ConfigError(f"panel {label} of experiment metastability needs the metrics {', '.join(sorted(needed))} "
-                              f"and energy (or log_energy), got {config['metrics']}.")
+            names = ", ".join(sorted(needed))
+            raise ConfigError(f"panel {label} of experiment metastability needs the metrics {names} and energy (or "
+                              f"log_energy), got {config['metrics']}.")
     return configs
 
 
@@ -449,7 +450,8 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     energy = ds["staircase_energy"].values
     for b, color in enumerate(colors):
         ax.plot(s, energy[b], color=color, linewidth=1.3)
-        starts, ends, levels = (ds[f"staircase_relative_energy_plateau_{f}"].values[b] for f in ("start", "end", "level"))
+        starts, ends, levels = (ds[f"staircase_relative_energy_plateau_{f}"].values[b]
+                                for f in ("start", "end", "level"))
         for a, e, level in zip(starts, ends, levels):
             if np.isfinite(a):
                 ax.plot([a, e], [level, level], color=color, linewidth=6, alpha=0.3, solid_capstyle="butt")
@@ -475,8 +477,8 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
             f"({', '.join(f'{np.arctan2(y, x):.4f}' for x, y in init)} rad), the unnormalized field at constant speed "
             f"log beta in rescaled time s, {config['solver']} steps of {config['dt']:g}, tokens within "
             f"{config['time_change']['collisions']:g} merged, {config['dtype']}, eps = {config['eps']:g}; plateaus "
-            f"(shaded bars) are read while the cluster partition holds (tol {ds.attrs['staircase_tol']:g} of the range, "
-            f"at least {ds.attrs['staircase_min_length']:g} of s). Largest distance of a measured level from its "
+            f"(shaded bars) are read while the cluster partition holds (tol {ds.attrs['staircase_tol']:g} of the "
+            f"range, at least {ds.attrs['staircase_min_length']:g} of s). Largest distance of a measured level from its "
             f"partition's level: {worst}.")
 
 
