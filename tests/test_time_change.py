@@ -128,13 +128,15 @@ def test_collisions_merge_the_tokens_closer_than_the_distance_at_their_mean():
     # alone: the chain moves to its mean, on the circle; 3 and 4 keep every bit.
     angles = np.array([0.0, 0.0008, 0.0016, 0.5, 0.5011])
     x = _circle(angles)
-    merged = Collisions(jnp.asarray(1e-3))(x, af.Sphere())
+    merge = jax.jit(lambda x, geometry: Collisions(jnp.asarray(1e-3))(x, geometry), static_argnums=1)
+    merged = merge(x, af.Sphere())
     mean = np.asarray(x[:3]).mean(0)
     np.testing.assert_allclose(merged[:3], np.tile(mean / np.linalg.norm(mean), (3, 1)), rtol=1e-15)
     assert np.array_equal(merged[0], merged[1]) and np.array_equal(merged[1], merged[2])
     assert np.array_equal(merged[3:], x[3:])
     # in flat space the mean itself
-    flat = Collisions(jnp.asarray(0.5))(jnp.asarray([[0.0, 0.0], [0.4, 0.0], [3.0, 0.0]]), af.Euclidean())
+    flat = jax.jit(lambda x: Collisions(jnp.asarray(0.5))(x, af.Euclidean()))(
+        jnp.asarray([[0.0, 0.0], [0.4, 0.0], [3.0, 0.0]]))
     np.testing.assert_allclose(flat, [[0.2, 0.0], [0.2, 0.0], [3.0, 0.0]])
 
 
@@ -190,6 +192,8 @@ def test_a_configured_beta_sweep_runs_at_speed_log_beta_and_compiles_once():
 def test_the_results_say_their_time_is_rescaled_time():
     ds = af.run(_config())
     assert ds.attrs["time_axis"].startswith("rescaled time s, not t") and "log(beta)" in ds.attrs["time_axis"]
+    figure = af.summary_figure(ds)
+    assert {ax.get_xlabel() for ax in figure.axes if ax.get_xlabel()} == {"s (rescaled time)"}
     assert "time_axis" not in af.run(_config(time_change={"speed": None, "collisions": None}, beta=[1.0],
                                              dynamics="sa")).attrs
 
