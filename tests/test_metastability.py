@@ -300,3 +300,12 @@ def test_the_figure_is_drawn_from_results_nc_alone(experiment, tmp_path):
     paths = draw_experiment(af.load_results(tmp_path / "results.nc"), tmp_path)
     assert sorted(p.name for p in paths) == ["metastability.pdf", "metastability.png"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"staircase_detector": {"min_length": 0.003}}, r"min_length=0.003 must exceed tol x the span of the time axis"),
+    ({"staircase": 3}, "experiment.options.staircase must be a mapping"),
+])
+def test_bad_experiment_options_are_one_sentence_before_solving(options, message):
+    with pytest.raises(af.ConfigError, match=message):
+        run_experiment("metastability", {"experiment": {"options": options}})

@@ -134,6 +134,14 @@ def panels(base: dict, options) -> dict[str, dict]:
     if isinstance(base["beta"], (list, Mapping)):
         raise ConfigError(f"panel sphere of experiment metastability takes one beta, got beta={base['beta']}.")
     for label, config in configs.items():
+        # The detector refuses a shortest plateau that a steady drift could fill: say so now.
+        settings = options[f"{label}_detector"]
+        span = config["t1"] - config["t0"]
+        span, unit = (np.log10(span / config["dt"]), "decades of t") if label == "sphere" else (span, "of s")
+        if settings["min_length"] <= settings["tol"] * span:
+            raise ConfigError(f"experiment.options.{label}_detector.min_length={settings['min_length']:g} must exceed "
+                              f"tol x the span of the time axis ({settings['tol']:g} x {span:.3g} {unit}), or a "
+                              "steady drift would be cut into plateaus.")
         metrics = set(config["metrics"])
         needed = {"clusters", "cluster_sizes"} if label == "staircase" else {"clusters"}
         if not needed <= metrics or not metrics & {"energy", "log_energy"}:
@@ -312,7 +320,7 @@ def _staircase(res: xr.Dataset, options) -> xr.Dataset:
     for name, label in (("relative_energy", "energy"), ("clusters", "clusters"), ("cluster_sizes", "sizes")):
         da = res[name].transpose("beta", "time", ...)
         part[f"staircase_{label}"] = (tuple(rename.get(d, d) for d in da.dims), da.values, da.attrs)
-    if "x" in res:
+    if "x" in res and res.sizes["dim"] == 2:
         x = res["x"].transpose("beta", "time", "token", "dim").values
         part["staircase_angles"] = (("beta", "staircase_sample", "staircase_token"), np.arctan2(x[..., 1], x[..., 0]),
                                     {"description": "angle of each token on the circle (rad)"})
