@@ -55,7 +55,7 @@ _EXPORTS = {
         "order_parameter",
         "pair_density",
     ),
-    "metastability": ("Merges", "Plateaus", "detect_metastability", "merges", "plateaus"),
+    "metastability": ("Merges", "Plateaus", "detect_metastability", "merges", "partition_level", "plateaus"),
     "_plots": ("plot_summary", "summary_figure"),
     "_random_matrices": ("draw_matrix",),
     "_schedules": ("AbstractSchedule", "Constant", "Identity", "Interpolated", "PiecewiseConstant", "PiecewiseSchedule", "Scaled"),

@@ -22,7 +22,7 @@ from jaxtyping import Array, ArrayLike, PRNGKeyArray, ScalarLike, UInt32
 
 from ._config import Config, MatrixConfig, _default_config, compose, to_container
 from ._errors import ConfigError
-from ._field import VectorField
+from ._field import Collisions, ConstantSpeed, VectorField
 from ._grid import save_times, step_count
 from ._initial import (
     AbstractInitialCondition,
@@ -35,8 +35,9 @@ from ._initial import (
 )
 from ._metrics import Recorder, attention_rows
 from ._random_matrices import SQUARE_LAWS, draw_matrix
-from ._solvers import no_error_estimate
+from ._solvers import SOLVERS, no_error_estimate
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
+from ._schedules import identity_multiple
 from ._terms import MLP, SelfAttention, TokenNorm
 from ._tiled import resolve_block
 
@@ -184,6 +185,7 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
         step_count(cfg.t0, cfg.t1, cfg.dt)  # the one rule of fixed-step grids
     if cfg.adaptive and cfg.solver.startswith("euler"):
         raise no_error_estimate(f"solver {str(cfg.solver)!r}")
+    cfg = _check_time_change(cfg)
     if cfg.adaptive or cfg.exact_times:
         save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
     for key in ("rtol", "atol", "eps"):
@@ -228,6 +230,32 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     _not_applicable(cfg, base)
     _check_output_size(cfg)
     return _numbers_as_floats(cfg)
+
+
+def _check_time_change(cfg: Config) -> Config:
+    """The time change checked; a number as the speed becomes a float."""
+    speed, collisions = cfg.time_change.speed, cfg.time_change.collisions
+    if speed == "log_beta":
+        low = [b for b in betas_of(cfg)[0] if b <= 1]
+        if low:
+            raise ConfigError(f"time_change.speed=log_beta needs every beta above 1 (a positive speed log beta), "
+                              f"got beta={low[0]:g}.")
+    elif speed is not None:
+        if isinstance(speed, str):
+            raise ConfigError(f"time_change.speed must be null, a positive number or log_beta, got {speed!r}.")
+        _number("time_change.speed", speed, positive=True)
+    if collisions is not None:
+        _number("time_change.collisions", collisions, positive=True)
+        if cfg.adaptive:
+            raise ConfigError("time_change.collisions merges tokens after each fixed step; adaptive runs have no "
+                              "such steps: set adaptive=false or collisions=null.")
+        if resolve_block(cfg.n, cfg.attention_block) is not None:
+            raise ConfigError(f"time_change.collisions forms all n^2 distances, which n={cfg.n} with "
+                              f"attention_block={cfg.attention_block} keeps to tiles; set attention_block=0 or "
+                              "collisions=null.")
+    if speed in (None, "log_beta"):
+        return cfg
+    return dataclasses.replace(cfg, time_change=dataclasses.replace(cfg.time_change, speed=float(speed)))
 
 
 def _floats(value: Any) -> Any:
@@ -496,6 +524,13 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
     d, heads = cfg.d, cfg.heads
     dk, dv = cfg.d_k or d, cfg.d_v or d
     kq, kk, kv, ko, km = jax.random.split(key, 5)
+    time_change = collisions = None
+    if cfg.time_change.speed == "log_beta":
+        time_change = ConstantSpeed(jnp.log(jnp.asarray(beta, dtype)))
+    elif cfg.time_change.speed is not None:
+        time_change = ConstantSpeed(jnp.asarray(get("time_change.speed"), dtype))
+    if cfg.time_change.collisions is not None:
+        collisions = Collisions(jnp.asarray(get("time_change.collisions"), dtype))
     terms = []
     if cfg.attention:
         q = _schedule("q", get, kq, (heads, dk, d), dtype)
@@ -510,10 +545,16 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
             v = _schedule("v", get, kv, (heads, dv, d), dtype)
         o = _schedule("o", get, ko, (heads, d, dv), dtype)
         alibi = None if cfg.alibi is None else jnp.broadcast_to(jnp.asarray(get("alibi"), dtype), (heads,))
+        # Under the time change, the attention's exact forms that keep it finite at any beta
+        # and its clusters still (SelfAttention), where they are exact and the logits whole.
+        exact = time_change is not None and resolve_block(cfg.n, cfg.attention_block) is None
         terms.append(
             SelfAttention(q, k, v, o, jnp.asarray(beta, dtype), alibi, heads=heads,
                           kind=cfg.dynamics.value, causal=bool(cfg.causal), block=cfg.attention_block,
-                          unit_rows=_unit_rows(cfg))
+                          unit_rows=_unit_rows(cfg),
+                          scale_free=exact and cfg.dynamics == "usa" and not cfg.mlp.enabled,
+                          exclude_coincident=exact and cfg.norm == "sphere" and SOLVERS[cfg.solver.value][0]
+                          and identity_multiple(v) and o is None)
         )
     mlp = cfg.mlp
     if mlp.enabled:
@@ -537,7 +578,8 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
         tn = cfg.token_norm
         per_dim = lambda path: None if _get(cfg, path) is None else jnp.broadcast_to(jnp.asarray(get(path), dtype), (d,))
         norm = TokenNorm(tn.kind.value, per_dim("token_norm.gamma"), per_dim("token_norm.shift"), eps=float(tn.eps))
-    return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm)
+    return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm, time_change=time_change,
+                       collisions=collisions)
 
 
 def _unit_rows(cfg: Config) -> bool:
@@ -573,6 +615,7 @@ _DATA_PATHS = (
     "eps", "alibi", "mlp.scale", "token_norm.gamma", "token_norm.shift",
     *(f"weights.{m}.{k}" for m in "qkvo" for k in ("scale", "value", "sign", "switch_times", "factors", "poly")),
     "init.radius", "init.sigma", "init.spread", "init.centres", "init.low", "init.high", "init.value",
+    "time_change.speed", "time_change.collisions",
 )
 
 
@@ -588,6 +631,8 @@ def _data(cfg: Config) -> dict[str, np.ndarray]:
     values = {}
     for path in _DATA_PATHS:
         value = _get(cfg, path)
+        if isinstance(value, str):  # a choice (time_change.speed=log_beta) is structure
+            continue
         if value is None or (path.endswith(".scale") and path.startswith("weights") and value == 1):
             continue
         values[path] = np.asarray(value, dtype=np.float64)

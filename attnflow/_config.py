@@ -109,6 +109,15 @@ class MLPConfig:
 
 
 @dataclass
+class TimeChangeConfig:
+    """The flow at constant speed, $dX/ds = c F(X)/|F(X)|$ in a rescaled time s, and the
+    collisions of its fixed steps (docs/model.md)."""
+
+    speed: Any = MISSING  # null (real time), a number c > 0, or log_beta (c = log beta)
+    collisions: float | None = MISSING  # merge tokens closer than this after every fixed step
+
+
+@dataclass
 class InitConfig:
     """An initial condition; `kind` names the option of the `init` group."""
 
@@ -205,6 +214,7 @@ class Config:
     rtol: float = MISSING
     atol: float = MISSING
     max_steps: int = MISSING
+    time_change: TimeChangeConfig = MISSING
     chunk_size: int | None = MISSING
     saves: int = MISSING
     save_spacing: Spacing = MISSING

@@ -11,9 +11,67 @@ from jaxtyping import Array, Float, ScalarLike
 
 from ._errors import ConfigError
 from ._geometry import AbstractGeometry, Euclidean, Sphere
+from ._metrics import _labels
 from ._terms import AbstractInteraction, SelfAttention, TokenNorm
 
 SCHEMES = ("none", "sphere", "pre", "peri")
+
+
+class ConstantSpeed(eqx.Module):
+    """A time change to constant speed: the flow $\\dot X = \\mathcal{F}(X)$ run as
+
+    $$\\frac{dX}{ds} = c\\, \\frac{\\mathcal{F}(X)}{\\|\\mathcal{F}(X)\\|},\\qquad
+    \\|\\mathcal{F}\\|^2 = \\sum_i |\\mathcal{F}(X)_i|^2,$$
+
+    and $dX/ds = 0$ where $\\mathcal{F}(X) = 0$. Where $\\mathcal{F} \\ne 0$ the paths are
+    those of the flow in real time, reparametrised by the rescaled time
+    $s = \\int_0^t \\|\\mathcal{F}(X(u))\\| du / c$: the whole state moves at speed $c$ (the
+    Frobenius norm over all tokens of the field as it is stepped, tangent to the sphere
+    with the `sphere` scheme's projection). A field of exponentially small size, such as
+    the pull between clusters at large beta, is then followed at the speed of any other:
+    "Dynamic metastability in the self-attention model" (Geshkovski, Koubbi, Polyanskiy,
+    Rigollet) runs its energy staircase at $c = \\log\\beta$. Any positive factor of
+    $\\mathcal{F}$ divides out.
+
+    The norm is formed from the field over its largest entry, so that it neither
+    overflows nor underflows for fields of any size.
+    """
+
+    speed: Float[Array, ""]
+
+    def __call__(self, f: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        largest = jnp.max(jnp.abs(f))
+        moving = largest != 0  # (a NaN field stays NaN: the run reports it, it does not stop)
+        unit = f / jnp.where(moving, largest, 1)
+        norm = jnp.sqrt(jnp.sum(unit * unit))
+        return jnp.where(moving, self.speed * unit / jnp.where(moving, norm, 1), 0)
+
+
+class Collisions(eqx.Module):
+    """Tokens that meet stick together: after every fixed step, the tokens closer than
+    `distance` to one another (the connected components of the graph
+    $|x_i - x_j| < r$, the chordal distance, about the angle on the sphere) are moved to
+    their mean, put back on the sphere there.
+
+    In the exact flow coincident tokens stay coincident (they see the same field), and
+    under a constant-speed time change (`ConstantSpeed`) two tokens that attract collide
+    after a finite rescaled time. A fixed step cannot land on that collision: the pair
+    passes through itself and dithers at the scale of the step, and the field inside the
+    pair, of the size of the step, then outweighs the exponentially small pull between
+    clusters that the time change is meant to follow. Merging resolves the collision
+    at the scale $r$: a pair that meets symmetrically meets at its mean. Tokens alone in
+    their component are left exactly as they are. The graph is formed whole ($n^2$
+    distances).
+    """
+
+    distance: Float[Array, ""]
+
+    def __call__(self, x: Float[Array, "n d"], geometry: AbstractGeometry) -> Float[Array, "n d"]:
+        gap = x[:, None, :] - x[None, :, :]
+        labels = _labels(jnp.sum(gap * gap, axis=-1) < self.distance**2)
+        counts = jnp.zeros(x.shape[0], x.dtype).at[labels].add(1)[labels]
+        mean = jnp.zeros_like(x).at[labels].add(x)[labels] / counts[:, None]
+        return jnp.where(counts[:, None] > 1, geometry.retract(mean), x)
 
 
 class VectorField(eqx.Module):
@@ -27,6 +85,11 @@ class VectorField(eqx.Module):
     - `pre`: $\\dot x_i = F(t, N(X))_i$ (the pre-LN residual stream);
     - `peri`: $\\dot x_i = N_{out}(F(t, N(X))_i)$.
 
+    `time_change`, when set, runs the flow at constant speed in a rescaled time (see
+    `ConstantSpeed`): the field returned is $c\\,\\mathcal{F}/\\|\\mathcal{F}\\|$ of the
+    field above. `collisions`, when set, merges the tokens that meet after every
+    fixed step (see `Collisions`; adaptive runs refuse it).
+
     Called as `field(t, x, args)` so that it is a diffrax vector field. `piece_time`,
     when set, is the time at which piecewise weight schedules choose their piece (the
     fixed-step loop pins it to each step's midpoint, see `pinned`); by default they
@@ -39,6 +102,8 @@ class VectorField(eqx.Module):
     out_norm: TokenNorm | None = None
     tangent: bool = eqx.field(static=True, default=True)
     piece_time: Float[Array, ""] | None = None
+    time_change: ConstantSpeed | None = None
+    collisions: Collisions | None = None
 
     def __check_init__(self):
         if self.scheme not in SCHEMES:
@@ -49,6 +114,13 @@ class VectorField(eqx.Module):
             raise ConfigError("the 'peri' scheme needs an output normalization `out_norm`.")
         if not self.terms:
             raise ConfigError("the vector field has no terms: switch on attention, the MLP or both.")
+        attention = [term for term in self.terms if isinstance(term, SelfAttention)]
+        if any(term.exclude_coincident for term in attention) and not (self.scheme == "sphere" and self.tangent):
+            raise ConfigError("attention that leaves out coincident tokens needs the tangent-projected sphere field "
+                              "(scheme 'sphere' with a solver other than euler_renorm).")
+        if any(term.scale_free for term in attention) and (self.time_change is None or len(self.terms) > 1):
+            raise ConfigError("scale-free unnormalized attention (logits shifted by their maximum) is exact only as "
+                              "the one term of a field with a constant-speed time change.")
 
     @property
     def geometry(self) -> AbstractGeometry:
@@ -71,7 +143,7 @@ class VectorField(eqx.Module):
             f = self.geometry.project(x, f)
         elif self.scheme == "peri":
             f = self.out_norm(f)
-        return f
+        return f if self.time_change is None else self.time_change(f)
 
     def attention_weights(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
         """The attention matrices of the first attention term, at the tokens it sees."""

@@ -396,7 +396,11 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
     # A log axis cannot show t = t0: those points are left out.
     shown = time - t0 > 0 if log_time else np.ones(time.shape, bool)
     abscissa = (time - t0)[shown]
-    xlabel = ("t" if t0 == 0 else f"t − t0 (t0 = {t0:g})") + (", log scale" if log_time else "")
+    # A run at constant speed (time_change) records the rescaled time s.
+    rescaled = (cfg.get("time_change") or {}).get("speed") is not None
+    name = "s" if rescaled else "t"
+    xlabel = ((name if t0 == 0 else f"{name} − {name}0 ({name}0 = {t0:g})") + (" (rescaled time)" if rescaled else "")
+              + (", log scale" if log_time else ""))
     marker = "o" if abscissa.size == 1 else None
 
     for index, (name, label, series, limits, _) in enumerate(panels):

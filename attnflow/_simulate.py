@@ -56,11 +56,13 @@ def _advance(field, table, t, h, y, split=None, retractions=None):
     $\Phi_1^{h/2} \cdots \Phi_{m-1}^{h/2}\, \Phi_m^h\, \Phi_{m-1}^{h/2} \cdots \Phi_1^{h/2}$
     (second order). `retractions[k]`, when given, maps the state after each sub-step of
     term k (`retraction(at, y)` with the step's piece time `at`): the post-LN
-    normalization of a trained encoder.
+    normalization of a trained encoder. The field's `collisions`, when set, then merge
+    the tokens that met.
     """
     geometry = field.geometry
     if split is None:
-        return geometry.retract(rk_step(lambda s, z: field(s, z), table, t, h, y))
+        y = geometry.retract(rk_step(lambda s, z: field(s, z), table, t, h, y))
+        return y if field.collisions is None else field.collisions(y, geometry)
     parts = [dataclasses.replace(field, terms=(term,)) for term in field.terms]
     retractions = retractions or (None,) * len(parts)
 
@@ -71,14 +73,14 @@ def _advance(field, table, t, h, y, split=None, retractions=None):
     if split == "lie":
         for k in range(len(parts)):
             y = sub(k, t, h, y)
-        return y
-    last = len(parts) - 1
-    for k in range(last):
-        y = sub(k, t, h / 2, y)
-    y = sub(last, t, h, y)
-    for k in reversed(range(last)):
-        y = sub(k, t + h / 2, h / 2, y)
-    return y
+    else:
+        last = len(parts) - 1
+        for k in range(last):
+            y = sub(k, t, h / 2, y)
+        y = sub(last, t, h, y)
+        for k in reversed(range(last)):
+            y = sub(k, t + h / 2, h / 2, y)
+    return y if field.collisions is None else field.collisions(y, geometry)
 
 
 def _record_at_marks(field, table, y0, t0, h, num_steps: int, marks, record, split=None, retractions=None):
@@ -182,6 +184,9 @@ def simulate(
     - `adaptive`: PID step-size control with `rtol`, `atol` and at most `max_steps`
       steps; the solver steps to just before and just after every switch time of the
       field's schedules.
+    - The field's `time_change` (constant speed) makes `t` the rescaled time; its
+      `collisions` merge the tokens that met after every fixed step (not with
+      `adaptive`).
     - `split`: `"lie"` (Lie-Trotter) or `"strang"` advances each term of the field by
       its own sub-step (fixed steps only): a sequential transformer block is the
       Lie-Trotter split of attention and MLP with one Euler step per layer.
@@ -211,9 +216,15 @@ def simulate(
             raise ConfigError(f"unknown splitting {split!r}; choose one of {', '.join(SPLITS)}.")
         if adaptive or ts is not None:
             raise ConfigError("split steps are fixed steps recorded on the grid: leave out adaptive and ts.")
+        if field.time_change is not None:
+            raise ConfigError("a split step advances each term on its own, which a constant-speed time change of "
+                              "the whole field does not allow; leave out split or the time change.")
         if retractions is not None and len(retractions) != len(field.terms):
             raise ConfigError(f"give one retraction (or None) per term: {len(field.terms)} terms, "
                               f"{len(retractions)} retractions.")
+    if adaptive and field.collisions is not None:
+        raise ConfigError("collisions merge tokens after each fixed step; an adaptive run has no such steps: "
+                          "use fixed steps (adaptive=false) or leave out the collisions.")
     if adaptive:
         return _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps)
 

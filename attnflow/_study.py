@@ -201,8 +201,17 @@ def to_results(cfg: Config, result: EnsembleResult, betas, beta_is_list: bool) -
     coords = {"beta": (("beta",) if beta_is_list else (), beta), "member": (("member",), np.arange(cfg.members)),
               "time": (("time",), np.asarray(result.ts, dtype=np.float64))}
     described = {name: (dims, value, _attributes(name)) for name, (dims, value) in data_vars.items()}
-    return Results(coords=coords, data_vars=described,
-                   attrs={"config": config_yaml(cfg), "attnflow_version": _version()}, encoding=encoding)
+    attrs = {"config": config_yaml(cfg), "attnflow_version": _version()}
+    if cfg.time_change.speed is not None:
+        attrs["time_axis"] = time_axis(cfg.time_change.speed)
+    return Results(coords=coords, data_vars=described, attrs=attrs, encoding=encoding)
+
+
+def time_axis(speed) -> str:
+    """What `time` is in the results of a run at constant speed `speed` (a number or
+    `log_beta`)."""
+    c = "log(beta)" if speed == "log_beta" else f"{float(speed):g}"
+    return f"rescaled time s, not t: dX/ds = c F(X)/|F(X)| with c = {c} (time_change.speed)"
 
 
 _DESCRIPTIONS = {

@@ -123,6 +123,22 @@ class SelfAttention(AbstractInteraction):
     (Cauchy-Schwarz) and equals it, $\\beta s_Q s_K$ at the diagonal, on unit rows. The
     tiled path then needs no running maximum, and without a causal mask it goes through
     the symmetric logits once per pair of tiles (`attnflow._tiled.symmetric_attention`).
+
+    Two options serve a field run at constant speed (`attnflow.VectorField`'s
+    `time_change`), which turns any field, however small, into motion at full speed;
+    both need the logits formed whole (no tiles):
+
+    - `scale_free` (unnormalized attention only): the logits are shifted by their
+      maximum $M$ over all heads and pairs, so the term is $e^{-M}$ times the USA term,
+      finite for any beta (the USA term itself overflows float64 once $\\beta > 709$ on
+      unit tokens). A positive factor is divided out by the time change, and only by it.
+    - `exclude_coincident`: pairs of equal tokens ($x_j = x_i$, every coordinate) are left
+      out of the sum. With V a multiple of the identity (no output matrix, no biases)
+      their terms $a_{ij} V x_j$ are radial at $x_i$, so the tangent-projected field is
+      unchanged in exact arithmetic; in floating point the pull inside a cluster of
+      coincident tokens is then exactly zero, where the projection of their sum leaves a
+      residual of relative size $10^{-16}$ that can outweigh the pull between clusters
+      ($e^{-45}$ at beta = 4000 on the circle) and that a time change would follow.
     """
 
     query: AbstractSchedule
@@ -141,10 +157,19 @@ class SelfAttention(AbstractInteraction):
     rotary: Rotary | None = None
     block: int | None = eqx.field(static=True, default=None)
     unit_rows: bool = eqx.field(static=True, default=False)
+    scale_free: bool = eqx.field(static=True, default=False)
+    exclude_coincident: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         if self.kind not in ("sa", "usa"):
             raise ConfigError(f"attention kind must be 'sa' (softmax) or 'usa' (unnormalized), got {self.kind!r}.")
+        if self.scale_free and self.kind != "usa":
+            raise ConfigError("scale_free shifts the logits of unnormalized attention (kind 'usa'); softmax "
+                              "attention is scale-free already.")
+        if self.exclude_coincident and not (identity_multiple(self.value) and self.output is None and
+                                            self.value_bias is None and self.output_bias is None):
+            raise ConfigError("exclude_coincident leaves the tangent field unchanged only with V a multiple of the "
+                              "identity, no output matrix and no biases.")
         if self.block is not None and not (isinstance(self.block, int) and self.block >= 0):
             raise ConfigError(f"the attention block must be None (chosen by size), 0 (dense) or a positive number "
                               f"of tokens per tile, got {self.block!r}.")
@@ -243,6 +268,14 @@ class SelfAttention(AbstractInteraction):
             a = jnp.exp(scores) / x.shape[0]
         return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
 
+    def _kept(self, e: Array, x: Float[Array, "n d"], rows: Int[Array, " m"] | None) -> Array:
+        """The weights `e` `(..., m, n)`, with the pairs of equal tokens set to zero when
+        `exclude_coincident`."""
+        if not self.exclude_coincident:
+            return e
+        queries = x if rows is None else x[rows]
+        return jnp.where(jnp.all(queries[:, None, :] == x[None, :, :], axis=-1), 0, e)
+
     def __call__(self, t, x, at=None, rows: Int[Array, " m"] | None = None):
         """The term at every token, or at the tokens `rows` only (each still attending to all
         n tokens): shape `(m, d)`."""
@@ -250,6 +283,9 @@ class SelfAttention(AbstractInteraction):
         q, k = self._queries_keys(t, x, at, rows)
         values = _add(_apply(self.value, t, x, at), self.value_bias, t, at)
         tile = self.tile(n)
+        if tile is not None and (self.scale_free or self.exclude_coincident):
+            raise ConfigError(f"scale_free and exclude_coincident attention form the logits whole; at n={n} they "
+                              "would be tiled: set the attention block to 0.")
         if tile is not None:
             top = self._row_max(q, k)
             mixed = _tiled.attention_heads(q, k, values, self.beta, self.alibi, block=tile, kind=self.kind,
@@ -264,9 +300,12 @@ class SelfAttention(AbstractInteraction):
                 # the logits, and the known one measured no faster, benchmarks/tiled.py.)
                 top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
                 e = jnp.exp(scores - top)
-                mixed = _mix(e, values) / jnp.sum(e, axis=-1, keepdims=True)
+                mixed = _mix(self._kept(e, x, rows), values) / jnp.sum(e, axis=-1, keepdims=True)
+            elif self.scale_free:
+                e = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores)))
+                mixed = _mix(self._kept(e, x, rows), values) / n
             else:
-                mixed = _mix(jnp.exp(scores), values) / n
+                mixed = _mix(self._kept(jnp.exp(scores), x, rows), values) / n
         if self.output is not None:
             spec = "hde,ne->hnd" if mixed.ndim == 2 else "hde,hne->hnd"
             mixed = jnp.einsum(spec, self.output(t, at), mixed)

@@ -48,3 +48,30 @@ def equiangular_rho(times, beta, n, kind="sa", rho0=0.0):
     sol = solve_ivp(lambda t, r: equiangular_rate(r, beta, n, kind), (0.0, float(np.max(times))), [rho0],
                     method="DOP853", rtol=1e-13, atol=1e-15, t_eval=np.asarray(times, float), dense_output=False)
     return sol.y[0]
+
+
+def published_staircase(angles, beta: float, steps: int, step: float = 1e-5) -> np.ndarray:
+    """The energy staircase computed as the published code of "Dynamic metastability in the
+    self-attention model" computes it, in angles on the circle: with
+    $g_i = \\frac{1}{n^2} \\sum_j -\\sin(\\theta_i - \\theta_j) e^{\\beta(\\cos(\\theta_i - \\theta_j) - 1)}$,
+    each step is $\\theta \\leftarrow \\theta + h \\log(\\beta)\\, g / |g|$, and when $|g| < 10^{-5}$
+    every pair $j < k$ (in index order) with $|\\theta_j - \\theta_k| < 10^{-3}$ gets
+    $\\theta_k \\leftarrow \\theta_j$. Returns $\\frac{1}{n^2} \\sum_{ij} e^{\\beta(\\cos(\\theta_i -
+    \\theta_j) - 1)}$ after each step (at rescaled times $h, 2h, \\dots$)."""
+    theta = np.array(angles, dtype=np.float64)
+    n = theta.size
+    energy = np.empty(steps)
+    for k in range(steps):
+        gap = theta[:, None] - theta[None, :]
+        g = np.sum(-np.sin(gap) * np.exp(beta * (np.cos(gap) - 1)), axis=1) / n**2
+        size = np.linalg.norm(g)
+        if size > 0:
+            theta = theta + step * np.log(beta) * g / size
+        if size < 1e-5:
+            for j in range(n):
+                for i in range(j + 1, n):
+                    if abs(theta[j] - theta[i]) < 1e-3:
+                        theta[i] = theta[j]
+        gap = theta[:, None] - theta[None, :]
+        energy[k] = np.mean(np.exp(beta * (np.cos(gap) - 1)))
+    return energy

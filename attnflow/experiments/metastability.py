@@ -1,27 +1,37 @@
-"""Metastability: clusters that persist for a long time, then merge.
+"""Metastability: clusters that persist for a long time, then merge, and the energy
+staircase of "Dynamic metastability in the self-attention model".
 
-Under softmax self-attention with Q = K = V = I on the sphere, tokens first gather into
-a few clusters, quickly; two clusters at angle theta then pull on each other only
-through the attention weight $e^{-\\beta(1 - \\cos\\theta)}$ that one pays to the
-other, so they stay apart for a time exponentially long in beta before they merge ("A
-Survey of Continuous Time Dynamics of Transformers", section 4.1, theorem 4.7 and
-fig. 2; "Dynamic metastability in the self-attention model", Geshkovski, Koubbi,
-Polyanskiy, Rigollet). On a log time axis the cluster count steps down and the
-interaction energy climbs a staircase. Two panels:
+Under self-attention on the sphere, tokens first gather into a few clusters, quickly;
+two clusters at angle theta then pull on each other only through the attention weight
+$e^{-\\beta(1 - \\cos\\theta)}$ that one pays to the other, so they stay apart for a time
+exponentially long in beta before they merge ("A Survey of Continuous Time Dynamics of
+Transformers", section 4.1, theorem 4.7 and fig. 2; "Dynamic metastability in the
+self-attention model", Geshkovski, Koubbi, Polyanskiy, Rigollet). Two panels:
 
-- `sphere` (the experiment's own keys): tokens on S^2 in two small caps 90 degrees
-  apart form two clusters, which persist, then merge (the survey's fig. 2);
-- `circle` (`experiment.options.circle` over those keys): 5 uniform tokens on the circle
-  at a large beta climb the energy staircase of the "dynamic metastability" paper
-  through several merges.
+- `sphere` (a), the experiment's own keys: Q = K = V = I softmax attention, 16 tokens on
+  S^2 in two small caps 90 degrees apart form two clusters, which persist, then merge
+  (the survey's fig. 2), over log time;
+- `staircase` (b), `experiment.options.staircase` over the defaults: the published
+  staircase. n = 5 tokens on the circle at the angles
+  $\\theta_0 = \\tfrac12 (0, L/2, 2L, 4L, 7L)$ with $L = \\log 2000 / \\sqrt{2000}$ (the same
+  for every beta), the unnormalized (USA) field, the gradient of the interaction energy,
+  run at constant speed $c = \\log\\beta$ (`time_change.speed=log_beta`: a time change
+  that follows the exponentially small pulls between clusters at the speed of any other
+  motion), Euler steps of $10^{-5}$ in rescaled time $s$ (the published step), tokens that
+  meet merged (`time_change.collisions=1e-3`), for beta = 500 ... 4000 in one sweep. Its
+  normalized energy $\\frac{1}{n^2} \\sum_{ij} e^{\\beta(\\cos(\\theta_i - \\theta_j) - 1)}$
+  climbs the levels $\\sum_q m_q^2/n^2$ of the cluster partitions: 7/25 (2, 1, 1, 1),
+  11/25 (3, 1, 1), 13/25 (3, 2), then 1, over a linear axis of rescaled time.
 
 `analyse` runs the detector of `attnflow.metastability` on every member: plateaus of the
 energy relative to one cluster, $E_\\beta / E_\\beta^{\\max}$ with
-$E_\\beta^{\\max} = e^\\beta / (2\\beta)$ (its levels are $\\sum_q m_q^2$ for well-separated
-point clusters of mass fractions $m_q$), plateaus of the cluster count, and the merges
-with their times and counts. For each merge of two clusters into one it also computes
-the merge time of the two-point-cluster reduction: clusters A and B of mass fractions
-$m_A, m_B$ at angle $\\theta$ move towards each other along the great circle with
+$E_\\beta^{\\max} = e^\\beta / (2\\beta)$ (the normalized energy above; its levels are
+$\\sum_q m_q^2$ for well-separated point clusters of mass fractions $m_q$) while the
+cluster partition holds, each with its partition, plateaus of the cluster count, and the
+merges with their times and counts. For each merge of two clusters into one in panel (a)
+it also computes the merge time of the two-point-cluster reduction: clusters A and B of
+mass fractions $m_A, m_B$ at angle $\\theta$ move towards each other along the great
+circle with
 
 $$
 \\dot\\theta = -\\sin\\theta \\left(\\frac{m_B}{m_A e^{\\beta(1-\\cos\\theta)} + m_B}
@@ -34,9 +44,11 @@ stretch from the measured angle and masses, and ended when $\\cos\\theta > 1 - \
 the clustering threshold. It holds for Q = K = V = I softmax attention on the sphere
 only (NaN otherwise).
 
-The figure, for each panel: the drawn member's token paths (on the sphere, or as angles
-over log time on the circle), the cluster count and the relative energy over log time
-with that member's detected plateaus shaded and merges marked, the other members faint.
+The figure: (a) the drawn member's token paths on the sphere, the cluster count and the
+relative energy over log time with that member's detected plateaus shaded and merges
+marked, the other members faint; (b) the token angles at the largest beta, the energy
+staircases of every beta over rescaled time with the partition levels as reference lines
+and the detected plateaus marked, and the table of the detected plateaus.
 """
 
 from __future__ import annotations
@@ -49,52 +61,93 @@ import numpy as np
 import xarray as xr
 import yaml
 
+from .._config import defaults, to_container
 from .._errors import ConfigError
 from .._progress import Progress
 from ..metastability import detect_metastability
-from ._common import caption, config_of, pyplot, save, stack_panels, wireframe_sphere
+from ._common import caption, config_of, pyplot, save, wireframe_sphere
 from ._runner import merge_overrides
 
-TITLE = "Metastability: clusters that persist, then merge; the energy staircase over log time"
+TITLE = ("Metastability: clusters that persist, then merge (log time); the energy staircase of the cluster "
+         "partitions (rescaled time)")
 PAPER = ("A Survey of Continuous Time Dynamics of Transformers, fig. 2 (theorem 4.7); "
-         "Dynamic metastability in the self-attention model (energy staircase on the circle)")
+         "Dynamic metastability in the self-attention model (the energy staircase, its published code's setup)")
+
+
+def published_angles() -> list[float]:
+    """The initial angles of the published staircase, $\\tfrac12 (0, L/2, 2L, 4L, 7L) \\bmod \\pi$
+    (each term reduced mod pi before halving) with $L = \\log 2000 / \\sqrt{2000}$."""
+    size = np.log(2000) / np.sqrt(2000)
+    return (0.5 * np.mod(np.array([0.0, 0.5, 2.0, 4.0, 7.0]) * size, np.pi)).tolist()
+
+
 OPTIONS = {
-    "circle": {"n": 5, "d": 2, "beta": 15.0, "init": {"kind": "uniform"}},  # panel (b) over panel (a)'s keys
-    "tol": 0.02,  # a plateau spans at most this fraction of the series' range
-    "min_decades": 0.5,  # shortest plateau, in decades of t
-    "hold_decades": 0.2,  # shortest hold of a cluster count before and after a merge, in decades of t
-    "member": None,  # the member drawn large (None: the most merges, then the latest last merge)
+    # panel (b): keys over the defaults (not over panel (a)'s); conf/experiment/metastability.yaml holds them
+    "staircase": {
+        "n": 5, "d": 2, "beta": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0], "dynamics": "usa",
+        "init": {"kind": "given", "value": [[float(np.cos(a)), float(np.sin(a))] for a in published_angles()]},
+        "members": 1, "dtype": "float64", "t1": 0.2, "dt": 1.0e-5, "solver": "euler",
+        "time_change": {"speed": "log_beta", "collisions": 1.0e-3}, "saves": 2001, "save_states": True,
+        "metrics": ["log_energy", "clusters", "cluster_sizes"], "eps": 1.0e-8,
+    },
+    "sphere_detector": {"tol": 0.02, "min_length": 0.5, "hold_length": 0.2},  # lengths in decades of t
+    "staircase_detector": {"tol": 0.02, "min_length": 0.005, "hold_length": 0.002},  # lengths in rescaled time
+    "member": None,  # the member of panel (a) drawn large (None: the most merges, then the latest last merge)
 }
 SERIES = ("relative_energy", "clusters")
+# The partitions of the published staircase and their levels sum_q m_q^2 / n^2.
+STAIRCASE = {(2, 1, 1, 1): 7 / 25, (3, 1, 1): 11 / 25, (3, 2): 13 / 25, (5,): 1.0}
 
 
 def check(cfg, options) -> None:
-    """The detector's settings and the drawn member, checked before anything is solved."""
-    tol, member = options["tol"], options["member"]
-    if not (isinstance(tol, (int, float)) and 0 <= tol < 1):
-        raise ConfigError(f"experiment.options.tol is a fraction of a series' range in [0, 1), got {tol!r}.")
-    for key in ("min_decades", "hold_decades"):
-        if not (isinstance(options[key], (int, float)) and options[key] >= 0):
-            raise ConfigError(f"experiment.options.{key} must be a number of decades >= 0, got {options[key]!r}.")
+    """The detectors' settings and the drawn member, checked before anything is solved."""
+    for name in ("sphere_detector", "staircase_detector"):
+        settings = options[name]
+        if not (isinstance(settings, Mapping) and set(settings) == {"tol", "min_length", "hold_length"}):
+            raise ConfigError(f"experiment.options.{name} must map tol, min_length and hold_length to numbers, "
+                              f"got {settings!r}.")
+        tol = settings["tol"]
+        if not (isinstance(tol, (int, float)) and 0 <= tol < 1):
+            raise ConfigError(f"experiment.options.{name}.tol is a fraction of a series' range in [0, 1), got {tol!r}.")
+        for key in ("min_length", "hold_length"):
+            if not (isinstance(settings[key], (int, float)) and settings[key] >= 0):
+                raise ConfigError(f"experiment.options.{name}.{key} must be a number >= 0, got {settings[key]!r}.")
+    member = options["member"]
     if member is not None and not (isinstance(member, int) and 0 <= member < cfg.members):
         raise ConfigError(f"experiment.options.member must be null or a member in [0, {cfg.members}), got {member!r}.")
-    if options["circle"] is not None and not isinstance(options["circle"], Mapping):
-        raise ConfigError("experiment.options.circle must be a mapping of keys for panel (b), or null to leave it out.")
+    if options["staircase"] is not None and not isinstance(options["staircase"], Mapping):
+        raise ConfigError("experiment.options.staircase must be a mapping of keys for panel (b), or null to leave "
+                          "it out.")
 
 
 def panels(base: dict, options) -> dict[str, dict]:
-    """`sphere`: the experiment's keys; `circle`: `experiment.options.circle` over them.
-    Each takes one beta and records the cluster count and the energy."""
+    """`sphere`: the experiment's keys, one beta; `staircase`: `experiment.options.staircase`
+    over the defaults. Both record the cluster count and the energy; the staircase also
+    the cluster sizes (its plateaus are read while the partition holds)."""
     configs = {"sphere": base}
-    if options["circle"] is not None:
-        configs["circle"] = merge_overrides(base, options["circle"])
+    if options["staircase"] is not None:
+        plain = to_container(defaults())
+        plain.pop("experiment")
+        for key in ("overwrite", "plot", "compilation_cache"):  # how to run, as the command line says
+            plain[key] = base[key]
+        configs["staircase"] = merge_overrides(plain, options["staircase"])
+    if isinstance(base["beta"], (list, Mapping)):
+        raise ConfigError(f"panel sphere of experiment metastability takes one beta, got beta={base['beta']}.")
     for label, config in configs.items():
-        if isinstance(config["beta"], (list, Mapping)):
-            raise ConfigError(f"panel {label} of experiment metastability takes one beta, got beta={config['beta']}.")
+        # The detector refuses a shortest plateau that a steady drift could fill: say so now.
+        settings = options[f"{label}_detector"]
+        span = config["t1"] - config["t0"]
+        span, unit = (np.log10(span / config["dt"]), "decades of t") if label == "sphere" else (span, "of s")
+        if settings["min_length"] <= settings["tol"] * span:
+            raise ConfigError(f"experiment.options.{label}_detector.min_length={settings['min_length']:g} must exceed "
+                              f"tol x the span of the time axis ({settings['tol']:g} x {span:.3g} {unit}), or a "
+                              "steady drift would be cut into plateaus.")
         metrics = set(config["metrics"])
-        if "clusters" not in metrics or not metrics & {"energy", "log_energy"}:
-            raise ConfigError(f"panel {label} of experiment metastability needs the metrics clusters and energy "
-                              f"(or log_energy), got {config['metrics']}.")
+        needed = {"clusters", "cluster_sizes"} if label == "staircase" else {"clusters"}
+        if not needed <= metrics or not metrics & {"energy", "log_energy"}:
+            names = ", ".join(sorted(needed))
+            raise ConfigError(f"panel {label} of experiment metastability needs the metrics {names} and energy (or "
+                              f"log_energy), got {config['metrics']}.")
     return configs
 
 
@@ -195,24 +248,34 @@ def _labels_before_last_merge(x: np.ndarray, t: np.ndarray, found: xr.Dataset, m
     return _cluster_labels(x[k], float(config["eps"]))
 
 
-def _panel(res: xr.Dataset, options) -> xr.Dataset:
-    config = yaml.safe_load(res.attrs["config"])
-    beta, t0 = float(config["beta"]), float(config["t0"])
+def _relative(res: xr.Dataset) -> xr.DataArray:
+    """$E_\\beta / (e^\\beta / (2\\beta)) = \\frac{1}{n^2}\\sum_{ij} e^{\\beta(\\langle x_i, x_j\\rangle - 1)}$,
+    from the log-energy where the run has it (finite for any beta)."""
+    beta = res["beta"]
     if "log_energy" in res:
         relative = np.exp(res["log_energy"] - (beta - np.log(2 * beta)))
     else:
         relative = res["energy"] / (np.exp(beta) / (2 * beta))
-    res = res.assign(relative_energy=relative.assign_attrs(
-        description="interaction energy over its one-cluster value, E_beta / (e^beta / (2 beta)), in (0, 1]"))
-    found = detect_metastability(res, SERIES, tol=options["tol"], min_decades=options["min_decades"],
-                                 hold_decades=options["hold_decades"], origin=t0)
+    return relative.assign_attrs(description="interaction energy over its one-cluster value, "
+                                             "E_beta / (e^beta / (2 beta)) = mean_ij exp(beta (<x_i, x_j> - 1))")
+
+
+def _sphere(res: xr.Dataset, options) -> xr.Dataset:
+    """Panel (a): its series over the members and saved times, the detected plateaus and
+    merges over log time, the drawn member's paths and the two-cluster predictions."""
+    config = yaml.safe_load(res.attrs["config"])
+    beta, t0 = float(config["beta"]), float(config["t0"])
+    res = res.assign(relative_energy=_relative(res))
+    settings = options["sphere_detector"]
+    found = detect_metastability(res, SERIES, tol=settings["tol"], min_length=settings["min_length"],
+                                 hold_length=settings["hold_length"], axis="log", origin=t0)
     member = options["member"] if options["member"] is not None else _representative(found)
-    dims = {"member": "member", "time": "sample"}
+    dims = {"member": "member", "time": "sample", "cluster": "cluster"}
     part = xr.Dataset(coords={"member": res["member"].values})
     part["time"] = ("sample", res["time"].values, {"description": "saved times (log-spaced from t0 + dt)"})
-    for name in ("clusters", "energy", "log_energy", "relative_energy"):
+    for name in ("clusters", "cluster_sizes", "energy", "log_energy", "relative_energy"):
         if name in res:
-            da = res[name].transpose("member", "time")
+            da = res[name].transpose("member", "time", ...)
             part[name] = (tuple(dims[d] for d in da.dims), da.values, da.attrs)
     for name in ("status", "failure_time", "num_steps"):
         if name in res:
@@ -226,12 +289,44 @@ def _panel(res: xr.Dataset, options) -> xr.Dataset:
         part["drawn_clusters"] = ("token", _labels_before_last_merge(x, res["time"].values, found, member, config), {
             "description": "cluster of each token of the drawn member at the last saved time before its last "
                            "merge (at the end when it has none)"})
-    part["drawn_member"] = ((), member, {"description": "the member drawn large"})
-    part["beta"] = ((), beta)
+    part["drawn_member"] = ((), member, {"description": "the member of panel (a) drawn large"})
+    part["sphere_beta"] = ((), beta, {"description": "beta of panel (a)"})
     part["two_cluster_time"] = ("member", _predictions(res, found, config), {
         "description": "time of the last 2 -> 1 merge predicted by the two-point-cluster reduction, started "
                        "mid-way through the two-cluster stretch (NaN: no such merge, or Q = K = V = I sphere "
                        "dynamics not in use)"})
+    part.attrs = {f"sphere_{key}": float(value) for key, value in settings.items()}
+    return part
+
+
+def _staircase(res: xr.Dataset, options) -> xr.Dataset:
+    """Panel (b): the normalized energy, cluster count, partition and angles over rescaled
+    time for every beta (member 0: the published start is one given state), and the
+    plateaus and merges detected on a linear axis; every name starts with `staircase_`."""
+    config = yaml.safe_load(res.attrs["config"])
+    res = res.isel(member=0)
+    if "beta" not in res.dims:
+        res = res.expand_dims("beta")
+    res = res.assign(relative_energy=_relative(res))
+    settings = options["staircase_detector"]
+    found = detect_metastability(res, SERIES, sizes="cluster_sizes", tol=settings["tol"],
+                                 min_length=settings["min_length"], hold_length=settings["hold_length"],
+                                 axis="linear", origin=float(config["t0"]))
+    rename = {"time": "staircase_sample", "plateau": "staircase_plateau", "merge": "staircase_merge",
+              "cluster": "staircase_cluster", "token": "staircase_token"}
+    what = res.attrs.get("time_axis", "time t")
+    part = xr.Dataset(coords={"beta": res["beta"].values})
+    part["staircase_time"] = ("staircase_sample", res["time"].values, {"description": f"saved times: {what}"})
+    for name, label in (("relative_energy", "energy"), ("clusters", "clusters"), ("cluster_sizes", "sizes")):
+        da = res[name].transpose("beta", "time", ...)
+        part[f"staircase_{label}"] = (tuple(rename.get(d, d) for d in da.dims), da.values, da.attrs)
+    if "x" in res and res.sizes["dim"] == 2:
+        x = res["x"].transpose("beta", "time", "token", "dim").values
+        part["staircase_angles"] = (("beta", "staircase_sample", "staircase_token"), np.arctan2(x[..., 1], x[..., 0]),
+                                    {"description": "angle of each token on the circle (rad)"})
+    for name, da in found.data_vars.items():
+        part[f"staircase_{name}"] = (tuple(rename.get(d, d) for d in da.dims), da.values, da.attrs)
+    part.attrs = {f"staircase_{key}": float(value) for key, value in settings.items()}
     return part
 
 
@@ -243,30 +338,13 @@ def _representative(found: xr.Dataset) -> int:
     return int(np.lexsort((-last, -counts))[0])
 
 
-def _padded(part: xr.Dataset, sizes: Mapping[str, int]) -> xr.Dataset:
-    """`part` with every dimension padded at its end to `sizes` (-1 for integers, NaN
-    for floats)."""
-    out = {}
-    for name, da in part.data_vars.items():
-        widths = [(0, sizes[d] - da.sizes[d]) for d in da.dims]
-        values = da.values
-        if any(w for _, w in widths):
-            integer = np.issubdtype(values.dtype, np.integer)
-            values = np.pad(values if integer else values.astype(np.float64), widths,
-                            constant_values=-1 if integer else np.nan)
-        out[name] = (da.dims, values, da.attrs)
-    coords = {d: np.arange(sizes[d]) for d in ("member", "sample", "plateau", "merge") if d in sizes}
-    return xr.Dataset(out, coords=coords)
-
-
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    parts = {label: _panel(res, options) for label, res in results.items()}
-    sizes: dict[str, int] = {}
-    for part in parts.values():
-        for dim, size in part.sizes.items():
-            sizes[dim] = max(sizes.get(dim, 0), size)
-    ds = stack_panels({label: _padded(part, sizes) for label, part in parts.items()})
-    ds.attrs = {key: float(options[key]) for key in ("tol", "min_decades", "hold_decades")}
+    parts = [_sphere(results["sphere"], options)]
+    if "staircase" in results:
+        parts.append(_staircase(results["staircase"], options))
+    attrs = {key: value for part in parts for key, value in part.attrs.items()}
+    ds = xr.merge(parts, combine_attrs="override")  # each variable keeps its own description
+    ds.attrs = attrs
     return ds
 
 
@@ -349,66 +427,168 @@ def _series(ax, p: xr.Dataset, name: str, keep: np.ndarray, step: bool) -> None:
     ax.set_xlabel("time t")
 
 
+def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
+    """Panel (b): token angles at the largest beta, the staircases of every beta with the
+    partition levels and the detected plateaus, and the table of the plateaus; returns
+    the caption's sentence."""
+    from matplotlib.lines import Line2D
+
+    plt = pyplot()
+    s = ds["staircase_time"].values
+    betas = ds["beta"].values
+    colors = plt.cm.viridis(np.linspace(0.0, 0.9, len(betas)))
+    ax = fig.add_subplot(grid[1, 0])
+    last = len(betas) - 1
+    if "staircase_angles" in ds:
+        angles = np.unwrap(ds["staircase_angles"].values[last], axis=0)
+        for i in range(angles.shape[1]):
+            ax.plot(s, angles[:, i], color=plt.cm.tab10(i), linewidth=1.2)
+    for time in ds["staircase_merge_time"].values[last]:
+        if np.isfinite(time):
+            ax.axvline(time, color="C3", linestyle="--", linewidth=0.8)
+    ax.set_xlim(s[0], s[-1])
+    ax.set_xlabel("rescaled time s")
+    ax.set_ylabel("angle on the circle (rad)")
+    ax.set_title(f"(b) token angles, beta = {betas[last]:g}; merges dashed")
+    ax = fig.add_subplot(grid[1, 1])
+    for (partition, level) in STAIRCASE.items():
+        ax.axhline(level, color="0.5", linestyle=":", linewidth=0.9)
+        ax.annotate(f"{_fraction(level)} {partition}", (s[-1], level), xytext=(-2, 2), textcoords="offset points",
+                    ha="right", va="bottom", fontsize=7, color="0.35")
+    energy = ds["staircase_energy"].values
+    for b, color in enumerate(colors):
+        ax.plot(s, energy[b], color=color, linewidth=1.3)
+        starts, ends, levels = (ds[f"staircase_relative_energy_plateau_{f}"].values[b]
+                                for f in ("start", "end", "level"))
+        for a, e, level in zip(starts, ends, levels):
+            if np.isfinite(a):
+                ax.plot([a, e], [level, level], color=color, linewidth=6, alpha=0.3, solid_capstyle="butt")
+    ax.set_xlim(s[0], s[-1])
+    ax.set_xlabel("rescaled time s (constant speed log beta)")
+    ax.set_ylabel(r"energy $n^{-2} \sum_{ij} e^{\beta(\cos(\theta_i - \theta_j) - 1)}$")
+    ax.set_title("(b) the energy staircase, n = 5 on the circle (USA)")
+    handles = [Line2D([], [], color=c, linewidth=1.3, label=f"beta = {b:g}") for b, c in zip(betas, colors)]
+    handles += [Line2D([], [], color="0.5", linewidth=6, alpha=0.3, label="detected plateaus"),
+                Line2D([], [], color="0.5", linestyle=":", label="partition levels")]
+    ax.legend(handles=handles, loc="upper left", fontsize=7, frameon=False)
+    ax = fig.add_subplot(grid[1, 2])
+    ax.axis("off")
+    table, worst = _plateau_table(ds)
+    header = ["beta"] + [f"{p}\n{_fraction(v)}" for p, v in STAIRCASE.items()]
+    cells = ax.table(cellText=table, colLabels=header, loc="center", cellLoc="center")
+    cells.auto_set_font_size(False)
+    cells.set_fontsize(8)
+    cells.scale(1.0, 1.6)
+    ax.set_title("(b) detected plateaus: measured level under each partition", fontsize=10)
+    init = config["init"]["value"]
+    return (f"(b) the published staircase: n = {config['n']} tokens on the circle at the published angles "
+            f"({', '.join(f'{np.arctan2(y, x):.4f}' for x, y in init)} rad), the unnormalized field at constant speed "
+            f"log beta in rescaled time s, {config['solver']} steps of {config['dt']:g}, tokens within "
+            f"{config['time_change']['collisions']:g} merged, {config['dtype']}, eps = {config['eps']:g}; plateaus "
+            f"(shaded bars) are read while the cluster partition holds (tol {ds.attrs['staircase_tol']:g} of the "
+            f"range, at least {ds.attrs['staircase_min_length']:g} of s). Largest distance of a measured level from its "
+            f"partition's level: {worst}.")
+
+
+def merge_brackets(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per member of panel (a): the last saved time before its last 2 -> 1 merge, the
+    first saved time of the merged cluster (the detected merge time), and the merge time
+    the two-cluster reduction predicts (NaN where there is none)."""
+    t = ds["time"].values
+    predicted = ds["two_cluster_time"].values
+    before, after = np.full(predicted.shape, np.nan), np.full(predicted.shape, np.nan)
+    for m in range(predicted.size):
+        pairs = np.flatnonzero((ds["merge_from"].values[m] == 2) & (ds["merge_to"].values[m] == 1))
+        if pairs.size and np.isfinite(predicted[m]):
+            after[m] = ds["merge_time"].values[m, pairs[-1]]
+            before[m] = t[np.flatnonzero(t < after[m])[-1]]
+    return before, after, predicted
+
+
+def _fraction(level: float) -> str:
+    return "1" if level == 1 else f"{round(level * 25)}/25"
+
+
+def _plateau_table(ds: xr.Dataset) -> tuple[list[list[str]], str]:
+    """One row per beta: the measured level of the plateau held under each partition of
+    the staircase ('-' where none is detected); and the largest deviation per beta."""
+    rows, deviations = [], []
+    for b, beta in enumerate(ds["beta"].values):
+        parts = ds["staircase_relative_energy_plateau_partition"].values[b]
+        levels = ds["staircase_relative_energy_plateau_level"].values[b]
+        row, worst = [f"{beta:g}"], 0.0
+        for partition, level in STAIRCASE.items():
+            key = np.array(partition + (0,) * (parts.shape[-1] - len(partition)))
+            held = [lv for part, lv in zip(parts, levels) if np.isfinite(lv) and np.array_equal(part, key)]
+            row.append(" ".join(f"{lv:.4f}" for lv in held) if held else "-")
+            worst = max([worst] + [abs(lv - level) for lv in held])
+        rows.append(row)
+        deviations.append(f"{worst:.1e} at beta = {beta:g}")
+    return rows, "; ".join(deviations)
+
+
 def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     plt = pyplot()
-    labels = [str(label) for label in ds["panel"].values]
-    fig = plt.figure(figsize=(13.5, 3.9 * len(labels)))
-    grid = fig.add_gridspec(len(labels), 3, width_ratios=(1.0, 1.15, 1.15), wspace=0.3, hspace=0.45)
-    notes = []
-    for row, label in enumerate(labels):
-        p = ds.sel(panel=label)
-        config = config_of(ds, label)
-        member = int(p["drawn_member"])
-        t = p["time"].values
-        keep = np.isfinite(t) & (t > float(config["t0"]))
-        letter = "ab"[row] if row < 2 else str(row + 1)
-        _paths(fig, grid[row, 0], p, config, keep, letter)
-        ax = fig.add_subplot(grid[row, 1])
-        _series(ax, p, "clusters", keep, step=True)
-        _marks(ax, p, member, "clusters", t[keep], annotate=True)
-        ax.set_ylabel(f"clusters (<x_i, x_j> > 1 - {config['eps']:g})")
-        ax.set_yscale("log")
-        top = int(np.nanmax(np.where(p["clusters"].values >= 0, p["clusters"].values, np.nan)))
-        ticks = [k for k in (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128) if k <= top]
-        ax.set_yticks(ticks, [str(k) for k in ticks])
-        ax.minorticks_off()
-        ax.set_xscale("log")
-        ax.set_title(f"cluster count: n = {config['n']}, d = {config['d']}, beta = {config['beta']:g}")
-        ax2 = fig.add_subplot(grid[row, 2])
-        _series(ax2, p, "relative_energy", keep, step=False)
-        _marks(ax2, p, member, "relative_energy", t[keep], annotate=False)
-        ax2.set_ylabel(r"$E_\beta / E_\beta^{\max}$,  $E_\beta^{\max} = e^\beta/(2\beta)$")
-        ax2.set_title(f"interaction energy relative to one cluster ({p.sizes['member']} members)")
-        handles = [Line2D([], [], color="C0", linewidth=2, label=f"member {member}"),
-                   Line2D([], [], color="0.6", linewidth=0.6, label="other members"),
-                   Patch(color="C2", alpha=0.3, label="detected plateaus"),
-                   Line2D([], [], color="C3", linestyle="--", label="detected merges")]
-        predicted = p["two_cluster_time"].values
-        if np.isfinite(predicted).any():
-            handles.append(Line2D([], [], color="k", linestyle=":", label="two-cluster reduction"))
-        ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-        counts = p["merge_count"].values
-        note = (f"({letter}) n = {config['n']} tokens on S^{config['d'] - 1}, beta = {config['beta']:g}, "
-                f"{_init_words(config)}; merges per member: {_spread(counts)}")
-        final = p["merge_time"].values
-        ratio = np.array([final[m][np.isfinite(final[m])][-1] / predicted[m] if np.isfinite(predicted[m]) else np.nan
-                          for m in range(len(predicted))])
-        if np.isfinite(ratio).any():
-            note += (f"; detected / predicted time of the 2 -> 1 merge: median {np.nanmedian(ratio):.3f} "
-                     f"(range {np.nanmin(ratio):.3f}-{np.nanmax(ratio):.3f})")
-        notes.append(note + ".")
-    config = config_of(ds)
-    caption(fig, (
-        f"Q = K = V = I softmax attention on the sphere, {config['solver']} with adaptive steps (rtol "
-        f"{config['rtol']:g}) in {config['dtype']}, output at {ds.sizes['sample']} log-spaced times to "
-        f"t = {config['t1']:g}. " + " ".join(notes) + f" Plateaus: windows whose values span at most "
-        f"{ds.attrs['tol']:g} of the series' range for at least {ds.attrs['min_decades']:g} decades of t, "
-        f"longest first (shaded, two shades in turn); merges: steps down between cluster counts that each hold "
-        f"at least {ds.attrs['hold_decades']:g} decades, at the first time of the lower count."), width=190)
+    staircase = "staircase_time" in ds
+    rows = 2 if staircase else 1
+    fig = plt.figure(figsize=(13.5, 4.1 * rows))
+    grid = fig.add_gridspec(rows, 3, width_ratios=(1.0, 1.15, 1.15), wspace=0.3, hspace=0.45)
+    config = config_of(ds, "sphere")
+    member = int(ds["drawn_member"])
+    t = ds["time"].values
+    keep = np.isfinite(t) & (t > float(config["t0"]))
+    _paths(fig, grid[0, 0], ds, config, keep, "a")
+    ax = fig.add_subplot(grid[0, 1])
+    _series(ax, ds, "clusters", keep, step=True)
+    _marks(ax, ds, member, "clusters", t[keep], annotate=True)
+    ax.set_ylabel(f"clusters (<x_i, x_j> > 1 - {config['eps']:g})")
+    ax.set_yscale("log")
+    top = int(np.nanmax(np.where(ds["clusters"].values >= 0, ds["clusters"].values, np.nan)))
+    ticks = [k for k in (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128) if k <= top]
+    ax.set_yticks(ticks, [str(k) for k in ticks])
+    ax.minorticks_off()
+    ax.set_title(f"(a) cluster count: n = {config['n']}, d = {config['d']}, beta = {config['beta']:g}")
+    ax2 = fig.add_subplot(grid[0, 2])
+    _series(ax2, ds, "relative_energy", keep, step=False)
+    _marks(ax2, ds, member, "relative_energy", t[keep], annotate=False)
+    ax2.set_ylabel(r"$E_\beta / E_\beta^{\max}$,  $E_\beta^{\max} = e^\beta/(2\beta)$")
+    ax2.set_title(f"(a) interaction energy relative to one cluster ({ds.sizes['member']} members)")
+    handles = [Line2D([], [], color="C0", linewidth=2, label=f"member {member}"),
+               Line2D([], [], color="0.6", linewidth=0.6, label="other members"),
+               Patch(color="C2", alpha=0.3, label="detected plateaus"),
+               Line2D([], [], color="C3", linestyle="--", label="detected merges")]
+    predicted = ds["two_cluster_time"].values
+    if np.isfinite(predicted).any():
+        handles.append(Line2D([], [], color="k", linestyle=":", label="two-cluster reduction"))
+    ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    notes = [_sphere_note(ds, config)]
+    if staircase:
+        notes.append(_staircase_row(fig, grid, ds, config_of(ds, "staircase")))
+    caption(fig, " ".join(notes), width=190)
     return save(fig, folder, "metastability")
+
+
+def _sphere_note(ds: xr.Dataset, config: Mapping) -> str:
+    counts = ds["merge_count"].values
+    note = (f"(a) Q = K = V = I softmax attention, n = {config['n']} tokens on S^{config['d'] - 1}, beta = "
+            f"{config['beta']:g}, {_init_words(config)}, {config['solver']} with adaptive steps (rtol "
+            f"{config['rtol']:g}) in {config['dtype']}, output at {ds.sizes['sample']} log-spaced times to "
+            f"t = {config['t1']:g}; merges per member: {_spread(counts)}")
+    before, after, predicted = merge_brackets(ds)
+    known = np.isfinite(predicted)
+    if known.any():
+        inside = int(np.sum((before[known] <= predicted[known]) & (predicted[known] <= after[known])))
+        ratios = after[known] / predicted[known]
+        note += (f"; the 2 -> 1 merge time of the two-cluster reduction lies between the last sample before and the "
+                 f"first sample after the detected merge for {inside} of {int(known.sum())} members (first sample "
+                 f"after / predicted: median {np.median(ratios):.3f}, range {ratios.min():.3f}-{ratios.max():.3f})")
+    return note + (f". Plateaus: windows whose values span at most {ds.attrs['sphere_tol']:g} of the series' range "
+                   f"for at least {ds.attrs['sphere_min_length']:g} decades of t while the partition holds, longest "
+                   f"first (shaded, two shades in turn); merges: steps down between cluster counts that each hold "
+                   f"at least {ds.attrs['sphere_hold_length']:g} decades, at the first time of the lower count.")
 
 
 def _init_words(config: Mapping) -> str:
