@@ -71,7 +71,8 @@ def test_checkpoint_experiment_on_minilm(tmp_path):
     n = ds.sizes["token"]
     assert ds.hidden.dims == ("layer", "token", "dim") and ds.sizes["layer"] == 7 and ds.sizes["dim"] == 384
     assert str(ds.token_string.values[0]) == "[CLS]" and str(ds.token_string.values[-1]) == "[SEP]"
-    # One step per layer is the model; the refined run is not.
+    # One step per layer is the model; the refined run is not. (A smoke test of the
+    # pipeline on a post-LN model: the README's numbers are SmolLM2's, asserted below.)
     np.testing.assert_allclose(ds.simulated.sel(run="dt=1"), ds.hidden, rtol=1e-5, atol=1e-5)
     assert float(ds.depth_error.sel(run="dt=1").max()) < 1e-5
     assert float(ds.depth_error.sel(run="dt=1/2").isel(layer=-1)) > 1e-3
