@@ -71,7 +71,8 @@ def test_checkpoint_experiment_on_minilm(tmp_path):
     n = ds.sizes["token"]
     assert ds.hidden.dims == ("layer", "token", "dim") and ds.sizes["layer"] == 7 and ds.sizes["dim"] == 384
     assert str(ds.token_string.values[0]) == "[CLS]" and str(ds.token_string.values[-1]) == "[SEP]"
-    # One step per layer is the model; the refined run is not.
+    # One step per layer is the model; the refined run is not. (A smoke test of the
+    # pipeline on a post-LN model: the README's numbers are SmolLM2's, asserted below.)
     np.testing.assert_allclose(ds.simulated.sel(run="dt=1"), ds.hidden, rtol=1e-5, atol=1e-5)
     assert float(ds.depth_error.sel(run="dt=1").max()) < 1e-5
     assert float(ds.depth_error.sel(run="dt=1/2").isel(layer=-1)) > 1e-3
@@ -99,3 +100,83 @@ def test_checkpoint_experiment_refuses_bad_input_in_one_sentence(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr and str(missing) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr
+
+
+# --- The README's SmolLM2 numbers (section "Trained transformers", figures/checkpoint) ---
+# The packaged SmolLM2 (float32, GGUF Q4_1) on the default sentence, as the committed
+# figures were made. Every number below is deterministic up to float32 round-off (a few
+# 1e-6 relative over the 30 layers, tests/test_checkpoint_gguf.py), so the tolerances are
+# the README's last printed digit.
+
+
+@pytest.fixture(scope="module")
+def smollm2_depth():
+    """experiment=checkpoint on SmolLM2 with the four step sizes and the theory run (the
+    adaptive solve and the probes are tested on their own below: ~20 s here)."""
+    return af.run_experiment("checkpoint", {"experiment": {"options": {"probes": False, "adaptive": False}}})
+
+
+def test_smollm2_refined_depth_stays_a_model_width_away(smollm2_depth):
+    """README: the dt = 1 run lies on the model (distance 0, which the log axis of
+    depth.png leaves out and names); the last layer's relative distance is 1.14, 1.01
+    and 0.96 at dt = 1/2, 1/4, 1/8: refining does not approach the model (a scheme
+    converging to it would halve the distance with every halving of dt)."""
+    ds = smollm2_depth
+    assert str(ds.token_string.values[-1]) == " is" and ds.sizes["layer"] == 31
+    assert float(np.abs(ds.depth_error.sel(run="dt=1")).max()) == 0.0
+    last = ds.depth_error.isel(layer=-1)
+    measured = [float(last.sel(run=r)) for r in ("dt=1/2", "dt=1/4", "dt=1/8")]
+    np.testing.assert_allclose(measured, [1.14, 1.01, 0.96], atol=0.006)
+    assert measured[0] > measured[1] > measured[2] > 0.8 * measured[0]
+
+
+def test_smollm2_refined_runs_cluster_further_and_theory_collapses_by_layer_4(smollm2_depth):
+    """README/depth.png: the model keeps its 5 tokens apart (energy 2.01 at layer 30); the
+    refined runs gather further the smaller dt (energy 2.08, 2.27, 2.42 at dt = 1/2, 1/4,
+    1/8); the theory model (beta = 1) is one cluster from layer 4 on (not at layer 3) and
+    its energy is e (every cosine 1)."""
+    ds = smollm2_depth
+    energy = ds.energy.isel(layer=-1)
+    assert abs(float(energy.sel(source="model")) - 2.01) < 0.006
+    refined = [float(energy.sel(source=r)) for r in ("dt=1/2", "dt=1/4", "dt=1/8")]
+    np.testing.assert_allclose(refined, [2.08, 2.27, 2.42], atol=0.006)
+    assert (ds.clusters.sel(source="model") == 5).all() and (ds.clusters.sel(source="dt=1") == 5).all()
+    theory = ds.clusters.sel(source="theory").values
+    assert theory[3] > 1 and np.all(theory[4:] == 1), theory
+    assert abs(float(energy.sel(source="theory")) - np.e) < 1e-4
+
+
+def test_smollm2_continuous_depth_limit_clusters_further_than_the_model():
+    """README: the adaptive solve of the unsplit field (the continuous-depth limit) ends
+    1.07 (relative) from the model, with energy 2.69 against the model's 2.01 and 2
+    clusters against 5."""
+    ds = af.run_experiment("checkpoint", {"experiment": {"options": {"probes": False, "steps": [1]}}})
+    assert float(ds.depth_error.sel(run="adaptive").isel(layer=-1)) == pytest.approx(1.07, abs=0.006)
+    energy = ds.energy.isel(layer=-1)
+    assert float(energy.sel(source="adaptive")) == pytest.approx(2.69, abs=0.006)
+    assert float(energy.sel(source="model")) == pytest.approx(2.01, abs=0.006)
+    assert int(ds.clusters.sel(source="adaptive").isel(layer=-1)) == 2
+    assert int(ds.clusters.sel(source="model").isel(layer=-1)) == 5
+
+
+def test_smollm2_logit_lens_and_embedding_distances():
+    """README: " Paris" enters the top five of the logit lens at layer 29 and wins at
+    layer 30 with probability 0.77; centring moves SmolLM2's embeddings by a cosine
+    distance of 0.275 on average, and their mean norm is 3.2 against sqrt(d) = 24
+    (Traveling Words, Table 1)."""
+    from attnflow.checkpoints import load_tokenizer
+    from attnflow.checkpoints.probes import embedding_distances, token_path
+
+    checkpoint = load_checkpoint("smollm2")
+    tokenizer = load_tokenizer("smollm2")
+    ids = np.asarray(tokenizer.encode("The capital of France is"))
+    path = token_path(checkpoint, forward(checkpoint, ids).hidden, tokenizer, position=-1, ids=ids)
+    has_paris = (path.candidate_token.values == " Paris").any(axis=1)
+    assert np.flatnonzero(has_paris).tolist() == [29, 30]
+    assert str(path.candidate_token.values[-1, 0]) == " Paris"
+    assert float(path.candidate_probability.values[-1, 0]) == pytest.approx(0.77, abs=0.006)
+    distances = embedding_distances(checkpoint)
+    assert distances["centered"]["cosine_mean"] == pytest.approx(0.275, abs=6e-4)
+    assert distances["original"]["cosine_mean"] < 1e-6  # normalizing alone does not turn them
+    assert distances["norms"]["mean"] == pytest.approx(3.2, abs=0.006)
+    assert distances["norms"]["sqrt_d"] == 24.0

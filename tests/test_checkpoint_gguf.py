@@ -408,5 +408,7 @@ def test_smollm2_hidden_states_match_transformers(smollm2, smollm2_ids, referenc
     ours_states = np.concatenate([np.asarray(ours.hidden[:-1]), np.asarray(ours.final)[None]])
     error = np.linalg.norm(ours_states - hidden, axis=-1) / np.linalg.norm(hidden, axis=-1)
     print(f"SmolLM2 hidden states: max relative error {error.max():.2e} (per layer {error.max(axis=1).round(7)})")
-    assert error.max() < 1e-3
+    # README: "2.7e-6" (measured 2.67e-6 at the last layers, float32 round-off growing
+    # with depth); a dropped RMSNorm epsilon alone moves it to 1.1e-3.
+    assert error.max() < 1e-5
     assert int(np.argmax(theirs.logits[0, -1].numpy())) == int(jnp.argmax(smollm2[1].logits(ours.hidden[-1])[-1]))

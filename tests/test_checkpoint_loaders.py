@@ -350,7 +350,9 @@ def test_tiny_forward_matches_transformers(tmp_path, variant):
     ids = np.random.default_rng(2).integers(0, 97, size=11)
     ours = forward(checkpoint, ids)
     assert ours.hidden.shape == (DEPTH + 1, 11, DIM)
-    assert_same_stream(ours, hidden_states(model, ids), checkpoint.final_norm is not None, 1e-5)
+    # README: "at most 8e-7 relative" (measured 3e-7 to 8.2e-7 over the variants, float32
+    # round-off); a dropped RMSNorm epsilon gives 1.4e-5 to 1.8e-5 on the llama variants.
+    assert_same_stream(ours, hidden_states(model, ids), checkpoint.final_norm is not None, 2e-6)
     if checkpoint.unembed is not None:
         with torch.no_grad():
             logits = model(input_ids=torch.as_tensor(ids)[None]).logits[0].numpy()
@@ -358,9 +360,10 @@ def test_tiny_forward_matches_transformers(tmp_path, variant):
 
 
 def test_minilm_forward_matches_transformers():
-    """The real MiniLM on a real sentence, every layer, to 1e-4 relative."""
+    """The real MiniLM on a real sentence, every layer: README "at most 4e-7" relative
+    (measured 3.6e-7), asserted below 1e-6."""
     folder = installed_model("minilm")
     ids = load_tokenizer("minilm").encode(SENTENCE)
     model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float64).eval()
     ours = forward(load_checkpoint("minilm"), ids)
-    assert_same_stream(ours, hidden_states(model, ids), has_final_norm=False, tol=1e-4)
+    assert_same_stream(ours, hidden_states(model, ids), has_final_norm=False, tol=1e-6)

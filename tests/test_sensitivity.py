@@ -241,3 +241,74 @@ def test_sensitivity_experiment_refuses_bad_input_in_one_sentence(tiny_llama):
     with pytest.raises(af.ConfigError, match="steps"):
         af.run_experiment("sensitivity", {"checkpoint": str(tiny_llama), "text": "w1 w2",
                                           "experiment": {"options": {"steps": 0}}})
+
+
+# --- The paper's BIGBANG example on SmolLM2 (README "Which words the next word depends on") ---
+# The default sentence of experiment=sensitivity is the passage of fig. 3a / app. F, fig. 25
+# of "Neural ODE Transformers", whose next word there is "its". Its 53 SmolLM2 tokens take
+# 30 layers x 576 pullbacks of a 53-token layer for the last output: minutes on two CPU
+# cores, so the exponents are asserted by the slow test below; the fast one checks the
+# passage, the prediction and the attention map that the figure sets beside them.
+
+SECOND_BIGBANG = [49, 50, 51]  # " BIG", "B", "ANG" before the final " and"
+
+
+@pytest.fixture(scope="module")
+def bigbang():
+    from attnflow.experiments import compose_experiment
+
+    return compose_experiment("sensitivity", {})
+
+
+def test_the_default_sentence_is_the_papers_bigbang_example_and_its_attention(bigbang):
+    """README: SmolLM2 continues the passage with " BIG", not the paper's "its"; the
+    attention of the last token (" and"), averaged over heads and layers as
+    token_sensitivity averages it, puts 0.36 on the first token (the sink, "B" of the
+    first "BIGBANG") and 0.10 on " the", the next."""
+    from attnflow.checkpoints import forward, load_tokenizer
+    from attnflow.sensitivity import _Stepper
+
+    assert bigbang.checkpoint == "smollm2" and list(bigbang.experiment.options["outputs"]) == [-1]
+    text = str(bigbang.text)
+    assert text.startswith("BIGBANG is one of those musical entities") and text.endswith("electronic dance, BIGBANG and")
+    checkpoint, tokenizer = load_checkpoint("smollm2"), load_tokenizer("smollm2")
+    ids = np.asarray(tokenizer.encode(text))
+    tokens = tokenizer.tokens(ids)
+    assert len(tokens) == 53 and tokens[:4] == ["B", "IG", "B", "ANG"]
+    assert [tokens[i] for i in SECOND_BIGBANG] == [" BIG", "B", "ANG"] and tokens[-1] == " and"
+    hidden = forward(checkpoint, ids).hidden
+    assert tokenizer.tokens([int(jnp.argmax(checkpoint.logits(hidden[-1])[-1]))]) == [" BIG"]
+    flow = depth_flow(checkpoint)
+    stepper = _Stepper(flow.field, tableau("euler"), flow.split, flow.retractions)
+    attention = np.mean([np.asarray(stepper.attention(float(l), 1.0, hidden[l]))[-1] for l in range(checkpoint.depth)],
+                        axis=0)
+    np.testing.assert_allclose(attention.sum(), 1.0, rtol=1e-5)
+    order = np.argsort(-attention[:-1])
+    assert order[0] == 0 and attention[0] == pytest.approx(0.36, abs=0.006)
+    assert tokens[order[1]] == " the" and attention[order[1]] == pytest.approx(0.099, abs=0.002)
+
+
+@pytest.mark.slow
+def test_bigbang_sensitivity_points_at_the_repeated_name_not_the_sink(bigbang, tmp_path):
+    """README (figures/sensitivity/sentence.png), experiment=sensitivity with its
+    defaults: " and" responds most to itself (0.20 per layer), then to the comma before
+    the second "BIGBANG" (0.11) and the two periods (0.071, 0.070); the pieces of the
+    second "BIGBANG" come 4th, 5th and 8th of the 52 earlier tokens (0.061, 0.057,
+    0.048), of the first one "IG" 7th (0.052); the first token, which holds 0.36 of the
+    attention, has 0.021 (37th). Slow (minutes); the fast tests cover the computation
+    (closed forms, the tiny checkpoint) and the attention map of this passage."""
+    ds = af.run_experiment("sensitivity", {})
+    assert ds.attrs["prediction"] == " BIG" and ds.output.values.tolist() == [52]
+    exponent = ds.exponent.values[0]
+    attention = ds.attention.values[0]
+    assert exponent[52] == pytest.approx(0.198, abs=0.002)
+    others = exponent[:-1]
+    rank = np.argsort(np.argsort(-others)) + 1  # 1 = the most sensitive earlier token
+    assert rank[48] == 1 and sorted(rank[[13, 32]].tolist()) == [2, 3]
+    np.testing.assert_allclose(others[[48, 13, 32]], [0.113, 0.071, 0.070], atol=0.002)
+    assert rank[SECOND_BIGBANG].tolist() == [5, 8, 4]
+    np.testing.assert_allclose(others[SECOND_BIGBANG], [0.057, 0.048, 0.061], atol=0.002)
+    assert rank[1] == 7 and others[1] == pytest.approx(0.052, abs=0.002)
+    assert rank[0] == 37 and others[0] == pytest.approx(0.021, abs=0.002)
+    assert np.argmax(attention[:-1]) == 0 and attention[0] == pytest.approx(0.36, abs=0.006)
+    assert {p.name for p in af.draw_experiment(ds, tmp_path)} == {"sentence.png", "sentence.pdf"}

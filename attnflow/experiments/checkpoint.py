@@ -252,17 +252,29 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         style = dict(color=colors[s], lw=2.0 if s == "model" else 1.2, ls="--" if s == "theory" else "-")
         axes[0].plot(ds.layer, ds.energy.sel(source=s), label=s, **style)
         axes[1].plot(ds.layer, ds.clusters.sel(source=s), **style)
+    # A log axis cannot show a distance of 0 (the layer map is the model to the last
+    # bit): zeros are left out, not clamped, and a run that is 0 at every layer is named
+    # in the panel instead of drawn.
+    exact = []
     for r in ds.run.values:
-        axes[2].semilogy(ds.layer[1:], np.maximum(ds.depth_error.sel(run=r)[1:], 1e-9), color=colors[str(r)],
-                         ls="--" if r == "theory" else "-", label=str(r))
+        values = ds.depth_error.sel(run=r).values[1:]
+        if not np.any(values > 0):
+            exact.append(str(r))
+            continue
+        axes[2].plot(ds.layer[1:], np.where(values > 0, values, np.nan), color=colors[str(r)],
+                     ls="--" if r == "theory" else "-", label=str(r))
+    axes[2].set_yscale("log")
+    zero = f"\n({', '.join(exact)}: exactly 0 at every layer, not drawn)" if exact else ""
     axes[0].set(xlabel="layer (depth t)", ylabel="normalized energy", title="interaction energy")
     axes[1].set(xlabel="layer (depth t)", ylabel="clusters", title=f"cluster count (eps = {cfg['eps']})")
-    axes[2].set(xlabel="layer (depth t)", ylabel="|sim - model| / |model|", title="distance from the model")
+    axes[2].set(xlabel="layer (depth t)", ylabel="|sim - model| / |model|", title="distance from the model" + zero)
+    fig.subplots_adjust(wspace=0.3)
     axes[0].legend(ncol=2)
-    fig.suptitle(f"{name}: \"{ds.attrs['text']}\"")
+    fig.suptitle(f"{name}: \"{ds.attrs['text']}\"", y=1.07 if exact else 0.98)
     caption(fig, "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m steps "
                  "per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the unsplit field; "
-                 "dashed red: the theory model Q = K = V = I on the sphere from the same embedded tokens.")
+                 "dashed red: the theory model Q = K = V = I on the sphere from the same embedded tokens. "
+                 "Right: distances of exactly 0 are left out (a log axis has no 0).")
     written += save(fig, folder, "depth")
 
     # 2. Pair-cosine histograms across depth, model / finest run / theory side by side.

@@ -191,11 +191,15 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
                             f"factorization every {options['compare_every']} steps: their round-off")
     ds["late_window"] = xr.DataArray(first.window).assign_attrs(description="start of the late window")
     if results:
-        dispersion = []
+        dispersion, size = [], []
         for name in names:
             x = results[name]["x"].values  # (member, time, token, dim)
             index = dispersion_index(x[:, [0, -1]])
             dispersion.append(index[:, 1] / index[:, 0])
+            size.append(np.linalg.norm(x[:, -1], axis=-1).max(axis=-1))
+        ds["final_size"] = xr.DataArray(np.stack(size), dims=("schedule", "member")).assign_attrs(
+            description="largest token norm |x_i(T)| per member: without normalization the tokens can grow by "
+                        "orders of magnitude")
         ds["dispersion"] = xr.DataArray(np.stack(dispersion), dims=("schedule", "member")).assign_attrs(
             description="dispersion index at T over its value at t = 0 (experiment polynomial: mean "
                         "nearest-neighbour distance over mean pairwise distance; small: clustered)")
