@@ -19,9 +19,9 @@ from attnflow.experiments.polytope import convex_position
 
 @pytest.fixture(scope="module")
 def polytope():
-    # 10 tokens, 4 members: the attention has settled on its leaders by t of about 8.
-    return run_experiment("polytope", {"n": 10, "members": 4, "t1": 13.0, "dt": 0.025, "saves": 53,
-                                       "compilation_cache": False})
+    # The figure's config (n = 20, t1 = 15) with its first 8 of 16 members and a coarser step:
+    # the attention rank settles on the leaders by t = 4.3-8.9 in the figure run.
+    return run_experiment("polytope", {"members": 8, "dt": 0.025, "saves": 61, "compilation_cache": False})
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +44,11 @@ def test_attention_becomes_boolean_with_a_few_leader_columns(polytope):
     n = ds.sizes["token"]
     rank = ds["attention_rank"].values  # (panel, member, time)
     final = rank[..., -1]
-    # The rank falls to a small k < n and stays there over the last third of the run ...
-    assert np.all(final <= n // 2) and np.all(final >= 1), final
-    assert np.all(final < rank[..., 0])
+    # The rank falls from n = 20 to a small k (2-5 in the figure run) and stays there over
+    # the last third of the run ...
+    assert n == 20 and np.all(rank[..., 0] == n)
+    assert np.all(final <= 5) and np.all(final >= 1), final
+    assert np.median(final[list(polytope["panel"].values).index("polytope")]) >= 2
     late = rank[..., 2 * rank.shape[-1] // 3 :]
     assert np.all(late == final[..., None])
     # ... because every row of the final attention is one-hot (Boolean up to round-off),
@@ -81,9 +83,11 @@ def test_rescaled_tokens_converge_to_points_in_convex_position(polytope):
 
 def test_hyperplanes_and_polygon_times_line(polytope):
     hyper = polytope.sel(panel="hyperplanes")
-    # A simple top eigenvalue: <psi, z_i> takes at most three values, the speed of that
-    # coordinate dies out.
-    assert np.all((hyper["hyperplane_count"].values >= 1) & (hyper["hyperplane_count"].values <= 3))
+    # A simple top eigenvalue: <psi, z_i> takes at most three values (the theorem), two in
+    # 13 of the figure's 16 members and one in the others; the speed of that coordinate dies out.
+    lines = hyper["hyperplane_count"].values
+    assert np.all((lines >= 1) & (lines <= 2)), lines
+    assert np.mean(lines == 2) >= 0.5, lines
     assert np.all(hyper["top_speed"].values[:, -1] < 1e-3)
     product = polytope.sel(panel="product")
     assert np.all(product["convex_position"].values == 1)
