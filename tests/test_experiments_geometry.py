@@ -8,6 +8,7 @@ results file."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -105,12 +106,84 @@ def test_dispersion_grows_with_the_polynomial_order(polynomial):
     assert np.all(np.diff(orders) > 0), orders
     assert int(ds["dispersion_grows_with_order"]) == 1
     # ... and a constant magnitude gathers them into clusters, far more than any growing one.
+    # The figure run (64 members, softmax): 6e-4 under f_0, then 0.35, 0.57, 0.69, 0.78 for
+    # k = 1..4; the bounds allow three standard errors of the log mean of 32 members.
     assert float(final.sel(schedule="f0")) < 0.1 * orders[0]
+    assert float(final.sel(schedule="f0")) < 0.03
+    assert 0.15 < orders[0] < 0.8 and 0.6 < orders[-1] < 0.95, orders
     # The size of the configuration goes the other way: a higher order integrates to a
     # smaller total magnitude T/(2(k+1)), so the tokens move (and spread) less.
     spread = ds["spread_gmean"].isel(time=-1).sel(schedule=["f1", "f2", "f3", "f4"]).values
     assert np.all(np.diff(spread) < 0), spread
     assert np.all(ds["failed_members"].values == 0)
+
+
+def _panel_field(normalizer: str, schedule: str):
+    """The vector field of member 0 of one panel of the polynomial experiment, its beta."""
+    import jax
+
+    from attnflow._build import build_system
+    from attnflow.experiments import compose_experiment, plan_experiment
+
+    plan = plan_experiment(compose_experiment(
+        "polynomial", {"members": 2, "experiment": {"options": {"normalizer": normalizer}}}))
+    cfg = plan.studies[schedule][0]
+    field, _, _ = build_system(cfg)(jax.random.key(3), cfg.beta)
+    return cfg, field
+
+
+def test_polynomial_attention_is_the_chosen_form_of_the_papers_equation():
+    """App. C.8 writes dx_i/dt = sum_j exp(<Q x_i, K x_j>/sqrt d) V x_j with no normaliser
+    (`normalizer=none`); the figure uses softmax over j (`softmax`). Both against a direct
+    sum, with Q, K, V read from the panels' own schedules at t = 13 (f_2 = (t/T)^2/2) and
+    drawn from the same key (the same A_0, V_0 in both forms)."""
+    cfg, soft = _panel_field("softmax", "f2")
+    paper_cfg, paper = _panel_field("none", "f2")
+    t = 13.0
+    f = 0.5 * (t / cfg.t1) ** 2
+    q, k, v = (np.asarray(s(t))[0] for s in (soft.terms[0].query, soft.terms[0].key, soft.terms[0].value))
+    # Every matrix carries the magnitude f once (Q = f I, K = f W, V = f V_0) ...
+    np.testing.assert_allclose(q, f * np.eye(3), rtol=1e-12)
+    # ... with the same Q and K in both forms.
+    np.testing.assert_allclose(np.asarray(paper.terms[0].key(t))[0], k, rtol=1e-12)
+    assert cfg.beta == paper_cfg.beta == pytest.approx(3 ** -0.5)
+    x = np.random.default_rng(0).uniform(-2, 2, (cfg.n, cfg.d))
+    weights = np.exp(cfg.beta * (x @ q.T) @ (x @ k.T).T)
+    paper_sum = weights @ (x @ v.T)
+    softmax = (weights / weights.sum(1, keepdims=True)) @ (x @ v.T)
+    np.testing.assert_allclose(np.asarray(soft(t, jnp.asarray(x))), softmax, rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(paper(t, jnp.asarray(x))), paper_sum, rtol=1e-10)
+    from attnflow._errors import ConfigError
+    from attnflow.experiments import compose_experiment, plan_experiment
+
+    with pytest.raises(ConfigError, match="experiment.options.normalizer must be softmax or none, got 'l2'"):
+        plan_experiment(compose_experiment("polynomial", {"experiment": {"options": {"normalizer": "l2"}}}))
+
+
+def test_the_papers_unnormalized_equation_diverges_at_its_sizes():
+    """Without a normaliser the n = 40 terms add up (|dx/dt| ~ n |V| |x| e^{logit}) and the
+    logits grow like |x|^2: the tokens leave float64. Measured over 64 members (first
+    non-finite output, spacing 0.1): f_0 and f_5 in every member by t = 0.2-0.4; f_1 to f_4
+    in 95-97% of them, median t = 3.5, 7.2, 10.0 and 12.0, the earliest 2.1, 5.0, 7.6 and 9.7.
+    So the figure uses softmax; `normalizer=none` runs the equation as written."""
+    from attnflow import NonFiniteStateError
+    from attnflow.experiments import compose_experiment, plan_experiment
+
+    with pytest.raises(NonFiniteStateError, match=r"panel f0: the state became non-finite .*\(first bad output t=0\.[1-4]\)"):
+        run_experiment("polynomial", {"members": 2, "saves": 201, "compilation_cache": False,
+                                      "experiment": {"options": {"normalizer": "none"}}})
+    # f_4 (the schedule of T = 20) holds to t = 9 and diverges before t = 14.
+    plan = plan_experiment(compose_experiment("polynomial", {"members": 2, "experiment": {
+        "options": {"normalizer": "none"}}}))
+    cfg = plan.studies["f4"][0]
+    import dataclasses
+
+    import attnflow as af
+
+    held = af.run(dataclasses.replace(cfg, t1=9.0, saves=10, save_states=False, compilation_cache=False))
+    assert np.all(held["status"].values == 0) and np.all(np.isfinite(held["order_parameter"].values))
+    with pytest.raises(NonFiniteStateError):
+        af.run(dataclasses.replace(cfg, t1=14.0, saves=15, save_states=False, compilation_cache=False))
 
 
 def test_post_ln_collapses_exponentially_and_pre_ln_polynomially(normalization):
