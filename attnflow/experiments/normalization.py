@@ -243,7 +243,8 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
             ax.plot(t[positive], part["collapse_gmean"].values[positive], color=color, linewidth=2,
                     label=f"{part['scheme_name'].item()}: R$^2$ exp {r2['exp_r2']:.3f}, power {r2['power_r2']:.3f}")
             start, end = float(part[f"{kind}_start"]), float(part["fit_end"])
-            if np.isfinite(start):
+            better = (r2["power_r2"] > r2["exp_r2"]) == (kind == "power")
+            if np.isfinite(start) and better:  # each scheme's fit where its model is the one it follows
                 window = np.geomspace(start, end, 50)
                 if kind == "power":
                     p, origin = float(part["power_exponent"]), float(part["norm_origin"])
@@ -259,8 +260,8 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         ax.set_xlabel("time t" + (" (log)" if kind == "power" else ""))
         ax.set_ylabel(r"$1 - $ mean cosine over pairs")
     axes[0].set_xscale("log")
-    axes[0].set_title("(a) log-log: a power law is a line (dashed: power-law fits)")
-    axes[1].set_title("(b) semilog: an exponential is a line (dashed: exponential fits)")
+    axes[0].set_title("(a) log-log: a power law is a line (dashed: power-law fit)")
+    axes[1].set_title("(b) semilog: an exponential is a line (dashed: exponential fit)")
     # The power law of pre-LN is one in t - t_0, the origin of the residual stream's growth.
     axes[0].legend(loc="lower left")
     ax = axes[2]
@@ -272,7 +273,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         part = ds.sel(scheme=label)
         c, origin = float(part["norm_growth"]), float(part["norm_origin"])
         if c > 0:
-            late = t > origin
+            late = c * (t - origin) >= 1.0
             ax.plot(t[late], c * (t[late] - origin), color="k", linestyle=":", linewidth=1,
                     label=f"|x| = {c:.2f} (t - {origin:.2g})")
     ax.set_xscale("log")
