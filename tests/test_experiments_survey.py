@@ -45,9 +45,10 @@ def test_random_qk_clusters_with_v_identity_only(random_qk):
     assert np.all(with_identity["final_clusters"].values == 1)
     assert float(with_identity["one_cluster_fraction"]) == 1.0
     assert with_identity["pair_density_q10"].isel(time=-1) == 1.0
-    # The same Q, K with V = -I: no member gathers into one point.
+    # The same Q, K with V = -I: no member gathers into one point; the tokens spread over
+    # the sphere, |mean x_i| below 0.04 in 90% of the figure's members at t = 30 (0.06 here).
     assert np.all(negated["final_clusters"].values > 1)
-    assert float(negated["order_parameter_q90"].isel(time=-1)) < 0.5
+    assert float(negated["order_parameter_q90"].isel(time=-1)) < 0.15
     # Only the drawn member's states are kept.
     assert ds["x_member"].dims == ("v_sign", "time", "token", "dim")
 
