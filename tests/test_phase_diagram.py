@@ -58,8 +58,9 @@ def test_equiangular_time_refuses_impossible_input():
 
 def test_phase_diagram_follows_the_equiangular_curve_more_closely_in_higher_dimension(tmp_path):
     betas = np.linspace(0.1, 9.0, 10).tolist()
-    ds = run_experiment("phase_diagram", {"d": [2, 32], "members": 32, "beta": betas})
-    assert list(ds["d"].values) == [2, 32]
+    ds = run_experiment("phase_diagram", {"d": [2, 8, 32, 128], "members": 32, "beta": betas,
+                                          "compilation_cache": False})
+    assert list(ds["d"].values) == [2, 8, 32, 128]
     # The stored curve is the equiangular time for the config's n and the option's eps.
     np.testing.assert_allclose(ds["equiangular_time"].values, af.equiangular_time(np.array(betas), 32, 1e-3))
     density = ds["pair_density_mean"]
@@ -69,12 +70,16 @@ def test_phase_diagram_follows_the_equiangular_curve_more_closely_in_higher_dime
     # Uniform tokens start unclustered; at the smallest beta every member collapses by t = 30.
     assert float(density.isel(time=0).max()) < 0.05
     np.testing.assert_allclose(density.isel(beta=0, time=-1), 1.0)
-    # The transition follows the equiangular step more closely at d = 32 than at d = 2,
-    # by either measure.
+    # The transition follows the equiangular step more closely as d grows: the figure run
+    # (2048 members, 90 betas) has mismatches 0.317, 0.167, 0.052, 0.016 for d = 2, 8, 32,
+    # 128, each at most 0.53 times the one before; here 0.308, 0.159, 0.042, 0.015.
     mismatch = ds["curve_mismatch"].values
-    assert mismatch[1] < 0.5 * mismatch[0], mismatch
+    assert np.all(mismatch[1:] < 0.65 * mismatch[:-1]), mismatch
+    np.testing.assert_allclose(mismatch, [0.317, 0.167, 0.052, 0.016], rtol=0.3)
+    # The crossing times agree too, from d = 2 to 32 (at d = 128 the crossing error stays
+    # near that of d = 32: 0.057 against 0.052 here; the mismatch still falls).
     log_error = ds["crossing_log_error"].values
-    assert log_error[1] < 0.5 * log_error[0], log_error
+    assert log_error[2] < 0.5 * log_error[1] < 0.25 * log_error[0], log_error
     # The figure redraws from results.nc alone.
     ds.to_netcdf(tmp_path / "results.nc")
     paths = draw_experiment(xr.load_dataset(tmp_path / "results.nc"), tmp_path)
