@@ -170,7 +170,8 @@ def test_the_papers_unnormalized_equation_diverges_at_its_sizes():
     from attnflow import NonFiniteStateError
     from attnflow.experiments import compose_experiment, plan_experiment
 
-    with pytest.raises(NonFiniteStateError, match=r"panel f0: the state became non-finite .*\(first bad output t=0\.[1-4]\)"):
+    diverged = r"panel f0: the state became non-finite .*\(first bad output t=0\.[1-4]\)"
+    with pytest.raises(NonFiniteStateError, match=diverged):
         run_experiment("polynomial", {"members": 2, "saves": 201, "compilation_cache": False,
                                       "experiment": {"options": {"normalizer": "none"}}})
     # f_4 (the schedule of T = 20) holds to t = 9 and diverges before t = 14 (both members).

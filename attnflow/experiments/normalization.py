@@ -103,7 +103,8 @@ _FIT_DESCRIPTIONS = {
     "exp_rate": "r of the exponential fit 1 - mean cos ~ exp(-r t) (minus the slope of log(1 - cos) against t), "
                 "on the window where that slope has settled (exp_start to fit_end)",
     "exp_log_amplitude": "log A of the exponential fit A exp(-r t)",
-    "exp_start": "first time of the exponential fit: from here on the local rate stays within `settle` of its end value",
+    "exp_start": "first time of the exponential fit: from here on the local rate stays within `settle` of its end "
+                 "value",
     "exp_r2": "R^2 of a line in (t, log(1 - cos)) over the whole window fit_start to fit_end",
     "power_exponent": "p of the power-law fit 1 - mean cos ~ (t - norm_origin)^(-p) (minus the slope against "
                       "log(t - norm_origin)), on the window where that slope has settled (power_start to fit_end)",
