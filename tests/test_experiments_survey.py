@@ -23,7 +23,8 @@ def random_qk():
 
 @pytest.fixture(scope="module")
 def bouncing():
-    return run_experiment("bouncing", {**FAST, "members": 6, "dt": 0.05, "saves": 21})
+    # 32 members (their first 32 of the figure's 256), coarser steps and output.
+    return run_experiment("bouncing", {**FAST, "members": 32, "dt": 0.05, "saves": 21})
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +45,10 @@ def test_random_qk_clusters_with_v_identity_only(random_qk):
     assert np.all(with_identity["final_clusters"].values == 1)
     assert float(with_identity["one_cluster_fraction"]) == 1.0
     assert with_identity["pair_density_q10"].isel(time=-1) == 1.0
-    # The same Q, K with V = -I: no member gathers into one point.
+    # The same Q, K with V = -I: no member gathers into one point; the tokens spread over
+    # the sphere, |mean x_i| below 0.04 in 90% of the figure's members at t = 30 (0.06 here).
     assert np.all(negated["final_clusters"].values > 1)
-    assert float(negated["order_parameter_q90"].isel(time=-1)) < 0.5
+    assert float(negated["order_parameter_q90"].isel(time=-1)) < 0.15
     # Only the drawn member's states are kept.
     assert ds["x_member"].dims == ("v_sign", "time", "token", "dim")
 
@@ -58,18 +60,26 @@ def test_bouncing_gathers_scatters_and_gathers_elsewhere(bouncing):
     order = ds["order_parameter_all"].transpose("member", "time").values
     at_switch = int(np.argmin(np.abs(t - switch)))
     after = t > switch
+    # The figure run (256 members), medians over members of the order parameter |mean x_i|:
+    # 0.16 at t = 0, 0.99 at the flip, 0.58 at its lowest after it, 0.96 at t = 10.
     # Before the flip the tokens gather ...
-    assert np.all(order[:, at_switch] > order[:, 0] + 0.3), order[:, [0, at_switch]]
+    assert np.all(order[:, at_switch] > order[:, 0] + 0.1), order[:, [0, at_switch]]
+    assert np.median(order[:, at_switch]) > 0.95
     # ... right after it they fly apart (at once, and by a clear margin) ...
     assert np.all(order[:, at_switch + 1] < order[:, at_switch])
     assert np.all(order[:, after].min(1) < order[:, at_switch] - 0.1)
+    assert np.median(order[:, after].min(1)) < 0.75
     # ... and then gather again.
     assert np.all(order[:, -1] > order[:, after].min(1))
-    assert np.median(order[:, -1] - order[:, after].min(1)) > 0.1
-    # Elsewhere: first in the +1 directions of V(0), then in the others, about orthogonal to the first place.
+    assert np.median(order[:, -1]) > 0.85  # 0.90 to 0.97 over the eight blocks of 32 members
+    # Elsewhere: first in the +1 directions of V(0) (median share of the squared norm 0.99 at the
+    # flip), then in the others (0.06 at the end) ...
     share = ds["attracting_share_median"].values
-    assert share[at_switch] > 0.8 and share[-1] < 0.5, share[[at_switch, -1]]
-    assert np.median(np.abs(ds["centre_cos"].values)) < 0.3
+    assert share[at_switch] > 0.95 and share[-1] < 0.15, share[[at_switch, -1]]
+    # ... so the mean direction at the end is about orthogonal to the one at the flip: the
+    # median cosine is 0.03 over the 256 members (|cos| below 0.12 in 90% of them).
+    cos = ds["centre_cos"].values
+    assert abs(np.median(cos)) < 0.08 and np.quantile(np.abs(cos), 0.9) < 0.3, np.sort(np.abs(cos))
     # The view of the figure: principal components of the initial tokens.
     assert ds["pc"].dims == ("time", "token", "component")
 

@@ -58,8 +58,9 @@ def test_equiangular_time_refuses_impossible_input():
 
 def test_phase_diagram_follows_the_equiangular_curve_more_closely_in_higher_dimension(tmp_path):
     betas = np.linspace(0.1, 9.0, 10).tolist()
-    ds = run_experiment("phase_diagram", {"d": [2, 32], "members": 32, "beta": betas})
-    assert list(ds["d"].values) == [2, 32]
+    ds = run_experiment("phase_diagram", {"d": [2, 8, 32, 128], "members": 32, "beta": betas,
+                                          "compilation_cache": False})
+    assert list(ds["d"].values) == [2, 8, 32, 128]
     # The stored curve is the equiangular time for the config's n and the option's eps.
     np.testing.assert_allclose(ds["equiangular_time"].values, af.equiangular_time(np.array(betas), 32, 1e-3))
     density = ds["pair_density_mean"]
@@ -69,12 +70,16 @@ def test_phase_diagram_follows_the_equiangular_curve_more_closely_in_higher_dime
     # Uniform tokens start unclustered; at the smallest beta every member collapses by t = 30.
     assert float(density.isel(time=0).max()) < 0.05
     np.testing.assert_allclose(density.isel(beta=0, time=-1), 1.0)
-    # The transition follows the equiangular step more closely at d = 32 than at d = 2,
-    # by either measure.
+    # The transition follows the equiangular step more closely as d grows: the figure run
+    # (2048 members, 90 betas) has mismatches 0.317, 0.167, 0.052, 0.016 for d = 2, 8, 32,
+    # 128, each at most 0.53 times the one before; here 0.308, 0.159, 0.042, 0.015.
     mismatch = ds["curve_mismatch"].values
-    assert mismatch[1] < 0.5 * mismatch[0], mismatch
+    assert np.all(mismatch[1:] < 0.65 * mismatch[:-1]), mismatch
+    np.testing.assert_allclose(mismatch, [0.317, 0.167, 0.052, 0.016], rtol=0.3)
+    # The crossing times agree too, from d = 2 to 32 (at d = 128 the crossing error stays
+    # near that of d = 32: 0.057 against 0.052 here; the mismatch still falls).
     log_error = ds["crossing_log_error"].values
-    assert log_error[1] < 0.5 * log_error[0], log_error
+    assert log_error[2] < 0.5 * log_error[1] < 0.25 * log_error[0], log_error
     # The figure redraws from results.nc alone.
     ds.to_netcdf(tmp_path / "results.nc")
     paths = draw_experiment(xr.load_dataset(tmp_path / "results.nc"), tmp_path)
@@ -141,9 +146,23 @@ def test_the_four_panels_of_fig5_as_the_full_run_measured():
 
 
 def test_circle_holds_two_clusters_at_beta_4_and_three_at_beta_9(tmp_path):
-    ds = run_experiment("circle", {"members": 32})
+    """The figure run (256 members) has 2 clusters at beta = 4 in 239 members (93%) and 3 at
+    beta = 9 in 198 (77%) at t = 100. The members are drawn one key each, so these 64 are the
+    figure's first 64; the bounds are its shares give or take three binomial standard
+    deviations of 64 members. Long-lived: the median count is already 2 and 3 at t = 20 and
+    still at t = 100 (the merges that end it come at t ~ 200-1000, not run here)."""
+    ds = run_experiment("circle", {"members": 64, "compilation_cache": False})
     assert list(ds["beta"].values) == [4.0, 9.0]
     np.testing.assert_array_equal(ds["final_clusters_median"].values, [2, 3])
+    final = ds["clusters"].isel(time=-1).values
+    assert 0.83 <= np.mean(final[0] == 2) <= 1.0, np.bincount(final[0])
+    assert 0.61 <= np.mean(final[1] == 3) <= 0.93, np.bincount(final[1])
+    # Away from the modal count, one more or one fewer.
+    assert np.all(np.abs(final[0] - 2) <= 1) and np.all(np.abs(final[1] - 3) <= 1)
+    t = ds["time"].values
+    held = (t >= 20) & (t <= 100)
+    medians = np.median(ds["clusters"].values[..., held], axis=1)  # (beta, time)
+    assert np.all(medians[0] == 2) and np.all(medians[1] == 3), medians
     # The member drawn is typical, and its final state has that many clusters.
     for b, expected in enumerate((2, 3)):
         member = int(ds["shown_member"].values[b])
