@@ -103,6 +103,7 @@ OPTIONS = {
     "frozen_at": 0.5,
 }
 MODELS = ("diffeqformer", "gpt")
+STATES = ("trained", "untrained")  # the final models, and their snapshots at step 0 (the control)
 REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
 THEORY_SAVES = 61  # t = 0 and 60 log-spaced times up to the horizon
 THEORY_RTOL = 1e-5
@@ -597,6 +598,23 @@ def analyse(cfg, options, results) -> xr.Dataset:
     tokenizer = load_tokenizer(folders["diffeqformer"] / "model")
     ids = _sentence_ids(folders["diffeqformer"] / "model", options["sentence"])
 
+    # The untrained control: both runs' snapshots at step 0, the models as initialised.
+    untrained = {name: snapshots(folders[name]).get(0) for name in MODELS}
+    missing = [name for name, path in untrained.items() if path is None]
+    if missing:
+        raise ConfigError(f"the {missing[0]} run in {folders[missing[0]]} has no snapshot at step 0 (the untrained "
+                          "control); train it again into an empty out=.")
+    states = {"trained": (model, gpt),
+              "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"]))}
+
+    def both(compute, keep=()):
+        """`compute(dfq, gpt)` for the trained models and the untrained control, along
+        the dimension `state`; the variables in `keep` are the same for both."""
+        parts = [compute(*pair) for pair in states.values()]
+        names = [name for name in parts[0].data_vars if name not in keep]
+        return xr.concat(parts, dim=xr.DataArray(list(STATES), dims="state", name="state"), data_vars=names,
+                         coords="minimal", compat="equals", combine_attrs="drop")
+
     with Progress("DiffEqFormer analysis", 4, unit="stages") as bar:
         stage = lambda text: print(f"attnflow: {text} ...", flush=True) if not bar.show else bar.describe(text)
         stage("losses and the energy of the output states across training")
@@ -604,14 +622,15 @@ def analyse(cfg, options, results) -> xr.Dataset:
         training = xr.concat([training_statistics(folders[name], int(options["tokens"]), int(cfg.seed))
                               .expand_dims(model=[name]) for name in MODELS], dim="model", join="outer")
         bar.advance()
-        stage("QK/OV spectra across depth")
-        spectra = _spectra(model, gpt, int(options["spectra_steps"]))
+        stage("QK/OV spectra across depth, trained and untrained")
+        spectra = both(lambda m, g: _spectra(m, g, int(options["spectra_steps"])))
         bar.advance()
-        stage("token sensitivity of the sentence")
-        sensitivity = _sensitivity(model, gpt, ids, tokenizer)
+        stage("token sensitivity of the sentence, trained and untrained")
+        sensitivity = both(lambda m, g: _sensitivity(m, g, ids, tokenizer), keep=("token_id", "token_string"))
         bar.advance()
-        stage("clustering under the learned attention")
-        theory = _theory(model, ids, float(options["cluster_horizon"]), float(options["frozen_at"]), float(cfg.eps))
+        stage("clustering under the attention, trained and untrained")
+        theory = both(lambda m, g: _theory(m, ids, float(options["cluster_horizon"]), float(options["frozen_at"]),
+                                           float(cfg.eps)))
         bar.advance()
 
     ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="drop")
@@ -644,7 +663,7 @@ LABELS = {"diffeqformer": "DiffEqFormer", "gpt": "GPT"}
 
 def roughness(ds: xr.Dataset) -> xr.Dataset:
     """The mean over heads and neighbouring layers of the spectral and weight
-    variations, per model and matrix."""
+    variations, per state (trained, untrained), model and matrix."""
     return xr.Dataset({"spectral": ds["spectral_variation"].mean(("interval", "head")),
                        "weights": ds["weight_variation"].mean(("interval", "head"))})
 
@@ -684,11 +703,12 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
                    f"the DiffEqFormer at the GPT's {ds.attrs['gpt_layers']} layer times t = lT/L; 0 = constant "
                    "weights):"),
               "", "| model | QK spectra | OV spectra | QK matrices | OV matrices |", "|---|---|---|---|---|"]
-    for model in MODELS:
-        r = rough.sel(spectra_model=model)
-        lines.append(f"| {LABELS[model]} | {float(r.spectral.sel(matrix='qk')):.4f} | "
-                     f"{float(r.spectral.sel(matrix='ov')):.4f} | {float(r.weights.sel(matrix='qk')):.4f} | "
-                     f"{float(r.weights.sel(matrix='ov')):.4f} |")
+    for state in STATES:
+        for model in MODELS:
+            r = rough.sel(spectra_model=model, state=state)
+            lines.append(f"| {LABELS[model]}, {state} | {float(r.spectral.sel(matrix='qk')):.4f} | "
+                         f"{float(r.spectral.sel(matrix='ov')):.4f} | {float(r.weights.sel(matrix='qk')):.4f} | "
+                         f"{float(r.weights.sel(matrix='ov')):.4f} |")
     lines += ["", "Energy and unigram divergence of the output states, first and last snapshot:", "",
               "| model | step | energy | KL to unigram | sample loss |", "|---|---|---|---|---|"]
     for model in MODELS:
@@ -699,13 +719,15 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
                          f"{float(row.kl):.3f} | {float(row.sample_loss):.3f} |")
     lines += ["", (f"Attention-only dynamics of the DiffEqFormer (clusters at cos > 1 - {ds.attrs['eps']:g}), at "
                    f"t = T_c = {ds.attrs['cluster_horizon']:g}:"), "",
-              "| weights | biases | clusters | mean pair cosine | one cluster from t = |", "|---|---|---|---|---|"]
-    for weights in ds.theory_weights.values:
-        for drift in ds.theory_drift.values:
-            part = ds[["clusters", "mean_cosine"]].sel(theory_weights=weights, theory_drift=drift)
-            since = single_cluster_time(part.clusters.values, ds.theory_time.values)
-            lines.append(f"| {weights} | {drift} | {int(part.clusters[-1])} | {float(part.mean_cosine[-1]):.4f} | "
-                         f"{'never' if since is None else f'{since:.3g}'} |")
+              "| model | weights | biases | clusters | mean pair cosine | one cluster from t = |",
+              "|---|---|---|---|---|---|"]
+    for state in STATES:
+        for weights in ds.theory_weights.values:
+            for drift in ds.theory_drift.values:
+                part = ds[["clusters", "mean_cosine"]].sel(state=state, theory_weights=weights, theory_drift=drift)
+                since = single_cluster_time(part.clusters.values, ds.theory_time.values)
+                lines.append(f"| {state} | {weights} | {drift} | {int(part.clusters[-1])} | "
+                             f"{float(part.mean_cosine[-1]):.4f} | {'never' if since is None else f'{since:.3g}'} |")
     return [_write_text(folder / "losses.md", "\n".join(lines) + "\n")]
 
 
@@ -777,30 +799,34 @@ def _draw_spectra(ds: xr.Dataset, folder: Path) -> list[Path]:
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.4), layout="constrained")
     for row, prefix in enumerate(("qk", "ov")):
         name = "Q_h^T K_h" if prefix == "qk" else "O_h V_h"
-        _eigen_scatter(axes[row, 0], ds.t.values, ds[f"dfq_{prefix}_eig_real"].values, cmap, heads)
+        _eigen_scatter(axes[row, 0], ds.t.values, ds[f"dfq_{prefix}_eig_real"].sel(state="trained").values, cmap, heads)
         axes[row, 0].set(xlabel=f"t (hypernetwork weights at {ds.sizes['t']} points)", ylabel="Re lambda",
                          title=f"DiffEqFormer: eigenvalues of {name}(t)")
-        _eigen_scatter(axes[row, 1], ds.layer.values, ds[f"gpt_{prefix}_eig_real"].values, cmap, heads)
+        _eigen_scatter(axes[row, 1], ds.layer.values, ds[f"gpt_{prefix}_eig_real"].sel(state="trained").values, cmap,
+                       heads)
         axes[row, 1].set(xlabel="layer", ylabel="Re lambda", title=f"GPT: eigenvalues of {name} per layer")
         ax = axes[row, 2]
-        for model in MODELS:
-            values = ds["spectral_variation"].sel(spectra_model=model, matrix=prefix)
-            mean = float(rough.spectral.sel(spectra_model=model, matrix=prefix))
-            ax.plot(values.interval + 1, values.mean("head"), color=COLORS[model], marker="o", markersize=3,
-                    label=f"{LABELS[model]}: roughness {mean:.3f}")
-            ax.fill_between(values.interval + 1, values.min("head"), values.max("head"), color=COLORS[model],
-                            alpha=0.15, linewidth=0)
+        for state, ls in zip(STATES, ("-", ":")):
+            for model in MODELS:
+                values = ds["spectral_variation"].sel(spectra_model=model, matrix=prefix, state=state)
+                mean = float(rough.spectral.sel(spectra_model=model, matrix=prefix, state=state))
+                ax.plot(values.interval + 1, values.mean("head"), color=COLORS[model], ls=ls, marker="o",
+                        markersize=3 if state == "trained" else 2, label=f"{LABELS[model]}, {state}: {mean:.3f}")
+                if state == "trained":
+                    ax.fill_between(values.interval + 1, values.min("head"), values.max("head"), color=COLORS[model],
+                                    alpha=0.15, linewidth=0)
         ax.set_yscale("log")
         ax.set(xlabel=f"between layers l-1 and l (DiffEqFormer at t = l T/{layers})", ylabel="relative distance",
                title=f"variation of the {prefix.upper()} spectra between neighbours")
-        ax.legend()
+        ax.legend(title="roughness", fontsize=7)
     axes[0, 0].legend(markerscale=4, loc="best")
     fig.suptitle("Spectral dynamics: the DiffEqFormer's continuous weights against the GPT's independent layers")
     caption(fig, f"Left: real parts of the eigenvalues of every head's QK and OV matrix of the DiffEqFormer on a grid of "
                  f"t in [0, {horizon:g}) (O_h(t) of the hypernetwork, without the step T/N of the populated layers); "
                  f"middle: the GPT's {layers} layers; colour: head. Right: min_pi |lambda_l - lambda_(l+1),pi| / mean "
                  f"|lambda| between neighbouring layers, the DiffEqFormer's weights taken at the same {layers} "
-                 "points; mean over heads with the min-max band. The roughness is its mean over heads and neighbours.",
+                 "points; mean over heads with the min-max band (trained, solid) and for the untrained models, their "
+                 "snapshots at step 0 (dotted: the control). The roughness is its mean over heads and neighbours.",
             width=170)
     return save(fig, folder, "spectra")
 
@@ -824,7 +850,7 @@ def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
     positions = np.arange(n)
     labels = [_shown(t)[0] for t in tokens]
     for block, model in enumerate(MODELS):
-        part = ds.sel(sens_model=model)
+        part = ds.sel(sens_model=model, state="trained")
         exponent, attention = part.exponent.values, part.sens_attention.values
         unit = "per unit t" if model == "diffeqformer" else "per layer"
         nxt = _shown(str(part.prediction.values))[0]
@@ -854,34 +880,39 @@ def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
 
 def _draw_clustering(ds: xr.Dataset, folder: Path) -> list[Path]:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9), layout="constrained")
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), layout="constrained")
     t = ds.theory_time.values
     shown = t > 0
-    styles = {"time-dependent": "C0", "frozen": "C1"}
-    for weights in ds.theory_weights.values:
-        for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
-            part = ds.sel(theory_weights=weights, theory_drift=drift)
-            label = f"{weights}, {drift}"
-            axes[0].plot(t[shown], part.clusters.values[shown], color=styles[str(weights)], ls=ls, label=label)
-            axes[1].plot(t[shown], 1 - part.mean_cosine.values[shown], color=styles[str(weights)], ls=ls, label=label)
+    colors = {("trained", "time-dependent"): "C0", ("trained", "frozen"): "C1",
+              ("untrained", "time-dependent"): "0.35", ("untrained", "frozen"): "0.7"}
+    for state in STATES:
+        for weights in ds.theory_weights.values:
+            for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
+                part = ds.sel(state=state, theory_weights=weights, theory_drift=drift)
+                style = {"color": colors[state, str(weights)], "ls": ls, "lw": 1.5 if state == "trained" else 1.0,
+                         "label": f"{state}, {weights}, {drift}"}
+                axes[0].plot(t[shown], part.clusters.values[shown], **style)
+                axes[1].plot(t[shown], 1 - part.mean_cosine.values[shown], **style)
     axes[0].set(xscale="log", xlabel="t", ylabel="clusters", title=f"(a) cluster count (cos > 1 - {ds.attrs['eps']:g})")
     axes[1].set(xscale="log", yscale="log", xlabel="t", ylabel="1 - mean cos(x_i, x_j)", title="(b) spread of directions")
-    axes[0].legend()
+    axes[0].legend(fontsize=6)
     norms = ds.weight_norm
-    for weight in norms.weight.values:
-        values = norms.sel(weight=weight)
-        axes[2].plot(norms.tau, values / values.isel(tau=0), label=str(weight))
+    for index, weight in enumerate(norms.weight.values):
+        for state, ls in zip(STATES, ("-", ":")):
+            values = norms.sel(weight=weight, state=state)
+            axes[2].plot(norms.tau, values / values.isel(tau=0), color=f"C{index}", ls=ls, label=f"{weight}, {state}")
     at = ds.attrs["frozen_at"] * ds.attrs["horizon"]
     axes[2].axvline(at, color="0.5", ls=":", lw=1)
-    axes[2].set(xlabel="model time tau", ylabel="|W(tau)|_F / |W(0)|_F", title="(c) size of the learned weights")
-    axes[2].legend()
+    axes[2].set(xlabel="model time tau", ylabel="|W(tau)|_F / |W(0)|_F", title="(c) size of the attention weights")
+    axes[2].legend(fontsize=6, ncol=2)
     fig.suptitle(f"The DiffEqFormer's attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, "
-                 f"over t in [0, {ds.attrs['cluster_horizon']:g}]")
-    caption(fig, f"(a, b) dX/dt = Attn_tau(N_1(X)) with the learned weights at tau = t T / T_c (time-dependent) or held "
-                 f"at tau = {at:g} (frozen: weight sharing); solid with the learned biases, dashed without the value and "
-                 "output biases (a drift common to all tokens). (c) Frobenius norms of the effective Q, K, V, O (all "
-                 "heads, LayerNorm gains folded in) across the model's time, relative to tau = 0; dotted: the frozen "
-                 "time. The paper's fig. 2d has magnitudes that grow polynomially; these barely change.", width=170)
+                 f"over t in [0, {ds.attrs['cluster_horizon']:g}]: trained, and untrained (the control)")
+    caption(fig, f"(a, b) dX/dt = Attn_tau(N_1(X)) with the weights at tau = t T / T_c (time-dependent) or held at "
+                 f"tau = {at:g} (frozen: weight sharing); solid with the biases, dashed without the value and output "
+                 "biases (a drift common to all tokens); colours: the trained model, greys: the same run's snapshot at "
+                 "step 0. (c) Frobenius norms of the effective Q, K, V, O (all heads, LayerNorm gains folded in) across "
+                 "the model's time, relative to tau = 0, trained (solid) and untrained (dotted); the vertical line: "
+                 "the frozen time.", width=170)
     return save(fig, folder, "clustering")
 
 
