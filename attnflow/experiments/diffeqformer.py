@@ -482,34 +482,51 @@ class Retimed(AbstractSchedule):
         return self.base.shape
 
 
-def learned_attention_field(model, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True):
-    r"""The DiffEqFormer's attention term alone as a pre-LN `VectorField` in the
-    stretched time $\tau = tT/T_c$: $dX/d\tau = (T_c/T)\,\mathrm{Attn}_\tau(N_1(X))$ on
-    $[0, T]$ (its output matrix and bias scaled by $T_c/T$ with the core's `Scaled`);
-    with `frozen_at` every weight held at $\tau = $ `frozen_at`$\cdot T$; without
-    `drift` the value and output biases scaled to zero (they only add the same vector
-    to every token's velocity). Every variant has the same structure."""
+def attention_only_field(field, horizon: float, cluster_horizon: float, *, frozen_at: float | None = None,
+                         drift: bool = True):
+    r"""The attention term of a pre-LN `field` on $[0, H]$ ($H$ = `horizon`: the
+    DiffEqFormer's $T$, or a GPT's number of layers) alone, in the stretched time
+    $\tau = tH/T_c$: $dX/d\tau = (T_c/H)\,\mathrm{Attn}_\tau(N_1(X))$ on $[0, H]$ (the
+    output matrix and bias scaled by $T_c/H$ with the core's `Scaled`); with
+    `frozen_at` every weight held at $\tau = $ `frozen_at`$\cdot H$; without `drift`
+    the value and output biases scaled to zero (they only add the same vector to every
+    token's velocity). Every variant of one field has the same structure."""
     from .. import VectorField
     from .._schedules import Scaled
 
-    field = model.field()
     attention = field.terms[0]
-    dtype = jnp.dtype(model.config.dtype)
+    dtype = attention.beta.dtype
     if frozen_at is None:
         offset, rate = jnp.asarray(0.0, dtype), jnp.asarray(1.0, dtype)
     else:
-        offset, rate = jnp.asarray(frozen_at * model.config.horizon, dtype), jnp.asarray(0.0, dtype)
+        offset, rate = jnp.asarray(frozen_at * horizon, dtype), jnp.asarray(0.0, dtype)
     retimed = {name: Retimed(getattr(attention, name), offset, rate) for name in _SCHEDULES}
-    speed = cluster_horizon / model.config.horizon
+    speed = cluster_horizon / horizon
     keep = 1.0 if drift else 0.0
     factors = {"output": speed, "output_bias": speed * keep, "value_bias": keep}
     retimed |= {name: Scaled(jnp.asarray([factor], dtype), retimed[name]) for name, factor in factors.items()}
     return VectorField(terms=(dataclasses.replace(attention, **retimed),), scheme="pre", norm=field.norm)
 
 
+def learned_attention_field(model, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True):
+    """`attention_only_field` of a DiffEqFormer: its attention term with the LayerNorm
+    gains and shifts of $N_1$ folded in, on $[0, T]$."""
+    return attention_only_field(model.field(), model.config.horizon, cluster_horizon, frozen_at=frozen_at, drift=drift)
+
+
+def gpt_attention_field(checkpoint, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True):
+    """`attention_only_field` of a GPT checkpoint: its layers' attention (LayerNorm
+    gains and shifts folded in), each in force for one unit of depth on $[0, L]$ (the
+    core's `depth_flow`)."""
+    from ..checkpoints import depth_flow
+
+    return attention_only_field(depth_flow(checkpoint).field, float(checkpoint.depth), cluster_horizon,
+                                frozen_at=frozen_at, drift=drift)
+
+
 @eqx.filter_jit
 def _attention_only(field, x0, taus, horizon: float, eps):
-    """The adaptive solve of an attention-only field on $[0, T]$ and, at the times
+    """The adaptive solve of an attention-only field on $[0, H]$ and, at the times
     `taus`, the cluster count, mean pair cosine, normalized energy and mean norm; the
     solver's result code. One compiled program for every field of one structure."""
     from .. import simulate
@@ -526,32 +543,45 @@ def _attention_only(field, x0, taus, horizon: float, eps):
     return solution.result, jax.vmap(measures)(solution.xs)
 
 
-def _theory(model, ids: np.ndarray, cluster_horizon: float, frozen_at: float, eps: float) -> xr.Dataset:
-    c = model.config
-    dtype = jnp.dtype(c.dtype)
-    x0 = model.embed_tokens(jnp.asarray(ids))
+def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: float, eps: float) -> xr.Dataset:
+    """Clustering under the attention alone of the DiffEqFormer (time-dependent weights
+    stretched over $[0, T_c]$, or frozen) and of the GPT (its layers one after the
+    other over $[0, T_c]$, or one layer for all time), each from its own embedding of
+    the sentence."""
+    from ..checkpoints import depth_flow
+
+    dtype = jnp.dtype(model.config.dtype)
     fractions = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, THEORY_SAVES - 1)])
-    taus = jnp.asarray(fractions * c.horizon, dtype)
+    systems = {"diffeqformer": (learned_attention_field, model, model.embed_tokens(jnp.asarray(ids)),
+                                float(model.config.horizon), model.field().terms[0]),
+               "gpt": (gpt_attention_field, gpt, gpt.embed_tokens(jnp.asarray(ids)), float(gpt.depth),
+                       depth_flow(gpt).field.terms[0])}
     out = {"clusters": [], "mean_cosine": [], "theory_energy": [], "mean_norm": []}
-    for weights in THEORY_WEIGHTS:
-        rows = {k: [] for k in out}
-        for drift in (True, False):
-            field = learned_attention_field(model, cluster_horizon, frozen_at=frozen_at if weights == "frozen" else None,
-                                            drift=drift)
-            result, values = _attention_only(field, x0, taus, float(c.horizon), jnp.asarray(eps, dtype))
-            if int(result) != 0:
-                raise ConfigError("the adaptive solve of the attention-only dynamics stopped early; lower "
-                                  "experiment.options.cluster_horizon.")
-            for key, value in zip(rows, values):
-                rows[key].append(np.asarray(value))
-        for key, values in rows.items():
+    norms = []
+    depth = np.linspace(0.0, 1.0, 101)
+    for build, system, x0, horizon, attention in systems.values():
+        taus = jnp.asarray(fractions * horizon, dtype)
+        per_model = {k: [] for k in out}
+        for weights in THEORY_WEIGHTS:
+            rows = {k: [] for k in out}
+            for drift in (True, False):
+                field = build(system, cluster_horizon, frozen_at=frozen_at if weights == "frozen" else None,
+                              drift=drift)
+                result, values = _attention_only(field, x0, taus, horizon, jnp.asarray(eps, dtype))
+                if int(result) != 0:
+                    raise ConfigError("the adaptive solve of the attention-only dynamics stopped early; lower "
+                                      "experiment.options.cluster_horizon.")
+                for key, value in zip(rows, values):
+                    rows[key].append(np.asarray(value))
+            for key, values in rows.items():
+                per_model[key].append(values)
+        for key, values in per_model.items():
             out[key].append(values)
-    dims = ("theory_weights", "theory_drift", "theory_time")
-    # The effective weights that the dynamics reads (gains of N_1 folded in), across tau.
-    attention = model.field().terms[0]
-    grid = jnp.linspace(0.0, c.horizon, 101, dtype=dtype)
-    schedules = [attention.query, attention.key, attention.value, attention.output]
-    norms = np.stack([np.asarray(jax.vmap(lambda t, w=w: jnp.linalg.norm(w(t)))(grid)) for w in schedules])
+        # The effective weights that the dynamics reads (gains of N_1 folded in), across depth.
+        grid = jnp.asarray(depth * horizon, dtype)
+        schedules = [attention.query, attention.key, attention.value, attention.output]
+        norms.append(np.stack([np.asarray(jax.vmap(lambda t, w=w: jnp.linalg.norm(w(t)))(grid)) for w in schedules]))
+    dims = ("theory_model", "theory_weights", "theory_drift", "theory_time")
     return xr.Dataset(
         {
             "clusters": (dims, np.asarray(out["clusters"], np.int64), {
@@ -562,12 +592,13 @@ def _theory(model, ids: np.ndarray, cluster_horizon: float, frozen_at: float, ep
                               {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
             "mean_norm": (dims, np.asarray(out["mean_norm"], np.float64),
                           {"description": "mean token norm |x_i| of the residual stream"}),
-            "weight_norm": (("weight", "tau"), norms, {
+            "weight_norm": (("theory_model", "weight", "tau"), np.asarray(norms, np.float64), {
                 "description": "Frobenius norm over all heads of the effective attention weights (LayerNorm gains "
-                               "folded in) at model time tau"}),
+                               "folded in) at the share tau of the model's depth (the GPT's layer floor(tau L))"}),
         },
-        coords={"theory_weights": list(THEORY_WEIGHTS), "theory_drift": list(THEORY_DRIFT),
-                "theory_time": fractions * cluster_horizon, "weight": ["Q", "K", "V", "O"], "tau": np.asarray(grid)},
+        coords={"theory_model": list(MODELS), "theory_weights": list(THEORY_WEIGHTS),
+                "theory_drift": list(THEORY_DRIFT), "theory_time": fractions * cluster_horizon,
+                "weight": ["Q", "K", "V", "O"], "tau": depth},
     )
 
 
@@ -629,7 +660,7 @@ def analyse(cfg, options, results) -> xr.Dataset:
         sensitivity = both(lambda m, g: _sensitivity(m, g, ids, tokenizer), keep=("token_id", "token_string"))
         bar.advance()
         stage("clustering under the attention, trained and untrained")
-        theory = both(lambda m, g: _theory(m, ids, float(options["cluster_horizon"]), float(options["frozen_at"]),
+        theory = both(lambda m, g: _theory(m, g, ids, float(options["cluster_horizon"]), float(options["frozen_at"]),
                                            float(cfg.eps)))
         bar.advance()
 
@@ -717,17 +748,39 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
             row = part.isel(snapshot_step=index)
             lines.append(f"| {LABELS[model]} | {int(row.snapshot_step)} | {float(row.energy):.3f} | "
                          f"{float(row.kl):.3f} | {float(row.sample_loss):.3f} |")
-    lines += ["", (f"Attention-only dynamics of the DiffEqFormer (clusters at cos > 1 - {ds.attrs['eps']:g}), at "
-                   f"t = T_c = {ds.attrs['cluster_horizon']:g}:"), "",
-              "| model | weights | biases | clusters | mean pair cosine | one cluster from t = |",
-              "|---|---|---|---|---|---|"]
-    for state in STATES:
-        for weights in ds.theory_weights.values:
-            for drift in ds.theory_drift.values:
-                part = ds[["clusters", "mean_cosine"]].sel(state=state, theory_weights=weights, theory_drift=drift)
-                since = single_cluster_time(part.clusters.values, ds.theory_time.values)
-                lines.append(f"| {state} | {weights} | {drift} | {int(part.clusters[-1])} | "
-                             f"{float(part.mean_cosine[-1]):.4f} | {'never' if since is None else f'{since:.3g}'} |")
+    lines += ["", (f"Attention-only dynamics (clusters at cos > 1 - {ds.attrs['eps']:g}) of the sentence's "
+                   f"{ds.sizes['token']} tokens, at t = T_c = {ds.attrs['cluster_horizon']:g}; the DiffEqFormer's "
+                   "weights at tau = t T / T_c or frozen at tau = frozen_at T, the GPT's layers one after the other "
+                   "or its middle layer for all time:"), "",
+              "| model | state | weights | biases | clusters | mean pair cosine | one cluster from t = |",
+              "|---|---|---|---|---|---|---|"]
+    for model in MODELS:
+        for state in STATES:
+            for weights in ds.theory_weights.values:
+                for drift in ds.theory_drift.values:
+                    part = ds[["clusters", "mean_cosine"]].sel(theory_model=model, state=state, theory_weights=weights,
+                                                               theory_drift=drift)
+                    since = single_cluster_time(part.clusters.values, ds.theory_time.values)
+                    lines.append(f"| {LABELS[model]} | {state} | {weights} | {drift} | {int(part.clusters[-1])} | "
+                                 f"{float(part.mean_cosine[-1]):.4f} | {'never' if since is None else f'{since:.3g}'} |")
+    lines += ["", "Size of the effective attention weights across depth, max and min of |W(tau)|_F / |W(0)|_F:", "",
+              "| model | state | Q | K | V | O |", "|---|---|---|---|---|---|"]
+    for model in MODELS:
+        for state in STATES:
+            norms = ds.weight_norm.sel(theory_model=model, state=state)
+            relative = norms / norms.isel(tau=0)
+            cells = [f"{float(relative.sel(weight=w).min()):.2f}-{float(relative.sel(weight=w).max()):.2f}"
+                     for w in norms.weight.values]
+            lines.append(f"| {LABELS[model]} | {state} | " + " | ".join(cells) + " |")
+    lines += ["", "Largest eigenvalue modulus of Q_h^T K_h and O_h V_h (the DiffEqFormer per unit t, at its "
+                  f"{ds.sizes['t']} grid points; the GPT per layer):", "",
+              "| model | state | QK | OV |", "|---|---|---|---|"]
+    for model, prefix in (("diffeqformer", "dfq"), ("gpt", "gpt")):
+        for state in STATES:
+            part = ds.sel(state=state)
+            top = [float(np.abs(part[f"{prefix}_{m}_eig_real"] + 1j * part[f"{prefix}_{m}_eig_imag"]).max())
+                   for m in ("qk", "ov")]
+            lines.append(f"| {LABELS[model]} | {state} | {top[0]:.4g} | {top[1]:.4g} |")
     return [_write_text(folder / "losses.md", "\n".join(lines) + "\n")]
 
 
@@ -880,39 +933,48 @@ def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
 
 def _draw_clustering(ds: xr.Dataset, folder: Path) -> list[Path]:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), layout="constrained")
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.6), layout="constrained")
     t = ds.theory_time.values
     shown = t > 0
     colors = {("trained", "time-dependent"): "C0", ("trained", "frozen"): "C1",
               ("untrained", "time-dependent"): "0.35", ("untrained", "frozen"): "0.7"}
-    for state in STATES:
-        for weights in ds.theory_weights.values:
-            for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
-                part = ds.sel(state=state, theory_weights=weights, theory_drift=drift)
-                style = {"color": colors[state, str(weights)], "ls": ls, "lw": 1.5 if state == "trained" else 1.0,
-                         "label": f"{state}, {weights}, {drift}"}
-                axes[0].plot(t[shown], part.clusters.values[shown], **style)
-                axes[1].plot(t[shown], 1 - part.mean_cosine.values[shown], **style)
-    axes[0].set(xscale="log", xlabel="t", ylabel="clusters", title=f"(a) cluster count (cos > 1 - {ds.attrs['eps']:g})")
-    axes[1].set(xscale="log", yscale="log", xlabel="t", ylabel="1 - mean cos(x_i, x_j)", title="(b) spread of directions")
-    axes[0].legend(fontsize=6)
-    norms = ds.weight_norm
-    for index, weight in enumerate(norms.weight.values):
-        for state, ls in zip(STATES, ("-", ":")):
-            values = norms.sel(weight=weight, state=state)
-            axes[2].plot(norms.tau, values / values.isel(tau=0), color=f"C{index}", ls=ls, label=f"{weight}, {state}")
-    at = ds.attrs["frozen_at"] * ds.attrs["horizon"]
-    axes[2].axvline(at, color="0.5", ls=":", lw=1)
-    axes[2].set(xlabel="model time tau", ylabel="|W(tau)|_F / |W(0)|_F", title="(c) size of the attention weights")
-    axes[2].legend(fontsize=6, ncol=2)
-    fig.suptitle(f"The DiffEqFormer's attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, "
-                 f"over t in [0, {ds.attrs['cluster_horizon']:g}]: trained, and untrained (the control)")
-    caption(fig, f"(a, b) dX/dt = Attn_tau(N_1(X)) with the weights at tau = t T / T_c (time-dependent) or held at "
-                 f"tau = {at:g} (frozen: weight sharing); solid with the biases, dashed without the value and output "
-                 "biases (a drift common to all tokens); colours: the trained model, greys: the same run's snapshot at "
-                 "step 0. (c) Frobenius norms of the effective Q, K, V, O (all heads, LayerNorm gains folded in) across "
-                 "the model's time, relative to tau = 0, trained (solid) and untrained (dotted); the vertical line: "
-                 "the frozen time.", width=170)
+    for row, model in enumerate(MODELS):
+        frozen = "frozen" if model == "diffeqformer" else "one layer"
+        moving = "time-dependent" if model == "diffeqformer" else "layer by layer"
+        for state in STATES:
+            for weights in ds.theory_weights.values:
+                for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
+                    part = ds.sel(theory_model=model, state=state, theory_weights=weights, theory_drift=drift)
+                    name = frozen if weights == "frozen" else moving
+                    style = {"color": colors[state, str(weights)], "ls": ls,
+                             "lw": 1.5 if state == "trained" else 1.0, "label": f"{state}, {name}, {drift}"}
+                    axes[row, 0].plot(t[shown], part.clusters.values[shown], **style)
+                    axes[row, 1].plot(t[shown], 1 - part.mean_cosine.values[shown], **style)
+        axes[row, 0].set(xscale="log", xlabel="t", ylabel="clusters",
+                         title=f"(a) {LABELS[model]}: cluster count (cos > 1 - {ds.attrs['eps']:g})")
+        axes[row, 1].set(xscale="log", yscale="log", xlabel="t", ylabel="1 - mean cos(x_i, x_j)",
+                         title=f"(b) {LABELS[model]}: spread of directions")
+        axes[row, 0].legend(fontsize=6)
+        norms = ds.weight_norm.sel(theory_model=model)
+        for index, weight in enumerate(norms.weight.values):
+            for state, ls in zip(STATES, ("-", ":")):
+                values = norms.sel(weight=weight, state=state)
+                axes[row, 2].plot(norms.tau, values / values.isel(tau=0), color=f"C{index}", ls=ls,
+                                  label=f"{weight}, {state}")
+        axes[row, 2].axvline(ds.attrs["frozen_at"], color="0.5", ls=":", lw=1)
+        axes[row, 2].set(xlabel="share of the depth (tau / T, or layer / L)", ylabel="|W|_F / |W at 0|_F",
+                         title=f"(c) {LABELS[model]}: size of the attention weights")
+        axes[row, 2].legend(fontsize=6, ncol=2)
+    fig.suptitle(f"Attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, over t in "
+                 f"[0, {ds.attrs['cluster_horizon']:g}]: trained, and untrained (the control)")
+    caption(fig, f"(a, b) dX/dt = Attn_tau(N_1(X)). Top: the DiffEqFormer with its weights at tau = t T / T_c "
+                 f"(time-dependent) or held at tau = {ds.attrs['frozen_at']:g} T (frozen: weight sharing). Bottom: the "
+                 f"GPT with its {ds.attrs['gpt_layers']} layers one after the other over [0, T_c] (layer by layer) or "
+                 f"its layer {int(ds.attrs['frozen_at'] * ds.attrs['gpt_layers'])} for all time (one layer). Solid "
+                 "with the biases, dashed without the value and output biases (a drift common to all tokens); colours: "
+                 "the trained models, greys: the same runs' snapshots at step 0. (c) Frobenius norms of the effective "
+                 "Q, K, V, O (all heads, LayerNorm gains folded in) across depth, relative to its start, trained "
+                 "(solid) and untrained (dotted); the vertical line: the frozen time.", width=170)
     return save(fig, folder, "clustering")
 
 
