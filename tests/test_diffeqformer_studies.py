@@ -40,9 +40,9 @@ from attnflow.experiments import diffeqformer as study
 
 # Both tiny runs train on the copying task (no tokenizer to train, and the fine-tuning
 # runs below have the shapes of the pretraining ones), to its optimum ln(8)/2 = 1.04:
-# 1000 steps, measured 1.04 (DiffEqFormer) and 1.16 (GPT).
+# 1000 steps at the default lr, measured 1.043 (DiffEqFormer) and 1.052 (GPT).
 TRAIN = {"corpus": "induction", "vocab": 8, "dim": 16, "heads": 2, "hidden": 32, "context": 16, "d_emb": 8,
-         "frequencies": 4, "steps": 4, "batch": 8, "train_steps": 1000, "lr": 0.01, "warmup": 0.0, "eval_every": 250,
+         "frequencies": 4, "steps": 4, "batch": 8, "train_steps": 1000, "lr": 0.003, "warmup": 0.0, "eval_every": 250,
          "eval_batches": 2, "save_every": 500}
 SENTENCE = "s1 s5 s2 s7 s3 s1 s5 s2"
 FINETUNE = {k: TRAIN[k] for k in ("lr", "warmup", "eval_every", "eval_batches", "batch", "save_every")}
@@ -82,6 +82,19 @@ def test_the_experiment_trains_missing_runs_and_reads_their_losses(runs):
     with pytest.raises(ConfigError, match=r"dim=16, not 32") as error:
         study.trained_run(out / "diffeqformer", "diffeqformer", {**TRAIN, "dim": 32})
     assert "\n" not in str(error.value)
+
+
+def test_on_the_copying_task_both_models_reach_the_best_possible_loss(runs):
+    """README: d = 16, 2 heads, 4 steps, 1000 steps on the copying task with 8 symbols:
+    both models end within 0.03 of ln(8)/2 = 1.04, the best possible loss (only the
+    second half of a sequence can be predicted), from ln(8) = 2.08 untrained (measured:
+    1.043 and 1.052; 1.046 and 1.061 without 64-bit mode, as the command runs)."""
+    out, ds = runs
+    best = np.log(TRAIN["vocab"]) / 2
+    for name in study.MODELS:
+        lines = study.read_metrics(out / name)
+        assert abs(lines[0]["val_loss"] - 2 * best) < 0.05, name
+        assert best - 0.01 < lines[-1]["val_loss"] < best + 0.03, name
 
 
 def test_energy_and_divergence_per_snapshot_match_the_euler_solve(runs):
@@ -253,7 +266,7 @@ def test_the_output_states_collapse_then_leave_the_collapse(runs):
         energy, kl, loss = (part[k].values for k in ("energy", "kl", "sample_loss"))
         peak = int(np.argmax(energy))
         assert energy[0] < 1.5, name  # untrained: the tokens point many ways
-        assert energy[peak] > np.e - 0.02, name  # collapse: one direction
+        assert energy[peak] > np.e - 0.1, name  # collapse: one direction (mean cosine above 0.96)
         assert 0 < peak < energy.size - 1, name
         assert energy[-1] < energy[peak] - 0.5 and energy[-1] > energy[0], name  # left the collapse, not to the start
         assert kl[-1] > kl[peak] + 0.5 and loss[-1] < loss[peak] - 0.5, name
@@ -331,16 +344,18 @@ def test_a_gpt_run_is_no_pretrained_diffeqformer(runs):
 
 
 def _section(text: str, title: str) -> str:
-    start = text.index(f"### {title}")
-    end = text.find("\n### ", start + 1)
-    following = text.find("\n## ", start + 1)
-    end = min(e for e in (end, following, len(text)) if e > 0)
-    return text[start:end]
+    """The text under the heading `title` (any level) up to the next heading."""
+    start = text.index(f"# {title}\n")
+    ends = [text.find(f"\n{'#' * level} ", start + 1) for level in (2, 3)]
+    return text[start:min([e for e in ends if e > 0] + [len(text)])]
 
 
 @pytest.mark.parametrize("title, table, first_cells", [
-    ("A trained DiffEqFormer against its GPT baseline", "figures/diffeqformer/losses.md", ("| DiffEqFormer", "| GPT")),
-    ("Adaptive depth", "figures/adaptive_depth/adaptive_depth.md", ("| 9 |", "| 12 |", "| 18 |", "| 24 |", "| GPT")),
+    ("The DiffEqFormer: a transformer with time-dependent weights", "figures/diffeqformer/losses.md",
+     {"DiffEqFormer", "GPT"}),
+    ("A trained DiffEqFormer against its GPT baseline", "figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
+    ("Adaptive depth: one pretrained run at 9 to 24 steps", "figures/adaptive_depth/adaptive_depth.md",
+     {"9", "12", "18", "24", "GPT (18 layers)"}),
 ])
 def test_the_readme_tables_of_trained_runs_are_those_of_the_committed_figures(title, table, first_cells):
     """The numbers the README states for the default runs (25 minutes of training each,
@@ -351,7 +366,8 @@ def test_the_readme_tables_of_trained_runs_are_those_of_the_committed_figures(ti
     root = Path(__file__).resolve().parents[1]
     section = _section((root / "README.md").read_text(), title)
     rows = {line.strip() for line in (root / table).read_text().splitlines()}
-    quoted = [line.strip() for line in section.splitlines() if line.strip().startswith(first_cells)]
+    quoted = [line.strip() for line in section.splitlines()
+              if line.strip().startswith("|") and line.strip().split("|")[1].strip() in first_cells]
     assert quoted, f"the README section {title!r} quotes no table rows"
     missing = [line for line in quoted if line not in rows]
     assert not missing, f"README rows not in {table}: {missing}"

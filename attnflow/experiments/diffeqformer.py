@@ -63,9 +63,16 @@ finished run is only read. Then:
    with the learned biases and without the two that only add a constant drift (the
    value and output biases: the attention weights of a row sum to one), so that
    clustering by a common drift can be told from clustering by interaction.
+   The GPT's attention runs the same way from its own embedding: its layers one after
+   the other over $[0, T_c]$ (each in force for $T_c/L$, the core's `depth_flow`), or
+   its layer $\lfloor$ `frozen_at` $L\rfloor$ for all time.
    Stored: the cluster count ($\cos > 1 - $ `eps`), the mean pair cosine and the
    normalized energy over log-spaced times, and the size of the effective weights
-   $\|Q(\tau)\|_F, \dots$ across $\tau$ (the paper's fig. 2e).
+   $\|Q(\tau)\|_F, \dots$ across depth (the paper's fig. 2e).
+
+Measures 3 to 5 are also taken on the untrained control (dimension `state`): each
+run's snapshot at step 0, the model as initialised, so that what training did can be
+told from what the parametrisation does by itself.
 """
 
 from __future__ import annotations
@@ -105,6 +112,7 @@ OPTIONS = {
 MODELS = ("diffeqformer", "gpt")
 STATES = ("trained", "untrained")  # the final models, and their snapshots at step 0 (the control)
 REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
+CURVE_STEPS = (100, 300, 500, 1000)  # validation steps quoted in losses.md
 THEORY_SAVES = 61  # t = 0 and 60 log-spaced times up to the horizon
 THEORY_RTOL = 1e-5
 
@@ -462,6 +470,7 @@ def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
 
 THEORY_WEIGHTS = ("time-dependent", "frozen")
 THEORY_DRIFT = ("learned biases", "no drift biases")
+GPT_WEIGHTS = {"time-dependent": "layer by layer", "frozen": "one layer"}  # what the two variants are for the GPT
 _SCHEDULES = ("query", "key", "value", "output", "query_bias", "key_bias", "value_bias", "output_bias")
 
 
@@ -730,6 +739,17 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
         step, val = _final(ds, "val_loss", model)
         train = float(ds["train_loss"].sel(model=model, eval_step=step))
         lines.append(f"| {LABELS[model]} | {step} | {val:.3f} | {train:.3f} |")
+    # The curve at a few steps (the untrained models are at ln(vocab) at step 0).
+    steps = [int(k) for k in ds.eval_step.values if int(k) in CURVE_STEPS]
+    lines += ["", "Validation loss along training (the last column: the final step, training loss in brackets):",
+              "", "| model | " + " | ".join(f"step {k}" for k in steps) + " | last |",
+              "|---|" + "---|" * (len(steps) + 1)]
+    for model in MODELS:
+        part = ds.sel(model=model)
+        step, val = _final(ds, "val_loss", model)
+        train = float(part["train_loss"].sel(eval_step=step))
+        cells = [f"{float(part.val_loss.sel(eval_step=k)):.2f}" for k in steps]
+        lines.append(f"| {LABELS[model]} | " + " | ".join(cells) + f" | {val:.2f} ({train:.2f}) |")
     lines += ["", ("Roughness of the attention weights across depth (mean over heads and neighbouring layers; "
                    f"the DiffEqFormer at the GPT's {ds.attrs['gpt_layers']} layer times t = lT/L; 0 = constant "
                    "weights):"),
@@ -761,7 +781,8 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
                     part = ds[["clusters", "mean_cosine"]].sel(theory_model=model, state=state, theory_weights=weights,
                                                                theory_drift=drift)
                     since = single_cluster_time(part.clusters.values, ds.theory_time.values)
-                    lines.append(f"| {LABELS[model]} | {state} | {weights} | {drift} | {int(part.clusters[-1])} | "
+                    shown = weights if model == "diffeqformer" else GPT_WEIGHTS[str(weights)]
+                    lines.append(f"| {LABELS[model]} | {state} | {shown} | {drift} | {int(part.clusters[-1])} | "
                                  f"{float(part.mean_cosine[-1]):.4f} | {'never' if since is None else f'{since:.3g}'} |")
     lines += ["", "Size of the effective attention weights across depth, max and min of |W(tau)|_F / |W(0)|_F:", "",
               "| model | state | Q | K | V | O |", "|---|---|---|---|---|---|"]
@@ -939,8 +960,8 @@ def _draw_clustering(ds: xr.Dataset, folder: Path) -> list[Path]:
     colors = {("trained", "time-dependent"): "C0", ("trained", "frozen"): "C1",
               ("untrained", "time-dependent"): "0.35", ("untrained", "frozen"): "0.7"}
     for row, model in enumerate(MODELS):
-        frozen = "frozen" if model == "diffeqformer" else "one layer"
-        moving = "time-dependent" if model == "diffeqformer" else "layer by layer"
+        frozen = "frozen" if model == "diffeqformer" else GPT_WEIGHTS["frozen"]
+        moving = "time-dependent" if model == "diffeqformer" else GPT_WEIGHTS["time-dependent"]
         for state in STATES:
             for weights in ds.theory_weights.values:
                 for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
