@@ -1,6 +1,7 @@
 """The DiffEqFormer: its vector field is the core's terms and matches the paper's
 equations evaluated independently; its populated layers are its Euler solve; its
-weights are smooth in time; it learns; its folders, training state and LoRA
+weights are smooth in time and, from initialisation, really depend on it (the time
+scale of the paper's code); it learns; its folders, training state and LoRA
 fine-tuning behave as promised."""
 
 import dataclasses
@@ -18,8 +19,9 @@ from scipy.special import erf
 
 from attnflow import MLP, CheckpointError, ConfigError, SelfAttention, VectorField
 from attnflow.checkpoints import forward, load_checkpoint, load_tokenizer
-from attnflow.diffeqformer import (DiffEqFormer, DiffEqFormerConfig, TimeWeight, checkpoint_logits, gpt,
-                                   load_diffeqformer, lora, populate, save_model, train, train_config)
+from attnflow.diffeqformer import (DiffEqFormer, DiffEqFormerConfig, Sinusoidal, TimeWeight, checkpoint_logits,
+                                   diffeqformer_config, gpt, load_diffeqformer, lora, populate, save_model, train,
+                                   train_config)
 
 CONFIG = DiffEqFormerConfig(vocab=20, dim=16, heads=2, hidden=24, context=12, d_emb=8, frequencies=4, steps=4,
                             horizon=2.0, dtype="float64")
@@ -32,22 +34,19 @@ RUN = dict(model="diffeqformer", corpus="reference", vocab=300, dim=16, heads=2,
 
 @pytest.fixture(scope="module")
 def model():
-    """A DiffEqFormer whose weights depend visibly on time (its hypernetwork
-    projections enlarged from their small initial values)."""
-    m = DiffEqFormer(CONFIG, key=jax.random.key(0))
-    enlarge = lambda w: eqx.tree_at(lambda w: w.proj_weight, w, 30 * w.proj_weight)
-    return jax.tree.map(lambda w: enlarge(w) if isinstance(w, TimeWeight) else w, m,
-                        is_leaf=lambda x: isinstance(x, TimeWeight))
+    """A small DiffEqFormer as initialised (its weights depend on time from the start)."""
+    return DiffEqFormer(CONFIG, key=jax.random.key(0))
 
 
 states = eqx.filter_jit(lambda m, ids: m.states(ids))
 logits = eqx.filter_jit(lambda m, ids: m(ids))
 
 
-def _weight(w: TimeWeight, t: float) -> np.ndarray:
-    """$W(t) = P\\,\\mathrm{MLP}(\\mathrm{Sinusoidal}(t)) + C$ by hand (appendix A)."""
+def _weight(w: TimeWeight, t: float, time_scale: float = CONFIG.time_scale) -> np.ndarray:
+    """$W(t) = P\\,\\mathrm{MLP}(\\mathrm{Sinusoidal}(t)) + C$ by hand (appendix A, with
+    the paper's code's time scale $s$: $(t, \\sin(w s t), \\cos(w s t))$)."""
     F = w.sinusoidal.frequencies
-    freq = np.exp(-np.log(1e4) * np.arange(F) / F)
+    freq = np.exp(-np.log(1e4) * np.arange(F) / F) * time_scale
     e = np.concatenate([[t], np.sin(freq * t), np.cos(freq * t)])
     h = np.asarray(w.mlp_in_weight) @ e + np.asarray(w.mlp_in_bias)
     h = h / (1 + np.exp(-h))  # SiLU
@@ -113,12 +112,71 @@ def test_time_weights_are_the_hypernetwork_and_smooth(model):
     at = jax.jit(jax.vmap(w))
     np.testing.assert_allclose(at(jnp.array([0.0, 0.3, 1.0])), [_weight(w, t) for t in (0.0, 0.3, 1.0)],
                                rtol=1e-12, atol=1e-14)
-    # Smooth: centred differences converge to the derivative at second order.
-    t, hs = 0.4, jnp.array([1e-2, 5e-3])
+    # Smooth: centred differences converge to the derivative at second order (steps
+    # well below the shortest period of the embedding, 2 pi / time_scale).
+    t, hs = 0.4, jnp.array([1e-4, 5e-5])
     derivative = jax.jit(jax.jacfwd(w))(t)
     errors = [float(jnp.abs(d - derivative).max()) for d in (at(t + hs) - at(t - hs)) / (2 * hs[:, None, None])]
     assert 3.5 < errors[0] / errors[1] < 4.5
-    assert float(jnp.abs(derivative).max()) > 1e-3  # and really a function of t
+
+
+MATRICES = ("query", "key", "value", "output", "w1", "w2")
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    """A DiffEqFormer of the default sizes (F = 64, d_emb = 32, d = 64, 18 steps) as
+    initialised, and the GPT baseline of the same sizes."""
+    config = DiffEqFormerConfig(vocab=32)
+    return DiffEqFormer(config, key=jax.random.key(0)), gpt(jax.random.key(0), config)
+
+
+def test_at_initialisation_the_weights_depend_on_time(default_model):
+    """The paper's code scales t by 1000 before the sines and cosines, and its
+    hypernetworks put the whole initial matrix in the time-dependent part. Unscaled, the
+    embedding over [0, 1] has numerical rank 3 and every W(t) is nearly affine in t."""
+    m, _ = default_model
+    config = m.config
+    assert config.time_scale == 1000.0 and train_config().time_scale == 1000.0
+    grid = jnp.linspace(0.0, 1.0, 1001)
+    singular = np.linalg.svd(np.asarray(jax.vmap(Sinusoidal(config.frequencies, config.time_scale))(grid)),
+                             compute_uv=False)
+    assert int(np.sum(singular > 1e-3 * singular[0])) > 20  # measured: 61 (3 with time_scale 1)
+    grid = grid[::5]  # 201 times
+    fit = np.stack([np.ones(grid.size), np.asarray(grid)], axis=1)
+    for name in MATRICES:
+        w = getattr(m, name)
+        at = np.asarray(jax.vmap(w)(grid), np.float64).reshape(grid.size, -1)
+        first, last = at[0], at[-1]
+        # W(1) differs from W(0) by more than 10% of |W(0)| (measured: 0.95-1.78).
+        assert np.linalg.norm(last - first) > 0.1 * np.linalg.norm(first), name
+        # Not nearly affine: the best affine fit in t misses more than 30% of W over [0, 1]
+        # (measured: 0.69-0.81; with time_scale 1: 0.006-0.012).
+        residual = at - fit @ np.linalg.lstsq(fit, at, rcond=None)[0]
+        assert np.linalg.norm(residual) > 0.3 * np.linalg.norm(at), name
+        # W(0) has GPT-2's initial law: N(0, 0.02^2) entries (0.02 / sqrt(2 L) for O and W2).
+        std = 0.02 / (math.sqrt(2 * config.steps) if name in ("output", "w2") else 1.0)
+        assert abs(first.std() / std - 1) < 4 / math.sqrt(first.size), name
+
+
+def test_at_initialisation_neighbouring_layers_differ_as_much_as_independent_ones(default_model):
+    """The untrained control of the roughness study (README, "A trained DiffEqFormer
+    against its GPT baseline"): at the 18 layer times t = l/18 the initial weights of
+    the DiffEqFormer differ between neighbours about as much as the GPT's independently
+    drawn layers (measured: QK/OV spectra 0.53/0.56 against 0.44/0.46, matrices
+    1.26/1.17 against 1.41/1.41; 0.03 for all four with time_scale 1)."""
+    from attnflow.checkpoints import head_spectra
+    from attnflow.experiments import diffeqformer as study
+
+    m, baseline = default_model
+    rough = {}
+    for name, checkpoint in (("diffeqformer", study.hypernetwork_checkpoint(m, m.config.steps)), ("gpt", baseline)):
+        spectra, matrices = head_spectra(checkpoint), study._matrices(checkpoint)
+        rough[name] = np.array([study.spectral_variation(spectra[f"{p}_eig_real"].values,
+                                                         spectra[f"{p}_eig_imag"].values).mean() for p in ("qk", "ov")]
+                               + [study.matrix_variation(matrices[p]).mean() for p in ("qk", "ov")])
+    ratio = rough["diffeqformer"] / rough["gpt"]
+    assert np.all((ratio > 0.5) & (ratio < 2)), ratio
 
 
 def test_saved_models_load_back_bitwise(model, tmp_path):
@@ -133,6 +191,23 @@ def test_saved_models_load_back_bitwise(model, tmp_path):
     again = load_checkpoint(tmp_path / "gpt")
     assert (again.family, again.arrangement, again.depth) == ("gpt2", "sequential", CONFIG.steps)
     assert jnp.array_equal(checkpoint_logits(again, IDS), checkpoint_logits(baseline, IDS))
+
+
+def test_model_folders_record_the_time_scale_and_old_ones_read_as_one(model, tmp_path):
+    save_model(model, tmp_path / "dfq")
+    record = json.loads((tmp_path / "dfq" / "diffeqformer.json").read_text())
+    assert record["config"]["time_scale"] == 1000.0
+    assert json.loads((tmp_path / "dfq" / "config.json").read_text())["extra"]["diffeqformer"]["time_scale"] == 1000.0
+    # A folder written before the setting existed holds no time_scale: its embedding read
+    # t unscaled, and it is read back that way.
+    del record["config"]["time_scale"]
+    (tmp_path / "dfq" / "diffeqformer.json").write_text(json.dumps(record))
+    assert diffeqformer_config(tmp_path / "dfq").time_scale == 1.0
+    old = load_diffeqformer(tmp_path / "dfq")
+    np.testing.assert_allclose(old.w1(0.3), _weight(model.w1, 0.3, time_scale=1.0), rtol=1e-12, atol=1e-14)
+    assert not np.allclose(old.w1(0.3), model.w1(0.3), rtol=1e-3)
+    with pytest.raises(ConfigError, match="time_scale must be a positive number"):
+        DiffEqFormerConfig(vocab=4, time_scale=0.0)
 
 
 def test_bad_model_folders_say_what_is_wrong(model, tmp_path):

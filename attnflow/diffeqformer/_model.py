@@ -45,7 +45,8 @@ from ..checkpoints._canonical import Attention, Blocks, Checkpoint, FeedForward,
 from ..checkpoints._flow import forward
 
 INIT_STD = 0.02  # GPT-2's initial standard deviation of weights and embeddings
-VARIATION = 0.1  # initial size of the time-dependent part of W(t), relative to INIT_STD
+BIAS_STD = 1e-4  # initial size of the time-dependent biases (the paper's code draws them at this scale)
+TIME_SCALE = 1000.0  # the paper's code multiplies t by 1000 before the sines and cosines
 DTYPES = ("float32", "float64")
 
 
@@ -58,7 +59,9 @@ class DiffEqFormerConfig:
       heads of $d_k = d / \\text{heads}$ each; `hidden`: MLP width; `context`: the
       longest sequence (learned positions);
     - `d_emb`: width of each hypernetwork's MLP; `frequencies`: $F$, the number of
-      sines (and cosines) of the time embedding;
+      sines (and cosines) of the time embedding; `time_scale`: $s$, the factor on $t$
+      inside the sines and cosines (1000 in the paper's code; a model folder written
+      before this setting existed holds none and is read with $s = 1$);
     - `steps`: the number of solver steps on $[0, T]$ (layers of the populated model);
       `horizon`: $T$, the end of time;
     - `eps`: the LayerNorm epsilon; `dtype`: of every array.
@@ -71,6 +74,7 @@ class DiffEqFormerConfig:
     context: int = 64
     d_emb: int = 32
     frequencies: int = 64
+    time_scale: float = TIME_SCALE
     steps: int = 18
     horizon: float = 1.0
     eps: float = 1e-5
@@ -89,6 +93,8 @@ class DiffEqFormerConfig:
             raise ConfigError(f"eps must be positive, got {self.eps!r}.")
         if not (self.horizon > 0 and math.isfinite(self.horizon)):
             raise ConfigError(f"horizon must be a positive number, got {self.horizon!r}.")
+        if isinstance(self.time_scale, bool) or not (self.time_scale > 0 and math.isfinite(self.time_scale)):
+            raise ConfigError(f"time_scale must be a positive number, got {self.time_scale!r}.")
 
     @property
     def head_dim(self) -> int:
@@ -99,7 +105,10 @@ class DiffEqFormerConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "DiffEqFormerConfig":
-        """The config of `to_json`; unknown or missing settings raise ConfigError."""
+        """The config of `to_json`; unknown or missing settings raise ConfigError. A
+        record without `time_scale` was written before that setting existed, when the
+        embedding read $t$ unscaled: it is read with `time_scale` 1."""
+        data = {"time_scale": 1.0, **data}
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -113,16 +122,25 @@ class DiffEqFormerConfig:
 
 
 class Sinusoidal(eqx.Module):
-    """The time embedding $t \\mapsto (t, \\sin(w t), \\cos(w t))$ with frequencies
-    $w_i = \\exp(-\\ln(10^4)\\, i / F)$, $i = 0, \\dots, F - 1$ (appendix A): a vector of
-    length $2F + 1$, without parameters."""
+    """The time embedding $t \\mapsto (t, \\sin(w s t), \\cos(w s t))$ with frequencies
+    $w_i = \\exp(-\\ln(10^4)\\, i / F)$, $i = 0, \\dots, F - 1$ (appendix A) and the time
+    scale $s$ (`scale`): a vector of length $2F + 1$, without parameters.
+
+    The paper's appendix writes $\\sin(w t)$; its published code multiplies $t$ by
+    $s = 1000$ first and keeps the raw $t$ as the first entry. On $t \\in [0, 1]$ with
+    $s = 1$ every frequency is at most 1, so the embedding is nearly a polynomial of low
+    degree in $t$ (numerical rank 3 at relative tolerance $10^{-3}$ for $F = 64$) and
+    every weight $W(t)$ nearly affine in $t$; with $s = 1000$ the periods range from
+    $2\\pi/1000$ to about 55, and the rank is near 60."""
 
     frequencies: int = eqx.field(static=True)
+    scale: float = eqx.field(static=True, default=TIME_SCALE)
 
     def __call__(self, t: ScalarLike) -> Float[Array, " embedding"]:
         t = jnp.asarray(t)
         w = jnp.exp(-math.log(1e4) * jnp.arange(self.frequencies, dtype=t.dtype) / self.frequencies)
-        return jnp.concatenate([t[None], jnp.sin(w * t), jnp.cos(w * t)])
+        phase = w * (self.scale * t)
+        return jnp.concatenate([t[None], jnp.sin(phase), jnp.cos(phase)])
 
     @property
     def size(self) -> int:
@@ -135,10 +153,13 @@ class TimeWeight(AbstractSchedule):
     $z = A_2\,\mathrm{silu}(A_1 e + a_1) + a_2$ of width $d_{emb}$, and the linear
     projection $W(t) = P z + C$ reshaped to `shape`.
 
-    Initialised so that training starts from a standard transformer: the constant $C$
-    holds an ordinary initial matrix (`center`) and $P$ is small, so $W(t)$ starts near
-    $C$ with a small dependence on $t$. A schedule of the core: the attention and MLP
-    terms read it directly.
+    Initialised as the paper's code does: the MLP's layers LeCun-normal with zero
+    biases, and the whole weight in the time-dependent part. For a matrix the constant
+    $C$ is zero and $P$ is drawn so that $W(0) = P z(0)$ has independent
+    $N(0, \sigma^2)$ entries, $\sigma$ = `std` (GPT-2's initial law); as $z(t)$ moves
+    with $t$, so does $W(t)$, by as much as its own size. For a LayerNorm gain or shift
+    (`std` 0) $C$ is 1 or 0 and $P = 0$, as the paper's time-dependent LayerNorm starts.
+    A schedule of the core: the attention and MLP terms read it directly.
     """
 
     sinusoidal: Sinusoidal
@@ -149,14 +170,14 @@ class TimeWeight(AbstractSchedule):
     proj_weight: Float[Array, "... d_emb"]
     proj_bias: Array
 
-    def __init__(self, center: Array, d_emb: int, frequencies: int, *, scale: float, key: PRNGKeyArray | None = None,
-                 noise: Array | None = None):
-        """`center`: the initial matrix $C$ (its shape is the schedule's); `scale`: about
-        the size of the entries of $P z$ at initialisation. The MLP's layers start
-        LeCun-normal with zero biases. The standard normal numbers come from `key`, or
-        are given as `noise` (`noise_size(...)` of them)."""
+    def __init__(self, center: Array, d_emb: int, frequencies: int, *, std: float, time_scale: float = TIME_SCALE,
+                 key: PRNGKeyArray | None = None, noise: Array | None = None):
+        """`center`: the constant $C$ (its shape is the schedule's); `std`: the standard
+        deviation of the entries of $P z(0)$; `time_scale`: the embedding's factor on
+        $t$. The standard normal numbers come from `key`, or are given as `noise`
+        (`noise_size(...)` of them)."""
         center = jnp.asarray(center)
-        self.sinusoidal = Sinusoidal(frequencies)
+        self.sinusoidal = Sinusoidal(frequencies, float(time_scale))
         e = self.sinusoidal.size
         shapes = [(d_emb, e), (d_emb, d_emb), center.shape + (d_emb,)]
         if noise is None:
@@ -166,10 +187,11 @@ class TimeWeight(AbstractSchedule):
         self.mlp_in_bias = jnp.zeros(d_emb, center.dtype)
         self.mlp_out_weight = a2 / math.sqrt(d_emb)
         self.mlp_out_bias = jnp.zeros(d_emb, center.dtype)
-        # The entries of z are of order one at initialisation, so P z has entries of
-        # about `scale`.
-        self.proj_weight = scale / math.sqrt(d_emb) * p
         self.proj_bias = center
+        # p has N(0, 1) entries, so p z / |z| has N(0, 1) entries for any fixed z: scaled
+        # by std / |z(0)|, the weight at t = 0 has exactly the law asked for.
+        size = jnp.linalg.norm(self.embedding(0.0)) if std else 1.0
+        self.proj_weight = std / size * p
 
     @staticmethod
     def noise_size(shape: tuple[int, ...], d_emb: int, frequencies: int) -> int:
@@ -178,7 +200,7 @@ class TimeWeight(AbstractSchedule):
 
     def embedding(self, t: ScalarLike) -> Float[Array, " d_emb"]:
         """$z(t) = \\mathrm{MLP}(\\mathrm{Sinusoidal}(t))$."""
-        e = self.sinusoidal(jnp.asarray(t, self.proj_bias.dtype))
+        e = self.sinusoidal(jnp.asarray(t, self.mlp_in_weight.dtype))
         hidden = jax.nn.silu(self.mlp_in_weight @ e + self.mlp_in_bias)
         return self.mlp_out_weight @ hidden + self.mlp_out_bias
 
@@ -275,23 +297,25 @@ class DiffEqFormer(eqx.Module):
         c, dtype = config, jnp.dtype(config.dtype)
         H, k, d = c.heads, c.head_dim, c.dim
         residual = _residual_std(c)
-        vectors = {"output_bias": (d, 0.0), "b1": (c.hidden, 0.0), "b2": (d, 0.0), "attn_gain": (d, 1.0),
-                   "attn_shift": (d, 0.0), "mlp_gain": (d, 1.0), "mlp_shift": (d, 0.0)}
-        centers = {"query": ((H, k, d), INIT_STD), "key": ((H, k, d), INIT_STD), "value": ((H, k, d), INIT_STD),
-                   "output": ((H, d, k), residual), "w1": ((c.hidden, d), INIT_STD), "w2": ((d, c.hidden), residual)}
-        weights = {name: shape for name, (shape, _) in centers.items()} | {n: (size,) for n, (size, _) in vectors.items()}
+        # name: (shape, constant part C, standard deviation of the time-dependent part at
+        # t = 0). Matrices are all time-dependent with GPT-2's initial law; biases are
+        # time-dependent and tiny; LayerNorm gains and shifts start constant (1 and 0).
+        weights = {"query": ((H, k, d), 0.0, INIT_STD), "key": ((H, k, d), 0.0, INIT_STD),
+                   "value": ((H, k, d), 0.0, INIT_STD), "output": ((H, d, k), 0.0, residual),
+                   "output_bias": ((d,), 0.0, BIAS_STD), "w1": ((c.hidden, d), 0.0, INIT_STD),
+                   "b1": ((c.hidden,), 0.0, BIAS_STD), "w2": ((d, c.hidden), 0.0, residual),
+                   "b2": ((d,), 0.0, BIAS_STD), "attn_gain": ((d,), 1.0, 0.0), "attn_shift": ((d,), 0.0, 0.0),
+                   "mlp_gain": ((d,), 1.0, 0.0), "mlp_shift": ((d,), 0.0, 0.0)}
         # Every random number of the initialisation from one draw: one random-number
         # program to compile (seconds each on a small CPU) instead of one per array.
-        pieces = [((c.vocab, d), INIT_STD), ((c.context, d), INIT_STD)] + list(centers.values())
-        pieces += [((TimeWeight.noise_size(shape, c.d_emb, c.frequencies),), 1.0) for shape in weights.values()]
+        pieces = [((c.vocab, d), INIT_STD), ((c.context, d), INIT_STD)]
+        pieces += [((TimeWeight.noise_size(shape, c.d_emb, c.frequencies),), 1.0) for shape, _, _ in weights.values()]
         draws = iter(_normals(key, pieces, dtype))
         self.config = c
         self.embed, self.positions = next(draws), next(draws)
-        initial = {name: (next(draws), std) for name, (_, std) in centers.items()}
-        initial |= {name: (jnp.full((size,), value, dtype), INIT_STD) for name, (size, value) in vectors.items()}
-        for name in weights:
-            center, std = initial[name]
-            setattr(self, name, TimeWeight(center, c.d_emb, c.frequencies, scale=VARIATION * std, noise=next(draws)))
+        for name, (shape, constant, std) in weights.items():
+            setattr(self, name, TimeWeight(jnp.full(shape, constant, dtype), c.d_emb, c.frequencies, std=std,
+                                           time_scale=c.time_scale, noise=next(draws)))
         self.final_norm = TokenNorm("layer", jnp.ones(d, dtype), jnp.zeros(d, dtype), eps=c.eps)
 
     def with_steps(self, steps: int) -> "DiffEqFormer":

@@ -42,7 +42,10 @@ from .._errors import CheckpointError, ConfigError
 
 MODELS = ("diffeqformer", "gpt")
 B2 = {"diffeqformer": 0.95, "gpt": 0.999}  # the paper's app. C.5
-ARCHITECTURE = ("vocab", "dim", "heads", "hidden", "context", "d_emb", "frequencies", "horizon")
+ARCHITECTURE = ("vocab", "dim", "heads", "hidden", "context", "d_emb", "frequencies", "time_scale", "horizon")
+# Settings added after runs were first written, with the value that reproduces a run
+# recorded without them (the DiffEqFormer's embedding read t unscaled).
+ADDED = {"time_scale": 1.0}
 NOT_RESULT_KEYS = ("out", "save_every", "compilation_cache")
 STATE_VERSION = 1
 
@@ -59,6 +62,7 @@ class TrainConfig:
     context: int = MISSING
     d_emb: int = MISSING
     frequencies: int = MISSING
+    time_scale: float = MISSING
     steps: int = MISSING
     horizon: float = MISSING
     solver: str = MISSING
@@ -171,7 +175,7 @@ def _stored_settings(out: Path) -> dict | None:
         return None
     from ._store import read_json
 
-    return dict(read_json(path).get("config", {}), out=str(out))
+    return dict(ADDED, **read_json(path).get("config", {}), out=str(out))
 
 
 def check(cfg: TrainConfig) -> None:
@@ -197,6 +201,8 @@ def check(cfg: TrainConfig) -> None:
         raise ConfigError(f"dim={cfg.dim} must be a multiple of heads={cfg.heads}.")
     if not cfg.horizon > 0 or not math.isfinite(cfg.horizon):
         raise ConfigError(f"horizon must be a positive number, got {cfg.horizon}.")
+    if not cfg.time_scale > 0 or not math.isfinite(cfg.time_scale):
+        raise ConfigError(f"time_scale must be a positive number, got {cfg.time_scale}.")
     if not cfg.lr > 0 or not math.isfinite(cfg.lr):
         raise ConfigError(f"lr must be a positive number, got {cfg.lr}.")
     if not 0 <= cfg.warmup < 1 or not 0 <= cfg.min_lr <= 1:
@@ -296,7 +302,7 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
         raise ConfigError(f"the tokenizer of init={cfg.init} has {corpus.vocab} tokens but its model {cfg.vocab}.")
     model_config = DiffEqFormerConfig(vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads, hidden=cfg.hidden,
                                       context=cfg.context, d_emb=cfg.d_emb, frequencies=cfg.frequencies,
-                                      steps=cfg.steps, horizon=cfg.horizon, dtype=cfg.dtype)
+                                      time_scale=cfg.time_scale, steps=cfg.steps, horizon=cfg.horizon, dtype=cfg.dtype)
     if base is None:
         base = DiffEqFormer(model_config, key=init_key) if cfg.model == "diffeqformer" else gpt(init_key, model_config)
     if cfg.lora_rank:
@@ -462,7 +468,7 @@ class RunFolder:
         return stored
 
     def _same(self, old: dict, cfg: TrainConfig) -> None:
-        new = cfg.record()
+        old, new = dict(ADDED, **old), cfg.record()
         differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if differ:
             k = differ[0]

@@ -63,9 +63,16 @@ finished run is only read. Then:
    with the learned biases and without the two that only add a constant drift (the
    value and output biases: the attention weights of a row sum to one), so that
    clustering by a common drift can be told from clustering by interaction.
+   The GPT's attention runs the same way from its own embedding: its layers one after
+   the other over $[0, T_c]$ (each in force for $T_c/L$, the core's `depth_flow`), or
+   its layer $\lfloor$ `frozen_at` $L\rfloor$ for all time.
    Stored: the cluster count ($\cos > 1 - $ `eps`), the mean pair cosine and the
    normalized energy over log-spaced times, and the size of the effective weights
-   $\|Q(\tau)\|_F, \dots$ across $\tau$ (the paper's fig. 2e).
+   $\|Q(\tau)\|_F, \dots$ across depth (the paper's fig. 2e).
+
+Measures 3 to 5 are also taken on the untrained control (dimension `state`): each
+run's snapshot at step 0, the model as initialised, so that what training did can be
+told from what the parametrisation does by itself.
 """
 
 from __future__ import annotations
@@ -103,7 +110,9 @@ OPTIONS = {
     "frozen_at": 0.5,
 }
 MODELS = ("diffeqformer", "gpt")
+STATES = ("trained", "untrained")  # the final models, and their snapshots at step 0 (the control)
 REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
+CURVE_STEPS = (100, 300, 500, 1000)  # validation steps quoted in losses.md
 THEORY_SAVES = 61  # t = 0 and 60 log-spaced times up to the horizon
 THEORY_RTOL = 1e-5
 
@@ -461,6 +470,7 @@ def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
 
 THEORY_WEIGHTS = ("time-dependent", "frozen")
 THEORY_DRIFT = ("learned biases", "no drift biases")
+GPT_WEIGHTS = {"time-dependent": "layer by layer", "frozen": "one layer"}  # what the two variants are for the GPT
 _SCHEDULES = ("query", "key", "value", "output", "query_bias", "key_bias", "value_bias", "output_bias")
 
 
@@ -481,34 +491,51 @@ class Retimed(AbstractSchedule):
         return self.base.shape
 
 
-def learned_attention_field(model, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True):
-    r"""The DiffEqFormer's attention term alone as a pre-LN `VectorField` in the
-    stretched time $\tau = tT/T_c$: $dX/d\tau = (T_c/T)\,\mathrm{Attn}_\tau(N_1(X))$ on
-    $[0, T]$ (its output matrix and bias scaled by $T_c/T$ with the core's `Scaled`);
-    with `frozen_at` every weight held at $\tau = $ `frozen_at`$\cdot T$; without
-    `drift` the value and output biases scaled to zero (they only add the same vector
-    to every token's velocity). Every variant has the same structure."""
+def attention_only_field(field, horizon: float, cluster_horizon: float, *, frozen_at: float | None = None,
+                         drift: bool = True):
+    r"""The attention term of a pre-LN `field` on $[0, H]$ ($H$ = `horizon`: the
+    DiffEqFormer's $T$, or a GPT's number of layers) alone, in the stretched time
+    $\tau = tH/T_c$: $dX/d\tau = (T_c/H)\,\mathrm{Attn}_\tau(N_1(X))$ on $[0, H]$ (the
+    output matrix and bias scaled by $T_c/H$ with the core's `Scaled`); with
+    `frozen_at` every weight held at $\tau = $ `frozen_at`$\cdot H$; without `drift`
+    the value and output biases scaled to zero (they only add the same vector to every
+    token's velocity). Every variant of one field has the same structure."""
     from .. import VectorField
     from .._schedules import Scaled
 
-    field = model.field()
     attention = field.terms[0]
-    dtype = jnp.dtype(model.config.dtype)
+    dtype = attention.beta.dtype
     if frozen_at is None:
         offset, rate = jnp.asarray(0.0, dtype), jnp.asarray(1.0, dtype)
     else:
-        offset, rate = jnp.asarray(frozen_at * model.config.horizon, dtype), jnp.asarray(0.0, dtype)
+        offset, rate = jnp.asarray(frozen_at * horizon, dtype), jnp.asarray(0.0, dtype)
     retimed = {name: Retimed(getattr(attention, name), offset, rate) for name in _SCHEDULES}
-    speed = cluster_horizon / model.config.horizon
+    speed = cluster_horizon / horizon
     keep = 1.0 if drift else 0.0
     factors = {"output": speed, "output_bias": speed * keep, "value_bias": keep}
     retimed |= {name: Scaled(jnp.asarray([factor], dtype), retimed[name]) for name, factor in factors.items()}
     return VectorField(terms=(dataclasses.replace(attention, **retimed),), scheme="pre", norm=field.norm)
 
 
+def learned_attention_field(model, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True):
+    """`attention_only_field` of a DiffEqFormer: its attention term with the LayerNorm
+    gains and shifts of $N_1$ folded in, on $[0, T]$."""
+    return attention_only_field(model.field(), model.config.horizon, cluster_horizon, frozen_at=frozen_at, drift=drift)
+
+
+def gpt_attention_field(checkpoint, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True):
+    """`attention_only_field` of a GPT checkpoint: its layers' attention (LayerNorm
+    gains and shifts folded in), each in force for one unit of depth on $[0, L]$ (the
+    core's `depth_flow`)."""
+    from ..checkpoints import depth_flow
+
+    return attention_only_field(depth_flow(checkpoint).field, float(checkpoint.depth), cluster_horizon,
+                                frozen_at=frozen_at, drift=drift)
+
+
 @eqx.filter_jit
 def _attention_only(field, x0, taus, horizon: float, eps):
-    """The adaptive solve of an attention-only field on $[0, T]$ and, at the times
+    """The adaptive solve of an attention-only field on $[0, H]$ and, at the times
     `taus`, the cluster count, mean pair cosine, normalized energy and mean norm; the
     solver's result code. One compiled program for every field of one structure."""
     from .. import simulate
@@ -525,32 +552,45 @@ def _attention_only(field, x0, taus, horizon: float, eps):
     return solution.result, jax.vmap(measures)(solution.xs)
 
 
-def _theory(model, ids: np.ndarray, cluster_horizon: float, frozen_at: float, eps: float) -> xr.Dataset:
-    c = model.config
-    dtype = jnp.dtype(c.dtype)
-    x0 = model.embed_tokens(jnp.asarray(ids))
+def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: float, eps: float) -> xr.Dataset:
+    """Clustering under the attention alone of the DiffEqFormer (time-dependent weights
+    stretched over $[0, T_c]$, or frozen) and of the GPT (its layers one after the
+    other over $[0, T_c]$, or one layer for all time), each from its own embedding of
+    the sentence."""
+    from ..checkpoints import depth_flow
+
+    dtype = jnp.dtype(model.config.dtype)
     fractions = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, THEORY_SAVES - 1)])
-    taus = jnp.asarray(fractions * c.horizon, dtype)
+    systems = {"diffeqformer": (learned_attention_field, model, model.embed_tokens(jnp.asarray(ids)),
+                                float(model.config.horizon), model.field().terms[0]),
+               "gpt": (gpt_attention_field, gpt, gpt.embed_tokens(jnp.asarray(ids)), float(gpt.depth),
+                       depth_flow(gpt).field.terms[0])}
     out = {"clusters": [], "mean_cosine": [], "theory_energy": [], "mean_norm": []}
-    for weights in THEORY_WEIGHTS:
-        rows = {k: [] for k in out}
-        for drift in (True, False):
-            field = learned_attention_field(model, cluster_horizon, frozen_at=frozen_at if weights == "frozen" else None,
-                                            drift=drift)
-            result, values = _attention_only(field, x0, taus, float(c.horizon), jnp.asarray(eps, dtype))
-            if int(result) != 0:
-                raise ConfigError("the adaptive solve of the attention-only dynamics stopped early; lower "
-                                  "experiment.options.cluster_horizon.")
-            for key, value in zip(rows, values):
-                rows[key].append(np.asarray(value))
-        for key, values in rows.items():
+    norms = []
+    depth = np.linspace(0.0, 1.0, 101)
+    for build, system, x0, horizon, attention in systems.values():
+        taus = jnp.asarray(fractions * horizon, dtype)
+        per_model = {k: [] for k in out}
+        for weights in THEORY_WEIGHTS:
+            rows = {k: [] for k in out}
+            for drift in (True, False):
+                field = build(system, cluster_horizon, frozen_at=frozen_at if weights == "frozen" else None,
+                              drift=drift)
+                result, values = _attention_only(field, x0, taus, horizon, jnp.asarray(eps, dtype))
+                if int(result) != 0:
+                    raise ConfigError("the adaptive solve of the attention-only dynamics stopped early; lower "
+                                      "experiment.options.cluster_horizon.")
+                for key, value in zip(rows, values):
+                    rows[key].append(np.asarray(value))
+            for key, values in rows.items():
+                per_model[key].append(values)
+        for key, values in per_model.items():
             out[key].append(values)
-    dims = ("theory_weights", "theory_drift", "theory_time")
-    # The effective weights that the dynamics reads (gains of N_1 folded in), across tau.
-    attention = model.field().terms[0]
-    grid = jnp.linspace(0.0, c.horizon, 101, dtype=dtype)
-    schedules = [attention.query, attention.key, attention.value, attention.output]
-    norms = np.stack([np.asarray(jax.vmap(lambda t, w=w: jnp.linalg.norm(w(t)))(grid)) for w in schedules])
+        # The effective weights that the dynamics reads (gains of N_1 folded in), across depth.
+        grid = jnp.asarray(depth * horizon, dtype)
+        schedules = [attention.query, attention.key, attention.value, attention.output]
+        norms.append(np.stack([np.asarray(jax.vmap(lambda t, w=w: jnp.linalg.norm(w(t)))(grid)) for w in schedules]))
+    dims = ("theory_model", "theory_weights", "theory_drift", "theory_time")
     return xr.Dataset(
         {
             "clusters": (dims, np.asarray(out["clusters"], np.int64), {
@@ -561,12 +601,13 @@ def _theory(model, ids: np.ndarray, cluster_horizon: float, frozen_at: float, ep
                               {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
             "mean_norm": (dims, np.asarray(out["mean_norm"], np.float64),
                           {"description": "mean token norm |x_i| of the residual stream"}),
-            "weight_norm": (("weight", "tau"), norms, {
+            "weight_norm": (("theory_model", "weight", "tau"), np.asarray(norms, np.float64), {
                 "description": "Frobenius norm over all heads of the effective attention weights (LayerNorm gains "
-                               "folded in) at model time tau"}),
+                               "folded in) at the share tau of the model's depth (the GPT's layer floor(tau L))"}),
         },
-        coords={"theory_weights": list(THEORY_WEIGHTS), "theory_drift": list(THEORY_DRIFT),
-                "theory_time": fractions * cluster_horizon, "weight": ["Q", "K", "V", "O"], "tau": np.asarray(grid)},
+        coords={"theory_model": list(MODELS), "theory_weights": list(THEORY_WEIGHTS),
+                "theory_drift": list(THEORY_DRIFT), "theory_time": fractions * cluster_horizon,
+                "weight": ["Q", "K", "V", "O"], "tau": depth},
     )
 
 
@@ -597,6 +638,23 @@ def analyse(cfg, options, results) -> xr.Dataset:
     tokenizer = load_tokenizer(folders["diffeqformer"] / "model")
     ids = _sentence_ids(folders["diffeqformer"] / "model", options["sentence"])
 
+    # The untrained control: both runs' snapshots at step 0, the models as initialised.
+    untrained = {name: snapshots(folders[name]).get(0) for name in MODELS}
+    missing = [name for name, path in untrained.items() if path is None]
+    if missing:
+        raise ConfigError(f"the {missing[0]} run in {folders[missing[0]]} has no snapshot at step 0 (the untrained "
+                          "control); train it again into an empty out=.")
+    states = {"trained": (model, gpt),
+              "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"]))}
+
+    def both(compute, keep=()):
+        """`compute(dfq, gpt)` for the trained models and the untrained control, along
+        the dimension `state`; the variables in `keep` are the same for both."""
+        parts = [compute(*pair) for pair in states.values()]
+        names = [name for name in parts[0].data_vars if name not in keep]
+        return xr.concat(parts, dim=xr.DataArray(list(STATES), dims="state", name="state"), data_vars=names,
+                         coords="minimal", compat="equals", combine_attrs="drop")
+
     with Progress("DiffEqFormer analysis", 4, unit="stages") as bar:
         stage = lambda text: print(f"attnflow: {text} ...", flush=True) if not bar.show else bar.describe(text)
         stage("losses and the energy of the output states across training")
@@ -604,14 +662,15 @@ def analyse(cfg, options, results) -> xr.Dataset:
         training = xr.concat([training_statistics(folders[name], int(options["tokens"]), int(cfg.seed))
                               .expand_dims(model=[name]) for name in MODELS], dim="model", join="outer")
         bar.advance()
-        stage("QK/OV spectra across depth")
-        spectra = _spectra(model, gpt, int(options["spectra_steps"]))
+        stage("QK/OV spectra across depth, trained and untrained")
+        spectra = both(lambda m, g: _spectra(m, g, int(options["spectra_steps"])))
         bar.advance()
-        stage("token sensitivity of the sentence")
-        sensitivity = _sensitivity(model, gpt, ids, tokenizer)
+        stage("token sensitivity of the sentence, trained and untrained")
+        sensitivity = both(lambda m, g: _sensitivity(m, g, ids, tokenizer), keep=("token_id", "token_string"))
         bar.advance()
-        stage("clustering under the learned attention")
-        theory = _theory(model, ids, float(options["cluster_horizon"]), float(options["frozen_at"]), float(cfg.eps))
+        stage("clustering under the attention, trained and untrained")
+        theory = both(lambda m, g: _theory(m, g, ids, float(options["cluster_horizon"]), float(options["frozen_at"]),
+                                           float(cfg.eps)))
         bar.advance()
 
     ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="drop")
@@ -644,7 +703,7 @@ LABELS = {"diffeqformer": "DiffEqFormer", "gpt": "GPT"}
 
 def roughness(ds: xr.Dataset) -> xr.Dataset:
     """The mean over heads and neighbouring layers of the spectral and weight
-    variations, per model and matrix."""
+    variations, per state (trained, untrained), model and matrix."""
     return xr.Dataset({"spectral": ds["spectral_variation"].mean(("interval", "head")),
                        "weights": ds["weight_variation"].mean(("interval", "head"))})
 
@@ -680,15 +739,27 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
         step, val = _final(ds, "val_loss", model)
         train = float(ds["train_loss"].sel(model=model, eval_step=step))
         lines.append(f"| {LABELS[model]} | {step} | {val:.3f} | {train:.3f} |")
+    # The curve at a few steps (the untrained models are at ln(vocab) at step 0).
+    steps = [int(k) for k in ds.eval_step.values if int(k) in CURVE_STEPS]
+    lines += ["", "Validation loss along training (the last column: the final step, training loss in brackets):",
+              "", "| model | " + " | ".join(f"step {k}" for k in steps) + " | last |",
+              "|---|" + "---|" * (len(steps) + 1)]
+    for model in MODELS:
+        part = ds.sel(model=model)
+        step, val = _final(ds, "val_loss", model)
+        train = float(part["train_loss"].sel(eval_step=step))
+        cells = [f"{float(part.val_loss.sel(eval_step=k)):.2f}" for k in steps]
+        lines.append(f"| {LABELS[model]} | " + " | ".join(cells) + f" | {val:.2f} ({train:.2f}) |")
     lines += ["", ("Roughness of the attention weights across depth (mean over heads and neighbouring layers; "
                    f"the DiffEqFormer at the GPT's {ds.attrs['gpt_layers']} layer times t = lT/L; 0 = constant "
                    "weights):"),
               "", "| model | QK spectra | OV spectra | QK matrices | OV matrices |", "|---|---|---|---|---|"]
-    for model in MODELS:
-        r = rough.sel(spectra_model=model)
-        lines.append(f"| {LABELS[model]} | {float(r.spectral.sel(matrix='qk')):.4f} | "
-                     f"{float(r.spectral.sel(matrix='ov')):.4f} | {float(r.weights.sel(matrix='qk')):.4f} | "
-                     f"{float(r.weights.sel(matrix='ov')):.4f} |")
+    for state in STATES:
+        for model in MODELS:
+            r = rough.sel(spectra_model=model, state=state)
+            lines.append(f"| {LABELS[model]}, {state} | {float(r.spectral.sel(matrix='qk')):.4f} | "
+                         f"{float(r.spectral.sel(matrix='ov')):.4f} | {float(r.weights.sel(matrix='qk')):.4f} | "
+                         f"{float(r.weights.sel(matrix='ov')):.4f} |")
     lines += ["", "Energy and unigram divergence of the output states, first and last snapshot:", "",
               "| model | step | energy | KL to unigram | sample loss |", "|---|---|---|---|---|"]
     for model in MODELS:
@@ -697,15 +768,40 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
             row = part.isel(snapshot_step=index)
             lines.append(f"| {LABELS[model]} | {int(row.snapshot_step)} | {float(row.energy):.3f} | "
                          f"{float(row.kl):.3f} | {float(row.sample_loss):.3f} |")
-    lines += ["", (f"Attention-only dynamics of the DiffEqFormer (clusters at cos > 1 - {ds.attrs['eps']:g}), at "
-                   f"t = T_c = {ds.attrs['cluster_horizon']:g}:"), "",
-              "| weights | biases | clusters | mean pair cosine | one cluster from t = |", "|---|---|---|---|---|"]
-    for weights in ds.theory_weights.values:
-        for drift in ds.theory_drift.values:
-            part = ds[["clusters", "mean_cosine"]].sel(theory_weights=weights, theory_drift=drift)
-            since = single_cluster_time(part.clusters.values, ds.theory_time.values)
-            lines.append(f"| {weights} | {drift} | {int(part.clusters[-1])} | {float(part.mean_cosine[-1]):.4f} | "
-                         f"{'never' if since is None else f'{since:.3g}'} |")
+    lines += ["", (f"Attention-only dynamics (clusters at cos > 1 - {ds.attrs['eps']:g}) of the sentence's "
+                   f"{ds.sizes['token']} tokens, at t = T_c = {ds.attrs['cluster_horizon']:g}; the DiffEqFormer's "
+                   "weights at tau = t T / T_c or frozen at tau = frozen_at T, the GPT's layers one after the other "
+                   "or its middle layer for all time:"), "",
+              "| model | state | weights | biases | clusters | mean pair cosine | one cluster from t = |",
+              "|---|---|---|---|---|---|---|"]
+    for model in MODELS:
+        for state in STATES:
+            for weights in ds.theory_weights.values:
+                for drift in ds.theory_drift.values:
+                    part = ds[["clusters", "mean_cosine"]].sel(theory_model=model, state=state, theory_weights=weights,
+                                                               theory_drift=drift)
+                    since = single_cluster_time(part.clusters.values, ds.theory_time.values)
+                    shown = weights if model == "diffeqformer" else GPT_WEIGHTS[str(weights)]
+                    lines.append(f"| {LABELS[model]} | {state} | {shown} | {drift} | {int(part.clusters[-1])} | "
+                                 f"{float(part.mean_cosine[-1]):.4f} | {'never' if since is None else f'{since:.3g}'} |")
+    lines += ["", "Size of the effective attention weights across depth, max and min of |W(tau)|_F / |W(0)|_F:", "",
+              "| model | state | Q | K | V | O |", "|---|---|---|---|---|---|"]
+    for model in MODELS:
+        for state in STATES:
+            norms = ds.weight_norm.sel(theory_model=model, state=state)
+            relative = norms / norms.isel(tau=0)
+            cells = [f"{float(relative.sel(weight=w).min()):.2f}-{float(relative.sel(weight=w).max()):.2f}"
+                     for w in norms.weight.values]
+            lines.append(f"| {LABELS[model]} | {state} | " + " | ".join(cells) + " |")
+    lines += ["", "Largest eigenvalue modulus of Q_h^T K_h and O_h V_h (the DiffEqFormer per unit t, at its "
+                  f"{ds.sizes['t']} grid points; the GPT per layer):", "",
+              "| model | state | QK | OV |", "|---|---|---|---|"]
+    for model, prefix in (("diffeqformer", "dfq"), ("gpt", "gpt")):
+        for state in STATES:
+            part = ds.sel(state=state)
+            top = [float(np.abs(part[f"{prefix}_{m}_eig_real"] + 1j * part[f"{prefix}_{m}_eig_imag"]).max())
+                   for m in ("qk", "ov")]
+            lines.append(f"| {LABELS[model]} | {state} | {top[0]:.4g} | {top[1]:.4g} |")
     return [_write_text(folder / "losses.md", "\n".join(lines) + "\n")]
 
 
@@ -777,30 +873,34 @@ def _draw_spectra(ds: xr.Dataset, folder: Path) -> list[Path]:
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.4), layout="constrained")
     for row, prefix in enumerate(("qk", "ov")):
         name = "Q_h^T K_h" if prefix == "qk" else "O_h V_h"
-        _eigen_scatter(axes[row, 0], ds.t.values, ds[f"dfq_{prefix}_eig_real"].values, cmap, heads)
+        _eigen_scatter(axes[row, 0], ds.t.values, ds[f"dfq_{prefix}_eig_real"].sel(state="trained").values, cmap, heads)
         axes[row, 0].set(xlabel=f"t (hypernetwork weights at {ds.sizes['t']} points)", ylabel="Re lambda",
                          title=f"DiffEqFormer: eigenvalues of {name}(t)")
-        _eigen_scatter(axes[row, 1], ds.layer.values, ds[f"gpt_{prefix}_eig_real"].values, cmap, heads)
+        _eigen_scatter(axes[row, 1], ds.layer.values, ds[f"gpt_{prefix}_eig_real"].sel(state="trained").values, cmap,
+                       heads)
         axes[row, 1].set(xlabel="layer", ylabel="Re lambda", title=f"GPT: eigenvalues of {name} per layer")
         ax = axes[row, 2]
-        for model in MODELS:
-            values = ds["spectral_variation"].sel(spectra_model=model, matrix=prefix)
-            mean = float(rough.spectral.sel(spectra_model=model, matrix=prefix))
-            ax.plot(values.interval + 1, values.mean("head"), color=COLORS[model], marker="o", markersize=3,
-                    label=f"{LABELS[model]}: roughness {mean:.3f}")
-            ax.fill_between(values.interval + 1, values.min("head"), values.max("head"), color=COLORS[model],
-                            alpha=0.15, linewidth=0)
+        for state, ls in zip(STATES, ("-", ":")):
+            for model in MODELS:
+                values = ds["spectral_variation"].sel(spectra_model=model, matrix=prefix, state=state)
+                mean = float(rough.spectral.sel(spectra_model=model, matrix=prefix, state=state))
+                ax.plot(values.interval + 1, values.mean("head"), color=COLORS[model], ls=ls, marker="o",
+                        markersize=3 if state == "trained" else 2, label=f"{LABELS[model]}, {state}: {mean:.3f}")
+                if state == "trained":
+                    ax.fill_between(values.interval + 1, values.min("head"), values.max("head"), color=COLORS[model],
+                                    alpha=0.15, linewidth=0)
         ax.set_yscale("log")
         ax.set(xlabel=f"between layers l-1 and l (DiffEqFormer at t = l T/{layers})", ylabel="relative distance",
                title=f"variation of the {prefix.upper()} spectra between neighbours")
-        ax.legend()
+        ax.legend(title="roughness", fontsize=7)
     axes[0, 0].legend(markerscale=4, loc="best")
     fig.suptitle("Spectral dynamics: the DiffEqFormer's continuous weights against the GPT's independent layers")
     caption(fig, f"Left: real parts of the eigenvalues of every head's QK and OV matrix of the DiffEqFormer on a grid of "
                  f"t in [0, {horizon:g}) (O_h(t) of the hypernetwork, without the step T/N of the populated layers); "
                  f"middle: the GPT's {layers} layers; colour: head. Right: min_pi |lambda_l - lambda_(l+1),pi| / mean "
                  f"|lambda| between neighbouring layers, the DiffEqFormer's weights taken at the same {layers} "
-                 "points; mean over heads with the min-max band. The roughness is its mean over heads and neighbours.",
+                 "points; mean over heads with the min-max band (trained, solid) and for the untrained models, their "
+                 "snapshots at step 0 (dotted: the control). The roughness is its mean over heads and neighbours.",
             width=170)
     return save(fig, folder, "spectra")
 
@@ -824,7 +924,7 @@ def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
     positions = np.arange(n)
     labels = [_shown(t)[0] for t in tokens]
     for block, model in enumerate(MODELS):
-        part = ds.sel(sens_model=model)
+        part = ds.sel(sens_model=model, state="trained")
         exponent, attention = part.exponent.values, part.sens_attention.values
         unit = "per unit t" if model == "diffeqformer" else "per layer"
         nxt = _shown(str(part.prediction.values))[0]
@@ -854,34 +954,48 @@ def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
 
 def _draw_clustering(ds: xr.Dataset, folder: Path) -> list[Path]:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9), layout="constrained")
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.6), layout="constrained")
     t = ds.theory_time.values
     shown = t > 0
-    styles = {"time-dependent": "C0", "frozen": "C1"}
-    for weights in ds.theory_weights.values:
-        for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
-            part = ds.sel(theory_weights=weights, theory_drift=drift)
-            label = f"{weights}, {drift}"
-            axes[0].plot(t[shown], part.clusters.values[shown], color=styles[str(weights)], ls=ls, label=label)
-            axes[1].plot(t[shown], 1 - part.mean_cosine.values[shown], color=styles[str(weights)], ls=ls, label=label)
-    axes[0].set(xscale="log", xlabel="t", ylabel="clusters", title=f"(a) cluster count (cos > 1 - {ds.attrs['eps']:g})")
-    axes[1].set(xscale="log", yscale="log", xlabel="t", ylabel="1 - mean cos(x_i, x_j)", title="(b) spread of directions")
-    axes[0].legend()
-    norms = ds.weight_norm
-    for weight in norms.weight.values:
-        values = norms.sel(weight=weight)
-        axes[2].plot(norms.tau, values / values.isel(tau=0), label=str(weight))
-    at = ds.attrs["frozen_at"] * ds.attrs["horizon"]
-    axes[2].axvline(at, color="0.5", ls=":", lw=1)
-    axes[2].set(xlabel="model time tau", ylabel="|W(tau)|_F / |W(0)|_F", title="(c) size of the learned weights")
-    axes[2].legend()
-    fig.suptitle(f"The DiffEqFormer's attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, "
-                 f"over t in [0, {ds.attrs['cluster_horizon']:g}]")
-    caption(fig, f"(a, b) dX/dt = Attn_tau(N_1(X)) with the learned weights at tau = t T / T_c (time-dependent) or held "
-                 f"at tau = {at:g} (frozen: weight sharing); solid with the learned biases, dashed without the value and "
-                 "output biases (a drift common to all tokens). (c) Frobenius norms of the effective Q, K, V, O (all "
-                 "heads, LayerNorm gains folded in) across the model's time, relative to tau = 0; dotted: the frozen "
-                 "time. The paper's fig. 2d has magnitudes that grow polynomially; these barely change.", width=170)
+    colors = {("trained", "time-dependent"): "C0", ("trained", "frozen"): "C1",
+              ("untrained", "time-dependent"): "0.35", ("untrained", "frozen"): "0.7"}
+    for row, model in enumerate(MODELS):
+        frozen = "frozen" if model == "diffeqformer" else GPT_WEIGHTS["frozen"]
+        moving = "time-dependent" if model == "diffeqformer" else GPT_WEIGHTS["time-dependent"]
+        for state in STATES:
+            for weights in ds.theory_weights.values:
+                for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
+                    part = ds.sel(theory_model=model, state=state, theory_weights=weights, theory_drift=drift)
+                    name = frozen if weights == "frozen" else moving
+                    style = {"color": colors[state, str(weights)], "ls": ls,
+                             "lw": 1.5 if state == "trained" else 1.0, "label": f"{state}, {name}, {drift}"}
+                    axes[row, 0].plot(t[shown], part.clusters.values[shown], **style)
+                    axes[row, 1].plot(t[shown], 1 - part.mean_cosine.values[shown], **style)
+        axes[row, 0].set(xscale="log", xlabel="t", ylabel="clusters",
+                         title=f"(a) {LABELS[model]}: cluster count (cos > 1 - {ds.attrs['eps']:g})")
+        axes[row, 1].set(xscale="log", yscale="log", xlabel="t", ylabel="1 - mean cos(x_i, x_j)",
+                         title=f"(b) {LABELS[model]}: spread of directions")
+        axes[row, 0].legend(fontsize=6)
+        norms = ds.weight_norm.sel(theory_model=model)
+        for index, weight in enumerate(norms.weight.values):
+            for state, ls in zip(STATES, ("-", ":")):
+                values = norms.sel(weight=weight, state=state)
+                axes[row, 2].plot(norms.tau, values / values.isel(tau=0), color=f"C{index}", ls=ls,
+                                  label=f"{weight}, {state}")
+        axes[row, 2].axvline(ds.attrs["frozen_at"], color="0.5", ls=":", lw=1)
+        axes[row, 2].set(xlabel="share of the depth (tau / T, or layer / L)", ylabel="|W|_F / |W at 0|_F",
+                         title=f"(c) {LABELS[model]}: size of the attention weights")
+        axes[row, 2].legend(fontsize=6, ncol=2)
+    fig.suptitle(f"Attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, over t in "
+                 f"[0, {ds.attrs['cluster_horizon']:g}]: trained, and untrained (the control)")
+    caption(fig, f"(a, b) dX/dt = Attn_tau(N_1(X)). Top: the DiffEqFormer with its weights at tau = t T / T_c "
+                 f"(time-dependent) or held at tau = {ds.attrs['frozen_at']:g} T (frozen: weight sharing). Bottom: the "
+                 f"GPT with its {ds.attrs['gpt_layers']} layers one after the other over [0, T_c] (layer by layer) or "
+                 f"its layer {int(ds.attrs['frozen_at'] * ds.attrs['gpt_layers'])} for all time (one layer). Solid "
+                 "with the biases, dashed without the value and output biases (a drift common to all tokens); colours: "
+                 "the trained models, greys: the same runs' snapshots at step 0. (c) Frobenius norms of the effective "
+                 "Q, K, V, O (all heads, LayerNorm gains folded in) across depth, relative to its start, trained "
+                 "(solid) and untrained (dotted); the vertical line: the frozen time.", width=170)
     return save(fig, folder, "clustering")
 
 
