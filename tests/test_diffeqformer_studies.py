@@ -167,8 +167,8 @@ def test_hypernetwork_spectra_are_the_populated_ones_without_the_step(runs):
     eig = np.linalg.eigvals(ov)
     top = np.take_along_axis(eig, np.argsort(-np.abs(eig), axis=-1), axis=-1)[:, : ds.sizes["ov_rank"]]
     at = ds.sel(t=t, state="trained")
-    np.testing.assert_allclose(np.sort(np.abs(top), -1), np.sort(np.hypot(at.dfq_ov_eig_real, at.dfq_ov_eig_imag).values,
-                                                                 -1), rtol=1e-4)
+    stored = np.hypot(at.dfq_ov_eig_real, at.dfq_ov_eig_imag).values
+    np.testing.assert_allclose(np.sort(np.abs(top), -1), np.sort(stored, -1), rtol=1e-4)
     # The untrained control is the run's snapshot at step 0: the model as initialised.
     initial = load_diffeqformer(study.snapshots(out / "diffeqformer")[0])
     control = head_spectra(study.hypernetwork_checkpoint(initial, steps))
@@ -257,9 +257,9 @@ def test_the_output_states_collapse_then_leave_the_collapse(runs):
     """README (energy across training): both models' output states first collapse to
     one direction (energy 2.718 and 2.712 of a possible e, from 1.04 and 1.09
     untrained; here 2.66 and 2.71, from 1.31 and 1.23), then spread again as they
-    learn, ending below the peak by more than 1 (1.54 on the default runs; here 1.14
-    and 1.19) and above the untrained level, while the divergence from the unigram
-    rises (to 2.06 and 2.74; here 1.01 and 0.97) and the loss falls."""
+    learn, ending well below the peak (by 1.54 on the default runs; here by 1.14 and
+    1.19; asserted: by 0.5) and above the untrained level, while the divergence from
+    the unigram rises (to 2.06 and 2.74; here 1.01 and 0.97) and the loss falls."""
     _, ds = runs
     for name in study.MODELS:
         part = ds.sel(model=name).dropna("snapshot_step", subset=["energy"])
