@@ -158,6 +158,13 @@ def test_at_initialisation_the_weights_depend_on_time(default_model):
         # W(0) has GPT-2's initial law: N(0, 0.02^2) entries (0.02 / sqrt(2 L) for O and W2).
         std = 0.02 / (math.sqrt(2 * config.steps) if name in ("output", "w2") else 1.0)
         assert abs(first.std() / std - 1) < 4 / math.sqrt(first.size), name
+    # The biases are time-dependent and of size 1e-4; the LayerNorm gains and shifts
+    # start at 1 and 0 without a time-dependent part (the paper's time-dependent LayerNorm).
+    bias = np.asarray(m.b1(0.0), np.float64)
+    assert np.all(np.asarray(m.b1.proj_bias) == 0) and abs(bias.std() / 1e-4 - 1) < 4 / math.sqrt(bias.size)
+    for name, constant in (("attn_gain", 1.0), ("mlp_gain", 1.0), ("attn_shift", 0.0), ("mlp_shift", 0.0)):
+        w = getattr(m, name)
+        assert np.all(np.asarray(w.proj_weight) == 0) and np.all(np.asarray(w(0.7)) == constant), name
 
 
 def test_at_initialisation_neighbouring_layers_differ_as_much_as_independent_ones(default_model):
