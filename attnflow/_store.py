@@ -236,13 +236,15 @@ class RunDirectory:
     Entering it creates the folder, checks that files can be written there, takes an
     exclusive lock (a second run in the same folder is refused at once, not allowed to
     replace the first one's results), and removes temporary files that a killed run
-    left. `results` says what is already there.
+    left. `results` says what is already there. `setting` is what the user gave the
+    folder with, named in the refusals (`hydra.run.dir`; `out` for `attnflow train`).
     """
 
     PIECES = ".attnflow-pieces"
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, setting: str = "hydra.run.dir"):
         self.path = Path(path)
+        self.setting = setting
         self._fd: int | None = None
 
     def __enter__(self) -> "RunDirectory":
@@ -250,9 +252,9 @@ class RunDirectory:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise ConfigError(f"cannot create the run directory {self.path} ({error.strerror}); "
-                              "choose another hydra.run.dir.") from None
+                              f"choose another {self.setting}.") from None
         if not self.path.is_dir():
-            raise ConfigError(f"the run directory {self.path} is not a directory; choose another hydra.run.dir.")
+            raise ConfigError(f"the run directory {self.path} is not a directory; choose another {self.setting}.")
         self._fd = os.open(self.path, os.O_RDONLY)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -261,7 +263,7 @@ class RunDirectory:
             self._fd = None
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise ConfigError(f"another attnflow run is working in {self.path}; wait for it to finish or "
-                                  "choose another hydra.run.dir.") from None
+                                  f"choose another {self.setting}.") from None
             raise
         try:
             probe = _temporary(self.path / "probe")
@@ -270,7 +272,7 @@ class RunDirectory:
         except OSError as error:
             self.__exit__(None, None, None)
             raise ConfigError(f"cannot write in the run directory {self.path} ({error.strerror}); "
-                              "choose another hydra.run.dir.") from None
+                              f"choose another {self.setting}.") from None
         for stale in self.path.glob(f".*{_TMP_SUFFIX}"):
             stale.unlink(missing_ok=True)
         return self

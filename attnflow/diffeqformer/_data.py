@@ -52,8 +52,11 @@ def corpus_name(name: str) -> str:
 
 def reference_topics() -> dict[str, str]:
     """The language reference's topics (name -> text) of this Python."""
-    from pydoc_data.topics import topics
-
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions ship Python without it
+        raise ConfigError("the reference corpora are the language reference in the standard library's pydoc_data, "
+                          "which this Python lacks; use corpus=induction or a Python that has it.") from None
     return dict(topics)
 
 
@@ -139,7 +142,8 @@ def _split(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     chunks = [tokens[i: i + CHUNK] for i in range(0, tokens.shape[0], CHUNK)]
     held = [c for i, c in enumerate(chunks) if i % VALIDATION_EVERY == VALIDATION_EVERY - 1]
     kept = [c for i, c in enumerate(chunks) if i % VALIDATION_EVERY != VALIDATION_EVERY - 1]
-    return np.concatenate(kept), np.concatenate(held) if held else np.zeros(0, tokens.dtype)
+    empty = np.zeros(0, tokens.dtype)
+    return np.concatenate(kept) if kept else empty, np.concatenate(held) if held else empty
 
 
 def load_corpus(name: str, *, vocab: int, context: int, tokenizer_json: str | None = None

@@ -26,6 +26,7 @@ weights an uninterrupted run would have.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import MISSING
 
-from .._errors import CheckpointError, ConfigError
+from .._errors import CheckpointError, ConfigError, NonFiniteStateError
 
 MODELS = ("diffeqformer", "gpt")
 B2 = {"diffeqformer": 0.95, "gpt": 0.999}  # the paper's app. C.5
@@ -48,6 +49,7 @@ ARCHITECTURE = ("vocab", "dim", "heads", "hidden", "context", "d_emb", "frequenc
 ADDED = {"time_scale": 1.0}
 NOT_RESULT_KEYS = ("out", "save_every", "compilation_cache")
 STATE_VERSION = 1
+BOOLEANS = ("true", "false", "yes", "no", "on", "off")
 
 
 @dataclass
@@ -121,31 +123,51 @@ def _settings(args: Sequence[str]) -> dict[str, str]:
     return pairs
 
 
+def _types() -> dict[str, str]:
+    """Each setting's type, as written in `TrainConfig` (`int`, `Optional[float]`, ...)."""
+    return {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+
+
+def _unknown(name: str) -> str:
+    names = list(_types())
+    near = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return f"unknown setting {name!r} for attnflow train{hint}; the settings are {', '.join(names)}."
+
+
+def _given(overrides: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
+    """The overrides by setting name. `+key=` and `++key=` (Hydra's forms) name `key`,
+    since every setting exists already; an unknown name is refused with the nearest
+    one, and so is a boolean given as anything but true/false (yes/no, on/off), which
+    OmegaConf alone would take from any number."""
+    types = _types()
+    given = {}
+    for key, value in (overrides.items() if isinstance(overrides, Mapping) else _settings(overrides).items()):
+        name = str(key).lstrip("+")
+        if name not in types:
+            raise ConfigError(_unknown(name))
+        if types[name] == "bool" and not isinstance(value, bool) and str(value).strip().lower() not in BOOLEANS:
+            raise ConfigError(f"{name} must be true or false (or yes/no, on/off), got {value!r}.")
+        given[name] = value
+    return given
+
+
 def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConfig:
     """The settings of conf/train.yaml with `overrides` (a mapping, or `KEY=VALUE`
     strings as typed on the command line) on top, typed and checked. When `out` names
     a folder holding a run, that run's stored settings are the base instead, so that
     `out=DIR` alone resumes it."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+    from omegaconf.errors import OmegaConfBaseException, ValidationError
 
+    pairs = _given(overrides)
     if isinstance(overrides, Mapping):
-        given = OmegaConf.create(dict(overrides))
+        given = OmegaConf.create(pairs)
     else:
-        given = OmegaConf.from_dotlist([f"{k}={v}" for k, v in _settings(overrides).items()])
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
-    schema = OmegaConf.structured(TrainConfig)
+        given = OmegaConf.from_dotlist([f"{k}={v}" for k, v in pairs.items()])
     try:
-        base = OmegaConf.load(_defaults_file())
-        out = given.get("out") if "out" in given else None
-        stored = _stored_settings(Path(str(out)).expanduser()) if out else None
-        if stored is not None:
-            base = OmegaConf.merge(base, OmegaConf.create(stored))
-        merged = OmegaConf.merge(schema, base, given)
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(_defaults_file()), given)
         cfg = OmegaConf.to_object(merged)
-    except ConfigKeyError as error:
-        key = str(getattr(error, "full_key", "") or getattr(error, "key", "") or "")
-        raise ConfigError(f"unknown setting {key!r} for attnflow train; the settings are {', '.join(names)}.") from None
     except ValidationError as error:
         key = str(getattr(error, "full_key", "") or "")
         value = getattr(error, "value", None)
@@ -153,29 +175,76 @@ def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConf
     except OmegaConfBaseException as error:
         first = str(error).strip().splitlines()[0].rstrip(".")
         raise ConfigError(f"invalid settings for attnflow train ({first}).") from None
+    if cfg.out is not None:
+        # The stored settings are data: they go in as read, never through OmegaConf's
+        # interpolation (`read_state` has checked their types).
+        stored = read_state(Path(cfg.out).expanduser() / "state")
+        if stored is not None:
+            cfg = dataclasses.replace(cfg, **{k: v for k, v in stored["config"].items() if k not in pairs})
     check(cfg)
     return cfg
 
 
 def _kind(key: str) -> str:
     """What a setting's type accepts, in words."""
-    kind = str({f.name: f.type for f in dataclasses.fields(TrainConfig)}.get(key, ""))
+    kind = _types().get(key, "")
     words = next((w for t, w in (("int", "a whole number"), ("float", "a number"), ("bool", "true or false"),
                                  ("str", "a word or path")) if t in kind), "of another type")
     return words + (" or null" if "Optional" in kind else "")
 
 
-def _stored_settings(out: Path) -> dict | None:
-    path = out / "state" / "state.json"
-    if not path.is_file():
-        from ._store import recover
+def _of_kind(key: str, value: Any) -> bool:
+    """Whether `value` (read from JSON) is of the type of the setting `key`."""
+    kind = _types()[key]
+    if value is None:
+        return kind.startswith("Optional")
+    if isinstance(value, bool) or kind == "bool":
+        return isinstance(value, bool) and kind == "bool"
+    if "int" in kind:
+        return isinstance(value, int)
+    if "float" in kind:
+        return isinstance(value, (int, float))
+    return isinstance(value, str)
 
-        recover(out / "state")
+
+def read_state(folder: Path) -> dict | None:
+    """The `state.json` of a run's state folder (None when there is none), read as data:
+    nothing in it is interpolated. Its settings must be settings of `TrainConfig`, of
+    their types, and pass `check` (on the defaults of the settings a state does not
+    store); its step must be a whole number from 0 to `train_steps`. A file that breaks
+    any of these raises CheckpointError naming it."""
+    from ._store import read_json, recover
+
+    recover(folder)
+    path = folder / "state.json"
     if not path.is_file():
         return None
-    from ._store import read_json
-
-    return dict(ADDED, **read_json(path).get("config", {}), out=str(out))
+    state = read_json(path)
+    if state.get("format_version") != STATE_VERSION:
+        raise CheckpointError(f"{path} is of another format version; start a new out=.")
+    if not isinstance(state.get("config"), dict):
+        raise CheckpointError(f"{path} holds no settings (its config is not a mapping); start a new out=.")
+    config = dict(ADDED, **state["config"])
+    for key, value in config.items():
+        if key not in _types() or key in NOT_RESULT_KEYS:
+            raise CheckpointError(f"{path} holds an unknown setting {key!r}; it was not written by this attnflow "
+                                  "train.")
+        if not _of_kind(key, value):
+            raise CheckpointError(f"{path} holds {key}={value!r}, which is not {_kind(key)}.")
+        if value is not None and "float" in _types()[key]:
+            config[key] = float(value)
+    try:
+        cfg = dataclasses.replace(train_config(), **config)
+        check(cfg)
+    except ConfigError as error:
+        raise CheckpointError(f"{path} holds settings attnflow train refuses ({str(error).rstrip('.')}).") from None
+    step, elapsed = state.get("step"), state.get("elapsed", 0.0)
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= cfg.train_steps:
+        raise CheckpointError(f"{path} holds step={step!r}, not a whole number from 0 to train_steps="
+                              f"{cfg.train_steps}.")
+    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not 0 <= elapsed < math.inf:
+        raise CheckpointError(f"{path} holds elapsed={elapsed!r}, not a number of seconds.")
+    return dict(state, config=config)
 
 
 def check(cfg: TrainConfig) -> None:
@@ -197,6 +266,8 @@ def check(cfg: TrainConfig) -> None:
     for name in ("seed", "lora_rank"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name} must be zero or positive, got {getattr(cfg, name)}.")
+    if cfg.seed >= 2**63:
+        raise ConfigError(f"seed must be less than 2**63 (a random key takes 64 bits), got {cfg.seed}.")
     if cfg.dim % cfg.heads:
         raise ConfigError(f"dim={cfg.dim} must be a multiple of heads={cfg.heads}.")
     if not cfg.horizon > 0 or not math.isfinite(cfg.horizon):
@@ -207,8 +278,9 @@ def check(cfg: TrainConfig) -> None:
         raise ConfigError(f"lr must be a positive number, got {cfg.lr}.")
     if not 0 <= cfg.warmup < 1 or not 0 <= cfg.min_lr <= 1:
         raise ConfigError(f"warmup must be in [0, 1) and min_lr in [0, 1] (shares), got {cfg.warmup} and {cfg.min_lr}.")
-    if not cfg.weight_decay >= 0 or not cfg.clip > 0:
-        raise ConfigError(f"weight_decay must be at least 0 and clip positive, got {cfg.weight_decay} and {cfg.clip}.")
+    if not 0 <= cfg.weight_decay < math.inf or not 0 < cfg.clip < math.inf:
+        raise ConfigError(f"weight_decay must be a finite number at least 0 and clip a finite positive number, got "
+                          f"{cfg.weight_decay} and {cfg.clip}.")
     for name in ("b1", "b2"):
         value = getattr(cfg, name)
         if value is not None and not 0 <= value < 1:
@@ -221,6 +293,101 @@ def check(cfg: TrainConfig) -> None:
         raise ConfigError("lora_rank > 0 fine-tunes a trained model: give it with init=FOLDER.")
     if cfg.corpus == "induction" and cfg.vocab < 2:
         raise ConfigError(f"the induction task needs at least 2 symbols, got vocab={cfg.vocab}.")
+
+
+# --- memory ------------------------------------------------------------------------------
+
+
+class MemoryNeed(NamedTuple):
+    """The bytes a training step works in, estimated from the settings (`memory_need`).
+
+    - `parameters`: every array of the model, trained or frozen;
+    - `optimizer`: six copies of the trained arrays: their gradients, AdamW's two
+      moments, and the new arrays and moments the step returns beside the old ones (the
+      step does not donate its buffers);
+    - `activations`: what the backward pass keeps, of which `scores` are the attention
+      scores and probabilities.
+    """
+
+    parameters: int
+    optimizer: int
+    activations: int
+    scores: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.optimizer + self.activations
+
+
+def parameter_count(cfg: TrainConfig) -> tuple[int, int]:
+    """(all, trained): the number of parameters of the model `cfg` trains, from its sizes.
+
+    Both models have the embedding ($V d$), the positions ($C d$) and a final LayerNorm
+    ($2d$). A DiffEqFormer adds 13 hypernetworks (`TimeWeight`), each with
+    $d_{emb}(2F + 1) + 2 d_{emb} + d_{emb}^2$ parameters in its MLP and $d_{emb} + 1$ per
+    entry of its weight; the weights have $4 d^2 + 2 d h + h + 6 d$ entries ($Q, K, V,
+    O$, $W_1$, $W_2$, $b_1$, and six vectors). The GPT baseline adds, per layer,
+    $4 d^2 + 2 d h + h + 9 d$ (the same matrices, four attention biases, $b_1$, $b_2$ and
+    two LayerNorms), its unembedding tied to the embedding. With `lora_rank` $r$ only
+    the adapters train, $r$ (rows + columns) per matrix and layer, $r (10 d + 2 h)$ a
+    layer; the frozen base is counted in the GPT form with an unembedding of its own."""
+    V, C, d, h, L = cfg.vocab, cfg.context, cfg.dim, cfg.hidden, cfg.steps
+    outer = V * d + C * d + 2 * d
+    layers = L * (4 * d * d + 2 * d * h + h + 9 * d)
+    if cfg.lora_rank:
+        trained = L * cfg.lora_rank * (10 * d + 2 * h)
+        return outer + V * d + layers + trained, trained
+    if cfg.model == "gpt":
+        return outer + layers, outer + layers
+    e = cfg.d_emb
+    total = outer + 13 * (e * (2 * cfg.frequencies + 1) + 2 * e + e * e) + (e + 1) * (4 * d * d + 2 * d * h + h + 6 * d)
+    return total, total
+
+
+def memory_need(cfg: TrainConfig) -> MemoryNeed:
+    """The memory one training step of `cfg` works in, estimated from its sizes alone
+    (nothing is built or compiled), as `MemoryNeed`.
+
+    The backward pass keeps, for every stage it differentiates through (the solver's
+    stages at each of `steps` steps for a DiffEqFormer, one per layer for the layer map
+    of the GPT baseline and of LoRA), for each of the `batch` sequences of `context` =
+    $n$ tokens: the scores and probabilities of each head ($2 H n^2$, the term that
+    grows with the square of the context), and $n(10 d + 2 h)$ for the two LayerNorms,
+    queries, keys, values, the mixed values, the attention output, the MLP's hidden
+    layer before and after its activation, and the new state. A DiffEqFormer also keeps
+    the weights its hypernetworks give at each stage and the products with the
+    LayerNorm gains ($2(4 d^2 + 2 d h)$), LoRA the merged matrices of every layer. Last
+    come the logits, their softmax and gradient ($3 n V$ per sequence). Checked against
+    the buffers XLA plans for a small step (tests/test_hostile_train.py)."""
+    from .._solvers import tableau
+
+    item = 8 if cfg.dtype == "float64" else 4
+    total, trained = parameter_count(cfg)
+    B, n, d, h, H, V = cfg.batch, cfg.context, cfg.dim, cfg.hidden, cfg.heads, cfg.vocab
+    layer_map = cfg.model == "gpt" or cfg.lora_rank > 0
+    stages = cfg.steps * (1 if layer_map else len(tableau(cfg.solver).b))
+    matrices = 4 * d * d + 2 * d * h
+    scores = stages * B * 2 * H * n * n
+    weights = cfg.steps * matrices if cfg.lora_rank else 0 if layer_map else stages * 2 * matrices
+    activations = scores + stages * B * n * (10 * d + 2 * h) + weights + 3 * B * n * V
+    return MemoryNeed(item * total, item * 6 * trained, item * activations, item * scores)
+
+
+def check_memory(cfg: TrainConfig, memory: int | None = None) -> None:
+    """Refuse a run whose `memory_need` is more than `memory` bytes (by default what is
+    available: the first device's free memory on an accelerator, else the host's), in
+    one sentence with the numbers, before anything is built."""
+    from .._ensemble import _gib, available_memory
+
+    need = memory_need(cfg)
+    memory = available_memory() if memory is None else memory
+    if need.total > memory:
+        raise ConfigError(
+            f"training would take about {_gib(need.total)} ({_gib(need.parameters)} of parameters, "
+            f"{_gib(need.optimizer)} of gradients and optimizer state, {_gib(need.activations)} of activations, "
+            f"{_gib(need.scores)} of them the {cfg.batch} x {cfg.heads} x {cfg.context} x {cfg.context} attention "
+            f"scores of each solver stage), more than the {_gib(memory)} available; lower batch, context or steps "
+            "(activations), or vocab, dim, hidden, d_emb or frequencies (parameters).")
 
 
 # --- what trains ----------------------------------------------------------------------
@@ -294,6 +461,7 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
                      "hidden": int(checkpoint.blocks.mlp.w1.shape[1]), "context": int(checkpoint.positions.shape[0])}
             cfg = _adopt(cfg, found, defaults, folder)
             base = checkpoint
+        check_memory(cfg)  # with the architecture of init
     corpus, tokenizer_json, info = load_corpus(cfg.corpus, vocab=cfg.vocab, context=cfg.context,
                                                tokenizer_json=tokenizer_json)
     if cfg.init is None:
@@ -442,29 +610,25 @@ class RunFolder:
     def snapshot(self, step: int) -> Path:
         return self.path / "snapshots" / f"step-{step:06d}"
 
-    def stored_state(self) -> dict | None:
-        from ._store import read_json, recover
-
-        recover(self.state)
-        return read_json(self.state / "state.json") if (self.state / "state.json").is_file() else None
-
     def claim(self, cfg: TrainConfig) -> dict | None:
-        """The stored state's record when the folder holds this run (None when it is
-        new, or when this run started there but saved no state yet); an error when it
-        holds another run or anything else."""
-        stored = self.stored_state()
+        """The stored state's record (`read_state`) when the folder holds this run (None
+        when it is new, or when this run started there but saved no state yet); an
+        error when it holds another run or anything else."""
+        stored = read_state(self.state)
         if stored is None:
             begun = self.path / "train.json"
             if begun.is_file():
                 from ._store import read_json
 
-                self._same(read_json(begun).get("config", {}), cfg)
+                old = read_json(begun).get("config")
+                if not isinstance(old, dict):
+                    raise CheckpointError(f"{begun} holds no settings (its config is not a mapping); start a new "
+                                          "out=.")
+                self._same(old, cfg)
             elif self.path.exists() and any(self.path.iterdir()):
                 raise ConfigError(f"out={self.path} exists and holds no training run; choose another out=.")
             return None
-        if stored.get("format_version") != STATE_VERSION:
-            raise CheckpointError(f"{self.state / 'state.json'} is of another format version; start a new out=.")
-        self._same(stored.get("config", {}), cfg)
+        self._same(stored["config"], cfg)
         return stored
 
     def _same(self, old: dict, cfg: TrainConfig) -> None:
@@ -567,8 +731,49 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = Non
     state when it holds this run. `on_step(step, info)` is called after every step
     (`info`: the step's loss, and the validation loss on validation steps); `show`
     draws a progress bar (default: when stderr is a terminal, or under another drawn
-    bar, as an experiment's). Ctrl-C
-    (KeyboardInterrupt) stops the run with its latest state intact and re-raises."""
+    bar, as an experiment's).
+
+    Before anything is built, a run that would not fit in memory is refused
+    (`check_memory`), and the folder is locked: a second training into it is refused
+    while this one runs. Ctrl-C (KeyboardInterrupt) stops the run with its latest state
+    intact and re-raises. A loss that turns NaN or infinite stops it with
+    `NonFiniteStateError`, its latest finite state kept; a folder that cannot be
+    written (a full disk) with ConfigError, its latest state kept."""
+    from .._store import RunDirectory
+
+    check(cfg)
+    _prepare_jax(cfg)
+    check_memory(cfg)
+    new = not cfg.folder.exists()
+    with RunDirectory(cfg.folder, setting="out=") as directory:
+        try:
+            return _train_locked(cfg, directory, on_step, show)
+        except BaseException:
+            if new and not any(directory.path.iterdir()):
+                directory.path.rmdir()  # a run refused before writing anything leaves no folder
+            raise
+
+
+def _stop_unless_finite(losses: list, first: int, params, run: RunFolder, saved: int | None) -> None:
+    """Raise NonFiniteStateError when one of `losses` (those of steps `first`, `first`
+    + 1, ...) or an array of `params` (those after the last of them) holds a NaN or an
+    infinity: nothing of a diverged run is written."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    finite = np.asarray(jnp.isfinite(jnp.stack(losses)))
+    arrays = bool(jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(params)] + [True])))
+    if finite.all() and arrays:
+        return
+    step = first + (int(np.argmin(finite)) if not finite.all() else len(losses) - 1)
+    kept = f"the state of step {saved} in {run.state} is kept" if saved is not None else "no state was saved"
+    raise NonFiniteStateError(f"training diverged at step {step} (its loss or weights became NaN or infinite); "
+                              f"{kept}; lower lr, raise warmup or lower clip, and start a new out=.")
+
+
+def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
+    """`train` in its locked run folder `directory`."""
     import equinox as eqx
     import jax
     import jax.numpy as jnp
@@ -576,9 +781,7 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = Non
     from .._progress import Progress
     from ._store import save_model
 
-    check(cfg)
-    _prepare_jax(cfg)
-    run = RunFolder(cfg.folder)
+    run = RunFolder(directory.path)
     cfg, s = setup(cfg)
     stored = run.claim(cfg)
     tx = optimizer(cfg)
@@ -586,20 +789,16 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = Non
     opt_state = tx.init(params)
     record = {"config": cfg.record(), "model_config": s.model_config.to_json(), "corpus": s.corpus_info}
     extra = lambda step: {"training": {"step": step, "config": cfg.record(), "corpus": s.corpus_info}}
-    start, elapsed, metrics = 0, 0.0, []
+    start, elapsed, metrics, saved = 0, 0.0, [], None
     if stored is not None:
         module, opt_state = load_state(run.state, s.module, opt_state)
         params, static = eqx.partition(module, s.trainable)
-        start, elapsed = int(stored["step"]), float(stored.get("elapsed", 0.0))
+        start, elapsed, saved = stored["step"], float(stored.get("elapsed", 0.0)), stored["step"]
         metrics = run.keep_metrics_until(start)
         if start >= cfg.train_steps and run.model.is_dir():
             _say(f"{run.path} holds this run, finished at step {start}; nothing to do.")
             return TrainResult(run.path, _tied(module), start, metrics)
         _say(f"resuming {run.path} from step {start} of {cfg.train_steps}.")
-    else:
-        run.path.mkdir(parents=True, exist_ok=True)
-        (run.path / "train.json").write_text(json.dumps(record, indent=2) + "\n")
-        run.metrics.write_text("")
 
     key = jax.random.key(cfg.seed)
     data_key, validation_key = jax.random.fold_in(key, 1), jax.random.fold_in(key, 2)
@@ -613,26 +812,35 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = Non
     def snapshot(step, params):
         save_model(eqx.combine(params, static), run.snapshot(step), tokenizer_json=s.tokenizer_json, extra=extra(step))
 
-    if stored is None:
-        validation = float(evaluate(params, static, corpus, validation_key))
-        entry = {"step": 0, "train_loss": None, "val_loss": validation, "time": 0.0}
-        run.log(entry)
-        metrics.append(entry)
-        snapshot(0, params)
-        save_state(run.state, s.module, opt_state, 0, 0.0, record)
-    step, saved, recent = start, start, []
-    clock, mark, tokens = time.perf_counter(), time.perf_counter(), 0
+    step, recent, unsaved = start, [], []  # unsaved: the losses since the latest saved state
     try:
+        if stored is None:
+            directory.write_text("train.json", json.dumps(record, indent=2) + "\n")
+            directory.write_text("metrics.jsonl", "")
+            validation = float(evaluate(params, static, corpus, validation_key))
+            _stop_unless_finite([jnp.asarray(validation)], 0, params, run, saved)
+            entry = {"step": 0, "train_loss": None, "val_loss": validation, "time": 0.0}
+            run.log(entry)
+            metrics.append(entry)
+            snapshot(0, params)
+            save_state(run.state, s.module, opt_state, 0, 0.0, record)
+            saved = 0
+        clock, mark, tokens = time.perf_counter(), time.perf_counter(), 0
         with Progress(f"train {cfg.model}", cfg.train_steps, unit="steps", show=show) as bar:
             bar.advance(start)
             while step < cfg.train_steps:
                 params, opt_state, value = step_fn(params, static, opt_state, corpus, jax.random.fold_in(data_key, step))
                 step += 1
                 recent.append(value)
+                unsaved.append(value)
                 tokens += batch * context
                 info = {"loss": value}
+                writes = step in snapshots or step % cfg.save_every == 0 or step == cfg.train_steps
+                if writes or step % cfg.eval_every == 0:
+                    _stop_unless_finite(unsaved, step - len(unsaved) + 1, params, run, saved)
                 if step % cfg.eval_every == 0 or step == cfg.train_steps:
                     validation = float(evaluate(params, static, corpus, validation_key))
+                    _stop_unless_finite([jnp.asarray(validation)], step, [], run, saved)
                     train_loss = float(jnp.mean(jnp.stack(recent)))
                     now = time.perf_counter()
                     rate = tokens / max(now - mark, 1e-9)
@@ -652,16 +860,21 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = Non
                 if step % cfg.save_every == 0 or step == cfg.train_steps:
                     save_state(run.state, eqx.combine(params, static), opt_state, step,
                                elapsed + time.perf_counter() - clock, record)
-                    saved = step
+                    saved, unsaved = step, []
                 bar.advance()
                 if on_step is not None:
                     on_step(step, info)
+        model = _tied(eqx.combine(params, static))
+        save_model(model, run.model, tokenizer_json=s.tokenizer_json, extra=extra(step))
     except KeyboardInterrupt:
-        print(f"attnflow: interrupted at step {step}; the state of step {saved} in {run.state} is intact, and "
-              f"`attnflow train out={run.path}` resumes from it.", file=sys.stderr, flush=True)
+        kept = (f"the state of step {saved} in {run.state} is intact, and `attnflow train out={run.path}` resumes "
+                "from it" if saved is not None else "no state was saved yet")
+        print(f"attnflow: interrupted at step {step}; {kept}.", file=sys.stderr, flush=True)
         raise
-    model = _tied(eqx.combine(params, static))
-    save_model(model, run.model, tokenizer_json=s.tokenizer_json, extra=extra(step))
+    except OSError as error:
+        kept = (f"the state of step {saved} is kept, and `attnflow train out={run.path}` resumes from it once it "
+                "can be written" if saved is not None else "no state was saved yet")
+        raise ConfigError(f"cannot write in {run.path} ({error.strerror or error}); {kept}.") from None
     _say(f"wrote {run.model} (step {step}, validation loss {metrics[-1]['val_loss']:.4f}).")
     return TrainResult(run.path, model, step, metrics)
 
@@ -673,8 +886,10 @@ USAGE = ("attnflow train [KEY=VALUE ...]: train a DiffEqFormer (model=diffeqform
 
 
 def main(args: Sequence[str]) -> int:
-    """`attnflow train [KEY=VALUE ...]`: 0 when done, 2 for bad settings (one sentence),
-    1 for an unreadable init or state, 130 on Ctrl-C (the latest state kept)."""
+    """`attnflow train [KEY=VALUE ...]`: 0 when done; 2 for bad settings, a run that
+    does not fit in memory, a folder in use or that cannot be written, or a loss that
+    turns NaN (one sentence each); 1 for an unreadable init or state; 130 on Ctrl-C (the
+    latest state kept)."""
     if any(a in ("-h", "--help") for a in args):
         print(f"usage: {USAGE}.\nsettings and their defaults:\n{_defaults_file().read_text()}", flush=True)
         return 0
@@ -688,7 +903,7 @@ def main(args: Sequence[str]) -> int:
     except CheckpointError as error:
         print(f"attnflow: error: {error}", file=sys.stderr, flush=True)
         return 1
-    except ConfigError as error:
+    except (ConfigError, NonFiniteStateError) as error:
         print(f"attnflow: error: {error}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
