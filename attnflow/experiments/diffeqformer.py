@@ -123,14 +123,10 @@ THEORY_RTOL = 1e-5
 def _stored_config(folder: Path) -> tuple[dict | None, int]:
     """The settings and step of the latest state of the run in `folder` (None, -1 when
     it holds none)."""
-    from ..diffeqformer._store import read_json, recover
+    from ..diffeqformer._train import read_state
 
-    recover(folder / "state")
-    path = folder / "state" / "state.json"
-    if not path.is_file():
-        return None, -1
-    record = read_json(path)
-    return dict(record.get("config", {})), int(record.get("step", -1))
+    state = read_state(folder / "state")
+    return (None, -1) if state is None else (state["config"], state["step"])
 
 
 def finished(folder: str | Path) -> bool:
