@@ -12,6 +12,7 @@ import dataclasses
 import errno
 import json
 import math
+import os
 import sys
 import time
 
@@ -264,3 +265,20 @@ def test_a_missing_or_empty_corpus_is_one_sentence(monkeypatch):
     monkeypatch.setitem(sys.modules, "pydoc_data.topics", None)  # a Python without it
     with pytest.raises(ConfigError, match="pydoc_data.*corpus=induction"):
         _data.reference_topics()
+
+
+def test_a_corrupt_state_is_one_sentence_naming_the_file(tmp_path, capsys, stubbed):
+    out = tmp_path / "run"
+    assert main(TINY_ARGS + ["train_steps=1", f"out={out}"]) == 0
+    (out / "state" / "state.safetensors").write_bytes(b"\x00" * 10)  # a truncated file
+    assert main([f"out={out}"]) == 1
+    assert "state.safetensors is not a readable safetensors file" in _one_sentence(capsys)
+
+
+def test_run_files_get_the_mode_the_umask_gives(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        _train.save_state(tmp_path / "state", {"w": jnp.ones(3)}, {"m": jnp.zeros(3)}, 0, 0.0, {})
+    finally:
+        os.umask(previous)
+    assert {oct(p.stat().st_mode & 0o777) for p in (tmp_path / "state").iterdir()} == {oct(0o640)}

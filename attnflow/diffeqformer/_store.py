@@ -133,9 +133,10 @@ def _sibling(target: Path, tag: str) -> Path:
 @contextlib.contextmanager
 def atomic_folder(target: str | os.PathLike):
     """`with atomic_folder(target) as partial: write files into partial`; on success
-    the folder replaces `target` (by two renames that no interrupt can separate: a
-    crash between them leaves the previous folder beside it, which `recover` puts
-    back), on failure it is removed and `target` is untouched."""
+    its files get the mode the umask gives and the folder replaces `target` (by two
+    renames that no interrupt can separate: a crash between them leaves the previous
+    folder beside it, which `recover` puts back), on failure it is removed and `target`
+    is untouched."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     recover(target)
@@ -144,6 +145,12 @@ def atomic_folder(target: str | os.PathLike):
     partial.mkdir()
     try:
         yield partial
+        # The files get the mode the umask gives (that of the new folder, less the
+        # execute bits): safetensors writes its files readable by their owner only.
+        mode = partial.stat().st_mode & 0o666
+        for file in partial.rglob("*"):
+            if file.is_file():
+                file.chmod(mode)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
