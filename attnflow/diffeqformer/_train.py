@@ -18,6 +18,9 @@ A run folder `out` holds
 - `snapshots/step-NNNNNN/`: model folders at steps 0, 1, 2, 4, 8, ... and the last;
 - `model/`: the final model folder (`init=` accepts it, `load_checkpoint` reads it).
 
+It is locked while a run trains in it (a second training into it is refused), and what
+it holds is read as data: the settings of `state.json` are checked, never interpolated.
+
 The data order is a function of (seed, step), so a run interrupted at any point and
 started again with the same `out` continues from its latest state and ends with the
 weights an uninterrupted run would have.
