@@ -29,6 +29,7 @@ import numpy as np
 from .._errors import CheckpointError
 from .._terms import Rotary, TokenNorm
 from ._canonical import ARRANGEMENTS, FAMILIES, Attention, Blocks, Checkpoint, FeedForward, stack_layers
+from ._files import whole
 
 MODEL_TYPE = "attnflow"
 VERSION = 1
@@ -123,7 +124,9 @@ def from_native(config: Mapping, tensors: Mapping[str, np.ndarray], *, name: str
     if config["family"] not in FAMILIES or config["arrangement"] not in ARRANGEMENTS:
         raise CheckpointError(f"the {where} names an unknown family {config['family']!r} or arrangement "
                               f"{config['arrangement']!r}.")
-    L, d, H, k = (int(config[key]) for key in ("layers", "dim", "heads", "head_dim"))
+    L, d, H, k = (whole(config[key], f"config.json's {key}") for key in ("layers", "dim", "heads", "head_dim"))
+    if not isinstance(config["causal"], bool):
+        raise CheckpointError(f"config.json's causal must be true or false, got {config['causal']!r}.")
     cast = (lambda a: jnp.asarray(a)) if dtype is None else (lambda a: jnp.asarray(a, dtype))
 
     def get(key: str, shape: tuple[int, ...] | None, required: bool = False):
