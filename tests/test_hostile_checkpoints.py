@@ -199,8 +199,16 @@ def _not_a_name(folder: Path) -> str:
     return "3"
 
 
+def _link_loop(folder: Path) -> str:
+    first = sorted(folder.glob("model-*.safetensors"))[0]
+    first.unlink()
+    first.symlink_to(first.name)  # a link to itself: resolving it was a RuntimeError
+    return first.name
+
+
 SHARDS = {"../ in the index": _outside_relative, "absolute path in the index": _outside_absolute,
-          "symlink out of the folder": _outside_by_link, "a number, not a file name": _not_a_name}
+          "symlink out of the folder": _outside_by_link, "a number, not a file name": _not_a_name,
+          "a loop of links": _link_loop}
 
 
 @pytest.mark.parametrize("case", SHARDS)
@@ -251,6 +259,7 @@ CONFIGS = {
     "rope_theta 'big'": ("llama", {"rope_parameters": None, "rope_theta": "big"}, "rope_theta"),
     "kv heads 0": ("llama", {"num_key_value_heads": 0}, "num_key_value_heads"),  # ZeroDivisionError
     "tie 'no'": ("llama", {"tie_word_embeddings": "no"}, "tie_word_embeddings"),  # read as true
+    "model_type a list": ("gpt2", {"model_type": ["gpt2"]}, "model_type"),  # TypeError: unhashable
 }
 
 
@@ -293,6 +302,41 @@ def test_weights_larger_than_the_memory_are_refused_before_reading(families, mon
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(families["llama"])
     assert "GiB" in one_sentence(error) and "available" in str(error.value)
+
+
+def test_integer_weights_are_refused_not_cast(families, tmp_path):
+    """A tensor stored as integers (a quantized export) was cast to float silently."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = shutil.copytree(families["gpt2"], tmp_path / "gpt2")
+    tensors = load_file(folder / "model.safetensors")
+    name = next(n for n in tensors if n.endswith("h.0.mlp.c_fc.weight"))
+    tensors[name] = np.round(tensors[name] * 100).astype(np.int32)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(folder)
+    assert name in one_sentence(error) and "int32" in str(error.value)
+
+
+def test_a_failed_save_leaves_no_temporary_file(families, tmp_path, monkeypatch):
+    """A full disk while `save_checkpoint` writes: the error propagates and no
+    half-written file stays in the folder (a `.model.safetensors.partial` stayed)."""
+    import errno
+
+    import safetensors.numpy
+
+    from attnflow.checkpoints import save_checkpoint
+
+    checkpoint = load_checkpoint(families["gpt2"])
+
+    def full(arrays, path, metadata=None):
+        Path(path).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full)
+    with pytest.raises(OSError):
+        save_checkpoint(checkpoint, tmp_path / "saved")
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == []
 
 
 def test_a_folder_where_the_weights_file_belongs(families, tmp_path):

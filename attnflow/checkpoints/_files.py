@@ -158,7 +158,11 @@ def _shard(folder: Path, index: Path, name) -> Path:
     home = folder.resolve()
     if home.parent.name == "snapshots":
         home = home.parent.parent
-    if Path(name).is_absolute() or not (folder / name).resolve().is_relative_to(home):
+    try:
+        inside = not Path(name).is_absolute() and (folder / name).resolve().is_relative_to(home)
+    except (OSError, RuntimeError):  # a loop of symbolic links
+        inside = False
+    if not inside:
         raise CheckpointError(f"shard {name} listed in {index} leads outside the checkpoint folder {folder}; "
                               f"shards are files inside it.")
     return folder / name
@@ -259,6 +263,9 @@ class WeightTable:
         if full is None:
             raise CheckpointError(f"the {self.family} checkpoint has no tensor {self.prefix + name}.")
         array = self.tensors[full]
+        if not np.issubdtype(array.dtype, np.floating):
+            raise CheckpointError(f"tensor {full}{self._source(full)} holds {array.dtype} values, not floating-point "
+                                  f"weights (attnflow does not read quantized safetensors).")
         if tuple(array.shape) != tuple(shape):
             raise CheckpointError(f"tensor {full}{self._source(full)} has shape {tuple(array.shape)} but config.json "
                                   f"implies {tuple(shape)}.")

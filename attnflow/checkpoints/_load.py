@@ -75,7 +75,7 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None)
     folder = path if path.is_dir() else path.parent
     config = read_config(folder)
     model_type = config.get("model_type")
-    if model_type != native.MODEL_TYPE and model_type not in FAMILIES:
+    if not isinstance(model_type, str) or (model_type != native.MODEL_TYPE and model_type not in FAMILIES):
         raise CheckpointError(f"{folder / 'config.json'} has model_type {model_type!r}; attnflow reads "
                               f"{', '.join(FAMILIES)}, its own format (attnflow) and llama GGUF files.")
     tensors = read_tensors(path, trust_pickle=trust_pickle and model_type != native.MODEL_TYPE)

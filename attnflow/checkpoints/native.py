@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._errors import CheckpointError
+from .._store import _write_atomically
 from .._terms import Rotary, TokenNorm
 from ._canonical import ARRANGEMENTS, FAMILIES, Attention, Blocks, Checkpoint, FeedForward, stack_layers
 from ._files import whole
@@ -65,18 +66,13 @@ def _arrays(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(np.asarray(value)) for name, value in out.items() if value is not None}
 
 
-def _write_atomically(path: Path, write) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    write(partial)
-    os.replace(partial, path)
-
-
 def save_checkpoint(checkpoint: Checkpoint, folder: str | os.PathLike, *, tokenizer_json: str | None = None,
                     extra: Mapping | None = None) -> Path:
     """Write `checkpoint` into `folder` (created if needed) in attnflow's format; returns
     the folder. `tokenizer_json` is a `tokenizers` JSON string saved beside it; `extra`
     settings are kept in `config.json` under `"extra"`. Each file is written under a
-    temporary name and renamed, so a reader never sees a half-written file."""
+    temporary name and renamed, so a reader never sees a half-written file, and a
+    write that fails (a full disk) leaves no temporary file behind."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
