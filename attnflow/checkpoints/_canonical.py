@@ -28,14 +28,16 @@ How a block combines its parts is `arrangement`:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float, Int
 
-from .._errors import CheckpointError
+from .._errors import CheckpointError, ConfigError
 from .._terms import Rotary, TokenNorm
 
 # The families of the loaders, and "diffeqformer": a neural-ODE transformer populated at
@@ -138,10 +140,44 @@ class Checkpoint(eqx.Module):
     def head_dim(self) -> int:
         return self.blocks.attention.head_dim
 
-    def embed_tokens(self, ids: Int[Array, " n"], token_type: int = 0) -> Float[Array, "n d"]:
+    def token_ids(self, ids: ArrayLike | Sequence, token_type: int = 0, tokens=None) -> Int[Array, " n"]:
+        """`ids` as int32, checked against the model: a non-empty 1-D sequence of whole
+        numbers, each a row of the embedding, no more of them than the learned positions,
+        and `token_type` a row of the token-type table. JAX clamps an index past the end
+        of an array to its last row (and wraps a negative one), which would give finite
+        hidden states of the wrong token instead of an error.
+
+        Concrete ids are checked here, the sentence naming the first bad one (with its
+        text when `tokens`, a function of ids giving their strings, is given); traced ids
+        (under `jit`) are checked when the program runs."""
+        model, vocab, shape = self.name or self.family, self.embed.shape[0], jnp.shape(ids)
+        if len(shape) != 1 or shape[0] == 0:
+            raise ConfigError(f"token ids must be a non-empty 1-D sequence, got shape {tuple(shape)}.")
+        if self.positions is not None and shape[0] > self.positions.shape[0]:
+            raise ConfigError(f"{shape[0]} tokens exceed the {self.positions.shape[0]} positions of {model}; "
+                              f"shorten the text.")
+        types = 1 if self.token_types is None else self.token_types.shape[0]
+        if not isinstance(token_type, (int, np.integer)) or isinstance(token_type, bool) or not 0 <= token_type < types:
+            raise ConfigError(f"token type {token_type!r} is not one of the {types} token types of {model} "
+                              f"(0 to {types - 1}).")
+        outside = f"outside the embedding of {model}, which has {vocab} rows (ids 0 to {vocab - 1})"
+        array = ids if isinstance(ids, jax.core.Tracer) else np.asarray(ids)
+        if not jnp.issubdtype(array.dtype, jnp.integer):
+            raise ConfigError(f"token ids must be whole numbers, got {array.dtype} values.")
+        if isinstance(array, jax.core.Tracer):
+            return eqx.error_if(array, (array < 0) | (array >= vocab), f"a token id is {outside}.").astype(jnp.int32)
+        bad = np.flatnonzero((array < 0) | (array >= vocab))
+        if bad.size:
+            i = int(array[bad[0]])
+            named = f"token id {i}" if tokens is None else f"the token {tokens([i])[0]!r} (id {i})"
+            raise ConfigError(f"{named} at position {bad[0]} is {outside}.")
+        return jnp.asarray(array, jnp.int32)
+
+    def embed_tokens(self, ids: Int[ArrayLike, " n"], token_type: int = 0) -> Float[Array, "n d"]:
         """The embedding output (the residual stream before block 1): token embeddings,
         plus absolute positions and token types where the family has them, then the
-        embedding normalization (BERT)."""
+        embedding normalization (BERT). The ids are checked first (`token_ids`)."""
+        ids = self.token_ids(ids, token_type)
         x = self.embed[ids]
         if self.positions is not None:
             x = x + self.positions[: ids.shape[0]]

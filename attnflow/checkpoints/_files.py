@@ -14,6 +14,8 @@ prefix, shapes checked against what `config.json` implies.
 from __future__ import annotations
 
 import json
+import math
+import pickle
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -93,6 +95,10 @@ class SafetensorsTensors(Mapping):
         """The file that holds tensor `name`."""
         return self._where[name]
 
+    def elements(self) -> int:
+        """How many numbers the tensors hold, from the headers (nothing is read)."""
+        return sum(math.prod(self._handles[path].get_slice(name).get_shape()) for name, path in self._where.items())
+
     def __getitem__(self, name: str) -> np.ndarray:
         path = self._where[name]
         handle = self._handles[path]
@@ -125,17 +131,41 @@ def _read_bfloat16(path: Path, name: str) -> np.ndarray:
 
 
 def _indexed(folder: Path, index_name: str) -> dict[str, Path]:
-    """Tensor name -> shard file, from a Hugging Face `*.index.json`, every shard present."""
+    """Tensor name -> shard file, from a Hugging Face `*.index.json`, every shard present
+    and inside the folder."""
     path = folder / index_name
     try:
         weight_map = json.loads(path.read_text())["weight_map"]
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
         raise CheckpointError(f"{path} is not a shard index with a weight_map ({_first_line(error)}).") from None
-    where = {name: folder / shard for name, shard in weight_map.items()}
+    if not isinstance(weight_map, Mapping):
+        raise CheckpointError(f"{path} has a weight_map that is not an object of tensor names and shard files.")
+    where = {name: _shard(folder, path, shard) for name, shard in weight_map.items()}
     for shard in sorted(set(where.values())):
         if not shard.is_file():
             raise CheckpointError(f"shard {shard.name} listed in {path} is missing from {folder}.")
     return where
+
+
+def _shard(folder: Path, index: Path, name) -> Path:
+    """The file of shard `name` listed in `index`. An index is data: a name that leads
+    out of the folder (`..`, an absolute path, a symbolic link to elsewhere) is refused,
+    so that a checkpoint cannot make attnflow open any other file. The Hugging Face
+    cache's links from `snapshots/<revision>/` to the model's `blobs/` stay inside the
+    model's cache folder and are followed."""
+    if not isinstance(name, str) or not name.strip():
+        raise CheckpointError(f"{index} lists the shard {name!r}, which is not a file name.")
+    home = folder.resolve()
+    if home.parent.name == "snapshots":
+        home = home.parent.parent
+    try:
+        inside = not Path(name).is_absolute() and (folder / name).resolve().is_relative_to(home)
+    except (OSError, RuntimeError):  # a loop of symbolic links
+        inside = False
+    if not inside:
+        raise CheckpointError(f"shard {name} listed in {index} leads outside the checkpoint folder {folder}; "
+                              f"shards are files inside it.")
+    return folder / name
 
 
 def read_tensors(path: Path, *, trust_pickle: bool = False) -> Mapping[str, np.ndarray]:
@@ -155,7 +185,7 @@ def read_tensors(path: Path, *, trust_pickle: bool = False) -> Mapping[str, np.n
         return SafetensorsTensors(_indexed(path, SAFETENSORS_INDEX), index=path / SAFETENSORS_INDEX)
     if (path / SAFETENSORS).is_file():
         return SafetensorsTensors.of_files([path / SAFETENSORS])
-    others = sorted(path.glob("*.safetensors"))
+    others = sorted(p for p in path.glob("*.safetensors") if p.is_file())
     if others:
         return SafetensorsTensors.of_files(others)
     if (path / PICKLE_INDEX).is_file():
@@ -178,7 +208,10 @@ def _read_pickles(paths: list[Path], trust: bool) -> dict[str, np.ndarray]:
     for path in paths:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # torch raises many types for corrupt or unsafe pickles
+        except pickle.UnpicklingError:
+            raise CheckpointError(f"{path} holds objects other than tensors, which could run code when loaded; "
+                                  f"attnflow reads pickles of tensors only, even when trusted.") from None
+        except Exception as error:  # torch raises many types for corrupt pickles
             raise CheckpointError(f"{path} could not be read as a PyTorch state dict ({_first_line(error)}).") from None
         if isinstance(state, Mapping) and "state_dict" in state and isinstance(state["state_dict"], Mapping):
             state = state["state_dict"]
@@ -230,6 +263,9 @@ class WeightTable:
         if full is None:
             raise CheckpointError(f"the {self.family} checkpoint has no tensor {self.prefix + name}.")
         array = self.tensors[full]
+        if not np.issubdtype(array.dtype, np.floating):
+            raise CheckpointError(f"tensor {full}{self._source(full)} holds {array.dtype} values, not floating-point "
+                                  f"weights (attnflow does not read quantized safetensors).")
         if tuple(array.shape) != tuple(shape):
             raise CheckpointError(f"tensor {full}{self._source(full)} has shape {tuple(array.shape)} but config.json "
                                   f"implies {tuple(shape)}.")
@@ -243,7 +279,43 @@ class WeightTable:
         return self.get(names[0], shape)
 
 
+def check_dtype(dtype) -> None:
+    """A dtype asked for the arrays: None (float32, or as saved) or a floating one
+    (integer weights would be the trained ones rounded)."""
+    if dtype is None:
+        return
+    try:
+        chosen = jnp.dtype(dtype)
+    except TypeError:
+        raise CheckpointError(f"dtype {dtype!r} is not a dtype; use float32 or float64.") from None
+    if not jnp.issubdtype(chosen, jnp.floating):
+        raise CheckpointError(f"dtype {dtype!r} is not a floating dtype; the weights are read as float32 or float64.")
+
+
+def check_memory(tensors: Mapping, dtype, where: Path) -> None:
+    """Refuse weights that do not fit before reading them: their count (from the
+    files' headers) times the dtype's size, twice over (the per-layer arrays and their
+    stacks exist together while the canonical form is made), against the memory
+    available to a run. Mappings that cannot count without reading are let through."""
+    from .. import _ensemble
+
+    elements = getattr(tensors, "elements", None)
+    if elements is None:
+        return
+    dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
+    size = elements() * dtype.itemsize
+    free = _ensemble.available_memory()
+    if 2 * size > free:
+        raise CheckpointError(f"the weights of {where} take {_ensemble._gib(size)} as {dtype.name} and "
+                              f"loading them needs about {_ensemble._gib(2 * size)}, more than the "
+                              f"{_ensemble._gib(free)} available.")
+
+
 _REQUIRED = object()
+
+
+def _first_set(config: Mapping, names: tuple[str, ...]) -> str:
+    return next((name for name in names if config.get(name) is not None), names[0])
 
 
 def setting(config: Mapping, *names: str, default=_REQUIRED):
@@ -257,19 +329,62 @@ def setting(config: Mapping, *names: str, default=_REQUIRED):
     return default
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def whole(value, what: str) -> int:
+    """`value` as a positive whole number (`2`, or `2.0`); anything else (a string, a
+    fraction, a boolean, zero or less) is one sentence naming `what`. A plain `int()`
+    would read `2.5` as 2 and `true` as 1, and let 0 divide or -1 size an array."""
+    if not _is_number(value) or not float(value).is_integer() or value < 1:
+        raise CheckpointError(f"{what} must be a positive whole number, got {value!r}.")
+    return int(value)
+
+
+def count(config: Mapping, *names: str, default=_REQUIRED) -> int:
+    """A size in `config.json` (layers, heads, widths, vocabulary): a positive whole number."""
+    return whole(setting(config, *names, default=default), f"config.json's {_first_set(config, names)}")
+
+
+def epsilon(config: Mapping, *names: str, default: float) -> float:
+    """A normalization's epsilon in `config.json`: a number, zero or more."""
+    value = setting(config, *names, default=default)
+    if not _is_number(value) or not value >= 0:
+        raise CheckpointError(f"config.json's {_first_set(config, names)} must be a number >= 0, got {value!r}.")
+    return float(value)
+
+
+def flag(config: Mapping, *names: str, default: bool) -> bool:
+    """A switch in `config.json`: true or false, nothing else (the string "no" is true
+    to Python)."""
+    value = setting(config, *names, default=default)
+    if not isinstance(value, bool):
+        raise CheckpointError(f"config.json's {_first_set(config, names)} must be true or false, got {value!r}.")
+    return value
+
+
 def rope_settings(config: Mapping, fraction: float = 1.0) -> tuple[float, float]:
     """`(base, fraction of each head rotated)` of a rotary model, from the places
     transformers has kept them: `rope_parameters` (5.x), `rope_theta` and
     `partial_rotary_factor`, or GPT-NeoX's `rotary_emb_base` and `rotary_pct`. Only the
     plain RoPE (`rope_type` default) is the canonical `Rotary`. `fraction` is the
     family's default when the config names none."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    key = _first_set(config, ("rope_parameters", "rope_scaling"))
+    params = config.get(key) or {}
+    if not isinstance(params, Mapping):
+        raise CheckpointError(f"config.json's {key} must be an object of rotary settings, got {params!r}.")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
         raise CheckpointError(f"config.json asks for rope_type {kind!r}; attnflow's rotary positions are the plain "
                               f"(default) RoPE only.")
     base = params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
     fraction = params.get("partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct", fraction)))
+    if not _is_number(base) or not base > 0:
+        raise CheckpointError(f"config.json's rotary base (rope_theta) must be a number > 0, got {base!r}.")
+    if not _is_number(fraction) or not 0 <= fraction <= 1:
+        raise CheckpointError(f"config.json's rotary fraction (partial_rotary_factor) must be a number from 0 to 1, "
+                              f"got {fraction!r}.")
     return float(base), float(fraction)
 
 
@@ -309,6 +424,13 @@ def layer_norm_blocks(parts: Mapping[str, list], heads: int, mlp_activation: str
         attn_norm=stacked_norm("layer", parts["g1"], parts["s1"], eps, dtype),
         mlp_norm=stacked_norm("layer", parts["g2"], parts["s2"], eps, dtype),
     )
+
+
+def head_width(d: int, heads: int) -> int:
+    """The width of each head when `heads` heads split the model width `d`."""
+    if d % heads:
+        raise CheckpointError(f"config.json's hidden size {d} is not a multiple of its {heads} attention heads.")
+    return d // heads
 
 
 def heads_in(matrix: np.ndarray, heads: int) -> np.ndarray:

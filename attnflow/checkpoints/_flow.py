@@ -196,12 +196,9 @@ class Forward(NamedTuple):
 
 
 def forward(checkpoint: Checkpoint, ids: Int[Array, " n"] | np.ndarray, token_type: int = 0) -> Forward:
-    """The reference forward pass: embeddings, then one layer-map step per block."""
-    ids = jnp.asarray(ids, jnp.int32)
-    if ids.ndim != 1 or ids.shape[0] == 0:
-        raise ConfigError(f"token ids must be a non-empty 1-D sequence, got shape {tuple(ids.shape)}.")
-    if checkpoint.positions is not None and ids.shape[0] > checkpoint.positions.shape[0]:
-        raise ConfigError(f"{ids.shape[0]} tokens exceed the model's {checkpoint.positions.shape[0]} positions.")
+    """The reference forward pass: embeddings, then one layer-map step per block. Ids
+    outside the embedding, more tokens than the model's positions and an unknown token
+    type are refused (`Checkpoint.token_ids`)."""
     x0 = checkpoint.embed_tokens(ids, token_type)
     hidden = run_depth(depth_flow(checkpoint), x0)
     final = hidden[-1] if checkpoint.final_norm is None else checkpoint.final_norm(hidden[-1])

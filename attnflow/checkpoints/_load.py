@@ -18,7 +18,7 @@ from pathlib import Path
 from .._errors import CheckpointError
 from . import bert, gpt2, llama, native, neox
 from ._canonical import Checkpoint
-from ._files import read_config, read_tensors
+from ._files import check_dtype, check_memory, read_config, read_tensors
 
 FAMILIES = {"gpt2": gpt2, "gpt_neox": neox, "bert": bert, "llama": llama}
 
@@ -62,6 +62,7 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None)
     """A checkpoint in canonical form, from a Hugging Face folder, a `.gguf` file, or
     the name of an installed model. `trust_pickle` allows PyTorch pickle files (they
     can run code when opened); `dtype` is the arrays' (float32 by default)."""
+    check_dtype(dtype)
     path, name = resolve(path)
     if path.is_dir() and not (path / "config.json").exists():
         ggufs = sorted(path.glob("*.gguf"))
@@ -74,10 +75,11 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None)
     folder = path if path.is_dir() else path.parent
     config = read_config(folder)
     model_type = config.get("model_type")
-    if model_type == native.MODEL_TYPE:
-        return native.from_native(config, read_tensors(path, trust_pickle=False), name=name, dtype=dtype)
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or (model_type != native.MODEL_TYPE and model_type not in FAMILIES):
         raise CheckpointError(f"{folder / 'config.json'} has model_type {model_type!r}; attnflow reads "
                               f"{', '.join(FAMILIES)}, its own format (attnflow) and llama GGUF files.")
-    tensors = read_tensors(path, trust_pickle=trust_pickle)
+    tensors = read_tensors(path, trust_pickle=trust_pickle and model_type != native.MODEL_TYPE)
+    check_memory(tensors, dtype, path)
+    if model_type == native.MODEL_TYPE:
+        return native.from_native(config, tensors, name=name, dtype=dtype)
     return FAMILIES[model_type].from_hf(config, tensors, name=name, dtype=dtype)

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from ._canonical import Checkpoint
-from ._files import WeightTable, activation, as_array, heads_in, heads_out, layer_norm_blocks, setting
+from ._files import (WeightTable, activation, as_array, count, epsilon, flag, head_width, heads_in, heads_out,
+                     layer_norm_blocks, setting)
 from .._errors import CheckpointError
 from .._terms import TokenNorm
 
@@ -28,16 +29,17 @@ def _norm(w: WeightTable, at: str, d: int) -> tuple[np.ndarray, np.ndarray]:
 
 def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", dtype=None) -> Checkpoint:
     """A BERT checkpoint from its `config.json` and named tensors."""
-    d, heads = int(setting(config, "hidden_size")), int(setting(config, "num_attention_heads"))
-    depth, vocab = int(setting(config, "num_hidden_layers")), int(setting(config, "vocab_size"))
-    hidden, places = int(setting(config, "intermediate_size")), int(setting(config, "max_position_embeddings"))
-    types = int(setting(config, "type_vocab_size", default=2))
-    eps = float(setting(config, "layer_norm_eps", default=1e-12))
+    d, heads = count(config, "hidden_size"), count(config, "num_attention_heads")
+    depth, vocab = count(config, "num_hidden_layers"), count(config, "vocab_size")
+    hidden, places = count(config, "intermediate_size"), count(config, "max_position_embeddings")
+    types = count(config, "type_vocab_size", default=2)
+    eps = epsilon(config, "layer_norm_eps", default=1e-12)
+    head_width(d, heads)
     kind = setting(config, "position_embedding_type", default="absolute")
     if kind != "absolute":
         raise CheckpointError(f"config.json asks for position_embedding_type {kind!r}; attnflow reads BERT "
                               f"models with absolute positions only.")
-    if setting(config, "is_decoder", default=False):
+    if flag(config, "is_decoder", default=False):
         raise CheckpointError("config.json makes this BERT a decoder (is_decoder); attnflow reads BERT encoders.")
     w = WeightTable(tensors, "embeddings.word_embeddings.weight", "bert")
 

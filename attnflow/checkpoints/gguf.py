@@ -37,6 +37,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from .._errors import CheckpointError
 from . import llama
 from ._canonical import Checkpoint
+from ._files import check_dtype, check_memory, whole
 
 ARCHITECTURE = "llama"
 
@@ -135,14 +136,15 @@ def _config(path: Path, reader, tensors: dict) -> dict:
         raise CheckpointError(f"{path} holds a {arch!r} model; attnflow reads GGUF files of the "
                               f"{ARCHITECTURE!r} architecture only.")
     m = lambda key, default=_REQUIRED: _meta(path, reader, f"{ARCHITECTURE}.{key}", default)
-    dim, heads = int(m("embedding_length")), int(m("attention.head_count"))
-    kv_heads = int(m("attention.head_count_kv", heads))
-    head_dim = int(m("attention.key_length", dim // heads))
-    if int(m("attention.value_length", head_dim)) != head_dim or heads % kv_heads:
+    size = lambda key, default=_REQUIRED: whole(m(key, default), f"{path}'s metadata {ARCHITECTURE}.{key}")
+    dim, heads = size("embedding_length"), size("attention.head_count")
+    kv_heads = size("attention.head_count_kv", heads)
+    head_dim = size("attention.key_length", dim // heads)
+    if size("attention.value_length", head_dim) != head_dim or heads % kv_heads:
         raise CheckpointError(f"{path} states inconsistent attention heads ({heads} query, {kv_heads} key/value "
                               f"heads).")
     # llama.cpp's converter permutes whole heads, which matches rotate-half only when all of it rotates
-    rope_dims = int(m("rope.dimension_count", head_dim))
+    rope_dims = size("rope.dimension_count", head_dim)
     if rope_dims != head_dim:
         raise CheckpointError(f"{path} rotates {rope_dims} of {head_dim} head entries; attnflow reads llama GGUF "
                               f"files with full rotary only.")
@@ -152,9 +154,10 @@ def _config(path: Path, reader, tensors: dict) -> dict:
     vocab = m("vocab_size", None)
     if vocab is None:
         vocab = len(_meta(path, reader, "tokenizer.ggml.tokens"))
-    return dict(model_type="llama", num_hidden_layers=int(m("block_count")), vocab_size=int(vocab), hidden_size=dim,
-                num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                intermediate_size=int(m("feed_forward_length")), hidden_act="silu",
+    return dict(model_type="llama", num_hidden_layers=size("block_count"),
+                vocab_size=whole(vocab, f"{path}'s vocabulary size"), hidden_size=dim, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, head_dim=head_dim,
+                intermediate_size=size("feed_forward_length"), hidden_act="silu",
                 rms_norm_eps=float(m("attention.layer_norm_rms_epsilon")),
                 rope_theta=float(m("rope.freq_base", 10000.0)),
                 attention_bias="blk.0.attn_q.bias" in tensors, tie_word_embeddings="output.weight" not in tensors)
@@ -216,6 +219,10 @@ class _Dequantized(Mapping):
     def __contains__(self, name: object) -> bool:  # without dequantizing
         return name in self.tensors
 
+    def elements(self) -> int:
+        """How many numbers the tensors hold, from the file's tensor list (nothing is read)."""
+        return sum(int(np.prod(tensor.shape)) for tensor in self.tensors.values())
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.tensors)
 
@@ -243,7 +250,10 @@ def load_gguf(path: str | os.PathLike, dtype=None) -> Checkpoint:
         for part in _BLOCK:
             if f"blk.{l}.{part}.weight" not in tensors:
                 raise CheckpointError(f"{path} has no tensor 'blk.{l}.{part}.weight'.")
-    return llama.from_hf(config, _Dequantized(path, tensors, config), name=path.stem, dtype=dtype)
+    check_dtype(dtype)
+    weights = _Dequantized(path, tensors, config)
+    check_memory(weights, dtype, path)
+    return llama.from_hf(config, weights, name=path.stem, dtype=dtype)
 
 
 def _pre_tokenizer(split: str | None):
@@ -282,6 +292,10 @@ def _backend(path: Path, reader) -> BackendTokenizer:
                         for t, kind in zip(tokens, types) if kind == _USER_DEFINED])
     bos = int(m("bos_token_id")) if m("add_bos_token", False) else None
     eos = int(m("eos_token_id")) if m("add_eos_token", False) else None
+    for key, i in (("bos_token_id", bos), ("eos_token_id", eos)):
+        if i is not None and not 0 <= i < len(tokens):
+            raise CheckpointError(f"{path}'s tokenizer.ggml.{key} is {i}, outside its vocabulary of "
+                                  f"{len(tokens)} tokens.")
     if bos is not None or eos is not None:
         single = ([] if bos is None else [tokens[bos]]) + ["$A"] + ([] if eos is None else [tokens[eos]])
         ends = {(tokens[i], i) for i in (bos, eos) if i is not None}

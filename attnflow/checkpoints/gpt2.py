@@ -14,7 +14,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from ._canonical import Checkpoint
-from ._files import WeightTable, activation, as_array, layer_norm_blocks, setting
+from ._files import (WeightTable, activation, as_array, count, epsilon, flag, head_width, layer_norm_blocks,
+                     setting)
 from .._terms import TokenNorm
 
 
@@ -29,19 +30,20 @@ def split_attention(weight: np.ndarray, bias: np.ndarray | None, heads: int):
 
 def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", dtype=None) -> Checkpoint:
     """A GPT-2 checkpoint from its `config.json` and named tensors."""
-    d, heads = int(setting(config, "n_embd", "hidden_size")), int(setting(config, "n_head", "num_attention_heads"))
-    depth = int(setting(config, "n_layer", "num_hidden_layers"))
-    vocab, places = int(setting(config, "vocab_size")), int(setting(config, "n_positions", "max_position_embeddings"))
-    hidden = int(setting(config, "n_inner", default=4 * d))
-    eps = float(setting(config, "layer_norm_epsilon", default=1e-5))
+    d, heads = count(config, "n_embd", "hidden_size"), count(config, "n_head", "num_attention_heads")
+    depth = count(config, "n_layer", "num_hidden_layers")
+    vocab, places = count(config, "vocab_size"), count(config, "n_positions", "max_position_embeddings")
+    hidden = count(config, "n_inner", default=4 * d)
+    eps = epsilon(config, "layer_norm_epsilon", default=1e-5)
+    head_width(d, heads)
     w = WeightTable(tensors, "wte.weight", "gpt2")
 
     # The attention logits are <q, k> / sqrt(dk) unless the config says otherwise; other
     # scalings are folded into the queries, which keeps the canonical beta = 1/sqrt(dk).
     scale = np.ones(depth)
-    if not setting(config, "scale_attn_weights", default=True):
+    if not flag(config, "scale_attn_weights", default=True):
         scale = scale * np.sqrt(d // heads)
-    if setting(config, "scale_attn_by_inverse_layer_idx", default=False):
+    if flag(config, "scale_attn_by_inverse_layer_idx", default=False):
         scale = scale / np.arange(1, depth + 1)
 
     parts = {key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2",

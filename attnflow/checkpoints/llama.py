@@ -17,7 +17,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from ._canonical import Attention, Blocks, Checkpoint, FeedForward
-from ._files import WeightTable, as_array, heads_in, heads_out, rope_settings, setting, stacked_norm
+from ._files import (WeightTable, as_array, count, epsilon, flag, heads_in, heads_out, rope_settings, setting,
+                     stacked_norm)
 from .._errors import CheckpointError
 from .._terms import Rotary, TokenNorm
 
@@ -30,19 +31,19 @@ def repeat_kv(stack: np.ndarray, groups: int) -> np.ndarray:
 
 def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", dtype=None) -> Checkpoint:
     """A Llama checkpoint from its `config.json` and named tensors."""
-    d, heads = int(setting(config, "hidden_size")), int(setting(config, "num_attention_heads"))
-    depth, vocab = int(setting(config, "num_hidden_layers")), int(setting(config, "vocab_size"))
-    hidden = int(setting(config, "intermediate_size"))
-    kv_heads = int(setting(config, "num_key_value_heads", default=heads))
-    head_dim = int(setting(config, "head_dim", default=d // heads))
-    eps = float(setting(config, "rms_norm_eps", default=1e-6))
+    d, heads = count(config, "hidden_size"), count(config, "num_attention_heads")
+    depth, vocab = count(config, "num_hidden_layers"), count(config, "vocab_size")
+    hidden = count(config, "intermediate_size")
+    kv_heads = count(config, "num_key_value_heads", default=heads)
+    head_dim = count(config, "head_dim", default=d // heads)
+    eps = epsilon(config, "rms_norm_eps", default=1e-6)
     if heads % kv_heads:
         raise CheckpointError(f"config.json has {heads} query heads, not a multiple of its {kv_heads} key/value heads.")
     if setting(config, "hidden_act", default="silu") != "silu":
         raise CheckpointError(f"config.json's hidden_act {config['hidden_act']!r} is not silu, the SwiGLU attnflow reads.")
-    if setting(config, "mlp_bias", default=False):
+    if flag(config, "mlp_bias", default=False):
         raise CheckpointError("config.json sets mlp_bias, a bias on the SwiGLU gate that the canonical MLP does not have.")
-    bias = bool(setting(config, "attention_bias", default=False))
+    bias = flag(config, "attention_bias", default=False)
     groups = heads // kv_heads
     w = WeightTable(tensors, "embed_tokens.weight", "llama")
 
@@ -77,7 +78,7 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     embed = w.get("embed_tokens.weight", (vocab, d))
     if w.has("lm_head.weight"):
         unembed = w.get("lm_head.weight", (vocab, d))
-    elif setting(config, "tie_word_embeddings", default=False):
+    elif flag(config, "tie_word_embeddings", default=False):
         unembed = embed
     else:  # a bare LlamaModel, saved without its LM head
         unembed = None

@@ -27,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._errors import CheckpointError
+from .._store import _write_atomically
 from .._terms import Rotary, TokenNorm
 from ._canonical import ARRANGEMENTS, FAMILIES, Attention, Blocks, Checkpoint, FeedForward, stack_layers
+from ._files import whole
 
 MODEL_TYPE = "attnflow"
 VERSION = 1
@@ -64,18 +66,13 @@ def _arrays(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(np.asarray(value)) for name, value in out.items() if value is not None}
 
 
-def _write_atomically(path: Path, write) -> None:
-    partial = path.with_name(f".{path.name}.partial")
-    write(partial)
-    os.replace(partial, path)
-
-
 def save_checkpoint(checkpoint: Checkpoint, folder: str | os.PathLike, *, tokenizer_json: str | None = None,
                     extra: Mapping | None = None) -> Path:
     """Write `checkpoint` into `folder` (created if needed) in attnflow's format; returns
     the folder. `tokenizer_json` is a `tokenizers` JSON string saved beside it; `extra`
     settings are kept in `config.json` under `"extra"`. Each file is written under a
-    temporary name and renamed, so a reader never sees a half-written file."""
+    temporary name and renamed, so a reader never sees a half-written file, and a
+    write that fails (a full disk) leaves no temporary file behind."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
@@ -123,7 +120,9 @@ def from_native(config: Mapping, tensors: Mapping[str, np.ndarray], *, name: str
     if config["family"] not in FAMILIES or config["arrangement"] not in ARRANGEMENTS:
         raise CheckpointError(f"the {where} names an unknown family {config['family']!r} or arrangement "
                               f"{config['arrangement']!r}.")
-    L, d, H, k = (int(config[key]) for key in ("layers", "dim", "heads", "head_dim"))
+    L, d, H, k = (whole(config[key], f"config.json's {key}") for key in ("layers", "dim", "heads", "head_dim"))
+    if not isinstance(config["causal"], bool):
+        raise CheckpointError(f"config.json's causal must be true or false, got {config['causal']!r}.")
     cast = (lambda a: jnp.asarray(a)) if dtype is None else (lambda a: jnp.asarray(a, dtype))
 
     def get(key: str, shape: tuple[int, ...] | None, required: bool = False):

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from ._canonical import Checkpoint
-from ._files import WeightTable, activation, as_array, heads_out, layer_norm_blocks, rope_settings, setting
+from ._files import (WeightTable, activation, as_array, count, epsilon, flag, head_width, heads_out, layer_norm_blocks,
+                     rope_settings, setting)
 from .._errors import CheckpointError
 from .._terms import Rotary, TokenNorm
 
@@ -32,12 +33,12 @@ def split_query_key_value(weight: np.ndarray, bias: np.ndarray | None, heads: in
 
 def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", dtype=None) -> Checkpoint:
     """A GPT-NeoX checkpoint from its `config.json` and named tensors."""
-    d, heads = int(setting(config, "hidden_size")), int(setting(config, "num_attention_heads"))
-    depth, vocab = int(setting(config, "num_hidden_layers")), int(setting(config, "vocab_size"))
-    hidden = int(setting(config, "intermediate_size"))
-    eps = float(setting(config, "layer_norm_eps", default=1e-5))
-    head_dim = d // heads
-    bias = bool(setting(config, "attention_bias", default=True))
+    d, heads = count(config, "hidden_size"), count(config, "num_attention_heads")
+    depth, vocab = count(config, "num_hidden_layers"), count(config, "vocab_size")
+    hidden = count(config, "intermediate_size")
+    eps = epsilon(config, "layer_norm_eps", default=1e-5)
+    head_dim = head_width(d, heads)
+    bias = flag(config, "attention_bias", default=True)
     w = WeightTable(tensors, "embed_in.weight", "gpt_neox")
 
     parts = {key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2",
@@ -68,12 +69,12 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     embed = w.get("embed_in.weight", (vocab, d))
     if w.has("embed_out.weight"):
         unembed = w.get("embed_out.weight", (vocab, d))
-    elif setting(config, "tie_word_embeddings", default=False):
+    elif flag(config, "tie_word_embeddings", default=False):
         unembed = embed
     else:
         unembed = None
     blocks = layer_norm_blocks(parts, heads, activation(setting(config, "hidden_act", default="gelu")), eps, dtype)
-    parallel = setting(config, "use_parallel_residual", default=True)
+    parallel = flag(config, "use_parallel_residual", default=True)
     return Checkpoint(
         family="gpt_neox", arrangement="parallel" if parallel else "sequential", causal=True, blocks=blocks,
         embed=as_array(embed, dtype),

@@ -60,7 +60,7 @@ def check(cfg, options) -> None:
         raise ConfigError(f"experiment.options.bins must be a whole number >= 2, got {options['bins']!r}.")
     if not isinstance(cfg.beta, (int, float)) or isinstance(cfg.beta, bool):
         raise ConfigError(f"experiment=checkpoint takes one beta (the theory run's), got {cfg.beta!r}.")
-    _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)  # a bad checkpoint stops here
+    _sentence(cfg)  # a bad checkpoint, or a text it has no embedding rows or positions for, stops here
 
 
 def panels(base, options) -> dict:
@@ -73,6 +73,18 @@ def _loaded(path: str, trust_pickle: bool, dtype: str):
 
     checkpoint = load_checkpoint(path, trust_pickle=trust_pickle, dtype=dtype)
     return checkpoint, load_tokenizer(path)
+
+
+def _sentence(cfg):
+    """The checkpoint, its tokenizer and the ids of `text`, checked against the model
+    (`Checkpoint.token_ids`): a token the embedding has no row for, or more tokens than
+    the model has positions, is one sentence naming it."""
+    checkpoint, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
+    ids = np.asarray(tokenizer.encode(str(cfg.text)))
+    if ids.size == 0:
+        raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
+    checkpoint.token_ids(ids, tokens=tokenizer.tokens)
+    return checkpoint, tokenizer, ids
 
 
 def _unit(x):
@@ -131,10 +143,7 @@ def _label(steps: int) -> str:
 def analyse(cfg, options, results) -> xr.Dataset:
     from ..checkpoints import depth_flow, forward, run_depth
 
-    checkpoint, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
-    ids = np.asarray(tokenizer.encode(str(cfg.text)))
-    if ids.size == 0:
-        raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
+    checkpoint, tokenizer, ids = _sentence(cfg)
     strings = tokenizer.tokens(ids)
     model = forward(checkpoint, ids)
     hidden = model.hidden

@@ -29,16 +29,11 @@ from .._errors import CheckpointError, ConfigError
 from .._progress import Progress
 from .._solvers import SOLVERS
 from ._common import caption, config_of, pyplot, save
-from .checkpoint import _loaded
+from .checkpoint import _sentence
 
 TITLE = "Token-pair Lyapunov sensitivity of a trained model beside its attention"
 PAPER = "Neural ODE Transformers, eq. 7, app. B, fig. 3"
 OPTIONS = {"outputs": [-1], "steps": 1, "solver": "euler"}
-
-
-def _token_count(cfg) -> int:
-    _, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
-    return int(np.asarray(tokenizer.encode(str(cfg.text))).size)
 
 
 def check(cfg, options) -> None:
@@ -57,9 +52,7 @@ def check(cfg, options) -> None:
             not isinstance(o, numbers.Integral) or isinstance(o, bool) for o in outputs)):
         raise ConfigError(f"experiment.options.outputs must be a list of token positions (e.g. [-1], the last) "
                           f"or null for every token, got {outputs!r}.")
-    n = _token_count(cfg)  # a bad checkpoint stops here
-    if n == 0:
-        raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
+    n = _sentence(cfg)[2].size  # a bad checkpoint, or a text it cannot read, stops here
     if outputs is not None and any(not -n <= o < n for o in outputs):
         bad = next(o for o in outputs if not -n <= o < n)
         raise ConfigError(f"experiment.options.outputs has position {bad} but the text has {n} tokens; "
@@ -86,8 +79,7 @@ def analyse(cfg, options, results) -> xr.Dataset:
     from ..checkpoints import depth_flow, forward
     from ..sensitivity import token_sensitivity
 
-    checkpoint, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
-    ids = np.asarray(tokenizer.encode(str(cfg.text)))
+    checkpoint, tokenizer, ids = _sentence(cfg)
     strings = tokenizer.tokens(ids)
     model = forward(checkpoint, ids)
     steps = int(options["steps"])
