@@ -2,11 +2,12 @@
 
 The dataclasses below say what each key is (its type, its choices); the YAML files in
 `conf/` (shipped as `attnflow.conf`) hold the default values and nothing else. The
-command line composes the two through Hydra (the schema is registered in Hydra's
-ConfigStore and named in each YAML file's defaults list); `compose(mapping)` composes
-the same files with OmegaConf for the Python API. Either way, types, booleans, choices
-and unknown keys are checked by OmegaConf against the schema, and a bad value becomes a
-one-sentence `ConfigError`. Nothing here imports Hydra unless `register_schema` runs.
+command line composes the files through Hydra, which checks the keys (the schema's keys
+are registered in Hydra's ConfigStore and named in each YAML file's defaults list); each
+job then types the values with `compose`, as the Python API does with the same files.
+Types, booleans, choices and unknown keys are checked against the schema (by OmegaConf,
+and by `_check_given` where OmegaConf would convert too freely), and a bad value becomes
+a one-sentence `ConfigError`. Nothing here imports Hydra unless `register_schema` runs.
 """
 
 from __future__ import annotations
@@ -381,13 +382,13 @@ def compose(config: Any = None, *, complete: bool = False) -> Config:
     try:
         cfg = OmegaConf.merge(base, user)
     except oc_errors.OmegaConfBaseException as error:
-        raise ConfigError(explain(error, init_kind=kind, given=user)) from None
+        raise ConfigError(explain(error, init_kind=kind)) from None
     try:
         cfg.init = OmegaConf.merge(_init_defaults(kind), init)
     except oc_errors.OmegaConfBaseException as error:
         # The init node is merged on its own, so its errors name keys without `init.`.
         error.full_key = f"init.{error.full_key}" if getattr(error, "full_key", None) else "init"
-        raise ConfigError(explain(error, init_kind=kind, given={"init": init})) from None
+        raise ConfigError(explain(error, init_kind=kind)) from None
     try:
         return OmegaConf.to_object(cfg)
     except oc_errors.OmegaConfBaseException as error:  # an interpolation that cannot be resolved
@@ -424,13 +425,12 @@ def _check_given(given: Mapping, schema: type, prefix: str) -> None:
 
 def _check_complete(given: Mapping, schema: type, prefix: str) -> None:
     """Every key of `schema` (and of its groups) has a value in `given`."""
-    for field in dataclasses.fields(schema):
-        value = given.get(field.name, MISSING)
-        if value == MISSING:
-            raise ConfigError(f"{prefix}{field.name} has no value; give it one.")
-        kind = typing.get_type_hints(schema)[field.name]
+    for key, kind in typing.get_type_hints(schema).items():
+        value = given.get(key, MISSING)
+        if isinstance(value, str) and value == MISSING:
+            raise ConfigError(f"{prefix}{key} has no value; give it one.")
         if dataclasses.is_dataclass(kind) and kind is not InitConfig and isinstance(value, Mapping):
-            _check_complete(value, kind, f"{prefix}{field.name}.")
+            _check_complete(value, kind, f"{prefix}{key}.")
 
 
 def to_container(cfg: Any) -> Any:
@@ -512,9 +512,8 @@ def _split(full_key: str) -> list[str]:
     return parts
 
 
-def explain(error: Exception, init_kind: str | None = None, given: Mapping | None = None) -> str:
-    """One sentence for an OmegaConf error raised while composing or resolving a config
-    (`given`: the values being merged, to quote the one that was refused)."""
+def explain(error: Exception, init_kind: str | None = None) -> str:
+    """One sentence for an OmegaConf error raised while composing or resolving a config."""
     full_key = str(getattr(error, "full_key", "") or "")
     path = _split(full_key)
     if isinstance(error, oc_errors.InterpolationResolutionError):
@@ -544,26 +543,12 @@ def explain(error: Exception, init_kind: str | None = None, given: Mapping | Non
         return f"{full_key} has no value; give it one."
     if full_key:
         value = getattr(error, "value", None)
-        if value is None and given is not None:
-            value = _given_at(given, path)
-        got = "" if value is None else f", got {value!r}"
         if isinstance(error, oc_errors.ConfigTypeError) and getattr(error, "object_type", None) in (list, dict):
-            # A mapping where the value is a list, or the other way round (a key the
-            # schema types as Any, such as beta).
-            return f"{full_key} cannot be {'a mapping' if error.object_type is list else 'a list'}{got}."
+            # Hydra merging a mapping where the value is a list, or the other way round
+            # (a key the schema leaves untyped, such as beta).
+            return f"{full_key} cannot be {'a mapping' if error.object_type is list else 'a list'}."
         kind = _schema_at(path, init_kind)
         if kind is not None:
-            return f"{full_key} must be {_describe(kind)}{got or ', got None'}."
+            return f"{full_key} must be {_describe(kind)}, got {value!r}."
     first = str(getattr(error, "msg", None) or error).splitlines()[0].strip().rstrip(".")
     return f"invalid config: {first}."
-
-
-def _given_at(given: Any, path: list[str]) -> Any:
-    for part in path:
-        if isinstance(given, Mapping):
-            given = given.get(part)
-        elif isinstance(given, list) and part.isdigit() and int(part) < len(given):
-            given = given[int(part)]
-        else:
-            return None
-    return given
