@@ -240,6 +240,7 @@ def test_a_name_that_climbs_out_of_its_group_is_refused(command, tmp_path):
     (["text=日本語"], ["text=日本語", "quotes", "\"text='日本語'\""]),
     (["beta={a:1}"], ["beta cannot be a mapping"]),
     (["alibi={a:1}"], ["alibi cannot be a mapping, got {'a': 1}."]),
+    (["experiment="], ["unknown experiment ''; choose one of adaptive_depth,"]),
 ])
 def test_deleted_repeated_unquoted_and_mistyped_keys_are_refused(command, tmp_path, args, says):
     keys = {arg.lstrip("~+").split("=")[0] for arg in args}
@@ -275,6 +276,13 @@ def test_a_sweep_too_large_to_list_is_refused_at_once(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "200000 jobs" in lines[0], proc.stderr
     assert not (tmp_path / "sweep").exists()
+
+
+def test_a_range_with_step_zero_is_refused(command, tmp_path):
+    # Hydra raises a ValueError for whole numbers and counts floats for ever.
+    for sweep in ("seed=range(0,10,0)", "eps=range(0.1,0.5,0)"):
+        refused(command("-m", *TINY, sweep, f"hydra.sweep.dir={tmp_path / 'sweep'}"),
+                f"{sweep} never ends: a range takes a step other than 0.")
 
 
 def test_the_hydra_schema_names_the_same_keys_as_the_typed_one():
