@@ -530,6 +530,8 @@ def explain(error: Exception, init_kind: str | None = None) -> str:
             names = [f.name for f in dataclasses.fields(parent)]
         elif isinstance(getattr(error, "parent_node", None), DictConfig):  # a mapping the schema leaves open
             names = [str(name) for name in error.parent_node.keys()]
+            if not names:
+                return f"{group} holds no keys by default; add one with +{full_key}=VALUE."
         else:
             return f"unknown config key {full_key}."
         near = difflib.get_close_matches(path[-1], names, n=1)

@@ -187,6 +187,9 @@ def test_the_documented_option_form_works_and_a_misspelt_option_is_refused(comma
     refused(command("experiment=single_cluster", "experiment.options.membr=1", *small,
                     f"hydra.run.dir={tmp_path / 'other'}"),
             "unknown config key experiment.options.membr", "did you mean experiment.options.member?")
+    # An option that is an open mapping (settings of attnflow train) takes keys with +.
+    refused(command("experiment=diffeqformer", "experiment.options.train.lr=0.001", f"hydra.run.dir={tmp_path / 'x'}"),
+            "experiment.options.train holds no keys by default; add one with +experiment.options.train.lr=VALUE.")
 
 
 # --- 12. group options are names, never paths -------------------------------------------
