@@ -272,11 +272,9 @@ def _check_command_line(arguments: list[str]) -> None:
     runs the callbacks that file names), a key given twice (Hydra would keep the last),
     and a sweep too large to list. Raises `ConfigError` (or Hydra's parse error)."""
     import math
-    import re
 
     from hydra._internal.utils import get_args_parser
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
 
     from ._errors import ConfigError
 
@@ -291,37 +289,58 @@ def _check_command_line(arguments: list[str]) -> None:
         given[key] = override.input_line
         if override.is_delete():
             continue  # a key left without its value is refused when the job starts
-        value = override.value()
-        group = override.key_or_group
-        if group in _GROUPS or "/" in group:
-            names = _shipped(group) if group in _GROUPS else None
-            if isinstance(value, Glob):
-                values = value.filter(names) if names is not None else []
-            elif isinstance(value, ChoiceSweep):
-                values = value.list
-            else:
-                values = [value]
-            for option in values:
-                option = None if option is None else str(option)
-                if names is None:  # Hydra's own groups (hydra/launcher, ...): a plain name or null
-                    if option is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", option):
-                        raise ConfigError(f"unknown {group} {option!r}: a config group takes the name of one of its "
-                                          "options, never a path.")
-                elif option not in names and not (option is None and group == "experiment"):
-                    raise ConfigError(f"unknown {group} {option!r}; choose one of {', '.join(names)}.")
-        if isinstance(value, ChoiceSweep):
-            sizes.append(len(value.list))
-        elif isinstance(value, Glob) and group in _GROUPS:
-            sizes.append(len(value.filter(_shipped(group))))
-        elif isinstance(value, RangeSweep) and value.start is not None and value.stop is not None:
-            if not value.step:
-                raise ConfigError(f"{override.input_line} never ends: a range takes a step other than 0.")
-            sizes.append(max(0, math.ceil((value.stop - value.start) / value.step)))
+        if override.key_or_group in _GROUPS or "/" in override.key_or_group:
+            _check_group_options(override.key_or_group, override.value())
+        sizes.append(_sweep_size(override))
     jobs = math.prod(sizes)
     if jobs > _MOST_JOBS:
-        raise ConfigError(f"this sweep has {jobs} jobs ({' x '.join(map(str, sizes))}); one command runs at "
-                          f"most {_MOST_JOBS}, as Hydra lists and composes every job before the first one starts: "
-                          "split it, or give beta as a list (one run computes every beta).")
+        swept = " x ".join(str(size) for size in sizes if size != 1)
+        raise ConfigError(f"this sweep has {jobs} jobs ({swept}); one command runs at most {_MOST_JOBS}, as Hydra "
+                          "lists and composes every job before the first one starts: split it, or give beta as a "
+                          "list (one run computes every beta).")
+
+
+def _check_group_options(group: str, value) -> None:
+    """Each option a group override names (one, or a sweep's) is one of attnflow's own
+    (`_GROUPS`), or a plain name for Hydra's groups (hydra/launcher, ...)."""
+    import re
+
+    from hydra.core.override_parser.types import ChoiceSweep, Glob
+
+    from ._errors import ConfigError
+
+    names = _shipped(group) if group in _GROUPS else None
+    if isinstance(value, Glob):
+        return  # matched against the group's own options by Hydra
+    for option in value.list if isinstance(value, ChoiceSweep) else [value]:
+        option = None if option is None else str(option)
+        if names is None:
+            if option is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", option):
+                raise ConfigError(f"unknown {group} {option!r}: a config group takes the name of one of its options, "
+                                  "never a path.")
+        elif option not in names and not (option is None and group == "experiment"):
+            shown = "null" if option is None else repr(option)
+            raise ConfigError(f"unknown {group} {shown}; choose one of {', '.join(names)}.")
+
+
+def _sweep_size(override) -> int:
+    """How many values an override sweeps over (1 for a plain value)."""
+    import math
+
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
+
+    from ._errors import ConfigError
+
+    value = override.value()
+    if isinstance(value, ChoiceSweep):
+        return len(value.list)
+    if isinstance(value, Glob) and override.key_or_group in _GROUPS:
+        return len(value.filter(_shipped(override.key_or_group)))
+    if isinstance(value, RangeSweep) and value.start is not None and value.stop is not None:
+        if not value.step:
+            raise ConfigError(f"{override.input_line} never ends: a range takes a step other than 0.")
+        return max(0, math.ceil((value.stop - value.start) / value.step))
+    return 1
 
 
 def _sentence(error: BaseException) -> str:
