@@ -2,17 +2,19 @@
 
 The dataclasses below say what each key is (its type, its choices); the YAML files in
 `conf/` (shipped as `attnflow.conf`) hold the default values and nothing else. The
-command line composes the two through Hydra (the schema is registered in Hydra's
-ConfigStore and named in each YAML file's defaults list); `compose(mapping)` composes
-the same files with OmegaConf for the Python API. Either way, types, booleans, choices
-and unknown keys are checked by OmegaConf against the schema, and a bad value becomes a
-one-sentence `ConfigError`. Nothing here imports Hydra unless `register_schema` runs.
+command line composes the files through Hydra, which checks the keys (the schema's keys
+are registered in Hydra's ConfigStore and named in each YAML file's defaults list); each
+job then types the values with `compose`, as the Python API does with the same files.
+Types, booleans, choices and unknown keys are checked against the schema (by OmegaConf,
+and by `_check_given` where OmegaConf would convert too freely), and a bad value becomes
+a one-sentence `ConfigError`. Nothing here imports Hydra unless `register_schema` runs.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import enum
 import functools
 import importlib.resources
@@ -268,13 +270,37 @@ OmegaConf.register_new_resolver("linspace", linspace, replace=True)
 
 
 def register_schema() -> None:
-    """Put the schema in Hydra's ConfigStore, where the YAML defaults lists find it."""
+    """Put the schema's keys in Hydra's ConfigStore, where the YAML defaults lists find them.
+
+    Hydra composes the keys: a misspelt key or group option stops the command at once.
+    The values are typed by `compose` when each job starts (`typed_job_config`), so that
+    a bad value in one job of a sweep fails that job alone, as any other bad value does.
+    """
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    store.store(group="attnflow_schema", name="config", node=Config)
+    store.store(group="attnflow_schema", name="config", node=_keys_of(Config))
     for name, cls in INITS.items():
-        store.store(group="attnflow_schema", name=f"init_{name}", node=cls)
+        store.store(group="attnflow_schema", name=f"init_{name}", node=_keys_of(cls))
+
+
+# The schema of each class made by `_keys_of` (an error names the class it was raised in).
+_SCHEMA_OF: dict[type, type] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _keys_of(schema: type) -> type:
+    """A dataclass with the keys and defaults of `schema` and no types."""
+    fields = [(f.name, Any, dataclasses.field(default=MISSING if f.default is dataclasses.MISSING else f.default))
+              for f in dataclasses.fields(schema)]
+    keys = dataclasses.make_dataclass(schema.__name__, fields)
+    _SCHEMA_OF[keys] = schema
+    return keys
+
+
+def typed_job_config(cfg: DictConfig) -> Config:
+    """The config Hydra composed for one job (or one run), typed and checked by the schema."""
+    return compose(cfg, complete=True)
 
 
 def _values(*parts: str):
@@ -317,21 +343,28 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def compose(config: Any = None) -> Config:
+def compose(config: Any = None, *, complete: bool = False) -> Config:
     """The defaults of `conf/` with `config` on top, checked against the schema.
 
     `config` is a (nested) mapping with any subset of the keys, as the command line
-    would give them; `init` may be the name of an initial condition. Raises `ConfigError`
-    for a wrong type, an unknown choice or an unknown key. Ranges, shapes and
-    combinations are checked by `validate_config`.
+    would give them; `init` may be the name of an initial condition. `complete=True`
+    takes no defaults: every key must be given (what Hydra composed for a job, where a
+    missing key was deleted with `~key`). Raises `ConfigError` for a wrong type, an
+    unknown choice or an unknown key. Ranges, shapes and combinations are checked by
+    `validate_config`.
     """
     # A Config instance goes through the schema too: its fields may have been replaced
     # by hand (`dataclasses.replace(cfg, solver="rk4")`) with values of any type.
-    user = _plain(config if config is not None else {})
+    try:
+        user = _plain(config if config is not None else {})
+    except oc_errors.OmegaConfBaseException as error:  # an interpolation that cannot be resolved
+        raise ConfigError(explain(error)) from None
     if not isinstance(user, Mapping):
         raise ConfigError(f"a config must be a mapping of keys to values, got {type(config).__name__}.")
     user = dict(user)
     user.pop("hydra", None)
+    if complete:
+        _check_complete(user, Config, "")
     base, default_init = _root_defaults()
     init = user.pop("init", None)
     if isinstance(init, str):
@@ -342,8 +375,10 @@ def compose(config: Any = None) -> Config:
     kind = init.get("kind", default_init)
     if kind not in INITS:
         raise ConfigError(f"unknown init kind {kind!r}; choose one of {', '.join(INITS)}.")
-    _check_groups(user, Config, "")
-    _check_groups(init, INITS[kind], "init.")
+    _check_given(user, Config, "")
+    _check_given(init, INITS[kind], "init.")
+    if complete:
+        _check_complete(init, INITS[kind], "init.")
     try:
         cfg = OmegaConf.merge(base, user)
     except oc_errors.OmegaConfBaseException as error:
@@ -360,15 +395,42 @@ def compose(config: Any = None) -> Config:
         raise ConfigError(explain(error, init_kind=kind)) from None
 
 
-def _check_groups(given: Mapping, schema: type, prefix: str) -> None:
-    """A group (a nested dataclass of the schema) must be given as a mapping."""
+# How a boolean may be spelt (YAML 1.1's words): OmegaConf alone would also read any
+# number (2 is true) and "1", "y" or "n".
+_BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def read_boolean(value: Any) -> bool | None:
+    """`value` as a boolean (True, "yes", "Off", ...), or None if it is not one."""
+    if isinstance(value, bool):
+        return value
+    return _BOOLEAN_WORDS.get(value.lower()) if isinstance(value, str) else None
+
+
+def _check_given(given: Mapping, schema: type, prefix: str) -> None:
+    """What OmegaConf would let through: a group (a nested dataclass of the schema) must
+    be a mapping, a boolean a boolean or one of its words, and an untyped key no mapping."""
     hints = typing.get_type_hints(schema)
     for key, value in given.items():
         kind = hints.get(key)
         if dataclasses.is_dataclass(kind) and kind is not InitConfig:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{prefix}{key} must be {_describe(kind)}, got {value!r}.")
-            _check_groups(value, kind, f"{prefix}{key}.")
+            _check_given(value, kind, f"{prefix}{key}.")
+        elif kind is bool and read_boolean(value) is None and not (isinstance(value, str) and value.startswith("${")):
+            raise ConfigError(f"{prefix}{key} must be {_describe(bool)}, got {value!r}.")
+        elif kind is Any and isinstance(value, Mapping):  # numbers or nested lists of them, in every such key
+            raise ConfigError(f"{prefix}{key} cannot be a mapping, got {value!r}.")
+
+
+def _check_complete(given: Mapping, schema: type, prefix: str) -> None:
+    """Every key of `schema` (and of its groups) has a value in `given`."""
+    for key, kind in typing.get_type_hints(schema).items():
+        value = given.get(key, MISSING)
+        if isinstance(value, str) and value == MISSING:
+            raise ConfigError(f"{prefix}{key} has no value; give it one.")
+        if dataclasses.is_dataclass(kind) and kind is not InitConfig and isinstance(value, Mapping):
+            _check_complete(value, kind, f"{prefix}{key}.")
 
 
 def to_container(cfg: Any) -> Any:
@@ -413,6 +475,8 @@ def _schema_at(path: list[str], init_kind: str | None) -> Any:
         if part not in hints:
             return None
         kind = hints[part]
+    if _is_optional(kind) and any(dataclasses.is_dataclass(a) for a in typing.get_args(kind)):
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
     if kind is InitConfig:
         kind = INITS.get(init_kind or "", InitConfig)
     return kind
@@ -458,21 +522,34 @@ def explain(error: Exception, init_kind: str | None = None) -> str:
     if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)) and path:
         parent = _schema_at(path[:-1], init_kind)
         holder = getattr(error, "object_type", None)
+        holder = _SCHEMA_OF.get(holder, holder)
         if parent is InitConfig and holder in INITS.values():
             parent, init_kind = holder, holder.kind
         group = ".".join(path[:-1])
         if dataclasses.is_dataclass(parent):
-            allowed = ", ".join(f.name for f in dataclasses.fields(parent))
-            where = f"{group} ({init_kind})" if parent in INITS.values() else group
-            if group:
-                return f"unknown config key {full_key}; {where} takes {allowed}."
-            return f"unknown config key {full_key}; known keys are {allowed}."
-        return f"unknown config key {full_key}."
+            names = [f.name for f in dataclasses.fields(parent)]
+        elif isinstance(getattr(error, "parent_node", None), DictConfig):  # a mapping the schema leaves open
+            names = [str(name) for name in error.parent_node.keys()]
+            if not names:
+                return f"{group} holds no keys by default; add one with +{full_key}=VALUE."
+        else:
+            return f"unknown config key {full_key}."
+        near = difflib.get_close_matches(path[-1], names, n=1)
+        key = f"{full_key} (did you mean {group + '.' if group else ''}{near[0]}?)" if near else full_key
+        where = f"{group} ({init_kind})" if parent in INITS.values() else group
+        allowed = ", ".join(names) or "none"
+        if group:
+            return f"unknown config key {key}; {where} takes {allowed}."
+        return f"unknown config key {key}; known keys are {allowed}."
     if isinstance(error, oc_errors.MissingMandatoryValue) and full_key:
         return f"{full_key} has no value; give it one."
     if full_key:
-        kind = _schema_at(path, init_kind)
         value = getattr(error, "value", None)
+        if isinstance(error, oc_errors.ConfigTypeError) and getattr(error, "object_type", None) in (list, dict):
+            # Hydra merging a mapping where the value is a list, or the other way round
+            # (a key the schema leaves untyped, such as beta).
+            return f"{full_key} cannot be {'a mapping' if error.object_type is list else 'a list'}."
+        kind = _schema_at(path, init_kind)
         if kind is not None:
             return f"{full_key} must be {_describe(kind)}, got {value!r}."
     first = str(getattr(error, "msg", None) or error).splitlines()[0].strip().rstrip(".")

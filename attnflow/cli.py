@@ -153,16 +153,13 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
     """The work of `_job`; a `ConfigError` says why there are no results."""
     from hydra.types import RunMode
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
-    from ._config import explain
+    from ._config import typed_job_config
     from ._errors import ConfigError, NonFiniteStateError, SolverFailure
 
-    try:
-        # Hydra has composed it against the typed schema: it is a Config already.
-        typed = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as error:
-        raise ConfigError(explain(error)) from None
+    # Hydra has composed the keys; their values are typed here, so that a bad one fails
+    # this job alone.
+    typed = typed_job_config(cfg)
     from ._build import validate_config
     from ._progress import Progress
     from ._store import RunDirectory, write_results
@@ -256,6 +253,96 @@ def _title(cfg) -> str:
     )
 
 
+# The config groups whose options are attnflow's own files (conf/NAME/OPTION.yaml).
+_GROUPS = ("init", "experiment")
+# At most this many jobs in one sweep: Hydra lists every job's overrides and composes
+# each job's config (a fraction of a second each) before the first job starts.
+_MOST_JOBS = 10_000
+
+
+def _shipped(group: str) -> list[str]:
+    """The options of one of `_GROUPS`: the names of its YAML files."""
+    folder = config_source()[1].joinpath(group)
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _check_command_line(arguments: list[str]) -> None:
+    """Refuse, before Hydra composes anything, what composing would get wrong: a config
+    group option that is not a name (a path loads any YAML file on the machine, and Hydra
+    runs the callbacks that file names), a key given twice (Hydra would keep the last),
+    and a sweep too large to list. Raises `ConfigError` (or Hydra's parse error)."""
+    import math
+
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from ._errors import ConfigError
+
+    overrides = OverridesParser.create().parse_overrides(get_args_parser().parse_args(arguments).overrides)
+    given: dict[tuple, str] = {}
+    sizes = []
+    for override in overrides:
+        key = (override.key_or_group, override.package)
+        if key in given:
+            raise ConfigError(f"{override.get_key_element().lstrip('~+')} is given twice ({given[key]}, "
+                              f"{override.input_line}); give it once.")
+        given[key] = override.input_line
+        if override.is_delete():
+            continue  # a key left without its value is refused when the job starts
+        if override.key_or_group in _GROUPS or "/" in override.key_or_group:
+            _check_group_options(override.key_or_group, override.value())
+        sizes.append(_sweep_size(override))
+    jobs = math.prod(sizes)
+    if jobs > _MOST_JOBS:
+        swept = " x ".join(str(size) for size in sizes if size != 1)
+        raise ConfigError(f"this sweep has {jobs} jobs ({swept}); one command runs at most {_MOST_JOBS}, as Hydra "
+                          "lists and composes every job before the first one starts: split it, or give beta as a "
+                          "list (one run computes every beta).")
+
+
+def _check_group_options(group: str, value) -> None:
+    """Each option a group override names (one, or a sweep's) is one of attnflow's own
+    (`_GROUPS`), or a plain name for Hydra's groups (hydra/launcher, ...)."""
+    import re
+
+    from hydra.core.override_parser.types import ChoiceSweep, Glob
+
+    from ._errors import ConfigError
+
+    names = _shipped(group) if group in _GROUPS else None
+    if isinstance(value, Glob):
+        return  # matched against the group's own options by Hydra
+    for option in value.list if isinstance(value, ChoiceSweep) else [value]:
+        option = None if option is None else str(option)
+        if names is None:
+            if option is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", option):
+                raise ConfigError(f"unknown {group} {option!r}: a config group takes the name of one of its options, "
+                                  "never a path.")
+        elif option not in names and not (option is None and group == "experiment"):
+            shown = "null" if option is None else repr(option)
+            raise ConfigError(f"unknown {group} {shown}; choose one of {', '.join(names)}.")
+
+
+def _sweep_size(override) -> int:
+    """How many values an override sweeps over (1 for a plain value)."""
+    import math
+
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
+
+    from ._errors import ConfigError
+
+    value = override.value()
+    if isinstance(value, ChoiceSweep):
+        return len(value.list)
+    if isinstance(value, Glob) and override.key_or_group in _GROUPS:
+        return len(value.filter(_shipped(override.key_or_group)))
+    if isinstance(value, RangeSweep) and value.start is not None and value.stop is not None:
+        if not value.step:
+            raise ConfigError(f"{override.input_line} never ends: a range takes a step other than 0.")
+        return max(0, math.ceil((value.stop - value.start) / value.step))
+    return 1
+
+
 def _sentence(error: BaseException) -> str:
     """One sentence for an error raised by Hydra while composing the config."""
     from hydra.errors import MissingConfigException, OverrideParseException
@@ -274,6 +361,11 @@ def _sentence(error: BaseException) -> str:
         return f"cannot find the config {error.missing_cfg_file!r}."
     if isinstance(error, OverrideParseException):
         first = str(error).strip().splitlines()[0].rstrip(".")
+        key, _, value = first.rpartition(": ")[2].partition("=")
+        if key.isascii() and not value.isascii():
+            # Hydra reads unquoted values in ASCII only.
+            return (f"cannot parse the command line ({first}); a value with other characters goes in quotes that "
+                    f"reach attnflow, e.g. \"{key}='{value}'\".")
         return f"cannot parse the command line ({first})."
     cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
     if isinstance(cause, OmegaConfBaseException):
@@ -382,6 +474,7 @@ def main() -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from ._config import register_schema
+    from ._errors import ConfigError
 
     # Let Hydra's own errors reach this function (instead of its multi-line printer).
     os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -389,9 +482,13 @@ def main() -> None:
     register_schema()
     entry = hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
     try:
+        _check_command_line(sys.argv[1:])
         entry()
     except KeyboardInterrupt:
         _interrupted()
+    except ConfigError as error:
+        _say(f"error: {error}")
+        sys.exit(2)
     except (HydraException, OmegaConfBaseException, OSError) as error:
         _say(f"error: {_sentence(error)}")
         sys.exit(2)

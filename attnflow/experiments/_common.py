@@ -121,16 +121,26 @@ def wireframe_sphere(ax, color: str = "0.85", zoom: float = 1.0, unit_limits: bo
     ax.set_axis_off()
 
 
-def check_drawn_member(name: str, cfg, options, why: str) -> None:
-    """`experiment.options.member` must index a member (or be None where the experiment
-    picks one), and the states must be saved: `why` says what the experiment does with them."""
+def check_member_option(options, members: int, *, optional: bool = False, what: str = "a member index") -> None:
+    """`experiment.options.member` must index one of `members` (a whole number, never a
+    boolean), or be null where `optional` (the experiment then picks one)."""
     from .._errors import ConfigError
 
     member = options["member"]
-    if member is not None and not (isinstance(member, int) and not isinstance(member, bool)
-                                   and 0 <= member < cfg.members):
-        raise ConfigError(f"experiment.options.member must be a member index from 0 to {cfg.members - 1}, "
-                          f"got {member!r}.")
+    if member is None and optional:
+        return
+    if isinstance(member, bool) or not isinstance(member, int) or not 0 <= member < members:
+        allowed = f"{what} from 0 to {members - 1}" + (" or null" if optional else "")
+        raise ConfigError(f"experiment.options.member must be {allowed}, got {member!r}.")
+
+
+def check_drawn_member(name: str, cfg, options, why: str, *, optional: bool = False) -> None:
+    """`experiment.options.member` must index a member (or be None where `optional`: the
+    experiment picks one), and the states must be saved: `why` says what the experiment
+    does with them."""
+    from .._errors import ConfigError
+
+    check_member_option(options, cfg.members, optional=optional)
     if not cfg.save_states:
         raise ConfigError(f"experiment {name} {why}: keep save_states=true.")
 

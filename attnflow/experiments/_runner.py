@@ -5,6 +5,7 @@ then handed to the experiment's own `analyse` and `draw`."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import itertools
 import os
@@ -21,6 +22,7 @@ from .._config import (
     _plain,
     compose,
     config_source,
+    read_boolean,
     register_schema,
     to_container,
 )
@@ -61,15 +63,27 @@ def experiment_module(name: str) -> ModuleType:
 
 
 def _options(module: ModuleType, name: str, given: Any) -> dict:
-    options = dict(getattr(module, "OPTIONS", {}))
+    """The experiment's options: its defaults with `given` on top. An unknown name is
+    refused with the nearest one, and an option whose default is a boolean takes a
+    boolean (or YAML's words for one), as the schema's booleans do."""
+    defaults = dict(getattr(module, "OPTIONS", {}))
     given = _plain(given) if given is not None else {}
     if not isinstance(given, Mapping):
         raise ConfigError(f"experiment.options must be a mapping of option names to values, got {given!r}.")
-    unknown = sorted(set(given) - set(options))
+    unknown = sorted(set(given) - set(defaults))
     if unknown:
-        takes = ", ".join(options) if options else "no options"
-        raise ConfigError(f"unknown option experiment.options.{unknown[0]} of experiment {name}; it takes {takes}.")
-    options.update(given)
+        takes = ", ".join(defaults) if defaults else "no options"
+        near = difflib.get_close_matches(str(unknown[0]), list(defaults), n=1)
+        guess = f" (did you mean {near[0]}?)" if near else ""
+        raise ConfigError(f"unknown option experiment.options.{unknown[0]} of experiment {name}{guess}; "
+                          f"it takes {takes}.")
+    options = {**defaults, **given}
+    for key, value in given.items():
+        if isinstance(defaults[key], bool):
+            options[key] = read_boolean(value)
+            if options[key] is None:
+                raise ConfigError(f"experiment.options.{key} of experiment {name} must be true or false, "
+                                  f"got {value!r}.")
     return options
 
 

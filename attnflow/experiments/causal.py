@@ -35,6 +35,7 @@ from .._errors import ConfigError
 from ._animate import animate_states
 from ._common import (
     caption,
+    check_member_option,
     config_of,
     failed_members,
     member_summary,
@@ -53,10 +54,7 @@ OPTIONS = {
 
 
 def check(cfg, options) -> None:
-    member = options["member"]
-    if not (isinstance(member, int) and 0 <= member < cfg.members):
-        raise ConfigError(f"experiment.options.member must be a member index from 0 to {cfg.members - 1}, "
-                          f"got {member!r}.")
+    check_member_option(options, cfg.members)
     fit_from = options["fit_from"]
     if not (isinstance(fit_from, (int, float)) and 0 <= fit_from < 1):
         raise ConfigError(f"experiment.options.fit_from must be a fraction in [0, 1), got {fit_from!r}.")

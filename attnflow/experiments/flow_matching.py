@@ -28,7 +28,7 @@ import xarray as xr
 
 from .._errors import ConfigError
 from .._progress import Progress
-from ._common import caption, config_of, pyplot, save, wireframe_sphere
+from ._common import caption, check_member_option, config_of, pyplot, save, wireframe_sphere
 
 TITLE = "Flow-matching surrogate of the attention flow"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, section 5.3 (figures 7 and 8)"
@@ -68,10 +68,7 @@ def check(cfg, options) -> None:
     if not (isinstance(options["distance_times"], int) and options["distance_times"] >= 2):
         raise ConfigError(f"experiment.options.distance_times must be a whole number >= 2, "
                           f"got {options['distance_times']!r}.")
-    member = options["member"]
-    if not (isinstance(member, int) and 0 <= member < held_out):
-        raise ConfigError(f"experiment.options.member is the held-out member whose paths are drawn, from 0 to "
-                          f"{held_out - 1}, got {member!r}.")
+    check_member_option(options, held_out, what="a held-out member (whose paths are drawn)")
     if not cfg.save_states:
         raise ConfigError("experiment flow_matching trains on the tokens' states: keep save_states=true.")
     if not (isinstance(cfg.beta, (int, float)) and not isinstance(cfg.beta, bool)):

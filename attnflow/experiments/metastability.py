@@ -65,7 +65,7 @@ from .._config import defaults, to_container
 from .._errors import ConfigError
 from .._progress import Progress
 from ..metastability import detect_metastability
-from ._common import caption, config_of, pyplot, save, wireframe_sphere
+from ._common import caption, check_member_option, config_of, pyplot, save, wireframe_sphere
 from ._runner import merge_overrides
 
 TITLE = ("Metastability: clusters that persist, then merge (log time); the energy staircase of the cluster "
@@ -112,9 +112,7 @@ def check(cfg, options) -> None:
         for key in ("min_length", "hold_length"):
             if not (isinstance(settings[key], (int, float)) and settings[key] >= 0):
                 raise ConfigError(f"experiment.options.{name}.{key} must be a number >= 0, got {settings[key]!r}.")
-    member = options["member"]
-    if member is not None and not (isinstance(member, int) and 0 <= member < cfg.members):
-        raise ConfigError(f"experiment.options.member must be null or a member in [0, {cfg.members}), got {member!r}.")
+    check_member_option(options, cfg.members, optional=True)
     if options["staircase"] is not None and not isinstance(options["staircase"], Mapping):
         raise ConfigError("experiment.options.staircase must be a mapping of keys for panel (b), or null to leave "
                           "it out.")

@@ -48,7 +48,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, check_member_option, config_of, pyplot, save
 
 TITLE = "Post-LN collapses exponentially, pre-LN polynomially"
 PAPER = ("post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
@@ -64,10 +64,7 @@ SCHEMES = {"post_ln": "post-LN (sphere)", "pre_ln": "pre-LN (residual stream)"}
 
 
 def check(cfg, options) -> None:
-    member = options["member"]
-    if not (isinstance(member, int) and 0 <= member < cfg.members):
-        raise ConfigError(f"experiment.options.member must be a member index from 0 to {cfg.members - 1}, "
-                          f"got {member!r}.")
+    check_member_option(options, cfg.members)
     if options["pre_norm"] not in ("rms", "layer"):
         raise ConfigError(f"experiment.options.pre_norm must be rms or layer, got {options['pre_norm']!r}.")
     if not (isinstance(options["settle"], (int, float)) and 0 < options["settle"] < 1):

@@ -84,7 +84,7 @@ _LENGTH = 5  # every panel's coefficients padded to this length: one compiled pr
 
 
 def check(cfg, options) -> None:
-    check_drawn_member("polynomial", cfg, options, "measures the dispersion on the states")
+    check_drawn_member("polynomial", cfg, options, "measures the dispersion on the states", optional=True)
     if options["normalizer"] not in NORMALIZERS:
         raise ConfigError(f"experiment.options.normalizer must be softmax or none, got {options['normalizer']!r}.")
     if cfg.dynamics != "sa":

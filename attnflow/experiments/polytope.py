@@ -97,7 +97,7 @@ def top_eigenspace(v: np.ndarray, rtol: float = 1e-9) -> tuple[float, np.ndarray
 
 
 def check(cfg, options) -> None:
-    check_drawn_member("polytope", cfg, options, "rescales the saved states")
+    check_drawn_member("polytope", cfg, options, "rescales the saved states", optional=True)
     if cfg.norm != "none":
         raise ConfigError(f"experiment polytope is about dynamics without normalization: keep norm=none, "
                           f"got norm={cfg.norm}.")

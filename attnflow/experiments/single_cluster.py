@@ -18,11 +18,15 @@ import numpy as np
 import xarray as xr
 
 from ._animate import animate_states
-from ._common import caption, config_of, pyplot, save, wireframe_sphere
+from ._common import caption, check_drawn_member, config_of, pyplot, save, wireframe_sphere
 
 TITLE = "Single cluster on S^2, monotone interaction energy"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, fig. 1 (theorem 4.2, lemma 3.3)"
 OPTIONS = {"member": 0}  # the member whose paths are drawn
+
+
+def check(cfg, options) -> None:
+    check_drawn_member("single_cluster", cfg, options, "draws a member's paths")
 
 
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
