@@ -282,3 +282,18 @@ def test_run_files_get_the_mode_the_umask_gives(tmp_path):
     finally:
         os.umask(previous)
     assert {oct(p.stat().st_mode & 0o777) for p in (tmp_path / "state").iterdir()} == {oct(0o640)}
+
+
+def test_the_diffeqformer_refuses_ids_its_embedding_has_no_row_for():
+    """JAX reads an id past the embedding as its last row: the DiffEqFormer's forward
+    pass (a tampered tokenizer.json next to a trained model) named no error. Concrete
+    ids are refused with the id and the size, traced ones stop the jitted call."""
+    model = DiffEqFormer(DiffEqFormerConfig(vocab=8, dim=4, heads=1, hidden=4, context=4, d_emb=2, frequencies=1,
+                                            steps=1), key=jax.random.key(0))
+    assert np.isfinite(np.asarray(model(jnp.asarray([1, 7])))).all()
+    for ids in ([1, 8], [-1, 2]):
+        with pytest.raises(ConfigError, match=r"token id -?\d at position \d is outside the DiffEqFormer's embedding, "
+                                              r"which has 8 rows"):
+            model(jnp.asarray(ids))
+    with pytest.raises(Exception, match="outside the DiffEqFormer's embedding, which has 8 rows"):
+        jax.block_until_ready(eqx.filter_jit(lambda m, ids: m(ids))(model, jnp.asarray([1, 8])))

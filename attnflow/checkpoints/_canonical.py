@@ -101,6 +101,27 @@ class Blocks(eqx.Module):
         return jax.tree.map(lambda a: a[index], self)
 
 
+def rows_of(ids, vocab: int, table: str, tokens=None) -> Int[Array, " n"]:
+    """`ids` as int32 once each is a row of a `vocab`-row embedding (`table` names it in
+    the sentence). JAX clamps an index past the end of an array to its last row (and
+    wraps a negative one): without this check an id the table has no row for reads
+    another token's row. Concrete ids raise `ConfigError` naming the first bad one
+    (with its text when `tokens`, a function of ids giving their strings, is given);
+    traced ids (under `jit`) stop the program when it runs (`equinox.error_if`)."""
+    outside = f"outside {table}, which has {vocab} rows (ids 0 to {vocab - 1})"
+    array = ids if isinstance(ids, jax.core.Tracer) else np.asarray(ids)
+    if not jnp.issubdtype(array.dtype, jnp.integer):
+        raise ConfigError(f"token ids must be whole numbers, got {array.dtype} values.")
+    if isinstance(array, jax.core.Tracer):
+        return eqx.error_if(array, (array < 0) | (array >= vocab), f"a token id is {outside}.").astype(jnp.int32)
+    bad = np.flatnonzero((array < 0) | (array >= vocab))
+    if bad.size:
+        i = int(array[bad[0]])
+        named = f"token id {i}" if tokens is None else f"the token {tokens([i])[0]!r} (id {i})"
+        raise ConfigError(f"{named} at position {bad[0]} is {outside}.")
+    return jnp.asarray(array, jnp.int32)
+
+
 class Checkpoint(eqx.Module):
     """A trained transformer in canonical form: embeddings, stacked blocks, final
     normalization and unembedding, with the static facts that shape its layer map."""
@@ -160,18 +181,7 @@ class Checkpoint(eqx.Module):
         if not isinstance(token_type, (int, np.integer)) or isinstance(token_type, bool) or not 0 <= token_type < types:
             raise ConfigError(f"token type {token_type!r} is not one of the {types} token types of {model} "
                               f"(0 to {types - 1}).")
-        outside = f"outside the embedding of {model}, which has {vocab} rows (ids 0 to {vocab - 1})"
-        array = ids if isinstance(ids, jax.core.Tracer) else np.asarray(ids)
-        if not jnp.issubdtype(array.dtype, jnp.integer):
-            raise ConfigError(f"token ids must be whole numbers, got {array.dtype} values.")
-        if isinstance(array, jax.core.Tracer):
-            return eqx.error_if(array, (array < 0) | (array >= vocab), f"a token id is {outside}.").astype(jnp.int32)
-        bad = np.flatnonzero((array < 0) | (array >= vocab))
-        if bad.size:
-            i = int(array[bad[0]])
-            named = f"token id {i}" if tokens is None else f"the token {tokens([i])[0]!r} (id {i})"
-            raise ConfigError(f"{named} at position {bad[0]} is {outside}.")
-        return jnp.asarray(array, jnp.int32)
+        return rows_of(ids, vocab, f"the embedding of {model}", tokens)
 
     def embed_tokens(self, ids: Int[ArrayLike, " n"], token_type: int = 0) -> Float[Array, "n d"]:
         """The embedding output (the residual stream before block 1): token embeddings,

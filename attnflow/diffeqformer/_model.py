@@ -346,8 +346,13 @@ class DiffEqFormer(eqx.Module):
                   b1=ShiftedBias(self.w1, self.mlp_shift, self.b1), b2=self.b2, activation="gelu")
         return VectorField(terms=(attention, mlp), scheme="pre", norm=TokenNorm("layer", eps=c.eps))
 
-    def embed_tokens(self, ids: Int[Array, " n"]) -> Float[Array, "n d"]:
-        """$X(0)$: token embeddings plus learned positions."""
+    def embed_tokens(self, ids: Int[ArrayLike, " n"]) -> Float[Array, "n d"]:
+        """$X(0)$: token embeddings plus learned positions; an id the embedding has no
+        row for, or more ids than positions, is refused (`rows_of`)."""
+        from ..checkpoints._canonical import rows_of
+
+        _check_ids(ids, self.config.context)
+        ids = rows_of(ids, self.config.vocab, "the DiffEqFormer's embedding")
         return self.embed[ids] + self.positions[: ids.shape[0]]
 
     def states(self, ids: Int[ArrayLike, " n"], steps: int | None = None, solver: str = "euler",
@@ -378,6 +383,10 @@ def _check_solve(ids, steps: int, solver: str, context: int) -> None:
         raise ConfigError(f"steps must be a positive integer, got {steps}.")
     if solver not in SOLVERS:
         raise ConfigError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}.")
+    _check_ids(ids, context)
+
+
+def _check_ids(ids, context: int) -> None:
     if jnp.ndim(ids) != 1 or jnp.shape(ids)[0] == 0:
         raise ConfigError(f"token ids must be a non-empty 1-D sequence, got shape {tuple(jnp.shape(ids))}.")
     if jnp.shape(ids)[0] > context:
