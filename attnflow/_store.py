@@ -85,6 +85,13 @@ def _write_atomically(path: Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StorageError(f"cannot create {folder} ({error.strerror or error})") from error
+
+
 def _write_failure(error: BaseException) -> str | None:
     """Why a file could not be written, for the errors that say so: an `OSError` (a full
     disk, a quota, a folder made read-only or removed) and the netCDF library's own
@@ -174,7 +181,7 @@ def write_results(results, path: str | os.PathLike) -> Path:
     replaced by a complete one. A Dataset's variables are written with their
     `encoding`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_folder(path.parent)
     if isinstance(results, Results):
         return _write_atomically(path, results.write_netcdf)
     return _write_atomically(path, lambda tmp: results.to_netcdf(tmp, engine="netcdf4"))
@@ -227,7 +234,7 @@ class PieceStore:
                 raise ConfigError(f"{self.folder} holds {foreign}; run that config again to resume them, give "
                                   "another pieces folder, or set overwrite=true to discard them.")
             _clear(self.folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        _make_folder(self.folder)
         for stale in self.folder.glob(f"*{_TMP_SUFFIX}"):
             stale.unlink(missing_ok=True)  # a killed writer's leftovers
         if not marker.exists():
@@ -424,5 +431,5 @@ class RunDirectory:
 
     def write_text(self, relative: str, text: str) -> Path:
         target = self.path / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_folder(target.parent)
         return _write_atomically(target, lambda tmp: tmp.write_text(text))

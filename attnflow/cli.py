@@ -147,9 +147,9 @@ def _job(cfg) -> None:
         # A full disk: nothing finished is lost, and the same command resumes.
         pieces = out / RunDirectory.PIECES
         kept = finished_pieces(pieces)
-        kept = (f"the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}" if kept
-                else "no piece was finished yet")
-        error = f"{failure}; {kept}, and the same command resumes once {out} can be written again."
+        kept = (f"the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}, and the same "
+                "command resumes" if kept else "nothing was finished yet, and the same command starts again")
+        error = f"{failure}; {kept} once {out} can be written again."
         _record_failure(error, hydra_cfg, out)
     if sweep:
         _record_outcome(hydra_cfg, error)
@@ -351,7 +351,7 @@ _USAGE = {
 def _command(name: str, args: list[str]) -> int:
     """`attnflow plot DIR...` and `attnflow report DIR`: read results, draw, summarize;
     `attnflow train ...`: the DiffEqFormer's training (its own settings and messages)."""
-    from ._errors import ConfigError
+    from ._errors import ConfigError, StorageError
 
     if name == "train":
         from .diffeqformer import main as train
@@ -370,7 +370,7 @@ def _command(name: str, args: list[str]) -> int:
 
             for path in report(Path(args[0])):
                 print(f"attnflow: wrote {path}", flush=True)
-    except ConfigError as error:
+    except (ConfigError, StorageError) as error:
         _say(f"error: {error}")
         return 2
     except KeyboardInterrupt:

@@ -227,8 +227,26 @@ def test_a_full_disk_while_drawing_says_the_results_are_safe(tmp_path, attnflow,
     with monkeypatch.context() as patch:
         patch.setattr("matplotlib.figure.Figure.savefig", no_room)
         line = one_error_line(*attnflow(*TINY[:-1], "plot=true", f"hydra.run.dir={out}")[::2])
-    assert "summary.png" in line and "results.nc" in line and "attnflow plot" in line, line
-    assert (out / "results.nc").exists() and no_temporary_files(out)
+        assert "summary.png" in line and "results.nc" in line and "attnflow plot" in line, line
+        assert (out / "results.nc").exists() and no_temporary_files(out)
+        # ...and `attnflow plot` itself, still without room.
+        line = one_error_line(*attnflow("plot", str(out))[::2])
+        assert "summary.png" in line and "No space left on device" in line, line
+    assert no_temporary_files(out)
+
+
+def test_a_pieces_folder_that_cannot_be_created_is_one_sentence(tmp_path, attnflow, monkeypatch):
+    out = tmp_path / "run"
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self.name == ".attnflow-pieces":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    line = one_error_line(*attnflow(*TINY, f"hydra.run.dir={out}")[::2])
+    assert "cannot create" in line and ".attnflow-pieces" in line and "nothing was finished" in line, line
 
 
 def test_an_interrupted_experiment_names_the_pieces_it_keeps(tmp_path, monkeypatch, capsys):
