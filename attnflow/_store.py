@@ -414,9 +414,12 @@ class RunDirectory:
         found = []
         for store in sorted({piece.parent for piece in root.rglob("piece-*.npz")}):
             label = store.relative_to(root).as_posix()
-            foreign = _foreign(store, [wanted[label]] if label in wanted else list(wanted.values()))
-            if foreign is None and label not in wanted:
-                foreign = f"{len(list(store.glob('piece-*.npz')))} finished pieces of another run"
+            if label in wanted:
+                foreign = _foreign(store, [wanted[label]])
+            else:
+                count = len(list(store.glob("piece-*.npz")))
+                foreign = (f"{count} finished piece{'s' if count > 1 else ''} of "
+                           f"{'a study' if label == '.' else f'panel {label}'}, which this run does not have")
             if foreign is not None:
                 found.append((store, foreign))
         if not found:

@@ -138,8 +138,8 @@ def test_an_experiments_panel_pieces_are_not_discarded_by_a_study(tmp_path, attn
     (pieces / "plan.txt").write_text(identity)
     np.savez(pieces / "piece-00000.npz", energy=np.zeros((2, 2)))
     kept = pieces_in(out)
-    line = one_error_line(*attnflow(*TINY, "seed=3", f"hydra.run.dir={out}")[::2])
-    assert "seed=0" in line and "seed=3" in line, line
+    line = one_error_line(*attnflow(*TINY, f"hydra.run.dir={out}")[::2])
+    assert "1 finished piece of panel main" in line, line
     assert pieces_in(out) == kept
 
 
