@@ -17,7 +17,6 @@ import fcntl
 import json
 import os
 import secrets
-import shutil
 import threading
 import zipfile
 from collections.abc import Callable, Mapping
@@ -229,7 +228,7 @@ class PieceStore:
         self.damaged: list[Path] = []
         marker = self.folder / "plan.txt"
         if self.folder.is_dir() and _text(marker) != identity:
-            foreign = _foreign(self.folder, [_planned(identity)])
+            foreign = _foreign(self.folder, _planned(identity))
             if foreign is not None and not discard:
                 raise ConfigError(f"{self.folder} holds {foreign}; run that config again to resume them, give "
                                   "another pieces folder, or set overwrite=true to discard them.")
@@ -291,18 +290,17 @@ def _planned(identity: str | None) -> dict | None:
     return plan
 
 
-def _foreign(folder: Path, configs: list[dict | None]) -> str | None:
+def _foreign(folder: Path, config: dict | None) -> str | None:
     """What the finished pieces in `folder` (not its subfolders) are, when they belong to
-    none of `configs`: `2 finished pieces of a run with n=4 (this one has n=5)`."""
+    another config than `config`: `2 finished pieces of a run with n=4 (this one has n=5)`."""
     count = len(list(folder.glob("piece-*.npz")))
     there = _planned(_text(folder / "plan.txt"))
-    if not count or (there is not None and there in configs):
+    if not count or (there is not None and there == config):
         return None
     pieces = f"{count} finished piece{'s' if count > 1 else ''}"
     if there is None:
         return f"{pieces} of a run whose config they do not name"
-    here = min((c for c in configs if c is not None), key=lambda c: len(_differences(there, c)), default=None)
-    changes = _differences(there, here) if here is not None else []
+    changes = _differences(there, config or {})
     if not changes:
         return f"{pieces} of another run"
     shown = changes[:3]
@@ -415,7 +413,7 @@ class RunDirectory:
         for store in sorted({piece.parent for piece in root.rglob("piece-*.npz")}):
             label = store.relative_to(root).as_posix()
             if label in wanted:
-                foreign = _foreign(store, [wanted[label]])
+                foreign = _foreign(store, wanted[label])
             else:
                 count = len(list(store.glob("piece-*.npz")))
                 foreign = (f"{count} finished piece{'s' if count > 1 else ''} of "
