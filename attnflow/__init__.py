@@ -24,7 +24,7 @@ _EXPORTS = {
     "_build": ("ConfiguredSystem", "build_field", "build_init", "build_system", "validate_config"),
     "_config": ("Config", "compose"),
     "_ensemble": ("EnsembleResult", "solve_ensemble"),
-    "_errors": ("CheckpointError", "ConfigError", "NonFiniteStateError", "SolverFailure"),
+    "_errors": ("CheckpointError", "ConfigError", "NonFiniteStateError", "SolverFailure", "StorageError"),
     "equiangular": ("equiangular_rate", "equiangular_time"),
     "experiments": ("draw_experiment", "run_experiment"),
     "_field": ("VectorField",),

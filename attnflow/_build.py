@@ -39,7 +39,7 @@ from ._solvers import SOLVERS, no_error_estimate
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
 from ._schedules import identity_multiple
 from ._terms import MLP, SelfAttention, TokenNorm
-from ._tiled import resolve_block
+from ._tiled import INDEX_LIMIT, check_tiles, resolve_block
 
 # What each metric reads: the clustering threshold eps, the attention term.
 _CLUSTERING = {"pair_density", "clusters", "cluster_sizes"}
@@ -186,8 +186,6 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     if cfg.adaptive and cfg.solver.startswith("euler"):
         raise no_error_estimate(f"solver {str(cfg.solver)!r}")
     cfg = _check_time_change(cfg)
-    if cfg.adaptive or cfg.exact_times:
-        save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
     for key in ("rtol", "atol", "eps"):
         _number(key, getattr(cfg, key), positive=True)
     if cfg.norm == "sphere" and d < 2:
@@ -228,7 +226,10 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     if cfg.mlp.enabled and cfg.mlp.hidden is not None:
         _number("mlp.hidden", cfg.mlp.hidden, minimum=1)
     _not_applicable(cfg, base)
+    _check_sizes(cfg)
     _check_output_size(cfg)
+    if cfg.adaptive or cfg.exact_times:
+        save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
     return _numbers_as_floats(cfg)
 
 
@@ -385,6 +386,29 @@ def _matrix_per_piece(switches: int, heads: int, shape: tuple[int, ...]) -> bool
     return switches > 0 and (len(shape) == 4 or (len(shape) == 3 and heads == 1)) and shape[0] == switches + 1
 
 
+def _check_sizes(cfg: Config) -> None:
+    """Refuse the counts that a run's int32 indices and loop counters cannot hold (before
+    the memory estimate, which could not even be traced for them, and before anything
+    is formed from them): tokens, solves, steps and the tiled loops' pairs of tiles."""
+    index = f"more than an int32 index can number (2^31 - 1 = {INDEX_LIMIT})"
+    counter = f"more than the int32 step counter can count (2^31 - 1 = {INDEX_LIMIT})"
+    if cfg.n > INDEX_LIMIT:
+        raise ConfigError(f"n={cfg.n} tokens are {index}; lower n.")
+    betas = len(betas_of(cfg)[0])
+    if betas * cfg.members > INDEX_LIMIT:
+        raise ConfigError(f"{betas} beta{'s' if betas > 1 else ''} x {cfg.members} members make "
+                          f"{betas * cfg.members} solves, {index}; lower members.")
+    if not cfg.adaptive:
+        steps = step_count(cfg.t0, cfg.t1, cfg.dt)
+        if steps > INDEX_LIMIT:
+            raise ConfigError(f"(t1 - t0)/dt = {steps} steps are {counter}; raise dt or shorten [t0, t1].")
+    elif cfg.max_steps > INDEX_LIMIT:
+        raise ConfigError(f"max_steps={cfg.max_steps} is {counter}; lower it.")
+    block = resolve_block(cfg.n, cfg.attention_block)
+    if block is not None:
+        check_tiles(cfg.n, block)
+
+
 def output_times(cfg: Config) -> tuple[int | None, np.ndarray | None, np.ndarray]:
     """`(num_steps, save_steps, times)`: the fixed-step count and the grid steps to record
     (None for adaptive runs and `exact_times`), and the output times in float64."""
@@ -395,7 +419,7 @@ def output_times(cfg: Config) -> tuple[int | None, np.ndarray | None, np.ndarray
         return steps, None, save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
     steps = step_count(cfg.t0, cfg.t1, cfg.dt)
     marks = save_steps(steps, cfg.saves, cfg.save_spacing)
-    return steps, marks, grid_times(cfg.t0, cfg.t1, steps)[marks]
+    return steps, marks, grid_times(cfg.t0, cfg.t1, steps, at=marks)
 
 
 def _per_save_bytes(cfg: Config) -> int:
@@ -410,10 +434,23 @@ def _per_save_bytes(cfg: Config) -> int:
     return total + (n * d * itemsize if cfg.save_states else 0)
 
 
+def _output_count(cfg: Config) -> int:
+    """How many output times a run records, counted without forming them (an absurd
+    `saves` is refused, not allocated); log-spaced grid steps are counted before the
+    rounded times that coincide are merged (at most this many)."""
+    if cfg.adaptive or cfg.exact_times or cfg.saves == 1:
+        return cfg.saves
+    steps = step_count(cfg.t0, cfg.t1, cfg.dt)
+    if cfg.save_spacing == "log":
+        return min(cfg.saves, steps + 1)
+    every = math.ceil(steps / (cfg.saves - 1))  # `save_steps`: every `every` steps, and the last
+    return -(-steps // every) + 1
+
+
 def output_bytes(cfg: Config) -> int:
-    """The size of the statistics a run returns (all betas, members and output times)."""
-    times = len(output_times(cfg)[2])
-    return len(betas_of(cfg)[0]) * cfg.members * times * _per_save_bytes(cfg)
+    """The size of the statistics a run returns (all betas, members and output times;
+    at most this, for log-spaced times)."""
+    return len(betas_of(cfg)[0]) * cfg.members * _output_count(cfg) * _per_save_bytes(cfg)
 
 
 def _check_output_size(cfg: Config) -> None:

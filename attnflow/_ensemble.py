@@ -28,7 +28,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
-from ._grid import every_steps, step_count
+from ._grid import every_steps, grid_times, step_count
 from ._metrics import Recorder
 from ._schedules import identity_multiple
 from ._simulate import simulate
@@ -338,9 +338,7 @@ class EnsemblePlan:
         t0, t1, dt = self.times
         if "ts" in self.options:
             return np.asarray(self.options["ts"])
-        steps = self.options["num_steps"]
-        k = np.asarray(self.options["save_steps"], np.float64)
-        return (float(t0) * (steps - k) + float(t1) * k) / steps
+        return grid_times(t0, t1, self.options["num_steps"], at=self.options["save_steps"])
 
     def assemble(self, outputs: Sequence[dict[str, np.ndarray]]) -> EnsembleResult:
         """The pieces' outputs (in order) as one result, with every statistic after a

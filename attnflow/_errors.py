@@ -16,3 +16,8 @@ class SolverFailure(RuntimeError):
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be read: missing, truncated, inconsistent, of an unknown
     architecture, or pickle-based and not trusted. One sentence: which file and why."""
+
+
+class StorageError(OSError):
+    """A file of a run could not be written (a full disk, a quota, a folder made
+    read-only or removed while the run worked). One sentence: which file and why."""

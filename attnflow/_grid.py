@@ -45,10 +45,11 @@ def step_count(t0: ScalarLike, t1: ScalarLike, dt: ScalarLike) -> int:
     return count
 
 
-def grid_times(t0: ScalarLike, t1: ScalarLike, num_steps: int) -> np.ndarray:
+def grid_times(t0: ScalarLike, t1: ScalarLike, num_steps: int, at=None) -> np.ndarray:
     """The grid $t_k = t_0 + k (t_1 - t_0)/N$, in float64, computed so that a grid time
-    that is a short decimal (1.2 on [0, 10] with N = 100) is its nearest float64."""
-    k = np.arange(num_steps + 1, dtype=np.float64)
+    that is a short decimal (1.2 on [0, 10] with N = 100) is its nearest float64; at the
+    steps `at` only when given (the whole grid may not fit in memory)."""
+    k = np.arange(num_steps + 1, dtype=np.float64) if at is None else np.asarray(at, dtype=np.float64)
     return (float(t0) * (num_steps - k) + float(t1) * k) / num_steps
 
 

@@ -446,16 +446,17 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
 
 
 def plot_summary(ds: xr.Dataset, path: str | Path, title: str | None = None) -> Path:
-    """Save `summary_figure(ds, title)` as a PNG at `path` and return the path."""
+    """Save `summary_figure(ds, title)` as a PNG at `path`, whole or not at all, and
+    return the path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ._store import _write_atomically
+
     fig = summary_figure(ds, title=title)
-    path = Path(path)
     try:
-        fig.savefig(path, dpi=120)
+        return _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     finally:
         plt.close(fig)
-    return path

@@ -178,7 +178,7 @@ def _read(folder: Path) -> list[tuple[Path, dict[str, Any], xr.Dataset]]:
     for path in files:
         try:
             config = yaml.safe_load(stored_config(path))
-        except ConfigError:
+        except (ConfigError, yaml.YAMLError):  # not attnflow's, or its config is not plain YAML
             raise ConfigError(f"{path} is not a readable attnflow results file; remove it or move it out of "
                               f"{folder}.") from None
         runs.append((path, _flatten(config if isinstance(config, dict) else {}), load_results(path)))

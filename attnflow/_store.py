@@ -4,25 +4,29 @@ any computing starts).
 
 Every file is written under a temporary name in its own folder and renamed into place;
 the temporary names in flight are known (`discard_partial_files`), so an interrupted
-run leaves none behind. Files are created with the user's umask.
+run leaves none behind. A file that cannot be written (a full disk) raises
+`StorageError` naming it. Files are created with the user's umask.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
+import json
 import os
 import secrets
-import shutil
 import threading
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
-from ._errors import ConfigError
+from ._errors import ConfigError, StorageError
 
 _PARTIAL: set[Path] = set()
 _PARTIAL_LOCK = threading.Lock()
@@ -69,12 +73,33 @@ def _write_atomically(path: Path, write: Callable[[Path], None]) -> Path:
             # runs before the rename (and removes tmp) or after it (nothing to remove).
             os.replace(tmp, path)
             _PARTIAL.discard(tmp)
-    except BaseException:
-        with _PARTIAL_LOCK:
+    except BaseException as error:
+        with _PARTIAL_LOCK, contextlib.suppress(OSError):
             _PARTIAL.discard(tmp)
             tmp.unlink(missing_ok=True)
+        reason = _write_failure(error)
+        if reason is not None:
+            raise StorageError(f"cannot write {path} ({reason})") from error
         raise
     return path
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StorageError(f"cannot create {folder} ({error.strerror or error})") from error
+
+
+def _write_failure(error: BaseException) -> str | None:
+    """Why a file could not be written, for the errors that say so: an `OSError` (a full
+    disk, a quota, a folder made read-only or removed) and the netCDF library's own
+    errors (it reports a full disk as "NetCDF: HDF error")."""
+    if isinstance(error, OSError):
+        return error.strerror or str(error) or type(error).__name__
+    if isinstance(error, RuntimeError) and str(error).startswith("NetCDF:"):
+        return str(error)
+    return None
 
 
 def discard_partial_files() -> None:
@@ -155,7 +180,7 @@ def write_results(results, path: str | os.PathLike) -> Path:
     replaced by a complete one. A Dataset's variables are written with their
     `encoding`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_folder(path.parent)
     if isinstance(results, Results):
         return _write_atomically(path, results.write_netcdf)
     return _write_atomically(path, lambda tmp: results.to_netcdf(tmp, engine="netcdf4"))
@@ -169,9 +194,12 @@ def load_results(path: str | os.PathLike):
         return ds.load()
 
 
-def stored_config(path: Path) -> str:
-    """The config YAML stored in a results file; raises `ConfigError` if the file is
-    not a readable attnflow results file."""
+_RUN_ADVICE = "remove it, choose another hydra.run.dir, or set overwrite=true to replace it"
+
+
+def stored_config(path: Path, advice: str = _RUN_ADVICE) -> str:
+    """The config YAML stored in a results file; raises `ConfigError` (ending with
+    `advice`, by default a run's) if the file is not a readable attnflow results file."""
     import netCDF4
 
     try:
@@ -179,24 +207,33 @@ def stored_config(path: Path) -> str:
             config = f.getncattr("config") if "config" in f.ncattrs() else None
     except (OSError, ValueError, RuntimeError) as error:
         raise ConfigError(f"{path} exists but is not a readable NetCDF file ({type(error).__name__}); "
-                          "remove it, choose another hydra.run.dir, or set overwrite=true to replace it.") from None
+                          f"{advice}.") from None
     if not isinstance(config, str):
-        raise ConfigError(f"{path} is not an attnflow results file (it stores no config); remove it, choose "
-                          "another hydra.run.dir, or set overwrite=true to replace it.")
+        raise ConfigError(f"{path} is not an attnflow results file (it stores no config); {advice}.")
     return config
 
 
 class PieceStore:
     """The finished pieces of one run, each an `.npz` file (read without pickle), kept
-    in a folder whose `plan.txt` names the config and the cut into pieces; a folder
-    left by a different plan is emptied first."""
+    in a folder whose `plan.txt` names the config and the cut into pieces.
 
-    def __init__(self, folder: Path, identity: str):
+    Pieces of another config in the folder are refused with a `ConfigError` naming the
+    settings that differ, unless `discard`; pieces of the same config cut otherwise are
+    computed again. Nothing but the store's own files (pieces, plan, temporary files) is
+    ever removed from the folder. A piece that cannot be read (cut short by a kill) is
+    removed and computed again; `damaged` lists them."""
+
+    def __init__(self, folder: Path, identity: str, *, discard: bool = False):
         self.folder = Path(folder)
+        self.damaged: list[Path] = []
         marker = self.folder / "plan.txt"
-        if self.folder.exists() and (not marker.exists() or marker.read_text() != identity):
-            shutil.rmtree(self.folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.folder.is_dir() and _text(marker) != identity:
+            foreign = _foreign(self.folder, _planned(identity))
+            if foreign is not None and not discard:
+                raise ConfigError(f"{self.folder} holds {foreign}; run that config again to resume them, give "
+                                  "another pieces folder, or set overwrite=true to discard them.")
+            _clear(self.folder)
+        _make_folder(self.folder)
         for stale in self.folder.glob(f"*{_TMP_SUFFIX}"):
             stale.unlink(missing_ok=True)  # a killed writer's leftovers
         if not marker.exists():
@@ -212,8 +249,9 @@ class PieceStore:
         try:
             with np.load(path, allow_pickle=False) as data:
                 return {name.replace("__", "/"): data[name] for name in data.files}
-        except (OSError, ValueError, EOFError):
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile):
             path.unlink(missing_ok=True)  # a damaged piece is recomputed
+            self.damaged.append(path)
             return None
 
     def save(self, index: int, out: dict[str, np.ndarray]) -> None:
@@ -226,8 +264,71 @@ class PieceStore:
     def count(self) -> int:
         return len(list(self.folder.glob("piece-*.npz")))
 
-    def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+
+def finished_pieces(folder: Path) -> int:
+    """How many finished pieces a run's pieces folder holds (its panels' included)."""
+    return sum(1 for _ in Path(folder).rglob("piece-*.npz"))
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _planned(identity: str | None) -> dict | None:
+    """The config of a pieces folder's plan (its `plan.txt`: the config's YAML and the
+    line `pieces: N of M`), None when it names none."""
+    try:
+        plan = yaml.safe_load(identity) if identity is not None else None
+    except yaml.YAMLError:
+        return None
+    if not isinstance(plan, dict):
+        return None
+    plan.pop("pieces", None)
+    return plan
+
+
+def _foreign(folder: Path, config: dict | None) -> str | None:
+    """What the finished pieces in `folder` (not its subfolders) are, when they belong to
+    another config than `config`: `2 finished pieces of a run with n=4 (this one has n=5)`."""
+    count = len(list(folder.glob("piece-*.npz")))
+    there = _planned(_text(folder / "plan.txt"))
+    if not count or (there is not None and there == config):
+        return None
+    pieces = f"{count} finished piece{'s' if count > 1 else ''}"
+    if there is None:
+        return f"{pieces} of a run whose config they do not name"
+    changes = _differences(there, config or {})
+    if not changes:
+        return f"{pieces} of another run"
+    shown = changes[:3]
+    more = f" and {len(changes) - 3} more settings" if len(changes) > 3 else ""
+    return (f"{pieces} of a run with {', '.join(f'{key}={a}' for key, a, _ in shown)}{more} (this one has "
+            f"{', '.join(f'{key}={b}' for key, _, b in shown)})")
+
+
+def _differences(there: Mapping, here: Mapping, prefix: str = "") -> list[tuple[str, str, str]]:
+    """The settings (dotted names) whose values differ, with both values as typed."""
+    changes = []
+    for key in sorted(set(there) | set(here), key=str):
+        a, b = there.get(key, "(absent)"), here.get(key, "(absent)")
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            changes += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changes.append((f"{prefix}{key}", _shown(a), _shown(b)))
+    return changes
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _clear(folder: Path) -> None:
+    """Remove a pieces folder's own files (not its subfolders, nor anything else)."""
+    for path in [*folder.glob("piece-*.npz"), folder / "plan.txt"]:
+        path.unlink(missing_ok=True)
 
 
 class RunDirectory:
@@ -302,10 +403,36 @@ class RunDirectory:
                 return None
         return stored_config(path)
 
-    def pieces(self, identity: str) -> PieceStore:
-        return PieceStore(self.path / self.PIECES, identity)
+    def claim_pieces(self, configs: Mapping[str, str], overwrite: bool) -> str | None:
+        """Check that the finished pieces here belong to this run, whose pieces folders
+        (`.` for a study, a panel's label for an experiment) have the configs `configs`
+        (YAML). Pieces of another run are refused with a `ConfigError` naming the settings
+        that differ, or removed with `overwrite`: then the returned line says what was
+        discarded."""
+        root = self.path / self.PIECES
+        wanted = {label: _planned(config) for label, config in configs.items()}
+        found = []
+        for store in sorted({piece.parent for piece in root.rglob("piece-*.npz")}):
+            label = store.relative_to(root).as_posix()
+            if label in wanted:
+                foreign = _foreign(store, wanted[label])
+            else:
+                count = len(list(store.glob("piece-*.npz")))
+                foreign = (f"{count} finished piece{'s' if count > 1 else ''} of "
+                           f"{'a study' if label == '.' else f'panel {label}'}, which this run does not have")
+            if foreign is not None:
+                found.append((store, foreign))
+        if not found:
+            return None
+        description = found[0][1] + (f", and more in {len(found) - 1} other folders" if len(found) > 1 else "")
+        if not overwrite:
+            raise ConfigError(f"{root} holds {description}; run that config again to resume them, choose another "
+                              "hydra.run.dir, or set overwrite=true to discard them.")
+        for store, _ in found:
+            _clear(store)
+        return f"discarding {description} in {root} (overwrite=true)."
 
     def write_text(self, relative: str, text: str) -> Path:
         target = self.path / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_folder(target.parent)
         return _write_atomically(target, lambda tmp: tmp.write_text(text))

@@ -116,14 +116,16 @@ def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | N
 
     The solves run in pieces of equal size. With `pieces` (a folder), each finished
     piece is kept there, and a run interrupted or killed before the end resumes from
-    the finished ones when it is started again with the same config and folder.
-    Ctrl-C stops a run at once.
+    the finished ones when it is started again with the same config and folder; the
+    pieces of another config there are refused (a `ConfigError` naming the settings that
+    differ) unless the config says `overwrite: true`. Ctrl-C stops a run at once.
 
     `dtype: float64` switches on `jax_enable_x64` for the process (JAX's float64 is a
     global setting); float32 runs stay float32 either way.
 
     Raises `ConfigError` for an impossible config (or one that does not fit in
-    memory), `NonFiniteStateError` when a state becomes NaN or infinite,
+    memory), `StorageError` when a piece cannot be written (a full disk),
+    `NonFiniteStateError` when a state becomes NaN or infinite,
     `SolverFailure` when a solve stops early; the last two carry the computed Dataset
     as `error.dataset`, its statistics missing (NaN) from each failed solve's first
     bad output time on.
@@ -137,16 +139,19 @@ def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | N
 
 
 def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None,
-                on_piece=None):
+                on_piece=None, on_damaged=None):
     """Solve a planned study (see `run`, which plans, calls this and returns the
     `Results` as an xarray Dataset). `on_resume(found, total)` is told how many
-    finished pieces were found, `on_piece()` of each piece finished (found or solved).
+    finished pieces were found, `on_piece()` of each piece finished (found or solved),
+    `on_damaged(path)` of each piece that could not be read (and is solved again).
     A failed solve's error carries `error.results`."""
     store = None
     if pieces is not None:
         identity = f"{config_yaml(cfg)}\npieces: {plan.pieces} of {plan.piece_size}\n"
-        store = PieceStore(Path(pieces), identity)
+        store = PieceStore(Path(pieces), identity, discard=cfg.overwrite)
     outputs = [store.load(i) if store is not None else None for i in range(plan.pieces)]
+    for path in store.damaged if store is not None and on_damaged is not None else ():
+        on_damaged(path)
     found = sum(out is not None for out in outputs)
     if found and on_resume is not None:
         on_resume(found, plan.pieces)

@@ -31,12 +31,15 @@ than the logits.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int, Scalar, ScalarLike
+
+from ._errors import ConfigError
 
 # Tiled above this many tokens when nothing is asked for (`block=None`). Measured with
 # benchmarks/tiled.py on the 2-core benchmark machine (one field evaluation, d = 3,
@@ -50,13 +53,32 @@ TILED_ABOVE = 1024
 DEFAULT_BLOCK = 512
 
 
+# The largest count of tokens, members, steps or pairs of tiles: tokens are indexed and
+# the tiled loops count in int32 (JAX's integers without float64, and XLA's loop counters).
+INDEX_LIMIT = 2**31 - 1
+# The most tiles whose pairs I <= J, count (count + 1) / 2, an int32 still counts.
+_MOST_TILES = (math.isqrt(8 * INDEX_LIMIT + 1) - 1) // 2
+
+
 def resolve_block(n: int, block: int | None) -> int | None:
     """The tile size for `n` tokens: `block=None` chooses (tiles of `DEFAULT_BLOCK` above
     `TILED_ABOVE` tokens, dense below), `0` asks for the dense path, a positive block size
-    for tiles of that size. None means dense."""
+    for tiles of that size (at most n: one tile holds them all). None means dense."""
     if block is None:
         return DEFAULT_BLOCK if n > TILED_ABOVE else None
-    return int(block) if block > 0 else None
+    return min(int(block), n) if block > 0 else None
+
+
+def check_tiles(n: int, block: int) -> None:
+    """Refuse (`ConfigError`) `n` tokens in tiles of `block` whose pairs of tiles the
+    tiled loops cannot count."""
+    count = -(-n // block)
+    if count > _MOST_TILES:
+        raise ConfigError(
+            f"n={n} tokens in tiles of {block} make {count * (count + 1) // 2} pairs of tiles, more than the "
+            f"int32 counter of the tiled loops can count (2^31 - 1); set attention_block={-(-n // _MOST_TILES)} "
+            "or more (the memory check then says whether that fits), or lower n."
+        )
 
 
 def _split(a: Array, size: int) -> Array:
@@ -232,7 +254,8 @@ def _pair_scan(body: Callable, carry, rows, cols):
     Each step computes the tiles loaded by the step before it (carried whole, see
     `_tile_products`) while it loads those of the next. The pairs are counted, not listed:
     nothing here grows with the number of pairs."""
-    count = jax.tree.leaves(rows)[0].shape[0]
+    count, size = jax.tree.leaves(rows)[0].shape[:2]
+    check_tiles(count * size, size)
     pairs = count * (count + 1) // 2
     lanes = _lanes(pairs)
     steps = -(-pairs // lanes)

@@ -130,7 +130,8 @@ def _job(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from ._errors import ConfigError
+    from ._errors import ConfigError, StorageError
+    from ._store import RunDirectory, finished_pieces
 
     hydra_cfg = HydraConfig.get()
     out = Path(hydra_cfg.runtime.output_dir)
@@ -141,6 +142,14 @@ def _job(cfg) -> None:
         _run(cfg, hydra_cfg, out)
     except ConfigError as failure:
         error = str(failure)
+        _record_failure(error, hydra_cfg, out)
+    except StorageError as failure:
+        # A full disk: nothing finished is lost, and the same command resumes.
+        pieces = out / RunDirectory.PIECES
+        kept = finished_pieces(pieces)
+        kept = (f"the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}, and the same "
+                "command resumes" if kept else "nothing was finished yet, and the same command starts again")
+        error = f"{failure}; {kept} once {out} can be written again."
         _record_failure(error, hydra_cfg, out)
     if sweep:
         _record_outcome(hydra_cfg, error)
@@ -155,7 +164,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
     from omegaconf import OmegaConf
 
     from ._config import typed_job_config
-    from ._errors import ConfigError, NonFiniteStateError, SolverFailure
+    from ._errors import ConfigError, NonFiniteStateError, SolverFailure, StorageError
 
     # Hydra has composed the keys; their values are typed here, so that a bad one fails
     # this job alone.
@@ -183,6 +192,12 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
             raise ConfigError(f"{folder.results_path} holds a different run; choose another hydra.run.dir "
                               "or set overwrite=true.")
         plan = plan_study(resolved) if experiment is None else None  # refuses what does not fit
+        # Another run's unfinished pieces are refused like its results (or discarded with overwrite=true).
+        discarded = folder.claim_pieces({".": config_yaml(resolved)} if experiment is None else
+                                        {label: config_yaml(panel) for label, (panel, _) in experiment.studies.items()},
+                                        resolved.overwrite)
+        if discarded:
+            print(f"attnflow: {discarded}", flush=True)
         _write_record(folder, cfg, hydra_cfg)
         pieces = folder.path / folder.PIECES
         name = "attnflow" if experiment is None else experiment.name
@@ -194,13 +209,14 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
             with Progress(name, total, show=False if parallel else None) as progress:
                 if experiment is None:
                     results = solve_study(resolved, plan, pieces=pieces, on_piece=progress.advance,
-                                          on_resume=lambda found, total: _resuming(found, total, pieces))
+                                          on_resume=lambda found, total: _resuming(found, total, pieces),
+                                          on_damaged=_damaged)
                 else:
                     from .experiments import solve_experiment
 
                     results = solve_experiment(experiment, pieces=pieces, on_piece=progress.advance,
                                                on_resume=lambda label, found, total: _resuming(
-                                                   found, total, pieces / label))
+                                                   found, total, pieces / label), on_damaged=_damaged)
         except (NonFiniteStateError, SolverFailure) as error:
             # Nothing computed is lost: the statistics, missing from each failed
             # solve's first bad output on, go to a file that cannot be mistaken for
@@ -215,20 +231,28 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
             (folder.path / stale).unlink(missing_ok=True)
         print(f"attnflow: wrote {path}", flush=True)
         if resolved.plot:
-            if experiment is None:
-                from ._plots import plot_summary
+            try:
+                if experiment is None:
+                    from ._plots import plot_summary
 
-                figures = [plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))]
-            else:
-                from .experiments import draw_experiment
+                    figures = [plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))]
+                else:
+                    from .experiments import draw_experiment
 
-                figures = draw_experiment(results, folder.path)
+                    figures = draw_experiment(results, folder.path)
+            except StorageError as error:
+                raise ConfigError(f"{error}; the results are safe in {path}, and `attnflow plot {folder.path}` "
+                                  "draws the figures once the folder can be written again.") from None
             for figure in figures:
                 print(f"attnflow: wrote {figure}", flush=True)
 
 
 def _resuming(found: int, total: int, pieces: Path) -> None:
     print(f"attnflow: resuming from {found} of {total} finished pieces in {pieces}", flush=True)
+
+
+def _damaged(piece: Path) -> None:
+    print(f"attnflow: {piece} could not be read (cut short by a kill?); computing that piece again", flush=True)
 
 
 def _remove_tree(path: Path) -> None:
@@ -378,11 +402,11 @@ def _sentence(error: BaseException) -> str:
 
 def _interrupted() -> None:
     """Ctrl-C: remove what is half-written, say what is kept, exit at once."""
-    from ._store import RunDirectory, discard_partial_files
+    from ._store import RunDirectory, discard_partial_files, finished_pieces
 
     discard_partial_files()
     folder = _CURRENT.get("dir")
-    kept = len(list((folder / RunDirectory.PIECES).glob("piece-*.npz"))) if folder else 0
+    kept = finished_pieces(folder / RunDirectory.PIECES) if folder else 0
     sweep = _CURRENT.get("sweep")
     if kept:
         _say(f"interrupted; {kept} finished piece{'s are' if kept > 1 else ' is'} kept in "
@@ -419,7 +443,7 @@ _USAGE = {
 def _command(name: str, args: list[str]) -> int:
     """`attnflow plot DIR...` and `attnflow report DIR`: read results, draw, summarize;
     `attnflow train ...`: the DiffEqFormer's training (its own settings and messages)."""
-    from ._errors import ConfigError
+    from ._errors import ConfigError, StorageError
 
     if name == "train":
         from .diffeqformer import main as train
@@ -438,7 +462,7 @@ def _command(name: str, args: list[str]) -> int:
 
             for path in report(Path(args[0])):
                 print(f"attnflow: wrote {path}", flush=True)
-    except ConfigError as error:
+    except (ConfigError, StorageError) as error:
         _say(f"error: {error}")
         return 2
     except KeyboardInterrupt:
@@ -453,12 +477,16 @@ def _redraw(path: Path) -> list[Path]:
     results = path / "results.nc" if path.is_dir() else path
     if not results.is_file():
         raise ConfigError(f"{path} holds no results.nc; give a run directory or a results file.")
-    stored_config(results)  # one sentence for a file that is not attnflow's
+    stored_config(results, "give the results.nc of a finished run")  # one sentence for a file not attnflow's
     ds = load_results(results)
     if ds.attrs.get("experiment"):
         from .experiments import draw_experiment
 
-        return draw_experiment(ds, results.parent)
+        try:
+            return draw_experiment(ds, results.parent)
+        except KeyError as missing:  # a file that names an experiment but lacks what it draws
+            raise ConfigError(f"{results} lacks {missing}, which the figures of experiment "
+                              f"{ds.attrs['experiment']} need; was it written by attnflow?") from None
     from ._plots import plot_summary
 
     return [plot_summary(ds, results.parent / "summary.png")]

@@ -284,9 +284,12 @@ def test_an_interrupted_run_resumes_from_its_finished_pieces(tmp_path, monkeypat
     assert solved == list(range(5, 12))
     for name in ("x", "energy", "clusters"):
         np.testing.assert_array_equal(resumed[name].values, clean[name].values)
-    # A different config does not reuse another run's pieces.
+    # A different config does not reuse another run's pieces: they are refused, naming
+    # the setting, and discarded only with overwrite.
     solved.clear()
-    af.run({**config, "seed": 1}, pieces=tmp_path)
+    with pytest.raises(af.ConfigError, match=r"seed=0 \(this one has seed=1\)"):
+        af.run({**config, "seed": 1}, pieces=tmp_path)
+    af.run({**config, "seed": 1, "overwrite": True}, pieces=tmp_path)
     assert solved == list(range(12))
 
 

@@ -60,8 +60,11 @@ def test_pieces_are_read_without_pickle_and_damaged_ones_are_recomputed(tmp_path
     assert store.load(1) is None and not (tmp_path / "piece-00001.npz").exists()
     np.savez(tmp_path / "piece-00002.npz", bad=np.array([{"a": 1}], dtype=object))  # would need pickle
     assert store.load(2) is None
-    # another plan in the same folder starts from nothing
-    assert PieceStore(tmp_path, "plan B").count() == 0
+    assert [path.name for path in store.damaged] == ["piece-00001.npz", "piece-00002.npz"]
+    # another plan's pieces in the same folder are refused, or discarded when asked
+    with pytest.raises(af.ConfigError, match="1 finished piece"):
+        PieceStore(tmp_path, "plan B")
+    assert PieceStore(tmp_path, "plan B", discard=True).count() == 0
 
 
 @pytest.mark.parametrize("beta", [1.0, [0.5, 2.0]], ids=["scalar-beta", "beta-list"])

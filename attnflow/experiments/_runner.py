@@ -154,10 +154,12 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
 
 def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None = None,
                      on_piece: Callable[[], None] | None = None,
-                     on_resume: Callable[[str, int, int], None] | None = None):
+                     on_resume: Callable[[str, int, int], None] | None = None,
+                     on_damaged: Callable[[Path], None] | None = None):
     """Solve every panel (keeping finished pieces under `pieces/<panel>` when given),
     then analyse: returns the experiment's xarray Dataset with its config, its panels'
-    configs and the experiment's name in the attributes.
+    configs and the experiment's name in the attributes. The callbacks are
+    `solve_study`'s (`on_resume` is also told the panel).
 
     A failed solve raises as `run` does, its message naming the panel and its
     `error.results` holding that panel's statistics."""
@@ -166,7 +168,8 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
         folder = None if pieces is None else Path(pieces) / label
         resume = None if on_resume is None else (lambda found, total, label=label: on_resume(label, found, total))
         try:
-            results[label] = solve_study(cfg, study, pieces=folder, on_resume=resume, on_piece=on_piece).to_xarray()
+            results[label] = solve_study(cfg, study, pieces=folder, on_resume=resume, on_piece=on_piece,
+                                         on_damaged=on_damaged).to_xarray()
         except (NonFiniteStateError, SolverFailure) as error:
             if len(plan.studies) > 1:
                 error.args = (f"panel {label}: {error}",)
