@@ -412,10 +412,11 @@ def _pieces(member, footprint: MemberFootprint, pairs: int, devices: int, chunk_
     budget = memory // 2
     if footprint.total > budget:
         raise ConfigError(
-            f"one member needs about {_gib(footprint.total)} of working memory (n={n} tokens: the n x n "
-            f"attention and Gram matrices), more than half of the {_gib(memory)} available (the other half "
-            "is left for the compiler's buffers); lower n, drop the attention metric, let the attention go "
-            "through tiles (attention_block=null or a tile size), or use a machine with more memory."
+            f"one member needs about {_gib(footprint.total)} of working memory (n={n} tokens: the attention "
+            f"logits and the Gram matrix of the statistics, n x n each, or n x attention_block in tiles), more "
+            f"than half of the {_gib(memory)} available (the other half is left for the compiler's buffers); "
+            "lower n, drop the attention metric, let the attention go through tiles (attention_block=null or a "
+            "smaller tile size), or use a machine with more memory."
         )
     if footprint.output * pairs > 0.8 * memory:
         raise ConfigError(

@@ -308,14 +308,19 @@ class MemoryNeed(NamedTuple):
     - `optimizer`: six copies of the trained arrays: their gradients, AdamW's two
       moments, and the new arrays and moments the step returns beside the old ones (the
       step does not donate its buffers);
-    - `activations`: what the backward pass keeps, of which `scores` are the attention
-      scores and probabilities.
+    - `activations`: what the backward pass keeps if it stores every stage, of which
+      `scores` are the attention scores and probabilities;
+    - `least`: what no plan can do without: the parameters, their gradients, the
+      state at every stage (the backward pass starts from them), one stage's attention
+      scores and the logits (a compiler may recompute the rest in the backward pass
+      instead of keeping it).
     """
 
     parameters: int
     optimizer: int
     activations: int
     scores: int
+    least: int
 
     @property
     def total(self) -> int:
@@ -351,17 +356,19 @@ def memory_need(cfg: TrainConfig) -> MemoryNeed:
     """The memory one training step of `cfg` works in, estimated from its sizes alone
     (nothing is built or compiled), as `MemoryNeed`.
 
-    The backward pass keeps, for every stage it differentiates through (the solver's
+    If the backward pass keeps every stage it differentiates through (the solver's
     stages at each of `steps` steps for a DiffEqFormer, one per layer for the layer map
-    of the GPT baseline and of LoRA), for each of the `batch` sequences of `context` =
-    $n$ tokens: the scores and probabilities of each head ($2 H n^2$, the term that
-    grows with the square of the context), and $n(10 d + 2 h)$ for the two LayerNorms,
-    queries, keys, values, the mixed values, the attention output, the MLP's hidden
-    layer before and after its activation, and the new state. A DiffEqFormer also keeps
-    the weights its hypernetworks give at each stage and the products with the
+    of the GPT baseline and of LoRA), it holds, for each of the `batch` sequences of
+    `context` = $n$ tokens: the scores and probabilities of each head ($2 H n^2$, the
+    term that grows with the square of the context), and $n(10 d + 2 h)$ for the two
+    LayerNorms, queries, keys, values, the mixed values, the attention output, the MLP's
+    hidden layer before and after its activation, and the new state. A DiffEqFormer also
+    keeps the weights its hypernetworks give at each stage and the products with the
     LayerNorm gains ($2(4 d^2 + 2 d h)$), LoRA the merged matrices of every layer. Last
-    come the logits, their softmax and gradient ($3 n V$ per sequence). Checked against
-    the buffers XLA plans for a small step (tests/test_hostile_train.py)."""
+    come the logits, their softmax and gradient ($3 n V$ per sequence). This is within a
+    factor 1.5 of what XLA plans up to scores of a few GiB; beyond, XLA's GPU compiler
+    recomputes attention in the backward pass and plans far less (benchmarks/
+    train_memory.py), which `check_compiled_memory` reads from the compiled step."""
     from .._solvers import tableau
 
     item = 8 if cfg.dtype == "float64" else 4
@@ -373,24 +380,50 @@ def memory_need(cfg: TrainConfig) -> MemoryNeed:
     scores = stages * B * 2 * H * n * n
     weights = cfg.steps * matrices if cfg.lora_rank else 0 if layer_map else stages * 2 * matrices
     activations = scores + stages * B * n * (10 * d + 2 * h) + weights + 3 * B * n * V
-    return MemoryNeed(item * total, item * 6 * trained, item * activations, item * scores)
+    least = total + trained + stages * B * n * d + B * H * n * n + B * n * V
+    return MemoryNeed(item * total, item * 6 * trained, item * activations, item * scores, item * least)
 
 
-def check_memory(cfg: TrainConfig, memory: int | None = None) -> None:
-    """Refuse a run whose `memory_need` is more than `memory` bytes (by default what is
-    available: the first device's free memory on an accelerator, else the host's), in
-    one sentence with the numbers, before anything is built."""
-    from .._ensemble import _gib, available_memory
+def _too_large(cfg: TrainConfig, need: int, memory: int, what: str) -> ConfigError:
+    from .._ensemble import _gib
+
+    return ConfigError(
+        f"training would take {what} {_gib(need)}, more than the {_gib(memory)} available; lower batch or context "
+        f"(the {cfg.batch} x {cfg.heads} x {cfg.context} x {cfg.context} attention scores of a stage), steps, or "
+        "vocab, dim, hidden, d_emb or frequencies (parameters).")
+
+
+def check_memory(cfg: TrainConfig, memory: int | None = None) -> bool:
+    """Before anything is built: refuse a run that cannot fit in `memory` bytes (by
+    default what is available: the first device's free memory on an accelerator, else
+    the host's), in one sentence with the numbers, when even `memory_need(cfg).least`
+    exceeds it. True when the full estimate fits too; False when only the compiled
+    step can tell (`check_compiled_memory`)."""
+    from .._ensemble import available_memory
 
     need = memory_need(cfg)
     memory = available_memory() if memory is None else memory
-    if need.total > memory:
-        raise ConfigError(
-            f"training would take about {_gib(need.total)} ({_gib(need.parameters)} of parameters, "
-            f"{_gib(need.optimizer)} of gradients and optimizer state, {_gib(need.activations)} of activations, "
-            f"{_gib(need.scores)} of them the {cfg.batch} x {cfg.heads} x {cfg.context} x {cfg.context} attention "
-            f"scores of each solver stage), more than the {_gib(memory)} available; lower batch, context or steps "
-            "(activations), or vocab, dim, hidden, d_emb or frequencies (parameters).")
+    if need.least > memory:
+        raise _too_large(cfg, need.least, memory, "at least")
+    return need.total <= memory
+
+
+def check_compiled_memory(cfg: TrainConfig, step, args, memory: int | None = None) -> None:
+    """Refuse a run whose compiled training step (`step`, an `equinox.filter_jit`
+    function, lowered for `args`) plans more than `memory` bytes (arguments, outputs
+    and temporaries, XLA's count), before its first step runs. Where the compiler gives
+    no count the estimate `memory_need(cfg).total` stands in for it."""
+    from .._ensemble import available_memory
+
+    memory = available_memory() if memory is None else memory
+    stats = step.lower(*args).compile().compiled.memory_analysis()
+    if stats is None:
+        planned, what = memory_need(cfg).total, "about"
+    else:
+        planned = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
+        what = "(as compiled)"
+    if planned > memory:
+        raise _too_large(cfg, planned, memory, what)
 
 
 # --- what trains ----------------------------------------------------------------------
@@ -808,6 +841,8 @@ def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
     corpus, solver, batch, context = s.corpus, cfg.solver, cfg.batch, cfg.context
 
     step_fn = training_step(tx, batch, context, solver)
+    if not check_memory(cfg):  # the estimate is over the memory: the compiled step decides
+        check_compiled_memory(cfg, step_fn, (params, static, opt_state, corpus, jax.random.key(0)))
     evaluate = validation_loss(batch, context, solver, cfg.eval_batches)
 
     snapshots = set(snapshot_steps(cfg.train_steps))
