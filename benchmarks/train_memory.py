@@ -1,21 +1,22 @@
 """`attnflow train`'s memory estimate against what XLA plans and what a step really uses.
 
-`attnflow train` refuses a run whose estimated memory (`memory_need`: parameters,
-gradients and AdamW state, and the activations the backward pass keeps, the attention
-scores of every solver stage among them) exceeds the free memory of the device, before
-anything is built. This script holds the estimate against, for each configuration:
+`attnflow train` refuses a run at once when even its least need (parameters, gradients,
+the state at every stage, one stage's attention scores, the logits) exceeds the free
+memory of the device, and otherwise, when the full estimate (`memory_need`: the
+activations of every stage kept for the backward pass) exceeds it, lets XLA's plan of
+the compiled step decide. This script holds the estimate against, per configuration:
 
 1. XLA's plan of one compiled training step (arguments + outputs + temporary buffers,
    `memory_analysis()` of the compiled program);
 2. on an accelerator, the peak of the device's memory in use over three real steps
    (`memory_stats()["peak_bytes_in_use"]`; the host's allocator keeps no such count).
 
-The ratios estimate / plan and estimate / peak are printed, with the machine. The
-configurations go from the sizes of `conf/train.yaml` to a context of 1024, where the
-scores are most of the memory; corpus `induction` (synthetic, nothing to read).
+The ratios estimate / plan and estimate / peak are printed, with the machine; each
+configuration runs in a process of its own. Model sizes are those of
+`conf/train.yaml`, with corpus `induction` (synthetic, nothing to read) of 512 symbols.
 
     python benchmarks/train_memory.py                      # small sizes, a CPU's minutes
-    python benchmarks/train_memory.py --contexts 256 1024 4096 --batch 16   # an accelerator
+    python benchmarks/train_memory.py --contexts 256 1024 2048 4096 --batch 16   # a GPU
 """
 
 from __future__ import annotations
