@@ -298,7 +298,7 @@ def _keys_of(schema: type) -> type:
     return keys
 
 
-def typed_job_config(cfg: DictConfig) -> Config:
+def typed_job_config(cfg: Mapping) -> Config:
     """The config Hydra composed for one job (or one run), typed and checked by the schema."""
     return compose(cfg, complete=True)
 

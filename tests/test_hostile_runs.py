@@ -107,7 +107,7 @@ def test_a_different_config_is_refused_where_an_interrupted_run_left_pieces(tmp_
     assert len(kept) == 2
     # Another config in the same folder: refused, naming the setting that differs; the
     # pieces are untouched and nothing is written.
-    line = one_error_line(*attnflow(*TINY, "n=5", f"hydra.run.dir={out}")[::2])
+    line = one_error_line(*attnflow(*TINY[1:], "n=5", f"hydra.run.dir={out}")[::2])
     assert "2 finished pieces" in line and "n=4" in line and "n=5" in line and "overwrite=true" in line, line
     assert str(out / ".attnflow-pieces") in line, line
     assert pieces_in(out) == kept and not (out / "results.nc").exists()
@@ -120,7 +120,7 @@ def test_a_different_config_is_refused_where_an_interrupted_run_left_pieces(tmp_
     # overwrite=true discards another run's pieces, and says so.
     other = tmp_path / "other"
     interrupted_run(attnflow, monkeypatch, other, 1)
-    code, stdout, err = attnflow(*TINY, "n=5", "overwrite=true", f"hydra.run.dir={other}")
+    code, stdout, err = attnflow(*TINY[1:], "n=5", "overwrite=true", f"hydra.run.dir={other}")
     assert code == 0, err
     assert "discarding 1 finished piece" in stdout and "n=4" in stdout, stdout
     assert "resuming" not in stdout

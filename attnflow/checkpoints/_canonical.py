@@ -171,7 +171,7 @@ class Checkpoint(eqx.Module):
         Concrete ids are checked here, the sentence naming the first bad one (with its
         text when `tokens`, a function of ids giving their strings, is given); traced ids
         (under `jit`) are checked when the program runs."""
-        model, vocab, shape = self.name or self.family, self.embed.shape[0], jnp.shape(ids)
+        model, vocab, shape = self.name or self.family, self.embed.shape[0], np.shape(ids)
         if len(shape) != 1 or shape[0] == 0:
             raise ConfigError(f"token ids must be a non-empty 1-D sequence, got shape {tuple(shape)}.")
         if self.positions is not None and shape[0] > self.positions.shape[0]:
