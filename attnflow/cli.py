@@ -30,7 +30,7 @@ from ._config import config_source
 
 _FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job (of the sweep, once it ends)
 _JOBS: list[str] = []
-_CURRENT: dict[str, Path] = {}  # the run (or sweep) directory being worked in (for the interrupt message)
+_CURRENT: dict = {}  # the run (or sweep) directory being worked in (for the interrupt message), the sweep's lock
 _OUTCOMES = ".attnflow-jobs"  # in a sweep's folder: one file per job, `{num}.json`
 # What the joblib and submitit launchers raise when a job's process dies.
 _LOST_JOB = ("TerminatedWorkerError", "UncompletedJobError")
@@ -82,7 +82,20 @@ class _SweepRecord(Callback):
     """
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        from ._errors import ConfigError
+        from ._store import RunDirectory
+
         sweep = Path(str(config.hydra.sweep.dir))
+        # The sweep folder is locked while the sweep runs (its jobs lock their own
+        # folders): a second sweep into it would clear this one's job records.
+        lock = RunDirectory(sweep, setting="hydra.sweep.dir")
+        try:
+            lock.__enter__()
+        except ConfigError as error:
+            # Hydra turns a callback's exception into a warning and goes on: stop here.
+            _say(f"error: {error}")
+            raise SystemExit(2) from None
+        _CURRENT["sweep_lock"] = lock
         shutil.rmtree(sweep / _OUTCOMES, ignore_errors=True)  # a previous sweep's
         _CURRENT["sweep"] = sweep
 
@@ -102,6 +115,9 @@ class _SweepRecord(Callback):
                 _say(f"error: {outcome['job']}: {outcome['error']}")
         shutil.rmtree(folder, ignore_errors=True)
         _CURRENT.pop("sweep", None)
+        lock = _CURRENT.pop("sweep_lock", None)
+        if lock is not None:
+            lock.__exit__(None, None, None)
 
 
 def _record_outcome(hydra_cfg, error: str | None) -> None:

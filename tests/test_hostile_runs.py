@@ -338,3 +338,17 @@ def test_plot_and_report_name_a_results_file_they_cannot_use(tmp_path, attnflow)
     (tmp_path / "corrupt.nc").write_bytes(b"\x89HDF\r\n\x1a\n cut short")
     line = one_error_line(*attnflow("plot", str(tmp_path / "corrupt.nc"))[::2])
     assert "corrupt.nc" in line and "hydra.run.dir" not in line and "overwrite" not in line, line
+
+
+def test_a_second_sweep_into_a_sweep_folder_in_use_is_refused(tmp_path, attnflow):
+    """A sweep's outcomes are collected from its folder (`.attnflow-jobs`), which a second
+    sweep started there cleared: the folder is locked while a sweep runs, and the
+    second one is refused in one line before any job runs; the lock goes with the sweep."""
+    sweep = tmp_path / "sweep"
+    with _store.RunDirectory(sweep):  # the lock a running sweep holds
+        line = one_error_line(*attnflow("-m", *TINY[1:], "n=3,4", f"hydra.sweep.dir={sweep}")[::2])
+    assert f"another attnflow run is working in {sweep}" in line and "hydra.sweep.dir" in line, line
+    assert not (sweep / "0").exists() and not (sweep / "1").exists()
+    code, _, err = attnflow("-m", *TINY[1:], "n=3,4", f"hydra.sweep.dir={sweep}")
+    assert code == 0, err
+    assert (sweep / "0" / "results.nc").is_file() and (sweep / "1" / "results.nc").is_file()
