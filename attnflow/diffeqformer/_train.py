@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import os
@@ -573,15 +574,22 @@ def _gpt_mask(params):
 
 def optimizer(cfg: TrainConfig):
     """AdamW with the schedule: linear warmup over `warmup * train_steps` steps to `lr`,
-    cosine decay to `min_lr * lr` at `train_steps`; gradients clipped first."""
+    cosine decay to `min_lr * lr` at `train_steps`; gradients clipped first. The same
+    object for the same settings, so that `training_step` of it is compiled once per
+    process (a resumed run, a second run with the same settings)."""
+    return _optimizer(cfg.lr, cfg.warmup, cfg.train_steps, cfg.min_lr, cfg.clip, cfg.b1, cfg.adam_b2,
+                      cfg.weight_decay)
+
+
+@functools.lru_cache(maxsize=16)
+def _optimizer(lr, warmup, train_steps, min_lr, clip, b1, b2, weight_decay):
     import optax
 
-    warmup = max(1, round(cfg.warmup * cfg.train_steps)) if cfg.warmup > 0 else 0
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.train_steps, warmup + 1),
-                                                  end_value=cfg.min_lr * cfg.lr)
-    return optax.chain(optax.clip_by_global_norm(cfg.clip),
-                       optax.adamw(schedule, b1=cfg.b1, b2=cfg.adam_b2, weight_decay=cfg.weight_decay,
-                                   mask=decay_mask))
+    warmup = max(1, round(warmup * train_steps)) if warmup > 0 else 0
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(train_steps, warmup + 1),
+                                                  end_value=min_lr * lr)
+    return optax.chain(optax.clip_by_global_norm(clip),
+                       optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask))
 
 
 def snapshot_steps(train_steps: int) -> list[int]:
@@ -594,10 +602,12 @@ def snapshot_steps(train_steps: int) -> list[int]:
     return sorted(steps)
 
 
+@functools.lru_cache(maxsize=16)
 def training_step(tx, batch: int, context: int, solver: str):
     """The jitted step `(params, static, opt_state, corpus, key) -> (params, opt_state,
     loss)`: a batch drawn from `key`, the loss and its gradient with respect to the
-    trainable `params` (`static` the frozen rest), one optimizer update."""
+    trainable `params` (`static` the frozen rest), one optimizer update. One function
+    per set of arguments, so that its compiled programs are reused within a process."""
     import equinox as eqx
 
     @eqx.filter_jit
@@ -610,9 +620,11 @@ def training_step(tx, batch: int, context: int, solver: str):
     return step
 
 
+@functools.lru_cache(maxsize=16)
 def validation_loss(batch: int, context: int, solver: str, batches: int):
     """The jitted mean loss `(params, static, corpus, key) -> loss` over `batches`
-    held-out batches, the same ones for the same `key`."""
+    held-out batches, the same ones for the same `key` (one function per set of
+    arguments, compiled once per model structure within a process)."""
     import equinox as eqx
     import jax
     import jax.numpy as jnp
@@ -795,17 +807,31 @@ def _stop_unless_finite(losses: list, first: int, params, run: RunFolder, saved:
     + 1, ...) or an array of `params` (those after the last of them) holds a NaN or an
     infinity: nothing of a diverged run is written."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    finite = np.asarray(jnp.isfinite(jnp.stack(losses)))
-    arrays = bool(jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(params)] + [True])))
+    # On the host, and the arrays in one compiled program: eager operations on lists of
+    # every length and on leaves of every shape would each compile one of their own.
+    finite = np.isfinite(np.asarray([np.asarray(value) for value in losses]))
+    arrays = _all_finite(jax.tree.leaves(params))
     if finite.all() and arrays:
         return
     step = first + (int(np.argmin(finite)) if not finite.all() else len(losses) - 1)
     kept = f"the state of step {saved} in {run.state} is kept" if saved is not None else "no state was saved"
     raise NonFiniteStateError(f"training diverged at step {step} (its loss or weights became NaN or infinite); "
                               f"{kept}; lower lr, raise warmup or lower clip, and start a new out=.")
+
+
+def _all_finite(leaves) -> bool:
+    """Whether every array of `leaves` is finite, in one program per tree of shapes."""
+    return bool(_all_finite_program()(leaves)) if leaves else True
+
+
+@functools.cache
+def _all_finite_program():
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda leaves: jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves])))
 
 
 def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
