@@ -530,6 +530,13 @@ def gpt_attention_field(checkpoint, cluster_horizon: float, *, frozen_at: float 
 
 
 @eqx.filter_jit
+def _schedule_norms(schedule, grid):
+    """The Frobenius norm of `schedule(t)` at each time of `grid` (one compiled program
+    per schedule structure, shared by the trained and untrained models)."""
+    return jax.vmap(lambda t: jnp.linalg.norm(schedule(t)))(grid)
+
+
+@eqx.filter_jit
 def _attention_only(field, x0, taus, horizon: float, eps):
     """The adaptive solve of an attention-only field on $[0, H]$ and, at the times
     `taus`, the cluster count, mean pair cosine, normalized energy and mean norm; the
@@ -585,7 +592,7 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
         # The effective weights that the dynamics reads (gains of N_1 folded in), across depth.
         grid = jnp.asarray(depth * horizon, dtype)
         schedules = [attention.query, attention.key, attention.value, attention.output]
-        norms.append(np.stack([np.asarray(jax.vmap(lambda t, w=w: jnp.linalg.norm(w(t)))(grid)) for w in schedules]))
+        norms.append(np.stack([np.asarray(_schedule_norms(w, grid)) for w in schedules]))
     dims = ("theory_model", "theory_weights", "theory_drift", "theory_time")
     return xr.Dataset(
         {
