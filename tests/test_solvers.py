@@ -53,11 +53,10 @@ CASES = [
 @pytest.mark.parametrize("solver,order,system,steps", CASES, ids=[c[0] for c in CASES])
 def test_measured_order_matches_theory(problems, solver, order, system, steps):
     field, y0, horizon, ref = problems[system]
-    errors = []
-    for count in steps:
-        x = af.simulate(field, y0, t1=horizon, dt=horizon / count, solver=solver).xs[-1]
-        errors.append(np.abs(np.asarray(x) - ref).max())
-    errors = np.array(errors)
+    # One program for the four solves (one compile instead of four).
+    finals = jax.jit(lambda y: [af.simulate(field, y, t1=horizon, dt=horizon / count, solver=solver).xs[-1]
+                                for count in steps])(y0)
+    errors = np.array([np.abs(np.asarray(x) - ref).max() for x in finals])
     assert errors.min() > 1e-13, errors  # still above round-off
     slope = np.polyfit(np.log(horizon / np.array(steps)), np.log(errors), 1)[0]
     # Pre-asymptotic error terms can only make the fitted slope look steeper.
@@ -98,11 +97,17 @@ def test_fixed_steps_equal_diffrax_constant_step_solves(solver):
 
     field = random_field(jax.random.key(5), d=3, beta=1.0, mlp=True, scheme="none")
     y0 = jax.random.normal(jax.random.key(6), (4, 3), jnp.float64)
-    ours = af.simulate(field, y0, t1=1.0, dt=0.1, solver=solver).xs[-1]
     cls = {"euler": dfx.Euler, "euler_renorm": dfx.Euler, "rk4": af.RK4}.get(solver) or getattr(
         dfx, af.SOLVERS[solver][2])
-    theirs = dfx.diffeqsolve(dfx.ODETerm(field), cls(), t0=0.0, t1=1.0, dt0=0.1, y0=y0,
-                             stepsize_controller=dfx.ConstantStepSize()).ys[-1]
+
+    @jax.jit  # the two solves in one program: one compile
+    def both(y):
+        ours = af.simulate(field, y, t1=1.0, dt=0.1, solver=solver).xs[-1]
+        theirs = dfx.diffeqsolve(dfx.ODETerm(field), cls(), t0=0.0, t1=1.0, dt0=0.1, y0=y,
+                                 stepsize_controller=dfx.ConstantStepSize()).ys[-1]
+        return ours, theirs
+
+    ours, theirs = both(y0)
     np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-13)
 
 
@@ -123,8 +128,11 @@ def test_forward_and_reverse_mode_match_finite_differences(solver):
 
     @jax.jit
     def derivatives(y):
-        central = (loss(y + h * v) - loss(y - h * v)) / (2 * h)
-        return central, jax.jvp(loss, (y,), (v,))[1], jnp.sum(jax.grad(loss)(y) * v)
+        # One batched jvp gives the flow map at y + h v and y - h v (its primal values)
+        # and the tangent at y: one traced solve for the three, not three.
+        values, tangents = jax.vmap(lambda p: jax.jvp(loss, (p,), (v,)))(jnp.stack([y + h * v, y - h * v, y]))
+        central = (values[0] - values[1]) / (2 * h)
+        return central, tangents[2], jnp.sum(jax.grad(loss)(y) * v)
 
     central, forward, reverse = derivatives(y0)
     np.testing.assert_allclose(forward, central, rtol=1e-6, atol=1e-9)
@@ -196,14 +204,20 @@ def test_off_grid_output_times_are_interpolated_between_grid_states():
     field = random_field(jax.random.key(11), d=3, beta=1.0, heads=2)
     y0 = af.UniformSphere()(jax.random.key(12), 5, 3, jnp.float64)
     ts = jnp.array([0.0, 0.35, 0.7, 1.234, 2.0])
-    fine = af.simulate(field, y0, t1=2.0, dt=2.0 / 1600, solver="rk4", ts=ts)  # interpolation error ~ h^4
+    steps = (0.1, 0.05)
+
+    @jax.jit  # the five solves in one program: one compile
+    def solves(y):
+        fine = af.simulate(field, y, t1=2.0, dt=2.0 / 1600, solver="rk4", ts=ts).xs  # interpolation error ~ h^4
+        return fine, [(af.simulate(field, y, t1=2.0, dt=dt, solver="rk4", ts=ts).xs,
+                       af.simulate(field, y, t1=2.0, dt=dt, solver="rk4", save_every=1).xs) for dt in steps]
+
+    fine_xs, coarse = solves(y0)
     errors = []
-    for dt in (0.1, 0.05):
-        sol = af.simulate(field, y0, t1=2.0, dt=dt, solver="rk4", ts=ts)
-        grid = af.simulate(field, y0, t1=2.0, dt=dt, solver="rk4", save_every=1)
-        np.testing.assert_allclose(sol.xs[2], grid.xs[round(0.7 / dt)], rtol=0, atol=1e-15)
-        np.testing.assert_allclose(np.linalg.norm(sol.xs, axis=-1), 1.0, atol=1e-14)
-        errors.append(float(jnp.abs(sol.xs - fine.xs).max()))
+    for dt, (sol_xs, grid_xs) in zip(steps, coarse):
+        np.testing.assert_allclose(sol_xs[2], grid_xs[round(0.7 / dt)], rtol=0, atol=1e-15)
+        np.testing.assert_allclose(np.linalg.norm(sol_xs, axis=-1), 1.0, atol=1e-14)
+        errors.append(float(jnp.abs(sol_xs - fine_xs).max()))
     assert errors[1] < errors[0] / 8, errors  # at least third order in h
 
 
@@ -233,9 +247,11 @@ def test_a_switch_on_the_grid_takes_effect_exactly_at_its_step(dtype, dt):
     outputs = {"ends": {}, "every 7": {"save_steps": af.save_steps(steps, 4)},
                "log": {"save_steps": af.save_steps(steps, 6, "log")},
                "off-grid times": {"ts": np.array([0.0, t1 / 3, t1])}}
-    for name, output in outputs.items():
-        final = jax.jit(jax.vmap(lambda tau: af.simulate(_flip_field(tau, dtype), x0, t1=t1, dt=dt, solver="euler",
-                                                 num_steps=steps, **output).xs[-1, 0]))(jnp.asarray(taus, dtype))
+    # the four output modes in one program (one compile)
+    finals = jax.jit(jax.vmap(lambda tau: {name: af.simulate(_flip_field(tau, dtype), x0, t1=t1, dt=dt, solver="euler",
+                                                             num_steps=steps, **output).xs[-1, 0]
+                                           for name, output in outputs.items()}))(jnp.asarray(taus, dtype))
+    for name, final in finals.items():
         k = np.round(taus / dt)
         want = (1 + dt) ** k * (1 - dt) ** (steps - k)
         got = np.linalg.norm(np.asarray(final, np.float64), axis=-1)
