@@ -35,18 +35,19 @@ def problems():
 
 
 # solver, theoretical order, system, step counts (chosen so the errors sit between the
-# pre-asymptotic regime and round-off)
+# pre-asymptotic regime and round-off). Three counts over the range four used to cover
+# (each count is one compile): the fitted slopes moved by at most 0.01 (measured).
 CASES = [
-    ("euler", 1, "random", (32, 64, 128, 256)),
-    ("euler_renorm", 1, "random", (32, 64, 128, 256)),
-    ("heun", 2, "random", (16, 32, 64, 128)),
-    ("midpoint", 2, "random", (16, 32, 64, 128)),
-    ("ralston", 2, "random", (16, 32, 64, 128)),
-    ("bosh3", 3, "random", (16, 32, 64, 128)),
-    ("rk4", 4, "random", (16, 32, 64, 128)),
-    ("tsit5", 5, "identity", (16, 24, 32, 48)),
-    ("dopri5", 5, "identity", (16, 24, 32, 48)),
-    ("dopri8", 8, "identity4", (10, 12, 16, 20)),
+    ("euler", 1, "random", (32, 64, 256)),
+    ("euler_renorm", 1, "random", (32, 64, 256)),
+    ("heun", 2, "random", (16, 32, 128)),
+    ("midpoint", 2, "random", (16, 32, 128)),
+    ("ralston", 2, "random", (16, 32, 128)),
+    ("bosh3", 3, "random", (16, 32, 128)),
+    ("rk4", 4, "random", (16, 32, 128)),
+    ("tsit5", 5, "identity", (16, 24, 48)),
+    ("dopri5", 5, "identity", (16, 24, 48)),
+    ("dopri8", 8, "identity4", (10, 12, 20)),
 ]
 
 
