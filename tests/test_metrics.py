@@ -52,34 +52,39 @@ def test_cluster_metrics_on_constructed_clusters(sizes):
     n, d = sum(sizes), 5
     x = _clustered(sizes, d, jitter=1e-4)
     eps = 1e-3
-    assert int(af.cluster_count(x, eps)) == len(sizes)
-    sizes_out = np.asarray(af.cluster_sizes(x, eps))
+    # the four metrics in one program (one compile, not one per eager call)
+    count, sizes_out, density, order = jax.jit(lambda x: (af.cluster_count(x, eps), af.cluster_sizes(x, eps),
+                                                          af.pair_density(x, eps), af.order_parameter(x)))(x)
+    assert int(count) == len(sizes)
+    sizes_out = np.asarray(sizes_out)
     np.testing.assert_array_equal(sizes_out[: len(sizes)], sorted(sizes, reverse=True))
     assert sizes_out[len(sizes):].sum() == 0
     pairs = sum(m * (m - 1) for m in sizes)
-    np.testing.assert_allclose(af.pair_density(x, eps), pairs / (n * (n - 1)))
+    np.testing.assert_allclose(density, pairs / (n * (n - 1)))
     # Orthogonal cluster centres: |mean| = sqrt(sum m^2) / n.
-    np.testing.assert_allclose(af.order_parameter(x), np.sqrt(sum(m * m for m in sizes)) / n, atol=1e-3)
+    np.testing.assert_allclose(order, np.sqrt(sum(m * m for m in sizes)) / n, atol=1e-3)
 
 
 def test_cluster_count_equals_scipy_connected_components():
     """The threshold graph's components against scipy.sparse.csgraph, on random points and
     on a long chain (diameter n - 1, the worst case for label propagation)."""
     rng = np.random.default_rng(1)
+    # compiled once for all trials (eps is data); an eager call compiles its loop each time
+    cluster_count, cluster_labels = jax.jit(af.cluster_count), jax.jit(af.cluster_labels)
     for trial in range(20):
         x = jnp.asarray(rng.standard_normal((30, 3)))
         eps = rng.uniform(0.02, 0.5)
         u = np.asarray(x) / np.linalg.norm(np.asarray(x), axis=1, keepdims=True)
         expected, labels = connected_components(u @ u.T > 1 - eps, directed=False)
-        assert int(af.cluster_count(x, eps)) == expected
-        ours = np.asarray(af.cluster_labels(x, eps))
+        assert int(cluster_count(x, eps)) == expected
+        ours = np.asarray(cluster_labels(x, eps))
         for a in range(30):
             np.testing.assert_array_equal(ours == ours[a], labels == labels[a])
     angles = np.linspace(0, 3.0, 40)[rng.permutation(40)]
     chain = jnp.asarray(np.stack([np.cos(angles), np.sin(angles)], 1))
     step = 3.0 / 39
-    assert int(af.cluster_count(chain, 1 - np.cos(1.01 * step))) == 1
-    assert int(af.cluster_count(chain, 1 - np.cos(0.99 * step))) == 40
+    assert int(cluster_count(chain, 1 - np.cos(1.01 * step))) == 1
+    assert int(cluster_count(chain, 1 - np.cos(0.99 * step))) == 40
 
 
 def test_recorder_agrees_with_the_metric_functions():
