@@ -3,7 +3,7 @@ numbers, a bad value in one job of a sweep, experiment options that index, group
 options that are paths, deleted and repeated keys, absurd sweeps, non-ASCII values.
 
 Refusals come before anything is computed, so most cases run `attnflow.cli.main` in
-this process (`command` below); the sweeps run as subprocesses, the way their
+this process (`command`, from tests/test_cli.py); the sweeps run as subprocesses, the way their
 launchers run them. tests/README.md, section 17.4, lists the cases.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import typing
@@ -20,39 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
-from test_cli import attnflow, load
+from test_cli import attnflow, command, load  # noqa: F401 (command: a fixture)
 
-from attnflow import cli
 from attnflow._config import Config, compose, config_source
 from attnflow._errors import ConfigError
 from attnflow.experiments import EXPERIMENTS, compose_experiment, experiment_module, plan_experiment
 
 TINY = ["n=4", "d=3", "members=2", "beta=1", "t1=0.2", "dt=0.1", "saves=2", "plot=false"]
-
-
-@pytest.fixture
-def command(monkeypatch, capsys, tmp_path):
-    """`attnflow ARGS` run in this process: returns its exit code and its stderr lines."""
-
-    def run(*args: str) -> tuple[int, list[str]]:
-        monkeypatch.chdir(tmp_path)
-        monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # main sets it; restored afterwards
-        monkeypatch.setattr(sys, "argv", ["attnflow", *args])
-        for name, empty in (("_FAILED", []), ("_JOBS", []), ("_CURRENT", {})):
-            monkeypatch.setattr(cli, name, empty)
-        previous = signal.getsignal(signal.SIGTERM)
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as exit:
-            code = exit.code
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        err = capsys.readouterr().err
-        assert "Traceback" not in err, err
-        return code, [line for line in err.splitlines() if line.strip()]
-
-    return run
 
 
 def refused(result: tuple[int, list[str]], *says: str) -> str:
@@ -133,18 +106,26 @@ def test_a_boolean_on_the_command_line_and_in_experiment_options(command, tmp_pa
 
 @pytest.mark.parametrize("launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]],
                          ids=["basic", "joblib"])
-def test_a_type_error_in_a_sweep_fails_its_own_job_only(tmp_path, launcher):
+def test_a_type_error_in_a_sweep_fails_its_own_job_only(tmp_path, command, launcher):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *TINY, "causal=maybe,false", *launcher, f"hydra.sweep.dir={sweep}"]
     if launcher:
         pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install 'attnflow[joblib]'")
-    sweep = tmp_path / "sweep"
-    proc = attnflow("-m", *TINY, "causal=maybe,false", *launcher, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("attnflow: error: job 0 (") and "causal=maybe" in lines[0], proc.stderr
-    assert lines[0].endswith("causal must be true or false, got 'maybe'."), proc.stderr
-    assert lines[-1].startswith("attnflow: error: 1 of 2 jobs failed: job 0 ("), proc.stderr
-    assert len(lines) == 2, proc.stderr
+        proc = attnflow(*args, cwd=tmp_path)
+        code, stderr = proc.returncode, proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    else:
+        # Hydra's basic launcher runs the jobs in the process that read the command line:
+        # here, this one (a basic sweep's process, exit code and lines as a subprocess:
+        # tests/test_cli.py::test_multirun_writes_one_result_per_job_and_resumes).
+        code, lines = command(*args)
+        stderr = "\n".join(lines)
+    assert code == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    assert lines[0].startswith("attnflow: error: job 0 (") and "causal=maybe" in lines[0], stderr
+    assert lines[0].endswith("causal must be true or false, got 'maybe'."), stderr
+    assert lines[-1].startswith("attnflow: error: 1 of 2 jobs failed: job 0 ("), stderr
+    assert len(lines) == 2, stderr
     assert load(sweep / "1" / "results.nc").attrs["config"].count("causal: false") == 1
     assert not (sweep / "0" / "results.nc").exists()
     assert "causal must be true or false" in (sweep / "0" / "error.txt").read_text()
