@@ -106,26 +106,18 @@ def test_a_boolean_on_the_command_line_and_in_experiment_options(command, tmp_pa
 
 @pytest.mark.parametrize("launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]],
                          ids=["basic", "joblib"])
-def test_a_type_error_in_a_sweep_fails_its_own_job_only(tmp_path, command, launcher):
-    sweep = tmp_path / "sweep"
-    args = ["-m", *TINY, "causal=maybe,false", *launcher, f"hydra.sweep.dir={sweep}"]
+def test_a_type_error_in_a_sweep_fails_its_own_job_only(tmp_path, launcher):
     if launcher:
         pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install 'attnflow[joblib]'")
-        proc = attnflow(*args, cwd=tmp_path)
-        code, stderr = proc.returncode, proc.stderr
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    else:
-        # Hydra's basic launcher runs the jobs in the process that read the command line:
-        # here, this one (a basic sweep's process, exit code and lines as a subprocess:
-        # tests/test_cli.py::test_multirun_writes_one_result_per_job_and_resumes).
-        code, lines = command(*args)
-        stderr = "\n".join(lines)
-    assert code == 2, stderr
-    assert "Traceback" not in stderr, stderr
-    assert lines[0].startswith("attnflow: error: job 0 (") and "causal=maybe" in lines[0], stderr
-    assert lines[0].endswith("causal must be true or false, got 'maybe'."), stderr
-    assert lines[-1].startswith("attnflow: error: 1 of 2 jobs failed: job 0 ("), stderr
-    assert len(lines) == 2, stderr
+    sweep = tmp_path / "sweep"
+    proc = attnflow("-m", *TINY, "causal=maybe,false", *launcher, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("attnflow: error: job 0 (") and "causal=maybe" in lines[0], proc.stderr
+    assert lines[0].endswith("causal must be true or false, got 'maybe'."), proc.stderr
+    assert lines[-1].startswith("attnflow: error: 1 of 2 jobs failed: job 0 ("), proc.stderr
+    assert len(lines) == 2, proc.stderr
     assert load(sweep / "1" / "results.nc").attrs["config"].count("causal: false") == 1
     assert not (sweep / "0" / "results.nc").exists()
     assert "causal must be true or false" in (sweep / "0" / "error.txt").read_text()
