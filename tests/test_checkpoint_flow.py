@@ -30,16 +30,18 @@ def test_refined_depth_converges_at_the_order_of_the_scheme(tiny, family):
     x0 = checkpoint.embed_tokens(jnp.asarray(IDS))
     limit = run_depth(flow, x0, adaptive=True, solver="dopri8", rtol=1e-11, atol=1e-12)
     # Lie-Trotter with Euler sub-steps (and NeoX's plain Euler step): first order, once
-    # the steps are small against these random weights.
-    errors = [float(jnp.abs(run_depth(flow, x0, steps_per_layer=m)[-1] - limit[-1]).max()) for m in (128, 256, 512)]
-    orders = np.log2(np.asarray(errors[:-1]) / np.asarray(errors[1:]))
-    assert np.all(np.abs(orders - 1) < 0.2), orders
+    # the steps are small against these random weights. The order is measured between 256
+    # and 512 steps per layer (each step count is a program of its own to compile; the
+    # runs themselves take milliseconds): on llama 0.92 between 128 and 256, 0.97 here.
+    errors = [float(jnp.abs(run_depth(flow, x0, steps_per_layer=m)[-1] - limit[-1]).max()) for m in (256, 512)]
+    order = np.log2(errors[0] / errors[1])
+    assert abs(order - 1) < 0.2, order
     if family != "gpt_neox":
-        # Strang with RK4 sub-steps: second order.
+        # Strang with RK4 sub-steps: second order (2.00 on llama).
         errors = [float(jnp.abs(run_depth(flow, x0, steps_per_layer=m, split="strang", solver="rk4")[-1]
-                                - limit[-1]).max()) for m in (128, 256, 512)]
-        orders = np.log2(np.asarray(errors[:-1]) / np.asarray(errors[1:]))
-        assert np.all(np.abs(orders - 2) < 0.3), orders
+                                - limit[-1]).max()) for m in (256, 512)]
+        order = np.log2(errors[0] / errors[1])
+        assert abs(order - 2) < 0.3, order
 
 
 @pytest.mark.parametrize("interpolation", ["linear", "cubic"])
@@ -111,9 +113,10 @@ def test_checkpoint_experiment_refuses_bad_input_in_one_sentence(tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2_depth():
-    """experiment=checkpoint on SmolLM2 with the four step sizes and the theory run (the
-    adaptive solve and the probes are tested on their own below: ~20 s here)."""
-    return af.run_experiment("checkpoint", {"experiment": {"options": {"probes": False, "adaptive": False}}})
+    """experiment=checkpoint on SmolLM2 with the four step sizes, the adaptive solve and
+    the theory run, as the committed figures were made (the probes are tested on their
+    own below): one load of the model and one run for the three tests that read it."""
+    return af.run_experiment("checkpoint", {"experiment": {"options": {"probes": False}}})
 
 
 def test_smollm2_refined_depth_stays_a_model_width_away(smollm2_depth):
@@ -146,11 +149,11 @@ def test_smollm2_refined_runs_cluster_further_and_theory_collapses_by_layer_4(sm
     assert abs(float(energy.sel(source="theory")) - np.e) < 1e-4
 
 
-def test_smollm2_continuous_depth_limit_clusters_further_than_the_model():
+def test_smollm2_continuous_depth_limit_clusters_further_than_the_model(smollm2_depth):
     """README: the adaptive solve of the unsplit field (the continuous-depth limit) ends
     1.07 (relative) from the model, with energy 2.69 against the model's 2.01 and 2
     clusters against 5."""
-    ds = af.run_experiment("checkpoint", {"experiment": {"options": {"probes": False, "steps": [1]}}})
+    ds = smollm2_depth
     assert float(ds.depth_error.sel(run="adaptive").isel(layer=-1)) == pytest.approx(1.07, abs=0.006)
     energy = ds.energy.isel(layer=-1)
     assert float(energy.sel(source="adaptive")) == pytest.approx(2.69, abs=0.006)

@@ -29,13 +29,46 @@ if not ATTNFLOW.exists():
 SMALL = ["n=8", "d=3", "beta=[0.5,2]", "members=4", "t1=2", "dt=0.1", "saves=5"]
 
 
-def attnflow(*args: str, cwd: Path, module: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+def attnflow(*args: str, cwd: Path, module: bool = False, env: dict | None = None,
+             umask: int | None = None) -> subprocess.CompletedProcess:
     """Run the command (the console script, or `python -m attnflow.cli`) on the CPU."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
     env.pop("HYDRA_FULL_ERROR", None)  # it would turn the one-line error into a traceback
     command = [sys.executable, "-m", "attnflow.cli"] if module else [str(ATTNFLOW)]
     assert module or ATTNFLOW.exists(), f"the attnflow console script is not installed next to {sys.executable}"
-    return subprocess.run(command + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=None if umask is None else lambda: os.umask(umask))
+
+
+@pytest.fixture
+def command(monkeypatch, capsys, tmp_path):
+    """`attnflow ARGS` run in this process (`attnflow.cli.main`, as the console script
+    calls it): returns its exit code and its stderr lines. For refusals whose process
+    behaviour (exit 2, one line, no traceback) a subprocess test already shows: the
+    message itself is checked here without paying a Python and JAX start-up each."""
+    import signal
+
+    from attnflow import cli
+
+    def run(*args: str) -> tuple[int, list[str]]:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # main sets it; restored afterwards
+        monkeypatch.setattr(sys, "argv", ["attnflow", *args])
+        for name, empty in (("_FAILED", []), ("_JOBS", []), ("_CURRENT", {})):
+            monkeypatch.setattr(cli, name, empty)
+        previous = signal.getsignal(signal.SIGTERM)
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, err
+        return code, [line for line in err.splitlines() if line.strip()]
+
+    return run
 
 
 def load(path: Path) -> xr.Dataset:
@@ -66,9 +99,12 @@ def test_run_writes_results_then_skips_refuses_and_overwrites(tmp_path):
     out = tmp_path / "run"
     results = out / "results.nc"
 
-    # (a) A small run writes results.nc and summary.png.
-    first = attnflow(*SMALL, "plot=true", f"hydra.run.dir={out}", cwd=tmp_path)
+    # (a) A small run writes results.nc and summary.png, with the user's umask (022 here,
+    # 077 in test_results_are_created_with_the_users_umask).
+    first = attnflow(*SMALL, "plot=true", f"hydra.run.dir={out}", cwd=tmp_path, umask=0o022)
     assert_ok(first)
+    for path in (results, out / ".hydra" / "config.yaml"):
+        assert path.stat().st_mode & 0o777 == 0o644, path
     ds = load(results)
     assert dict(ds.sizes) == {"beta": 2, "member": 4, "time": 5}
     assert ds["beta"].values.tolist() == [0.5, 2.0]
@@ -111,36 +147,25 @@ def test_run_writes_results_then_skips_refuses_and_overwrites(tmp_path):
     assert yaml.safe_load(ds.attrs["config"])["save_states"] is True
     assert not list(out.rglob("*.tmp"))
 
-
-def test_overwrite_and_plot_do_not_make_a_different_run(tmp_path):
-    # `overwrite` and `plot` say what to do with the output, not which run it is: a run
-    # written with overwrite=true, asked for again without it (say, to resume a sweep),
-    # is the same run and is skipped rather than refused.
-    out = tmp_path / "run"
-    tiny = ["n=4", "d=3", "beta=1", "members=2", "t1=0.5", "dt=0.1", "saves=2", f"hydra.run.dir={out}"]
-    assert_ok(attnflow(*tiny, "overwrite=true", "plot=false", cwd=tmp_path))
-    content = (out / "results.nc").read_bytes()
-    repeat = attnflow(*tiny, cwd=tmp_path)
+    # `overwrite` and `plot` say what to do with the output, not which run it is: the run
+    # written with overwrite=true and plot=false, asked for again without overwrite and
+    # with the default plot=true (say, to resume a sweep), is the same run and is
+    # skipped rather than refused.
+    content = results.read_bytes()
+    repeat = attnflow(*SMALL, "save_states=true", f"hydra.run.dir={out}", cwd=tmp_path)
     assert_ok(repeat)
     assert "skip" in repeat.stdout.lower(), repeat.stdout
-    assert (out / "results.nc").read_bytes() == content
+    assert results.read_bytes() == content
 
 
+# One case per stage at which a refusal is raised: Hydra's parser of the command line,
+# the composition of the config groups, the validation of a value, the memory check.
+# These run the console script: exit 2, one line, no traceback, nothing written.
 @pytest.mark.parametrize(
     "args, says",
     [
-        pytest.param(["n=0"], "n must", id="n=0"),
-        pytest.param(["solver=foo"], "solver", id="unknown-solver"),
-        pytest.param(["init=orthonormal", "n=5", "d=3"], "orthonormal", id="orthonormal-n>d"),
-        pytest.param(["dt=-0.1"], "dt", id="negative-dt"),
         pytest.param(["causal=maybe"], "causal must be true or false, got 'maybe'", id="not-a-boolean"),
-        pytest.param(["dt=100"], "longer than t1 - t0", id="dt-longer-than-the-run"),
-        pytest.param(["dt=0.7"], "does not divide", id="dt-does-not-divide"),
-        pytest.param(["mlp.activation=relu"], "does not apply with mlp.enabled=false", id="key-does-not-apply"),
-        pytest.param(["betta=1"], "unknown config key betta", id="typo"),
         pytest.param(["init=foo"], "unknown init 'foo'; choose one of caps", id="unknown-group-option"),
-        pytest.param(["init=caps", "init.kk=3"], "init (caps) takes kind, k, radius, centres", id="typo-in-group"),
-        pytest.param(["t1=${foo}"], "t1 holds an interpolation that cannot be resolved", id="interpolation"),
         pytest.param(["beta=[1,"], "cannot parse the command line", id="syntax"),
         pytest.param(["n=40000", "members=100000", "attention_block=0"], "GiB", id="does-not-fit-in-memory"),
     ],
@@ -151,6 +176,32 @@ def test_bad_input_prints_one_error_line_and_writes_nothing(tmp_path, args, says
     line = assert_one_error_line(proc)
     assert proc.returncode == 2
     assert says in line, line
+    assert_nothing_written(tmp_path)
+    assert not list(tmp_path.rglob("*.nc")) and not list(tmp_path.rglob(".hydra"))
+
+
+# The other refusals, with the same assertions, through `attnflow.cli.main` in this
+# process (the subprocess cases above show what the process does with such a refusal).
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        pytest.param(["n=0"], "n must", id="n=0"),
+        pytest.param(["solver=foo"], "solver", id="unknown-solver"),
+        pytest.param(["init=orthonormal", "n=5", "d=3"], "orthonormal", id="orthonormal-n>d"),
+        pytest.param(["dt=-0.1"], "dt", id="negative-dt"),
+        pytest.param(["dt=100"], "longer than t1 - t0", id="dt-longer-than-the-run"),
+        pytest.param(["dt=0.7"], "does not divide", id="dt-does-not-divide"),
+        pytest.param(["mlp.activation=relu"], "does not apply with mlp.enabled=false", id="key-does-not-apply"),
+        pytest.param(["betta=1"], "unknown config key betta", id="typo"),
+        pytest.param(["init=caps", "init.kk=3"], "init (caps) takes kind, k, radius, centres", id="typo-in-group"),
+        pytest.param(["t1=${foo}"], "t1 holds an interpolation that cannot be resolved", id="interpolation"),
+    ],
+)
+def test_bad_input_is_one_error_line_in_process(command, tmp_path, args, says):
+    out = tmp_path / "run"
+    code, lines = command(*args, f"hydra.run.dir={out}")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("attnflow: error: "), (code, lines)
+    assert says in lines[0], lines[0]
     assert_nothing_written(tmp_path)
     assert not list(tmp_path.rglob("*.nc")) and not list(tmp_path.rglob(".hydra"))
 
@@ -224,22 +275,27 @@ def test_the_summary_plot_draws_whatever_was_recorded(tmp_path):
 TINY = ["n=4", "d=3", "members=2", "beta=1", "t1=0.5", "dt=0.1", "saves=2", "plot=false"]
 
 
-def test_the_output_location_is_checked_before_computing(tmp_path):
-    # results.nc is a folder
+def test_the_output_location_is_checked_before_computing(tmp_path, command):
+    # results.nc is a folder: the console script's one line
     folder = tmp_path / "folder"
     (folder / "results.nc").mkdir(parents=True)
     line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={folder}", cwd=tmp_path))
     assert "is a directory" in line, line
-    # a corrupt results.nc is named as such (not "a different run") and left alone...
+
+    # The other refusals of the location through `attnflow.cli.main` in this process
+    # (exit 2 and one line, as above). A corrupt results.nc is named as such (not "a
+    # different run") and left alone...
+    def refused(*args: str) -> str:
+        code, lines = command(*TINY, *args)
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("attnflow: error: "), (code, lines)
+        return lines[0]
+
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "results.nc").write_bytes(b"not a netcdf file")
-    line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={corrupt}", cwd=tmp_path))
+    line = refused(f"hydra.run.dir={corrupt}")
     assert "not a readable NetCDF file" in line and "overwrite=true" in line, line
     assert (corrupt / "results.nc").read_bytes() == b"not a netcdf file"
-    # ...unless overwrite=true replaces it
-    assert_ok(attnflow(*TINY, "overwrite=true", f"hydra.run.dir={corrupt}", cwd=tmp_path))
-    assert load(corrupt / "results.nc")["energy"].shape == (2, 2)
     # a run directory that cannot be written to
     if os.geteuid() == 0:
         readonly = Path("/proc/sys")  # root writes anywhere but here
@@ -247,15 +303,18 @@ def test_the_output_location_is_checked_before_computing(tmp_path):
         readonly = tmp_path / "readonly"
         readonly.mkdir()
         readonly.chmod(0o555)
-    line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={readonly}", cwd=tmp_path))
+    line = refused(f"hydra.run.dir={readonly}")
     assert "cannot write in the run directory" in line, line
     # a run directory below a file
     (tmp_path / "plain").write_text("")
-    line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={tmp_path / 'plain' / 'run'}", cwd=tmp_path))
+    line = refused(f"hydra.run.dir={tmp_path / 'plain' / 'run'}")
     assert "plain" in line, line
+    # ...and the corrupt results.nc is replaced with overwrite=true (the console script)
+    assert_ok(attnflow(*TINY, "overwrite=true", f"hydra.run.dir={corrupt}", cwd=tmp_path))
+    assert load(corrupt / "results.nc")["energy"].shape == (2, 2)
 
 
-def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_alone(tmp_path):
+def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_alone(tmp_path, command):
     import fcntl
 
     out = tmp_path / "run"
@@ -270,28 +329,31 @@ def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_a
         assert "another attnflow run is working in" in line, line
     finally:
         os.close(fd)
-    # a different run is refused, and neither the results nor .hydra/ are touched
-    line = assert_one_error_line(attnflow(*TINY, "seed=3", f"hydra.run.dir={out}", cwd=tmp_path))
-    assert "holds a different run" in line, line
+    # a different run is refused, and neither the results nor .hydra/ are touched (in this
+    # process: the console script's refusal of a different run is in
+    # test_run_writes_results_then_skips_refuses_and_overwrites)
+    code, lines = command(*TINY, "seed=3", f"hydra.run.dir={out}")
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("attnflow: error: "), (code, lines)
+    assert "holds a different run" in lines[0], lines[0]
     assert (out / "results.nc").read_bytes() == results
     assert {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()} == record
 
 
-@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
-def test_results_are_created_with_the_users_umask(tmp_path, umask, mode):
+def test_results_are_created_with_the_users_umask(tmp_path):
+    # umask 077 gives 600 (and 022 gives 644: the first run of
+    # test_run_writes_results_then_skips_refuses_and_overwrites).
     out = tmp_path / "run"
-    proc = subprocess.run([str(ATTNFLOW), *TINY, f"hydra.run.dir={out}"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                          preexec_fn=lambda: os.umask(umask))
-    assert_ok(proc)
+    assert_ok(attnflow(*TINY, f"hydra.run.dir={out}", cwd=tmp_path, umask=0o077))
     for path in (out / "results.nc", out / ".hydra" / "config.yaml"):
-        assert path.stat().st_mode & 0o777 == mode, path
+        assert path.stat().st_mode & 0o777 == 0o600, path
 
 
 # --- interrupting a run -------------------------------------------------------------------
 
 
-LONG = ["n=32", "d=16", "members=2048", "beta=1", "t1=20", "dt=0.1", "saves=5", "chunk_size=128", "plot=false",
+# Eight pieces of 128 members, each a few tenths of a second: the run is interrupted
+# once two are written, with the others still to come.
+LONG = ["n=32", "d=16", "members=1024", "beta=1", "t1=20", "dt=0.1", "saves=5", "chunk_size=128", "plot=false",
         "metrics=[energy]"]
 
 
@@ -322,11 +384,11 @@ def test_ctrl_c_stops_at_once_keeps_finished_pieces_and_the_run_resumes(tmp_path
 
     resumed = attnflow(*LONG, f"hydra.run.dir={out}", cwd=tmp_path)
     assert_ok(resumed)
-    assert f"resuming from {kept} of 16 finished pieces" in resumed.stdout, resumed.stdout
+    assert f"resuming from {kept} of 8 finished pieces" in resumed.stdout, resumed.stdout
     assert not pieces.exists()
     import attnflow as af
 
-    clean = af.run({"n": 32, "d": 16, "members": 2048, "beta": 1.0, "t1": 20.0, "dt": 0.1, "saves": 5,
+    clean = af.run({"n": 32, "d": 16, "members": 1024, "beta": 1.0, "t1": 20.0, "dt": 0.1, "saves": 5,
                     "chunk_size": 128, "metrics": ["energy"]})
     np.testing.assert_array_equal(load(out / "results.nc")["energy"].values, clean["energy"].values)
 

@@ -3,7 +3,7 @@ numbers, a bad value in one job of a sweep, experiment options that index, group
 options that are paths, deleted and repeated keys, absurd sweeps, non-ASCII values.
 
 Refusals come before anything is computed, so most cases run `attnflow.cli.main` in
-this process (`command` below); the sweeps run as subprocesses, the way their
+this process (`command`, from tests/test_cli.py); the sweeps run as subprocesses, the way their
 launchers run them. tests/README.md, section 17.4, lists the cases.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import typing
@@ -20,39 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
-from test_cli import attnflow, load
+from test_cli import attnflow, command, load  # noqa: F401 (command: a fixture)
 
-from attnflow import cli
 from attnflow._config import Config, compose, config_source
 from attnflow._errors import ConfigError
 from attnflow.experiments import EXPERIMENTS, compose_experiment, experiment_module, plan_experiment
 
 TINY = ["n=4", "d=3", "members=2", "beta=1", "t1=0.2", "dt=0.1", "saves=2", "plot=false"]
-
-
-@pytest.fixture
-def command(monkeypatch, capsys, tmp_path):
-    """`attnflow ARGS` run in this process: returns its exit code and its stderr lines."""
-
-    def run(*args: str) -> tuple[int, list[str]]:
-        monkeypatch.chdir(tmp_path)
-        monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # main sets it; restored afterwards
-        monkeypatch.setattr(sys, "argv", ["attnflow", *args])
-        for name, empty in (("_FAILED", []), ("_JOBS", []), ("_CURRENT", {})):
-            monkeypatch.setattr(cli, name, empty)
-        previous = signal.getsignal(signal.SIGTERM)
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as exit:
-            code = exit.code
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        err = capsys.readouterr().err
-        assert "Traceback" not in err, err
-        return code, [line for line in err.splitlines() if line.strip()]
-
-    return run
 
 
 def refused(result: tuple[int, list[str]], *says: str) -> str:
