@@ -318,9 +318,13 @@ def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(EnsemblePlan, "_exported", lambda *args: None)
         direct = solve()
-    before = set(folder.glob("*.bin")) if folder.exists() else set()
+    _LOADED.clear()
     first = solve()
-    (program,) = set(folder.glob("*.bin")) - before
+    # The program this run exported (other test processes share the folder and may
+    # export theirs meanwhile): the one it keeps in memory, by its key.
+    (key,) = _LOADED
+    program = folder / f"{key}.bin"
+    assert program.is_file()
     _LOADED.clear()  # as in a new process
     with monkeypatch.context() as patch:
         patch.setattr(export, "export", lambda *a, **k: pytest.fail("traced again instead of loaded"))
