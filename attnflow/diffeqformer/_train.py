@@ -43,6 +43,7 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import MISSING
 
+from .._config import read_boolean
 from .._errors import CheckpointError, ConfigError, NonFiniteStateError
 
 MODELS = ("diffeqformer", "gpt")
@@ -53,7 +54,6 @@ ARCHITECTURE = ("vocab", "dim", "heads", "hidden", "context", "d_emb", "frequenc
 ADDED = {"time_scale": 1.0}
 NOT_RESULT_KEYS = ("out", "save_every", "compilation_cache")
 STATE_VERSION = 1
-BOOLEANS = ("true", "false", "yes", "no", "on", "off")
 
 
 @dataclass
@@ -150,7 +150,7 @@ def _given(overrides: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
         name = str(key).lstrip("+")
         if name not in types:
             raise ConfigError(_unknown(name))
-        if types[name] == "bool" and not isinstance(value, bool) and str(value).strip().lower() not in BOOLEANS:
+        if types[name] == "bool" and read_boolean(value.strip() if isinstance(value, str) else value) is None:
             raise ConfigError(f"{name} must be true or false (or yes/no, on/off), got {value!r}.")
         given[name] = value
     return given
