@@ -236,7 +236,7 @@ def report_figure(table, swept: list[str], title: str):
     categories rather than numbers)."""
     import textwrap
 
-    from .experiments._common import pyplot
+    from ._figures import pyplot
 
     plt = pyplot()
     metrics = _metrics(table)
@@ -312,7 +312,7 @@ def report(folder: str | Path) -> list[Path]:
     """Summarize every run under `folder` into `report.csv`, `report.nc` and
     `report.png` there (each written whole or not at all); returns their paths."""
     from ._store import _write_atomically, write_results
-    from .experiments._common import pyplot
+    from ._figures import pyplot
 
     folder = Path(folder)
     table, swept = summary_table(folder)

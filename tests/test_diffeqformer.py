@@ -174,7 +174,7 @@ def test_at_initialisation_neighbouring_layers_differ_as_much_as_independent_one
     drawn layers (measured: QK/OV spectra 0.55/0.62 against 0.44/0.46, matrices
     1.24/1.28 against 1.41/1.41; 0.02-0.03 with time_scale 1, ratios 0.01-0.06)."""
     from attnflow.checkpoints import head_spectra
-    from attnflow.experiments import diffeqformer as study
+    from attnflow.experiments import diffeqformer_vs_gpt as study
 
     m, baseline = default_model
     rough = {}

@@ -36,7 +36,7 @@ from attnflow.experiments import (
     plan_experiment,
     run_experiment,
 )
-from attnflow.experiments import diffeqformer as study
+from attnflow.experiments import diffeqformer_vs_gpt as study
 
 # Both tiny runs train on the copying task (no tokenizer to train, and the fine-tuning
 # runs below have the shapes of the pretraining ones), to its optimum ln(8)/2 = 1.04:

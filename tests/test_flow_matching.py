@@ -17,7 +17,7 @@ from attnflow.experiments import (
     plan_experiment,
     run_experiment,
 )
-from attnflow.surrogate import FlowMatchingField
+from attnflow.analysis.surrogate import FlowMatchingField
 
 REDUCED = {"members": 64, "experiment": {"options": {"train_steps": 1000, "distance_times": 5}}}
 

@@ -14,7 +14,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import attnflow as af
-from attnflow.lyapunov import lyapunov_spectrum
+from attnflow.analysis.spectrum import lyapunov_spectrum
 
 SIGMA, RHO, BETA = 10.0, 28.0, 8.0 / 3.0
 # Viswanath (1998) and Sprott, "Chaos and Time-Series Analysis" (2003), table of exponents.

@@ -18,7 +18,7 @@ import attnflow as af
 from attnflow import MLP, Constant, SelfAttention, TokenNorm, VectorField
 from attnflow._solvers import tableau
 from attnflow.checkpoints import depth_flow, load_checkpoint
-from attnflow.sensitivity import _Stepper, _tangent_maps, token_sensitivity
+from attnflow.analysis.pair_exponents import _Stepper, _tangent_maps, token_sensitivity
 
 
 def _attention_field(rng, d: int, beta: float) -> tuple[VectorField, tuple[np.ndarray, ...]]:
@@ -266,7 +266,7 @@ def test_the_default_sentence_is_the_papers_bigbang_example_and_its_attention(bi
     token_sensitivity averages it, puts 0.36 on the first token (the sink, "B" of the
     first "BIGBANG") and 0.10 on " the", the next."""
     from attnflow.checkpoints import forward, load_tokenizer
-    from attnflow.sensitivity import _Stepper
+    from attnflow.analysis.pair_exponents import _Stepper
 
     assert bigbang.checkpoint == "smollm2" and list(bigbang.experiment.options["outputs"]) == [-1]
     text = str(bigbang.text)

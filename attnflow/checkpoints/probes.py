@@ -446,7 +446,7 @@ def draw_token_path(ds: xr.Dataset, folder: Path, name: str = "token_path") -> l
     path (coloured by layer) among the token vectors, the top candidate of every layer
     labelled; (b) the top candidates of every layer with their probabilities. Returns
     the saved PNG and PDF paths."""
-    from ..experiments._common import caption, pyplot, save
+    from .._figures import caption, pyplot, save
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     plt = pyplot()

@@ -255,7 +255,7 @@ def draw_spectra(ds: xr.Dataset, folder: Path, name: str = "spectra") -> list[Pa
     their real parts against depth, singular-value curves, for QK and OV, coloured by
     layer) and `name_summary` (spectral radius, positive share, trace and Frobenius norm
     against depth, median over heads with the min-max band). Returns the saved paths."""
-    from ..experiments._common import caption, pyplot, save
+    from .._figures import caption, pyplot, save
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     plt = pyplot()

@@ -165,7 +165,7 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
 
     from .._progress import Progress
     from .._store import _write_atomically
-    from ._common import pyplot
+    from .._figures import pyplot
 
     x = np.asarray(x, dtype=float)
     times = np.asarray(times, dtype=float)

@@ -1,5 +1,6 @@
 """What several experiments share: putting panels side by side in one Dataset, the
-ensemble summary that keeps a file small, the figure style, and reading configs back."""
+ensemble summary that keeps a file small, and reading configs back. The figure style is
+`attnflow._figures` (re-exported here for the experiments)."""
 
 from __future__ import annotations
 
@@ -10,58 +11,7 @@ import numpy as np
 import xarray as xr
 import yaml
 
-# One look for every figure: a publication-sized font, light grids, no top/right frame.
-STYLE = {
-    "figure.dpi": 100,
-    "savefig.dpi": 150,
-    "savefig.bbox": "tight",
-    "font.size": 9,
-    "axes.titlesize": 10,
-    "axes.labelsize": 9,
-    "legend.fontsize": 8,
-    "xtick.labelsize": 8,
-    "ytick.labelsize": 8,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "image.cmap": "viridis",
-    "pdf.fonttype": 42,
-}
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend with the shared style applied."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(STYLE)
-    return plt
-
-
-def save(fig, folder: Path, name: str) -> list[Path]:
-    """Save `fig` as `name.png` (for the README) and `name.pdf` (vector) in `folder`;
-    closes the figure. Each file is written whole or not at all."""
-    from .._store import _write_atomically
-
-    plt = pyplot()
-    paths = []
-    for suffix in ("png", "pdf"):
-        path = Path(folder) / f"{name}.{suffix}"
-        _write_atomically(path, lambda tmp, suffix=suffix: fig.savefig(tmp, format=suffix))
-        paths.append(path)
-    plt.close(fig)
-    return paths
-
-
-def caption(fig, text: str, width: int = 110) -> None:
-    """A caption under the axes, wrapped to `width` characters."""
-    import textwrap
-
-    fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, width)), ha="left", va="top", fontsize=8)
-
+from .._figures import STYLE, caption, pyplot, save  # noqa: F401 (the experiments' figure tools)
 
 def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:
     """The stored config of an experiment (or of one of its panels) as a mapping."""

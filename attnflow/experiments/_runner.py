@@ -30,7 +30,8 @@ from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
 from .._study import _version, config_yaml, plan_study, prepare_jax, solve_study
 
-# Every experiment: conf/experiment/NAME.yaml and attnflow/experiments/NAME.py.
+# Every experiment: conf/experiment/NAME.yaml and attnflow/experiments/NAME.py (or the
+# module _MODULES names, where NAME is also a package of attnflow's).
 EXPERIMENTS = (
     "single_cluster",
     "metastability",
@@ -53,13 +54,14 @@ EXPERIMENTS = (
     "adaptive_depth",
     "long_context",
 )
+_MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
 
 
 def experiment_module(name: str) -> ModuleType:
     """The module of experiment `name` (its `analyse` and `draw`)."""
     if name not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
-    return importlib.import_module(f"{__package__}.{name}")
+    return importlib.import_module(f"{__package__}.{_MODULES.get(name, name)}")
 
 
 def _options(module: ModuleType, name: str, given: Any) -> dict:

@@ -41,7 +41,7 @@ import xarray as xr
 from .._errors import ConfigError
 from .._progress import Progress
 from ._common import caption, pyplot, save
-from .diffeqformer import check_train_overrides, read_metrics, run_record, trained_run
+from .diffeqformer_vs_gpt import check_train_overrides, read_metrics, run_record, trained_run
 
 TITLE = "Adaptive depth: a DiffEqFormer pretrained at 18 steps, solved and fine-tuned at 9 to 24 steps"
 PAPER = "Neural ODE Transformers, sec. 6.2, fig. 6"
@@ -268,7 +268,7 @@ STYLE = {"full": ("C0", "-", "o"), "lora": ("C2", "-", "s")}
 
 
 def _table(ds: xr.Dataset, folder: Path) -> Path:
-    from .diffeqformer import _write_text
+    from .diffeqformer_vs_gpt import _write_text
 
     target, source = ds.attrs["corpus"], ds.attrs["pretraining_corpus"]
     methods = [str(m) for m in ds.tuning.values]

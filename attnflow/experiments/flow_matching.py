@@ -6,7 +6,7 @@ the others. Section 5.3 of "A Survey of Continuous Time Dynamics of Transformers
 (figures 7 and 8) asks how well a field $v(s, x)$ of time and of the token alone,
 learned by flow matching, does the same transport. Here the core study solves the
 attention flow (Q = K = V = I on the sphere, `save_states`); the members are split
-into training and held-out ones; `attnflow.surrogate` fits $v$ on the (token, image)
+into training and held-out ones; `attnflow.analysis.surrogate` fits $v$ on the (token, image)
 pairs of the training members with optax and carries the held-out members' tokens
 with the core's `simulate`. The Sinkhorn distance (ott-jax) between the surrogate's
 end ensemble and the attention flow's, pooled over the held-out tokens, is set against
@@ -79,7 +79,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     import jax
     import jax.numpy as jnp
 
-    from ..surrogate import (
+    from ..analysis.surrogate import (
         FlowMatchingField,
         fit_flow_matching,
         push_forward,

@@ -73,7 +73,7 @@ from .._grid import step_count
 from .._progress import Progress
 from .._solvers import tableau
 from .._store import in_background
-from ..lyapunov import lyapunov_spectrum, rotation_orbit
+from ..analysis.spectrum import lyapunov_spectrum, rotation_orbit
 from ._common import caption, config_of, member_summary, pyplot, save
 
 TITLE = "Lyapunov spectrum against beta: the consensus spectrum and metastability"

@@ -23,7 +23,7 @@ self-attention model", Geshkovski, Koubbi, Polyanskiy, Rigollet). Two panels:
   climbs the levels $\\sum_q m_q^2/n^2$ of the cluster partitions: 7/25 (2, 1, 1, 1),
   11/25 (3, 1, 1), 13/25 (3, 2), then 1, over a linear axis of rescaled time.
 
-`analyse` runs the detector of `attnflow.metastability` on every member: plateaus of the
+`analyse` runs the detector of `attnflow.analysis.plateaus` on every member: plateaus of the
 energy relative to one cluster, $E_\\beta / E_\\beta^{\\max}$ with
 $E_\\beta^{\\max} = e^\\beta / (2\\beta)$ (the normalized energy above; its levels are
 $\\sum_q m_q^2$ for well-separated point clusters of mass fractions $m_q$) while the
@@ -64,7 +64,7 @@ import yaml
 from .._config import defaults, to_container
 from .._errors import ConfigError
 from .._progress import Progress
-from ..metastability import detect_metastability
+from ..analysis.plateaus import detect_metastability
 from ._common import caption, check_member_option, config_of, pyplot, save, wireframe_sphere
 from ._runner import merge_overrides
 

@@ -7,7 +7,7 @@ Transformers", fig. 3). The pair density, the fraction of token pairs with
 <x_i, x_j> > 1 - 1e-3, averaged over the members, is drawn over (t, beta) for each d.
 
 Over it runs the curve beta -> t_eps(beta) of the equiangular model (all pairwise inner
-products equal, starting orthogonal; `attnflow.equiangular`): the time at which every
+products equal, starting orthogonal; `attnflow.analysis.equiangular`): the time at which every
 pair of that model counts as clustered. Random tokens in high dimension are nearly
 orthogonal, so the transition of the pair density from 0 to 1 should follow the curve
 more closely as d grows. Two measures of that, per d, are stored:
@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ..equiangular import equiangular_time
+from ..analysis.equiangular import equiangular_time
 from ._common import caption, config_of, pyplot, save
 
 TITLE = "Phase diagram of the pair density over (t, beta), with the equiangular curve"

@@ -5,7 +5,7 @@ of a trained model against its attention ("Neural ODE Transformers", eq. 7, fig.
 its tokenizer (as experiment=checkpoint does), embeds the sentence, and follows the
 model's own dynamics over depth (`depth_flow`: one Euler or split step per layer is the
 real forward pass; `steps` > 1 refines it, weights held per layer). Along that
-trajectory `attnflow.sensitivity.token_sensitivity` integrates, for each output
+trajectory `attnflow.analysis.pair_exponents.token_sensitivity` integrates, for each output
 position $j$ in `outputs` and every input token $i$, the tangent equation
 $\\dot Y_{ji} = J_{ji} Y_{ji}$, $Y_{ji}(0) = I$, with $J_{ji}$ the Jacobian block of token
 $j$'s velocity with respect to token $i$, and stores the largest finite-time exponent
@@ -77,7 +77,7 @@ def analyse(cfg, options, results) -> xr.Dataset:
     import jax
 
     from ..checkpoints import depth_flow, forward
-    from ..sensitivity import token_sensitivity
+    from ..analysis.pair_exponents import token_sensitivity
 
     checkpoint, tokenizer, ids = _sentence(cfg)
     strings = tokenizer.tokens(ids)

@@ -51,12 +51,12 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 
-from ._errors import ConfigError
-from ._field import VectorField
-from ._geometry import AbstractGeometry, Euclidean
-from ._grid import step_count
-from ._simulate import _advance
-from ._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
+from .._errors import ConfigError
+from .._field import VectorField
+from .._geometry import AbstractGeometry, Euclidean
+from .._grid import step_count
+from .._simulate import _advance
+from .._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
 
 
 class LyapunovSpectrum(eqx.Module):

@@ -75,13 +75,13 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Int, ScalarLike
 
-from ._errors import ConfigError
-from ._field import VectorField
-from ._grid import step_count
-from ._simulate import SPLITS, _advance
-from ._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
-from ._terms import SelfAttention
-from .checkpoints._flow import DepthFlow
+from .._errors import ConfigError
+from .._field import VectorField
+from .._grid import step_count
+from .._simulate import SPLITS, _advance
+from .._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
+from .._terms import SelfAttention
+from ..checkpoints._flow import DepthFlow
 
 
 class Sensitivity(eqx.Module):

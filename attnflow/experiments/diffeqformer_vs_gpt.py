@@ -42,7 +42,7 @@ finished run is only read. Then:
    heads and neighbours is the *roughness* (0 for weights that do not change).
 4. **Token sensitivity** (paper, section 5.2): for the sentence `sentence`, the
    largest finite-time exponent $\lambda_{ji}$ of $\dot Y = J_{ji} Y$, $Y(0) = I$ of the
-   last token $j$ with respect to every token $i$ (`attnflow.sensitivity`), along the
+   last token $j$ with respect to every token $i$ (`attnflow.analysis.pair_exponents`), along the
    DiffEqFormer's own Euler solve of its field on $[0, T]$ in $N$ steps and along the
    GPT's layer map, beside the attention averaged over heads and steps. The
    DiffEqFormer's exponent is per unit of $t$ (its whole depth is $T$), the GPT's per
@@ -429,7 +429,7 @@ def _spectra(model, gpt, fine: int) -> xr.Dataset:
 def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
 
     from ..checkpoints import depth_flow, forward
-    from ..sensitivity import token_sensitivity
+    from ..analysis.pair_exponents import token_sensitivity
 
     c = model.config
     ids_ = jnp.asarray(ids)

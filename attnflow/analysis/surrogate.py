@@ -29,10 +29,10 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 
-from ._errors import ConfigError
-from ._field import VectorField
-from ._simulate import simulate
-from ._terms import AbstractInteraction
+from .._errors import ConfigError
+from .._field import VectorField
+from .._simulate import simulate
+from .._terms import AbstractInteraction
 
 
 class FlowMatchingField(AbstractInteraction):

@@ -70,7 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from ._solvers import rk_step, tableau
+from .._solvers import rk_step, tableau
 
 
 def equiangular_rate(rho: ArrayLike, beta: ArrayLike, n: int) -> Array:

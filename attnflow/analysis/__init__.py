@@ -1,0 +1,13 @@
+"""Analyses of a flow, built on the core's fields and step maps.
+
+- `spectrum`: the Lyapunov spectrum of the step map of a simulated field
+  (`lyapunov_spectrum`, `rotation_orbit`);
+- `pair_exponents`: the finite-time exponents of one token's velocity with respect to
+  another's (`token_sensitivity`, "Neural ODE Transformers", eq. 7);
+- `plateaus`: metastable plateaus and merges of a cluster-count trajectory
+  (`detect_metastability`);
+- `equiangular`: the closed-form equiangular reduction behind the phase diagram;
+- `surrogate`: the flow-matching surrogate of an attention flow.
+
+Each is reached as `attnflow.NAME` too (`attnflow.lyapunov_spectrum`).
+"""
