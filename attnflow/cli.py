@@ -462,7 +462,7 @@ def _command(name: str, args: list[str]) -> int:
     from ._errors import ConfigError, StorageError
 
     if name == "train":
-        from .diffeqformer_vs_gpt import main as train
+        from .diffeqformer import main as train
 
         return train(args)
     if not args or any(a in ("-h", "--help") for a in args) or (name == "report" and len(args) != 1):
