@@ -184,7 +184,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
 
     experiment = None
     if typed.experiment is not None:
-        from .experiments import plan_experiment
+        from .experiments import plan_experiment  # lazy: start-up
 
         experiment = plan_experiment(typed)  # every panel checked and planned
         resolved = experiment.cfg
@@ -220,7 +220,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                                           on_resume=lambda found, total: _resuming(found, total, pieces),
                                           on_damaged=_damaged)
                 else:
-                    from .experiments import solve_experiment
+                    from .experiments import solve_experiment  # lazy: start-up
 
                     results = solve_experiment(experiment, pieces=pieces, on_piece=progress.advance,
                                                on_resume=lambda label, found, total: _resuming(
@@ -241,11 +241,11 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         if resolved.plot:
             try:
                 if experiment is None:
-                    from ._plots import plot_summary
+                    from ._plots import plot_summary  # lazy: start-up
 
                     figures = [plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))]
                 else:
-                    from .experiments import draw_experiment
+                    from .experiments import draw_experiment  # lazy: start-up
 
                     figures = draw_experiment(results, folder.path)
             except StorageError as error:
@@ -422,7 +422,7 @@ def _command(name: str, args: list[str]) -> int:
     """`attnflow plot DIR...` and `attnflow report DIR`: read results, draw, summarize;
     `attnflow train ...`: the DiffEqFormer's training (its own settings and messages)."""
     if name == "train":
-        from .diffeqformer._train import main as train
+        from .diffeqformer._train import main as train  # lazy: start-up
 
         return train(args)
     if not args or any(a in ("-h", "--help") for a in args) or (name == "report" and len(args) != 1):
@@ -434,7 +434,7 @@ def _command(name: str, args: list[str]) -> int:
                 for path in _redraw(Path(arg)):
                     print(f"attnflow: wrote {path}", flush=True)
         else:
-            from ._report import report
+            from ._report import report  # lazy: start-up
 
             for path in report(Path(args[0])):
                 print(f"attnflow: wrote {path}", flush=True)
@@ -453,14 +453,14 @@ def _redraw(path: Path) -> list[Path]:
     stored_config(results, "give the results.nc of a finished run")  # one sentence for a file not attnflow's
     ds = load_results(results)
     if ds.attrs.get("experiment"):
-        from .experiments import draw_experiment
+        from .experiments import draw_experiment  # lazy: start-up
 
         try:
             return draw_experiment(ds, results.parent)
         except KeyError as missing:  # a file that names an experiment but lacks what it draws
             raise ConfigError(f"{results} lacks {missing}, which the figures of experiment "
                               f"{ds.attrs['experiment']} need; was it written by attnflow?") from None
-    from ._plots import plot_summary
+    from ._plots import plot_summary  # lazy: start-up
 
     return [plot_summary(ds, results.parent / "summary.png")]
 

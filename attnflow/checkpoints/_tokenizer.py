@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 from jaxtyping import Int
-from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer as Backend
 
 from .._errors import CheckpointError
 

@@ -32,6 +32,8 @@ import xarray as xr
 from jaxtyping import Array, Float, Int
 
 from .._errors import CheckpointError
+from .._figures import caption, pyplot, save
+from .._store import _write_atomically
 from .._terms import TokenNorm
 from ._canonical import Checkpoint, stack_layers
 from .spectra import low_rank_svd, output_value_factors, query_key_factors
@@ -320,8 +322,6 @@ def write_head_tables(ds: xr.Dataset, folder: Path, name: str = "head_vectors") 
     """Write `decode_head_vectors` as `name.md` (one markdown table per head) and
     `name.csv` (one row per token: layer, head, vector, component, singular value, rank,
     token id, token, score). Each file is written whole or not at all."""
-    from .._store import _write_atomically
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sections = [f"# Singular vectors of {ds.attrs.get('model', '')}'s heads, decoded into tokens", ""]
@@ -446,8 +446,6 @@ def draw_token_path(ds: xr.Dataset, folder: Path, name: str = "token_path") -> l
     path (coloured by layer) among the token vectors, the top candidate of every layer
     labelled; (b) the top candidates of every layer with their probabilities. Returns
     the saved PNG and PDF paths."""
-    from .._figures import caption, pyplot, save
-
     Path(folder).mkdir(parents=True, exist_ok=True)
     plt = pyplot()
     layers = ds["layer"].values

@@ -470,7 +470,7 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
     import equinox as eqx
     import jax
 
-    from ..checkpoints import load_checkpoint
+    from ..checkpoints._load import load_checkpoint
     from ._data import corpus_name, load_corpus
     from ._model import DiffEqFormer, DiffEqFormerConfig, gpt, lora, populate
     from ._store import CONFIG_FILE, diffeqformer_config, load_diffeqformer, tokenizer_text
