@@ -17,8 +17,8 @@ import lazy_loader
 
 # JAX's CPU LAPACK kernels (eig, svd, qr) run on the OpenBLAS that scipy ships. Its own
 # thread pool, stacked on XLA's threads, thrashed a small machine (the QK/OV spectra of
-# SmolLM2: 45 s against 4 s with one thread); set before scipy loads, a user's own
-# setting wins.
+# SmolLM2 ran many times slower than with one thread: benchmarks/README.md); set before
+# scipy loads, a user's own setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 __getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -264,8 +264,7 @@ def decode_head_vectors(checkpoint: Checkpoint, tokenizer=None, k: int = 4, top:
     `singular` (dims `matrix` = qk/ov, `layer`, `head`, `component`). `tokenizer`: an
     object with `tokens(ids) -> list[str]` (attnflow's `Tokenizer`), or None for `#id`.
     `layers`: the block indices to decode (all by default). The cost is one
-    vocabulary-by-$d$ product per layer with $4 k$ vectors per head (about 0.2 s per
-    layer for SmolLM2 with `k=4` on one CPU core)."""
+    vocabulary-by-$d$ product per layer with $4 k$ vectors per head."""
     chosen = np.arange(checkpoint.depth) if layers is None else np.asarray(layers, dtype=int).reshape(-1)
     if chosen.size == 0 or chosen.min() < -checkpoint.depth or chosen.max() >= checkpoint.depth:
         raise CheckpointError(f"`layers` must list block indices from 0 to {checkpoint.depth - 1}, got {layers!r}.")

@@ -78,12 +78,8 @@ def check(cfg, options) -> None:
 
 
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    from ..analysis.surrogate import (
-        FlowMatchingField,
-        fit_flow_matching,
-        push_forward,
-        sinkhorn_distance,
-    )  # lazy: start-up
+    # lazy: start-up (the surrogate's optax and ott: fitting only, never `attnflow plot`)
+    from ..analysis.surrogate import FlowMatchingField, fit_flow_matching, push_forward, sinkhorn_distance
 
     ds = results["main"].copy()
     ds.attrs = {}
