@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.scipy.linalg import qr
 from jaxtyping import Array, Bool, Float, Int, Scalar, ScalarLike
 
 from . import _tiled
@@ -193,6 +192,8 @@ def numerical_rank(a: Float[Array, "n n"], rtol: ScalarLike | None = None, *,
     if method == "svd":
         s = jnp.linalg.svd(a, compute_uv=False)
     elif method == "pivoted_qr":
+        from jax.scipy.linalg import qr  # lazy: start-up (jax.scipy loads for this metric only)
+
         s = jnp.abs(jnp.diagonal(qr(a, mode="r", pivoting=True)[0]))
     else:
         raise ConfigError(f"unknown rank method {method!r}; choose one of {', '.join(RANK_METHODS)}.")
