@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
@@ -261,7 +262,6 @@ def linspace(start: Any, stop: Any, num: Any) -> list[float]:
         raise ValueError(f"linspace takes two numbers and a count, got {start!r}, {stop!r}, {num!r}") from None
     if count < 1 or count != float(num):
         raise ValueError(f"linspace needs a whole count of at least 1, got {num!r}")
-    import numpy as np
 
     return np.linspace(start, stop, count).tolist()
 
@@ -276,7 +276,7 @@ def register_schema() -> None:
     The values are typed by `compose` when each job starts (`typed_job_config`), so that
     a bad value in one job of a sweep fails that job alone, as any other bad value does.
     """
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # lazy: start-up
 
     store = ConfigStore.instance()
     store.store(group="attnflow_schema", name="config", node=_keys_of(Config))

@@ -6,6 +6,7 @@ matplotlib is imported inside the functions: importing attnflow must stay fast."
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from ._store import _write_atomically
@@ -32,10 +33,10 @@ STYLE = {
 
 def pyplot():
     """matplotlib's pyplot on the Agg backend with the shared style applied."""
-    import matplotlib
+    import matplotlib  # lazy: start-up
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: start-up
 
     plt.rcParams.update(STYLE)
     return plt
@@ -56,6 +57,4 @@ def save(fig, folder: Path, name: str) -> list[Path]:
 
 def caption(fig, text: str, width: int = 110) -> None:
     """A caption under the axes, wrapped to `width` characters."""
-    import textwrap
-
     fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, width)), ha="left", va="top", fontsize=8)

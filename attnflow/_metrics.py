@@ -192,7 +192,7 @@ def numerical_rank(a: Float[Array, "n n"], rtol: ScalarLike | None = None, *,
     if method == "svd":
         s = jnp.linalg.svd(a, compute_uv=False)
     elif method == "pivoted_qr":
-        from jax.scipy.linalg import qr
+        from jax.scipy.linalg import qr  # lazy: start-up (jax.scipy loads for this metric only)
 
         s = jnp.abs(jnp.diagonal(qr(a, mode="r", pivoting=True)[0]))
     else:

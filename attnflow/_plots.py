@@ -25,6 +25,8 @@ import numpy as np
 import xarray as xr
 import yaml
 
+from ._store import _write_atomically
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -336,12 +338,12 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
     (beta values) sits to the right of the panels and the caption under them. When no
     time series was recorded the figure holds a single panel saying what the file holds.
     """
-    import matplotlib
+    import matplotlib  # lazy: start-up
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # lazy: start-up
+    from matplotlib.patches import Patch  # lazy: start-up
+    from matplotlib.ticker import MaxNLocator  # lazy: start-up
 
     cfg = _config(ds)
     panels = _panels(ds)
@@ -448,12 +450,10 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
 def plot_summary(ds: xr.Dataset, path: str | Path, title: str | None = None) -> Path:
     """Save `summary_figure(ds, title)` as a PNG at `path`, whole or not at all, and
     return the path."""
-    import matplotlib
+    import matplotlib  # lazy: start-up
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ._store import _write_atomically
+    import matplotlib.pyplot as plt  # lazy: start-up
 
     fig = summary_figure(ds, title=title)
     try:

@@ -2,6 +2,9 @@
 bar, the count done of its total (pieces, members, steps, frames, or time covered),
 its rate, the time spent and the time left (rich), on stderr when it is a terminal and
 silent otherwise (a log file, a test, a batch job).
+
+rich is imported lazily (start-up): only when a bar is drawn, so a run that draws none
+(output to a file, a test) never loads it.
 """
 
 from __future__ import annotations

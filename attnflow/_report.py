@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ import xarray as xr
 import yaml
 
 from ._errors import ConfigError
+from ._figures import pyplot
+from ._plots import _PANELS
+from ._store import _write_atomically, load_results, stored_config, write_results
 
 # Per-member bookkeeping, not a result to summarize (the failed fraction stands for it).
 _BOOKKEEPING = ("status", "failure_time")
@@ -87,16 +91,12 @@ _REDUCED = {"cluster_sizes": "largest_cluster", "attention": "attention_concentr
 
 def _label(name: str) -> str:
     """The summary figure's axis label of a metric (its own name otherwise)."""
-    from ._plots import _PANELS
-
     labels = {_REDUCED.get(panel[0], panel[0]): panel[1] for panel in _PANELS}
     return labels.get(name, name.replace("_", " "))
 
 
 def _series(ds: xr.Dataset) -> dict[str, xr.DataArray]:
     """The per-member time series of a run, each with dims (beta?, member, time)."""
-    from ._plots import _PANELS
-
     found = {}
     for name, _, reduce, _, _ in _PANELS:
         if name in ds and {"member", "time"} <= set(ds[name].dims):
@@ -163,8 +163,6 @@ def _rows(ds: xr.Dataset, run: str, flat: dict[str, Any]) -> list[dict[str, Any]
 
 
 def _read(folder: Path) -> list[tuple[Path, dict[str, Any], xr.Dataset]]:
-    from ._store import load_results, stored_config
-
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a directory; give the directory of a sweep (its hydra.sweep.dir).")
     # Hidden folders hold a launcher's or a run's bookkeeping (.submitit/, .hydra/,
@@ -198,7 +196,7 @@ def _swept(runs: list[tuple[Path, dict[str, Any], xr.Dataset]]) -> list[str]:
 def summary_table(folder: str | Path):
     """The report's table (a pandas DataFrame) of every `results.nc` under `folder`, and
     the swept keys; raises `ConfigError` when there is none."""
-    import pandas as pd
+    import pandas as pd  # lazy: start-up
 
     folder = Path(folder)
     runs = _read(folder)
@@ -234,10 +232,6 @@ def report_figure(table, swept: list[str], title: str):
     run, when nothing else was swept), one line per value of the other swept keys and
     beta, with the 10-90 % band of the members (error bars when the swept key takes
     categories rather than numbers)."""
-    import textwrap
-
-    from ._figures import pyplot
-
     plt = pyplot()
     metrics = _metrics(table)
     betas = sorted(set(table["beta"].dropna())) if "beta" in table else []
@@ -311,9 +305,6 @@ def report_figure(table, swept: list[str], title: str):
 def report(folder: str | Path) -> list[Path]:
     """Summarize every run under `folder` into `report.csv`, `report.nc` and
     `report.png` there (each written whole or not at all); returns their paths."""
-    from ._store import _write_atomically, write_results
-    from ._figures import pyplot
-
     folder = Path(folder)
     table, swept = summary_table(folder)
     csv = _write_atomically(folder / "report.csv", lambda tmp: table.to_csv(tmp, index=False))

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from importlib.metadata import version
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import yaml
 
@@ -44,8 +47,6 @@ def prepare_jax(cfg: Config) -> None:
     matrix products on an accelerator (`use_matmul_precision`), and JAX's persistent
     compilation cache (so that a repeated structure is not compiled again; it takes
     effect when set before the process's first compilation, as the command line does)."""
-    import jax
-
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     use_matmul_precision(cfg.matmul_precision.value)
@@ -59,8 +60,6 @@ def use_matmul_precision(precision: str, platform: str | None = None) -> None:
     faster passes: TensorFloat-32 on NVIDIA GPUs, bfloat16 on TPUs, with relative errors
     near 1e-3 instead of 1e-7). A CPU multiplies float32 in full whatever the setting
     and is left alone."""
-    import jax
-
     if (platform or jax.default_backend()) != "cpu":
         jax.config.update("jax_default_matmul_precision", precision)
 
@@ -68,8 +67,6 @@ def use_matmul_precision(precision: str, platform: str | None = None) -> None:
 def use_compilation_cache() -> None:
     """Keep every compiled program in JAX's persistent cache, in `cache_directory()`,
     unless the process has chosen a cache folder already."""
-    import jax
-
     if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", str(cache_directory()))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -78,9 +75,6 @@ def use_compilation_cache() -> None:
 
 def plan_study(cfg: Config) -> EnsemblePlan:
     """The ensemble plan of a validated config (its pieces, before any is solved)."""
-    import jax
-    import jax.numpy as jnp
-
     prepare_jax(cfg)
     dtype = jnp.dtype(cfg.dtype.value)
     betas, _ = betas_of(cfg)
@@ -245,8 +239,6 @@ def _attributes(name: str) -> dict:
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("attnflow")
     except Exception:
         return "unknown"

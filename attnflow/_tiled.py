@@ -201,21 +201,19 @@ def attention(q: Float[Array, "m dk"], k: Float[Array, "n dk"], v: Float[Array, 
 
 
 # Column sums of a tile, `e.T @ v`, as one vector-matrix product per column of v up to this
-# many columns: on the benchmark CPU (jax 0.10.2) XLA's matrix product with the tile
-# transposed took 4-5 times as long as the tile's exps, the vector-matrix products next to
-# nothing (a 512 x 512 tile, 4 columns). Row sums `e @ v` likewise: the symmetric
-# attention took 0.8x the time with them (n = 32768, d = 2).
+# many columns: on a CPU, XLA's matrix product with the tile transposed took longer than
+# the tile's exps, the vector-matrix products next to nothing. Row sums `e @ v` likewise
+# (the symmetric attention is faster with them; the numbers: benchmarks/README.md).
 _COLUMN_PRODUCTS = 16
 # Logits of a tile as broadcast products up to this many coordinates (fused with the exp
 # that follows: one pass over the tile instead of a matrix product written out and read
-# back), as a matrix product above. Measured on the symmetric attention at n = 32768: 0.85x
-# the time of the matrix product at d = 2, level at d = 3, 1.3-1.5x at d = 4.
+# back), as a matrix product above: faster than the matrix product at d = 2, level at
+# d = 3, slower at d = 4 (the symmetric attention; benchmarks/README.md).
 _BROADCAST_PRODUCTS = 2
 # Pairs of tiles evaluated together in each step of the symmetric loop: one exp of
 # `lanes` tiles is large enough for XLA to share it among the cores, and the row and column
-# products of the lanes go together. 4 lanes of 512 x 512 tiles took 0.70x the time of
-# one lane at n = 32768 and 0.76x at n = 100000 (d = 2, float32, 2 cores); 8 lanes were no
-# faster than 4.
+# products of the lanes go together. 4 lanes of 512 x 512 tiles were faster than one,
+# 8 no faster than 4 (benchmarks/README.md).
 _LANES = 4
 
 

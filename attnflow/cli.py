@@ -7,6 +7,11 @@ failure is reported with its job, and the sweep exits with code 2 if any job fai
 Ctrl-C (or SIGTERM) stops a run at once with one line and exit code 130; the finished
 pieces of the run are kept, and the same command resumes from them.
 
+Lazy imports (start-up): the study (`_build`, `_study`: JAX), the experiments, the plots
+and reports (xarray, matplotlib) and `attnflow train` are imported inside the function
+that runs them, so that a command loads only what it uses (`attnflow train` checks its
+settings before loading JAX; `attnflow plot` never loads JAX).
+
 A sweep's jobs run wherever Hydra's launcher puts them: in this process (the basic
 launcher), in parallel local processes (`hydra/launcher=joblib`) or as submitit jobs
 (`hydra/launcher=submitit_local`, `submitit_slurm`). Each job leaves its outcome in the
@@ -18,15 +23,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import sys
 from pathlib import Path
 
+import hydra
+from hydra._internal.utils import get_args_parser
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from ._config import config_source
+from ._config import config_source, explain, register_schema, typed_job_config
+from ._errors import ConfigError, NonFiniteStateError, SolverFailure, StorageError
+from ._progress import Progress
+from ._store import RunDirectory, discard_partial_files, finished_pieces, load_results, stored_config, write_results
 
 _FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job (of the sweep, once it ends)
 _JOBS: list[str] = []
@@ -43,22 +62,16 @@ def _say(message: str) -> None:
 
 def _overrides(hydra_cfg) -> list[str]:
     """The command-line overrides of the job, as typed (`${...}` left unresolved)."""
-    from omegaconf import OmegaConf
-
     return list(OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
 
 
 def _job_label(hydra_cfg) -> str:
-    from omegaconf import OmegaConf
-
     overrides = ", ".join(_overrides(hydra_cfg))
     number = "" if OmegaConf.is_missing(hydra_cfg.job, "num") else f" {hydra_cfg.job.num}"
     return f"job{number}" + (f" ({overrides})" if overrides else "")
 
 
 def _record_failure(message: str, hydra_cfg, out: Path) -> None:
-    from hydra.types import RunMode
-
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     label = _job_label(hydra_cfg) if sweep else "run"
     _FAILED.append((label, message))
@@ -66,8 +79,6 @@ def _record_failure(message: str, hydra_cfg, out: Path) -> None:
     if sweep and out.is_dir() and not (out / "results.nc").exists():
         # The job's own record of why it has no results (its folder holds nothing else
         # of value; a folder with results is never touched by a refused job).
-        from ._store import RunDirectory
-
         with contextlib.suppress(OSError):
             RunDirectory(out).write_text("error.txt", message + "\n")
 
@@ -82,9 +93,6 @@ class _SweepRecord(Callback):
     """
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from ._errors import ConfigError
-        from ._store import RunDirectory
-
         sweep = Path(str(config.hydra.sweep.dir))
         # The sweep folder is locked while the sweep runs (its jobs lock their own
         # folders): a second sweep into it would clear this one's job records.
@@ -122,8 +130,6 @@ class _SweepRecord(Callback):
 
 def _record_outcome(hydra_cfg, error: str | None) -> None:
     """A sweep job's outcome (None: finished or already there), for `_SweepRecord`."""
-    from ._store import RunDirectory
-
     outcome = {"num": int(hydra_cfg.job.num), "job": _job_label(hydra_cfg), "error": error,
                "stderr": _stderr_identity()}
     with contextlib.suppress(OSError):
@@ -143,12 +149,6 @@ def _stderr_identity() -> list[int] | None:
 
 def _job(cfg) -> None:
     """One run (one job of a sweep): check, lock, compute in pieces, write, plot."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from ._errors import ConfigError, StorageError
-    from ._store import RunDirectory, finished_pieces
-
     hydra_cfg = HydraConfig.get()
     out = Path(hydra_cfg.runtime.output_dir)
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
@@ -176,23 +176,15 @@ def _job(cfg) -> None:
 
 def _run(cfg, hydra_cfg, out: Path) -> None:
     """The work of `_job`; a `ConfigError` says why there are no results."""
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-
-    from ._config import typed_job_config
-    from ._errors import ConfigError, NonFiniteStateError, SolverFailure, StorageError
-
     # Hydra has composed the keys; their values are typed here, so that a bad one fails
     # this job alone.
     typed = typed_job_config(cfg)
-    from ._build import validate_config
-    from ._progress import Progress
-    from ._store import RunDirectory, write_results
+    from ._build import validate_config  # lazy: start-up (JAX), as the imports of the study below
     from ._study import config_yaml, plan_study, solve_study
 
     experiment = None
     if typed.experiment is not None:
-        from .experiments import plan_experiment
+        from .experiments import plan_experiment  # lazy: start-up
 
         experiment = plan_experiment(typed)  # every panel checked and planned
         resolved = experiment.cfg
@@ -228,7 +220,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                                           on_resume=lambda found, total: _resuming(found, total, pieces),
                                           on_damaged=_damaged)
                 else:
-                    from .experiments import solve_experiment
+                    from .experiments import solve_experiment  # lazy: start-up
 
                     results = solve_experiment(experiment, pieces=pieces, on_piece=progress.advance,
                                                on_resume=lambda label, found, total: _resuming(
@@ -249,11 +241,11 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         if resolved.plot:
             try:
                 if experiment is None:
-                    from ._plots import plot_summary
+                    from ._plots import plot_summary  # lazy: start-up
 
                     figures = [plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))]
                 else:
-                    from .experiments import draw_experiment
+                    from .experiments import draw_experiment  # lazy: start-up
 
                     figures = draw_experiment(results, folder.path)
             except StorageError as error:
@@ -272,15 +264,11 @@ def _damaged(piece: Path) -> None:
 
 
 def _remove_tree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_record(folder, cfg, hydra_cfg) -> None:
     """What Hydra would write to `.hydra/`, written only once the run is accepted."""
-    from omegaconf import OmegaConf
-
     folder.write_text(".hydra/config.yaml", OmegaConf.to_yaml(cfg))
     folder.write_text(".hydra/overrides.yaml", OmegaConf.to_yaml(_overrides(hydra_cfg)))
     folder.write_text(".hydra/hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
@@ -311,13 +299,6 @@ def _check_command_line(arguments: list[str]) -> None:
     group option that is not a name (a path loads any YAML file on the machine, and Hydra
     runs the callbacks that file names), a key given twice (Hydra would keep the last),
     and a sweep too large to list. Raises `ConfigError` (or Hydra's parse error)."""
-    import math
-
-    from hydra._internal.utils import get_args_parser
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from ._errors import ConfigError
-
     overrides = OverridesParser.create().parse_overrides(get_args_parser().parse_args(arguments).overrides)
     given: dict[tuple, str] = {}
     sizes = []
@@ -343,12 +324,6 @@ def _check_command_line(arguments: list[str]) -> None:
 def _check_group_options(group: str, value) -> None:
     """Each option a group override names (one, or a sweep's) is one of attnflow's own
     (`_GROUPS`), or a plain name for Hydra's groups (hydra/launcher, ...)."""
-    import re
-
-    from hydra.core.override_parser.types import ChoiceSweep, Glob
-
-    from ._errors import ConfigError
-
     names = _shipped(group) if group in _GROUPS else None
     if isinstance(value, Glob):
         return  # matched against the group's own options by Hydra
@@ -365,12 +340,6 @@ def _check_group_options(group: str, value) -> None:
 
 def _sweep_size(override) -> int:
     """How many values an override sweeps over (1 for a plain value)."""
-    import math
-
-    from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
-
-    from ._errors import ConfigError
-
     value = override.value()
     if isinstance(value, ChoiceSweep):
         return len(value.list)
@@ -385,11 +354,6 @@ def _sweep_size(override) -> int:
 
 def _sentence(error: BaseException) -> str:
     """One sentence for an error raised by Hydra while composing the config."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ._config import explain
-
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         group, _, option = error.missing_cfg_file.rpartition("/")
         options = ", ".join(o for o in (error.options or []) if not o.startswith("attnflow_schema"))
@@ -418,8 +382,6 @@ def _sentence(error: BaseException) -> str:
 
 def _interrupted() -> None:
     """Ctrl-C: remove what is half-written, say what is kept, exit at once."""
-    from ._store import RunDirectory, discard_partial_files, finished_pieces
-
     discard_partial_files()
     folder = _CURRENT.get("dir")
     kept = finished_pieces(folder / RunDirectory.PIECES) if folder else 0
@@ -459,10 +421,8 @@ _USAGE = {
 def _command(name: str, args: list[str]) -> int:
     """`attnflow plot DIR...` and `attnflow report DIR`: read results, draw, summarize;
     `attnflow train ...`: the DiffEqFormer's training (its own settings and messages)."""
-    from ._errors import ConfigError, StorageError
-
     if name == "train":
-        from .diffeqformer import main as train
+        from .diffeqformer._train import main as train  # lazy: start-up
 
         return train(args)
     if not args or any(a in ("-h", "--help") for a in args) or (name == "report" and len(args) != 1):
@@ -474,7 +434,7 @@ def _command(name: str, args: list[str]) -> int:
                 for path in _redraw(Path(arg)):
                     print(f"attnflow: wrote {path}", flush=True)
         else:
-            from ._report import report
+            from ._report import report  # lazy: start-up
 
             for path in report(Path(args[0])):
                 print(f"attnflow: wrote {path}", flush=True)
@@ -487,23 +447,20 @@ def _command(name: str, args: list[str]) -> int:
 
 
 def _redraw(path: Path) -> list[Path]:
-    from ._errors import ConfigError
-    from ._store import load_results, stored_config
-
     results = path / "results.nc" if path.is_dir() else path
     if not results.is_file():
         raise ConfigError(f"{path} holds no results.nc; give a run directory or a results file.")
     stored_config(results, "give the results.nc of a finished run")  # one sentence for a file not attnflow's
     ds = load_results(results)
     if ds.attrs.get("experiment"):
-        from .experiments import draw_experiment
+        from .experiments import draw_experiment  # lazy: start-up
 
         try:
             return draw_experiment(ds, results.parent)
         except KeyError as missing:  # a file that names an experiment but lacks what it draws
             raise ConfigError(f"{results} lacks {missing}, which the figures of experiment "
                               f"{ds.attrs['experiment']} need; was it written by attnflow?") from None
-    from ._plots import plot_summary
+    from ._plots import plot_summary  # lazy: start-up
 
     return [plot_summary(ds, results.parent / "summary.png")]
 
@@ -513,13 +470,6 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in _USAGE:
         signal.signal(signal.SIGTERM, _terminate)
         sys.exit(_command(sys.argv[1], sys.argv[2:]))
-    import hydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ._config import register_schema
-    from ._errors import ConfigError
-
     # Let Hydra's own errors reach this function (instead of its multi-line printer).
     os.environ["HYDRA_FULL_ERROR"] = "1"
     signal.signal(signal.SIGTERM, _terminate)

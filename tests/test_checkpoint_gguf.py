@@ -29,7 +29,7 @@ from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 from attnflow._errors import CheckpointError
 from attnflow._terms import Rotary
 from attnflow.checkpoints._flow import forward
-from attnflow.checkpoints._load import installed_model
+from attnflow.checkpoints._locate import installed_model
 from attnflow.checkpoints.gguf import load_gguf, load_gguf_tokenizer, unpermute_rotary
 
 transformers.logging.set_verbosity_error()

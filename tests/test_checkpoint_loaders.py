@@ -20,8 +20,8 @@ import torch
 import transformers
 
 from attnflow._errors import CheckpointError
-from attnflow.checkpoints._load import installed_model, load_checkpoint
-from attnflow.checkpoints._tokenizer import load_tokenizer
+from attnflow.checkpoints._load import load_checkpoint, load_tokenizer
+from attnflow.checkpoints._locate import installed_model
 from attnflow.checkpoints.neox import split_query_key_value
 
 from checkpoint_models import DEPTH, DIM, FAMILIES, HEADS, hidden_states, reference, write_tiny

@@ -238,8 +238,7 @@ def test_logit_lens_ends_at_the_model_logits_and_the_token_path(tmp_path):
 def test_minilm_spectra_and_probes():
     """The real MiniLM (BERT, post-LN, no LM head), float32: spectra against float64
     numpy on the full d x d products, and the probes end to end with its tokenizer."""
-    from attnflow.checkpoints._load import load_checkpoint
-    from attnflow.checkpoints._tokenizer import load_tokenizer
+    from attnflow.checkpoints._load import load_checkpoint, load_tokenizer
 
     ck = load_checkpoint("minilm")
     ds = head_spectra(ck)

@@ -27,8 +27,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from attnflow._errors import CheckpointError, ConfigError
 from attnflow import _ensemble
 from attnflow.checkpoints._flow import forward
-from attnflow.checkpoints._load import installed_model, load_checkpoint
-from attnflow.checkpoints._tokenizer import load_tokenizer
+from attnflow.checkpoints._load import load_checkpoint, load_tokenizer
+from attnflow.checkpoints._locate import installed_model
 from attnflow.checkpoints.gguf import load_gguf, load_gguf_tokenizer
 from attnflow.experiments import compose_experiment, plan_experiment
 

@@ -66,6 +66,7 @@ from typing import NamedTuple
 
 import numpy as np
 import xarray as xr
+import yaml
 from jaxtyping import ScalarLike
 from numpy.typing import ArrayLike
 
@@ -275,8 +276,6 @@ def merges(t: ArrayLike, clusters: ArrayLike, *, hold_length: ScalarLike = DEFAU
 
 def _origin(ds: xr.Dataset) -> float:
     """$t_0$ of the run that wrote `ds` (from its stored config), else 0."""
-    import yaml
-
     config = ds.attrs.get("config")
     if isinstance(config, str):
         t0 = (yaml.safe_load(config) or {}).get("t0")

@@ -140,8 +140,8 @@ def sinkhorn_distance(x: Float[Array, "points d"], y: Float[Array, "others d"], 
     It is zero for equal measures and tends to the Wasserstein-2 distance as
     `epsilon` goes to 0; a length, in the units of the points.
     """
-    from ott.geometry.pointcloud import PointCloud
-    from ott.tools.sinkhorn_divergence import sinkhorn_divergence
+    from ott.geometry.pointcloud import PointCloud  # lazy: start-up
+    from ott.tools.sinkhorn_divergence import sinkhorn_divergence  # lazy: start-up
 
     value, _ = sinkhorn_divergence(PointCloud, x, y, epsilon=epsilon,
                                    solve_kwargs={"threshold": 1e-4, "max_iterations": 5000})

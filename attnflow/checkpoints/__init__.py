@@ -12,34 +12,12 @@ layer map of a vector field over depth, and the analyses that read them.
 - `depth_flow(checkpoint, interpolation)` and `run_depth(flow, x0, ...)`: the same
   model as continuous-time dynamics, at any step or with an adaptive solver.
 
-Names are imported on first use, so that `import attnflow.checkpoints` stays cheap.
+Names are imported on first use (`lazy_loader`, from the names in `__init__.pyi`, which
+editors and type checkers read), so that `import attnflow.checkpoints` stays cheap.
 """
 
 from __future__ import annotations
 
-import importlib
+import lazy_loader
 
-_EXPORTS = {
-    "_canonical": ("Attention", "Blocks", "Checkpoint", "FeedForward"),
-    "_flow": ("DepthFlow", "Forward", "depth_flow", "forward", "run_depth"),
-    "_load": ("installed_model", "load_checkpoint"),
-    "native": ("save_checkpoint",),
-    "_tokenizer": ("Tokenizer", "load_tokenizer"),
-    "spectra": ("draw_spectra", "head_spectra"),
-    "probes": ("decode_head_vectors", "embedding_distances", "normalized_embeddings", "token_path"),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'attnflow.checkpoints' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -23,7 +23,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
+from .. import _ensemble
 from .._errors import CheckpointError
 from .._terms import TokenNorm
 from ._canonical import Attention, Blocks, FeedForward, stack_layers
@@ -63,8 +65,6 @@ class SafetensorsTensors(Mapping):
     and every tensor looked up when the mapping is made."""
 
     def __init__(self, files: Mapping[str, Path], index: Path | None = None):
-        from safetensors import SafetensorError, safe_open
-
         self._where = dict(files)
         self._handles = {}
         for path in sorted(set(self._where.values())):
@@ -80,8 +80,6 @@ class SafetensorsTensors(Mapping):
     @classmethod
     def of_files(cls, paths: list[Path]) -> "SafetensorsTensors":
         """All tensors of whole files (no index)."""
-        from safetensors import SafetensorError, safe_open
-
         where = {}
         for path in paths:
             try:
@@ -201,7 +199,7 @@ def _read_pickles(paths: list[Path], trust: bool) -> dict[str, np.ndarray]:
     if not trust:
         raise CheckpointError(f"{paths[0]} is a pickle file, which can run code when opened; {TRUST_HINT}.")
     try:
-        import torch
+        import torch  # optional: not a dependency of attnflow, and only pickles need it
     except ImportError:
         raise CheckpointError(f"{paths[0]} is a pickle file and reading it needs torch, which is not installed.") from None
     tensors = {}
@@ -297,8 +295,6 @@ def check_memory(tensors: Mapping, dtype, where: Path) -> None:
     files' headers) times the dtype's size, twice over (the per-layer arrays and their
     stacks exist together while the canonical form is made), against the memory
     available to a run. Mappings that cannot count without reading are let through."""
-    from .. import _ensemble
-
     elements = getattr(tensors, "elements", None)
     if elements is None:
         return

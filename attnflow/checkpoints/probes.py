@@ -32,6 +32,8 @@ import xarray as xr
 from jaxtyping import Array, Float, Int
 
 from .._errors import CheckpointError
+from .._figures import caption, pyplot, save
+from .._store import _write_atomically
 from .._terms import TokenNorm
 from ._canonical import Checkpoint, stack_layers
 from .spectra import low_rank_svd, output_value_factors, query_key_factors
@@ -262,8 +264,7 @@ def decode_head_vectors(checkpoint: Checkpoint, tokenizer=None, k: int = 4, top:
     `singular` (dims `matrix` = qk/ov, `layer`, `head`, `component`). `tokenizer`: an
     object with `tokens(ids) -> list[str]` (attnflow's `Tokenizer`), or None for `#id`.
     `layers`: the block indices to decode (all by default). The cost is one
-    vocabulary-by-$d$ product per layer with $4 k$ vectors per head (about 0.2 s per
-    layer for SmolLM2 with `k=4` on one CPU core)."""
+    vocabulary-by-$d$ product per layer with $4 k$ vectors per head."""
     chosen = np.arange(checkpoint.depth) if layers is None else np.asarray(layers, dtype=int).reshape(-1)
     if chosen.size == 0 or chosen.min() < -checkpoint.depth or chosen.max() >= checkpoint.depth:
         raise CheckpointError(f"`layers` must list block indices from 0 to {checkpoint.depth - 1}, got {layers!r}.")
@@ -320,8 +321,6 @@ def write_head_tables(ds: xr.Dataset, folder: Path, name: str = "head_vectors") 
     """Write `decode_head_vectors` as `name.md` (one markdown table per head) and
     `name.csv` (one row per token: layer, head, vector, component, singular value, rank,
     token id, token, score). Each file is written whole or not at all."""
-    from .._store import _write_atomically
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sections = [f"# Singular vectors of {ds.attrs.get('model', '')}'s heads, decoded into tokens", ""]
@@ -446,8 +445,6 @@ def draw_token_path(ds: xr.Dataset, folder: Path, name: str = "token_path") -> l
     path (coloured by layer) among the token vectors, the top candidate of every layer
     labelled; (b) the top candidates of every layer with their probabilities. Returns
     the saved PNG and PDF paths."""
-    from .._figures import caption, pyplot, save
-
     Path(folder).mkdir(parents=True, exist_ok=True)
     plt = pyplot()
     layers = ds["layer"].values

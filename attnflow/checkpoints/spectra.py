@@ -34,6 +34,7 @@ import numpy as np
 import xarray as xr
 from jaxtyping import Array, Complex, Float
 
+from .._figures import caption, pyplot, save
 from ._canonical import Checkpoint
 
 __all__ = ["LowRankSpectrum", "draw_spectra", "head_spectra", "low_rank_spectrum", "low_rank_svd", "thin_qr"]
@@ -231,7 +232,7 @@ def _real_parts(ax, ds: xr.Dataset, prefix: str, norm, cmap) -> None:
 
 def _singular_curves(ax, ds: xr.Dataset, prefix: str, norm, cmap) -> None:
     """Each head's singular values (decreasing) as one curve, coloured by layer."""
-    from matplotlib.collections import LineCollection
+    from matplotlib.collections import LineCollection  # lazy: start-up
 
     singular = ds[f"{prefix}_singular"].values
     index = np.arange(1, singular.shape[-1] + 1)
@@ -255,8 +256,6 @@ def draw_spectra(ds: xr.Dataset, folder: Path, name: str = "spectra") -> list[Pa
     their real parts against depth, singular-value curves, for QK and OV, coloured by
     layer) and `name_summary` (spectral radius, positive share, trace and Frobenius norm
     against depth, median over heads with the min-max band). Returns the saved paths."""
-    from .._figures import caption, pyplot, save
-
     Path(folder).mkdir(parents=True, exist_ok=True)
     plt = pyplot()
     layers = ds["layer"].values

@@ -15,33 +15,13 @@ fully or with LoRA adapters of the populated layers.
   copying task).
 - `TrainConfig`, `train_config`, `train`: training, resumable after an interruption.
 
-Names are imported on first use, so that `attnflow train` checks its settings before
+Names are imported on first use (`lazy_loader`, from the names in `__init__.pyi`, which
+editors and type checkers read), so that `attnflow train` checks its settings before
 loading JAX.
 """
 
 from __future__ import annotations
 
-import importlib
+import lazy_loader
 
-_EXPORTS = {
-    "_model": ("Adapter", "DiffEqFormer", "DiffEqFormerConfig", "LoRA", "ScaledColumns", "ShiftedBias", "Sinusoidal",
-               "TimeWeight", "checkpoint_logits", "gpt", "lora", "populate"),
-    "_store": ("diffeqformer_config", "load_diffeqformer", "save_diffeqformer", "save_model"),
-    "_data": ("CORPORA", "Corpus", "load_corpus", "reference_text"),
-    "_train": ("TrainConfig", "TrainResult", "main", "train", "train_config"),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'attnflow.diffeqformer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

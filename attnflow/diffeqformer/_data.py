@@ -53,7 +53,7 @@ def corpus_name(name: str) -> str:
 def reference_topics() -> dict[str, str]:
     """The language reference's topics (name -> text) of this Python."""
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data.topics import topics  # lazy: a large module, read for the reference corpora only
     except ImportError:  # some distributions ship Python without it
         raise ConfigError("the reference corpora are the language reference in the standard library's pydoc_data, "
                           "which this Python lacks; use corpus=induction or a Python that has it.") from None
@@ -81,7 +81,7 @@ def reference_text(name: str) -> str:
 
 def reference_tokenizer(vocab: int) -> str:
     """A byte-level BPE of `vocab` tokens trained on `reference-a`, as `tokenizers` JSON."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # lazy: start-up
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -97,7 +97,7 @@ def reference_tokenizer(vocab: int) -> str:
 
 def induction_tokenizer(vocab: int) -> str:
     """Symbols `s0, s1, ...` of the copying task, one token each, as `tokenizers` JSON."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers  # lazy: start-up
 
     backend = Tokenizer(models.WordLevel({f"s{i}": i for i in range(vocab)}, unk_token="s0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -156,7 +156,7 @@ def load_corpus(name: str, *, vocab: int, context: int, tokenizer_json: str | No
         info = {"corpus": name, "vocab": vocab, "description": "random sequences, second half a copy of the first"}
         empty = jnp.zeros(0, jnp.int32)
         return Corpus(empty, empty, name, vocab), tokenizer_json, info
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # lazy: start-up
 
     text = reference_text(name)
     tokenizer_json = reference_tokenizer(vocab) if tokenizer_json is None else tokenizer_json

@@ -41,7 +41,7 @@ from .._schedules import AbstractSchedule
 from .._simulate import simulate
 from .._solvers import SOLVERS
 from .._terms import MLP, SelfAttention, TokenNorm
-from ..checkpoints._canonical import Attention, Blocks, Checkpoint, FeedForward, stack_layers
+from ..checkpoints._canonical import Attention, Blocks, Checkpoint, FeedForward, rows_of, stack_layers
 from ..checkpoints._flow import forward
 
 INIT_STD = 0.02  # GPT-2's initial standard deviation of weights and embeddings
@@ -349,8 +349,6 @@ class DiffEqFormer(eqx.Module):
     def embed_tokens(self, ids: Int[ArrayLike, " n"]) -> Float[Array, "n d"]:
         """$X(0)$: token embeddings plus learned positions; an id the embedding has no
         row for, or more ids than positions, is refused (`rows_of`)."""
-        from ..checkpoints._canonical import rows_of
-
         _check_ids(ids, self.config.context)
         ids = rows_of(ids, self.config.vocab, "the DiffEqFormer's embedding")
         return self.embed[ids] + self.positions[: ids.shape[0]]

@@ -24,6 +24,11 @@ it holds is read as data: the settings of `state.json` are checked, never interp
 The data order is a function of (seed, step), so a run interrupted at any point and
 started again with the same `out` continues from its latest state and ends with the
 weights an uninterrupted run would have.
+
+Lazy imports (start-up): JAX, equinox, optax and the modules built on them (the model,
+the corpora, the model folders, the core's solvers and memory checks) are imported
+inside the functions that use them, so that `attnflow train` reads its settings and
+refuses a mistyped or unknown one before loading JAX.
 """
 
 from __future__ import annotations
@@ -41,10 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from .._config import read_boolean
+from .._config import config_source, read_boolean
 from .._errors import CheckpointError, ConfigError, NonFiniteStateError
+from .._progress import Progress
+from .._store import RunDirectory
 
 MODELS = ("diffeqformer", "gpt")
 B2 = {"diffeqformer": 0.95, "gpt": 0.999}  # the paper's app. C.5
@@ -112,8 +120,6 @@ class TrainConfig:
 
 
 def _defaults_file() -> Path:
-    from .._config import config_source
-
     return Path(str(config_source()[1])) / "train.yaml"
 
 
@@ -161,9 +167,6 @@ def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConf
     strings as typed on the command line) on top, typed and checked. When `out` names
     a folder holding a run, that run's stored settings are the base instead, so that
     `out=DIR` alone resumes it."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException, ValidationError
-
     pairs = _given(overrides)
     if isinstance(overrides, Mapping):
         given = OmegaConf.create(pairs)
@@ -467,7 +470,7 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
     import equinox as eqx
     import jax
 
-    from ..checkpoints import load_checkpoint
+    from ..checkpoints._load import load_checkpoint
     from ._data import corpus_name, load_corpus
     from ._model import DiffEqFormer, DiffEqFormerConfig, gpt, lora, populate
     from ._store import CONFIG_FILE, diffeqformer_config, load_diffeqformer, tokenizer_text
@@ -787,8 +790,6 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = Non
     intact and re-raises. A loss that turns NaN or infinite stops it with
     `NonFiniteStateError`, its latest finite state kept; a folder that cannot be
     written (a full disk) with ConfigError, its latest state kept."""
-    from .._store import RunDirectory
-
     check(cfg)
     _prepare_jax(cfg)
     check_memory(cfg)
@@ -840,7 +841,6 @@ def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
     import jax
     import jax.numpy as jnp
 
-    from .._progress import Progress
     from ._store import save_model
 
     run = RunFolder(directory.path)

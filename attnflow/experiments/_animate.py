@@ -21,6 +21,9 @@ import xarray as xr
 from jaxtyping import Float
 
 from .._errors import ConfigError
+from .._figures import pyplot
+from .._progress import Progress
+from .._store import _write_atomically
 
 # The tab10 colors of the matplotlib figures, so a token has one color everywhere.
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -79,9 +82,7 @@ def sphere_html(x: Float[np.ndarray, "time token 3"], times: Float[np.ndarray, "
     translucent under the tokens when they lie on it. plotly's JavaScript is inside
     the file (it opens offline, a few MB); the file is written whole or not at all.
     """
-    import plotly.graph_objects as go
-
-    from .._store import _write_atomically
+    import plotly.graph_objects as go  # lazy: start-up
 
     x = np.asarray(x, dtype=float)
     times = np.asarray(times, dtype=float)
@@ -161,11 +162,7 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
     spread over the saved times, at `dpi` (a GIF of a few hundred kB). The file is
     written whole or not at all.
     """
-    from matplotlib import animation as mpl_animation
-
-    from .._progress import Progress
-    from .._store import _write_atomically
-    from .._figures import pyplot
+    from matplotlib import animation as mpl_animation  # lazy: start-up
 
     x = np.asarray(x, dtype=float)
     times = np.asarray(times, dtype=float)
@@ -201,7 +198,7 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
         ax.view_init(*_view(x[-1]))
         ax.set_axis_off()
     else:
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator  # lazy: start-up
 
         ax = fig.add_axes((0.16, 0.1, 0.8, 0.76))
         if sphere:

@@ -4,14 +4,16 @@ ensemble summary that keeps a file small, and reading configs back. The figure s
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 import xarray as xr
 import yaml
 
+from .._errors import ConfigError
 from .._figures import STYLE, caption, pyplot, save  # noqa: F401 (the experiments' figure tools)
+
 
 def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:
     """The stored config of an experiment (or of one of its panels) as a mapping."""
@@ -41,8 +43,6 @@ def member_summary(da: xr.DataArray, dim: str = "member") -> xr.Dataset:
     dims = tuple(d for d in da.dims if d != dim)
     coords = {k: v for k, v in da.coords.items() if dim not in v.dims}
     with np.errstate(all="ignore"):
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             mean = np.nanmean(values, axis=axis)
@@ -74,8 +74,6 @@ def wireframe_sphere(ax, color: str = "0.85", zoom: float = 1.0, unit_limits: bo
 def check_member_option(options, members: int, *, optional: bool = False, what: str = "a member index") -> None:
     """`experiment.options.member` must index one of `members` (a whole number, never a
     boolean), or be null where `optional` (the experiment then picks one)."""
-    from .._errors import ConfigError
-
     member = options["member"]
     if member is None and optional:
         return
@@ -88,8 +86,6 @@ def check_drawn_member(name: str, cfg, options, why: str, *, optional: bool = Fa
     """`experiment.options.member` must index a member (or be None where `optional`: the
     experiment picks one), and the states must be saved: `why` says what the experiment
     does with them."""
-    from .._errors import ConfigError
-
     check_member_option(options, cfg.members, optional=optional)
     if not cfg.save_states:
         raise ConfigError(f"experiment {name} {why}: keep save_states=true.")

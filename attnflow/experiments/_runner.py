@@ -15,17 +15,13 @@ from types import ModuleType
 from typing import Any
 
 import yaml
+from hydra import initialize_config_dir, initialize_config_module
+from hydra import compose as hydra_compose
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
 
 from .._build import validate_config
-from .._config import (
-    Config,
-    _plain,
-    compose,
-    config_source,
-    read_boolean,
-    register_schema,
-    to_container,
-)
+from .._config import Config, _plain, compose, config_source, read_boolean, register_schema, to_container
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
 from .._study import _version, config_yaml, plan_study, prepare_jax, solve_study
@@ -221,11 +217,6 @@ def merge_overrides(base: dict, over: Mapping) -> dict:
 def compose_experiment(name: str, overrides: Mapping | None = None) -> Config:
     """The config of `attnflow experiment=NAME` with `overrides` (a nested mapping, as
     in `run`) on top, checked against the schema."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
     if name not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
     register_schema()

@@ -35,13 +35,19 @@ from __future__ import annotations
 import numbers
 from pathlib import Path
 
+import equinox as eqx
+import jax
 import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
 from .._progress import Progress
+from ..checkpoints._load import load_checkpoint
+from ..diffeqformer._data import corpus_name, load_corpus
+from ..diffeqformer._store import load_diffeqformer, tokenizer_text
+from ..diffeqformer._train import train, train_config, validation_loss
 from ._common import caption, pyplot, save
-from .diffeqformer_vs_gpt import check_train_overrides, read_metrics, run_record, trained_run
+from .diffeqformer_vs_gpt import _write_text, check_train_overrides, read_metrics, run_record, trained_run
 
 TITLE = "Adaptive depth: a DiffEqFormer pretrained at 18 steps, solved and fine-tuned at 9 to 24 steps"
 PAPER = "Neural ODE Transformers, sec. 6.2, fig. 6"
@@ -67,8 +73,6 @@ def _whole(value, least: int = 1) -> bool:
 
 
 def check(cfg, options) -> None:
-    from ..diffeqformer._data import corpus_name
-
     for name in ("pretrained", "baseline"):
         if not isinstance(options[name], str) or not options[name]:
             raise ConfigError(f"experiment.options.{name} must be a run folder, got {options[name]!r}.")
@@ -109,8 +113,6 @@ def panels(base, options) -> dict:
 def finetune_folder(options) -> Path:
     """Where the fine-tuning runs live: `out`, or `finetune/<corpus>-<budget>steps`
     beside the pretrained run."""
-    from ..diffeqformer._data import corpus_name
-
     base = Path(options["out"]) if options["out"] is not None else Path(options["pretrained"]).parent / "finetune"
     return base / f"{corpus_name(options['corpus'])}-{options['finetune_steps']}steps"
 
@@ -119,11 +121,6 @@ def zero_shot(module, corpus, settings) -> float:
     """The validation loss of `module` (a DiffEqFormer at its steps, or a checkpoint)
     on `corpus` with the held-out batches of a run with `settings` (seed, batch,
     context, eval_batches, solver): those of `attnflow train`'s own validation."""
-    import equinox as eqx
-    import jax
-
-    from ..diffeqformer._train import validation_loss
-
     evaluate = validation_loss(int(settings["batch"]), int(settings["context"]), str(settings["solver"]),
                                int(settings["eval_batches"]))
     params, static = eqx.partition(module, eqx.is_inexact_array)
@@ -139,17 +136,12 @@ def _sizes(module) -> tuple[int, int]:
 
 
 def _corpus(name: str, folder: Path, vocab: int, context: int):
-    from ..diffeqformer import load_corpus
-    from ..diffeqformer._store import tokenizer_text
-
     corpus, _, _ = load_corpus(name, vocab=vocab, context=context, tokenizer_json=tokenizer_text(folder / "model"))
     return corpus
 
 
 def _finetune(folder: Path, model: str, init: Path, steps: int, method: str, options) -> list[dict]:
     """The metric lines of one fine-tuning run (trained, resumed or read)."""
-    from ..diffeqformer import train, train_config
-
     settings = {**dict(options["train"]), "model": model, "init": str(init), "steps": int(steps),
                 "corpus": options["corpus"], "train_steps": int(options["finetune_steps"]),
                 "lora_rank": int(options["lora_rank"]) if method == "lora" else 0, "out": str(folder)}
@@ -163,10 +155,6 @@ def _run_label(model: str, steps: int, method: str, rank: int) -> str:
 
 
 def analyse(cfg, options, results) -> xr.Dataset:
-    from ..checkpoints import load_checkpoint
-    from ..diffeqformer import load_diffeqformer, train_config
-    from ..diffeqformer._data import corpus_name
-
     pretrained = trained_run(options["pretrained"], "diffeqformer", options["pretrain"])
     baseline = trained_run(options["baseline"], "gpt", options["pretrain"])
     model = load_diffeqformer(pretrained / "model")
@@ -268,8 +256,6 @@ STYLE = {"full": ("C0", "-", "o"), "lora": ("C2", "-", "s")}
 
 
 def _table(ds: xr.Dataset, folder: Path) -> Path:
-    from .diffeqformer_vs_gpt import _write_text
-
     target, source = ds.attrs["corpus"], ds.attrs["pretraining_corpus"]
     methods = [str(m) for m in ds.tuning.values]
     head = ["steps", f"zero-shot on {target}", f"zero-shot on {source}"]

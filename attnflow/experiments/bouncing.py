@@ -26,15 +26,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import (
-    caption,
-    check_drawn_member,
-    config_of,
-    failed_members,
-    member_summary,
-    pyplot,
-    save,
-)
+from ._common import caption, check_drawn_member, config_of, failed_members, member_summary, pyplot, save
 
 TITLE = "Bouncing: V flips sign at t = 5, the tokens scatter and gather elsewhere"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, eq. 48, fig. 4"
@@ -114,7 +106,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 
 
 def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    from matplotlib.collections import LineCollection
+    from matplotlib.collections import LineCollection  # lazy: start-up
 
     plt = pyplot()
     cfg = config_of(ds)

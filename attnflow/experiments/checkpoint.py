@@ -35,7 +35,24 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
+from .._field import VectorField
+from .._metrics import cluster_count, cosines, normalized_energy
 from .._progress import Progress
+from .._schedules import Identity
+from .._simulate import simulate
+from .._store import _write_atomically
+from .._terms import SelfAttention
+from ..checkpoints._flow import depth_flow, forward, run_depth
+from ..checkpoints._load import load_checkpoint, load_tokenizer
+from ..checkpoints.probes import (
+    decode_head_vectors,
+    distance_table,
+    draw_token_path,
+    embedding_distances,
+    token_path,
+    write_head_tables,
+)
+from ..checkpoints.spectra import draw_spectra, head_spectra
 from ._common import caption, config_of, pyplot, save
 
 TITLE = "A trained transformer against its dynamics and the theory"
@@ -69,8 +86,6 @@ def panels(base, options) -> dict:
 
 @functools.lru_cache(maxsize=2)
 def _loaded(path: str, trust_pickle: bool, dtype: str):
-    from ..checkpoints import load_checkpoint, load_tokenizer
-
     checkpoint = load_checkpoint(path, trust_pickle=trust_pickle, dtype=dtype)
     return checkpoint, load_tokenizer(path)
 
@@ -93,8 +108,6 @@ def _unit(x):
 
 def _layer_metrics(xs, bins: int, eps: float):
     """Energy, pair-cosine histogram and cluster count of states `xs` (..., n, d)."""
-    from .._metrics import cluster_count, cosines, normalized_energy
-
     n = xs.shape[-2]
     upper = np.triu_indices(n, 1)
     edges = jnp.linspace(-1.0, 1.0, bins + 1)
@@ -122,8 +135,6 @@ def _attention(flow, states):
 
 
 def _theory(x0, depth: int, beta: float, dt: float):
-    from .. import Identity, SelfAttention, VectorField, simulate
-
     d = x0.shape[-1]
     identity = Identity(heads=1, dim=d, dtype=str(x0.dtype))
     attention = SelfAttention(query=identity, key=identity, value=identity, output=None,
@@ -141,8 +152,6 @@ def _label(steps: int) -> str:
 
 
 def analyse(cfg, options, results) -> xr.Dataset:
-    from ..checkpoints import depth_flow, forward, run_depth
-
     checkpoint, tokenizer, ids = _sentence(cfg)
     strings = tokenizer.tokens(ids)
     model = forward(checkpoint, ids)
@@ -214,9 +223,6 @@ def analyse(cfg, options, results) -> xr.Dataset:
 
 
 def _probes(ds, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
-    from ..checkpoints.probes import decode_head_vectors, distance_table, embedding_distances, token_path
-    from ..checkpoints.spectra import head_spectra
-
     spectra = head_spectra(checkpoint)
     path = token_path(checkpoint, hidden, tokenizer, position=-1, ids=ids)
     heads = decode_head_vectors(checkpoint, tokenizer)
@@ -238,7 +244,7 @@ def _probes(ds, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
 
 
 def _sources_colors(sources):
-    import matplotlib
+    import matplotlib  # lazy: start-up
 
     cmap = matplotlib.colormaps["viridis"]
     runs = [s for s in sources if s not in ("model", "theory")]
@@ -324,19 +330,12 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     written += save(fig, folder, "attention")
 
     if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):
-        from ..checkpoints.probes import draw_token_path
-        from ..checkpoints.spectra import draw_spectra
-
         spectra = _unprefixed(ds, "spectra")
         written += list(draw_spectra(spectra, folder, "spectra"))
         written += list(draw_token_path(_unprefixed(ds, "path"), folder, "token_path"))
     if any(v.startswith("heads_") for v in ds.data_vars):
-        from ..checkpoints.probes import write_head_tables
-
         written += list(write_head_tables(_unprefixed(ds, "heads"), folder, "head_vectors"))
     if "embedding_distances" in ds.attrs:
-        from .._store import _write_atomically
-
         table = folder / "embedding_distances.md"
         text = f"# Embedding distances of {name} (Traveling Words, Table 1)\n\n{ds.attrs['embedding_distances']}\n"
         _write_atomically(table, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

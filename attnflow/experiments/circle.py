@@ -33,6 +33,7 @@ import xarray as xr
 
 from .._errors import ConfigError
 from .._metrics import cluster_labels
+from ._animate import animation
 from ._common import caption, config_of, pyplot, save
 
 TITLE = "Clusters on the circle: two at beta = 4, three at beta = 9"
@@ -135,8 +136,6 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     paths = save(fig, folder, "circle")
     # An animation of the member drawn, one per beta (the saved times are log-spaced,
     # so its frames are too).
-    from ._animate import animation
-
     angle = ds["angle"].values  # (beta, time, token)
     for b, beta in enumerate(betas):
         x = np.stack([np.cos(angle[b]), np.sin(angle[b])], axis=-1)

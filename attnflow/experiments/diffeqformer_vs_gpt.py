@@ -92,9 +92,22 @@ import xarray as xr
 from jaxtyping import Array, Float
 
 from .._errors import ConfigError
+from .._field import VectorField
+from .._metrics import cluster_count, cosines, normalized_energy
 from .._progress import Progress
-from .._schedules import AbstractSchedule
+from .._schedules import AbstractSchedule, Scaled
+from .._simulate import simulate
+from .._store import _write_atomically
+from ..analysis.pair_exponents import token_sensitivity
+from ..checkpoints._flow import depth_flow, forward
+from ..checkpoints._load import load_checkpoint, load_tokenizer
+from ..checkpoints.spectra import head_spectra
+from ..diffeqformer._data import corpus_name, load_corpus
+from ..diffeqformer._model import populate
+from ..diffeqformer._store import diffeqformer_config, load_diffeqformer, read_json, tokenizer_text
+from ..diffeqformer._train import read_state, train, train_config
 from ._common import caption, pyplot, save
+from .sensitivity import _highlight, _layout, _scaled, _shown
 
 TITLE = "A trained DiffEqFormer against its GPT baseline: losses, energy across training, spectral flow, " \
         "sensitivity, clustering"
@@ -123,8 +136,6 @@ THEORY_RTOL = 1e-5
 def _stored_config(folder: Path) -> tuple[dict | None, int]:
     """The settings and step of the latest state of the run in `folder` (None, -1 when
     it holds none)."""
-    from ..diffeqformer._train import read_state
-
     state = read_state(folder / "state")
     return (None, -1) if state is None else (state["config"], state["step"])
 
@@ -141,9 +152,6 @@ def trained_run(folder: str | Path, model: str, overrides: Mapping | None = None
     trained (or resumed) there first otherwise, by `attnflow.diffeqformer.train` with
     the defaults of conf/train.yaml, `overrides` and `settings` on top. A finished run
     whose settings disagree with a given one is refused (one sentence)."""
-    from ..diffeqformer import train, train_config
-    from ..diffeqformer._data import corpus_name
-
     folder = Path(folder)
     given = {**dict(overrides or {}), **settings, "model": model}
     if finished(folder):
@@ -176,8 +184,6 @@ def read_metrics(folder: str | Path) -> list[dict]:
 
 def run_record(folder: str | Path) -> dict:
     """A run's `train.json` (its settings, model sizes and corpus record)."""
-    from ..diffeqformer._store import read_json
-
     return read_json(Path(folder) / "train.json")
 
 
@@ -202,8 +208,6 @@ def _positive_int(options, name: str, least: int = 1) -> None:
 def check_train_overrides(name: str, overrides, option: str = "train") -> dict:
     """`experiment.options.<option>`: a mapping of `attnflow train` settings, checked
     by `train_config`; the settings the experiment chooses itself are refused."""
-    from ..diffeqformer import train_config
-
     if not isinstance(overrides, Mapping):
         raise ConfigError(f"experiment.options.{option} must be a mapping of attnflow train settings (e.g. "
                           f"{{lr: 0.001}}), got {overrides!r}.")
@@ -241,9 +245,6 @@ def panels(base, options) -> dict:
 
 
 def _sentence_ids(model_folder: Path, sentence: str) -> np.ndarray:
-    from ..checkpoints import load_tokenizer
-    from ..diffeqformer import diffeqformer_config
-
     ids = np.asarray(load_tokenizer(model_folder).encode(sentence))
     context = diffeqformer_config(model_folder).context
     if ids.size == 0:
@@ -278,9 +279,6 @@ def _output_statistics(checkpoint, inputs, targets, log_u):
     """Per sequence: the normalized energy of the output states (the last residual
     stream, before the final norm), the mean divergence of its next-token
     distributions from the unigram, and its mean cross-entropy."""
-    from .._metrics import normalized_energy
-    from ..checkpoints import forward
-
     def one(ids, target):
         states = forward(checkpoint, ids).hidden[-1]
         logits = checkpoint.logits(states)
@@ -294,9 +292,6 @@ def _output_statistics(checkpoint, inputs, targets, log_u):
 def _validation_sample(folder: Path, tokens: int, seed: int):
     """The corpus of a run (with the run's own tokenizer), `tokens` held-out tokens in
     windows of the run's context, and the log unigram of its training tokens."""
-    from ..diffeqformer import load_corpus
-    from ..diffeqformer._store import tokenizer_text
-
     record = run_record(folder)
     settings = record["config"]
     context = int(record["model_config"]["context"])
@@ -310,8 +305,6 @@ def _validation_sample(folder: Path, tokens: int, seed: int):
 def training_statistics(folder: Path, tokens: int, seed: int) -> xr.Dataset:
     """Energy, unigram divergence and loss of every snapshot of a run (dim
     `snapshot_step`), averaged over the validation sample."""
-    from ..checkpoints import load_checkpoint
-
     _, inputs, targets, log_u = _validation_sample(folder, tokens, seed)
     rows = {"energy": [], "energy_spread": [], "kl": [], "sample_loss": []}
     found = snapshots(folder)
@@ -337,8 +330,6 @@ def hypernetwork_checkpoint(model, steps: int):
     """`populate(model, steps)` with the attention output $O_h(t_k)$ of the
     hypernetwork itself at $t_k = kT/N$ instead of $(T/N)\\, O_h(t_k)$: the weights at
     the grid times, as matrices of the continuous-time model (for spectra)."""
-    from ..diffeqformer import populate
-
     checkpoint = populate(model, steps)
     dtype = jnp.dtype(model.config.dtype)
     h = jnp.asarray(model.config.horizon, dtype) / steps
@@ -351,7 +342,7 @@ def spectral_variation(real, imag) -> np.ndarray:
     for eigenvalues `real + i imag` of shape `(points, heads, r)`: the optimal-matching
     distance of neighbouring spectra (an assignment problem per pair), relative to
     their size; shape `(points - 1, heads)`."""
-    from scipy.optimize import linear_sum_assignment
+    from scipy.optimize import linear_sum_assignment  # lazy: start-up
 
     values = np.asarray(real, np.float64) + 1j * np.asarray(imag, np.float64)
     points, heads, _ = values.shape
@@ -383,8 +374,6 @@ def matrix_variation(matrix: np.ndarray) -> np.ndarray:
 
 
 def _spectra(model, gpt, fine: int) -> xr.Dataset:
-    from ..checkpoints import head_spectra
-
     depth = gpt.depth
     fine_spectra = head_spectra(hypernetwork_checkpoint(model, fine))
     same = hypernetwork_checkpoint(model, depth)
@@ -427,10 +416,6 @@ def _spectra(model, gpt, fine: int) -> xr.Dataset:
 
 
 def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
-
-    from ..checkpoints import depth_flow, forward
-    from ..analysis.pair_exponents import token_sensitivity
-
     c = model.config
     ids_ = jnp.asarray(ids)
     ours = token_sensitivity(model.field(), model.embed_tokens(ids_), t1=c.horizon, dt=c.horizon / c.steps,
@@ -496,9 +481,6 @@ def attention_only_field(field, horizon: float, cluster_horizon: float, *, froze
     `frozen_at` every weight held at $\tau = $ `frozen_at`$\cdot H$; without `drift`
     the value and output biases scaled to zero (they only add the same vector to every
     token's velocity). Every variant of one field has the same structure."""
-    from .. import VectorField
-    from .._schedules import Scaled
-
     attention = field.terms[0]
     dtype = attention.beta.dtype
     if frozen_at is None:
@@ -523,8 +505,6 @@ def gpt_attention_field(checkpoint, cluster_horizon: float, *, frozen_at: float 
     """`attention_only_field` of a GPT checkpoint: its layers' attention (LayerNorm
     gains and shifts folded in), each in force for one unit of depth on $[0, L]$ (the
     core's `depth_flow`)."""
-    from ..checkpoints import depth_flow
-
     return attention_only_field(depth_flow(checkpoint).field, float(checkpoint.depth), cluster_horizon,
                                 frozen_at=frozen_at, drift=drift)
 
@@ -541,9 +521,6 @@ def _attention_only(field, x0, taus, horizon: float, eps):
     """The adaptive solve of an attention-only field on $[0, H]$ and, at the times
     `taus`, the cluster count, mean pair cosine, normalized energy and mean norm; the
     solver's result code. One compiled program for every field of one structure."""
-    from .. import simulate
-    from .._metrics import cluster_count, cosines, normalized_energy
-
     solution = simulate(field, x0, t1=horizon, dt=1e-5 * horizon, solver="tsit5", adaptive=True, ts=taus,
                         rtol=THEORY_RTOL, atol=THEORY_RTOL, max_steps=200_000)
     upper = np.triu_indices(x0.shape[0], 1)
@@ -560,8 +537,6 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
     stretched over $[0, T_c]$, or frozen) and of the GPT (its layers one after the
     other over $[0, T_c]$, or one layer for all time), each from its own embedding of
     the sentence."""
-    from ..checkpoints import depth_flow
-
     dtype = jnp.dtype(model.config.dtype)
     fractions = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, THEORY_SAVES - 1)])
     systems = {"diffeqformer": (learned_attention_field, model, model.embed_tokens(jnp.asarray(ids)),
@@ -630,9 +605,6 @@ def _losses(folders: dict[str, Path]) -> xr.Dataset:
 
 
 def analyse(cfg, options, results) -> xr.Dataset:
-    from ..checkpoints import load_checkpoint, load_tokenizer
-    from ..diffeqformer import load_diffeqformer
-
     out = Path(options["out"])
     overrides = dict(options["train"])
     folders = {name: trained_run(out / name, name, overrides) for name in MODELS}
@@ -721,8 +693,6 @@ def single_cluster_time(clusters, times) -> float | None:
 
 
 def _write_text(path: Path, text: str) -> Path:
-    from .._store import _write_atomically
-
     _write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
 
@@ -909,8 +879,6 @@ def _draw_spectra(ds: xr.Dataset, folder: Path) -> list[Path]:
 
 
 def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
-    from .sensitivity import _highlight, _layout, _scaled, _shown
-
     plt = pyplot()
     tokens = [str(t) for t in ds.token_string.values]
     n = len(tokens)

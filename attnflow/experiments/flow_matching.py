@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
@@ -76,15 +78,8 @@ def check(cfg, options) -> None:
 
 
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    import jax
-    import jax.numpy as jnp
-
-    from ..analysis.surrogate import (
-        FlowMatchingField,
-        fit_flow_matching,
-        push_forward,
-        sinkhorn_distance,
-    )
+    # lazy: start-up (the surrogate's optax and ott: fitting only, never `attnflow plot`)
+    from ..analysis.surrogate import FlowMatchingField, fit_flow_matching, push_forward, sinkhorn_distance
 
     ds = results["main"].copy()
     ds.attrs = {}

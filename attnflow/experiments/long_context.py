@@ -56,6 +56,7 @@ import xarray as xr
 from .._config import NOT_RESULT_KEYS, Config, _default_config
 from .._ensemble import available_memory
 from .._errors import ConfigError
+from .._progress import Progress
 from .._schedules import Identity
 from .._terms import SelfAttention
 from ._common import caption, config_of, pyplot, save
@@ -292,7 +293,6 @@ def _dataset(cfg, rhos, ns, ratios, out, spread) -> xr.Dataset:
 def analyse(cfg, options, results, on_piece=None) -> xr.Dataset:
     if on_piece is not None:
         return long_context_dataset(cfg, options, on_piece)
-    from .._progress import Progress
 
     with Progress("long_context", pieces(cfg, options)) as bar:
         return long_context_dataset(cfg, options, bar.advance)

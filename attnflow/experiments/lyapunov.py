@@ -257,9 +257,8 @@ def local_exponents(spectra: Spectra, t0: float) -> np.ndarray:
 
 def default_chunk(cfg: Config, k: int) -> int:
     """Pairs solved at once: each one's working set (a state and its k tangent copies with
-    the n x n attention of each head) kept near 1 MiB in all. On the 2-core benchmark
-    machine 128 (beta, member) pairs (n = 32, k = 3, float64, T = 100) took 19-20 s in pieces of 128,
-    14-15 s in pieces of 32 and 16-18 s in pieces of 16 (two interleaved rounds)."""
+    the n x n attention of each head) kept near 1 MiB in all: smaller and larger pieces
+    were both slower on a CPU (benchmarks/README.md)."""
     item = 4 if cfg.dtype.value == "float32" else 8
     return max(1, 2**20 // ((k + 1) * cfg.n * max(cfg.n, cfg.d) * item * cfg.heads))
 

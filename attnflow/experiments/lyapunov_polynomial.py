@@ -55,14 +55,7 @@ from .._config import to_container
 from .._errors import ConfigError
 from .._terms import SelfAttention
 from ._common import caption, config_of, member_summary, pyplot, save
-from .lyapunov import (
-    PERCENTILES,
-    check_options,
-    check_spectrum,
-    ensemble_spectra,
-    exponent_count,
-    local_exponents,
-)
+from .lyapunov import PERCENTILES, check_options, check_spectrum, ensemble_spectra, exponent_count, local_exponents
 from .polynomial import SCHEDULES, coefficients, dispersion_index
 
 TITLE = "Lyapunov spectra under polynomial weight magnitudes"

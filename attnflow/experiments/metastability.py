@@ -57,12 +57,15 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 import yaml
 
 from .._config import defaults, to_container
 from .._errors import ConfigError
+from .._metrics import cluster_labels
 from .._progress import Progress
 from ..analysis.plateaus import detect_metastability
 from ._common import caption, check_member_option, config_of, pyplot, save, wireframe_sphere
@@ -169,17 +172,11 @@ def two_cluster_time(theta: float, mass: float, beta: float, eps: float) -> floa
 
 @functools.cache
 def _compiled_labels():
-    import jax
-
-    from .. import cluster_labels
-
     return jax.jit(cluster_labels)
 
 
 def _cluster_labels(x: np.ndarray, eps: float) -> np.ndarray:
     """`attnflow.cluster_labels` of one state, compiled once per shape."""
-    import jax.numpy as jnp
-
     return np.asarray(_compiled_labels()(jnp.asarray(x), eps))
 
 
@@ -429,7 +426,7 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     """Panel (b): token angles at the largest beta, the staircases of every beta with the
     partition levels and the detected plateaus, and the table of the plateaus; returns
     the caption's sentence."""
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # lazy: start-up
 
     plt = pyplot()
     s = ds["staircase_time"].values
@@ -526,8 +523,8 @@ def _plateau_table(ds: xr.Dataset) -> tuple[list[list[str]], str]:
 
 
 def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D  # lazy: start-up
+    from matplotlib.patches import Patch  # lazy: start-up
 
     plt = pyplot()
     staircase = "staircase_time" in ds

@@ -44,8 +44,8 @@ import xarray as xr
 
 from .._errors import ConfigError
 from ._common import caption, config_of, save
-from .phase_diagram import check as check_eps
 from .phase_diagram import heatmaps, summarize
+from .phase_diagram import check as check_eps
 
 TITLE = "Phase diagram of the pair density with random Q^T K and V (d = 128)"
 PAPER = "A mathematical perspective on Transformers, fig. 5"

@@ -54,14 +54,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import (
-    caption,
-    check_drawn_member,
-    config_of,
-    member_summary,
-    pyplot,
-    save,
-)
+from ._common import caption, check_drawn_member, config_of, member_summary, pyplot, save
 
 TITLE = "Polynomial weight magnitudes: growing weights keep tokens dispersed"
 PAPER = "Neural ODE Transformers, app. C.8, fig. 14"
@@ -210,7 +203,7 @@ def _shape(x: np.ndarray) -> np.ndarray:
 
 def _configuration(ax, x: np.ndarray, cmap) -> None:
     """Paths (thin) and end points (dots) of the shape of the tokens x (time, token, 3)."""
-    from mpl_toolkits.mplot3d.art3d import Line3DCollection
+    from mpl_toolkits.mplot3d.art3d import Line3DCollection  # lazy: start-up
 
     y = _shape(x)
     colors = cmap(np.argsort(np.argsort(x[0, :, 0])) / max(x.shape[1] - 1, 1))  # by initial first coordinate

@@ -50,14 +50,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import (
-    caption,
-    check_drawn_member,
-    config_of,
-    member_summary,
-    pyplot,
-    save,
-)
+from ._common import caption, check_drawn_member, config_of, member_summary, pyplot, save
 
 TITLE = "Without normalization: rescaled tokens reach polytopes and hyperplanes, attention gets leaders"
 PAPER = "The emergence of clusters in self-attention dynamics (Geshkovski, Letrouit, Polyanskiy, Rigollet, 2023)"
@@ -158,7 +151,7 @@ def value_matrix(cfg, options, label: str) -> np.ndarray:
 
 def rescale(x: np.ndarray, t: np.ndarray, v: np.ndarray) -> np.ndarray:
     """$z_i(t) = e^{-tV} x_i(t)$ for states x (member, time, token, dim)."""
-    from scipy.linalg import expm
+    from scipy.linalg import expm  # lazy: start-up
 
     back = np.stack([expm(-s * v) for s in t])  # (time, dim, dim)
     return np.einsum("tab,mtib->mtia", back, x)
@@ -175,7 +168,7 @@ def distinct(points: np.ndarray, tol: float) -> np.ndarray:
 
 def convex_position(points: np.ndarray, tol: float) -> bool:
     """Whether every one of `points` (distinct rows) is a vertex of their convex hull."""
-    from scipy.spatial import ConvexHull
+    from scipy.spatial import ConvexHull  # lazy: start-up
 
     k = points.shape[0]
     if k <= 2:
@@ -299,7 +292,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 def _loop(points: np.ndarray) -> np.ndarray:
     """The vertices of the convex hull of 2-D `points` in order, closed (the points
     themselves when there are fewer than three or they are collinear)."""
-    from scipy.spatial import ConvexHull, QhullError
+    from scipy.spatial import ConvexHull, QhullError  # lazy: start-up
 
     if len(points) < 3:
         return points

@@ -26,16 +26,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import (
-    caption,
-    check_drawn_member,
-    config_of,
-    failed_members,
-    member_summary,
-    pyplot,
-    save,
-    stack_panels,
-)
+from ._common import caption, check_drawn_member, config_of, failed_members, member_summary, pyplot, save, stack_panels
 
 TITLE = "Random Q, K with V = I still cluster; V = -I does not"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, fig. 3"
@@ -93,7 +84,7 @@ def principal_plane(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 def draw_paths(ax, x: np.ndarray, t: np.ndarray, norm, cmap) -> None:
     """Token paths x(time, token, dim) on the principal plane of all their points,
     coloured by time; o marks the start, * the end."""
-    from matplotlib.collections import LineCollection
+    from matplotlib.collections import LineCollection  # lazy: start-up
 
     centre, axes, share = principal_plane(x.reshape(-1, x.shape[-1]))
     y = (x - centre) @ axes.T  # (time, token, 2)

@@ -22,12 +22,15 @@ from __future__ import annotations
 import numbers
 from pathlib import Path
 
+import jax
 import numpy as np
 import xarray as xr
 
 from .._errors import CheckpointError, ConfigError
 from .._progress import Progress
 from .._solvers import SOLVERS
+from ..analysis.pair_exponents import token_sensitivity
+from ..checkpoints._flow import depth_flow, forward
 from ._common import caption, config_of, pyplot, save
 from .checkpoint import _sentence
 
@@ -74,11 +77,6 @@ def _prediction(checkpoint, tokenizer, last_state) -> tuple[int, str]:
 
 
 def analyse(cfg, options, results) -> xr.Dataset:
-    import jax
-
-    from ..checkpoints import depth_flow, forward
-    from ..analysis.pair_exponents import token_sensitivity
-
     checkpoint, tokenizer, ids = _sentence(cfg)
     strings = tokenizer.tokens(ids)
     model = forward(checkpoint, ids)
@@ -131,7 +129,7 @@ def _shown(token: str) -> tuple[str, bool]:
 def _layout(fig, tokens: list[str], width: float) -> tuple[list[tuple[str, float, int]], int]:
     """Each token's text, left edge (inches) and line when the sentence is set in boxes
     on lines of `width` inches; and the number of lines."""
-    from matplotlib.font_manager import FontProperties
+    from matplotlib.font_manager import FontProperties  # lazy: start-up
 
     renderer = fig.canvas.get_renderer()
     prop = FontProperties(size=_FONT)
@@ -151,7 +149,7 @@ def _layout(fig, tokens: list[str], width: float) -> tuple[list[tuple[str, float
 def _highlight(fig, ax, placed, values, cmap, title: str, mark: int) -> None:
     """The sentence with each token's box coloured by `values` in [0, 1] (NaN: grey),
     token `mark` outlined."""
-    from matplotlib.transforms import ScaledTranslation
+    from matplotlib.transforms import ScaledTranslation  # lazy: start-up
 
     ax.set_axis_off()
     ax.set_title(title, loc="left")

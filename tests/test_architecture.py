@@ -1,0 +1,95 @@
+"""The shape of the package: its layers only import downward, with no import circle
+(the import-linter contracts of pyproject.toml), and its public names, loaded lazily,
+are the names of its `.pyi` stubs, which editors and type checkers read."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "attnflow"
+STUBBED = ("attnflow", "attnflow.checkpoints", "attnflow.diffeqformer")
+
+
+def _contracts() -> list[dict]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def _layers() -> list[set[str]]:
+    (layered,) = [c for c in _contracts() if c["type"] == "layers"]
+    return [{part.strip() for part in layer.replace("|", ":").split(":")} for layer in layered["layers"]]
+
+
+def test_import_contracts_are_kept():
+    """`lint-imports`: no layer imports one above it, no module imports the package's
+    lazy front door, no two modules of a package import each other (in a circle)."""
+    command = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run([str(command), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+def test_every_module_has_a_layer():
+    """Each core module (`attnflow/_*.py`, a new one too) and each subpackage is in a
+    layer of the contract, so the contract constrains all of them."""
+    layered = set().union(*_layers())
+    modules = {f"attnflow.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    modules |= {f"attnflow.{p.parent.name}" for p in PACKAGE.glob("*/__init__.py")}
+    assert modules - layered == set(), "add these modules to a layer in pyproject.toml's [tool.importlinter]"
+    assert layered - modules == set(), "these layers name modules that do not exist"
+    core = _layers()[-1]
+    assert core == {m for m in modules if m.startswith("attnflow._")}
+
+
+def _stub_names(package: str) -> dict[str, str]:
+    """name -> the module the package's `__init__.pyi` imports it from."""
+    stub = Path(importlib.import_module(package).__file__).with_suffix(".pyi")
+    names = {}
+    for node in ast.parse(stub.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 1 and node.module, f"{stub}: only `from .module import name as name`"
+            for alias in node.names:
+                assert alias.asname in (None, alias.name), f"{stub}: {alias.name} is renamed"
+                names[alias.name] = f"{package}.{node.module}"
+        elif isinstance(node, ast.Assign) and node.targets[0].id == "__all__":
+            listed = ast.literal_eval(node.value)
+    assert sorted(listed) == sorted(names), f"{stub}: __all__ is not the list of the names it imports"
+    return names
+
+
+@pytest.mark.parametrize("package", STUBBED)
+def test_stub_names_are_the_public_names(package):
+    """Every name of the stub resolves, to the object of the module it names, and the
+    stub's names are the package's `__all__` and `dir()`."""
+    module = importlib.import_module(package)
+    names = _stub_names(package)
+    assert sorted(names) == sorted(module.__all__) == sorted(dir(module))
+    for name, where in names.items():
+        assert getattr(module, name) is getattr(importlib.import_module(where), name), name
+    with pytest.raises(AttributeError):
+        getattr(module, "no_such_name")
+
+
+def test_typed_package_data():
+    """The wheel carries py.typed and the stubs (PEP 561)."""
+    assert (PACKAGE / "py.typed").is_file()
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert {"py.typed", "*.pyi"} <= set(data["attnflow"])
+    for package in STUBBED[1:]:
+        assert "*.pyi" in data[package]
+
+
+def test_import_attnflow_loads_no_dependency():
+    """`import attnflow` imports none of its heavy dependencies: they load with the
+    first name that needs them."""
+    heavy = ("jax", "equinox", "diffrax", "xarray", "matplotlib", "hydra", "omegaconf", "optax", "tokenizers")
+    code = ("import sys, attnflow, attnflow.checkpoints, attnflow.diffeqformer; "
+            f"print(' '.join(m for m in {heavy!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == []
