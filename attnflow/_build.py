@@ -33,6 +33,7 @@ from ._initial import (
     UniformCube,
     UniformSphere,
 )
+from ._metric_registry import METRIC_NAMES, METRICS, Sizes, names_reading, reading
 from ._metrics import Recorder, attention_rows
 from ._random_matrices import SQUARE_LAWS, draw_matrix
 from ._solvers import SOLVERS, no_error_estimate
@@ -41,9 +42,6 @@ from ._schedules import identity_multiple
 from ._terms import MLP, SelfAttention, TokenNorm
 from ._tiled import INDEX_LIMIT, check_tiles, resolve_block
 
-# What each metric reads: the clustering threshold eps, the attention term.
-_CLUSTERING = {"pair_density", "clusters", "cluster_sizes"}
-_ATTENTION = {"attention", "attention_rank"}
 
 
 def _number(name: str, value: Any, *, positive=False, minimum=None) -> None:
@@ -115,8 +113,8 @@ def _not_applicable(cfg: Config, base: Config) -> None:
         ]))
     if cfg.rank_rtol is not None and "attention_rank" not in cfg.metrics:
         rules.append(("metrics without attention_rank", [("rank_rtol", lambda c: c.rank_rtol)]))
-    if not _CLUSTERING & set(cfg.metrics):
-        rules.append(("metrics without pair_density, clusters or cluster_sizes", [("eps", lambda c: c.eps)]))
+    if not reading("eps", cfg.metrics):
+        rules.append((f"metrics without {names_reading('eps')}", [("eps", lambda c: c.eps)]))
     random_weights = cfg.mlp.enabled or (cfg.attention and any(getattr(cfg.weights, m).kind == "random" for m in "qkvo"))
     if not random_weights:
         rules.append(("no random weights", [("weights.shared", lambda c: c.weights.shared),
@@ -191,15 +189,16 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     if cfg.norm == "sphere" and d < 2:
         raise ConfigError(f"tokens on the sphere need d >= 2, got d={d}.")
     metrics = set(cfg.metrics)
-    if not cfg.attention and _ATTENTION & metrics:
+    if not cfg.attention and reading("attention", metrics):
         raise ConfigError("the attention metrics need attention=true.")
     for key in ("d_k", "d_v", "chunk_size"):
         if getattr(cfg, key) is not None:
             _number(key, getattr(cfg, key), minimum=1)
     if cfg.attention_block is not None:
         _number("attention_block", cfg.attention_block, minimum=0)
-    if "attention_rank" in metrics and resolve_block(cfg.n, cfg.attention_block) is not None:
-        raise ConfigError(f"attention_rank needs the whole n x n attention maps, which are formed in tiles at "
+    dense_only = [m for m in METRIC_NAMES if m in metrics and not METRICS[m].tiled]
+    if dense_only and resolve_block(cfg.n, cfg.attention_block) is not None:
+        raise ConfigError(f"{dense_only[0]} needs the whole n x n attention maps, which are formed in tiles at "
                           f"n={cfg.n} with attention_block={cfg.attention_block}; drop the metric or set "
                           "attention_block=0 (dense).")
     if cfg.rank_rtol is not None:
@@ -284,7 +283,7 @@ def _numbers_as_floats(cfg: Config) -> Config:
 
 
 def _cosine_metrics(cfg: Config) -> bool:
-    return bool(set(cfg.metrics) & (_CLUSTERING | {"normalized_energy", "order_parameter"})) or cfg.norm == "sphere"
+    return bool(reading("cosines", cfg.metrics)) or cfg.norm == "sphere"
 
 
 def _check_init(cfg: Config) -> None:
@@ -426,11 +425,8 @@ def _per_save_bytes(cfg: Config) -> int:
     itemsize = 4 if cfg.dtype == "float32" else 8
     n, d = cfg.n, cfg.d
     rows = attention_rows(n, cfg.attention_block)
-    size = {"energy": itemsize, "log_energy": itemsize, "normalized_energy": itemsize, "pair_density": itemsize,
-            "clusters": 4, "cluster_sizes": 4 * n, "order_parameter": itemsize,
-            "attention": cfg.heads * (n if rows is None else len(rows)) * n * itemsize,
-            "attention_rank": 4 * cfg.heads}
-    total = 1 + sum(size[m] for m in cfg.metrics)
+    sizes = Sizes(n=n, heads=cfg.heads, itemsize=itemsize, rows=None if rows is None else len(rows))
+    total = 1 + sum(METRICS[str(m)].size(sizes) for m in cfg.metrics)
     return total + (n * d * itemsize if cfg.save_states else 0)
 
 

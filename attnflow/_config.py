@@ -30,13 +30,13 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 from ._errors import ConfigError
+from ._metric_registry import METRIC_NAMES
 
 # The choices come from the modules that implement them (one source of truth); they are
-# spelled out here, not imported, so that reading a config does not import JAX.
+# spelled out here, not imported, so that reading a config does not import JAX. The
+# metrics' names come from their JAX-free registry.
 SOLVER_NAMES = ("euler", "euler_renorm", "heun", "midpoint", "ralston", "bosh3", "rk4", "tsit5", "dopri5", "dopri8")
 SCHEME_NAMES = ("none", "sphere", "pre", "peri")
-METRIC_NAMES = ("energy", "log_energy", "normalized_energy", "pair_density", "clusters", "cluster_sizes",
-                "order_parameter", "attention", "attention_rank")
 
 
 class Choice(str, enum.Enum):

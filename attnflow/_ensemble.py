@@ -29,6 +29,7 @@ from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
 from ._grid import every_steps, grid_times, step_count
+from ._metric_registry import reading
 from ._metrics import Recorder
 from ._schedules import identity_multiple
 from ._simulate import simulate
@@ -159,7 +160,7 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
     if isinstance(record, Recorder):
         width = resolve_block(n, record.block) or n
         pairwise += 2 * item * n * width
-        if {"attention", "attention_rank"} & set(record.metrics):
+        if reading("attention", record.metrics):
             heads = max([t.heads for t in field.terms if isinstance(t, SelfAttention)], default=1)
             pairwise += item * heads * n * width
         saved = jax.eval_shape(lambda r, x, f: r(0.0, x, f), record, y0, field)

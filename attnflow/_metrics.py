@@ -12,6 +12,8 @@ a positive number in tiles of that many tokens (memory $O(n \\cdot \\mathrm{bloc
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -22,6 +24,7 @@ from jaxtyping import Array, Bool, Float, Int, Scalar, ScalarLike
 from . import _tiled
 from ._errors import ConfigError
 from ._geometry import Sphere
+from ._metric_registry import DEFAULT_METRICS, METRICS
 from ._terms import SelfAttention, _contract
 
 
@@ -200,18 +203,6 @@ def numerical_rank(a: Float[Array, "n n"], rtol: ScalarLike | None = None, *,
     return jnp.sum(s > rtol * s[0])
 
 
-METRICS = (
-    "energy",
-    "log_energy",
-    "normalized_energy",
-    "pair_density",
-    "clusters",
-    "cluster_sizes",
-    "order_parameter",
-    "attention",
-    "attention_rank",
-)
-DEFAULT_METRICS = ("energy", "log_energy", "pair_density", "clusters", "order_parameter")
 # Query rows whose attention is recorded when the map is too large to keep whole.
 ATTENTION_ROWS = 64
 
@@ -235,20 +226,94 @@ def _attention_weights(field, t: ScalarLike, x: Float[Array, "n d"], rows) -> Ar
     raise ConfigError("attention metrics need an attention term in the vector field.")
 
 
-def _energies(metrics: set[str], log_e: Scalar) -> dict[str, Array]:
-    """The energy statistics asked for in `metrics`, from the log energy."""
-    out = {"energy": jnp.exp(log_e), "log_energy": log_e}
-    return {name: value for name, value in out.items() if name in metrics}
+class Pairs:
+    """What the metrics of one state share, each computed on first use: the Gram
+    matrix, the cosines, the close pairs, the cluster labels, the attention maps. There
+    is one method per metric of `attnflow._metric_registry.METRICS`, of the same name;
+    with `tile` set, each goes through tiles of the Gram matrix (no n x n array, see
+    `attnflow._tiled`). Built while tracing a `Recorder` call: the cache is Python's."""
 
+    def __init__(self, t, x, field, *, beta, eps, tile: int | None, block: int | None, rank_rtol):
+        self.t, self.x, self.field = t, x, field
+        self.beta, self.eps, self.tile, self.block, self.rank_rtol = beta, eps, tile, block, rank_rtol
+        self.n = x.shape[0]
+        # Unit rows on the sphere (the solver retracts every saved state): inner products are cosines.
+        self.on_sphere = field is not None and isinstance(field.geometry, Sphere)
 
-def _clusterings(metrics: set[str], labels: Int[Array, " n"]) -> dict[str, Array]:
-    """The cluster statistics asked for in `metrics`, from the cluster labels."""
-    out = {}
-    if "clusters" in metrics:
-        out["clusters"] = _count(labels)
-    if "cluster_sizes" in metrics:
-        out["cluster_sizes"] = _sizes(labels)
-    return out
+    @functools.cached_property
+    def gram(self) -> Float[Array, "n n"]:
+        return gram(self.x)
+
+    @functools.cached_property
+    def inv_norm(self) -> Float[Array, " n"]:
+        if self.on_sphere:
+            return jnp.ones(self.n, self.x.dtype)
+        if self.tile is None:
+            return lax.rsqrt(jnp.diagonal(self.gram))
+        return lax.rsqrt(jnp.sum(self.x * self.x, axis=-1))
+
+    @functools.cached_property
+    def cosines(self) -> Float[Array, "n n"]:
+        if self.on_sphere:
+            return self.gram
+        return self.gram * self.inv_norm[:, None] * self.inv_norm[None, :]
+
+    @functools.cached_property
+    def unit(self) -> Float[Array, "n d"]:
+        return self.x if self.on_sphere else self.x * self.inv_norm[:, None]
+
+    @functools.cached_property
+    def close(self) -> Bool[Array, "n n"]:
+        return self.cosines > 1 - self.eps
+
+    @functools.cached_property
+    def labels(self) -> Int[Array, " n"]:
+        if self.tile is None:
+            return _labels(self.close)
+        return _tiled.components(self.unit, 1 - self.eps, self.tile)
+
+    @functools.cached_property
+    def maps(self) -> Array:
+        if self.tile is None:
+            return self.field.attention_weights(self.t, self.x)
+        return _attention_weights(self.field, self.t, self.x, attention_rows(self.n, self.block))
+
+    def log_energy(self) -> Scalar:
+        if self.tile is None:
+            return _log_energy(self.gram, self.beta)
+        return _log_energy_tiled(self.x, self.beta, self.tile)
+
+    def energy(self) -> Scalar:
+        return jnp.exp(self._log_e)
+
+    @functools.cached_property
+    def _log_e(self) -> Scalar:
+        return self.log_energy()
+
+    def normalized_energy(self) -> Scalar:
+        if self.tile is None:
+            return jnp.mean(jnp.exp(self.cosines))
+        return _normalized_energy_tiled(self.unit, self.tile)
+
+    def pair_density(self) -> Scalar:
+        if self.tile is None:
+            return _pair_fraction(self.close, self.x.dtype)
+        return _pair_count_fraction(_tiled.close_pair_count(self.unit, 1 - self.eps, self.tile), self.n)
+
+    def clusters(self) -> Int[Array, ""]:
+        return _count(self.labels)
+
+    def cluster_sizes(self) -> Int[Array, " n"]:
+        return _sizes(self.labels)
+
+    def order_parameter(self) -> Scalar:
+        return _order(self.x, self.inv_norm)
+
+    def attention(self) -> Array:
+        return self.maps
+
+    def attention_rank(self) -> Int[Array, " heads"]:
+        return jax.vmap(lambda ah: numerical_rank(ah, self.rank_rtol))(self.maps).astype(jnp.int32)
 
 
 class Recorder(eqx.Module):
@@ -281,69 +346,17 @@ class Recorder(eqx.Module):
         # overflowing, past which no inner product is meaningful). It shares its pass
         # over the state with the retraction, unlike an elementwise isfinite().
         out: dict[str, Array] = {"finite": jnp.isfinite(jnp.sum(x * x))}
-        m = set(self.metrics)
         n = x.shape[0]
         tile = _tiled.resolve_block(n, self.block)
-        if tile is not None:
-            out.update(self._tiled(t, x, field, tile))
-            if self.save_states:
-                out["x"] = x
-            return out
-        # One Gram matrix serves every metric: cosines are its normalized entries.
-        g = gram(x)
-        if field is not None and isinstance(field.geometry, Sphere):
-            # Unit rows (the solver retracts every saved state): inner products are cosines.
-            inv_norm = jnp.ones(n, x.dtype)
-            cos = g
-        else:
-            inv_norm = lax.rsqrt(jnp.diagonal(g))
-            cos = g * inv_norm[:, None] * inv_norm[None, :]
-        if m & {"energy", "log_energy"}:
-            out.update(_energies(m, _log_energy(g, self.beta)))
-        if "normalized_energy" in m:
-            out["normalized_energy"] = jnp.mean(jnp.exp(cos))
-        if m & {"pair_density", "clusters", "cluster_sizes"}:
-            close = cos > 1 - self.eps
-            if "pair_density" in m:
-                out["pair_density"] = _pair_fraction(close, x.dtype)
-            if m & {"clusters", "cluster_sizes"}:
-                out.update(_clusterings(m, _labels(close)))
-        if "order_parameter" in m:
-            out["order_parameter"] = _order(x, inv_norm)
-        if m & {"attention", "attention_rank"}:
-            a = field.attention_weights(t, x)
-            if "attention" in m:
-                out["attention"] = a
-            if "attention_rank" in m:
-                out["attention_rank"] = jax.vmap(lambda ah: numerical_rank(ah, self.rank_rtol))(a).astype(jnp.int32)
+        pairs = Pairs(t, x, field, beta=self.beta, eps=self.eps, tile=tile, block=self.block,
+                      rank_rtol=self.rank_rtol)
+        for name in METRICS:  # the registry's order, whatever the config's
+            if name not in self.metrics:
+                continue
+            if tile is not None and not METRICS[name].tiled:
+                raise ConfigError(f"{name} needs the whole {n} x {n} attention maps, which are not formed at "
+                                  f"n = {n} (tiles of {tile}); drop the metric or set attention_block=0 (dense).")
+            out[name] = getattr(pairs, name)()
         if self.save_states:
             out["x"] = x
-        return out
-
-    def _tiled(self, t, x, field, tile: int) -> dict[str, Array]:
-        """The metrics through tiles of the Gram matrix (no n x n array; see `_tiled`)."""
-        m = set(self.metrics)
-        n = x.shape[0]
-        if "attention_rank" in m:
-            raise ConfigError(f"attention_rank needs the whole {n} x {n} attention maps, which are not formed at "
-                              f"n = {n} (tiles of {tile}); drop the metric or set attention_block=0 (dense).")
-        out: dict[str, Array] = {}
-        if field is not None and isinstance(field.geometry, Sphere):
-            inv_norm = jnp.ones(n, x.dtype)  # unit rows: the solver retracts every saved state
-            u = x
-        else:
-            inv_norm = lax.rsqrt(jnp.sum(x * x, axis=-1))
-            u = x * inv_norm[:, None]
-        if m & {"energy", "log_energy"}:
-            out.update(_energies(m, _log_energy_tiled(x, self.beta, tile)))
-        if "normalized_energy" in m:
-            out["normalized_energy"] = _normalized_energy_tiled(u, tile)
-        if "pair_density" in m:
-            out["pair_density"] = _pair_count_fraction(_tiled.close_pair_count(u, 1 - self.eps, tile), n)
-        if m & {"clusters", "cluster_sizes"}:
-            out.update(_clusterings(m, _tiled.components(u, 1 - self.eps, tile)))
-        if "order_parameter" in m:
-            out["order_parameter"] = _order(x, inv_norm)
-        if "attention" in m:
-            out["attention"] = _attention_weights(field, t, x, attention_rows(n, self.block))
         return out

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import textwrap
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,83 +24,16 @@ import numpy as np
 import xarray as xr
 import yaml
 
+from ._metric_registry import PANELS
 from ._store import _write_atomically
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-_EPS = r"\varepsilon"
-
-# (variable, y label, reduction to (beta?, member, time), y range or None, uses eps).
-# Reductions keep NaN (skipna=False) so that a member whose state blew up is NaN at
-# that time and drops out of the ensemble statistics instead of biasing them.
-_PANELS: tuple[tuple[str, str, Callable[[xr.DataArray], xr.DataArray], tuple[float, float] | None, bool], ...] = (
-    (
-        "pair_density",
-        "pair density\n" rf"$P(\cos(x_i, x_j) > 1 - {_EPS})$",
-        lambda da: da,
-        (0.0, 1.0),
-        True,
-    ),
-    (
-        "clusters",
-        "clusters\n" rf"components of $\cos > 1 - {_EPS}$",
-        lambda da: da,
-        None,
-        True,
-    ),
-    (
-        "log_energy",
-        "log interaction energy " r"$\log E_\beta$" "\n"
-        r"$E_\beta = \sum_{ij} e^{\beta\langle x_i, x_j\rangle} / (2\beta n^2)$",
-        lambda da: da,
-        None,
-        False,
-    ),
-    (
-        "energy",
-        "interaction energy\n" r"$E_\beta = \sum_{ij} e^{\beta\langle x_i, x_j\rangle} / (2\beta n^2)$",
-        lambda da: da,
-        None,
-        False,
-    ),
-    (
-        "normalized_energy",
-        "normalized energy\n" r"$\sum_{ij} e^{\cos(x_i, x_j)} / n^2$",
-        lambda da: da,
-        None,
-        False,
-    ),
-    (
-        "order_parameter",
-        "order parameter\n" r"$\|\frac{1}{n}\sum_i \hat x_i\|$,  $\hat x = x / \|x\|$",
-        lambda da: da,
-        (0.0, 1.0),
-        False,
-    ),
-    (
-        "cluster_sizes",
-        "largest cluster\n" r"$|C_{\max}| / n$",
-        lambda da: da.isel(cluster=0) / da.sizes["cluster"],
-        (0.0, 1.0),
-        True,
-    ),
-    (
-        "attention_rank",
-        "attention rank\n" r"numerical rank of $(a_{ij})$, mean over heads",
-        lambda da: da.mean("head", skipna=False),
-        None,
-        False,
-    ),
-    (
-        "attention",
-        "attention concentration\n" r"$\sum_i \max_j a_{ij} / n$, mean over heads",
-        lambda da: da.max("key", skipna=False).mean(("query", "head"), skipna=False),
-        (0.0, 1.0),
-        False,
-    ),
-)
-
+# The panels: every metric's label, reduction to (beta?, member, time) and y range, from
+# the metric registry, in its panel order. Reductions keep NaN (skipna=False) so that a
+# member whose state blew up is NaN at that time and drops out of the ensemble
+# statistics instead of biasing them.
 _STATUS = {1: "state became non-finite", 2: "solver stopped early"}
 
 # Sizes in inches: a panel cell (axes plus its labels), the caption's line height,
@@ -125,14 +57,15 @@ def _config(ds: xr.Dataset) -> dict:
 def _panels(ds: xr.Dataset) -> list[tuple[str, str, xr.DataArray, tuple[float, float] | None, bool]]:
     """The recorded time series to draw, each reduced to dims `(beta?, member?, time)`."""
     panels = []
-    for name, label, reduce, limits, uses_eps in _PANELS:
+    for metric in PANELS:
+        name = metric.name
         if name not in ds or "time" not in ds[name].dims:
             continue
         if name == "energy" and "log_energy" in ds:
             continue
-        series = reduce(ds[name])
+        series = metric.reduce(ds[name])
         if set(series.dims) <= {"beta", "member", "time"}:
-            panels.append((name, label, series, limits, uses_eps))
+            panels.append((name, metric.label, series, metric.limits, metric.reads_eps))
     return panels
 
 

@@ -37,7 +37,7 @@ import yaml
 
 from ._errors import ConfigError
 from ._figures import pyplot
-from ._plots import _PANELS
+from ._metric_registry import METRICS, PANELS
 from ._store import _write_atomically, load_results, stored_config, write_results
 
 # Per-member bookkeeping, not a result to summarize (the failed fraction stands for it).
@@ -85,24 +85,21 @@ def _override_order(run: Path) -> list[str]:
     return keys
 
 
-# The table's names of the summary figure's reduced metrics.
-_REDUCED = {"cluster_sizes": "largest_cluster", "attention": "attention_concentration"}
-
-
 def _label(name: str) -> str:
     """The summary figure's axis label of a metric (its own name otherwise)."""
-    labels = {_REDUCED.get(panel[0], panel[0]): panel[1] for panel in _PANELS}
+    labels = {metric.reduced_name or metric.name: metric.label for metric in PANELS}
     return labels.get(name, name.replace("_", " "))
 
 
 def _series(ds: xr.Dataset) -> dict[str, xr.DataArray]:
     """The per-member time series of a run, each with dims (beta?, member, time)."""
     found = {}
-    for name, _, reduce, _, _ in _PANELS:
-        if name in ds and {"member", "time"} <= set(ds[name].dims):
-            found[_REDUCED.get(name, name)] = reduce(ds[name])
+    for metric in PANELS:
+        if metric.name in ds and {"member", "time"} <= set(ds[metric.name].dims):
+            found[metric.reduced_name or metric.name] = metric.reduce(ds[metric.name])
     for name, da in ds.data_vars.items():
-        if name in found or name in _REDUCED or not {"member", "time"} <= set(da.dims):
+        reduced = name in METRICS and METRICS[name].reduced_name is not None
+        if name in found or reduced or not {"member", "time"} <= set(da.dims):
             continue
         found[str(name)] = da
     return {name: da for name, da in found.items() if _squeezable(da, {"beta", "member", "time"})}

@@ -16,14 +16,12 @@ from ._build import betas_of, build_system, output_times, validate_config
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
 from ._errors import NonFiniteStateError, SolverFailure
+from ._metric_registry import METRICS
 from ._store import PieceStore, Results, in_background
 
-_DIMS = {
-    "x": ("token", "dim"),
-    "cluster_sizes": ("cluster",),
-    "attention": ("head", "query", "key"),
-    "attention_rank": ("head",),
-}
+# The dimensions each saved value adds after (beta, member, time): the metrics' from
+# their registry, and the states'.
+_DIMS = {"x": ("token", "dim"), **{name: metric.dims for name, metric in METRICS.items()}}
 STATUS_MEANINGS = "ok non_finite solver_stopped"
 
 
@@ -214,15 +212,7 @@ def time_axis(speed) -> str:
 
 
 _DESCRIPTIONS = {
-    "energy": "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)",
-    "log_energy": "log of the interaction energy (finite for any beta)",
-    "normalized_energy": "mean_ij exp(cos(x_i, x_j))",
-    "pair_density": "fraction of pairs i != j with cos(x_i, x_j) > 1 - eps",
-    "clusters": "connected components of the graph cos(x_i, x_j) > 1 - eps",
-    "cluster_sizes": "cluster sizes, largest first, zero-padded",
-    "order_parameter": "|mean_i x_i / |x_i||",
-    "attention": "attention matrices a_ij of each head",
-    "attention_rank": "numerical rank of each head's attention matrix",
+    **{name: metric.description for name, metric in METRICS.items()},
     "x": "token states",
     "num_steps": "solver steps taken",
     "status": "0: reached t1; 1: the state became non-finite; 2: the solver stopped early",
@@ -232,6 +222,8 @@ _DESCRIPTIONS = {
 
 def _attributes(name: str) -> dict:
     attrs = {"description": _DESCRIPTIONS[name]} if name in _DESCRIPTIONS else {}
+    if name in METRICS:
+        attrs["units"] = METRICS[name].units
     if name == "status":
         attrs.update(flag_values=np.array([0, 1, 2], np.int8), flag_meanings=STATUS_MEANINGS)
     return attrs

@@ -90,7 +90,7 @@ def test_cluster_count_equals_scipy_connected_components():
 def test_recorder_agrees_with_the_metric_functions():
     x = _clustered((4, 3), 4, jitter=1e-3) * 2.5  # off the sphere: cosines are used
     beta, eps = 2.0, 1e-2
-    rec = af.Recorder(jnp.asarray(beta), jnp.asarray(eps), metrics=af._metrics.METRICS[:-2])
+    rec = af.Recorder(jnp.asarray(beta), jnp.asarray(eps), metrics=tuple(af._metrics.METRICS)[:-2])
     out = rec(0.0, x)
     np.testing.assert_allclose(out["log_energy"], af.log_interaction_energy(x, beta), rtol=1e-12)
     np.testing.assert_allclose(out["normalized_energy"], af.normalized_energy(x), rtol=1e-12)
@@ -117,3 +117,33 @@ def test_numerical_rank_and_attention_rank():
         out = rec(0.0, x, field)
         assert out["attention"].shape == (1, n, n)
         assert int(out["attention_rank"][0]) == rank
+
+
+@pytest.mark.parametrize("tiles", [False, True], ids=["dense", "tiled"])
+def test_every_registered_metric_is_recorded_as_its_entry_declares(tiles):
+    """The registry is the one place a metric is declared: each entry is a config choice,
+    has its function (a method of `Pairs`), and records values of the dims and bytes it
+    declares, dense and (where it says it can) through tiles."""
+    from attnflow import _config
+    from attnflow._metric_registry import METRICS, PANELS, Sizes
+    from attnflow._metrics import Pairs, attention_rows
+
+    assert tuple(_config.Metric.__members__) == tuple(METRICS)
+    assert sorted(m.name for m in PANELS) == sorted(METRICS)
+    n, d, heads = 70, 3, 2
+    block = 16 if tiles else 0
+    field = identity_field(d, 1.0, heads=heads)
+    x = af.UniformSphere()(jax.random.key(0), n, d, jnp.float64)
+    names = tuple(name for name, metric in METRICS.items() if metric.tiled or not tiles)
+    rec = af.Recorder(jnp.asarray(1.0), jnp.asarray(0.1), metrics=names, block=block)
+    out = jax.jit(lambda x: rec(0.0, x, field))(x)
+    rows = len(attention_rows(n, block)) if tiles else None
+    for name in names:
+        metric = METRICS[name]
+        assert callable(getattr(Pairs, name)), name
+        value = out[name]
+        assert value.ndim == len(metric.dims), name
+        assert value.size * value.dtype.itemsize == metric.size(Sizes(n, heads, x.dtype.itemsize, rows)), name
+    if tiles:
+        with pytest.raises(af.ConfigError, match="attention_rank needs the whole"):
+            af.Recorder(jnp.asarray(1.0), jnp.asarray(0.1), metrics=("attention_rank",), block=block)(0.0, x, field)

@@ -1,0 +1,135 @@
+"""Every metric a run can record, one entry each: the one place a metric is declared.
+
+An entry says what the config accepts (`metrics: [name, ...]`), what the metric reads
+(the clustering threshold `eps`, the attention maps), the dimensions it adds to a
+saved time, its description and units in `results.nc`, its label and reduction in the
+summary figure and in `attnflow report`, whether it can go through tiles, and how
+many bytes one saved value takes. Its function is the method of the same name of
+`attnflow._metrics.Pairs` (what the metrics of one state share: the Gram matrix, the
+cosines, the close pairs, the cluster labels), dense or tiled as the state says.
+
+This module imports neither JAX nor xarray: reading a config, checking it and sizing
+a run need only these entries. Adding a metric: one entry here, one method of
+`Pairs`, and its test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Sizes(NamedTuple):
+    """What the size of one saved value depends on: tokens, heads, bytes of a float,
+    attention rows kept (None: all of them)."""
+
+    n: int
+    heads: int
+    itemsize: int
+    rows: int | None
+
+
+def _identity(da: Any) -> Any:
+    return da
+
+
+def _largest_cluster(da: Any) -> Any:
+    return da.isel(cluster=0) / da.sizes["cluster"]
+
+
+def _mean_rank(da: Any) -> Any:
+    return da.mean("head", skipna=False)
+
+
+def _concentration(da: Any) -> Any:
+    return da.max("key", skipna=False).mean(("query", "head"), skipna=False)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric.
+
+    Arguments:
+        name: the config's name and the variable of `results.nc`.
+        description: its `description` attribute in `results.nc` (what it is).
+        units: its CF `units` attribute ("1": a pure number).
+        label: the y label of its panel in the summary figure.
+        dims: the dimensions one saved value adds after (beta, member, time).
+        size: bytes of one saved value, from `Sizes`.
+        reads_eps: whether it reads the clustering threshold `eps`.
+        reads_attention: whether it reads the attention maps (needs `attention=true`).
+        tiled: whether it can go through tiles (else it needs whole n x n maps).
+        cosines: whether it reads cosines of the states (tokens must not be zero).
+        reduce: its reduction to (beta?, member, time) for the figure and the report.
+        limits: the y range of its panel, or None.
+        reduced_name: the name of the reduced series in `attnflow report`, when not `name`.
+        panel: its place among the summary figure's panels (lower first).
+    """
+
+    name: str
+    description: str
+    units: str
+    label: str
+    dims: tuple[str, ...]
+    size: Callable[[Sizes], int]
+    reads_eps: bool = False
+    reads_attention: bool = False
+    tiled: bool = True
+    cosines: bool = False
+    reduce: Callable[[Any], Any] = _identity
+    limits: tuple[float, float] | None = None
+    reduced_name: str | None = None
+    panel: int = 0
+
+
+_EPS = r"\varepsilon"
+_ENERGY = r"$E_\beta = \sum_{ij} e^{\beta\langle x_i, x_j\rangle} / (2\beta n^2)$"
+
+# In the config's order (its list of choices); `panel` orders the summary figure.
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("energy", "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)", "1",
+           "interaction energy\n" + _ENERGY, (), lambda s: s.itemsize, panel=3),
+    Metric("log_energy", "log of the interaction energy (finite for any beta)", "1",
+           "log interaction energy " r"$\log E_\beta$" "\n" + _ENERGY, (), lambda s: s.itemsize, panel=2),
+    Metric("normalized_energy", "mean_ij exp(cos(x_i, x_j))", "1",
+           "normalized energy\n" r"$\sum_{ij} e^{\cos(x_i, x_j)} / n^2$", (), lambda s: s.itemsize,
+           cosines=True, panel=4),
+    Metric("pair_density", "fraction of pairs i != j with cos(x_i, x_j) > 1 - eps", "1",
+           "pair density\n" rf"$P(\cos(x_i, x_j) > 1 - {_EPS})$", (), lambda s: s.itemsize,
+           reads_eps=True, cosines=True, limits=(0.0, 1.0), panel=0),
+    Metric("clusters", "connected components of the graph cos(x_i, x_j) > 1 - eps", "1",
+           "clusters\n" rf"components of $\cos > 1 - {_EPS}$", (), lambda s: 4,
+           reads_eps=True, cosines=True, panel=1),
+    Metric("cluster_sizes", "cluster sizes, largest first, zero-padded", "1",
+           "largest cluster\n" r"$|C_{\max}| / n$", ("cluster",), lambda s: 4 * s.n,
+           reads_eps=True, cosines=True, reduce=_largest_cluster, limits=(0.0, 1.0),
+           reduced_name="largest_cluster", panel=6),
+    Metric("order_parameter", "|mean_i x_i / |x_i||", "1",
+           "order parameter\n" r"$\|\frac{1}{n}\sum_i \hat x_i\|$,  $\hat x = x / \|x\|$", (),
+           lambda s: s.itemsize, cosines=True, limits=(0.0, 1.0), panel=5),
+    Metric("attention", "attention matrices a_ij of each head", "1",
+           "attention concentration\n" r"$\sum_i \max_j a_{ij} / n$, mean over heads", ("head", "query", "key"),
+           lambda s: s.heads * (s.n if s.rows is None else s.rows) * s.n * s.itemsize,
+           reads_attention=True, reduce=_concentration, limits=(0.0, 1.0),
+           reduced_name="attention_concentration", panel=8),
+    Metric("attention_rank", "numerical rank of each head's attention matrix", "1",
+           "attention rank\n" r"numerical rank of $(a_{ij})$, mean over heads", ("head",), lambda s: 4 * s.heads,
+           reads_attention=True, tiled=False, reduce=_mean_rank, panel=7),
+)}
+METRIC_NAMES = tuple(METRICS)
+DEFAULT_METRICS = ("energy", "log_energy", "pair_density", "clusters", "order_parameter")
+# The summary figure's panels, in their order.
+PANELS = tuple(sorted(METRICS.values(), key=lambda m: m.panel))
+
+
+def reading(what: str, names) -> set[str]:
+    """The metrics among `names` that read `what` ("eps", "attention" or "cosines")."""
+    key = {"eps": "reads_eps", "attention": "reads_attention", "cosines": "cosines"}[what]
+    return {str(name) for name in names if getattr(METRICS[str(name)], key)}
+
+
+def names_reading(what: str) -> str:
+    """`a, b or c`: the metrics that read `what`, for a message."""
+    names = sorted(reading(what, METRIC_NAMES), key=METRIC_NAMES.index)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
