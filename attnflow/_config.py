@@ -49,8 +49,12 @@ class Choice(str, enum.Enum):
         return format(self.value, spec)
 
 
-def _choice(name: str, names: tuple[str, ...]) -> type[Choice]:
+def choice(name: str, names: tuple[str, ...]) -> type[Choice]:
+    """A `Choice` of `names`: the type of a schema field that takes one of them."""
     return Choice(name, [(n, n) for n in names], module=__name__)
+
+
+_choice = choice
 
 
 Dynamics = _choice("Dynamics", ("sa", "usa"))
@@ -423,6 +427,40 @@ def _check_given(given: Mapping, schema: type, prefix: str) -> None:
             raise ConfigError(f"{prefix}{key} cannot be a mapping, got {value!r}.")
 
 
+def typed_options(schema: type, given: Mapping, prefix: str) -> dict:
+    """`given` typed by the dataclass `schema` over its defaults, as plain containers
+    (choices as their names): the options of an experiment (`prefix` names where they
+    sit, `experiment.options.`). A key the schema lacks, a value of the wrong type or
+    a name outside a choice is refused in one sentence; ranges and combinations are the
+    caller's to check."""
+    names = [f.name for f in dataclasses.fields(schema)]
+    unknown = [key for key in given if key not in names]
+    if unknown:
+        near = difflib.get_close_matches(str(unknown[0]), names, n=1)
+        guess = f" (did you mean {prefix}{near[0]}?)" if near else ""
+        raise ConfigError(f"unknown option {prefix}{unknown[0]}{guess}; {prefix.rstrip('.')} takes "
+                          f"{', '.join(names) or 'none'}.")
+    _check_given(given, schema, prefix)
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(schema), dict(given))
+        return OmegaConf.to_container(typed, resolve=True, enum_to_str=True)
+    except oc_errors.OmegaConfBaseException as error:
+        full_key = str(getattr(error, "full_key", "") or "")
+        path = _split(full_key)
+        if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)) and path:
+            group = f"{prefix}{'.'.join(path[:-1])}"
+            parent = _schema_at(path[:-1], None, root=schema)
+            names = [f.name for f in dataclasses.fields(parent)] if dataclasses.is_dataclass(parent) else []
+            near = difflib.get_close_matches(path[-1], names, n=1)
+            guess = f" (did you mean {group}.{near[0]}?)" if near else ""
+            raise ConfigError(f"unknown config key {prefix}{full_key}{guess}; {group} takes "
+                              f"{', '.join(names) or 'none'}.") from None
+        kind = _schema_at(path, None, root=schema) if full_key else None
+        if kind is None:
+            raise ConfigError(f"invalid {prefix.rstrip('.')}: {explain(error)}") from None
+        raise ConfigError(f"{prefix}{full_key} must be {_describe(kind)}, got {getattr(error, 'value', None)!r}.") from None
+
+
 def _check_complete(given: Mapping, schema: type, prefix: str) -> None:
     """Every key of `schema` (and of its groups) has a value in `given`."""
     for key, kind in typing.get_type_hints(schema).items():
@@ -458,9 +496,10 @@ def defaults() -> Config:
 # --- one sentence for every way a value can be wrong --------------------------------
 
 
-def _schema_at(path: list[str], init_kind: str | None) -> Any:
-    """The schema type at a dotted path (list items by index), or None if unknown."""
-    kind: Any = Config
+def _schema_at(path: list[str], init_kind: str | None, root: type | None = None) -> Any:
+    """The schema type at a dotted path (list items by index) from `root` (the study's
+    schema by default), or None if unknown."""
+    kind: Any = Config if root is None else root
     for part in path:
         if _is_optional(kind):
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
@@ -492,6 +531,8 @@ def _describe(kind: Any) -> str:
         return f"{_describe(inner[0])} or null"
     if typing.get_origin(kind) is list:
         return f"a list of {_plural(typing.get_args(kind)[0])}"
+    if typing.get_origin(kind) is dict:
+        return "a mapping"
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return "one of " + ", ".join(kind.__members__)
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):

@@ -34,7 +34,7 @@ def test_every_experiment_has_a_config_and_a_module_with_the_protocol():
         assert text.startswith("# @package _global_"), name
         assert yaml.safe_load(text)["experiment"]["name"] == name
         module = experiment_module(name)
-        for attribute in ("TITLE", "PAPER", "OPTIONS", "analyse", "draw"):
+        for attribute in ("TITLE", "PAPER", "Options", "analyse", "draw"):
             assert hasattr(module, attribute), (name, attribute)
 
 

@@ -157,7 +157,7 @@ def test_polynomial_attention_is_the_chosen_form_of_the_papers_equation():
     from attnflow._errors import ConfigError
     from attnflow.experiments import compose_experiment, plan_experiment
 
-    with pytest.raises(ConfigError, match="experiment.options.normalizer must be softmax or none, got 'l2'"):
+    with pytest.raises(ConfigError, match="experiment.options.normalizer must be one of softmax, none, got 'l2'"):
         plan_experiment(compose_experiment("polynomial", {"experiment": {"options": {"normalizer": "l2"}}}))
 
 

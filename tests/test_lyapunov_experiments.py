@@ -150,7 +150,7 @@ def test_bad_input_stops_with_one_sentence_before_computing(overrides, message):
 
 def test_polynomial_refusals_are_one_sentence():
     for overrides, message in [
-        ({"experiment": {"options": {"schedules": ["f0", "f9"]}}}, "must be a list of distinct names among f0"),
+        ({"experiment": {"options": {"schedules": ["f0", "f9"]}}}, r"schedules\[1\] must be one of f0, f1"),
         ({"beta": [0.5, 1.0]}, "takes one beta"),
         ({"weights": {"q": {"poly": [1.0]}}}, "sets weights.q.poly itself"),
         ({"adaptive": True, "solver": "tsit5"}, "follows the fixed step map"),

@@ -111,7 +111,7 @@ def test_panels_are_planned_as_the_figures_need_and_bad_options_stop_early():
     tied = [plan.studies[p][0].weights.v for p in ("v_plus_qtk", "v_minus_qtk")]
     assert [(v.kind, v.sign, v.transpose) for v in tied] == [("tied", 1.0, True), ("tied", -1.0, True)]
     np.testing.assert_allclose([v.scale for v in tied], 1 / np.sqrt(128), rtol=1e-15)
-    with pytest.raises(ConfigError, match="experiment.options.panels must be"):
+    with pytest.raises(ConfigError, match=r"experiment.options.panels\[0\] must be one of product_wishart"):
         plan_experiment(compose_experiment("phase_diagram_random", {"experiment": {"options": {"panels": ["gue"]}}}))
 
 

@@ -5,8 +5,9 @@ experiment=NAME`, any key overridable on top), and a module `attnflow.experiment
 that says what to compute beyond the core study and how to draw it. A module holds:
 
 - `TITLE` and `PAPER`: what the figure shows and what it reproduces;
-- `OPTIONS`: the experiment's own settings (`experiment.options.KEY=...`) with their
-  defaults;
+- `Options`: a dataclass of the experiment's own settings (`experiment.options.KEY=...`):
+  their types (choices as `choice(...)`) and defaults, which type and check what is given;
+  `check(cfg, options)` (optional) then tests ranges and combinations only;
 - `PANEL_KEYS` (optional): top-level keys that may hold a list, one panel per entry
   (`d: [2, 8, 32, 128]` in the phase diagram; `d=8` draws one panel);
 - `panels(base, options) -> {label: config}` (optional): the studies to solve, each a

@@ -21,7 +21,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from .._build import validate_config
-from .._config import Config, _plain, compose, config_source, read_boolean, register_schema, to_container
+from .._config import Config, _plain, compose, config_source, register_schema, to_container, typed_options
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
 from .._study import _version, config_yaml, plan_study, prepare_jax, solve_study
@@ -60,29 +60,39 @@ def experiment_module(name: str) -> ModuleType:
     return importlib.import_module(f"{__package__}.{_MODULES.get(name, name)}")
 
 
+@dataclasses.dataclass
+class _NoOptions:
+    """The options of an experiment that takes none."""
+
+
+def option_schema(module: ModuleType) -> type:
+    """The dataclass of an experiment's options (`Options` in its module)."""
+    return getattr(module, "Options", _NoOptions)
+
+
+def default_options(module: ModuleType) -> dict:
+    """An experiment's options at their defaults, as plain containers."""
+    return typed_options(option_schema(module), {}, "experiment.options.")
+
+
 def _options(module: ModuleType, name: str, given: Any) -> dict:
-    """The experiment's options: its defaults with `given` on top. An unknown name is
-    refused with the nearest one, and an option whose default is a boolean takes a
-    boolean (or YAML's words for one), as the schema's booleans do."""
-    defaults = dict(getattr(module, "OPTIONS", {}))
+    """The experiment's options: its `Options` schema's defaults with `given` on top,
+    typed by the schema. An unknown name is refused with the nearest one; a wrong type
+    or a name outside a choice in one sentence (the schema's); ranges and combinations
+    are checked by the experiment's `check`."""
+    schema = option_schema(module)
+    names = [f.name for f in dataclasses.fields(schema)]
     given = _plain(given) if given is not None else {}
     if not isinstance(given, Mapping):
         raise ConfigError(f"experiment.options must be a mapping of option names to values, got {given!r}.")
-    unknown = sorted(set(given) - set(defaults))
+    unknown = sorted(set(given) - set(names))
     if unknown:
-        takes = ", ".join(defaults) if defaults else "no options"
-        near = difflib.get_close_matches(str(unknown[0]), list(defaults), n=1)
+        takes = ", ".join(names) if names else "no options"
+        near = difflib.get_close_matches(str(unknown[0]), names, n=1)
         guess = f" (did you mean {near[0]}?)" if near else ""
         raise ConfigError(f"unknown option experiment.options.{unknown[0]} of experiment {name}{guess}; "
                           f"it takes {takes}.")
-    options = {**defaults, **given}
-    for key, value in given.items():
-        if isinstance(defaults[key], bool):
-            options[key] = read_boolean(value)
-            if options[key] is None:
-                raise ConfigError(f"experiment.options.{key} of experiment {name} must be true or false, "
-                                  f"got {value!r}.")
-    return options
+    return typed_options(schema, given, "experiment.options.")
 
 
 def panel_configs(base: dict, keys: tuple[str, ...]) -> dict[str, dict]:

@@ -33,13 +33,16 @@ of option `pretrain` on top of conf/train.yaml).
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
 import numpy as np
 import xarray as xr
 
+from .._config import choice
 from .._errors import ConfigError
 from .._progress import Progress
 from ..checkpoints._load import load_checkpoint
@@ -51,19 +54,21 @@ from .diffeqformer_vs_gpt import _write_text, check_train_overrides, read_metric
 
 TITLE = "Adaptive depth: a DiffEqFormer pretrained at 18 steps, solved and fine-tuned at 9 to 24 steps"
 PAPER = "Neural ODE Transformers, sec. 6.2, fig. 6"
-OPTIONS = {
-    "pretrained": "runs/diffeqformer/diffeqformer",
-    "baseline": "runs/diffeqformer/gpt",
-    "steps": [9, 12, 18, 24],
-    "methods": ["full", "lora"],
-    "lora_rank": 4,
-    "finetune_steps": 200,
-    "corpus": "reference-b",
-    "out": None,
-    "train": {},
-    "pretrain": {},
-}
 METHODS = ("full", "lora")
+Method = choice("Method", METHODS)
+
+@dataclass
+class Options:
+    pretrained: str = "runs/diffeqformer/diffeqformer"  # the DiffEqFormer run to fine-tune
+    baseline: str = "runs/diffeqformer/gpt"  # the GPT run beside it
+    steps: list[int] = field(default_factory=lambda: [9, 12, 18, 24])  # solver steps tried
+    methods: list[Method] = field(default_factory=lambda: [Method.full, Method.lora])  # [] for zero-shot only
+    lora_rank: int = 4
+    finetune_steps: int = 200
+    corpus: str = "reference-b"
+    out: str | None = None  # null: finetune/ beside the pretrained run
+    train: dict[str, Any] = field(default_factory=dict)  # attnflow train settings of the fine-tuning runs
+    pretrain: dict[str, Any] = field(default_factory=dict)  # and of the pretraining runs, when missing
 EVALUATION = ("seed", "batch", "eval_batches", "solver")  # the settings that choose the held-out batches
 FINETUNE_CHOSEN = ("steps", "corpus", "train_steps")  # set per fine-tuning run by the experiment
 
@@ -74,23 +79,21 @@ def _whole(value, least: int = 1) -> bool:
 
 def check(cfg, options) -> None:
     for name in ("pretrained", "baseline"):
-        if not isinstance(options[name], str) or not options[name]:
+        if not options[name]:
             raise ConfigError(f"experiment.options.{name} must be a run folder, got {options[name]!r}.")
-    if options["out"] is not None and (not isinstance(options["out"], str) or not options["out"]):
-        raise ConfigError(f"experiment.options.out must be a folder or null, got {options['out']!r}.")
+    if options["out"] == "":
+        raise ConfigError("experiment.options.out must be a folder or null, got ''.")
     steps = options["steps"]
-    if not isinstance(steps, list) or not steps or not all(_whole(s) for s in steps) or len(set(steps)) != len(steps):
+    if not steps or not all(_whole(s) for s in steps) or len(set(steps)) != len(steps):
         raise ConfigError(f"experiment.options.steps must be a list of different positive whole numbers of solver "
                           f"steps, got {steps!r}.")
     methods = options["methods"]
-    if not isinstance(methods, list) or any(m not in METHODS for m in methods) or len(set(methods)) != len(methods):
+    if len(set(methods)) != len(methods):
         raise ConfigError(f"experiment.options.methods must be a list of fine-tuning methods from "
                           f"{', '.join(METHODS)} (or [] for zero-shot only), got {methods!r}.")
     for name in ("lora_rank", "finetune_steps"):
         if not _whole(options[name]):
             raise ConfigError(f"experiment.options.{name} must be a positive whole number, got {options[name]!r}.")
-    if not isinstance(options["corpus"], str):
-        raise ConfigError(f"experiment.options.corpus must be a corpus name, got {options['corpus']!r}.")
     corpus_name(options["corpus"])
     given = options["train"]
     if isinstance(given, dict):

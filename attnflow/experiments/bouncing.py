@@ -20,6 +20,7 @@ end (near 0: the tokens gathered somewhere else).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,9 @@ from ._common import caption, check_drawn_member, config_of, failed_members, mem
 
 TITLE = "Bouncing: V flips sign at t = 5, the tokens scatter and gather elsewhere"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, eq. 48, fig. 4"
-OPTIONS = {"member": 0}  # the member whose tokens are drawn
+@dataclass
+class Options:
+    member: int = 0  # the member whose tokens are drawn
 
 
 def check(cfg, options) -> None:

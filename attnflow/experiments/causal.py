@@ -26,6 +26,7 @@ when d = 3).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,20 +47,20 @@ from ._common import (
 
 TITLE = "Causal attention: every token converges to the first one"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, theorem 4.3 (eq. 37-38)"
-OPTIONS = {
-    "member": 0,  # the member whose tokens are drawn
-    "fit_from": 0.75,  # decay rates are fitted on the times after this fraction of [t0, t1]
-    "tolerance": 1e-3,  # a member has converged when every |x_i - x_1| is below this at the end
-}
+@dataclass
+class Options:
+    member: int = 0  # the member whose tokens are drawn
+    fit_from: float = 0.75  # decay rates are fitted on the times after this fraction of [t0, t1]
+    tolerance: float = 1e-3  # a member has converged when every |x_i - x_1| is below this at the end
 
 
 def check(cfg, options) -> None:
     check_member_option(options, cfg.members)
     fit_from = options["fit_from"]
-    if not (isinstance(fit_from, (int, float)) and 0 <= fit_from < 1):
+    if not 0 <= fit_from < 1:
         raise ConfigError(f"experiment.options.fit_from must be a fraction in [0, 1), got {fit_from!r}.")
     tolerance = options["tolerance"]
-    if not (isinstance(tolerance, (int, float)) and tolerance > 0):
+    if not tolerance > 0:
         raise ConfigError(f"experiment.options.tolerance must be a positive number, got {tolerance!r}.")
     if not cfg.save_states:
         raise ConfigError("experiment causal measures the tokens' distances: keep save_states=true.")

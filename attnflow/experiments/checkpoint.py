@@ -27,6 +27,7 @@ embedding distances and the last token's path through the layers are stored too.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from .._config import choice
 from .._errors import ConfigError
 from .._field import VectorField
 from .._metrics import cluster_count, cosines, normalized_energy
@@ -57,7 +59,15 @@ from ._common import caption, config_of, pyplot, save
 
 TITLE = "A trained transformer against its dynamics and the theory"
 PAPER = "DESIGN.md sec. 2, 7; Neural ODE Transformers (QK/OV spectra); Traveling Words (probes)"
-OPTIONS = {"steps": [1, 2, 4, 8], "interpolation": "constant", "adaptive": True, "bins": 40, "probes": True}
+Interpolation = choice("Interpolation", ("constant", "linear", "cubic"))
+
+@dataclass
+class Options:
+    steps: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # solver steps per layer compared
+    interpolation: Interpolation = Interpolation.constant  # the weights between layers
+    adaptive: bool = True  # also an adaptive solve
+    bins: int = 40  # of the cosine histograms
+    probes: bool = True  # also the linear probes
 
 
 def check(cfg, options) -> None:
@@ -67,13 +77,9 @@ def check(cfg, options) -> None:
     if not cfg.text or not str(cfg.text).strip():
         raise ConfigError('experiment=checkpoint needs a sentence: text="...".')
     steps = options["steps"]
-    if not isinstance(steps, list) or not steps or any(not isinstance(s, int) or isinstance(s, bool) or s < 1
-                                                       for s in steps):
+    if not steps or any(s < 1 for s in steps):
         raise ConfigError(f"experiment.options.steps must be a list of positive whole numbers, got {steps!r}.")
-    if options["interpolation"] not in ("constant", "linear", "cubic"):
-        raise ConfigError(f"experiment.options.interpolation must be constant, linear or cubic, "
-                          f"got {options['interpolation']!r}.")
-    if not isinstance(options["bins"], int) or options["bins"] < 2:
+    if options["bins"] < 2:
         raise ConfigError(f"experiment.options.bins must be a whole number >= 2, got {options['bins']!r}.")
     if not isinstance(cfg.beta, (int, float)) or isinstance(cfg.beta, bool):
         raise ConfigError(f"experiment=checkpoint takes one beta (the theory run's), got {cfg.beta!r}.")

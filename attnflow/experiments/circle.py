@@ -24,6 +24,7 @@ per beta (the first whose final count equals the median), which the figure draws
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
@@ -38,13 +39,14 @@ from ._common import caption, config_of, pyplot, save
 
 TITLE = "Clusters on the circle: two at beta = 4, three at beta = 9"
 PAPER = "A mathematical perspective on Transformers, fig. 4"
-OPTIONS = {"snapshots": [0.0, 3.0, 10.0, 100.0]}  # times drawn on the circle (the nearest saved ones)
+@dataclass
+class Options:
+    snapshots: list[float] = field(default_factory=lambda: [0.0, 3.0, 10.0, 100.0])  # times drawn (the nearest saved)
 
 
 def check(cfg, options) -> None:
     times = options["snapshots"]
-    if (not isinstance(times, list) or not times
-            or any(isinstance(t, bool) or not isinstance(t, (int, float)) or not cfg.t0 <= t <= cfg.t1 for t in times)):
+    if not times or any(not cfg.t0 <= t <= cfg.t1 for t in times):
         raise ConfigError(f"experiment.options.snapshots must be a non-empty list of times in [t0, t1] = "
                           f"[{cfg.t0:g}, {cfg.t1:g}], got {times!r}.")
 

@@ -21,6 +21,7 @@ measure, whole configurations (each member a point of $\\mathbb{R}^{nd}$).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
@@ -34,18 +35,18 @@ from ._common import caption, check_member_option, config_of, pyplot, save, wire
 
 TITLE = "Flow-matching surrogate of the attention flow"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, section 5.3 (figures 7 and 8)"
-OPTIONS = {
-    "test_fraction": 0.25,
-    "width": 64,
-    "depth": 2,
-    "train_steps": 2000,
-    "batch_size": 256,
-    "learning_rate": 3e-3,
-    "surrogate_steps": 40,
-    "epsilon": 0.01,
-    "distance_times": 11,
-    "member": 0,
-}
+@dataclass
+class Options:
+    test_fraction: float = 0.25  # the share of members held out
+    width: int = 64  # of the surrogate's MLP
+    depth: int = 2
+    train_steps: int = 2000
+    batch_size: int = 256
+    learning_rate: float = 3e-3
+    surrogate_steps: int = 40  # Euler steps of the surrogate's flow
+    epsilon: float = 0.01  # of the Sinkhorn distance
+    distance_times: int = 11
+    member: int = 0  # the held-out member whose paths are drawn
 
 
 def _split(members: int, fraction: float) -> int:
@@ -55,19 +56,19 @@ def _split(members: int, fraction: float) -> int:
 
 def check(cfg, options) -> None:
     fraction = options["test_fraction"]
-    if not (isinstance(fraction, (int, float)) and 0 < fraction < 1):
+    if not 0 < fraction < 1:
         raise ConfigError(f"experiment.options.test_fraction must be a fraction in (0, 1), got {fraction!r}.")
     held_out = _split(cfg.members, fraction)
     if not 1 <= held_out < cfg.members:
         raise ConfigError(f"experiment.options.test_fraction={fraction} of members={cfg.members} leaves "
                           f"{held_out} held-out and {cfg.members - held_out} training members; both need at least one.")
     for key in ("width", "depth", "train_steps", "batch_size", "surrogate_steps"):
-        if not (isinstance(options[key], int) and not isinstance(options[key], bool) and options[key] >= 1):
+        if options[key] < 1:
             raise ConfigError(f"experiment.options.{key} must be a positive whole number, got {options[key]!r}.")
     for key in ("learning_rate", "epsilon"):
-        if not (isinstance(options[key], (int, float)) and options[key] > 0):
+        if not options[key] > 0:
             raise ConfigError(f"experiment.options.{key} must be a positive number, got {options[key]!r}.")
-    if not (isinstance(options["distance_times"], int) and options["distance_times"] >= 2):
+    if options["distance_times"] < 2:
         raise ConfigError(f"experiment.options.distance_times must be a whole number >= 2, "
                           f"got {options['distance_times']!r}.")
     check_member_option(options, held_out, what="a held-out member (whose paths are drawn)")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
@@ -64,14 +65,14 @@ from ._common import caption, config_of, pyplot, save
 TITLE = "The long-context phase transition: output cosines of one attention layer at beta = gamma log n"
 PAPER = ("Chen, Lin, Polyanskiy, Rigollet, \"Critical attention scaling in long-context transformers\" (2025); "
          "closed form at finite n: tests/README.md")
-OPTIONS = {
-    "rho": [0.5],  # pairwise correlation(s) of the input tokens, each in (0, 1)
-    "gamma_critical": [0.5, 0.75, 1.0, 1.5, 2.0],  # gamma in units of the critical 1/(1 - rho)
-    "n_min": 100,
-    "n_max": None,  # null: 1e5 on a CPU, 1e6 on a GPU
-    "n_count": 7,  # n log-spaced from n_min to n_max
-    "rows": 64,  # query tokens sampled; the cosine is the mean over their pairs
-}
+@dataclass
+class Options:
+    rho: list[float] = field(default_factory=lambda: [0.5])  # pairwise correlation(s) of the input tokens, in (0, 1)
+    gamma_critical: list[float] = field(default_factory=lambda: [0.5, 0.75, 1.0, 1.5, 2.0])  # gamma / (1/(1 - rho))
+    n_min: int = 100
+    n_max: int | None = None  # null: 1e5 on a CPU, 1e6 on a GPU
+    n_count: int = 7  # n log-spaced from n_min to n_max
+    rows: int = 64  # query tokens sampled; the cosine is the mean over their pairs
 # The config keys the experiment reads; any other key given is refused.
 _READ_KEYS = ("d", "dtype", "seed", "attention_block", "experiment", *NOT_RESULT_KEYS)
 # Copies of the largest token set held at once (the tokens, their tiles of keys and of

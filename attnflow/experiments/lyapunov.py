@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import equinox as eqx
@@ -79,10 +79,10 @@ from ._common import caption, config_of, member_summary, pyplot, save
 TITLE = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
 PAPER = ("Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
          "consensus spectrum: tests/README.md, section 11")
-OPTIONS = {
-    "k": None,  # exponents kept (null: d, the d - 1 rotations and the first contracting one)
-    "reorthonormalize_every": 10,  # steps between QR factorizations
-}
+@dataclass
+class Options:
+    k: int | None = None  # exponents kept (null: d, the d - 1 rotations and the first contracting one)
+    reorthonormalize_every: int = 10  # steps between QR factorizations
 
 # Study keys about a study's saved output: they mean nothing to a spectrum.
 _OUTPUT_KEYS = ("saves", "save_spacing", "exact_times", "save_states", "metrics", "eps", "rank_rtol")
@@ -92,10 +92,10 @@ _FRAME = 3
 
 def check_options(name: str, options) -> None:
     k, every = options["k"], options["reorthonormalize_every"]
-    if k is not None and not (isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 1):
+    if k is not None and k < 1:
         raise ConfigError(f"experiment.options.k of experiment {name} must be null or a whole number of "
                           f"exponents >= 1, got {k!r}.")
-    if not (isinstance(every, numbers.Integral) and not isinstance(every, bool) and every >= 1):
+    if every < 1:
         raise ConfigError(f"experiment.options.reorthonormalize_every of experiment {name} must be a whole "
                           f"number of steps >= 1, got {every!r}.")
 

@@ -43,6 +43,7 @@ cluster.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
@@ -50,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from .._config import choice
 from .._build import build_system, validate_config
 from .._config import to_container
 from .._errors import ConfigError
@@ -60,13 +62,15 @@ from .polynomial import SCHEDULES, coefficients, dispersion_index
 
 TITLE = "Lyapunov spectra under polynomial weight magnitudes"
 PAPER = "Neural ODE Transformers, app. C.8 (weight magnitudes) and sec. 5.2, app. B (Lyapunov exponents)"
-OPTIONS = {
-    "k": 3,  # exponents kept per member (null: d)
-    "reorthonormalize_every": 5,  # Euler steps between QR factorizations
-    "schedules": list(SCHEDULES),  # which magnitudes f_0 ... f_5
-    "dispersion": True,  # also solve the studies of experiment=polynomial for the dispersion index
-    "compare_every": 1,  # a second run with this QR interval estimates the round-off (null: none)
-}
+Schedule = choice("Schedule", tuple(SCHEDULES))
+
+@dataclass
+class Options:
+    k: int | None = 3  # exponents kept per member (null: d)
+    reorthonormalize_every: int = 5  # Euler steps between QR factorizations
+    schedules: list[Schedule] = field(default_factory=lambda: list(Schedule))  # which magnitudes f_0 ... f_5
+    dispersion: bool = True  # also solve the studies of experiment=polynomial for the dispersion index
+    compare_every: int | None = 1  # a second run with this QR interval estimates the round-off (null: none)
 
 
 def _base(cfg) -> dict:
@@ -89,12 +93,9 @@ def schedule_configs(base: dict, options) -> dict[str, dict]:
 def check(cfg, options) -> None:
     check_options("lyapunov_polynomial", options)
     names = options["schedules"]
-    if not (isinstance(names, list) and names and all(isinstance(s, str) and s in SCHEDULES for s in names)
-            and len(set(names)) == len(names)):
+    if not names or len(set(names)) != len(names):
         raise ConfigError(f"experiment.options.schedules must be a list of distinct names among "
                           f"{', '.join(SCHEDULES)}, got {names!r}.")
-    if not isinstance(options["dispersion"], bool):
-        raise ConfigError(f"experiment.options.dispersion must be true or false, got {options['dispersion']!r}.")
     if cfg.t0 != 0:
         raise ConfigError(f"experiment lyapunov_polynomial runs on [0, T] with T = t1; set t0=0, got t0={cfg.t0}.")
     for name in "qkv":
@@ -110,7 +111,7 @@ def check(cfg, options) -> None:
     k, compare = exponent_count(cfg, options), options["compare_every"]
     check_spectrum("lyapunov_polynomial", studies[0], k, options["reorthonormalize_every"])
     if compare is not None:
-        if not (isinstance(compare, int) and not isinstance(compare, bool) and compare >= 1):
+        if compare < 1:
             raise ConfigError(f"experiment.options.compare_every must be null or a whole number of steps >= 1, "
                               f"got {compare!r}.")
         if compare == options["reorthonormalize_every"]:

@@ -55,7 +55,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -84,19 +86,29 @@ def published_angles() -> list[float]:
     return (0.5 * np.mod(np.array([0.0, 0.5, 2.0, 4.0, 7.0]) * size, np.pi)).tolist()
 
 
-OPTIONS = {
+@dataclass
+class Detector:
+    """Plateau detection (`attnflow.detect_metastability`)."""
+
+    tol: float = 0.02  # a fraction of a series' range
+    min_length: float = 0.5  # of a plateau
+    hold_length: float = 0.2  # of a merge's hold
+
+
+@dataclass
+class Options:
     # panel (b): keys over the defaults (not over panel (a)'s); conf/experiment/metastability.yaml holds them
-    "staircase": {
+    staircase: dict[str, Any] | None = field(default_factory=lambda: {
         "n": 5, "d": 2, "beta": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0], "dynamics": "usa",
         "init": {"kind": "given", "value": [[float(np.cos(a)), float(np.sin(a))] for a in published_angles()]},
         "members": 1, "dtype": "float64", "t1": 0.2, "dt": 1.0e-5, "solver": "euler",
         "time_change": {"speed": "log_beta", "collisions": 1.0e-3}, "saves": 2001, "save_states": True,
         "metrics": ["log_energy", "clusters", "cluster_sizes"], "eps": 1.0e-8,
-    },
-    "sphere_detector": {"tol": 0.02, "min_length": 0.5, "hold_length": 0.2},  # lengths in decades of t
-    "staircase_detector": {"tol": 0.02, "min_length": 0.005, "hold_length": 0.002},  # lengths in rescaled time
-    "member": None,  # the member of panel (a) drawn large (None: the most merges, then the latest last merge)
-}
+    })
+    sphere_detector: Detector = field(default_factory=Detector)  # lengths in decades of t
+    staircase_detector: Detector = field(  # lengths in rescaled time
+        default_factory=lambda: Detector(tol=0.02, min_length=0.005, hold_length=0.002))
+    member: int | None = None  # the member of panel (a) drawn large (null: the most merges, then the latest last merge)
 SERIES = ("relative_energy", "clusters")
 # The partitions of the published staircase and their levels sum_q m_q^2 / n^2.
 STAIRCASE = {(2, 1, 1, 1): 7 / 25, (3, 1, 1): 11 / 25, (3, 2): 13 / 25, (5,): 1.0}
@@ -106,19 +118,13 @@ def check(cfg, options) -> None:
     """The detectors' settings and the drawn member, checked before anything is solved."""
     for name in ("sphere_detector", "staircase_detector"):
         settings = options[name]
-        if not (isinstance(settings, Mapping) and set(settings) == {"tol", "min_length", "hold_length"}):
-            raise ConfigError(f"experiment.options.{name} must map tol, min_length and hold_length to numbers, "
-                              f"got {settings!r}.")
         tol = settings["tol"]
-        if not (isinstance(tol, (int, float)) and 0 <= tol < 1):
+        if not 0 <= tol < 1:
             raise ConfigError(f"experiment.options.{name}.tol is a fraction of a series' range in [0, 1), got {tol!r}.")
         for key in ("min_length", "hold_length"):
-            if not (isinstance(settings[key], (int, float)) and settings[key] >= 0):
+            if not settings[key] >= 0:
                 raise ConfigError(f"experiment.options.{name}.{key} must be a number >= 0, got {settings[key]!r}.")
     check_member_option(options, cfg.members, optional=True)
-    if options["staircase"] is not None and not isinstance(options["staircase"], Mapping):
-        raise ConfigError("experiment.options.staircase must be a mapping of keys for panel (b), or null to leave "
-                          "it out.")
 
 
 def panels(base: dict, options) -> dict[str, dict]:

@@ -42,32 +42,34 @@ law, while post-LN reaches the round-off of float64 unit vectors by t of about 3
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
+from .._config import choice
 from .._errors import ConfigError
 from ._common import caption, check_member_option, config_of, pyplot, save
 
 TITLE = "Post-LN collapses exponentially, pre-LN polynomially"
 PAPER = ("post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
          "same attention on the residual stream")
-OPTIONS = {
-    "member": 0,  # the member drawn darker
-    "pre_norm": "rms",  # N of pre-LN: rms or layer, gain d^{-1/2}
-    "fit_from": 0.1,  # the fits start once 1 - mean cosine is below this
-    "floor": 1.0e-24,  # and stop once it is below this
-    "settle": 0.02,  # rate and exponent: fitted where the local slope stays within this share of its final value
-}
+PreNorm = choice("PreNorm", ("rms", "layer"))
+
+@dataclass
+class Options:
+    member: int = 0  # the member drawn darker
+    pre_norm: PreNorm = PreNorm.rms  # N of pre-LN: rms or layer, gain d^{-1/2}
+    fit_from: float = 0.1  # the fits start once 1 - mean cosine is below this
+    floor: float = 1.0e-24  # and stop once it is below this
+    settle: float = 0.02  # rate and exponent: fitted where the local slope stays within this share of its final value
 SCHEMES = {"post_ln": "post-LN (sphere)", "pre_ln": "pre-LN (residual stream)"}
 
 
 def check(cfg, options) -> None:
     check_member_option(options, cfg.members)
-    if options["pre_norm"] not in ("rms", "layer"):
-        raise ConfigError(f"experiment.options.pre_norm must be rms or layer, got {options['pre_norm']!r}.")
-    if not (isinstance(options["settle"], (int, float)) and 0 < options["settle"] < 1):
+    if not 0 < options["settle"] < 1:
         raise ConfigError(f"experiment.options.settle must be a fraction in (0, 1), got {options['settle']!r}.")
     if not (0 < float(options["floor"]) < float(options["fit_from"]) < 1):
         raise ConfigError(f"experiment.options needs 0 < floor < fit_from < 1, got floor={options['floor']} and "

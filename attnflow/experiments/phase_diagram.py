@@ -23,6 +23,7 @@ The members' pair densities themselves are not kept: the figure needs their mean
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +35,15 @@ from ._common import caption, config_of, pyplot, save
 
 TITLE = "Phase diagram of the pair density over (t, beta), with the equiangular curve"
 PAPER = "A mathematical perspective on Transformers, fig. 3"
-OPTIONS = {"eps": 1e-3}  # the equiangular curve is the time at which rho = 1 - eps
+@dataclass
+class Options:
+    eps: float = 1e-3  # the equiangular curve is the time at which rho = 1 - eps
 PANEL_KEYS = ("d",)
 
 
 def check(cfg, options) -> None:
     eps = options["eps"]
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+    if not 0 < eps < 1:
         raise ConfigError(f"experiment.options.eps (the equiangular curve's 1 - rho) must lie in (0, 1), got {eps!r}.")
 
 

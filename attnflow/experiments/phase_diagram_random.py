@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import xarray as xr
 
+from .._config import choice
 from .._errors import ConfigError
 from ._common import caption, config_of, save
 from .phase_diagram import heatmaps, summarize
@@ -49,8 +51,7 @@ from .phase_diagram import check as check_eps
 
 TITLE = "Phase diagram of the pair density with random Q^T K and V (d = 128)"
 PAPER = "A mathematical perspective on Transformers, fig. 5"
-# eps: the equiangular curve is the time at which rho = 1 - eps; panels: which of PANELS to solve.
-OPTIONS = {"eps": 1e-3, "panels": ["product_wishart", "goe_wishart", "v_plus_qtk", "v_minus_qtk"]}
+
 
 _IDENTITY = {"kind": "identity"}
 _PRODUCT = {"kind": "random", "law": "product"}
@@ -78,6 +79,14 @@ PANELS = {
     "product_ginibre": (r"$Q^\top K = G_1G_2/\sqrt{d}$, V Ginibre $N(0, 1/d)$",
                         {"q": _IDENTITY, "k": _PRODUCT, "v": {"kind": "random", "law": "gaussian"}}),
 }
+Panel = choice("Panel", tuple(PANELS))
+
+
+@dataclass
+class Options:
+    eps: float = 1e-3  # the equiangular curve is the time at which rho = 1 - eps
+    panels: list[Panel] = field(  # which of PANELS to solve
+        default_factory=lambda: [Panel.product_wishart, Panel.goe_wishart, Panel.v_plus_qtk, Panel.v_minus_qtk])
 # What the caption says of each law, in words.
 LAWS = ("Q = I and K = B, the bilinear form Q^T K drawn directly: product law B = G1 G2/sqrt(d) (logits of variance "
         "1 on unit tokens) or GOE (G + G^T)/sqrt(2); V Wishart G G^T/sqrt(d) or tied to B as +-B/sqrt(d) "
@@ -88,7 +97,7 @@ LAWS = ("Q = I and K = B, the bilinear form Q^T K drawn directly: product law B 
 def check(cfg, options) -> None:
     check_eps(cfg, options)
     chosen = options["panels"]
-    if not isinstance(chosen, list) or not chosen or any(p not in PANELS for p in chosen):
+    if not chosen:
         raise ConfigError(f"experiment.options.panels must be a non-empty list of {', '.join(PANELS)}, "
                           f"got {chosen!r}.")
 

@@ -48,21 +48,28 @@ whose final dispersions are closest to the geometric means) is kept with its pat
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
+from .._config import choice, to_container
 from .._errors import ConfigError
 from ._common import caption, check_drawn_member, config_of, member_summary, pyplot, save
 
 TITLE = "Polynomial weight magnitudes: growing weights keep tokens dispersed"
 PAPER = "Neural ODE Transformers, app. C.8, fig. 14"
-OPTIONS = {
-    "member": None,  # the member whose tokens are drawn (null: the most typical one, see `analyse`)
-    "normalizer": "softmax",  # softmax (what the figure uses) | none (the paper's equation as written)
-}
+
 NORMALIZERS = ("softmax", "none")
+Normalizer = choice("Normalizer", NORMALIZERS)
+
+
+@dataclass
+class Options:
+    member: int | None = None  # the member whose tokens are drawn (null: the most typical one, see `analyse`)
+    normalizer: Normalizer = Normalizer.softmax  # softmax (what the figure uses) | none (the paper's equation)
+
 
 # name -> (formula, coefficients of f(t) = sum_k c_k t^k for a horizon T)
 SCHEDULES = {
@@ -78,8 +85,6 @@ _LENGTH = 5  # every panel's coefficients padded to this length: one compiled pr
 
 def check(cfg, options) -> None:
     check_drawn_member("polynomial", cfg, options, "measures the dispersion on the states", optional=True)
-    if options["normalizer"] not in NORMALIZERS:
-        raise ConfigError(f"experiment.options.normalizer must be softmax or none, got {options['normalizer']!r}.")
     if cfg.dynamics != "sa":
         raise ConfigError(f"experiment polynomial sets the attention itself from experiment.options.normalizer; keep "
                           f"dynamics=sa, got dynamics={cfg.dynamics.value}.")
@@ -191,7 +196,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 
 def options_of(cfg: dict) -> dict:
     """The experiment's options of a stored config, with the defaults of keys it lacks."""
-    return {**OPTIONS, **cfg["experiment"]["options"]}
+    return {**to_container(Options()), **cfg["experiment"]["options"]}
 
 
 def _shape(x: np.ndarray) -> np.ndarray:

@@ -44,7 +44,9 @@ and how far their rows are from one-hot (`boolean_defect`).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -54,12 +56,12 @@ from ._common import caption, check_drawn_member, config_of, member_summary, pyp
 
 TITLE = "Without normalization: rescaled tokens reach polytopes and hyperplanes, attention gets leaders"
 PAPER = "The emergence of clusters in self-attention dynamics (Geshkovski, Letrouit, Polyanskiy, Rigollet, 2023)"
-OPTIONS = {
-    "member": None,  # the member whose tokens are drawn (null: in each panel, the one with the most limits)
-    "hyperplane_v": [[1.0, 0.5], [0.0, 0.0]],  # V of the hyperplanes panel (simple positive top eigenvalue)
-    "product_v": [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -0.5]],  # V of the product panel
-    "tol": 1.0e-3,  # two rescaled limits closer than tol * (their largest norm) are one point
-}
+@dataclass
+class Options:
+    member: int | None = None  # the member whose tokens are drawn (null: in each panel, the one with the most limits)
+    hyperplane_v: Any = field(default_factory=lambda: [[1.0, 0.5], [0.0, 0.0]])  # V of the hyperplanes panel
+    product_v: Any = field(default_factory=lambda: [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -0.5]])  # V, product
+    tol: float = 1.0e-3  # two rescaled limits closer than tol * (their largest norm) are one point
 PANEL_TITLES = {
     "polytope": "V = I: vertices of a convex polygon",
     "hyperplanes": "simple top eigenvalue: parallel lines",
@@ -98,7 +100,7 @@ def check(cfg, options) -> None:
     if missing:
         raise ConfigError(f"experiment polytope needs the metrics attention and attention_rank; add "
                           f"{', '.join(sorted(missing))}.")
-    if not (isinstance(options["tol"], (int, float)) and 0 < options["tol"] < 1):
+    if not 0 < options["tol"] < 1:
         raise ConfigError(f"experiment.options.tol must be a number in (0, 1), got {options['tol']!r}.")
     v = cfg.weights.v
     if v.kind not in ("identity", "matrix") or v.switch_times or v.poly is not None:

@@ -20,6 +20,7 @@ states `x_member`.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +31,10 @@ from ._common import caption, check_drawn_member, config_of, failed_members, mem
 
 TITLE = "Random Q, K with V = I still cluster; V = -I does not"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, fig. 3"
-OPTIONS = {
-    "member": 0,  # the member whose tokens are drawn
-    "contrast": True,  # also run V negated
-}
+@dataclass
+class Options:
+    member: int = 0  # the member whose tokens are drawn
+    contrast: bool = True  # also run V negated
 _SERIES = ("clusters", "pair_density", "order_parameter")
 
 

@@ -19,16 +19,16 @@ whose state predicts the next token; the model's top prediction is stored too
 
 from __future__ import annotations
 
-import numbers
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
 import numpy as np
 import xarray as xr
 
+from .._config import Solver
 from .._errors import CheckpointError, ConfigError
 from .._progress import Progress
-from .._solvers import SOLVERS
 from ..analysis.pair_exponents import token_sensitivity
 from ..checkpoints._flow import depth_flow, forward
 from ._common import caption, config_of, pyplot, save
@@ -36,7 +36,11 @@ from .checkpoint import _sentence
 
 TITLE = "Token-pair Lyapunov sensitivity of a trained model beside its attention"
 PAPER = "Neural ODE Transformers, eq. 7, app. B, fig. 3"
-OPTIONS = {"outputs": [-1], "steps": 1, "solver": "euler"}
+@dataclass
+class Options:
+    outputs: list[int] | None = field(default_factory=lambda: [-1])  # token positions (null: every token)
+    steps: int = 1  # solver steps per layer
+    solver: Solver = Solver.euler
 
 
 def check(cfg, options) -> None:
@@ -46,13 +50,10 @@ def check(cfg, options) -> None:
     if not cfg.text or not str(cfg.text).strip():
         raise ConfigError('experiment=sensitivity needs a sentence: text="...".')
     steps = options["steps"]
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+    if steps < 1:
         raise ConfigError(f"experiment.options.steps must be a positive whole number of steps per layer, got {steps!r}.")
-    if options["solver"] not in SOLVERS:
-        raise ConfigError(f"experiment.options.solver must be one of {', '.join(SOLVERS)}, got {options['solver']!r}.")
     outputs = options["outputs"]
-    if outputs is not None and (not isinstance(outputs, list) or not outputs or any(
-            not isinstance(o, numbers.Integral) or isinstance(o, bool) for o in outputs)):
+    if outputs is not None and not outputs:
         raise ConfigError(f"experiment.options.outputs must be a list of token positions (e.g. [-1], the last) "
                           f"or null for every token, got {outputs!r}.")
     n = _sentence(cfg)[2].size  # a bad checkpoint, or a text it cannot read, stops here

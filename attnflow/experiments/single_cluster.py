@@ -12,6 +12,7 @@ a monotone energy).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,9 @@ from ._common import caption, check_drawn_member, config_of, pyplot, save, wiref
 
 TITLE = "Single cluster on S^2, monotone interaction energy"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, fig. 1 (theorem 4.2, lemma 3.3)"
-OPTIONS = {"member": 0}  # the member whose paths are drawn
+@dataclass
+class Options:
+    member: int = 0  # the member whose paths are drawn
 
 
 def check(cfg, options) -> None:

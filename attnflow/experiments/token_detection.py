@@ -33,6 +33,7 @@ the probabilities `probability`, `zero_position` (1-based, 0 when absent),
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,29 +44,30 @@ from ._common import caption, config_of, pyplot, save, stack_panels
 
 TITLE = "Token detection with a causal mask and a value matrix switching at t = 5"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2.1, eq. 49-50, fig. 5"
-OPTIONS = {
-    "sequences": [[1, 2, 0, 2, 1, 1, 2, 1], [1, 2, 1, 2, 2, 1, 2, 1]],  # one panel each
-    "readout_beta": 2.0,  # p_i(k) = softmax_k(readout_beta <e_k, x_i>)
-}
+@dataclass
+class Options:
+    sequences: list[list[int]] = field(  # one panel each
+        default_factory=lambda: [[1, 2, 0, 2, 1, 1, 2, 1], [1, 2, 1, 2, 2, 1, 2, 1]])
+    readout_beta: float = 2.0  # p_i(k) = softmax_k(readout_beta <e_k, x_i>)
 ROLES = {0: "special", 1: "filler", 2: "filler", 3: "YES", 4: "NO"}
 
 
 def check(cfg, options) -> None:
     sequences = options["sequences"]
-    if not (isinstance(sequences, list) and sequences and all(isinstance(s, list) and s for s in sequences)):
+    if not (sequences and all(sequences)):
         raise ConfigError("experiment.options.sequences must be a non-empty list of non-empty token lists.")
     if len({len(s) for s in sequences}) != 1:
         raise ConfigError(f"the sequences of experiment.options.sequences must have one length, got lengths "
                           f"{[len(s) for s in sequences]}.")
     for s in sequences:
-        if not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k < cfg.d for k in s):
+        if not all(0 <= k < cfg.d for k in s):
             raise ConfigError(f"experiment.options.sequences holds {s}: tokens are whole numbers from 0 to "
                               f"{cfg.d - 1} (one per embedding dimension, d = {cfg.d}).")
     if cfg.init.kind != "given" or cfg.init.value is not None:
         raise ConfigError("experiment token_detection builds init.value from experiment.options.sequences; "
                           "give the tokens there, not as init.")
     beta = options["readout_beta"]
-    if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and beta > 0):
+    if not beta > 0:
         raise ConfigError(f"experiment.options.readout_beta must be a positive number, got {beta!r}.")
 
 
