@@ -35,6 +35,13 @@ TINY = dict(model="diffeqformer", corpus="induction", vocab=8, dim=4, heads=1, h
 TINY_ARGS = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in TINY.items()]
 
 
+def tiny(*settings: str) -> list[str]:
+    """TINY's command line with `settings` (KEY=VALUE) in place of its own: a setting is
+    given once (attnflow train refuses one given twice)."""
+    given = dict(s.split("=", 1) for s in settings)
+    return [a for a in TINY_ARGS if a.split("=", 1)[0] not in given] + list(settings)
+
+
 @pytest.fixture
 def nothing_built(monkeypatch):
     """`setup` (the tokenizer, the model, the corpus) raises: a refusal must come first."""
@@ -75,7 +82,7 @@ def test_a_run_refused_after_taking_its_folder_leaves_no_folder(tmp_path, capsys
 def test_a_run_that_cannot_fit_is_refused_at_once_with_gib(sizes, tmp_path, capsys, nothing_built):
     out = tmp_path / "run"
     start = time.perf_counter()
-    assert main(TINY_ARGS + sizes + [f"out={out}"]) == 2
+    assert main(tiny(*sizes, f"out={out}")) == 2
     assert time.perf_counter() - start < 2.0
     err = _one_sentence(capsys)
     assert "GiB" in err and "available" in err
@@ -116,7 +123,7 @@ def test_between_the_least_and_the_full_estimate_the_compiled_step_decides(tmp_p
     assert need.least < planned
     monkeypatch.setattr("attnflow._ensemble.available_memory", lambda device=None: (need.least + planned) // 2)
     out = tmp_path / "run"
-    assert main(TINY_ARGS + ["model=gpt", f"out={out}"]) == 2
+    assert main(tiny("model=gpt", f"out={out}")) == 2
     assert "(as compiled)" in _one_sentence(capsys) and not (out / "metrics.jsonl").exists()
 
 
@@ -277,7 +284,7 @@ def test_a_full_disk_is_one_sentence_naming_the_folder_and_the_rerun_resumes(tmp
 def test_a_loss_that_turns_nan_stops_the_run_and_keeps_the_last_finite_state(tmp_path, capsys, stubbed):
     stubbed[0] = 2  # the update to step 2 has a NaN loss
     out = tmp_path / "run"
-    assert main(TINY_ARGS + ["train_steps=4", "eval_every=4", f"out={out}"]) == 2
+    assert main(tiny("train_steps=4", "eval_every=4", f"out={out}")) == 2
     err = _one_sentence(capsys)
     assert "step 2" in err and "state of step 1" in err and "lr" in err
     assert json.loads((out / "state" / "state.json").read_text())["step"] == 1
@@ -296,7 +303,7 @@ def test_a_missing_or_empty_corpus_is_one_sentence(monkeypatch):
 
 def test_a_corrupt_state_is_one_sentence_naming_the_file(tmp_path, capsys, stubbed):
     out = tmp_path / "run"
-    assert main(TINY_ARGS + ["train_steps=1", f"out={out}"]) == 0
+    assert main(tiny("train_steps=1", f"out={out}")) == 0
     (out / "state" / "state.safetensors").write_bytes(b"\x00" * 10)  # a truncated file
     assert main([f"out={out}"]) == 1
     assert "state.safetensors is not a readable safetensors file" in _one_sentence(capsys)
@@ -324,3 +331,21 @@ def test_the_diffeqformer_refuses_ids_its_embedding_has_no_row_for():
             model(jnp.asarray(ids))
     with pytest.raises(Exception, match="outside the DiffEqFormer's embedding, which has 8 rows"):
         jax.block_until_ready(eqx.filter_jit(lambda m, ids: m(ids))(model, jnp.asarray([1, 8])))
+
+
+def test_the_command_line_is_composed_by_hydra_as_a_study_is(tmp_path):
+    """Hydra reads `attnflow train`'s arguments (its grammar: quotes, null) and composes
+    them over conf/train.yaml with the schema's keys from its ConfigStore; what it would
+    let through silently (a setting twice, a deletion, a sweep) is one sentence."""
+    import re
+
+    folder = tmp_path / "a b"
+    cfg = train_config([f"out='{folder}'", "lr=1e-3", "b2=null", "corpus=reference-b"])
+    assert (cfg.out, cfg.lr, cfg.b2, cfg.corpus) == (str(folder), 1e-3, None, "reference-b")
+    for args, says in ((["lr=1", "lr=2"], "lr is given twice (lr=1, lr=2); give it once."),
+                       (["~lr"], "attnflow train cannot delete a setting (~lr); give lr a value."),
+                       (["lr=1e-3,3e-3"], "attnflow train runs one training, not a sweep (lr=1e-3,3e-3)"),
+                       (["lr=[1"], "cannot parse the settings of attnflow train")):
+        with pytest.raises(ConfigError, match=re.escape(says)) as caught:
+            train_config(args)
+        assert "\n" not in str(caught.value)

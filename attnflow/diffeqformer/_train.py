@@ -46,10 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
+from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from .._config import config_source, read_boolean
+from .._config import _keys_of, config_source, read_boolean
 from .._errors import CheckpointError, ConfigError, NonFiniteStateError
 from .._progress import Progress
 from .._store import RunDirectory
@@ -119,20 +124,6 @@ class TrainConfig:
         return Path("runs") / "train" / f"{self.model}-{self.corpus}-s{self.steps}{tuned}{lora}-seed{self.seed}"
 
 
-def _defaults_file() -> Path:
-    return Path(str(config_source()[1])) / "train.yaml"
-
-
-def _settings(args: Sequence[str]) -> dict[str, str]:
-    pairs = {}
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"attnflow train takes settings as KEY=VALUE, got {arg!r}.")
-        pairs[key] = value
-    return pairs
-
-
 def _types() -> dict[str, str]:
     """Each setting's type, as written in `TrainConfig` (`int`, `Optional[float]`, ...)."""
     return {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
@@ -145,35 +136,80 @@ def _unknown(name: str) -> str:
     return f"unknown setting {name!r} for attnflow train{hint}; the settings are {', '.join(names)}."
 
 
-def _given(overrides: Mapping[str, Any] | Sequence[str]) -> dict[str, Any]:
-    """The overrides by setting name. `+key=` and `++key=` (Hydra's forms) name `key`,
-    since every setting exists already; an unknown name is refused with the nearest
-    one, and so is a boolean given as anything but true/false (yes/no, on/off), which
-    OmegaConf alone would take from any number."""
+def _check_given(given: Mapping[str, Any]) -> None:
+    """Each given setting is one of the schema's, and a boolean is true or false (or
+    yes/no, on/off), which OmegaConf alone would take from any number."""
     types = _types()
-    given = {}
-    for key, value in (overrides.items() if isinstance(overrides, Mapping) else _settings(overrides).items()):
-        name = str(key).lstrip("+")
+    for name, value in given.items():
         if name not in types:
             raise ConfigError(_unknown(name))
         if types[name] == "bool" and read_boolean(value.strip() if isinstance(value, str) else value) is None:
             raise ConfigError(f"{name} must be true or false (or yes/no, on/off), got {value!r}.")
-        given[name] = value
-    return given
+
+
+def register_schema() -> None:
+    """Put the settings' keys in Hydra's ConfigStore (`attnflow_schema/train`), where
+    conf/train.yaml's defaults list finds them, as the study's schema is."""
+    ConfigStore.instance().store(group="attnflow_schema", name="train", node=_keys_of(TrainConfig))
+
+
+def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`attnflow train`'s arguments composed by Hydra over conf/train.yaml: Hydra's
+    override grammar (`key=value`, quoting, lists, `null`), the schema's keys. Returns
+    the composed settings and the given ones. `+key=` and `++key=` name `key` (every
+    setting exists already); a setting given twice, deleted (`~key`) or swept is refused
+    in one sentence, before anything is composed."""
+    try:
+        overrides = OverridesParser.create().parse_overrides(list(args))
+    except HydraException as error:
+        first = str(error).strip().splitlines()[0].rstrip(".")
+        raise ConfigError(f"cannot parse the settings of attnflow train ({first}).") from None
+    plain, seen, given = [], {}, {}
+    for override in overrides:
+        name = override.key_or_group
+        if name not in _types():
+            raise ConfigError(_unknown(name))
+        if override.is_delete():
+            raise ConfigError(f"attnflow train cannot delete a setting ({override.input_line}); give {name} a value.")
+        if override.is_sweep_override():
+            raise ConfigError(f"attnflow train runs one training, not a sweep ({override.input_line}); give {name} "
+                              "one value per command.")
+        if name in seen:
+            raise ConfigError(f"{name} is given twice ({seen[name]}, {override.input_line}); give it once.")
+        seen[name] = override.input_line
+        given[name] = override.value()
+        plain.append(f"{name}={override.get_value_element_as_str()}")
+    _check_given(given)
+    register_schema()
+    if GlobalHydra.instance().is_initialized():  # left by an earlier Hydra app in this process
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module("attnflow.conf", version_base=None, job_name="train"):
+            composed = compose(config_name="train", overrides=plain)
+    except (HydraException, OmegaConfBaseException) as error:
+        cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
+        first = str(cause or error).strip().splitlines()[0].rstrip(".")
+        raise ConfigError(f"invalid settings for attnflow train ({first}).") from None
+    return OmegaConf.to_container(composed, resolve=False), given
 
 
 def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConfig:
-    """The settings of conf/train.yaml with `overrides` (a mapping, or `KEY=VALUE`
-    strings as typed on the command line) on top, typed and checked. When `out` names
-    a folder holding a run, that run's stored settings are the base instead, so that
-    `out=DIR` alone resumes it."""
-    pairs = _given(overrides)
+    """The settings of conf/train.yaml with `overrides` on top, typed and checked:
+    `overrides` is a mapping (the Python API), or the command line's `KEY=VALUE`
+    strings, which Hydra composes as it does a study's. When `out` names a folder
+    holding a run, that run's stored settings are the base instead, so that `out=DIR`
+    alone resumes it."""
     if isinstance(overrides, Mapping):
-        given = OmegaConf.create(pairs)
+        given = {str(key).lstrip("+"): value for key, value in overrides.items()}
+        _check_given(given)
+        base = OmegaConf.load(_defaults_file())
+        base.pop("defaults", None)
+        layers = (base, OmegaConf.create(given))
     else:
-        given = OmegaConf.from_dotlist([f"{k}={v}" for k, v in pairs.items()])
+        composed, given = _command_line(overrides)
+        layers = (OmegaConf.create(composed),)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(_defaults_file()), given)
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), *layers)
         cfg = OmegaConf.to_object(merged)
     except ValidationError as error:
         key = str(getattr(error, "full_key", "") or "")
@@ -187,9 +223,13 @@ def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConf
         # interpolation (`read_state` has checked their types).
         stored = read_state(Path(cfg.out).expanduser() / "state")
         if stored is not None:
-            cfg = dataclasses.replace(cfg, **{k: v for k, v in stored["config"].items() if k not in pairs})
+            cfg = dataclasses.replace(cfg, **{k: v for k, v in stored["config"].items() if k not in given})
     check(cfg)
     return cfg
+
+
+def _defaults_file() -> Path:
+    return Path(str(config_source()[1])) / "train.yaml"
 
 
 def _kind(key: str) -> str:
