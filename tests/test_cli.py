@@ -100,7 +100,7 @@ def test_run_writes_results_then_skips_refuses_and_overwrites(tmp_path):
     results = out / "results.nc"
 
     # (a) A small run writes results.nc and summary.png, with the user's umask (022 here,
-    # 077 in test_results_are_created_with_the_users_umask).
+    # 077 in test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_alone).
     first = attnflow(*SMALL, "plot=true", f"hydra.run.dir={out}", cwd=tmp_path, umask=0o022)
     assert_ok(first)
     for path in (results, out / ".hydra" / "config.yaml"):
@@ -160,19 +160,22 @@ def test_run_writes_results_then_skips_refuses_and_overwrites(tmp_path):
 
 # One case per stage at which a refusal is raised: Hydra's parser of the command line,
 # the composition of the config groups, the validation of a value, the memory check.
-# These run the console script: exit 2, one line, no traceback, nothing written.
+# These run the console script: exit 2, one line, no traceback, nothing written. The
+# config-group case runs `python -m attnflow.cli` instead (the module has its `if
+# __name__ == "__main__"` block): its refusal names the options of the packaged config
+# group `init`, so the module entry composes the same configs as the console script.
 @pytest.mark.parametrize(
-    "args, says",
+    "args, says, module",
     [
-        pytest.param(["causal=maybe"], "causal must be true or false, got 'maybe'", id="not-a-boolean"),
-        pytest.param(["init=foo"], "unknown init 'foo'; choose one of caps", id="unknown-group-option"),
-        pytest.param(["beta=[1,"], "cannot parse the command line", id="syntax"),
-        pytest.param(["n=40000", "members=100000", "attention_block=0"], "GiB", id="does-not-fit-in-memory"),
+        pytest.param(["causal=maybe"], "causal must be true or false, got 'maybe'", False, id="not-a-boolean"),
+        pytest.param(["init=foo"], "unknown init 'foo'; choose one of caps", True, id="unknown-group-option-module"),
+        pytest.param(["beta=[1,"], "cannot parse the command line", False, id="syntax"),
+        pytest.param(["n=40000", "members=100000", "attention_block=0"], "GiB", False, id="does-not-fit-in-memory"),
     ],
 )
-def test_bad_input_prints_one_error_line_and_writes_nothing(tmp_path, args, says):
+def test_bad_input_prints_one_error_line_and_writes_nothing(tmp_path, args, says, module):
     out = tmp_path / "run"
-    proc = attnflow(*args, f"hydra.run.dir={out}", cwd=tmp_path)
+    proc = attnflow(*args, f"hydra.run.dir={out}", cwd=tmp_path, module=module)
     line = assert_one_error_line(proc)
     assert proc.returncode == 2
     assert says in line, line
@@ -218,14 +221,6 @@ def test_non_finite_run_fails_and_keeps_what_was_computed_apart(tmp_path):
     kept = load(out / "incomplete.nc")
     assert np.isfinite(kept["log_energy"].values[..., 0]).all()  # t = 0 was fine
     assert not np.isfinite(kept["log_energy"].values[..., -1]).all()
-
-
-def test_module_entry_point_finds_its_config(tmp_path):
-    # `python -m attnflow.cli` (the module has its `if __name__ == "__main__"` block) must
-    # compose the same configs as the console script.
-    proc = attnflow("n=0", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, module=True)
-    line = assert_one_error_line(proc)
-    assert "n must" in line, line
 
 
 def test_multirun_writes_one_result_per_job_and_resumes(tmp_path):
@@ -276,20 +271,20 @@ TINY = ["n=4", "d=3", "members=2", "beta=1", "t1=0.5", "dt=0.1", "saves=2", "plo
 
 
 def test_the_output_location_is_checked_before_computing(tmp_path, command):
-    # results.nc is a folder: the console script's one line
-    folder = tmp_path / "folder"
-    (folder / "results.nc").mkdir(parents=True)
-    line = assert_one_error_line(attnflow(*TINY, f"hydra.run.dir={folder}", cwd=tmp_path))
-    assert "is a directory" in line, line
-
-    # The other refusals of the location through `attnflow.cli.main` in this process
-    # (exit 2 and one line, as above). A corrupt results.nc is named as such (not "a
-    # different run") and left alone...
+    # The refusals of the location through `attnflow.cli.main` in this process: exit 2
+    # and one line (what the process does with such a refusal, the console script's one
+    # line, is in test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_alone).
     def refused(*args: str) -> str:
         code, lines = command(*TINY, *args)
         assert code == 2 and len(lines) == 1 and lines[0].startswith("attnflow: error: "), (code, lines)
         return lines[0]
 
+    # results.nc is a folder
+    folder = tmp_path / "folder"
+    (folder / "results.nc").mkdir(parents=True)
+    line = refused(f"hydra.run.dir={folder}")
+    assert "is a directory" in line, line
+    # A corrupt results.nc is named as such (not "a different run") and left alone...
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "results.nc").write_bytes(b"not a netcdf file")
@@ -309,16 +304,25 @@ def test_the_output_location_is_checked_before_computing(tmp_path, command):
     (tmp_path / "plain").write_text("")
     line = refused(f"hydra.run.dir={tmp_path / 'plain' / 'run'}")
     assert "plain" in line, line
-    # ...and the corrupt results.nc is replaced with overwrite=true (the console script)
-    assert_ok(attnflow(*TINY, "overwrite=true", f"hydra.run.dir={corrupt}", cwd=tmp_path))
+    # ...and the corrupt results.nc is replaced with overwrite=true (the console script;
+    # the same run shows that compilation_cache=false writes nothing into the cache
+    # folder: see test_compiled_programs_are_cached_across_runs_unless_switched_off)
+    off = tmp_path / "off"
+    assert_ok(attnflow(*TINY, "overwrite=true", "compilation_cache=false", f"hydra.run.dir={corrupt}", cwd=tmp_path,
+                       env={"ATTNFLOW_CACHE_DIR": str(off)}))
     assert load(corrupt / "results.nc")["energy"].shape == (2, 2)
+    assert not off.exists() or not list(off.iterdir())
 
 
 def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_alone(tmp_path, command):
     import fcntl
 
     out = tmp_path / "run"
-    assert_ok(attnflow(*TINY, f"hydra.run.dir={out}", cwd=tmp_path))
+    # Files are created with the user's umask: 077 gives 600 (and 022 gives 644: the first
+    # run of test_run_writes_results_then_skips_refuses_and_overwrites).
+    assert_ok(attnflow(*TINY, f"hydra.run.dir={out}", cwd=tmp_path, umask=0o077))
+    for path in (out / "results.nc", out / ".hydra" / "config.yaml"):
+        assert path.stat().st_mode & 0o777 == 0o600, path
     record = {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()}
     results = (out / "results.nc").read_bytes()
     # another run holds the folder: refused at once (not allowed to replace its results)
@@ -337,15 +341,6 @@ def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_a
     assert "holds a different run" in lines[0], lines[0]
     assert (out / "results.nc").read_bytes() == results
     assert {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()} == record
-
-
-def test_results_are_created_with_the_users_umask(tmp_path):
-    # umask 077 gives 600 (and 022 gives 644: the first run of
-    # test_run_writes_results_then_skips_refuses_and_overwrites).
-    out = tmp_path / "run"
-    assert_ok(attnflow(*TINY, f"hydra.run.dir={out}", cwd=tmp_path, umask=0o077))
-    for path in (out / "results.nc", out / ".hydra" / "config.yaml"):
-        assert path.stat().st_mode & 0o777 == 0o600, path
 
 
 # --- interrupting a run -------------------------------------------------------------------
@@ -397,7 +392,7 @@ def test_ctrl_c_stops_at_once_keeps_finished_pieces_and_the_run_resumes(tmp_path
 
 
 def test_compiled_programs_are_cached_across_runs_unless_switched_off(tmp_path):
-    cache, off = tmp_path / "cache", tmp_path / "off"
+    cache = tmp_path / "cache"
     first = attnflow(*TINY, f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path, env={"ATTNFLOW_CACHE_DIR": str(cache)})
     assert_ok(first)
     entries = sorted(p.name for p in cache.iterdir())
@@ -408,6 +403,6 @@ def test_compiled_programs_are_cached_across_runs_unless_switched_off(tmp_path):
                      env={"ATTNFLOW_CACHE_DIR": str(cache)})
     assert_ok(again)
     assert sorted(p.name for p in cache.iterdir()) == entries
-    assert_ok(attnflow(*TINY, "compilation_cache=false", f"hydra.run.dir={tmp_path / 'c'}", cwd=tmp_path,
-                       env={"ATTNFLOW_CACHE_DIR": str(off)}))
-    assert not off.exists() or not list(off.iterdir())
+    # compilation_cache=false writes nothing there: the console script's run with an empty
+    # cache folder that replaces the corrupt results.nc in
+    # test_the_output_location_is_checked_before_computing.

@@ -196,8 +196,8 @@ def test_permutation_equivariance_without_a_mask():
     field = random_field(jax.random.key(11), d=4, beta=1.3, heads=2, mlp=True)
     y0 = _uniform(jax.random.key(12), 8, 4)
     perm = np.random.default_rng(0).permutation(8)
-    run = lambda y: np.asarray(af.simulate(field, y, t1=2.0, dt=0.02, solver="heun").xs[-1])
-    np.testing.assert_allclose(run(y0[perm]), run(y0)[perm], atol=1e-12)
+    run = jax.jit(lambda y: af.simulate(field, y, t1=2.0, dt=0.02, solver="heun").xs[-1])  # one compile
+    np.testing.assert_allclose(run(y0[perm]), np.asarray(run(y0))[perm], atol=1e-12)
 
 
 def test_causal_mask_breaks_permutation_equivariance_exactly_as_it_should():
@@ -205,8 +205,8 @@ def test_causal_mask_breaks_permutation_equivariance_exactly_as_it_should():
     m-token system (prefix invariance), while permuting the tokens changes the flow."""
     field = random_field(jax.random.key(13), d=4, beta=1.3, heads=2, causal=True)
     y0 = _uniform(jax.random.key(14), 8, 4)
-    run = lambda y: np.asarray(af.simulate(field, y, t1=2.0, dt=0.02, solver="heun").xs[-1])
-    full = run(y0)
+    run = jax.jit(lambda y: af.simulate(field, y, t1=2.0, dt=0.02, solver="heun").xs[-1])  # one compile a size
+    full = np.asarray(run(y0))
     for m in (1, 3, 5):
         np.testing.assert_allclose(run(y0[:m]), full[:m], atol=1e-12)
     perm = np.array([1, 0, 2, 3, 4, 5, 6, 7])
@@ -220,8 +220,8 @@ def test_rotation_equivariance_with_identity_weights():
     field = identity_field(5, 2.0)
     y0 = _uniform(jax.random.key(15), 7, 5)
     rotation = np.linalg.qr(np.random.default_rng(1).standard_normal((5, 5)))[0]
-    run = lambda y: np.asarray(af.simulate(field, y, t1=3.0, dt=0.05, solver="rk4").xs[-1])
-    np.testing.assert_allclose(run(y0 @ rotation), run(y0) @ rotation, atol=1e-12)
+    run = jax.jit(lambda y: af.simulate(field, y, t1=3.0, dt=0.05, solver="rk4").xs[-1])  # one compile
+    np.testing.assert_allclose(run(y0 @ rotation), np.asarray(run(y0)) @ rotation, atol=1e-12)
 
 
 # --- schemes and time-stepping paths ---------------------------------------------------
@@ -232,11 +232,11 @@ def test_sphere_schemes_differ_at_first_order_only():
     followed by the retraction, agree to O(dt^2) per step: their gap shrinks like dt."""
     field = identity_field(3, 4.0)
     y0 = _uniform(jax.random.key(16), 10, 3)
-    gaps = []
-    for dt in (0.02, 0.01, 0.005):
-        a = af.simulate(field, y0, t1=1.0, dt=dt, solver="euler").xs[-1]
-        b = af.simulate(field, y0, t1=1.0, dt=dt, solver="euler_renorm").xs[-1]
-        gaps.append(float(jnp.abs(a - b).max()))
+    # the six solves in one program (one compile)
+    gaps = jax.jit(lambda y: [jnp.abs(af.simulate(field, y, t1=1.0, dt=dt, solver="euler").xs[-1]
+                                      - af.simulate(field, y, t1=1.0, dt=dt, solver="euler_renorm").xs[-1]).max()
+                              for dt in (0.02, 0.01, 0.005)])(y0)
+    gaps = [float(g) for g in gaps]
     assert gaps[0] > 1e-6
     rates = np.log2(np.array(gaps[:-1]) / np.array(gaps[1:]))
     np.testing.assert_allclose(rates, 1.0, atol=0.15)

@@ -54,11 +54,10 @@ CASES = [
 @pytest.mark.parametrize("solver,order,system,steps", CASES, ids=[c[0] for c in CASES])
 def test_measured_order_matches_theory(problems, solver, order, system, steps):
     field, y0, horizon, ref = problems[system]
-    errors = []
-    for count in steps:
-        x = af.simulate(field, y0, t1=horizon, dt=horizon / count, solver=solver).xs[-1]
-        errors.append(np.abs(np.asarray(x) - ref).max())
-    errors = np.array(errors)
+    # the three step counts in one program (one compile)
+    finals = jax.jit(lambda y: [af.simulate(field, y, t1=horizon, dt=horizon / count, solver=solver).xs[-1]
+                                for count in steps])(y0)
+    errors = np.array([np.abs(np.asarray(x) - ref).max() for x in finals])
     assert errors.min() > 1e-13, errors  # still above round-off
     slope = np.polyfit(np.log(horizon / np.array(steps)), np.log(errors), 1)[0]
     # Pre-asymptotic error terms can only make the fitted slope look steeper.
@@ -99,18 +98,25 @@ def test_fixed_steps_equal_diffrax_constant_step_solves(solver):
 
     field = random_field(jax.random.key(5), d=3, beta=1.0, mlp=True, scheme="none")
     y0 = jax.random.normal(jax.random.key(6), (4, 3), jnp.float64)
-    ours = af.simulate(field, y0, t1=1.0, dt=0.1, solver=solver).xs[-1]
     cls = {"euler": dfx.Euler, "euler_renorm": dfx.Euler, "rk4": af.RK4}.get(solver) or getattr(
         dfx, af.SOLVERS[solver][2])
-    theirs = dfx.diffeqsolve(dfx.ODETerm(field), cls(), t0=0.0, t1=1.0, dt0=0.1, y0=y0,
-                             stepsize_controller=dfx.ConstantStepSize()).ys[-1]
+    # both solves in one program (one compile)
+    ours, theirs = jax.jit(lambda y: (af.simulate(field, y, t1=1.0, dt=0.1, solver=solver).xs[-1],
+                                      dfx.diffeqsolve(dfx.ODETerm(field), cls(), t0=0.0, t1=1.0, dt0=0.1, y0=y,
+                                                      stepsize_controller=dfx.ConstantStepSize()).ys[-1]))(y0)
     np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-13)
 
 
 # --- differentiation through every fixed-step solver -----------------------------------
 
 
-@pytest.mark.parametrize("solver", list(af.SOLVERS))
+# dopri8 (13 stages, the costliest program of the module to compile) is kept for the slow
+# run: its derivatives go through the same stage code (`rk_step`, static coefficients) that
+# the nine other solvers' cases here differentiate in the default run, and its coefficients
+# are checked there by test_fixed_steps_equal_diffrax_constant_step_solves[dopri8] (and its
+# order by test_measured_order_matches_theory[dopri8]).
+@pytest.mark.parametrize("solver", [pytest.param(s, marks=pytest.mark.slow) if s == "dopri8" else s
+                                    for s in af.SOLVERS])
 def test_forward_and_reverse_mode_match_finite_differences(solver):
     """`jax.jvp` (tangent dynamics, for Lyapunov exponents) and `jax.grad` (training
     through the flow) pass through every fixed-step solver on the sphere, and agree with
