@@ -368,12 +368,23 @@ def _stage_count(solver) -> int:
         return max(len(tableau(name).b) for name in SOLVERS)
 
 
-@functools.lru_cache(maxsize=1)
-def _source_hash() -> str:
-    """A hash of attnflow's own code: an edit invalidates every exported program."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + path.read_bytes())
+_PACKAGE = Path(__file__).parent
+
+
+@functools.lru_cache(maxsize=4)
+def _source_hash(root: Path = _PACKAGE) -> str:
+    """A hash of the package at `root` (attnflow's by default): its version and every
+    `.py` and `.yaml` file in it and its subpackages, by relative path. Any edit
+    invalidates every exported program; it is computed once per process."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("attnflow")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        release = "unknown"
+    digest = hashlib.sha256(release.encode())
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file()):
+        digest.update(b"\0" + path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

@@ -337,6 +337,29 @@ def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
         np.testing.assert_array_equal(ds["energy"].values, direct["energy"].values)
 
 
+def test_an_edit_anywhere_in_the_package_changes_the_key_of_exported_programs(tmp_path):
+    """The exported programs are keyed on every source file of the package: an edit in
+    a subpackage (a checkpoint loader, an experiment) or to a YAML file invalidates them,
+    as an edit in the core does; an unchanged copy keeps the key."""
+    import shutil
+    from pathlib import Path
+
+    from attnflow import _ensemble
+
+    root = tmp_path / "attnflow"
+    shutil.copytree(Path(_ensemble.__file__).parent, root, ignore=shutil.ignore_patterns("__pycache__"))
+    original = _ensemble._source_hash(root)
+    assert _ensemble._source_hash(Path(_ensemble.__file__).parent) == original  # the copy is the package
+    keys = [original]
+    for edited in ("_ensemble.py", "checkpoints/native.py", "experiments/polytope.py", "conf/extra.yaml"):
+        path = root / edited
+        path.parent.mkdir(exist_ok=True)
+        path.write_text((path.read_text() if path.exists() else "") + "\n# an edit\n")
+        _ensemble._source_hash.cache_clear()
+        keys.append(_ensemble._source_hash(root))
+        assert keys[-1] not in keys[:-1], f"an edit of {edited} kept the key"
+
+
 def test_the_loaded_programs_of_a_process_are_bounded(monkeypatch):
     """A long notebook session keeps the most recently used `_LOADED_MOST` piece programs,
     not every one it ever ran; a program used again moves to the end."""
