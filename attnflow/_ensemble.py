@@ -31,6 +31,7 @@ from ._metrics import Recorder
 from ._schedules import identity_multiple
 from ._simulate import simulate
 from ._solvers import SOLVERS, tableau, tableau_of
+from ._store import _write_atomically
 from ._terms import MLP, SelfAttention
 from ._tiled import resolve_block
 
@@ -157,10 +158,9 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
     return MemberFootprint(state=state, attention=attention, pairwise=pairwise, output=per_save * saves)
 
 
-# The working set a chunk of members may have on a CPU (`default_chunk`), measured: on
-# the 2-core benchmark machine the fastest chunks of the phase-diagram workload held
-# 21-46 MB (benchmarks/layout.py: 2048 members at d = 2 and 8, 512 at d = 32, 256 at
-# d = 128), and a quarter of that ran up to 2x slower at d = 128.
+# The working set a chunk of members may have on a CPU (`default_chunk`): the size the
+# fastest chunks of the phase-diagram workload had, and a smaller one costs most at
+# large d (benchmarks/layout.py; the numbers are in benchmarks/README.md).
 CPU_CHUNK_BYTES = 48 * 2**20
 
 
@@ -170,11 +170,10 @@ def default_chunk(platform: str, memory: int, footprint: MemberFootprint) -> int
     On a CPU, whatever the memory, the largest power of two whose working set
     (`footprint.working` per member) stays within `CPU_CHUNK_BYTES`: each chunk runs its
     whole time loop on its own states, and its members split evenly over vector lanes
-    and threads. On the 2-core benchmark machine (benchmarks/layout.py, n = 32) this is
-    2048 members at d = 2 and 8, 1024 at d = 32 and 256 at d = 128, each the fastest
-    fixed chunk or within 6% of it. On an accelerator (GPU, TPU), whose throughput grows with the batch,
-    as many as fill a quarter of its free `memory`: XLA's buffers for a step and the
-    recorded output share the rest.
+    and threads (at n = 32: 2048 members at d = 2 and 8, 1024 at d = 32 and 256 at
+    d = 128; benchmarks/layout.py compares it with fixed chunks). On an accelerator
+    (GPU, TPU), whose throughput grows with the batch, as many as fill a quarter of its
+    free `memory`: XLA's buffers for a step and the recorded output share the rest.
     """
     per_member = max(footprint.working, 1)
     if platform == "cpu":
@@ -313,9 +312,7 @@ class EnsemblePlan:
             # package: those are solved directly.
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(serialized)
-        os.replace(tmp, path)
+        _write_atomically(path, lambda tmp: tmp.write_bytes(serialized))
         return _remember(key, program), leaves, key_data
 
     def output_times(self) -> np.ndarray:
