@@ -81,7 +81,8 @@ def _remove(path: Path) -> None:
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike, *, folder: bool = False) -> Iterator[Path]:
     """`with replacing(path) as tmp:` write `tmp` (a file, or with `folder` a folder of
-    files); when the block ends `tmp` replaces `path`, whole or not at all.
+    files, its parent folder created if need be); when the block ends `tmp` replaces
+    `path`, whole or not at all.
 
     `tmp` is a temporary name in the same folder, known while it is written
     (`discard_partial_files`); it gets the mode the umask gives (some writers, such as
@@ -94,6 +95,7 @@ def replacing(path: str | os.PathLike, *, folder: bool = False) -> Iterator[Path
     """
     path = Path(path)
     if folder:
+        _make_folder(path.parent)
         recover(path)
         for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
             _remove(stale)  # a killed writer's leftovers
@@ -197,14 +199,11 @@ def discard_partial_files() -> None:
 
 @dataclasses.dataclass
 class Results:
-    """A study's results as NetCDF lays them out, without xarray: coordinates and
-    variables (named dimensions, values, attributes), global attributes, and the
-    encoding of integer variables with missing entries (stored as floats with NaN here,
-    written as int32 with a `_FillValue`).
-
-    The command line writes them directly (`write_netcdf`), so a run that draws no plot
-    never imports xarray; `to_xarray` gives the Dataset that reading the file back with
-    xarray gives.
+    """A study's results as NetCDF lays them out: coordinates and variables (named
+    dimensions, values, attributes), global attributes, and the encoding of integer
+    variables with missing entries (stored as floats with NaN here, written as int32
+    with a `_FillValue`). `to_xarray` gives the Dataset that `write_results` writes and
+    reading the file back with xarray gives.
     """
 
     coords: dict[str, tuple[tuple[str, ...], Any]]
@@ -224,50 +223,16 @@ class Results:
             ds[name].encoding.update(encoding)
         return ds
 
-    def write_netcdf(self, path: Path) -> None:
-        """The file xarray would write for `to_xarray()` (CF conventions: NaN as the fill
-        value of floats, scalar coordinates named in each variable's `coordinates`)."""
-        import netCDF4
-
-        scalars = " ".join(name for name, (dims, _) in self.coords.items() if dims == ())
-        with netCDF4.Dataset(path, "w", format="NETCDF4") as f:
-            sizes = {}
-            for dims, values, *_ in list(self.data_vars.values()) + list(self.coords.values()):
-                sizes.update(zip(dims, np.shape(values)))
-            for dim, size in sizes.items():
-                f.createDimension(dim, size)
-            variables = [(n, d, v, a) for n, (d, v, a) in self.data_vars.items()]
-            variables += [(n, d, v, {}) for n, (d, v) in self.coords.items()]
-            for name, dims, values, attrs in variables:
-                values = np.asarray(values)
-                encoding = self.encoding.get(name)
-                if encoding is not None:
-                    fill = encoding["_FillValue"]
-                    values = np.where(np.isnan(values), fill, values).astype(encoding["dtype"])
-                elif np.issubdtype(values.dtype, np.floating):
-                    fill = np.nan
-                else:
-                    fill = False
-                var = f.createVariable(name, values.dtype, dims, fill_value=fill)
-                var.set_auto_maskandscale(False)
-                for key, value in attrs.items():
-                    var.setncattr(key, value)
-                if scalars and name in self.data_vars:
-                    var.setncattr("coordinates", scalars)
-                var[...] = values
-            for key, value in self.attrs.items():
-                f.setncattr(key, value)
-
 
 def write_results(results, path: str | os.PathLike) -> Path:
-    """Write `Results` (or an xarray Dataset) to NetCDF, whole or not at all: a
-    temporary file in the same folder, then a rename. An existing file is only ever
+    """Write `Results` (or an xarray Dataset) to NetCDF with xarray, whole or not at all:
+    a temporary file in the same folder, then a rename. An existing file is only ever
     replaced by a complete one. A Dataset's variables are written with their
     `encoding`."""
     path = Path(path)
     _make_folder(path.parent)
     if isinstance(results, Results):
-        return _write_atomically(path, results.write_netcdf)
+        results = results.to_xarray()
     return _write_atomically(path, lambda tmp: results.to_netcdf(tmp, engine="netcdf4"))
 
 

@@ -9,7 +9,7 @@ and system: on a shared machine it changes far less with the load):
 - `bare jax`: `import jax`, then compile and run one small jitted function (the floor
   any JAX program pays);
 - `imports of a run`: what a plot-free fixed-step run imports (JAX, equinox, Hydra,
-  OmegaConf, netCDF4 and attnflow's own modules), without running anything;
+  OmegaConf, netCDF4, xarray and attnflow's own modules), without running anything;
 - `attnflow, cold cache`: the trivial run with an empty compilation cache;
 - `attnflow, cached`: the same run again, its programs in JAX's persistent cache;
 - `attnflow, cache off`: `compilation_cache=false`.
@@ -44,7 +44,7 @@ from machine import describe
 
 TRIVIAL = ["n=4", "d=3", "members=2", "t1=0.1", "dt=0.1", "saves=2", "plot=false"]
 BARE_JAX = "import jax, jax.numpy as jnp; jax.jit(lambda x: x @ x + 1)(jnp.ones((4, 4))).block_until_ready()"
-IMPORTS = "import attnflow.cli, attnflow._study, attnflow._build, hydra.main, netCDF4"
+IMPORTS = "import attnflow.cli, attnflow._study, attnflow._build, hydra.main, netCDF4, xarray"
 LAUNCHER = "import sys; from attnflow.cli import main; sys.argv[0] = 'attnflow'; sys.exit(main())"
 HERE = Path(__file__).resolve().parents[1]
 

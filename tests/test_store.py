@@ -68,10 +68,10 @@ def test_pieces_are_read_without_pickle_and_damaged_ones_are_recomputed(tmp_path
 
 
 @pytest.mark.parametrize("beta", [1.0, [0.5, 2.0]], ids=["scalar-beta", "beta-list"])
-def test_results_written_without_xarray_read_back_as_xarrays_own_file(tmp_path, beta):
-    """The command line writes `Results` with netCDF4 directly (no xarray import); the
-    file must read back exactly as the file xarray writes for the same Dataset, also
-    with failed solves (NaN floats, integer statistics with a fill value)."""
+def test_written_results_read_back_as_xarrays_own_file(tmp_path, beta):
+    """The command line writes `Results` (`write_results`); the file must read back
+    exactly as the file xarray writes for the same Dataset, also with failed solves (NaN
+    floats, integer statistics with a fill value)."""
     from attnflow._build import validate_config
     from attnflow._study import plan_study, solve_study
 
