@@ -4,8 +4,7 @@ The (beta, member) pairs are cut into pieces of equal size; one compiled functio
 solves a piece (a `jax.vmap` over it, shared out over the local devices), so a piece is
 the unit of work that an interruption can lose and a resumed run can skip. The piece
 size is the member chunk: sized by the working set that ran fastest on a CPU, or to an
-accelerator's memory, and never beyond what the memory holds. A piece may also be
-evaluated with the member axis last (`members_last`), on request.
+accelerator's memory, and never beyond what the memory holds.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
@@ -34,6 +32,7 @@ from ._metrics import Recorder
 from ._schedules import identity_multiple
 from ._simulate import simulate
 from ._solvers import SOLVERS, tableau, tableau_of
+from ._store import _write_atomically
 from ._terms import MLP, SelfAttention
 from ._tiled import resolve_block
 
@@ -58,27 +57,17 @@ class EnsembleResult:
     valid: Bool[np.ndarray, "beta member times"]
 
 
-# Where the member axis sits in the arrays of a piece: "members_first" is `jax.vmap`'s
-# (member, n, d) and the default; "members_last" keeps the state that the time loop
-# carries as (n, d, member) (see `members_last`). On the 2-core benchmark machine
-# (benchmarks/layout.py, the phase-diagram workload at d = 2 and 8) members last was
-# 0.8-1.1x the speed of members first at the same chunk, and slower than members first
-# at the fastest chunk, so it is not chosen by itself.
-LAYOUTS = ("members_first", "members_last")
-
-
 @eqx.filter_jit
-def _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, mesh, layout="members_first"):
+def _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, mesh):
     """Solve the pairs (keys[members[p]], betas[beta_index[p]]) of one piece, a vmap
-    over them (per device) in the given layout (see `LAYOUTS`). The gathers happen
-    here, inside the one compiled program."""
+    over them (per device). The gathers happen here, inside the one compiled program."""
 
     def member(m, b):
         field, y0, record = system(keys[m], betas[b])
         sol = simulate(field, y0, t0=t0, t1=t1, dt=dt, record=record, **options)
         return sol.stats, sol.result, sol.num_steps, sol.reached
 
-    solve = jax.vmap(member) if layout == "members_first" else functools.partial(members_last, member)
+    solve = jax.vmap(member)
     if mesh is None:
         return solve(members, beta_index)
     spec = PartitionSpec(mesh.axis_names[0])
@@ -170,10 +159,9 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
     return MemberFootprint(state=state, attention=attention, pairwise=pairwise, output=per_save * saves)
 
 
-# The working set a chunk of members may have on a CPU (`default_chunk`), measured: on
-# the 2-core benchmark machine the fastest chunks of the phase-diagram workload held
-# 21-46 MB (benchmarks/layout.py: 2048 members at d = 2 and 8, 512 at d = 32, 256 at
-# d = 128), and a quarter of that ran up to 2x slower at d = 128.
+# The working set a chunk of members may have on a CPU (`default_chunk`): the size the
+# fastest chunks of the phase-diagram workload had, and a smaller one costs most at
+# large d (benchmarks/layout.py; the numbers are in benchmarks/README.md).
 CPU_CHUNK_BYTES = 48 * 2**20
 
 
@@ -183,11 +171,10 @@ def default_chunk(platform: str, memory: int, footprint: MemberFootprint) -> int
     On a CPU, whatever the memory, the largest power of two whose working set
     (`footprint.working` per member) stays within `CPU_CHUNK_BYTES`: each chunk runs its
     whole time loop on its own states, and its members split evenly over vector lanes
-    and threads. On the 2-core benchmark machine (benchmarks/layout.py, n = 32) this is
-    2048 members at d = 2 and 8, 1024 at d = 32 and 256 at d = 128, each the fastest
-    fixed chunk or within 6% of it. On an accelerator (GPU, TPU), whose throughput grows with the batch,
-    as many as fill a quarter of its free `memory`: XLA's buffers for a step and the
-    recorded output share the rest.
+    and threads (at n = 32: 2048 members at d = 2 and 8, 1024 at d = 32 and 256 at
+    d = 128; benchmarks/layout.py compares it with fixed chunks). On an accelerator
+    (GPU, TPU), whose throughput grows with the batch, as many as fill a quarter of its
+    free `memory`: XLA's buffers for a step and the recorded output share the rest.
     """
     per_member = max(footprint.working, 1)
     if platform == "cpu":
@@ -205,7 +192,7 @@ class EnsemblePlan:
 
     def __init__(self, system, keys, betas, *, t1, ts=None, save_every=None, save_steps=None, t0=0.0, dt=None,
                  solver="tsit5", adaptive=False, rtol=1e-6, atol=1e-8, max_steps=100_000, chunk_size=None,
-                 devices=None, memory: int | None = None, layout: str | None = None):
+                 devices=None, memory: int | None = None):
         self.system = system
         self.keys = keys
         self.dtype = np.dtype(betas.dtype if hasattr(betas, "dtype") else jnp.asarray(betas).dtype)
@@ -243,9 +230,6 @@ class EnsemblePlan:
         platform = devices[0].platform
         self.piece_size, self.pieces = _pieces(member, footprint, self.pairs, len(devices), chunk_size, memory,
                                                platform)
-        self.layout = "members_first" if layout is None else layout
-        if self.layout not in LAYOUTS:
-            raise ConfigError(f"unknown ensemble layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}.")
         self._program = None  # the exported piece program, once looked up
         self._export_tried = False
 
@@ -279,7 +263,7 @@ class EnsemblePlan:
             outputs = program.call(leaves, key_data, self.betas, members, beta_index, *times)
         else:
             outputs = _solve_pairs(self.system, self.keys, self.betas, members, beta_index, *times, self.options,
-                                   self.mesh, self.layout)
+                                   self.mesh)
         stats, result, steps, reached = outputs
         size = self.size_of(i)
         out = {f"stats/{name}": np.asarray(value)[:size] for name, value in stats.items()}
@@ -300,7 +284,7 @@ class EnsemblePlan:
         key_data = jax.random.key_data(self.keys)
         args = (leaves, key_data, self.betas, members, beta_index, *times)
         shapes = jax.tree.map(lambda a: (np.shape(a), str(jnp.result_type(a))), args)
-        key = _program_key(static, treedef, {**self.options, "layout": self.layout}, shapes)
+        key = _program_key(static, treedef, self.options, shapes)
         if key in _LOADED:  # one object per program: its compiled call is reused in-process
             _LOADED.move_to_end(key)
             return _LOADED[key], leaves, key_data
@@ -312,12 +296,12 @@ class EnsemblePlan:
                 return _remember(key, export.deserialize(bytearray(path.read_bytes()))), leaves, key_data
             except Exception:  # a damaged or foreign file: trace again and replace it
                 path.unlink(missing_ok=True)
-        options, layout = self.options, self.layout
+        options = self.options
 
         def piece(leaves, key_data, betas, members, beta_index, t0, t1, dt):
             system = eqx.combine(jax.tree.unflatten(treedef, leaves), static)
             keys = jax.random.wrap_key_data(key_data)
-            return _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, None, layout)
+            return _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, None)
 
         try:
             program = export.export(jax.jit(piece))(*args)
@@ -329,9 +313,7 @@ class EnsemblePlan:
             # package: those are solved directly.
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(serialized)
-        os.replace(tmp, path)
+        _write_atomically(path, lambda tmp: tmp.write_bytes(serialized))
         return _remember(key, program), leaves, key_data
 
     def output_times(self) -> np.ndarray:
@@ -384,12 +366,23 @@ def _stage_count(solver) -> int:
         return max(len(tableau(name).b) for name in SOLVERS)
 
 
-@functools.lru_cache(maxsize=1)
-def _source_hash() -> str:
-    """A hash of attnflow's own code: an edit invalidates every exported program."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + path.read_bytes())
+_PACKAGE = Path(__file__).parent
+
+
+@functools.lru_cache(maxsize=4)
+def _source_hash(root: Path = _PACKAGE) -> str:
+    """A hash of the package at `root` (attnflow's by default): its version and every
+    `.py` and `.yaml` file in it and its subpackages, by relative path. Any edit
+    invalidates every exported program; it is computed once per process."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("attnflow")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        release = "unknown"
+    digest = hashlib.sha256(release.encode())
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".yaml") and p.is_file()):
+        digest.update(b"\0" + path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -451,7 +444,6 @@ def solve_ensemble(
     max_steps: int = 100_000,
     chunk_size: int | None = None,
     devices: Sequence[jax.Device] | None = None,
-    layout: str | None = None,
     check: bool = True,
 ) -> EnsembleResult:
     """Solve one system per (beta, member) pair.
@@ -464,9 +456,7 @@ def solve_ensemble(
     beta sweep compares like with like. The pairs are solved in equal pieces of at
     most `chunk_size` members per device (by default `default_chunk`: a measured working
     set on a CPU, or an accelerator's memory), always small enough for the memory, shared
-    out over `devices` (default: every local device) with `jax.shard_map`. `layout`
-    (see `LAYOUTS`; default `members_first`) says where the member axis sits in the
-    arrays of a piece; both give the same numbers.
+    out over `devices` (default: every local device) with `jax.shard_map`.
 
     beta and the times are data: calling again with other values of them reuses the
     compiled program. With `check=True` a failed solve raises `SolverFailure` and a
@@ -475,7 +465,7 @@ def solve_ensemble(
     """
     plan = EnsemblePlan(system, keys, betas, t1=t1, ts=ts, save_every=save_every, save_steps=save_steps, t0=t0,
                         dt=dt, solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps,
-                        chunk_size=chunk_size, devices=devices, layout=layout)
+                        chunk_size=chunk_size, devices=devices)
     out = plan.assemble([plan.solve(i) for i in range(plan.pieces)])
     if check:
         check_ensemble(out, np.asarray(plan.betas))
@@ -506,453 +496,3 @@ def check_ensemble(out: EnsembleResult, betas) -> None:
         f"the solver stopped before t1 in member {m} at beta={betas[b]:g}{others} "
         f"(after {int(np.asarray(out.num_steps)[b, m])} steps); raise max_steps or loosen rtol/atol."
     )
-
-
-# --- the members-last layout ---------------------------------------------------------
-#
-# `jax.vmap` puts the member axis first in every array of a piece. At small d a
-# member's state is a few numbers per token, so the work on it (the retraction, the
-# update, the norms) runs along axes of length d and fills little of a CPU's vector
-# units. `members_last(f, *args)` evaluates `jax.vmap(f)(*args)` with the member axis
-# kept *last* in the state that the time loop carries, `(n, d, members)`, so that this
-# work runs along the members. It traces f for one member into a jaxpr and evaluates
-# each equation on batched arrays whose member axis may sit anywhere (the rules below):
-# a product leaves it first, where XLA's batched matrix products want it; an
-# elementwise operation takes the place its largest operand has (the state's, on a
-# tie); loops carry it last. Equations no rule covers go through `jax.vmap`, so any
-# program is evaluated, the common ones in this layout.
-
-_ELEMENTWISE = frozenset("""
-    abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp conj convert_element_type copy cos cosh
-    div eq eq_to erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite le le_to lgamma log log1p
-    logistic lt lt_to max min mul ne neg nextafter not or population_count pow real reduce_precision rem round
-    rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square stop_gradient
-    sub tan tanh xor
-""".split())
-_REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax "
-                        "argmin".split())
-_ALONG_AXIS = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
-_INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
-           "custom_vjp_call": "call_jaxpr"}
-_SCATTERS = frozenset(("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"))
-
-
-def members_last(f: Callable, *args):
-    """`jax.vmap(f)(*args)` (every argument batched along its first axis), evaluated in
-    the members-last layout; the outputs come back with the member axis first."""
-    size = int(args[0].shape[0])
-    one = [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in args]
-    closed, shapes = jax.make_jaxpr(f, return_shape=True)(*one)
-    outs = _evaluate(closed.jaxpr, closed.consts, list(args), [0] * len(args), size)
-    outs = [_moved(value, axis, 0, size) for value, axis in outs]
-    return jax.tree.unflatten(jax.tree.structure(shapes), outs)
-
-
-def _moved(value, axis: int | None, target: int, size: int):
-    """`value` with its member axis at `target` (-1: last); one without a member axis
-    (`axis` None) is broadcast along a new one."""
-    value = jnp.asarray(value)
-    if axis is None:
-        value = lax.broadcast_in_dim(value, value.shape + (size,), tuple(range(value.ndim)))
-        axis = value.ndim - 1
-    target %= value.ndim
-    return value if axis == target else jnp.moveaxis(value, axis, target)
-
-
-def _shift(dims, axis: int) -> tuple[int, ...]:
-    """Axes of the unbatched array as axes of the batched one, whose member axis is `axis`."""
-    return tuple(int(d) if d < axis else int(d) + 1 for d in dims)
-
-
-def _read(env, var):
-    from jax.extend.core import Literal
-
-    return (var.val, None) if isinstance(var, Literal) else env[var]
-
-
-def _evaluate(jaxpr, consts, args, axes, size: int) -> list[tuple[object, int | None]]:
-    """The outputs of `jaxpr` as (value, member axis) pairs; the axis is None for a
-    value that is the same for every member."""
-    from jax.extend.core import DropVar
-
-    env = {v: (c, None) for v, c in zip(jaxpr.constvars, consts)}
-    env.update({v: (a, axis) for v, a, axis in zip(jaxpr.invars, args, axes)})
-    for eqn in jaxpr.eqns:
-        values, where = [], []
-        for var in eqn.invars:
-            value, axis = _read(env, var)
-            values.append(value)
-            where.append(axis)
-        if any(axis is not None for axis in where):
-            outs, out_axes = _rule(eqn.primitive.name)(eqn, values, where, size)
-        else:
-            with eqn.ctx.manager:
-                out = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
-            outs = out if eqn.primitive.multiple_results else [out]
-            out_axes = [None] * len(outs)
-        for var, value, axis in zip(eqn.outvars, outs, out_axes):
-            if not isinstance(var, DropVar):
-                env[var] = (value, None if axis is None else int(axis))
-    return [_read(env, var) for var in jaxpr.outvars]
-
-
-def _rule(name: str):
-    if name in _RULES:
-        return _RULES[name]
-    if name in _ELEMENTWISE:
-        return _elementwise
-    if name in _REDUCTIONS:
-        return _reduction
-    if name in _ALONG_AXIS:
-        return _along_axis
-    if name in _INLINE:
-        return _inline
-    if name in _SCATTERS:
-        return _scatter
-    return _through_vmap
-
-
-def _propagate(jaxpr, batched) -> list[bool]:
-    """Which outputs of `jaxpr` depend on the member (never fewer than `_evaluate` gives)."""
-    from jax.extend.core import Literal
-
-    env = dict(zip(jaxpr.invars, batched))
-    read = lambda var: False if isinstance(var, Literal) else env.get(var, False)
-    for eqn in jaxpr.eqns:
-        flags = [read(var) for var in eqn.invars]
-        name = eqn.primitive.name
-        if not any(flags):
-            out = [False] * len(eqn.outvars)
-        elif name in _INLINE:
-            out = _propagate(eqn.params[_INLINE[name]].jaxpr, flags)
-        elif name == "scan":
-            out = _scan_flags(eqn.params, flags)
-        elif name == "while":
-            carry, predicate = _while_flags(eqn.params, flags)
-            out = [True] * len(eqn.outvars) if predicate else carry
-        elif name == "cond" and not flags[0]:
-            out = _cond_flags(eqn.params, flags)
-        else:
-            out = [True] * len(eqn.outvars)
-        env.update(zip(eqn.outvars, out))
-    return [read(var) for var in jaxpr.outvars]
-
-
-def _bind(eqn, *values, **changes):
-    with eqn.ctx.manager:
-        out = eqn.primitive.bind(*values, **{**eqn.params, **changes})
-    return out if eqn.primitive.multiple_results else [out]
-
-
-def _through_vmap(eqn, values, where, size):
-    """Any equation, by `jax.vmap` over the member axes where they are; outputs first."""
-    params = eqn.primitive.get_bind_params(eqn.params)
-    out = jax.vmap(lambda *a: eqn.primitive.bind(*a, **params), in_axes=list(where), axis_size=size)(*values)
-    outs = out if eqn.primitive.multiple_results else [out]
-    return list(outs), [0] * len(outs)
-
-
-def _elementwise(eqn, values, where, size):
-    """The member axis where the largest operand has it (last on a tie: the state's
-    place); the others moved or broadcast there. A scalar operand of a non-scalar
-    operation (`select_n`'s predicate, `clamp`'s bounds) is broadcast to the output's
-    shape; operands of one rank may differ in axes of size one."""
-    batched = [(np.size(v), a == np.ndim(v) - 1, a) for v, a in zip(values, where) if a is not None]
-    target = max(batched)[2]
-    shape = eqn.outvars[0].aval.shape
-    operands = []
-    for var, value, axis in zip(eqn.invars, values, where):
-        value = jnp.asarray(value, var.aval.dtype)
-        own = var.aval.shape
-        if shape and not own:  # a scalar among arrays: broadcast to the output's shape
-            full = shape[:target] + (size,) + shape[target:]
-            operands.append(lax.broadcast_in_dim(value, full, () if axis is None else (target,)))
-        elif axis is None:
-            full = own[:target] + (size,) + own[target:]
-            operands.append(lax.broadcast_in_dim(value, full, _shift(range(len(own)), target)))
-        else:
-            operands.append(_moved(value, axis, target, size))
-    return _bind(eqn, *operands), [target] * len(eqn.outvars)
-
-
-def _reduction(eqn, values, where, size):
-    (axis,) = where
-    axes = tuple(eqn.params["axes"])
-    return _bind(eqn, values[0], axes=_shift(axes, axis)), [axis - sum(a < axis for a in axes)]
-
-
-def _along_axis(eqn, values, where, size):
-    (axis,) = where
-    return _bind(eqn, values[0], axis=_shift([eqn.params["axis"]], axis)[0]), [axis]
-
-
-def _rev(eqn, values, where, size):
-    (axis,) = where
-    return _bind(eqn, values[0], dimensions=_shift(eqn.params["dimensions"], axis)), [axis]
-
-
-def _squeeze(eqn, values, where, size):
-    (axis,) = where
-    dims = tuple(eqn.params["dimensions"])
-    return _bind(eqn, values[0], dimensions=_shift(dims, axis)), [axis - sum(d < axis for d in dims)]
-
-
-def _inline(eqn, values, where, size):
-    """A call (jit; custom derivative rules: the ensemble is not differentiated): its body."""
-    closed = eqn.params[_INLINE[eqn.primitive.name]]
-    outs = _evaluate(closed.jaxpr, closed.consts, values, where, size)
-    return [v for v, _ in outs], [a for _, a in outs]
-
-
-def _broadcast_in_dim(eqn, values, where, size):
-    """The member axis goes before the output axis that the operand's next axis maps to."""
-    (operand, *dynamic), p = values, eqn.params
-    if any(a is not None for a in where[1:]):
-        return _through_vmap(eqn, values, where, size)
-    axis, shape, dims = where[0], tuple(p["shape"]), tuple(p["broadcast_dimensions"])
-    at = dims[axis] if axis < len(dims) else len(shape)
-    dims = tuple(d if d < at else d + 1 for d in dims)
-    dims = dims[:axis] + (at,) + dims[axis:]
-    return _bind(eqn, operand, *dynamic, shape=shape[:at] + (size,) + shape[at:], broadcast_dimensions=dims,
-                 sharding=None), [at]
-
-
-def _reshape(eqn, values, where, size):
-    if eqn.params.get("dimensions") is not None or len(values) > 1:
-        return _through_vmap(eqn, values, where, size)
-    sizes = tuple(eqn.params["new_sizes"])
-    if where[0] == 0:  # the leading axis stays leading
-        return _bind(eqn, values[0], new_sizes=(size,) + sizes, sharding=None), [0]
-    value = _moved(values[0], where[0], -1, size)
-    return _bind(eqn, value, new_sizes=sizes + (size,), sharding=None), [len(sizes)]
-
-
-def _transpose(eqn, values, where, size):
-    """The member axis stays first where it is first, else goes last."""
-    (axis,) = where
-    moved = [d if d < axis else d + 1 for d in eqn.params["permutation"]]
-    at = 0 if axis == 0 else len(moved)
-    return _bind(eqn, values[0], permutation=tuple(moved[:at] + [axis] + moved[at:])), [at]
-
-
-def _slice(eqn, values, where, size):
-    (axis,) = where
-    p = eqn.params
-    insert = lambda seq, v: tuple(seq[:axis]) + (v,) + tuple(seq[axis:])
-    strides = None if p["strides"] is None else insert(p["strides"], 1)
-    return _bind(eqn, values[0], start_indices=insert(p["start_indices"], 0),
-                 limit_indices=insert(p["limit_indices"], size), strides=strides), [axis]
-
-
-def _concatenate(eqn, values, where, size):
-    target = next(a for a in where if a is not None)
-    operands = [_moved(v, a, target, size) for v, a in zip(values, where)]
-    return _bind(eqn, *operands, dimension=_shift([eqn.params["dimension"]], target)[0]), [target]
-
-
-def _sort(eqn, values, where, size):
-    target = next(a for a in where if a is not None)
-    operands = [_moved(v, a, target, size) for v, a in zip(values, where)]
-    return (_bind(eqn, *operands, dimension=_shift([eqn.params["dimension"]], target)[0]),
-            [target] * len(eqn.outvars))
-
-
-def _dot_general(eqn, values, where, size):
-    """A batch axis of the product where both operands have it (the product's first),
-    else one more free axis of the operand that has it."""
-    (lhs_c, rhs_c), (lhs_b, rhs_b) = eqn.params["dimension_numbers"]
-    (lhs, rhs), (left, right) = values, where
-    if left is not None:
-        lhs_c, lhs_b = _shift(lhs_c, left), _shift(lhs_b, left)
-    if right is not None:
-        rhs_c, rhs_b = _shift(rhs_c, right), _shift(rhs_b, right)
-    if left is not None and right is not None:
-        numbers = ((lhs_c, rhs_c), ((left,) + lhs_b, (right,) + rhs_b))
-        return _bind(eqn, lhs, rhs, dimension_numbers=numbers, out_sharding=None), [0]
-    out = _bind(eqn, lhs, rhs, dimension_numbers=((lhs_c, rhs_c), (lhs_b, rhs_b)), out_sharding=None)
-    if left is not None:
-        free = [d for d in range(np.ndim(lhs)) if d not in lhs_c and d not in lhs_b]
-        return out, [len(lhs_b) + free.index(left)]
-    lhs_free = np.ndim(lhs) - len(lhs_c) - len(lhs_b)
-    free = [d for d in range(np.ndim(rhs)) if d not in rhs_c and d not in rhs_b]
-    return out, [len(lhs_b) + lhs_free + free.index(right)]
-
-
-def _dynamic_slice(eqn, values, where, size):
-    (operand, *starts), axis = values, where[0]
-    if any(a is not None for a in where[1:]):
-        return _through_vmap(eqn, values, where, size)
-    zero = np.zeros((), eqn.invars[1].aval.dtype)
-    sizes = tuple(eqn.params["slice_sizes"])
-    return _bind(eqn, operand, *starts[:axis], zero, *starts[axis:],
-                 slice_sizes=sizes[:axis] + (size,) + sizes[axis:]), [axis]
-
-
-def _dynamic_update_slice(eqn, values, where, size):
-    operand, update, *starts = values
-    if any(a is not None for a in where[2:]):
-        return _through_vmap(eqn, values, where, size)
-    target = where[0] if where[0] is not None else where[1]
-    operand, update = _moved(operand, where[0], target, size), _moved(update, where[1], target, size)
-    zero = np.zeros((), eqn.invars[2].aval.dtype)
-    return _bind(eqn, operand, update, *starts[:target], zero, *starts[target:]), [target]
-
-
-def _gather(eqn, values, where, size):
-    """Indices the same for every member into a batched operand: the member axis is one
-    more slice (offset) axis, taken whole."""
-    operand, indices = values
-    axis = where[0]
-    if where[1] is not None:
-        return _through_vmap(eqn, values, where, size)
-    numbers = eqn.params["dimension_numbers"]
-    collapsed = _shift(numbers.collapsed_slice_dims, axis)
-    batching = _shift(numbers.operand_batching_dims, axis)
-    offsets = tuple(numbers.offset_dims)
-    # The member axis is the k-th of the operand's offset axes, in order.
-    k = sum(1 for d in range(axis) if d not in collapsed and d not in batching)
-    at = offsets[k] if k < len(offsets) else (offsets[-1] + 1 if offsets else 0)
-    offsets = tuple(sorted([o if o < at else o + 1 for o in offsets] + [at]))
-    numbers = numbers._replace(offset_dims=offsets, collapsed_slice_dims=collapsed, operand_batching_dims=batching,
-                               start_index_map=_shift(numbers.start_index_map, axis))
-    sizes = tuple(eqn.params["slice_sizes"])
-    return _bind(eqn, operand, indices, dimension_numbers=numbers,
-                 slice_sizes=sizes[:axis] + (size,) + sizes[axis:]), [at]
-
-
-def _scatter(eqn, values, where, size):
-    """Indices the same for every member: the member axis is one more window axis of the
-    updates (last in both, where the loops keep their buffers)."""
-    if where[1] is not None:
-        return _through_vmap(eqn, values, where, size)
-    operand, indices, updates = values
-    operand, updates = _moved(operand, where[0], -1, size), _moved(updates, where[2], -1, size)
-    numbers = eqn.params["dimension_numbers"]
-    numbers = numbers._replace(update_window_dims=tuple(numbers.update_window_dims) + (updates.ndim - 1,))
-    return _bind(eqn, operand, indices, updates, dimension_numbers=numbers), [operand.ndim - 1]
-
-
-def _last(values, where, flags, size):
-    """The values that should depend on the member (`flags`) with the member axis last."""
-    return [_moved(v, a, -1, size) if flag else v for v, a, flag in zip(values, where, flags)]
-
-
-def _last_axes(values, flags) -> list[int | None]:
-    return [np.ndim(v) - 1 if flag else None for v, flag in zip(values, flags)]
-
-
-def _scan_flags(params, flags) -> list[bool]:
-    """The carries and outputs of a scan that depend on the member: a fixed point."""
-    consts, carry = params["num_consts"], params["num_carry"]
-    batched = list(flags[consts: consts + carry])
-    while True:
-        out = _propagate(params["jaxpr"].jaxpr, list(flags[:consts]) + batched + list(flags[consts + carry:]))
-        grown = [a or b for a, b in zip(batched, out[:carry])]
-        if grown == batched:
-            return batched + out[carry:]
-        batched = grown
-
-
-def _scan(eqn, values, where, size):
-    """The loop over steps: its carries (the state) and outputs hold the member axis last."""
-    p = eqn.params
-    consts, carry, body = p["num_consts"], p["num_carry"], p["jaxpr"]
-    flags = [a is not None for a in where]
-    out_flags = _scan_flags(p, flags)
-    fixed, fixed_axes = values[:consts], list(where[:consts])
-    init = _last(values[consts: consts + carry], where[consts: consts + carry], out_flags[:carry], size)
-    xs = _last(values[consts + carry:], where[consts + carry:], flags[consts + carry:], size)
-    x_flags = flags[consts + carry:]
-
-    def step(state, x):
-        axes = fixed_axes + _last_axes(state, out_flags[:carry]) + _last_axes(x, x_flags)
-        outs = _evaluate(body.jaxpr, body.consts, [*fixed, *state, *x], axes, size)
-        outs = _last([v for v, _ in outs], [a for _, a in outs], out_flags, size)
-        return outs[:carry], outs[carry:]
-
-    final, ys = lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"])
-    outs = [*final, *ys]
-    return outs, _last_axes(outs, out_flags)
-
-
-def _while_flags(params, flags) -> tuple[list[bool], bool]:
-    """(the carries that depend on the member, whether the loop condition does)."""
-    cond_n, body_n = params["cond_nconsts"], params["body_nconsts"]
-    cond_consts, body_consts = list(flags[:cond_n]), list(flags[cond_n: cond_n + body_n])
-    batched = list(flags[cond_n + body_n:])
-    while True:
-        out = _propagate(params["body_jaxpr"].jaxpr, body_consts + batched)
-        grown = [a or b for a, b in zip(batched, out)]
-        if grown == batched:
-            break
-        batched = grown
-    return batched, _propagate(params["cond_jaxpr"].jaxpr, cond_consts + batched)[0]
-
-
-def _while(eqn, values, where, size):
-    """A loop whose condition is the same for every member, its carries member-last; one
-    whose condition differs between members goes through `jax.vmap` (which runs it
-    until every member is done)."""
-    p = eqn.params
-    flags = [a is not None for a in where]
-    carry_flags, predicate = _while_flags(p, flags)
-    if predicate:
-        return _through_vmap(eqn, values, where, size)
-    cond_n, body_n = p["cond_nconsts"], p["body_nconsts"]
-    cond_consts, body_consts = values[:cond_n], values[cond_n: cond_n + body_n]
-    init = _last(values[cond_n + body_n:], where[cond_n + body_n:], carry_flags, size)
-    cond, body = p["cond_jaxpr"], p["body_jaxpr"]
-
-    def proceed(state):
-        return _evaluate(cond.jaxpr, cond.consts, [*cond_consts, *state], list(where[:cond_n]) + _last_axes(state, carry_flags),
-                         size)[0][0]
-
-    def step(state):
-        outs = _evaluate(body.jaxpr, body.consts, [*body_consts, *state],
-                         list(where[cond_n: cond_n + body_n]) + _last_axes(state, carry_flags), size)
-        return _last([v for v, _ in outs], [a for _, a in outs], carry_flags, size)
-
-    out = list(lax.while_loop(proceed, step, init))
-    return out, _last_axes(out, carry_flags)
-
-
-def _cond_flags(params, flags) -> list[bool]:
-    branches = [_propagate(branch.jaxpr, flags[1:]) for branch in params["branches"]]
-    return [any(column) for column in zip(*branches)]
-
-
-def _cond(eqn, values, where, size):
-    """A branch chosen alike for every member (a `lax.cond` on the step index, as the
-    recording of fixed steps has); one chosen per member goes through `jax.vmap`."""
-    if where[0] is not None:
-        return _through_vmap(eqn, values, where, size)
-    out_flags = _cond_flags(eqn.params, [False] + [a is not None for a in where[1:]])
-
-    def branch(closed):
-        def run(*operands):
-            outs = _evaluate(closed.jaxpr, closed.consts, operands, where[1:], size)
-            return _last([v for v, _ in outs], [a for _, a in outs], out_flags, size)
-
-        return run
-
-    outs = list(lax.switch(values[0], [branch(b) for b in eqn.params["branches"]], *values[1:]))
-    return outs, _last_axes(outs, out_flags)
-
-
-_RULES = {
-    "broadcast_in_dim": _broadcast_in_dim,
-    "reshape": _reshape,
-    "transpose": _transpose,
-    "squeeze": _squeeze,
-    "rev": _rev,
-    "slice": _slice,
-    "concatenate": _concatenate,
-    "sort": _sort,
-    "dot_general": _dot_general,
-    "dynamic_slice": _dynamic_slice,
-    "dynamic_update_slice": _dynamic_update_slice,
-    "gather": _gather,
-    "scan": _scan,
-    "while": _while,
-    "cond": _cond,
-}

@@ -2,10 +2,12 @@
 kept until its results are written, and the run directory (checked and locked before
 any computing starts).
 
-Every file is written under a temporary name in its own folder and renamed into place;
-the temporary names in flight are known (`discard_partial_files`), so an interrupted
-run leaves none behind. A file that cannot be written (a full disk) raises
-`StorageError` naming it. Files are created with the user's umask.
+Every file attnflow writes (results, pieces, figures, tables, checkpoints, exported
+programs) and every folder it replaces whole (a trained model, a training state) goes
+through one writer, `replacing`: written under a temporary name in its own folder and
+renamed into place. The temporary names in flight are known (`discard_partial_files`),
+so an interrupted run leaves none behind. A file that cannot be written (a full disk)
+raises `StorageError` naming it. Files get the mode the user's umask gives.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
+import signal
 import threading
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,27 +65,110 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> Path:
+def _previous(path: Path) -> Path:
+    """Where a folder being replaced waits while its replacement is renamed in."""
+    return path.with_name(f".{path.name}.old")
+
+
+def _remove(path: Path) -> None:
+    """Remove a file or a folder (a temporary one, a replaced one); gone already is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, *, folder: bool = False) -> Iterator[Path]:
+    """`with replacing(path) as tmp:` write `tmp` (a file, or with `folder` a folder of
+    files, its parent folder created if need be); when the block ends `tmp` replaces
+    `path`, whole or not at all.
+
+    `tmp` is a temporary name in the same folder, known while it is written
+    (`discard_partial_files`); it gets the mode the umask gives (some writers, such as
+    safetensors, make their files readable by their owner only) and is renamed into
+    place. A folder replaces its previous self by two renames that no interrupt
+    separates; a crash between them leaves the previous folder beside it, which
+    `recover` puts back. When the block fails `tmp` is removed, `path` is untouched, and
+    a write that failed for want of room (a full disk, a quota, a folder made read-only)
+    raises `StorageError` naming `path`.
+    """
     path = Path(path)
+    if folder:
+        _make_folder(path.parent)
+        recover(path)
+        for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
+            _remove(stale)  # a killed writer's leftovers
     tmp = _temporary(path)
     with _PARTIAL_LOCK:
         _PARTIAL.add(tmp)
     try:
-        in_background(lambda: write(tmp))
-        with _PARTIAL_LOCK:
-            # Under the lock: an interrupt handler that discards partial files either
-            # runs before the rename (and removes tmp) or after it (nothing to remove).
+        if folder:
+            tmp.mkdir()
+            mode = tmp.stat().st_mode & 0o666  # the umask's, less the execute bits
+        else:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            mode = tmp.stat().st_mode & 0o777
+        yield tmp
+        for file in [*tmp.rglob("*")] if folder else [tmp]:
+            if file.is_file() and file.stat().st_mode & 0o777 != mode:
+                file.chmod(mode)
+        # Under the lock: an interrupt handler that discards partial files either runs
+        # before the rename (and removes tmp) or after it (nothing to remove).
+        with _interrupts_deferred(), _PARTIAL_LOCK:
+            if folder and path.exists():
+                _remove(_previous(path))
+                os.replace(path, _previous(path))
             os.replace(tmp, path)
             _PARTIAL.discard(tmp)
     except BaseException as error:
         with _PARTIAL_LOCK, contextlib.suppress(OSError):
             _PARTIAL.discard(tmp)
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)
         reason = _write_failure(error)
         if reason is not None:
-            raise StorageError(f"cannot write {path} ({reason})") from error
+            failure = StorageError(f"cannot write {path} ({reason})")
+            failure.strerror = reason  # what `error.strerror` says of an OSError
+            raise failure from error
         raise
-    return path
+    if folder:
+        _remove(_previous(path))
+
+
+def recover(path: str | os.PathLike) -> None:
+    """Put back the previous folder of a `replacing(path, folder=True)` that died
+    between its two renames."""
+    path = Path(path)
+    if not path.exists() and _previous(path).is_dir():
+        os.replace(_previous(path), path)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold Ctrl-C and SIGTERM back while a rename or two run, then hand the signals that
+    came to the handlers they were meant for (main thread only: no other thread gets
+    signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = {s: signal.signal(s, lambda number, frame: caught.append(number))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    for number in dict.fromkeys(caught):
+        signal.raise_signal(number)
+
+
+def _write_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """`write(tmp)` a file that then replaces `path` (see `replacing`); the write runs in
+    a worker thread, so that Ctrl-C stops the wait at once (`in_background`)."""
+    with replacing(path) as tmp:
+        in_background(lambda: write(tmp))
+    return Path(path)
 
 
 def _make_folder(folder: Path) -> None:
@@ -106,20 +193,17 @@ def discard_partial_files() -> None:
     """Remove every temporary file still being written (for an interrupt handler)."""
     with _PARTIAL_LOCK:
         for tmp in list(_PARTIAL):
-            tmp.unlink(missing_ok=True)
+            _remove(tmp)
             _PARTIAL.discard(tmp)
 
 
 @dataclasses.dataclass
 class Results:
-    """A study's results as NetCDF lays them out, without xarray: coordinates and
-    variables (named dimensions, values, attributes), global attributes, and the
-    encoding of integer variables with missing entries (stored as floats with NaN here,
-    written as int32 with a `_FillValue`).
-
-    The command line writes them directly (`write_netcdf`), so a run that draws no plot
-    never imports xarray; `to_xarray` gives the Dataset that reading the file back with
-    xarray gives.
+    """A study's results as NetCDF lays them out: coordinates and variables (named
+    dimensions, values, attributes), global attributes, and the encoding of integer
+    variables with missing entries (stored as floats with NaN here, written as int32
+    with a `_FillValue`). `to_xarray` gives the Dataset that `write_results` writes and
+    reading the file back with xarray gives.
     """
 
     coords: dict[str, tuple[tuple[str, ...], Any]]
@@ -139,50 +223,16 @@ class Results:
             ds[name].encoding.update(encoding)
         return ds
 
-    def write_netcdf(self, path: Path) -> None:
-        """The file xarray would write for `to_xarray()` (CF conventions: NaN as the fill
-        value of floats, scalar coordinates named in each variable's `coordinates`)."""
-        import netCDF4
-
-        scalars = " ".join(name for name, (dims, _) in self.coords.items() if dims == ())
-        with netCDF4.Dataset(path, "w", format="NETCDF4") as f:
-            sizes = {}
-            for dims, values, *_ in list(self.data_vars.values()) + list(self.coords.values()):
-                sizes.update(zip(dims, np.shape(values)))
-            for dim, size in sizes.items():
-                f.createDimension(dim, size)
-            variables = [(n, d, v, a) for n, (d, v, a) in self.data_vars.items()]
-            variables += [(n, d, v, {}) for n, (d, v) in self.coords.items()]
-            for name, dims, values, attrs in variables:
-                values = np.asarray(values)
-                encoding = self.encoding.get(name)
-                if encoding is not None:
-                    fill = encoding["_FillValue"]
-                    values = np.where(np.isnan(values), fill, values).astype(encoding["dtype"])
-                elif np.issubdtype(values.dtype, np.floating):
-                    fill = np.nan
-                else:
-                    fill = False
-                var = f.createVariable(name, values.dtype, dims, fill_value=fill)
-                var.set_auto_maskandscale(False)
-                for key, value in attrs.items():
-                    var.setncattr(key, value)
-                if scalars and name in self.data_vars:
-                    var.setncattr("coordinates", scalars)
-                var[...] = values
-            for key, value in self.attrs.items():
-                f.setncattr(key, value)
-
 
 def write_results(results, path: str | os.PathLike) -> Path:
-    """Write `Results` (or an xarray Dataset) to NetCDF, whole or not at all: a
-    temporary file in the same folder, then a rename. An existing file is only ever
+    """Write `Results` (or an xarray Dataset) to NetCDF with xarray, whole or not at all:
+    a temporary file in the same folder, then a rename. An existing file is only ever
     replaced by a complete one. A Dataset's variables are written with their
     `encoding`."""
     path = Path(path)
     _make_folder(path.parent)
     if isinstance(results, Results):
-        return _write_atomically(path, results.write_netcdf)
+        results = results.to_xarray()
     return _write_atomically(path, lambda tmp: results.to_netcdf(tmp, engine="netcdf4"))
 
 
@@ -235,7 +285,7 @@ class PieceStore:
             _clear(self.folder)
         _make_folder(self.folder)
         for stale in self.folder.glob(f"*{_TMP_SUFFIX}"):
-            stale.unlink(missing_ok=True)  # a killed writer's leftovers
+            _remove(stale)  # a killed writer's leftovers
         if not marker.exists():
             _write_atomically(marker, lambda tmp: tmp.write_text(identity))
 
@@ -375,7 +425,7 @@ class RunDirectory:
             raise ConfigError(f"cannot write in the run directory {self.path} ({error.strerror}); "
                               f"choose another {self.setting}.") from None
         for stale in self.path.glob(f".*{_TMP_SUFFIX}"):
-            stale.unlink(missing_ok=True)
+            _remove(stale)
         return self
 
     def __exit__(self, *exc) -> None:

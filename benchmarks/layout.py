@@ -1,13 +1,11 @@
-"""Small and medium d: the member chunk and the layout of the phase-diagram workload.
+"""Small and medium d: the member chunk of the phase-diagram workload.
 
 The workload of benchmarks/phase_diagram.py (Q = K = V = I on the sphere, n = 32,
 2048 members, Euler with renormalization, h = 0.1, t in [0, 30], float32, the pair
 density recorded after every step), solved by `solve_ensemble` in several ways:
 
-- `default`: the plan attnflow makes by itself (`default_chunk`, members first);
-- a fixed chunk of members solved at once (`--chunks`), in each layout (`members_first`
-  is `jax.vmap`'s, `members_last` keeps the state as (n, d, members); it is timed up to
-  `--last-up-to`);
+- `default`: the plan attnflow makes by itself (`default_chunk`);
+- a fixed chunk of members solved at once (`--chunks`);
 
 beside the same-run baselines: the same algorithm in batched NumPy (from attnflow's
 initial states), a large float32 matmul and XLA's exp rate. Every measurement of a d is
@@ -53,13 +51,13 @@ from attnflow._ensemble import EnsemblePlan
 from attnflow._metrics import Recorder, numerical_rank
 
 
-def default_plan(d: int, members: int, n: int, dt: float, t1: float, eps: float) -> tuple[int, str]:
-    """(chunk, layout) of attnflow's own plan for the workload."""
+def default_chunk(d: int, members: int, n: int, dt: float, t1: float, eps: float) -> int:
+    """The chunk of attnflow's own plan for the workload."""
     cfg = phase_config(d, members, n, dt, t1, eps)
     keys = jax.random.split(jax.random.key(0), members)
     plan = EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32), t1=t1, dt=dt, save_every=1,
                         solver="euler_renorm")
-    return plan.piece_size, plan.layout
+    return plan.piece_size
 
 
 class _SvdRank(eqx.Module):
@@ -131,7 +129,6 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dims", type=int, nargs="*", default=[2, 8, 32, 128])
     parser.add_argument("--chunks", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048])
-    parser.add_argument("--last-up-to", type=int, default=8, help="time members_last up to this d")
     parser.add_argument("--members", type=int, default=2048)
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--beta", type=float, default=1.0)
@@ -146,12 +143,10 @@ def main():
     print(f"{args.members} members, n = {args.n}, {steps} steps; {args.rounds} interleaved rounds per d, medians")
     results = []
     for d in args.dims:
-        chunk, layout = default_plan(d, args.members, args.n, dt, t1, eps)
-        variants = {("default", f"{layout} {chunk}"): {}}
-        layouts = ["members_first"] + (["members_last"] if d <= args.last_up_to else [])
-        for name in layouts:
-            for size in args.chunks:
-                variants[(name, str(size))] = dict(layout=name, chunk_size=size)
+        chunk = default_chunk(d, args.members, args.n, dt, t1, eps)
+        variants = {("default", str(chunk)): {}}
+        for size in args.chunks:
+            variants[("fixed", str(size))] = dict(chunk_size=size)
         solves, x0 = {}, None
         for key, options in variants.items():
             solve, _, system, keys = attnflow_phase_diagram(d, args.members, args.n, dt, t1, eps, **options)
@@ -174,14 +169,14 @@ def main():
                 task()
         fixed = {key: statistics.median(v) for key, v in samples.items() if key[0] != "default"}
         best = min(fixed, key=fixed.get)
-        print(f"\nd = {d}: fastest fixed chunk {best[1]} ({best[0]}); matmul "
+        print(f"\nd = {d}: fastest fixed chunk {best[1]}; matmul "
               f"{statistics.median(baselines['matmul']) / 1e9:.0f} GFLOP/s, exp "
               f"{statistics.median(baselines['exp']) / 1e9:.2f} G/s"
               + ("" if args.no_numpy else f", NumPy {statistics.median(baselines['numpy']):.2f} s"))
-        print(f"{'layout':>14} {'chunk':>22} {'time s':>8} {'/ best':>7} {'vs NumPy':>9} {'of matmul':>10} "
+        print(f"{'plan':>8} {'chunk':>6} {'time s':>8} {'/ best':>7} {'vs NumPy':>9} {'of matmul':>10} "
               f"{'of exp':>7}")
         for key, times in samples.items():
-            row = dict(d=d, layout=key[0], chunk=key[1], seconds=statistics.median(times),
+            row = dict(d=d, plan=key[0], chunk=key[1], seconds=statistics.median(times),
                        over_best=statistics.median(times) / fixed[best],
                        matmul_fraction=statistics.median(flops / t / m for t, m in zip(times, baselines["matmul"])),
                        exp_fraction=statistics.median(exps / t / e for t, e in zip(times, baselines["exp"])))
@@ -189,7 +184,7 @@ def main():
                 row["speedup_over_numpy"] = statistics.median(n / t for n, t in zip(baselines["numpy"], times))
             results.append(row)
             versus = f"{row['speedup_over_numpy']:>8.1f}x" if "speedup_over_numpy" in row else f"{'-':>9}"
-            print(f"{key[0]:>14} {key[1]:>22} {row['seconds']:>8.2f} {row['over_best']:>7.2f} {versus} "
+            print(f"{key[0]:>8} {key[1]:>6} {row['seconds']:>8.2f} {row['over_best']:>7.2f} {versus} "
                   f"{row['matmul_fraction']:>10.1%} {row['exp_fraction']:>7.1%}", flush=True)
     rank = section_rank(args.rounds) if args.rank else []
     if args.json:

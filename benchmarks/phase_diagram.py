@@ -106,7 +106,7 @@ def phase_config(d: int, members: int, n: int = 32, dt: float = 0.1, t1: float =
 
 def attnflow_phase_diagram(d: int, members: int, n: int, dt: float, t1: float, eps: float, **options):
     """A solve of the workload (compiled by a first call, whose time is returned too);
-    `options` go to `solve_ensemble` (chunk_size, layout)."""
+    `options` go to `solve_ensemble` (chunk_size)."""
     cfg = phase_config(d, members, n, dt, t1, eps)
     system = af.build_system(cfg)
     keys = jax.random.split(jax.random.key(0), members)

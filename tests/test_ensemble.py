@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
 
 import attnflow as af
 
@@ -338,6 +337,29 @@ def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
         np.testing.assert_array_equal(ds["energy"].values, direct["energy"].values)
 
 
+def test_an_edit_anywhere_in_the_package_changes_the_key_of_exported_programs(tmp_path):
+    """The exported programs are keyed on every source file of the package: an edit in
+    a subpackage (a checkpoint loader, an experiment) or to a YAML file invalidates them,
+    as an edit in the core does; an unchanged copy keeps the key."""
+    import shutil
+    from pathlib import Path
+
+    from attnflow import _ensemble
+
+    root = tmp_path / "attnflow"
+    shutil.copytree(Path(_ensemble.__file__).parent, root, ignore=shutil.ignore_patterns("__pycache__"))
+    original = _ensemble._source_hash(root)
+    assert _ensemble._source_hash(Path(_ensemble.__file__).parent) == original  # the copy is the package
+    keys = [original]
+    for edited in ("_ensemble.py", "checkpoints/native.py", "experiments/polytope.py", "conf/extra.yaml"):
+        path = root / edited
+        path.parent.mkdir(exist_ok=True)
+        path.write_text((path.read_text() if path.exists() else "") + "\n# an edit\n")
+        _ensemble._source_hash.cache_clear()
+        keys.append(_ensemble._source_hash(root))
+        assert keys[-1] not in keys[:-1], f"an edit of {edited} kept the key"
+
+
 def test_the_loaded_programs_of_a_process_are_bounded(monkeypatch):
     """A long notebook session keeps the most recently used `_LOADED_MOST` piece programs,
     not every one it ever ran; a program used again moves to the end."""
@@ -353,62 +375,7 @@ def test_the_loaded_programs_of_a_process_are_bounded(monkeypatch):
     assert "p0" in _ensemble._LOADED and not {"p1", "p2", "p3"} & set(_ensemble._LOADED)
 
 
-# --- layouts, chunks and the memory of a member ------------------------------------------
-
-
-def test_members_last_layout_gives_the_numbers_of_members_first():
-    """The members-last evaluation of a piece is the same program: the states, every
-    statistic (the cluster count's while loop, the sizes' scatter, the rank's QR) and
-    the steps agree with `jax.vmap`'s layout, for two heads of per-member random
-    weights; 7 members in pieces of 3 wrap around."""
-    cfg = af.validate_config(_small(members=7, heads=2, solver="heun", save_states=True,
-                                    weights={"shared": False, "q": {"kind": "random"}, "k": {"kind": "random"}},
-                                    metrics=["energy", "pair_density", "clusters", "cluster_sizes", "attention_rank"]))
-    system = af.build_system(cfg)
-    keys = jax.random.split(jax.random.key(7), 7)
-    run = lambda layout: af.solve_ensemble(system, keys, jnp.asarray([0.5, 4.0]), t1=2.0, dt=0.1, save_every=5,
-                                           solver="heun", chunk_size=3, layout=layout)
-    first, last = run("members_first"), run("members_last")
-    assert set(first.stats) == set(last.stats)
-    for name, value in first.stats.items():
-        assert last.stats[name].dtype == value.dtype, name
-        if np.issubdtype(value.dtype, np.floating):
-            np.testing.assert_allclose(last.stats[name], value, rtol=1e-12, atol=1e-13, err_msg=name)
-        else:
-            np.testing.assert_array_equal(last.stats[name], value, err_msg=name)
-    np.testing.assert_array_equal(last.num_steps, first.num_steps)
-    with pytest.raises(af.ConfigError, match="unknown ensemble layout 'rows'"):
-        af.solve_ensemble(system, keys, jnp.asarray([0.5]), t1=2.0, dt=0.1, layout="rows")
-
-
-def test_members_last_evaluates_loops_conditions_and_gathers_like_vmap():
-    """The layout's rules on a program of their own: a scan whose carry starts shared
-    and becomes per-member, a cond on the step, a while loop with a per-member
-    condition, gathers and scatters at shared indices, products with one or both
-    operands per member, reductions and reshapes."""
-    from attnflow._ensemble import members_last
-
-    w = jnp.asarray(np.random.default_rng(0).standard_normal((3, 4)))
-
-    def f(x, b):  # x: (3, 4), b: ()
-        def step(carry, k):
-            y, acc = carry
-            y = jnp.tanh((y @ w.T) @ w + b * k)
-            acc = acc + lax.cond(k % 2 == 0, lambda: jnp.sum(y, axis=0), lambda: jnp.max(y, axis=0))
-            return (y, acc), y[1, ::2]
-
-        (y, acc), ys = lax.scan(step, (x, jnp.zeros(4)), jnp.arange(5.0))
-        count = lax.while_loop(lambda c: c[1] < 10 * jnp.abs(b), lambda c: (c[0] + 1, c[1] + 1.0), (0, 0.0))[0]
-        buffer = jnp.zeros((6, 3)).at[2].set(y[:, 0]).at[jnp.array([0, 5])].add(jnp.ones((2, 3)) * b)
-        return dict(y=y.reshape(-1), acc=acc, ys=ys, count=count, buffer=buffer, g=jnp.einsum("ij,kj->ik", y, x),
-                    wy=w @ y.T, sorted=jnp.sort(y, axis=1), cum=jnp.cumsum(y, axis=0))
-
-    xs = jnp.asarray(np.random.default_rng(1).standard_normal((6, 3, 4)))
-    bs = jnp.linspace(-0.5, 0.7, 6)
-    expected = jax.vmap(f)(xs, bs)
-    got = jax.jit(lambda x, b: members_last(f, x, b))(xs, bs)
-    for name in expected:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-13, atol=1e-14, err_msg=name)
+# --- chunks and the memory of a member ------------------------------------------------
 
 
 def _plan(d: int, n: int = 32, **options):
@@ -419,11 +386,6 @@ def _plan(d: int, n: int = 32, **options):
     keys = jax.random.split(jax.random.key(0), cfg.members)
     return EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32), t1=1.0, dt=0.1, save_every=1,
                         solver="euler_renorm", **options)
-
-
-def test_the_layout_is_members_first_unless_asked():
-    assert _plan(2).layout == _plan(128).layout == "members_first"
-    assert _plan(2, layout="members_last").layout == "members_last"
 
 
 def test_a_members_footprint_counts_state_stages_heads_and_pairs():

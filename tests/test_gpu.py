@@ -61,7 +61,6 @@ def test_a_run_on_a_gpu_uses_the_highest_precision_by_default(restore_precision)
     assert jax.config.jax_default_matmul_precision == "highest"
     cfg = af.validate_config(dict(n=32, d=8, members=64, beta=1.0, t1=1.0, dt=0.1, saves=2, dtype="float32"))
     plan = af._study.plan_study(cfg)
-    assert plan.layout == "members_first"  # the members-last layout is a CPU's
     from attnflow._ensemble import available_memory, default_chunk
 
     assert plan.piece_size == min(64, default_chunk("gpu", available_memory(), plan.footprint))

@@ -200,12 +200,12 @@ def test_a_full_disk_is_one_sentence_that_keeps_the_pieces_and_the_rerun_resumes
     assert len(pieces_in(out)) == 2 and no_temporary_files(out)
 
     # The results file cannot be written (netCDF says only "HDF error").
-    def hdf_error(self, path):
+    def hdf_error(self, path, **options):
         Path(path).write_bytes(b"\x89HDF half a file")
         raise RuntimeError("NetCDF: HDF error")
 
     with monkeypatch.context() as patch:
-        patch.setattr(_store.Results, "write_netcdf", hdf_error)
+        patch.setattr(xr.Dataset, "to_netcdf", hdf_error)
         line = one_error_line(*attnflow(*TINY, f"hydra.run.dir={out}")[::2])
     assert "results.nc" in line and "NetCDF: HDF error" in line and "4 finished pieces are kept" in line, line
     assert len(pieces_in(out)) == 4 and no_temporary_files(out) and not (out / "results.nc").exists()

@@ -68,10 +68,10 @@ def test_pieces_are_read_without_pickle_and_damaged_ones_are_recomputed(tmp_path
 
 
 @pytest.mark.parametrize("beta", [1.0, [0.5, 2.0]], ids=["scalar-beta", "beta-list"])
-def test_results_written_without_xarray_read_back_as_xarrays_own_file(tmp_path, beta):
-    """The command line writes `Results` with netCDF4 directly (no xarray import); the
-    file must read back exactly as the file xarray writes for the same Dataset, also
-    with failed solves (NaN floats, integer statistics with a fill value)."""
+def test_written_results_read_back_as_xarrays_own_file(tmp_path, beta):
+    """The command line writes `Results` (`write_results`); the file must read back
+    exactly as the file xarray writes for the same Dataset, also with failed solves (NaN
+    floats, integer statistics with a fill value)."""
     from attnflow._build import validate_config
     from attnflow._study import plan_study, solve_study
 
@@ -91,3 +91,49 @@ def test_results_written_without_xarray_read_back_as_xarrays_own_file(tmp_path, 
         assert dict(a.attrs) == dict(b.attrs)
         for name in a.variables:
             assert a[name].encoding.get("dtype") == b[name].encoding.get("dtype"), name
+
+
+def test_the_one_writer_gives_files_and_folders_the_umasks_mode_and_names_a_full_disk(tmp_path):
+    """`replacing` writes every file of attnflow (results, pieces, figures, checkpoints,
+    model and training-state folders): a file or a folder replaces its previous self
+    whole, with the mode the umask gives even when the writer makes its file readable by
+    its owner only (safetensors does); a full disk raises StorageError naming the target,
+    with the reason as `strerror`, and leaves the previous version and no temporary."""
+    import errno
+
+    from safetensors.numpy import save_file
+
+    from attnflow._errors import StorageError
+    from attnflow._store import _write_atomically, recover, replacing
+
+    previous = os.umask(0o027)
+    try:
+        single = _write_atomically(tmp_path / "one.safetensors", lambda tmp: save_file({"a": np.ones(2)}, str(tmp)))
+        for text in ("old", "new"):
+            with replacing(tmp_path / "model", folder=True) as partial:
+                save_file({"a": np.ones(2)}, str(partial / "weights.safetensors"))
+                (partial / "note.txt").write_text(text)
+    finally:
+        os.umask(previous)
+    assert oct(single.stat().st_mode & 0o777) == oct(0o640)
+    assert {oct(p.stat().st_mode & 0o777) for p in (tmp_path / "model").iterdir()} == {oct(0o640)}
+    assert (tmp_path / "model" / "note.txt").read_text() == "new"
+
+    def full(tmp):
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    for target in (tmp_path / "one.safetensors", tmp_path / "model"):
+        with pytest.raises(StorageError, match=f"cannot write {target} \\(No space left on device\\)") as error:
+            if target.suffix:
+                _write_atomically(target, full)
+            else:
+                with replacing(target, folder=True) as partial:
+                    (partial / "note.txt").write_text("half")
+                    _write_atomically(partial / "weights.safetensors", full)  # a file of the folder
+        assert error.value.strerror == "No space left on device"
+    assert (tmp_path / "model" / "note.txt").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "one.safetensors"]
+    (tmp_path / "model").rename(tmp_path / ".model.old")  # a crash between a folder's two renames
+    recover(tmp_path / "model")
+    assert (tmp_path / "model" / "note.txt").read_text() == "new"

@@ -11,18 +11,15 @@ A DiffEqFormer folder holds
 - `tokenizer.json`.
 
 A GPT baseline folder is the checkpoint format and the tokenizer only. Every folder is
-written into a temporary sibling and renamed into place, so an interruption leaves
-either the previous folder or the new one, never a mixture.
+written by the store's one writer (`attnflow._store.replacing`): into a temporary
+sibling, then renamed into place, so an interruption leaves either the previous folder
+or the new one, never a mixture.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import signal
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._errors import CheckpointError, ConfigError
+from .._store import replacing
 from ._model import Checkpoint, DiffEqFormer, DiffEqFormerConfig, LoRA, populate
 
 FORMAT_VERSION = 1
@@ -108,69 +106,6 @@ def read_json(path: Path) -> dict:
     return data
 
 
-@contextlib.contextmanager
-def _interrupts_deferred():
-    """Hold Ctrl-C and SIGTERM back while a few renames run, then raise
-    KeyboardInterrupt if one came (main thread only; elsewhere signals cannot arrive)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught = []
-    previous = {s: signal.signal(s, lambda number, frame: caught.append(number)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-    if caught:
-        raise KeyboardInterrupt
-
-
-def _sibling(target: Path, tag: str) -> Path:
-    return target.with_name(f".{target.name}.{tag}")
-
-
-@contextlib.contextmanager
-def atomic_folder(target: str | os.PathLike):
-    """`with atomic_folder(target) as partial: write files into partial`; on success
-    its files get the mode the umask gives and the folder replaces `target` (by two
-    renames that no interrupt can separate: a crash between them leaves the previous
-    folder beside it, which `recover` puts back), on failure it is removed and `target`
-    is untouched."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    recover(target)
-    partial, old = _sibling(target, "partial"), _sibling(target, "old")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    try:
-        yield partial
-        # The files get the mode the umask gives (that of the new folder, less the
-        # execute bits): safetensors writes its files readable by their owner only.
-        mode = partial.stat().st_mode & 0o666
-        for file in partial.rglob("*"):
-            if file.is_file():
-                file.chmod(mode)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    with _interrupts_deferred():
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(partial, target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def recover(target: str | os.PathLike) -> None:
-    """Put back the previous folder of an `atomic_folder` write that died between its
-    two renames."""
-    target = Path(target)
-    old = _sibling(target, "old")
-    if not target.exists() and old.is_dir():
-        os.replace(old, target)
-
-
 def save_diffeqformer(model: DiffEqFormer, folder: str | os.PathLike, *, tokenizer_json: str | None = None,
                       extra: Mapping[str, Any] | None = None) -> Path:
     """Write `model` into `folder` (replaced atomically): its config and arrays, its
@@ -180,7 +115,7 @@ def save_diffeqformer(model: DiffEqFormer, folder: str | os.PathLike, *, tokeniz
     folder = Path(folder)
     record = {"model_type": "diffeqformer", "format_version": FORMAT_VERSION, "config": model.config.to_json(),
               "extra": dict(extra or {})}
-    with atomic_folder(folder) as partial:
+    with replacing(folder, folder=True) as partial:
         write_arrays(arrays_by_name(model), partial / WEIGHTS_FILE)
         (partial / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
         save_checkpoint(populate(model), partial, tokenizer_json=tokenizer_json,
@@ -238,6 +173,6 @@ def save_model(model, folder: str | os.PathLike, *, tokenizer_json: str | None =
         raise TypeError(f"cannot save a {type(model).__name__}.")
     if model.unembed is None:
         model = dataclasses.replace(model, unembed=model.embed)
-    with atomic_folder(folder) as partial:
+    with replacing(folder, folder=True) as partial:
         save_checkpoint(model, partial, tokenizer_json=tokenizer_json, extra=extra)
     return Path(folder)

@@ -260,7 +260,8 @@ def read_state(folder: Path) -> dict | None:
     their types, and pass `check` (on the defaults of the settings a state does not
     store); its step must be a whole number from 0 to `train_steps`. A file that breaks
     any of these raises CheckpointError naming it."""
-    from ._store import read_json, recover
+    from .._store import recover
+    from ._store import read_json
 
     recover(folder)
     path = folder / "state.json"
@@ -741,9 +742,9 @@ class RunFolder:
                     continue  # a line cut by an interruption
                 if entry.get("step", math.inf) <= step:
                     kept.append(entry)
-        partial = self.metrics.with_name(".metrics.jsonl.partial")
-        partial.write_text("".join(json.dumps(e) + "\n" for e in kept))
-        os.replace(partial, self.metrics)
+        from .._store import _write_atomically
+
+        _write_atomically(self.metrics, lambda tmp: tmp.write_text("".join(json.dumps(e) + "\n" for e in kept)))
         return kept
 
     def log(self, entry: dict) -> None:
@@ -754,11 +755,12 @@ class RunFolder:
 def save_state(folder: Path, module, opt_state, step: int, elapsed: float, record: dict) -> None:
     """The latest training state, atomically: every array of the model and the
     optimizer (`state.safetensors`) and `state.json`."""
-    from ._store import arrays_by_name, atomic_folder, write_arrays
+    from .._store import replacing
+    from ._store import arrays_by_name, write_arrays
 
     arrays = {f"model/{k}": v for k, v in arrays_by_name(module).items()}
     arrays |= {f"optimizer/{k}": v for k, v in arrays_by_name(opt_state).items()}
-    with atomic_folder(folder) as partial:
+    with replacing(folder, folder=True) as partial:
         write_arrays(arrays, partial / "state.safetensors")
         (partial / "state.json").write_text(json.dumps(dict(record, step=step, elapsed=elapsed,
                                                             format_version=STATE_VERSION), indent=2) + "\n")
