@@ -134,7 +134,8 @@ class VectorField(eqx.Module):
         if not self.terms:
             raise ConfigError("the vector field has no terms: switch on attention, the MLP or both.")
         attention = [term for term in self.terms if isinstance(term, SelfAttention)]
-        if any(term.exclude_coincident for term in attention) and not (self.scheme == "sphere" and self.tangent is not False):
+        projected_sphere = self.scheme == "sphere" and self.tangent is not False
+        if any(term.exclude_coincident for term in attention) and not projected_sphere:
             raise ConfigError("attention that leaves out coincident tokens needs the tangent-projected sphere field "
                               "(scheme 'sphere' with tangent=True, or None and a solver other than euler_renorm).")
         if any(term.scale_free for term in attention) and (self.time_change is None or len(self.terms) > 1):

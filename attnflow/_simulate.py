@@ -174,7 +174,8 @@ def step_map(field: VectorField | Callable, solver, dt: ScalarLike, *, split: st
     if isinstance(field, VectorField):
         field = stepped_field(field, solver)
     elif not callable(field):
-        raise ConfigError(f"field must be an attnflow VectorField or a callable f(t, y, args), got {type(field).__name__}.")
+        raise ConfigError(f"field must be an attnflow VectorField or a callable f(t, y, args), "
+                          f"got {type(field).__name__}.")
     _check_split(field, split, retractions)
     table = tableau(solver) if isinstance(solver, str) else tableau_of(solver)
     return StepMap(field, table, dt, split, None if retractions is None else tuple(retractions), args)
