@@ -23,6 +23,7 @@ from jaxtyping import Array, ArrayLike, PRNGKeyArray, ScalarLike, UInt32
 from ._config import Config, MatrixConfig, _default_config, compose, to_container
 from ._errors import ConfigError
 from ._field import Collisions, ConstantSpeed, VectorField
+from ._geometry import Euclidean, Sphere
 from ._grid import save_times, step_count
 from ._initial import (
     AbstractInitialCondition,
@@ -611,8 +612,11 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
         tn = cfg.token_norm
         per_dim = lambda path: None if _get(cfg, path) is None else jnp.broadcast_to(jnp.asarray(get(path), dtype), (d,))
         norm = TokenNorm(tn.kind.value, per_dim("token_norm.gamma"), per_dim("token_norm.shift"), eps=float(tn.eps))
+    # The geometry and the tangent projection are the config's: the sphere scheme
+    # projects the field for every solver but euler_renorm (the unprojected scheme).
+    geometry = Sphere() if cfg.norm == "sphere" else Euclidean()
     return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm, time_change=time_change,
-                       collisions=collisions)
+                       collisions=collisions, geometry=geometry, tangent=SOLVERS[cfg.solver.value][0])
 
 
 def _unit_rows(cfg: Config) -> bool:

@@ -78,12 +78,19 @@ class VectorField(eqx.Module):
     """$\\dot X = \\mathcal{F}(t, X)$ built from interaction terms $F = \\sum_k F_k$.
 
     - `none`: $\\dot x_i = F(t, X)_i$ in $\\mathbb{R}^d$;
-    - `sphere`: $\\dot x_i = P_{x_i} F(t, X)_i$ on $S^{d-1}$ (the post-LN limit). With
-      `tangent=False` the projection is left out and only the solver's retraction
-      keeps the state on the sphere (the `euler_renorm` scheme of public phase-diagram
-      code);
+    - `sphere`: $\\dot x_i = P_{x_i} F(t, X)_i$ on $S^{d-1}$ (the post-LN limit);
     - `pre`: $\\dot x_i = F(t, N(X))_i$ (the pre-LN residual stream);
     - `peri`: $\\dot x_i = N_{out}(F(t, N(X))_i)$.
+
+    `geometry` is where the state lives: the `Sphere` for `sphere` and flat space
+    (`Euclidean`) for the other schemes, which is also its default. `tangent` says
+    whether the field is projected onto the geometry's tangent space, $P_{x_i}$ above
+    (the identity in flat space): `True` projects; `False` leaves the projection out,
+    so that only the retraction after every step keeps the state on the sphere (the
+    `euler_renorm` scheme of public phase-diagram code); `None` (the default) takes
+    the convention of the solver that steps it, projected for every solver but
+    `euler_renorm` (see `attnflow._simulate.step_map`). Called directly, a field with
+    `tangent=None` is projected.
 
     `time_change`, when set, runs the flow at constant speed in a rescaled time (see
     `ConstantSpeed`): the field returned is $c\\,\\mathcal{F}/\\|\\mathcal{F}\\|$ of the
@@ -100,10 +107,15 @@ class VectorField(eqx.Module):
     scheme: Literal["none", "sphere", "pre", "peri"] = eqx.field(static=True, default="sphere")
     norm: TokenNorm | None = None
     out_norm: TokenNorm | None = None
-    tangent: bool = eqx.field(static=True, default=True)
+    tangent: bool | None = eqx.field(static=True, default=None)
     piece_time: Float[Array, ""] | None = None
     time_change: ConstantSpeed | None = None
     collisions: Collisions | None = None
+    geometry: AbstractGeometry = None  # pyright: ignore[reportAssignmentType]  (the scheme's, see __post_init__)
+
+    def __post_init__(self):
+        if self.geometry is None:
+            self.geometry = Sphere() if self.scheme == "sphere" else Euclidean()
 
     def __check_init__(self):
         if self.scheme not in SCHEMES:
@@ -112,20 +124,23 @@ class VectorField(eqx.Module):
             raise ConfigError(f"the {self.scheme!r} scheme needs a token normalization `norm`.")
         if self.scheme == "peri" and self.out_norm is None:
             raise ConfigError("the 'peri' scheme needs an output normalization `out_norm`.")
+        expected = Sphere if self.scheme == "sphere" else Euclidean
+        if not isinstance(self.geometry, expected):
+            raise ConfigError(f"the {self.scheme!r} scheme lives on the geometry {expected.__name__}(), "
+                              f"got {type(self.geometry).__name__}.")
+        if self.tangent not in (True, False, None):
+            raise ConfigError(f"tangent must be True (project the field), False (leave the projection out) or None "
+                              f"(the solver's convention), got {self.tangent!r}.")
         if not self.terms:
             raise ConfigError("the vector field has no terms: switch on attention, the MLP or both.")
         attention = [term for term in self.terms if isinstance(term, SelfAttention)]
-        if any(term.exclude_coincident for term in attention) and not (self.scheme == "sphere" and self.tangent):
+        projected_sphere = self.scheme == "sphere" and self.tangent is not False
+        if any(term.exclude_coincident for term in attention) and not projected_sphere:
             raise ConfigError("attention that leaves out coincident tokens needs the tangent-projected sphere field "
-                              "(scheme 'sphere' with a solver other than euler_renorm).")
+                              "(scheme 'sphere' with tangent=True, or None and a solver other than euler_renorm).")
         if any(term.scale_free for term in attention) and (self.time_change is None or len(self.terms) > 1):
             raise ConfigError("scale-free unnormalized attention (logits shifted by their maximum) is exact only as "
                               "the one term of a field with a constant-speed time change.")
-
-    @property
-    def geometry(self) -> AbstractGeometry:
-        """Where the state lives: the sphere for `sphere`, flat space otherwise."""
-        return Sphere() if self.scheme == "sphere" else Euclidean()
 
     def pinned(self, at: ScalarLike) -> "VectorField":
         """The same field with its schedules' pieces chosen at time `at`."""
@@ -139,10 +154,10 @@ class VectorField(eqx.Module):
 
     def __call__(self, t: ScalarLike, x: Float[Array, "n d"], args=None) -> Float[Array, "n d"]:
         f = self.raw(t, x)
-        if self.scheme == "sphere" and self.tangent:
-            f = self.geometry.project(x, f)
-        elif self.scheme == "peri":
+        if self.scheme == "peri":
             f = self.out_norm(f)
+        elif self.tangent is not False:
+            f = self.geometry.project(x, f)
         return f if self.time_change is None else self.time_change(f)
 
     def attention_weights(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:

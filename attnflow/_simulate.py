@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -14,6 +15,7 @@ from jaxtyping import Array, Bool, Float, Int, ScalarLike
 
 from ._errors import ConfigError
 from ._field import VectorField
+from ._geometry import AbstractGeometry, Euclidean
 from ._grid import bracketing_steps, every_steps, step_count
 from ._schedules import switch_times
 from ._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
@@ -83,7 +85,103 @@ def _advance(field, table, t, h, y, split=None, retractions=None):
     return y if field.collisions is None else field.collisions(y, geometry)
 
 
-def _record_at_marks(field, table, y0, t0, h, num_steps: int, marks, record, split=None, retractions=None):
+def stepped_field(field: VectorField, solver) -> VectorField:
+    """`field` as `solver` steps it. A field that leaves its tangent projection to the
+    solver (`tangent=None`) is projected by every solver but `euler_renorm`, which
+    steps along the unprojected field (the scheme of public phase-diagram code); a field
+    that says `tangent=True` or `False` is stepped as it says."""
+    if field.tangent is None and isinstance(solver, str) and not SOLVERS[solver][0]:
+        return dataclasses.replace(field, tangent=False)
+    return field
+
+
+def _check_split(field, split, retractions) -> None:
+    if split is None and retractions is None:
+        return
+    if not isinstance(field, VectorField):
+        raise ConfigError("split and retractions cut a VectorField into its terms; a plain callable has none.")
+    if split not in SPLITS:
+        raise ConfigError(f"unknown splitting {split!r}; choose one of {', '.join(SPLITS)} (retractions run after "
+                          "the sub-steps of a split).")
+    if field.time_change is not None:
+        raise ConfigError("a split step advances each term on its own, which a constant-speed time change of "
+                          "the whole field does not allow; leave out split or the time change.")
+    if retractions is not None and len(retractions) != len(field.terms):
+        raise ConfigError(f"give one retraction (or None) per term: {len(field.terms)} terms, "
+                          f"{len(retractions)} retractions.")
+
+
+class StepMap(eqx.Module):
+    r"""The one-step map $\Phi_h(t, y)$ of a fixed-step run: `step(t, y)` is the state
+    one step of size $h$ = `dt` after `(t, y)`.
+
+    For a `VectorField` it is the step of `simulate`: every stage reads the schedule
+    pieces in force at the midpoint $t + h/2$, the step is split into the field's terms
+    when asked (`split`, `retractions`), followed by the geometry's retraction and the
+    field's collisions. For a plain callable `f(t, y, args)` on an array of any shape it
+    is one Runge-Kutta step in flat space. Build it with `step_map`.
+    """
+
+    field: VectorField | Callable
+    table: Tableau = eqx.field(static=True)
+    dt: ScalarLike
+    split: str | None = eqx.field(static=True, default=None)
+    retractions: tuple | None = None
+    args: object = None
+
+    def __call__(self, t: ScalarLike, y: Array) -> Array:
+        h = self.dt
+        if isinstance(self.field, VectorField):
+            return _advance(self.field.pinned(t + h / 2), self.table, t, h, y, self.split, self.retractions)
+        return rk_step(lambda s, z: self.field(s, z, self.args), self.table, t, h, y)
+
+    @property
+    def geometry(self) -> AbstractGeometry:
+        """Where the state lives: the field's geometry, flat space for a plain callable."""
+        return self.field.geometry if isinstance(self.field, VectorField) else Euclidean()
+
+
+@runtime_checkable
+class DepthDynamics(Protocol):
+    """A field with its own fixed-step map over depth $t \\in [0, L]$: steps of 1 are the
+    layers of a model (a checkpoint's `DepthFlow` is one). `split` and `retractions` are
+    those of `step_map`; analyses take them, and `depth` as the final time, from here."""
+
+    @property
+    def field(self) -> VectorField: ...
+
+    @property
+    def split(self) -> str | None: ...
+
+    @property
+    def retractions(self) -> tuple | None: ...
+
+    @property
+    def depth(self) -> int: ...
+
+
+def step_map(field: VectorField | Callable, solver, dt: ScalarLike, *, split: str | None = None,
+             retractions=None, args=None) -> StepMap:
+    """The fixed-step map $\\Phi_h$ that `simulate` applies, as a callable `step(t, y)`:
+    the one place where a field is stepped. `solver` is a name or a diffrax explicit
+    Runge-Kutta solver (see `simulate`), `dt` the step $h$ (may be traced); `split` and
+    `retractions` as in `simulate` (VectorField only); `args` goes to a plain callable
+    `f(t, y, args)`. The analyses (Lyapunov spectrum, token sensitivity, the equiangular
+    model) step through it, so they follow exactly the trajectory `simulate` computes.
+    """
+    if isinstance(solver, str) and solver not in SOLVERS:
+        raise ConfigError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}.")
+    if isinstance(field, VectorField):
+        field = stepped_field(field, solver)
+    elif not callable(field):
+        raise ConfigError(f"field must be an attnflow VectorField or a callable f(t, y, args), "
+                          f"got {type(field).__name__}.")
+    _check_split(field, split, retractions)
+    table = tableau(solver) if isinstance(solver, str) else tableau_of(solver)
+    return StepMap(field, table, dt, split, None if retractions is None else tuple(retractions), args)
+
+
+def _record_at_marks(step: StepMap, y0, t0, num_steps: int, marks, record):
     """Fixed steps with a `lax.scan`, recording at the grid steps `marks`.
 
     Step k goes from $t_k = t_0 + k h$ to $t_{k+1}$ with every stage using the schedule
@@ -92,7 +190,7 @@ def _record_at_marks(field, table, y0, t0, h, num_steps: int, marks, record, spl
     the (zero) output of the steps that record nothing. The predicate depends on the
     step index only, so under `jax.vmap` over members the `lax.cond` stays a branch.
     """
-    geometry = field.geometry
+    field, h = step.field, step.dt
     marks = jnp.asarray(marks, jnp.int32)
     count = marks.shape[0]
 
@@ -110,14 +208,12 @@ def _record_at_marks(field, table, y0, t0, h, num_steps: int, marks, record, spl
         slot = jnp.where(hit, slot, count)
         return jax.tree.map(lambda b, s: b.at[slot].set(s), buffer, stats)
 
-    def step(carry, k):
+    def one(carry, k):
         y, buffer = carry
         buffer = store(buffer, k, y)
-        t = t0 + k * h
-        y = _advance(field.pinned(t + h / 2), table, t, h, y, split, retractions)
-        return (y, buffer), None
+        return (step(t0 + k * h, y), buffer), None
 
-    (y1, buffer), _ = lax.scan(step, (y0, buffer), jnp.arange(num_steps))
+    (y1, buffer), _ = lax.scan(one, (y0, buffer), jnp.arange(num_steps))
     buffer = store(buffer, num_steps, y1)
     return jax.tree.map(lambda b: b[:count], buffer)
 
@@ -168,8 +264,10 @@ def simulate(
       values interpolated between steps are retracted too.
     - `solver`: a name (`euler`, `euler_renorm`, `heun`, `midpoint`, `ralston`,
       `bosh3`, `rk4`, `tsit5`, `dopri5`, `dopri8`) or a diffrax solver instance.
-      `euler` steps along the tangent-projected field, `euler_renorm` along the
-      unprojected one; both then retract.
+      On the sphere `euler` steps along the tangent-projected field and `euler_renorm`
+      along the unprojected one, both then retract, when the field leaves its
+      projection to the solver (`VectorField(tangent=None)`, the default); a field
+      built with `tangent=True` or `False` is stepped as it says, by any solver.
     - `dt`: the fixed step, or the first step when `adaptive`. Fixed steps must cut
       $[t_0, t_1]$ into a whole number $N$ of steps (`attnflow.step_count`); the
       steps are then exactly $h = (t_1 - t_0)/N$. With traced times pass `num_steps`.
@@ -205,47 +303,38 @@ def simulate(
     """
     if isinstance(solver, str) and solver not in SOLVERS:
         raise ConfigError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}.")
-    if isinstance(solver, str) and field.scheme == "sphere" and field.tangent != SOLVERS[solver][0]:
-        field = dataclasses.replace(field, tangent=SOLVERS[solver][0])
+    field = stepped_field(field, solver)
     if dt is None and not adaptive:
         raise ConfigError("fixed-step integration needs a step dt.")
     y0 = field.geometry.retract(jnp.asarray(y0))
     record = _states if record is None else record
-    if split is not None or retractions is not None:
-        if split not in SPLITS:
-            raise ConfigError(f"unknown splitting {split!r}; choose one of {', '.join(SPLITS)}.")
-        if adaptive or ts is not None:
-            raise ConfigError("split steps are fixed steps recorded on the grid: leave out adaptive and ts.")
-        if field.time_change is not None:
-            raise ConfigError("a split step advances each term on its own, which a constant-speed time change of "
-                              "the whole field does not allow; leave out split or the time change.")
-        if retractions is not None and len(retractions) != len(field.terms):
-            raise ConfigError(f"give one retraction (or None) per term: {len(field.terms)} terms, "
-                              f"{len(retractions)} retractions.")
+    _check_split(field, split, retractions)
+    if (split is not None or retractions is not None) and (adaptive or ts is not None):
+        raise ConfigError("split steps are fixed steps recorded on the grid: leave out adaptive and ts.")
     if adaptive and field.collisions is not None:
         raise ConfigError("collisions merge tokens after each fixed step; an adaptive run has no such steps: "
                           "use fixed steps (adaptive=false) or leave out the collisions.")
     if adaptive:
         return _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps)
 
-    table: Tableau = tableau(solver) if isinstance(solver, str) else tableau_of(solver)
     if num_steps is None:
         num_steps = step_count(t0, t1, dt)
     dtype = y0.dtype
     t0_, t1_ = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
     h = (t1_ - t0_) / num_steps
+    step = step_map(field, solver, h, split=split, retractions=retractions)
     if ts is None:
         if save_steps is None:
             save_steps = every_steps(num_steps, num_steps if save_every is None else int(save_every))
         marks = np.asarray(save_steps, np.int64)
         if marks.ndim != 1 or marks.size == 0 or (np.diff(marks) <= 0).any() or marks[0] < 0 or marks[-1] > num_steps:
             raise ConfigError(f"save_steps must be increasing grid steps in [0, {num_steps}], got {marks.tolist()}.")
-        stats = _record_at_marks(field, table, y0, t0_, h, num_steps, marks, record, split, retractions)
+        stats = _record_at_marks(step, y0, t0_, num_steps, marks, record)
         out_ts = t0_ + h * jnp.asarray(marks, dtype)
     else:
         ks, thetas = bracketing_steps(np.asarray(ts), float(t0), float(t1), num_steps)
         marks = np.unique(np.concatenate([ks, ks + 1]))
-        grid = _record_at_marks(field, table, y0, t0_, h, num_steps, marks, _states)["x"]
+        grid = _record_at_marks(step, y0, t0_, num_steps, marks, _states)["x"]
         index = lambda k: jnp.asarray(np.searchsorted(marks, k))
         states = (grid[index(ks)], grid[index(ks + 1)])
         xs = _hermite(field, t0_, h, jnp.asarray(ks, dtype), jnp.asarray(thetas, dtype), states)

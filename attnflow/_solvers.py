@@ -110,9 +110,10 @@ def rk_step(
     table: Tableau,
     t: ScalarLike,
     h: ScalarLike,
-    y: Float[Array, "n d"],
-) -> Float[Array, "n d"]:
-    """One explicit Runge-Kutta step of size `h` from `(t, y)` for $\\dot y = f(t, y)$."""
+    y: Float[Array, "*shape"],
+) -> Float[Array, "*shape"]:
+    """One explicit Runge-Kutta step of size `h` from `(t, y)` for $\\dot y = f(t, y)$,
+    for a state of any shape (the step map of `simulate` applies it, see `step_map`)."""
     ks: list[Array] = []
     for a_row, c in zip(table.a, table.c):
         increment = _combine(a_row, ks)

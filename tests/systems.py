@@ -9,7 +9,7 @@ from scipy.integrate import solve_ivp
 import attnflow as af
 
 
-def identity_field(d, beta, *, kind="sa", causal=False, heads=1, scheme="sphere", dtype=jnp.float64, tangent=True):
+def identity_field(d, beta, *, kind="sa", causal=False, heads=1, scheme="sphere", dtype=jnp.float64, tangent=None):
     """Q = K = V = I self-attention (the model of Geshkovski et al.)."""
     eye = af.Identity(heads, d, jnp.dtype(dtype).name)
     attention = af.SelfAttention(eye, eye, eye, None, jnp.asarray(beta, dtype), None, heads=heads, kind=kind,

@@ -203,3 +203,27 @@ def test_bad_arguments_stop_with_one_sentence(kwargs, message):
     field = consensus_field(1.0, 3)
     with pytest.raises(af.ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         lyapunov_spectrum(field, jnp.ones((4, 3)), t1=1.0, dt=0.1, **kwargs)
+
+
+@pytest.mark.parametrize("solver", ["euler_renorm", "rk4"])
+def test_the_step_map_is_the_step_of_simulate(solver):
+    """`step_map` is the one fixed step: iterated, it gives `simulate`'s states (to the
+    rounding of a different fusion of the same operations), so the analyses that step
+    through it follow `simulate`'s trajectory. The field's tangent projection is its own:
+    left to the solver (None), `euler_renorm` steps the unprojected field; said
+    explicitly, every solver steps what the field says (the two differ at O(h^2) a step)."""
+    from attnflow._simulate import step_map
+
+    d, n, h, steps = 3, 5, 0.1, 4
+    y0 = af.UniformSphere()(jax.random.key(1), n, d, jnp.float64)
+    field = consensus_field(2.0, d)
+    step = step_map(field, solver, h)
+    y = y0
+    for k in range(steps):
+        y = step(k * h, y)
+    np.testing.assert_allclose(y, af.simulate(field, y0, t1=steps * h, dt=h, solver=solver).xs[-1], rtol=0, atol=1e-15)
+    convention = af.SOLVERS[solver][0]
+    for tangent in (True, False):
+        explicit = af.VectorField(field.terms, scheme="sphere", tangent=tangent)
+        gap = np.abs(af.simulate(explicit, y0, t1=steps * h, dt=h, solver=solver).xs[-1] - y).max()
+        assert (gap < 1e-15) if tangent == convention else (gap > 1e-4), (solver, tangent, gap)

@@ -16,9 +16,9 @@ from scipy.integrate import solve_ivp
 
 import attnflow as af
 from attnflow import MLP, Constant, SelfAttention, TokenNorm, VectorField
-from attnflow._solvers import tableau
 from attnflow.checkpoints import depth_flow, load_checkpoint
-from attnflow.analysis.pair_exponents import _Stepper, _tangent_maps, token_sensitivity
+from attnflow._simulate import step_map
+from attnflow.analysis.pair_exponents import _attention, _tangent_maps, token_sensitivity
 
 
 def _attention_field(rng, d: int, beta: float) -> tuple[VectorField, tuple[np.ndarray, ...]]:
@@ -81,8 +81,7 @@ def test_one_euler_step_is_the_attention_jacobian_of_appendix_b():
     field, (q, k, v) = _attention_field(rng, d, beta)
     x = rng.normal(size=(n, d))
     expected = _appendix_b_jacobian(x, q, k, v, beta)
-    stepper = _Stepper(field, tableau("euler"), None, None)
-    _, maps = _tangent_maps(stepper, 0.0, h, jnp.asarray(x), jnp.arange(n))
+    _, maps = _tangent_maps(step_map(field, "euler", h), 0.0, jnp.asarray(x), jnp.arange(n))
     blocks = (np.asarray(maps) - np.eye(d)) / h  # M_ji = I + h J_ji for every pair
     np.testing.assert_allclose(blocks, expected, rtol=0, atol=1e-10 * np.abs(expected).max())
     # One step of the whole computation: lambda_ji = (1/h) log sigma_max(I + h J_ji).
@@ -131,8 +130,8 @@ def test_causal_checkpoint_masks_later_tokens(tiny_llama):
     assert np.all(attention[upper] == 0)
     # The masked pairs are those whose one-step tangent map is exactly the identity
     # (J_ji = 0: token j never reads token i > j), in every layer.
-    stepper = _Stepper(flow.field, tableau("euler"), flow.split, flow.retractions)
-    one_layer = jax.jit(lambda x, layer: _tangent_maps(stepper, layer, 1.0, x, jnp.arange(n)))
+    step = step_map(flow.field, "euler", 1.0, split=flow.split, retractions=flow.retractions)
+    one_layer = jax.jit(lambda x, layer: _tangent_maps(step, layer, x, jnp.arange(n)))
     x, later = x0, np.triu(np.ones((n, n), dtype=bool), 1)
     for layer in range(checkpoint.depth):
         x, maps = one_layer(x, jnp.asarray(layer, x0.dtype))
@@ -266,7 +265,6 @@ def test_the_default_sentence_is_the_papers_bigbang_example_and_its_attention(bi
     token_sensitivity averages it, puts 0.36 on the first token (the sink, "B" of the
     first "BIGBANG") and 0.10 on " the", the next."""
     from attnflow.checkpoints import forward, load_tokenizer
-    from attnflow.analysis.pair_exponents import _Stepper
 
     assert bigbang.checkpoint == "smollm2" and list(bigbang.experiment.options["outputs"]) == [-1]
     text = str(bigbang.text)
@@ -279,8 +277,8 @@ def test_the_default_sentence_is_the_papers_bigbang_example_and_its_attention(bi
     hidden = forward(checkpoint, ids).hidden
     assert tokenizer.tokens([int(jnp.argmax(checkpoint.logits(hidden[-1])[-1]))]) == [" BIG"]
     flow = depth_flow(checkpoint)
-    stepper = _Stepper(flow.field, tableau("euler"), flow.split, flow.retractions)
-    attention = np.mean([np.asarray(stepper.attention(float(l), 1.0, hidden[l]))[-1] for l in range(checkpoint.depth)],
+    step = step_map(flow.field, "euler", 1.0, split=flow.split, retractions=flow.retractions)
+    attention = np.mean([np.asarray(_attention(step, float(l), hidden[l]))[-1] for l in range(checkpoint.depth)],
                         axis=0)
     np.testing.assert_allclose(attention.sum(), 1.0, rtol=1e-5)
     order = np.argsort(-attention[:-1])

@@ -26,7 +26,7 @@ with $q = Qx$, $k = Kx$, $v = Vx$ and $f_j = \sum_m a_{jm} v_m$: the attention w
 $a_{ji}$ times a factor that also measures how far the value $v_i$ is from the output.
 
 **The discretisation.** The trajectory is stepped by the run's own one-step map
-$\Phi_h$: the step of `simulate` (`_advance`, with the schedule pieces pinned at the
+$\Phi_h$: the step of `simulate` (`step_map`, with the schedule pieces pinned at the
 step's midpoint, a Lie-Trotter or Strang split and the post-LN retractions of a
 checkpoint's layer map where asked), or one Runge-Kutta step of a plain callable. Let
 $B_{ji}$ be the $d \times d$ blocks of the Jacobian of its increment
@@ -63,10 +63,8 @@ $\bar a_{ji} = \frac{1}{N} \sum_k \frac{1}{H} \sum_h a^h_{ji}(t_k)$.
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import equinox as eqx
 import jax
@@ -78,10 +76,8 @@ from jaxtyping import Array, ArrayLike, Float, Int, ScalarLike
 from .._errors import ConfigError
 from .._field import VectorField
 from .._grid import step_count
-from .._simulate import SPLITS, _advance
-from .._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
+from .._simulate import DepthDynamics, StepMap, step_map
 from .._terms import SelfAttention
-from ..checkpoints._flow import DepthFlow
 
 
 class Sensitivity(eqx.Module):
@@ -100,41 +96,22 @@ class Sensitivity(eqx.Module):
     times: Float[Array, " intervals"]
 
 
-class _Stepper(eqx.Module):
-    """The one-step map $\\Phi_h(t, X)$ of the run, and the attention its step reads."""
-
-    field: Any  # a VectorField, or a callable f(t, x, args)
-    table: Tableau = eqx.field(static=True)
-    split: str | None = eqx.field(static=True)
-    retractions: tuple | None
-    args: Any = None
-
-    def __call__(self, t, h, x):
-        if isinstance(self.field, VectorField):
-            return _advance(self.field.pinned(t + h / 2), self.table, t, h, x, self.split, self.retractions)
-        return rk_step(lambda s, z: self.field(s, z, self.args), self.table, t, h, x)
-
-    @property
-    def has_attention(self) -> bool:
-        return isinstance(self.field, VectorField) and any(isinstance(term, SelfAttention) for term in self.field.terms)
-
-    @property
-    def causal(self) -> bool:
-        return isinstance(self.field, VectorField) and any(
-            isinstance(term, SelfAttention) and term.causal for term in self.field.terms)
-
-    def attention(self, t, h, x) -> Float[Array, "n n"]:
-        """The attention matrix at the step's start, averaged over heads."""
-        return jnp.mean(self.field.pinned(t + h / 2).attention_weights(t, x), axis=0)
+def _attention_terms(field) -> list[SelfAttention]:
+    return [term for term in field.terms if isinstance(term, SelfAttention)] if isinstance(field, VectorField) else []
 
 
-def _tangent_maps(step: Callable, t, h, x: Float[Array, "n d"], outputs: Int[Array, " m"]) -> tuple[
+def _attention(step: StepMap, t, x: Float[Array, "n d"]) -> Float[Array, "n n"]:
+    """The attention matrix that the step from `(t, x)` reads at its start, averaged over heads."""
+    return jnp.mean(step.field.pinned(t + step.dt / 2).attention_weights(t, x), axis=0)
+
+
+def _tangent_maps(step: StepMap, t, x: Float[Array, "n d"], outputs: Int[Array, " m"]) -> tuple[
         Float[Array, "n d"], Float[Array, "m n d d"]]:
     r"""$\Phi_h(t, X)$ and the one-step tangent maps $M_{ji} = I_d + B_{ji}$ of the
     outputs $j$ against every token $i$, $B$ the Jacobian blocks of the increment
     $\Phi_h(X) - X$; by reverse mode, $d$ pullbacks per output."""
     n, d = x.shape
-    x1, pull = jax.vjp(lambda z: step(t, h, z), x)
+    x1, pull = jax.vjp(lambda z: step(t, z), x)
     eye = jnp.eye(d, dtype=x.dtype)
     coordinate = jnp.arange(d)
 
@@ -157,19 +134,20 @@ def _rescaled(y: Float[Array, "*batch d d"]) -> tuple[Float[Array, "*batch d d"]
 
 
 @eqx.filter_jit
-def _sensitivity(stepper: _Stepper, x0, t0, h, num_steps: int, every: int, outputs: tuple[int, ...]):
+def _sensitivity(step: StepMap, x0, t0, num_steps: int, every: int, outputs: tuple[int, ...]):
     n, d = x0.shape
     rows = jnp.asarray(outputs, jnp.int32)
     m = len(outputs)
     dtype = x0.dtype
-    with_attention = stepper.has_attention
+    h = step.dt
+    attention_terms = _attention_terms(step.field)
 
     def one(state, k):
         x, y, attention = state
         t = t0 + k * h
-        if with_attention:
-            attention = attention + stepper.attention(t, h, x)[rows]
-        x, maps = _tangent_maps(stepper, t, h, x, rows)
+        if attention_terms:
+            attention = attention + _attention(step, t, x)[rows]
+        x, maps = _tangent_maps(step, t, x, rows)
         return (x, jnp.einsum("jiab,jibc->jiac", maps, y), attention), None
 
     def interval(state, r):
@@ -184,10 +162,10 @@ def _sensitivity(stepper: _Stepper, x0, t0, h, num_steps: int, every: int, outpu
     top = jnp.linalg.svd(y, compute_uv=False)[..., 0]
     span = h * num_steps
     exponents = (counts.astype(dtype) * jnp.log(jnp.asarray(2, dtype)) + jnp.log(top)) / span
-    if stepper.causal:
+    if any(term.causal for term in attention_terms):
         hidden = jnp.arange(n)[None, :] > rows[:, None]
         exponents = jnp.where(hidden, jnp.nan, exponents)
-    return exponents, (attention / num_steps if with_attention else None)
+    return exponents, (attention / num_steps if attention_terms else None)
 
 
 def _output_positions(outputs, n: int) -> tuple[int, ...]:
@@ -205,7 +183,7 @@ def _output_positions(outputs, n: int) -> tuple[int, ...]:
 
 
 def token_sensitivity(
-    flow: VectorField | DepthFlow | Callable,
+    flow: VectorField | DepthDynamics | Callable,
     x0: Float[ArrayLike, "n d"],
     *,
     t1: ScalarLike | None = None,
@@ -240,7 +218,7 @@ def token_sensitivity(
     Traceable in `x0` and the flow's arrays (it can run under `jax.vmap` over an
     ensemble of initial states); the times, `outputs` and the integers are static.
     """
-    if isinstance(flow, DepthFlow):
+    if isinstance(flow, DepthDynamics):
         t1 = flow.depth if t1 is None else t1
         dt = 1.0 if dt is None else dt
         split = flow.split if split is None else split
@@ -253,38 +231,23 @@ def token_sensitivity(
         raise ConfigError(f"the tokens x0 must have shape (n, d), got {tuple(x0.shape)}.")
     if t1 is None or dt is None:
         raise ConfigError("token_sensitivity needs the final time t1 and the step dt (a DepthFlow has its own).")
-    if isinstance(solver, str) and solver not in SOLVERS:
-        raise ConfigError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}.")
-    if isinstance(flow, VectorField):
-        if split is not None and split not in SPLITS:
-            raise ConfigError(f"unknown splitting {split!r}; choose one of {', '.join(SPLITS)}, or None.")
-        if retractions is not None and len(retractions) != len(flow.terms):
-            raise ConfigError(f"give one retraction (or None) per term: {len(flow.terms)} terms, "
-                              f"{len(retractions)} retractions.")
-        if isinstance(solver, str) and flow.scheme == "sphere" and flow.tangent != SOLVERS[solver][0]:
-            flow = dataclasses.replace(flow, tangent=SOLVERS[solver][0])
-        x0 = flow.geometry.retract(x0)
-    elif callable(flow):
-        if split is not None or retractions is not None:
-            raise ConfigError("split and retractions cut a VectorField into its terms; a plain callable has none.")
-    else:
+    if not callable(flow):
         raise ConfigError(f"flow must be a VectorField, a DepthFlow or a callable f(t, x, args), "
                           f"got {type(flow).__name__}.")
+    num_steps = step_count(t0, t1, dt)
+    dtype = x0.dtype
+    t0_ = jnp.asarray(t0, dtype)
+    h = (jnp.asarray(t1, dtype) - t0_) / num_steps
+    step = step_map(flow, solver, h, split=split, retractions=retractions, args=args)
+    x0 = step.geometry.retract(x0)
     n = x0.shape[0]
     positions = _output_positions(outputs, n)
-    num_steps = step_count(t0, t1, dt)
     every = normalize_every
     if not (isinstance(every, numbers.Integral) and not isinstance(every, bool) and every >= 1
             and num_steps % every == 0):
         divisors = [k for k in range(1, min(num_steps, 50) + 1) if num_steps % k == 0]
         raise ConfigError(f"normalize_every must be a positive whole number of steps dividing the {num_steps} steps, "
                           f"got {every!r}; for example one of {', '.join(map(str, divisors))}.")
-    table = tableau(solver) if isinstance(solver, str) else tableau_of(solver)
-    stepper = _Stepper(flow, table, split, None if retractions is None else tuple(retractions), args)
-
-    dtype = x0.dtype
-    t0_ = jnp.asarray(t0, dtype)
-    h = (jnp.asarray(t1, dtype) - t0_) / num_steps
-    exponents, attention = _sensitivity(stepper, x0, t0_, h, num_steps, int(every), positions)
+    exponents, attention = _sensitivity(step, x0, t0_, num_steps, int(every), positions)
     times = t0_ + h * every * jnp.arange(1, num_steps // every + 1, dtype=dtype)
     return Sensitivity(exponents=exponents, attention=attention, outputs=jnp.asarray(positions, jnp.int32), times=times)

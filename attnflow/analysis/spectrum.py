@@ -1,7 +1,7 @@
 """Lyapunov exponents of a flow by the QR method of Benettin et al.
 
-The state is stepped with the same fixed-step Runge-Kutta map $\\Phi_h$ that `simulate`
-uses (pinned schedule pieces, retraction on the sphere), and $k$ deviation vectors ride
+The state is stepped with the fixed-step map $\\Phi_h$ of `simulate` (`step_map`: pinned
+schedule pieces, retraction on the sphere), and $k$ deviation vectors ride
 along with it through the tangent map of that step, $V \\mapsto D\\Phi_h(y) V$, obtained
 by `jax.jvp`. As $h \\to 0$ the tangent map of the discrete step converges to the flow
 of the tangent ODE $\\dot V = D\\mathcal{F}(t, y) V$ at the order of the method.
@@ -40,7 +40,6 @@ telescope: $P D\\Phi_2 P D\\Phi_1 P = P D\\Phi_2 D\\Phi_1 P$ with $P$ the projec
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from collections.abc import Callable
 
@@ -53,10 +52,9 @@ from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 
 from .._errors import ConfigError
 from .._field import VectorField
-from .._geometry import AbstractGeometry, Euclidean
+from .._geometry import Euclidean
 from .._grid import step_count
-from .._simulate import _advance
-from .._solvers import SOLVERS, Tableau, rk_step, tableau, tableau_of
+from .._simulate import step_map
 
 
 class LyapunovSpectrum(eqx.Module):
@@ -74,19 +72,6 @@ class LyapunovSpectrum(eqx.Module):
     exponents: Float[Array, " k"]
     times: Float[Array, " intervals"]
     running: Float[Array, "intervals k"] | None = None
-
-
-def _step_map(field, table: Tableau, args) -> tuple[Callable, AbstractGeometry]:
-    """The one-step map $(t, h, y) \\mapsto \\Phi_h(t, y)$ and the geometry of the state."""
-    if isinstance(field, VectorField):
-        # The step of `simulate`: pieces pinned at the midpoint, then the retraction.
-        return (lambda t, h, y: _advance(field.pinned(t + h / 2), table, t, h, y)), field.geometry
-    # `rk_step` is written for token states `(n, d)`: any other shape steps as one row.
-    def step(t, h, y):
-        row = lambda z: z.reshape(1, -1)
-        return rk_step(lambda s, z: row(field(s, z.reshape(y.shape), args)), table, t, h, row(y)).reshape(y.shape)
-
-    return step, Euclidean()
 
 
 def _orthonormalized(v: Float[Array, " k *shape"]) -> tuple[Array, Array]:
@@ -175,18 +160,15 @@ def lyapunov_spectrum(
     y0 = jnp.asarray(y0)
     if not jnp.issubdtype(y0.dtype, jnp.floating):
         y0 = y0.astype(float)
-    if isinstance(solver, str) and solver not in SOLVERS:
-        raise ConfigError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}.")
-    if isinstance(field, VectorField):
-        if y0.ndim != 2:
-            raise ConfigError(f"a VectorField's state has shape (n, d), got y0 of shape {y0.shape}.")
-        if isinstance(solver, str) and field.scheme == "sphere" and field.tangent != SOLVERS[solver][0]:
-            field = dataclasses.replace(field, tangent=SOLVERS[solver][0])
-        y0 = field.geometry.retract(y0)
-    elif not callable(field):
-        raise ConfigError(f"field must be an attnflow VectorField or a callable f(t, y, args), got {type(field).__name__}.")
-    table = tableau(solver) if isinstance(solver, str) else tableau_of(solver)
-    step, geometry = _step_map(field, table, args)
+    if isinstance(field, VectorField) and y0.ndim != 2:
+        raise ConfigError(f"a VectorField's state has shape (n, d), got y0 of shape {y0.shape}.")
+    num_steps = step_count(t0, t1, dt)
+    dtype = y0.dtype
+    t0_ = jnp.asarray(t0, dtype)
+    h = (jnp.asarray(t1, dtype) - t0_) / num_steps
+    step = step_map(field, solver, h, args=args)
+    geometry = step.geometry
+    y0 = geometry.retract(y0)
 
     on_sphere = not isinstance(geometry, Euclidean)
     dimension = y0.shape[0] * (y0.shape[1] - 1) if on_sphere else y0.size
@@ -203,7 +185,6 @@ def lyapunov_spectrum(
     k = dimension if k is None else k
     if not (isinstance(k, numbers.Integral) and 1 <= k <= dimension):
         raise ConfigError(f"k must be a whole number of exponents from 1 to {dimension} ({where}), got {k!r}.")
-    num_steps = step_count(t0, t1, dt)
     every = reorthonormalize_every
     if not (isinstance(every, numbers.Integral) and every >= 1 and num_steps % every == 0):
         divisors = [m for m in range(1, min(num_steps, 50) + 1) if num_steps % m == 0]
@@ -214,9 +195,6 @@ def lyapunov_spectrum(
     k, every = int(k), int(every)
     intervals = num_steps // every
 
-    dtype = y0.dtype
-    t0_ = jnp.asarray(t0, dtype)
-    h = (jnp.asarray(t1, dtype) - t0_) / num_steps
     key = jax.random.key(0) if key is None else key
     on_manifold = lambda y, v: jax.vmap(lambda w: geometry.project(y, w))(v)
     if quotient is None:
@@ -228,7 +206,7 @@ def lyapunov_spectrum(
     def advance(y, v, t):
         # One primal evaluation and k tangents: the primal input is not batched, so
         # under the vmap over deviation vectors it is computed once.
-        return jax.vmap(lambda w: jax.jvp(lambda z: step(t, h, z), (y,), (w,)), out_axes=(None, 0))(v)
+        return jax.vmap(lambda w: jax.jvp(lambda z: step(t, z), (y,), (w,)), out_axes=(None, 0))(v)
 
     def interval(carry, m):
         y, v, sums = carry

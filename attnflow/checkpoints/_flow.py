@@ -84,7 +84,10 @@ class PostNorm(eqx.Module):
 
 class DepthFlow(eqx.Module):
     """A checkpoint's dynamics over depth $t \\in [0, L]$: the field (attention and MLP
-    terms, in this order), the post-LN retractions of `post` models, the arrangement."""
+    terms, in this order), the post-LN retractions of `post` models, the arrangement.
+
+    It is a `DepthDynamics` (`attnflow._simulate`): the analyses, which sit below the
+    checkpoints, read its field, split, retractions and depth through that protocol."""
 
     field: VectorField
     retractions: tuple[PostNorm, PostNorm] | None
