@@ -24,7 +24,7 @@ from ._config import Config, MatrixConfig, _default_config, compose, to_containe
 from ._errors import ConfigError
 from ._field import Collisions, ConstantSpeed, VectorField
 from ._geometry import Euclidean, Sphere
-from ._grid import save_times, step_count
+from ._grid import grid_times, save_steps, save_times, step_count
 from ._initial import (
     AbstractInitialCondition,
     GaussianMixture,
@@ -412,8 +412,6 @@ def _check_sizes(cfg: Config) -> None:
 def output_times(cfg: Config) -> tuple[int | None, np.ndarray | None, np.ndarray]:
     """`(num_steps, save_steps, times)`: the fixed-step count and the grid steps to record
     (None for adaptive runs and `exact_times`), and the output times in float64."""
-    from ._grid import grid_times, save_steps
-
     if cfg.adaptive or cfg.exact_times:
         steps = None if cfg.adaptive else step_count(cfg.t0, cfg.t1, cfg.dt)
         return steps, None, save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)

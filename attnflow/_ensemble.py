@@ -16,12 +16,14 @@ import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import export
 from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
@@ -289,8 +291,6 @@ class EnsemblePlan:
             _LOADED.move_to_end(key)
             return _LOADED[key], leaves, key_data
         path = Path(folder) / "attnflow-exported" / f"{key}.bin"
-        from jax import export
-
         if path.exists():
             try:
                 return _remember(key, export.deserialize(bytearray(path.read_bytes()))), leaves, key_data
@@ -374,8 +374,6 @@ def _source_hash(root: Path = _PACKAGE) -> str:
     """A hash of the package at `root` (attnflow's by default): its version and every
     `.py` and `.yaml` file in it and its subpackages, by relative path. Any edit
     invalidates every exported program; it is computed once per process."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         release = version("attnflow")
     except PackageNotFoundError:  # run from a source tree that is not installed
@@ -389,8 +387,6 @@ def _source_hash(root: Path = _PACKAGE) -> str:
 def _program_key(static, treedef, options, shapes) -> str:
     """What an exported piece program depends on: the system's structure, the solve
     options, the shapes and dtypes of its arguments, and the versions of the code."""
-    from importlib.metadata import version
-
     parts = [repr(static), repr(treedef), repr(sorted(options.items())), repr(shapes), _source_hash(),
              jax.__version__, version("jaxlib"), eqx.__version__, version("diffrax"),  # diffrax: its tableaus
              str(jax.config.jax_default_prng_impl), str(jax.config.jax_enable_x64),

@@ -346,7 +346,7 @@ def simulate(
 
 
 def _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps) -> Solution:
-    from ._adaptive import diffrax_solver, solve_adaptive
+    from ._adaptive import diffrax_solver, solve_adaptive  # lazy: start-up (diffrax, for adaptive runs only)
 
     solver = diffrax_solver(solver) if isinstance(solver, str) else solver
     dtype = y0.dtype

@@ -74,7 +74,7 @@ def _converted(table) -> Tableau:
 
 
 def _from_diffrax(class_name: str) -> Tableau:
-    import diffrax
+    import diffrax  # lazy: start-up (diffrax, for adaptive runs only)
 
     return _converted(getattr(diffrax, class_name).tableau)
 
@@ -92,7 +92,7 @@ def tableau(name: str) -> Tableau:
 
 def tableau_of(solver) -> Tableau:
     """The tableau of a diffrax solver instance (explicit Runge-Kutta methods and Euler)."""
-    import diffrax
+    import diffrax  # lazy: start-up (diffrax, for adaptive runs only)
 
     if isinstance(solver, diffrax.Euler):
         return _EULER

@@ -212,7 +212,7 @@ class Results:
     encoding: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def to_xarray(self):
-        import xarray as xr
+        import xarray as xr  # lazy: start-up (xarray and pandas, when a file is read or written)
 
         ds = xr.Dataset(
             {name: (dims, values, attrs) for name, (dims, values, attrs) in self.data_vars.items()},
@@ -238,7 +238,7 @@ def write_results(results, path: str | os.PathLike) -> Path:
 
 def load_results(path: str | os.PathLike):
     """Read a `results.nc` written by attnflow (its config is `ds.attrs['config']`)."""
-    import xarray as xr
+    import xarray as xr  # lazy: start-up (xarray and pandas, when a file is read or written)
 
     with xr.open_dataset(path, engine="netcdf4") as ds:
         return ds.load()
@@ -250,7 +250,7 @@ _RUN_ADVICE = "remove it, choose another hydra.run.dir, or set overwrite=true to
 def stored_config(path: Path, advice: str = _RUN_ADVICE) -> str:
     """The config YAML stored in a results file; raises `ConfigError` (ending with
     `advice`, by default a run's) if the file is not a readable attnflow results file."""
-    import netCDF4
+    import netCDF4  # lazy: start-up
 
     try:
         with netCDF4.Dataset(path) as f:  # only the attributes are read

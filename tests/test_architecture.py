@@ -93,3 +93,21 @@ def test_import_attnflow_loads_no_dependency():
             f"print(' '.join(m for m in {heavy!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == []
+
+
+def test_the_pictured_import_graph_is_the_codes():
+    """docs/architecture.md draws the import graph that tools/import_graph.py reads from
+    the code today (regenerate it with that script when this fails)."""
+    graph = subprocess.run([sys.executable, str(ROOT / "tools" / "import_graph.py")], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    drawn = page.split("```mermaid\n", 1)[1].split("```", 1)[0].strip()
+    assert drawn == graph
+
+
+def test_every_subpackage_is_shipped():
+    """pyproject.toml lists the packages a wheel holds: a subpackage missing there is
+    missing from every non-editable install."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.relative_to(ROOT).parent.parts) for p in (ROOT / "attnflow").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)

@@ -73,7 +73,7 @@ def save_checkpoint(checkpoint: Checkpoint, folder: str | os.PathLike, *, tokeni
     settings are kept in `config.json` under `"extra"`. Each file is written under a
     temporary name and renamed, so a reader never sees a half-written file, and a
     write that fails (a full disk) leaves no temporary file behind."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save_file  # lazy: start-up
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

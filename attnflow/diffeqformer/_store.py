@@ -18,6 +18,7 @@ or the new one, never a mixture.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ import numpy as np
 
 from .._errors import CheckpointError, ConfigError
 from .._store import replacing
+from ..checkpoints.native import save_checkpoint
 from ._model import Checkpoint, DiffEqFormer, DiffEqFormerConfig, LoRA, populate
 
 FORMAT_VERSION = 1
@@ -75,14 +77,14 @@ def fill(template, arrays: Mapping[str, np.ndarray], where: str):
 
 
 def write_arrays(arrays: Mapping[str, np.ndarray], path: Path) -> None:
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save_file  # lazy: start-up
 
     save_file(dict(arrays), str(path), metadata={"format": "attnflow"})
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays of a safetensors file; a missing or damaged file raises CheckpointError."""
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file  # lazy: start-up
 
     if not Path(path).is_file():
         raise CheckpointError(f"{path} is missing.")
@@ -110,8 +112,6 @@ def save_diffeqformer(model: DiffEqFormer, folder: str | os.PathLike, *, tokeniz
                       extra: Mapping[str, Any] | None = None) -> Path:
     """Write `model` into `folder` (replaced atomically): its config and arrays, its
     populated canonical form at `model.config.steps` steps, and the tokenizer."""
-    from ..checkpoints import save_checkpoint
-
     folder = Path(folder)
     record = {"model_type": "diffeqformer", "format_version": FORMAT_VERSION, "config": model.config.to_json(),
               "extra": dict(extra or {})}
@@ -161,10 +161,6 @@ def save_model(model, folder: str | os.PathLike, *, tokenizer_json: str | None =
     """Write any trained model into a model folder: a DiffEqFormer as above; a
     checkpoint (the GPT baseline, its unembedding tied) or a LoRA-adapted checkpoint
     (merged) in attnflow's checkpoint format, atomically."""
-    import dataclasses
-
-    from ..checkpoints import save_checkpoint
-
     if isinstance(model, DiffEqFormer):
         return save_diffeqformer(model, folder, tokenizer_json=tokenizer_json, extra=extra)
     if isinstance(model, LoRA):
