@@ -13,7 +13,7 @@ with its compilation, a second forward pass), whose medians make the second tabl
 
 - `transformers` (the baseline): the checkpoint read by transformers' own GGUF code
   (`AutoConfig` and `AutoTokenizer` from the file, its reader and torch dequantizer,
-  its `LlamaTensorProcessor` for the Q/K permutation, as `tests/test_checkpoint_gguf.py`
+  its `LlamaTensorProcessor` for the Q/K permutation, as `tests/checkpoints/test_checkpoint_gguf.py`
   does) into a float32 `LlamaForCausalLM`, then one forward pass of the sentence with
   `output_hidden_states=True` under `torch.no_grad()`;
 - `transformers from_pretrained`: the same through

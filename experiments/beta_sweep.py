@@ -6,7 +6,7 @@ h = 0.1 up to t = 30 -- the defaults of `conf/config.yaml`, i.e. what a bare
 `attnflow` runs. Theorem 4.2 (1) of the survey gives one cluster as t -> infinity at
 every beta when d >= 3; by t = 30 that end is reached at beta <= 1 (and by 90% of the
 members at beta = 2), while beta = 4 and 9 still hold 2 and 4 clusters in the median
-member, metastable states that merge much later (tests/test_beta_sweep.py).
+member, metastable states that merge much later (tests/core/test_beta_sweep.py).
 
     python experiments/beta_sweep.py            # writes figures/beta_sweep.png
 """

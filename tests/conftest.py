@@ -4,7 +4,7 @@ temporary folder (never the user's own cache).
 
 The test process compiles thousands of programs, and JAX keeps every program it has
 compiled for the life of the process. Each compiled CPU program holds memory mappings
-of its own (measured: about 100 more a second through tests/test_config.py), so one
+of its own (measured: about 100 more a second through tests/core/test_config.py), so one
 long process passed Linux's limit on mappings per process (`vm.max_map_count`, 65530
 here) and died inside XLA (a segmentation fault or an abort while compiling or
 serializing a large differentiated solve, late in the run). So JAX's caches are cleared

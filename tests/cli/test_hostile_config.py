@@ -3,7 +3,7 @@ numbers, a bad value in one job of a sweep, experiment options that index, group
 options that are paths, deleted and repeated keys, absurd sweeps, non-ASCII values.
 
 Refusals come before anything is computed, so most cases run `attnflow.cli.main` in
-this process (`command`, from tests/test_cli.py); the sweeps run as subprocesses, the way their
+this process (`command`, from tests/cli/test_cli.py); the sweeps run as subprocesses, the way their
 launchers run them. tests/README.md, section 17.4, lists the cases.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import OmegaConf
-from test_cli import attnflow, command, load  # noqa: F401 (command: a fixture)
+from commands import attnflow, command, load  # noqa: F401 (command: a fixture)
 
 from attnflow._config import Config, compose, config_source
 from attnflow._errors import ConfigError

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from test_cli import assert_one_error_line, attnflow
+from commands import assert_one_error_line, attnflow
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from attnflow._errors import CheckpointError, ConfigError

@@ -364,7 +364,7 @@ def test_the_readme_tables_of_trained_runs_are_those_of_the_committed_figures(ti
     with, so that a figure redrawn from new runs cannot leave the text behind."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     section = _section((root / "README.md").read_text(), title)
     rows = {line.strip() for line in (root / table).read_text().splitlines()}
     quoted = [line.strip() for line in section.splitlines()

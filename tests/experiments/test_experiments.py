@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import yaml
-from test_cli import assert_ok, assert_one_error_line, attnflow, load
+from commands import assert_ok, assert_one_error_line, attnflow, load
 
 import attnflow as af
 from attnflow._config import config_source

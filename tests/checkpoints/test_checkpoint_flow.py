@@ -107,7 +107,7 @@ def test_checkpoint_experiment_refuses_bad_input_in_one_sentence(tmp_path):
 # --- The README's SmolLM2 numbers (section "Trained transformers", figures/checkpoint) ---
 # The packaged SmolLM2 (float32, GGUF Q4_1) on the default sentence, as the committed
 # figures were made. Every number below is deterministic up to float32 round-off (a few
-# 1e-6 relative over the 30 layers, tests/test_checkpoint_gguf.py), so the tolerances are
+# 1e-6 relative over the 30 layers, tests/checkpoints/test_checkpoint_gguf.py), so the tolerances are
 # the README's last printed digit.
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnflow"
 STUBBED = ("attnflow", "attnflow.checkpoints", "attnflow.diffeqformer")
 

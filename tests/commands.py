@@ -1,0 +1,84 @@
+"""Running the `attnflow` command from the tests: as a subprocess (the console script,
+or `python -m attnflow.cli`), or in this process (the `command` fixture), and the
+checks of what a run printed and wrote. Shared by the tests of every folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xarray as xr
+
+# The console script installed next to this interpreter (pip puts both in the same bin/).
+ATTNFLOW = Path(sys.executable).with_name("attnflow")
+if not ATTNFLOW.exists():
+    ATTNFLOW = Path(shutil.which("attnflow") or ATTNFLOW)
+
+def attnflow(*args: str, cwd: Path, module: bool = False, env: dict | None = None,
+             umask: int | None = None) -> subprocess.CompletedProcess:
+    """Run the command (the console script, or `python -m attnflow.cli`) on the CPU."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
+    env.pop("HYDRA_FULL_ERROR", None)  # it would turn the one-line error into a traceback
+    command = [sys.executable, "-m", "attnflow.cli"] if module else [str(ATTNFLOW)]
+    assert module or ATTNFLOW.exists(), f"the attnflow console script is not installed next to {sys.executable}"
+    return subprocess.run(command + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=None if umask is None else lambda: os.umask(umask))
+
+
+@pytest.fixture
+def command(monkeypatch, capsys, tmp_path):
+    """`attnflow ARGS` run in this process (`attnflow.cli.main`, as the console script
+    calls it): returns its exit code and its stderr lines. For refusals whose process
+    behaviour (exit 2, one line, no traceback) a subprocess test already shows: the
+    message itself is checked here without paying a Python and JAX start-up each."""
+    import signal
+
+    from attnflow import cli
+
+    def run(*args: str) -> tuple[int, list[str]]:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # main sets it; restored afterwards
+        monkeypatch.setattr(sys, "argv", ["attnflow", *args])
+        for name, empty in (("_FAILED", []), ("_JOBS", []), ("_CURRENT", {})):
+            monkeypatch.setattr(cli, name, empty)
+        previous = signal.getsignal(signal.SIGTERM)
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        err = capsys.readouterr().err
+        assert "Traceback" not in err, err
+        return code, [line for line in err.splitlines() if line.strip()]
+
+    return run
+
+
+def load(path: Path) -> xr.Dataset:
+    with xr.open_dataset(path, engine="netcdf4") as ds:
+        return ds.load()
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """Non-zero exit, stderr is exactly one `attnflow: error: ...` line, no traceback."""
+    assert proc.returncode != 0, f"expected failure\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("attnflow: error: "), proc.stderr
+    return lines[0]
+
+
+def assert_nothing_written(folder: Path) -> None:
+    leftovers = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.name == "results.nc"
+                       or p.suffix == ".tmp" or p.name == "summary.png")
+    assert leftovers == [], leftovers
