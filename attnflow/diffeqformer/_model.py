@@ -397,10 +397,17 @@ def populate(model: DiffEqFormer, steps: int | None = None) -> Checkpoint:
     writes into the residual stream ($O$, $b^O$, $W_2$, $b_2$), and the gains and shifts
     in its two LayerNorms. A `Checkpoint` with parallel blocks, so that
     `forward(populate(model, N), ids)` is the model's Euler solve, layer by layer."""
-    c = model.config
-    steps = c.steps if steps is None else int(steps)
+    steps = model.config.steps if steps is None else int(steps)
     if steps < 1:
         raise ConfigError(f"steps must be a positive integer, got {steps}.")
+    return _populated(model, steps)
+
+
+@eqx.filter_jit
+def _populated(model: DiffEqFormer, steps: int) -> Checkpoint:
+    # One compiled program per model shape and step count (a snapshot of a training run
+    # is populated as each one is saved), not one dispatch per operation.
+    c = model.config
     dtype = jnp.dtype(c.dtype)
     h = jnp.asarray(c.horizon, dtype) / steps
     times = jnp.asarray(0.0, dtype) + jnp.arange(steps) * h  # the times `simulate` steps from

@@ -416,14 +416,19 @@ def _spectra(model, gpt, fine: int) -> xr.Dataset:
 # --- 4. sensitivity -----------------------------------------------------------------------------
 
 
+@eqx.filter_jit
+def _next_token_logits(model, gpt, ids):
+    """The next-token logits after the sentence of both models, in one compiled program."""
+    return model(ids)[-1], gpt.logits(forward(gpt, ids).hidden[-1][-1:])[0]
+
+
 def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
     c = model.config
     ids_ = jnp.asarray(ids)
     ours = token_sensitivity(model.field(), model.embed_tokens(ids_), t1=c.horizon, dt=c.horizon / c.steps,
                              outputs=[-1])
     theirs = token_sensitivity(depth_flow(gpt), gpt.embed_tokens(ids_), outputs=[-1])
-    predicted = [int(np.argmax(np.asarray(model(ids_))[-1])),
-                 int(np.argmax(np.asarray(gpt.logits(forward(gpt, ids_).hidden[-1][-1:]))[0]))]
+    predicted = [int(np.argmax(np.asarray(logits))) for logits in _next_token_logits(model, gpt, ids_)]
     spans = np.asarray([c.horizon, float(gpt.depth)])
     exponent = np.stack([np.asarray(ours.exponents[0], np.float64), np.asarray(theirs.exponents[0], np.float64)])
     attention = np.stack([np.asarray(ours.attention[0], np.float64), np.asarray(theirs.attention[0], np.float64)])
