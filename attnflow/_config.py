@@ -257,6 +257,17 @@ def config_source() -> tuple[str, Any]:
         return str(folder), folder
 
 
+def hydra_context(job_name: str | None = None):
+    """Hydra's compose API over attnflow's configs (`config_source`): the installed
+    package's `attnflow.conf`, or a source checkout's `conf/` folder."""
+    from hydra import initialize_config_dir, initialize_config_module  # lazy: start-up (the core never needs Hydra)
+
+    source, folder = config_source()
+    if source.startswith("pkg://"):
+        return initialize_config_module(source[len("pkg://"):], version_base=None, job_name=job_name)
+    return initialize_config_dir(str(folder), version_base=None, job_name=job_name)
+
+
 def linspace(start: Any, stop: Any, num: Any) -> list[float]:
     """`${linspace:START,STOP,NUM}` in a config: NUM evenly spaced numbers from START to
     STOP, both included (NumPy's `linspace`), e.g. `beta: ${linspace:0.1,9,90}`."""

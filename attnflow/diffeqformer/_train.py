@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from hydra import compose, initialize_config_module
+from hydra import compose
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -54,7 +54,7 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from .._config import _keys_of, config_source, read_boolean
+from .._config import _keys_of, config_source, hydra_context, read_boolean
 from .._errors import CheckpointError, ConfigError, NonFiniteStateError
 from .._progress import Progress
 from .._store import RunDirectory
@@ -184,7 +184,7 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     if GlobalHydra.instance().is_initialized():  # left by an earlier Hydra app in this process
         GlobalHydra.instance().clear()
     try:
-        with initialize_config_module("attnflow.conf", version_base=None, job_name="train"):
+        with hydra_context("train"):
             composed = compose(config_name="train", overrides=plain)
     except (HydraException, OmegaConfBaseException) as error:
         cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__

@@ -15,13 +15,12 @@ from types import ModuleType
 from typing import Any
 
 import yaml
-from hydra import initialize_config_dir, initialize_config_module
 from hydra import compose as hydra_compose
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from .._build import validate_config
-from .._config import Config, _plain, compose, config_source, register_schema, to_container, typed_options
+from .._config import Config, _plain, compose, hydra_context, register_schema, to_container, typed_options
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
 from .._study import _version, config_yaml, plan_study, prepare_jax, solve_study
@@ -230,11 +229,8 @@ def compose_experiment(name: str, overrides: Mapping | None = None) -> Config:
     if name not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
     register_schema()
-    source, folder = config_source()
     GlobalHydra.instance().clear()
-    start = (initialize_config_module("attnflow.conf", version_base=None) if source.startswith("pkg://")
-             else initialize_config_dir(str(folder), version_base=None))
-    with start:
+    with hydra_context():
         composed = hydra_compose("config", overrides=[f"experiment={name}"])
     container = OmegaConf.to_container(composed, resolve=True, enum_to_str=True)
     container.pop("hydra", None)
