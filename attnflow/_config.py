@@ -257,7 +257,7 @@ def config_source() -> tuple[str, Any]:
         return str(folder), folder
 
 
-def hydra_context(job_name: str | None = None):
+def hydra_context(job_name: str = "app"):
     """Hydra's compose API over attnflow's configs (`config_source`): the installed
     package's `attnflow.conf`, or a source checkout's `conf/` folder."""
     from hydra import initialize_config_dir, initialize_config_module  # lazy: start-up (the core never needs Hydra)
