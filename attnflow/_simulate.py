@@ -220,6 +220,8 @@ def _record_at_marks(step: StepMap, y0, t0, num_steps: int, marks, record):
         return record(t, y, field.pinned(t + h / 2))
 
     def advance(y, k, count: int):
+        if count == 1:
+            return step(t0 + k * h, y)
         y, _ = lax.scan(lambda y, j: (step(t0 + j * h, y), None), y, k + jnp.arange(count, dtype=jnp.int32))
         return y
 
