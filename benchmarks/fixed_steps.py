@@ -41,21 +41,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from machine import describe
+from phase_diagram import phase_config
 
 import attnflow as af
 from attnflow._adaptive import RK4, Retracted
-from attnflow._study import prepare_jax
 
 DIFFRAX = {"euler_renorm": dfx.Euler, "rk4": RK4}
 
 
 def programs(d: int, members: int, n: int, dt: float, t1: float, eps: float, solver: str):
     """The two jitted solves of M members, `beta -> pair density (members, steps + 1)`."""
-    cfg = af.validate_config(
-        dict(n=n, d=d, members=members, t1=t1, dt=dt, solver=solver, metrics=["pair_density"],
-             eps=eps, saves=round(t1 / dt) + 1, dtype="float32", beta=1.0, compilation_cache=False)
-    )
-    prepare_jax(cfg)
+    cfg = phase_config(d, members, n, dt, t1, eps, solver)
     system = af.build_system(cfg)
     keys = jax.random.split(jax.random.key(0), members)
     steps = round(t1 / dt)

@@ -92,12 +92,13 @@ def exp_throughput(size: int = 2**24, repeats: int = 3) -> float:
     return size * repeats / (time.perf_counter() - start)
 
 
-def phase_config(d: int, members: int, n: int = 32, dt: float = 0.1, t1: float = 30.0, eps: float = 1e-2):
+def phase_config(d: int, members: int, n: int = 32, dt: float = 0.1, t1: float = 30.0, eps: float = 1e-2,
+                 solver: str = "euler_renorm"):
     """The benchmark's study config, with the JAX settings a run of it would have."""
     from attnflow._study import prepare_jax
 
     cfg = af.validate_config(
-        dict(n=n, d=d, members=members, t1=t1, dt=dt, solver="euler_renorm", metrics=["pair_density"],
+        dict(n=n, d=d, members=members, t1=t1, dt=dt, solver=solver, metrics=["pair_density"],
              eps=eps, saves=round(t1 / dt) + 1, dtype="float32", beta=1.0, compilation_cache=False)
     )
     prepare_jax(cfg)
