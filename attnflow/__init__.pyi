@@ -7,6 +7,8 @@ from ._build import (
     build_init as build_init,
     build_system as build_system,
     ConfiguredSystem as ConfiguredSystem,
+    resolve_study as resolve_study,
+    Study as Study,
     validate_config as validate_config,
 )
 from ._config import compose as compose, Config as Config
@@ -25,6 +27,8 @@ from ._grid import (
     save_steps as save_steps,
     save_times as save_times,
     step_count as step_count,
+    time_grid as time_grid,
+    TimeGrid as TimeGrid,
 )
 from ._initial import (
     AbstractInitialCondition as AbstractInitialCondition,
@@ -121,7 +125,9 @@ __all__ = [
     "Sphere",
     "SphericalCaps",
     "StorageError",
+    "Study",
     "Tableau",
+    "TimeGrid",
     "TokenNorm",
     "UniformCube",
     "UniformSphere",
@@ -153,6 +159,7 @@ __all__ = [
     "partition_level",
     "plateaus",
     "plot_summary",
+    "resolve_study",
     "rotation_orbit",
     "run",
     "run_experiment",
@@ -163,6 +170,7 @@ __all__ = [
     "step_count",
     "summary_figure",
     "tableau",
+    "time_grid",
     "token_sensitivity",
     "validate_config",
     "write_results",

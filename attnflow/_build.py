@@ -24,7 +24,7 @@ from ._config import Config, MatrixConfig, _default_config, compose, to_containe
 from ._errors import ConfigError
 from ._field import Collisions, ConstantSpeed, VectorField
 from ._geometry import Euclidean, Sphere
-from ._grid import grid_times, save_steps, save_times, step_count
+from ._grid import TimeGrid, save_steps, save_times, step_count, time_grid
 from ._initial import (
     AbstractInitialCondition,
     GaussianMixture,
@@ -145,8 +145,47 @@ def _not_applicable(cfg: Config, base: Config) -> None:
                               f"{'it' if len(given) == 1 else 'them'} or change that setting.")
 
 
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """A study's config checked and resolved once (`resolve_study`): every stage after
+    the check (the plan of its pieces, the solves, the results file) reads these values
+    instead of working them out from the config again.
+
+    Arguments:
+        config: the checked config (its sizes `n`, `d`, `members`, `heads` and its
+            chunking `chunk_size` are read from it as they are).
+        betas: the betas of the run, in float64, in the config's order.
+        beta_is_list: whether the config gave a list (the results then have a `beta`
+            dimension; a single beta is a scalar coordinate).
+        grid: the times: fixed steps and the grid steps recorded, or the output times.
+        output_bytes: the size of the statistics the run returns (at most this, for
+            log-spaced output times).
+    """
+
+    config: Config
+    betas: np.ndarray
+    beta_is_list: bool
+    grid: TimeGrid
+    output_bytes: int
+
+    @property
+    def pairs(self) -> int:
+        """The number of solves: betas x members."""
+        return len(self.betas) * self.config.members
+
+
 def validate_config(config: Mapping | Config | None = None) -> Config:
-    """Compose `config` over the defaults and check every value; returns the typed config.
+    """Compose `config` over the defaults and check every value; returns the typed config
+    (`resolve_study(config).config`).
+
+    Raises `ConfigError` with one sentence naming the bad value and what is allowed.
+    """
+    return resolve_study(config).config
+
+
+def resolve_study(config: Mapping | Config | None = None) -> Study:
+    """Compose `config` over the defaults, check every value, and resolve it into a `Study`
+    (betas, times, output size).
 
     Raises `ConfigError` with one sentence naming the bad value and what is allowed.
     """
@@ -170,21 +209,22 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     _number("seed", cfg.seed, minimum=0)
     if cfg.seed >= 2**32:
         raise ConfigError(f"seed must be below 2^32 = {2**32}, got {cfg.seed}.")
-    betas_of(cfg)
+    betas, beta_is_list = betas_of(cfg)
     for key in ("t0", "t1"):
         _number(key, getattr(cfg, key))
     if cfg.t1 <= cfg.t0:
         raise ConfigError(f"t1 must be greater than t0, got t0={cfg.t0} and t1={cfg.t1}.")
+    steps = None  # the fixed steps, counted here once
     if cfg.dt is None:
         if not cfg.adaptive:
             raise ConfigError("dt must be given for fixed-step solvers (or set adaptive=true).")
     elif cfg.adaptive:
         _number("dt", cfg.dt, positive=True)
     else:
-        step_count(cfg.t0, cfg.t1, cfg.dt)  # the one rule of fixed-step grids
+        steps = step_count(cfg.t0, cfg.t1, cfg.dt)  # the one rule of fixed-step grids
     if cfg.adaptive and cfg.solver.startswith("euler"):
         raise no_error_estimate(f"solver {str(cfg.solver)!r}")
-    cfg = _check_time_change(cfg)
+    cfg = _check_time_change(cfg, betas)
     for key in ("rtol", "atol", "eps"):
         _number(key, getattr(cfg, key), positive=True)
     if cfg.norm == "sphere" and d < 2:
@@ -226,18 +266,28 @@ def validate_config(config: Mapping | Config | None = None) -> Config:
     if cfg.mlp.enabled and cfg.mlp.hidden is not None:
         _number("mlp.hidden", cfg.mlp.hidden, minimum=1)
     _not_applicable(cfg, base)
-    _check_sizes(cfg)
-    _check_output_size(cfg)
+    _check_sizes(cfg, len(betas), steps)
+    size = len(betas) * cfg.members * _output_count(cfg, steps) * _per_save_bytes(cfg)
+    if size / 2**30 > cfg.max_output_gib:
+        raise ConfigError(
+            f"the output would take {size / 2**30:.1f} GiB (more than max_output_gib={cfg.max_output_gib}); "
+            "lower members or saves, or drop save_states and the attention metric."
+        )
+    cfg = _numbers_as_floats(cfg)
     if cfg.adaptive or cfg.exact_times:
-        save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
-    return _numbers_as_floats(cfg)
+        times = save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
+        grid = time_grid(t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, adaptive=cfg.adaptive, ts=times, num_steps=steps)
+    else:
+        grid = time_grid(t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, save_steps=save_steps(steps, cfg.saves, cfg.save_spacing),
+                         num_steps=steps)
+    return Study(cfg, np.asarray(betas, np.float64), beta_is_list, grid, size)
 
 
-def _check_time_change(cfg: Config) -> Config:
+def _check_time_change(cfg: Config, betas: list[float]) -> Config:
     """The time change checked; a number as the speed becomes a float."""
     speed, collisions = cfg.time_change.speed, cfg.time_change.collisions
     if speed == "log_beta":
-        low = [b for b in betas_of(cfg)[0] if b <= 1]
+        low = [b for b in betas if b <= 1]
         if low:
             raise ConfigError(f"time_change.speed=log_beta needs every beta above 1 (a positive speed log beta), "
                               f"got beta={low[0]:g}.")
@@ -386,7 +436,7 @@ def _matrix_per_piece(switches: int, heads: int, shape: tuple[int, ...]) -> bool
     return switches > 0 and (len(shape) == 4 or (len(shape) == 3 and heads == 1)) and shape[0] == switches + 1
 
 
-def _check_sizes(cfg: Config) -> None:
+def _check_sizes(cfg: Config, betas: int, steps: int | None) -> None:
     """Refuse the counts that a run's int32 indices and loop counters cannot hold (before
     the memory estimate, which could not even be traced for them, and before anything
     is formed from them): tokens, solves, steps and the tiled loops' pairs of tiles."""
@@ -394,12 +444,10 @@ def _check_sizes(cfg: Config) -> None:
     counter = f"more than the int32 step counter can count (2^31 - 1 = {INDEX_LIMIT})"
     if cfg.n > INDEX_LIMIT:
         raise ConfigError(f"n={cfg.n} tokens are {index}; lower n.")
-    betas = len(betas_of(cfg)[0])
     if betas * cfg.members > INDEX_LIMIT:
         raise ConfigError(f"{betas} beta{'s' if betas > 1 else ''} x {cfg.members} members make "
                           f"{betas * cfg.members} solves, {index}; lower members.")
-    if not cfg.adaptive:
-        steps = step_count(cfg.t0, cfg.t1, cfg.dt)
+    if steps is not None:
         if steps > INDEX_LIMIT:
             raise ConfigError(f"(t1 - t0)/dt = {steps} steps are {counter}; raise dt or shorten [t0, t1].")
     elif cfg.max_steps > INDEX_LIMIT:
@@ -407,17 +455,6 @@ def _check_sizes(cfg: Config) -> None:
     block = resolve_block(cfg.n, cfg.attention_block)
     if block is not None:
         check_tiles(cfg.n, block)
-
-
-def output_times(cfg: Config) -> tuple[int | None, np.ndarray | None, np.ndarray]:
-    """`(num_steps, save_steps, times)`: the fixed-step count and the grid steps to record
-    (None for adaptive runs and `exact_times`), and the output times in float64."""
-    if cfg.adaptive or cfg.exact_times:
-        steps = None if cfg.adaptive else step_count(cfg.t0, cfg.t1, cfg.dt)
-        return steps, None, save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
-    steps = step_count(cfg.t0, cfg.t1, cfg.dt)
-    marks = save_steps(steps, cfg.saves, cfg.save_spacing)
-    return steps, marks, grid_times(cfg.t0, cfg.t1, steps, at=marks)
 
 
 def _per_save_bytes(cfg: Config) -> int:
@@ -429,32 +466,16 @@ def _per_save_bytes(cfg: Config) -> int:
     return total + (n * d * itemsize if cfg.save_states else 0)
 
 
-def _output_count(cfg: Config) -> int:
+def _output_count(cfg: Config, steps: int | None) -> int:
     """How many output times a run records, counted without forming them (an absurd
     `saves` is refused, not allocated); log-spaced grid steps are counted before the
     rounded times that coincide are merged (at most this many)."""
     if cfg.adaptive or cfg.exact_times or cfg.saves == 1:
         return cfg.saves
-    steps = step_count(cfg.t0, cfg.t1, cfg.dt)
     if cfg.save_spacing == "log":
         return min(cfg.saves, steps + 1)
     every = math.ceil(steps / (cfg.saves - 1))  # `save_steps`: every `every` steps, and the last
     return -(-steps // every) + 1
-
-
-def output_bytes(cfg: Config) -> int:
-    """The size of the statistics a run returns (all betas, members and output times;
-    at most this, for log-spaced times)."""
-    return len(betas_of(cfg)[0]) * cfg.members * _output_count(cfg) * _per_save_bytes(cfg)
-
-
-def _check_output_size(cfg: Config) -> None:
-    gib = output_bytes(cfg) / 2**30
-    if gib > cfg.max_output_gib:
-        raise ConfigError(
-            f"the output would take {gib:.1f} GiB (more than max_output_gib={cfg.max_output_gib}); "
-            "lower members or saves, or drop save_states and the attention metric."
-        )
 
 
 class _Values:

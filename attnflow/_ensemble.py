@@ -28,7 +28,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure
-from ._grid import every_steps, grid_times, step_count
+from ._grid import TimeGrid, time_grid
 from ._metric_registry import reading
 from ._metrics import Recorder
 from ._schedules import identity_multiple
@@ -192,32 +192,22 @@ class EnsemblePlan:
     `ConfigError`) an ensemble whose one member, or whose output, exceeds the memory.
     """
 
-    def __init__(self, system, keys, betas, *, t1, ts=None, save_every=None, save_steps=None, t0=0.0, dt=None,
-                 solver="tsit5", adaptive=False, rtol=1e-6, atol=1e-8, max_steps=100_000, chunk_size=None,
-                 devices=None, memory: int | None = None):
+    def __init__(self, system, keys, betas, grid: TimeGrid, *, solver="tsit5", rtol=1e-6, atol=1e-8,
+                 max_steps=100_000, chunk_size=None, devices=None, memory: int | None = None):
         self.system = system
         self.keys = keys
         self.dtype = np.dtype(betas.dtype if hasattr(betas, "dtype") else jnp.asarray(betas).dtype)
         self.betas = jnp.asarray(np.asarray(betas, self.dtype).reshape(-1))
-        options = dict(solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
-        if adaptive:
-            if ts is None:
-                raise ConfigError("adaptive solves need output times ts.")
-            count = len(ts)
-        else:
-            num_steps = step_count(t0, t1, dt)
-            options["num_steps"] = num_steps
-            if ts is None:
-                if save_steps is None:
-                    save_steps = every_steps(num_steps, num_steps if save_every is None else int(save_every))
-                options["save_steps"] = tuple(int(k) for k in save_steps)
-                count = len(options["save_steps"])
-            else:
-                count = len(ts)
-        if ts is not None:
-            options["ts"] = tuple(float(t) for t in np.asarray(ts))
+        self.grid = grid
+        options = dict(solver=solver, adaptive=grid.adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
+        if not grid.adaptive:
+            options["num_steps"] = grid.num_steps
+        if grid.marks is not None:
+            options["save_steps"] = grid.marks
+        if grid.ts is not None:
+            options["ts"] = grid.ts
         self.options = options
-        self.times = (t0, t1, dt)
+        count = grid.count
 
         devices = jax.local_devices() if devices is None else list(devices)
         self.mesh = Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
@@ -249,7 +239,7 @@ class EnsemblePlan:
     def solve(self, i: int) -> dict[str, np.ndarray]:
         """Piece i: `stats/NAME`, `result`, `num_steps` and `reached`, one row per pair."""
         members, beta_index = self._inputs(i)
-        t0, t1, dt = self.times
+        t0, t1, dt = self.grid.t0, self.grid.t1, self.grid.dt
         # Times are data (new values reuse the program), except with output times off
         # the grid of a fixed-step run, which are placed between grid steps in Python.
         static = "ts" in self.options and not self.options["adaptive"]
@@ -316,13 +306,6 @@ class EnsemblePlan:
         _write_atomically(path, lambda tmp: tmp.write_bytes(serialized))
         return _remember(key, program), leaves, key_data
 
-    def output_times(self) -> np.ndarray:
-        """The output times in float64 (the grid times actually recorded)."""
-        t0, t1, dt = self.times
-        if "ts" in self.options:
-            return np.asarray(self.options["ts"])
-        return grid_times(t0, t1, self.options["num_steps"], at=self.options["save_steps"])
-
     def assemble(self, outputs: Sequence[dict[str, np.ndarray]]) -> EnsembleResult:
         """The pieces' outputs (in order) as one result, with every statistic after a
         member's first bad state masked (NaN, or `INTEGER_FILL` for integers)."""
@@ -337,7 +320,7 @@ class EnsemblePlan:
             fill = np.nan if np.issubdtype(value.dtype, np.floating) else INTEGER_FILL
             if not mask.all():
                 stats[name] = np.where(mask, value, np.asarray(fill).astype(value.dtype))
-        return EnsembleResult(ts=self.output_times(), stats=stats, result=shape(joined["result"]),
+        return EnsembleResult(ts=self.grid.times, stats=stats, result=shape(joined["result"]),
                               num_steps=shape(joined["num_steps"]), valid=valid)
 
 
@@ -459,8 +442,8 @@ def solve_ensemble(
     non-finite state raises `NonFiniteStateError`; either way the statistics after a
     member's first bad state are masked (see `EnsembleResult`).
     """
-    plan = EnsemblePlan(system, keys, betas, t1=t1, ts=ts, save_every=save_every, save_steps=save_steps, t0=t0,
-                        dt=dt, solver=solver, adaptive=adaptive, rtol=rtol, atol=atol, max_steps=max_steps,
+    grid = time_grid(t1=t1, t0=t0, dt=dt, adaptive=adaptive, ts=ts, save_every=save_every, save_steps=save_steps)
+    plan = EnsemblePlan(system, keys, betas, grid, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps,
                         chunk_size=chunk_size, devices=devices)
     out = plan.assemble([plan.solve(i) for i in range(plan.pieces)])
     if check:

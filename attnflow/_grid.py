@@ -8,6 +8,7 @@ Output is recorded at grid steps ("marks"); off-grid times are only produced on 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -110,3 +111,58 @@ def bracketing_steps(ts, t0: ScalarLike, t1: ScalarLike, num_steps: int) -> tupl
     k = np.clip(np.floor(position), 0, max(num_steps - 1, 0)).astype(np.int64)
     theta = np.clip(position - k, 0.0, 1.0)
     return k, theta
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeGrid:
+    """The times of a solve, resolved once: from `t0` to `t1` in `num_steps` fixed steps
+    of `dt` (`num_steps` None for an adaptive solve, whose `dt` is its first step),
+    recording at the grid steps `marks`, or else at the times `ts` (an adaptive solve's
+    only choice; a fixed-step solve interpolates them between grid steps)."""
+
+    t0: float
+    t1: float
+    dt: float | None
+    num_steps: int | None
+    marks: tuple[int, ...] | None = None
+    ts: tuple[float, ...] | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        return self.num_steps is None
+
+    @property
+    def count(self) -> int:
+        """The number of output times."""
+        return len(self.marks if self.ts is None else self.ts)
+
+    @property
+    def times(self) -> np.ndarray:
+        """The output times in float64 (the grid times recorded, or `ts`)."""
+        if self.ts is not None:
+            return np.asarray(self.ts, dtype=np.float64)
+        return grid_times(self.t0, self.t1, self.num_steps, at=self.marks)
+
+
+def time_grid(*, t1: ScalarLike, t0: ScalarLike = 0.0, dt: ScalarLike | None = None, adaptive: bool = False,
+              ts=None, save_every: int | None = None, save_steps=None, num_steps: int | None = None) -> TimeGrid:
+    """The `TimeGrid` of `simulate`'s and `solve_ensemble`'s time arguments: output at the
+    grid steps `save_steps`, or every `save_every` fixed steps and at `t1` (by default at
+    $t_0$ and $t_1$), or at the times `ts`. `num_steps`, when the caller has counted
+    them already, is not counted again."""
+    t0, t1 = float(t0), float(t1)
+    dt = None if dt is None else float(dt)
+    if ts is not None:
+        ts = tuple(float(t) for t in np.asarray(ts, dtype=np.float64).reshape(-1))
+    if adaptive:
+        if ts is None:
+            raise ConfigError("adaptive solves need output times ts.")
+        return TimeGrid(t0, t1, dt, None, None, ts)
+    if dt is None:
+        raise ConfigError("dt must be given for fixed-step solvers (or set adaptive=true).")
+    steps = step_count(t0, t1, dt) if num_steps is None else int(num_steps)
+    if ts is not None:
+        return TimeGrid(t0, t1, dt, steps, None, ts)
+    if save_steps is None:
+        save_steps = every_steps(steps, steps if save_every is None else int(save_every))
+    return TimeGrid(t0, t1, dt, steps, tuple(int(k) for k in np.asarray(save_steps).reshape(-1)), None)

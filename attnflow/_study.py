@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from ._build import betas_of, build_system, output_times, validate_config
+from ._build import Study, build_system, resolve_study
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
 from ._errors import NonFiniteStateError, SolverFailure
@@ -71,24 +71,17 @@ def use_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def plan_study(cfg: Config) -> EnsemblePlan:
-    """The ensemble plan of a validated config (its pieces, before any is solved)."""
+def plan_study(study: Study) -> EnsemblePlan:
+    """The ensemble plan of a resolved study (its pieces, before any is solved)."""
+    cfg = study.config
     prepare_jax(cfg)
-    dtype = jnp.dtype(cfg.dtype.value)
-    betas, _ = betas_of(cfg)
-    _, marks, times = output_times(cfg)
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.members)
     return EnsemblePlan(
         build_system(cfg),
         keys,
-        jnp.asarray(betas, dtype),
-        t0=cfg.t0,
-        t1=cfg.t1,
-        dt=cfg.dt,
-        save_steps=marks,
-        ts=None if marks is not None else times,
+        jnp.asarray(study.betas, jnp.dtype(cfg.dtype.value)),
+        study.grid,
         solver=cfg.solver.value,
-        adaptive=cfg.adaptive,
         rtol=cfg.rtol,
         atol=cfg.atol,
         max_steps=cfg.max_steps,
@@ -122,21 +115,22 @@ def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | N
     as `error.dataset`, its statistics missing (NaN) from each failed solve's first
     bad output time on.
     """
-    cfg = validate_config(config)
+    study = resolve_study(config)
     try:
-        return solve_study(cfg, plan_study(cfg), pieces=pieces).to_xarray()
+        return solve_study(study, plan_study(study), pieces=pieces).to_xarray()
     except (NonFiniteStateError, SolverFailure) as error:
         error.dataset = error.results.to_xarray()
         raise
 
 
-def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None,
+def solve_study(study: Study, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None,
                 on_piece=None, on_damaged=None):
     """Solve a planned study (see `run`, which plans, calls this and returns the
     `Results` as an xarray Dataset). `on_resume(found, total)` is told how many
     finished pieces were found, `on_piece()` of each piece finished (found or solved),
     `on_damaged(path)` of each piece that could not be read (and is solved again).
     A failed solve's error carries `error.results`."""
+    cfg = study.config
     store = None
     if pieces is not None:
         identity = f"{config_yaml(cfg)}\npieces: {plan.pieces} of {plan.piece_size}\n"
@@ -157,10 +151,9 @@ def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | 
         if on_piece is not None:
             on_piece()
     result = plan.assemble(outputs)
-    betas, beta_is_list = betas_of(cfg)
-    results = to_results(cfg, result, betas, beta_is_list)
+    results = to_results(study, result)
     try:
-        check_ensemble(result, betas)
+        check_ensemble(result, study.betas)
     except (NonFiniteStateError, SolverFailure) as error:
         results.attrs["error"] = str(error)
         error.results = results
@@ -168,7 +161,7 @@ def solve_study(cfg: Config, plan: EnsemblePlan, *, pieces: str | os.PathLike | 
     return results
 
 
-def to_results(cfg: Config, result: EnsembleResult, betas, beta_is_list: bool) -> Results:
+def to_results(study: Study, result: EnsembleResult) -> Results:
     """The ensemble's statistics as `Results` (an xarray Dataset's layout) with the
     config in its attributes.
 
@@ -176,6 +169,7 @@ def to_results(cfg: Config, result: EnsembleResult, betas, beta_is_list: bool) -
     with missing entries are stored as int32 with `_FillValue` -1 and read back as
     floats with NaN.
     """
+    cfg, beta_is_list = study.config, study.beta_is_list
     valid = np.asarray(result.valid)
     failed = ~valid[..., -1]
     stopped = np.asarray(result.result) != 0
@@ -191,7 +185,7 @@ def to_results(cfg: Config, result: EnsembleResult, betas, beta_is_list: bool) -
     data_vars["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))
     data_vars["status"] = (("beta", "member"), np.where(failed, np.where(stopped, 2, 1), 0).astype(np.int8))
     data_vars["failure_time"] = (("beta", "member"), np.where(failed, np.asarray(result.ts)[first_bad], np.nan))
-    beta = np.asarray(betas, dtype=np.float64)
+    beta = study.betas
     if not beta_is_list:  # a single beta: a scalar coordinate, no `beta` dimension
         data_vars = {name: (dims[1:], value[0]) for name, (dims, value) in data_vars.items()}
         beta = beta[0]

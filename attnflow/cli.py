@@ -179,7 +179,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
     # Hydra has composed the keys; their values are typed here, so that a bad one fails
     # this job alone.
     typed = typed_job_config(cfg)
-    from ._build import validate_config  # lazy: start-up (JAX), as the imports of the study below
+    from ._build import resolve_study  # lazy: start-up (JAX), as the imports of the study below
     from ._study import config_yaml, plan_study, solve_study
 
     experiment = None
@@ -189,7 +189,8 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         experiment = plan_experiment(typed)  # every panel checked and planned
         resolved = experiment.cfg
     else:
-        resolved = validate_config(typed)
+        study = resolve_study(typed)
+        resolved = study.config
     with RunDirectory(out) as folder:
         _CURRENT["dir"] = folder.path
         stored = folder.finished_config(resolved.overwrite)
@@ -199,10 +200,11 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         if stored is not None and not resolved.overwrite:
             raise ConfigError(f"{folder.results_path} holds a different run; choose another hydra.run.dir "
                               "or set overwrite=true.")
-        plan = plan_study(resolved) if experiment is None else None  # refuses what does not fit
+        plan = plan_study(study) if experiment is None else None  # refuses what does not fit
         # Another run's unfinished pieces are refused like its results (or discarded with overwrite=true).
         discarded = folder.claim_pieces({".": config_yaml(resolved)} if experiment is None else
-                                        {label: config_yaml(panel) for label, (panel, _) in experiment.studies.items()},
+                                        {label: config_yaml(panel.config)
+                                         for label, (panel, _) in experiment.studies.items()},
                                         resolved.overwrite)
         if discarded:
             print(f"attnflow: {discarded}", flush=True)
@@ -216,7 +218,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         try:
             with Progress(name, total, show=False if parallel else None) as progress:
                 if experiment is None:
-                    results = solve_study(resolved, plan, pieces=pieces, on_piece=progress.advance,
+                    results = solve_study(study, plan, pieces=pieces, on_piece=progress.advance,
                                           on_resume=lambda found, total: _resuming(found, total, pieces),
                                           on_damaged=_damaged)
                 else:

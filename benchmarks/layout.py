@@ -55,8 +55,8 @@ def default_chunk(d: int, members: int, n: int, dt: float, t1: float, eps: float
     """The chunk of attnflow's own plan for the workload."""
     cfg = phase_config(d, members, n, dt, t1, eps)
     keys = jax.random.split(jax.random.key(0), members)
-    plan = EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32), t1=t1, dt=dt, save_every=1,
-                        solver="euler_renorm")
+    plan = EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32),
+                        af.time_grid(t1=t1, dt=dt, save_every=1), solver="euler_renorm")
     return plan.piece_size
 
 
@@ -90,8 +90,8 @@ def section_rank(rounds: int) -> list[dict]:
     runs = {}
     for name, metrics, svd in (("without attention_rank", None, False), ("attention_rank by SVD", "rank", True),
                                ("attention_rank by pivoted QR", "rank", False)):
-        cfg = phase_rank_config(base, metrics)
-        plan = plan_study(cfg)
+        study = phase_rank_config(base, metrics)
+        plan, cfg = plan_study(study), study.config
         system = _with_svd_rank(plan.system) if svd else plan.system
         keys, betas = plan.keys, plan.betas
 
@@ -119,10 +119,11 @@ def section_rank(rounds: int) -> list[dict]:
 
 
 def phase_rank_config(base: dict, metrics):
-    cfg = af.validate_config(base)
+    """The default study's resolved config, with `attention_rank` added when `metrics`."""
+    study = af.resolve_study(base)
     if metrics:
-        cfg = af.validate_config({**base, "metrics": [m.value for m in cfg.metrics] + ["attention_rank"]})
-    return cfg
+        study = af.resolve_study({**base, "metrics": [m.value for m in study.config.metrics] + ["attention_rank"]})
+    return study
 
 
 def main():

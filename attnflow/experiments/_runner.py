@@ -19,7 +19,7 @@ from hydra import compose as hydra_compose
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from .._build import validate_config
+from .._build import Study, resolve_study
 from .._config import Config, _plain, compose, hydra_context, register_schema, to_container, typed_options
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
@@ -118,7 +118,7 @@ class ExperimentPlan:
     cfg: Config
     options: dict
     module: ModuleType
-    studies: dict[str, tuple[Config, EnsemblePlan]]
+    studies: dict[str, tuple[Study, EnsemblePlan]]  # by panel: the resolved study and its plan
 
     @property
     def name(self) -> str:
@@ -150,7 +150,7 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
     studies = {}
     for label, config in configs.items():
         try:
-            panel = validate_config(config)
+            panel = resolve_study(config)
             studies[label] = (panel, plan_study(panel))
         except ConfigError as error:
             if len(configs) == 1:
@@ -171,11 +171,11 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
     A failed solve raises as `run` does, its message naming the panel and its
     `error.results` holding that panel's statistics."""
     results = {}
-    for label, (cfg, study) in plan.studies.items():
+    for label, (study, ensemble) in plan.studies.items():
         folder = None if pieces is None else Path(pieces) / label
         resume = None if on_resume is None else (lambda found, total, label=label: on_resume(label, found, total))
         try:
-            results[label] = solve_study(cfg, study, pieces=folder, on_resume=resume, on_piece=on_piece,
+            results[label] = solve_study(study, ensemble, pieces=folder, on_resume=resume, on_piece=on_piece,
                                          on_damaged=on_damaged).to_xarray()
         except (NonFiniteStateError, SolverFailure) as error:
             if len(plan.studies) > 1:
@@ -189,8 +189,8 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
     ds.attrs.update(
         config=config_yaml(plan.cfg),
         experiment=plan.name,
-        panel_configs=yaml.safe_dump({label: yaml.safe_load(config_yaml(cfg))
-                                      for label, (cfg, _) in plan.studies.items()}, sort_keys=False),
+        panel_configs=yaml.safe_dump({label: yaml.safe_load(config_yaml(study.config))
+                                      for label, (study, _) in plan.studies.items()}, sort_keys=False),
         attnflow_version=_version(),
     )
     return ds

@@ -66,10 +66,9 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._build import betas_of, build_system, validate_config
+from .._build import Study, build_system, resolve_study
 from .._config import Config, _default_config
 from .._errors import ConfigError
-from .._grid import step_count
 from .._progress import Progress
 from .._solvers import tableau
 from .._store import in_background
@@ -100,9 +99,9 @@ def check_options(name: str, options) -> None:
                           f"number of steps >= 1, got {every!r}.")
 
 
-def study_config(cfg: Config) -> Config:
-    """The experiment's config as a checked single study (every key validated)."""
-    return validate_config(dataclasses.replace(cfg, experiment=None))
+def study_config(cfg: Config) -> Study:
+    """The experiment's config as a checked, resolved single study (every key validated)."""
+    return resolve_study(dataclasses.replace(cfg, experiment=None))
 
 
 def exponent_count(cfg: Config, options) -> int:
@@ -167,14 +166,15 @@ def consensus_spectrum(cfg: Config, beta: float, k: int) -> np.ndarray:
     return np.asarray(sorted(values, reverse=True)[:k])
 
 
-def check_spectrum(name: str, cfg: Config, k: int, every: int) -> None:
-    """What `ensemble_spectra` needs of a validated study config, checked before any
-    computing: fixed steps, at least two QR intervals, and (tracing one member's
-    spectrum, nothing computed) k and the interval within range."""
-    if cfg.adaptive:
+def check_spectrum(name: str, study: Study, k: int, every: int) -> None:
+    """What `ensemble_spectra` needs of a resolved study, checked before any computing:
+    fixed steps, at least two QR intervals, and (tracing one member's spectrum, nothing
+    computed) k and the interval within range."""
+    cfg = study.config
+    if study.grid.adaptive:
         raise ConfigError(f"experiment {name} follows the fixed step map of the solver (the QR method needs its "
                           "tangent map); set adaptive=false and give dt.")
-    steps = step_count(cfg.t0, cfg.t1, cfg.dt)
+    steps = study.grid.num_steps
     if isinstance(every, int) and steps % every == 0 and steps // every < 2:
         raise ConfigError(f"experiment.options.reorthonormalize_every={every} leaves one QR interval in the "
                           f"{steps} steps; take at most {steps // 2} so that the late-window exponents exist.")
@@ -186,15 +186,16 @@ def check_spectrum(name: str, cfg: Config, k: int, every: int) -> None:
 
 def check(cfg, options) -> None:
     check_options("lyapunov", options)
-    study = study_config(cfg)
+    resolved = study_config(cfg)
+    study = resolved.config
     default = _default_config()
     given = [key for key in _OUTPUT_KEYS if getattr(study, key) != getattr(default, key)]
     if given:
         raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
                           "lyapunov (it stores exponents, not a study's saved output); remove "
                           f"{'it' if len(given) == 1 else 'them'}.")
-    check_spectrum("lyapunov", study, exponent_count(study, options), options["reorthonormalize_every"])
-    betas, _ = betas_of(study)
+    check_spectrum("lyapunov", resolved, exponent_count(study, options), options["reorthonormalize_every"])
+    betas = resolved.betas.tolist()
     limit = stability_limit(study.solver.value)
     if study.solver.value == "euler_renorm":
         # A step along the unprojected field, then the retraction: at consensus the
@@ -263,12 +264,12 @@ def default_chunk(cfg: Config, k: int) -> int:
     return max(1, 2**20 // ((k + 1) * cfg.n * max(cfg.n, cfg.d) * item * cfg.heads))
 
 
-def ensemble_spectra(cfg: Config, k: int, every: int, quotient=None) -> Spectra:
-    """The k leading finite-time exponents of every (beta, member) of a validated study
-    config: member m has the key `split(key(seed), members)[m]` (the core studies'
+def ensemble_spectra(study: Study, k: int, every: int, quotient=None) -> Spectra:
+    """The k leading finite-time exponents of every (beta, member) of a resolved study:
+    member m has the key `split(key(seed), members)[m]` (the core studies'
     members: the same weights and initial tokens), for every beta. `quotient` as for
     `lyapunov_spectrum` (the transverse exponents)."""
-    betas, _ = betas_of(cfg)
+    cfg, betas = study.config, study.betas
     dtype = jnp.dtype(cfg.dtype.value)
     system = build_system(cfg)
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.members)
@@ -292,8 +293,7 @@ def ensemble_spectra(cfg: Config, k: int, every: int, quotient=None) -> Spectra:
             bar.advance(min(size, pairs - i * size))
     exponents = np.concatenate(exponents)[:pairs].reshape(count, members, k).astype(np.float64)
     running = np.concatenate(running)[:pairs].reshape(count, members, -1, k).astype(np.float64)
-    steps = step_count(cfg.t0, cfg.t1, cfg.dt)
-    intervals = steps // every
+    intervals = study.grid.num_steps // every
     times = cfg.t0 + (cfg.t1 - cfg.t0) * np.arange(1, intervals + 1) / intervals
     half = intervals // 2 - 1
     # Cumulative log-stretches S(t) = (t - t0) lambda(t): their difference over
@@ -317,13 +317,14 @@ def transverse_count(cfg: Config, k: int) -> int:
 
 
 def analyse(cfg, options, results) -> xr.Dataset:
-    study = study_config(cfg)
+    resolved = study_config(cfg)
+    study = resolved.config
     k = exponent_count(study, options)
     every = options["reorthonormalize_every"]
-    ds = spectrum_dataset(study, ensemble_spectra(study, k, every), k)
+    ds = spectrum_dataset(study, ensemble_spectra(resolved, k, every), k)
     if rotation_equivariant(study) and transverse_count(study, k) >= 1:
         count = transverse_count(study, k)
-        ds = ds.merge(transverse_dataset(study, ensemble_spectra(study, count, every, quotient=rotation_orbit),
+        ds = ds.merge(transverse_dataset(study, ensemble_spectra(resolved, count, every, quotient=rotation_orbit),
                                          count))
     return ds
 

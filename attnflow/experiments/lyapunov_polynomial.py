@@ -52,7 +52,7 @@ import numpy as np
 import xarray as xr
 
 from .._config import choice
-from .._build import build_system, validate_config
+from .._build import build_system, resolve_study, validate_config
 from .._config import to_container
 from .._errors import ConfigError
 from .._terms import SelfAttention
@@ -107,7 +107,7 @@ def check(cfg, options) -> None:
     if options["dispersion"] and not cfg.save_states:
         raise ConfigError("experiment lyapunov_polynomial measures the dispersion on the states: keep "
                           "save_states=true (or set experiment.options.dispersion=false).")
-    studies = [validate_config(config) for config in schedule_configs(_base(cfg), options).values()]
+    studies = [resolve_study(config) for config in schedule_configs(_base(cfg), options).values()]
     k, compare = exponent_count(cfg, options), options["compare_every"]
     check_spectrum("lyapunov_polynomial", studies[0], k, options["reorthonormalize_every"])
     if compare is not None:
@@ -130,7 +130,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     names = list(options["schedules"])
     configs = schedule_configs(_base(cfg), options)
     k, every = exponent_count(cfg, options), options["reorthonormalize_every"]
-    studies = [validate_config(configs[name]) for name in names]
+    studies = [resolve_study(configs[name]) for name in names]
     spectra = [ensemble_spectra(study, k, every) for study in studies]
     first = spectra[0]
     t = first.times

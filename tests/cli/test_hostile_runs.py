@@ -297,7 +297,7 @@ def without_x64():
 def test_sizes_beyond_int32_indices_are_refused_before_anything_is_formed(settings, says, without_x64):
     config = {**TINY_CONFIG, "members": 2, **settings}
     with pytest.raises(ConfigError, match=says.replace("^", r"\^")):
-        _study.plan_study(_build.validate_config(config))
+        _study.plan_study(_build.resolve_study(config))
 
 
 def test_sizes_are_refused_on_the_command_line_in_one_line(tmp_path, attnflow, without_x64):
@@ -310,7 +310,7 @@ def test_sizes_are_refused_on_the_command_line_in_one_line(tmp_path, attnflow, w
 def test_a_tile_larger_than_the_tokens_is_one_tile():
     # attention_block beyond n: the tokens are one tile (not padded to the block size,
     # which the memory check refused at 29 million GiB).
-    plan = _study.plan_study(_build.validate_config({**TINY_CONFIG, "n": 2000, "attention_block": 10**12}))
+    plan = _study.plan_study(_build.resolve_study({**TINY_CONFIG, "n": 2000, "attention_block": 10**12}))
     assert plan.footprint.pairwise < 2**30
 
 

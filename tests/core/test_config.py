@@ -396,7 +396,7 @@ def test_the_chunk_shrinks_to_fit_the_memory():
     cfg = attnflow.validate_config({**TINY, "n": 64, "d": 3, "members": 64, "beta": 1.0})
     system = attnflow.build_system(cfg)
     keys = jax.random.split(jax.random.key(0), 64)
-    make = lambda memory: EnsemblePlan(system, keys, jnp.asarray([1.0]), t1=0.5, dt=0.1, solver="euler",
+    make = lambda memory: EnsemblePlan(system, keys, jnp.asarray([1.0]), attnflow.time_grid(t1=0.5, dt=0.1), solver="euler",
                                        memory=memory)
     roomy = make(64 * 2**30)
     tight = make(16 * roomy.footprint.total)

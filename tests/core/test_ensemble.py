@@ -305,14 +305,14 @@ def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
 
     from jax import export
 
-    from attnflow._build import validate_config
+    from attnflow._build import resolve_study
     from attnflow._ensemble import _LOADED, EnsemblePlan
     from attnflow._study import plan_study, prepare_jax, solve_study
 
-    cfg = validate_config(_small(n=7, d=5, members=3, beta=[0.5, 2.0], save_states=True))  # a structure of its own
-    prepare_jax(cfg)  # switches on the session's cache folder (conftest)
+    study = resolve_study(_small(n=7, d=5, members=3, beta=[0.5, 2.0], save_states=True))  # a structure of its own
+    prepare_jax(study.config)  # switches on the session's cache folder (conftest)
     folder = Path(jax.config.jax_compilation_cache_dir) / "attnflow-exported"
-    solve = lambda: solve_study(cfg, plan_study(cfg)).to_xarray()
+    solve = lambda: solve_study(study, plan_study(study)).to_xarray()
 
     with monkeypatch.context() as patch:
         patch.setattr(EnsemblePlan, "_exported", lambda *args: None)
@@ -384,8 +384,8 @@ def _plan(d: int, n: int = 32, **options):
     cfg = af.validate_config(dict(n=n, d=d, members=512, beta=1.0, t1=1.0, dt=0.1, saves=11, dtype="float32",
                                   solver="euler_renorm", metrics=["pair_density"]))
     keys = jax.random.split(jax.random.key(0), cfg.members)
-    return EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32), t1=1.0, dt=0.1, save_every=1,
-                        solver="euler_renorm", **options)
+    return EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32),
+                        af.time_grid(t1=1.0, dt=0.1, save_every=1), solver="euler_renorm", **options)
 
 
 def test_a_members_footprint_counts_state_stages_heads_and_pairs():

@@ -76,10 +76,10 @@ def test_the_analysis_of_an_experiment_and_an_animation_draw_their_lines(tmp_pat
     zeros = lambda system, keys, betas, members, beta_index, *rest: (
         np.zeros((len(members), k)), np.zeros((len(members), steps // every, k)))
     monkeypatch.setattr(lyapunov, "_piece", zeros)
-    cfg = af.validate_config({"n": 4, "beta": [0.5, 1.0], "members": 3, "t1": 2.0, "dt": 0.1, "chunk_size": 4})
+    study = af.resolve_study({"n": 4, "beta": [0.5, 1.0], "members": 3, "t1": 2.0, "dt": 0.1, "chunk_size": 4})
     buffer, console = _console()
     with Progress("attnflow", 1, show=True, console=console) as outer:
-        lyapunov.ensemble_spectra(cfg, k, every)
+        lyapunov.ensemble_spectra(study, k, every)
         x = np.random.default_rng(0).standard_normal((5, 4, 3))
         animation(x / np.linalg.norm(x, axis=-1, keepdims=True), np.linspace(0, 1, 5), tmp_path / "a.gif",
                   frames=5)

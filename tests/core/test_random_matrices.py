@@ -81,7 +81,7 @@ def _panel_weights(panel: str, d: int = D, betas=(1.0, 5.0), members: int = 2):
     its panel (through its plan, `build_system` and the members' keys)."""
     plan = plan_experiment(compose_experiment("phase_diagram_random", {
         "d": d, "members": members, "beta": list(betas), "experiment": {"options": {"panels": [panel]}}}))
-    cfg = plan.studies[panel][0]
+    cfg = plan.studies[panel][0].config
     system = af.build_system(cfg)
     keys = jax.random.split(jax.random.key(cfg.seed), members)
     out = {}
@@ -149,7 +149,7 @@ def test_a_panel_steps_exactly_as_the_papers_code_does(panel):
     plan = plan_experiment(compose_experiment("phase_diagram_random", {
         "d": d, "n": n, "members": 1, "beta": beta, "t1": eta * steps, "saves": steps + 1, "save_states": True,
         "metrics": ["pair_density"], "experiment": {"options": {"panels": [panel]}}}))
-    cfg = plan.studies[panel][0]
+    cfg = plan.studies[panel][0].config
     field, y0, _ = af.build_system(cfg)(jax.random.key(5), beta)
     attention = field.terms[0]
     b = np.asarray(attention.key(0.0))[0]

@@ -72,15 +72,15 @@ def test_written_results_read_back_as_xarrays_own_file(tmp_path, beta):
     """The command line writes `Results` (`write_results`); the file must read back
     exactly as the file xarray writes for the same Dataset, also with failed solves (NaN
     floats, integer statistics with a fill value)."""
-    from attnflow._build import validate_config
+    from attnflow._build import resolve_study
     from attnflow._study import plan_study, solve_study
 
     config = {"n": 4, "d": 3, "members": 3, "t1": 0.5, "dt": 0.1, "saves": 6, "beta": beta, "dynamics": "usa",
               "dtype": "float32", "metrics": ["energy", "pair_density", "clusters", "cluster_sizes"],
               "compilation_cache": False}
-    cfg = validate_config(config)
+    study = resolve_study(config)
     try:
-        results = solve_study(cfg, plan_study(cfg))
+        results = solve_study(study, plan_study(study))
     except af.NonFiniteStateError as error:  # at beta=2 the USA field blows up in float32
         results = error.results
     ours, theirs = tmp_path / "ours.nc", tmp_path / "theirs.nc"

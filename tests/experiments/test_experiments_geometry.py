@@ -128,7 +128,7 @@ def _panel_field(normalizer: str, schedule: str):
 
     plan = plan_experiment(compose_experiment(
         "polynomial", {"members": 2, "experiment": {"options": {"normalizer": normalizer}}}))
-    cfg = plan.studies[schedule][0]
+    cfg = plan.studies[schedule][0].config
     field, _, _ = build_system(cfg)(jax.random.key(3), cfg.beta)
     return cfg, field
 
@@ -177,13 +177,14 @@ def test_the_papers_unnormalized_equation_diverges_at_its_sizes():
     # f_4 (the schedule of T = 20) holds to t = 9 and diverges before t = 14 (both members).
     import dataclasses
 
+    from attnflow._build import resolve_study
     from attnflow._study import plan_study
 
     plan = plan_experiment(compose_experiment("polynomial", {"members": 2, "experiment": {
         "options": {"normalizer": "none"}}}))
-    cfg = dataclasses.replace(plan.studies["f4"][0], t1=14.0, saves=15, save_states=False,
+    cfg = dataclasses.replace(plan.studies["f4"][0].config, t1=14.0, saves=15, save_states=False,
                               compilation_cache=False)
-    study = plan_study(cfg)
+    study = plan_study(resolve_study(cfg))
     out = study.assemble([study.solve(i) for i in range(study.pieces)])
     valid, ts = np.asarray(out.valid)[0], np.asarray(out.ts)  # (member, time)
     assert np.all(valid[:, ts <= 9.0]) and not np.any(valid[:, -1]), (ts, valid)

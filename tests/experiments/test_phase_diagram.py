@@ -89,8 +89,9 @@ def test_phase_diagram_follows_the_equiangular_curve_more_closely_in_higher_dime
 
 def test_panels_are_planned_as_the_figures_need_and_bad_options_stop_early():
     full = plan_experiment(compose_experiment("phase_diagram", {"members": 2}))
-    assert [cfg.d for cfg, _ in full.studies.values()] == [2, 8, 32, 128]
-    for cfg, _ in full.studies.values():
+    assert [study.config.d for study, _ in full.studies.values()] == [2, 8, 32, 128]
+    for study, _ in full.studies.values():
+        cfg = study.config
         assert (cfg.n, len(cfg.beta), cfg.members, cfg.t1, cfg.dt, cfg.solver, cfg.eps) == (
             32, 90, 2, 30.0, 0.1, "euler_renorm", 1e-3)
     np.testing.assert_allclose(cfg.beta, np.linspace(0.1, 9.0, 90), rtol=1e-12)
@@ -101,14 +102,15 @@ def test_panels_are_planned_as_the_figures_need_and_bad_options_stop_early():
         plan_experiment(compose_experiment("circle", {"experiment": {"options": {"snapshots": [1e3]}}}))
     plan = plan_experiment(compose_experiment("phase_diagram_random", {"members": 2}))
     assert list(plan.studies) == ["product_wishart", "goe_wishart", "v_plus_qtk", "v_minus_qtk"]
-    for cfg, _ in plan.studies.values():
+    for study, _ in plan.studies.values():
+        cfg = study.config
         assert cfg.d == 128 and not cfg.weights.shared and cfg.weights.per_beta
         assert (cfg.n, len(cfg.beta), cfg.members, cfg.t1, cfg.dt, cfg.solver, cfg.eps) == (
             32, 90, 2, 30.0, 0.1, "euler_renorm", 1e-3)
-    weights = plan.studies["goe_wishart"][0].weights
+    weights = plan.studies["goe_wishart"][0].config.weights
     assert (weights.q.kind, weights.k.law, weights.v.law) == ("identity", "goe", "wishart")
-    assert plan.studies["product_wishart"][0].weights.k.law == "product"
-    tied = [plan.studies[p][0].weights.v for p in ("v_plus_qtk", "v_minus_qtk")]
+    assert plan.studies["product_wishart"][0].config.weights.k.law == "product"
+    tied = [plan.studies[p][0].config.weights.v for p in ("v_plus_qtk", "v_minus_qtk")]
     assert [(v.kind, v.sign, v.transpose) for v in tied] == [("tied", 1.0, True), ("tied", -1.0, True)]
     np.testing.assert_allclose([v.scale for v in tied], 1 / np.sqrt(128), rtol=1e-15)
     with pytest.raises(ConfigError, match=r"experiment.options.panels\[0\] must be one of product_wishart"):
