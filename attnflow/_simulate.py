@@ -197,6 +197,11 @@ def _runs(marks: np.ndarray) -> list[list[int]]:
     return runs
 
 
+def _grid_time(t0: Array, k, h) -> Array:
+    """$t_k = t_0 + k h$ for a step index `k` (a Python or int32 number), in the time's dtype."""
+    return t0 + jnp.asarray(k, t0.dtype) * h
+
+
 def _record_at_marks(step: StepMap, y0, t0, num_steps: int, marks, record):
     """Fixed steps with `lax.scan`, recording at the grid steps `marks` (increasing).
 
@@ -216,13 +221,13 @@ def _record_at_marks(step: StepMap, y0, t0, num_steps: int, marks, record):
     field, h = step.field, step.dt
 
     def stats_at(k, y):
-        t = t0 + k * h
+        t = _grid_time(t0, k, h)
         return record(t, y, field.pinned(t + h / 2))
 
     def advance(y, k, count: int):
         if count == 1:
-            return step(t0 + k * h, y)
-        y, _ = lax.scan(lambda y, j: (step(t0 + j * h, y), None), y, k + jnp.arange(count, dtype=jnp.int32))
+            return step(_grid_time(t0, k, h), y)
+        y, _ = lax.scan(lambda y, j: (step(_grid_time(t0, j, h), y), None), y, k + jnp.arange(count, dtype=jnp.int32))
         return y
 
     k = int(marks[0])
@@ -250,7 +255,7 @@ def _record_by_branch(step: StepMap, y0, t0, num_steps: int, marks, record):
     count = marks.shape[0]
 
     def stats_at(k, y):
-        t = t0 + k * h
+        t = _grid_time(t0, k, h)
         return record(t, y, field.pinned(t + h / 2))
 
     template = jax.eval_shape(stats_at, 0, y0)
@@ -266,9 +271,9 @@ def _record_by_branch(step: StepMap, y0, t0, num_steps: int, marks, record):
     def one(carry, k):
         y, buffer = carry
         buffer = store(buffer, k, y)
-        return (step(t0 + k * h, y), buffer), None
+        return (step(_grid_time(t0, k, h), y), buffer), None
 
-    (y1, buffer), _ = lax.scan(one, (y0, buffer), jnp.arange(num_steps))
+    (y1, buffer), _ = lax.scan(one, (y0, buffer), jnp.arange(num_steps, dtype=jnp.int32))
     buffer = store(buffer, num_steps, y1)
     return jax.tree.map(lambda b: b[:count], buffer)
 

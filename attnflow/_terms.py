@@ -78,9 +78,14 @@ class Rotary(eqx.Module):
         inv = self.base ** (-jnp.arange(half, dtype=x.dtype) * 2 / self.dims)
         positions = jnp.arange(n) if positions is None else positions
         angle = positions.astype(x.dtype)[:, None] * inv[None, :]
-        cos, sin = jnp.cos(angle), jnp.sin(angle)
+        cos, sin = (_leading(jnp.cos(angle), x.ndim), _leading(jnp.sin(angle), x.ndim))
         u, v, rest = x[..., :half], x[..., half: self.dims], x[..., self.dims:]
         return jnp.concatenate([u * cos - v * sin, v * cos + u * sin, rest], axis=-1)
+
+
+def _leading(a: Array, ndim: int) -> Array:
+    """`a` with leading axes of length 1 up to `ndim` axes (a broadcast made explicit)."""
+    return a.reshape((1,) * (ndim - a.ndim) + a.shape)
 
 
 def _add(values: Array, bias: AbstractSchedule | None, t, at) -> Array:
@@ -241,9 +246,11 @@ class SelfAttention(AbstractInteraction):
         at = index if rows is None else rows
         if self.alibi is not None:
             distance = jnp.abs(at[:, None] - index[None, :]).astype(scores.dtype)
-            scores = scores - self.alibi[:, None, None] * distance
+            penalty = self.alibi[:, None, None] * distance[None]  # (heads, m, n)
+            rank = max(scores.ndim, penalty.ndim)
+            scores = _leading(scores, rank) - _leading(penalty, rank)
         if self.causal:
-            scores = jnp.where(index[None, :] <= at[:, None], scores, -jnp.inf)
+            scores = jnp.where(_leading(index[None, :] <= at[:, None], scores.ndim), scores, -jnp.inf)
         return scores
 
     def logits(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None,
@@ -314,7 +321,7 @@ class SelfAttention(AbstractInteraction):
             out = mixed if self.heads == 1 else self.heads * mixed
         else:
             out = jnp.sum(mixed, axis=0)
-        return out if self.output_bias is None else out + self.output_bias(t, at)
+        return out if self.output_bias is None else out + self.output_bias(t, at)[None]
 
 
 _ACTIVATIONS = {

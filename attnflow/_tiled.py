@@ -268,7 +268,7 @@ def _pair_scan(body: Callable, carry, rows, cols):
 
     def step(state, _):
         carry, t, (i, j), (at, loaded) = state
-        carry = body(carry, *at, t * lanes + jnp.arange(lanes) < pairs, *loaded)
+        carry = body(carry, *at, t * lanes + jnp.arange(lanes, dtype=jnp.int32) < pairs, *loaded)
         for _ in range(lanes):
             i, j = advance(i, j)
         return (carry, t + 1, (i, j), load(i, j)), None
@@ -293,12 +293,12 @@ def _symmetric(q, k, v, beta, slope, shift, *, block: int, kind: str):
     # Padding: zero rows of v add nothing (nor to the normalizer column), whatever their logits.
     v_tiles = _split(v, size)
     rows, cols = {"q": _split(q, size), "v": v_tiles}, {"k": _split(k, size), "v": v_tiles}
-    offsets = jnp.arange(size)
+    offsets = jnp.arange(size, dtype=jnp.int32)
 
     def body(acc, i, j, live, at_i, at_j):
         s = beta * _tile_products(at_i["q"], at_j["k"])
         if slope is not None:
-            distance = (i - j)[:, None, None] * size + offsets[:, None] - offsets[None, :]
+            distance = (i - j)[:, None, None] * size + (offsets[:, None] - offsets[None, :])[None]
             s = s - slope * jnp.abs(distance).astype(s.dtype)
         e = jnp.exp(s if shift is None else s - shift)
         acc = acc.at[i].add(jnp.where(live[:, None, None], _tile_sums(e, at_j["v"], columns=False), 0))
@@ -374,10 +374,10 @@ def fold_pairs(fold: Callable, init, x: Float[Array, "n d"], block: int):
     n = x.shape[0]
     size = min(block, n)
     tiles = _split(x, size)
-    offsets = jnp.arange(size)
+    offsets = jnp.arange(size, dtype=jnp.int32)
 
     def body(carry, i, j, live, at_i, at_j):
-        index_i, index_j = i[:, None] * size + offsets, j[:, None] * size + offsets
+        index_i, index_j = i[:, None] * size + offsets[None], j[:, None] * size + offsets[None]
         valid = (index_i[:, :, None] < n) & (index_j[:, None, :] < n)
         weight = jnp.where(live, jnp.where(i == j, 1, 2), 0)[:, None, None]
         return fold(carry, _tile_products(at_i, at_j), valid, index_i, index_j, weight)
