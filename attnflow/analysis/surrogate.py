@@ -123,13 +123,17 @@ def push_forward(field: FlowMatchingField, x0: Float[Array, "members n d"], s: F
     to $1$ in `steps` fixed steps of `solver` (the core's `simulate`, in flat space),
     recorded at the times `s` (on the step grid, or interpolated between its steps)."""
     system = VectorField(terms=(field,), scheme="none")
+    s = np.asarray(s)
+    # The times are static (the solve records at them): one compiled program per field
+    # structure, times and steps, reused by every call with the same ones.
+    return _carry(system, x0, tuple(s.tolist()), str(s.dtype), int(steps), solver)
 
-    @eqx.filter_jit
-    def carry(system, x0):
-        one = lambda y0: simulate(system, y0, t1=1.0, dt=1.0 / steps, num_steps=steps, solver=solver, ts=s).xs
-        return jax.vmap(one)(x0)
 
-    return carry(system, x0)
+@eqx.filter_jit
+def _carry(system, x0, s: tuple[float, ...], dtype: str, steps: int, solver: str):
+    s = np.asarray(s, dtype)
+    one = lambda y0: simulate(system, y0, t1=1.0, dt=1.0 / steps, num_steps=steps, solver=solver, ts=s).xs
+    return jax.vmap(one)(x0)
 
 
 def sinkhorn_distance(x: Float[Array, "points d"], y: Float[Array, "others d"], *, epsilon: float) -> Float[Array, ""]:

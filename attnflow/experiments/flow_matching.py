@@ -21,6 +21,7 @@ measure, whole configurations (each member a point of $\\mathbb{R}^{nd}$).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def check(cfg, options) -> None:
 
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     # lazy: start-up (the surrogate's optax and ott: fitting only, never `attnflow plot`)
-    from ..analysis.surrogate import FlowMatchingField, fit_flow_matching, push_forward, sinkhorn_distance
+    from ..analysis.surrogate import FlowMatchingField, fit_flow_matching, push_forward
 
     ds = results["main"].copy()
     ds.attrs = {}
@@ -111,8 +112,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 
         bar.describe("flow matching: transport distances")
         eps = float(options["epsilon"])
-        # One pair after the other (`lax.map`): each Sinkhorn loop stops when it converges.
-        compare = jax.jit(lambda a, b: jax.lax.map(lambda ab: sinkhorn_distance(*ab, epsilon=eps), (a, b)))
+        compare = _compare(eps)
         at = np.unique(np.round(np.linspace(0, saves - 1, options["distance_times"])).astype(int))
         first = jnp.broadcast_to(test[:, :1], test[:, at].shape)
         pooled = lambda a: a.swapaxes(0, 1).reshape(a.shape[1], -1, d)  # (time, tokens of every member, dim)
@@ -155,6 +155,16 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
         coords={"test_member": test_members, "distance_time": time[at], "step": np.arange(1, len(train_loss) + 1)},
     )
     return xr.merge([ds, derived], combine_attrs="drop")
+
+
+@functools.lru_cache(maxsize=8)
+def _compare(eps: float):
+    """The Sinkhorn distances of pairs of ensembles `(a[k], b[k])`, one pair after the
+    other (`lax.map`): each Sinkhorn loop stops when it converges. One jitted function
+    per `eps`, so that its compiled programs are reused by later runs in a process."""
+    from ..analysis.surrogate import sinkhorn_distance
+
+    return jax.jit(lambda a, b: jax.lax.map(lambda ab: sinkhorn_distance(*ab, epsilon=eps), (a, b)))
 
 
 def _smooth(values: np.ndarray, window: int) -> np.ndarray:
