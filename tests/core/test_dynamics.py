@@ -167,8 +167,7 @@ def test_causal_flow_converges_to_the_first_token(weights):
         field = af.VectorField((af.SelfAttention(eye, qk, eye, None, jnp.asarray(beta), None, heads=1,
                                                  causal=True),))
     y0 = _uniform(jax.random.key(10), n, d)
-    sol = af.simulate(field, y0, t1=60.0, dt=0.05, solver="rk4", save_every=60)
-    xs = np.asarray(sol.xs)
+    xs = np.asarray(jax.jit(lambda y: af.simulate(field, y, t1=60.0, dt=0.05, solver="rk4", save_every=60).xs)(y0))
     np.testing.assert_allclose(xs[:, 0], np.broadcast_to(np.asarray(y0)[0], xs[:, 0].shape), atol=1e-13)
     assert np.min(xs[-1] @ np.asarray(y0)[0]) > 1 - 1e-6
 
@@ -179,8 +178,8 @@ def test_orthonormal_start_follows_the_equiangular_ode(kind, n, d, beta):
     """x_i(0) = e_i stays equiangular; the common inner product solves the scalar ODE
     rho' = 2 e^{beta rho}(1 - rho)(1 + (n-1) rho) / Z (README: equiangular model)."""
     field = identity_field(d, beta, kind=kind)
-    sol = af.simulate(field, af.Orthonormal()(None, n, d, jnp.float64), t1=4.0, dt=0.01, solver="rk4",
-                      save_every=40)
+    sol = jax.jit(lambda y: af.simulate(field, y, t1=4.0, dt=0.01, solver="rk4", save_every=40))(
+        af.Orthonormal()(None, n, d, jnp.float64))  # one compile (an eager call compiles op by op)
     xs = np.asarray(sol.xs)
     off = np.array([[x[i] @ x[j] for i, j in itertools.combinations(range(n), 2)] for x in xs])
     assert np.ptp(off, axis=1).max() < 1e-12
@@ -251,7 +250,7 @@ def test_flat_schemes_follow_their_definition(scheme):
     raw = lambda y: sum(term(0.0, y) for term in field.terms)
     expected = {"none": raw(x), "pre": raw(norm(x)), "peri": norm(raw(norm(x)))}[scheme]
     np.testing.assert_allclose(field(0.0, x), expected, rtol=1e-12)
-    sol = af.simulate(field, x, t1=1.0, dt=0.05, solver="rk4")
+    sol = jax.jit(lambda y: af.simulate(field, y, t1=1.0, dt=0.05, solver="rk4"))(x)
     assert np.all(np.isfinite(np.asarray(sol.xs)))
     if scheme == "peri":
         # Every velocity has norm sqrt(d): the displacement over [0, 1] is at most sqrt(d).
