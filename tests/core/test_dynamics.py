@@ -50,8 +50,8 @@ def test_attention_matches_direct_sum(kind, causal, alibi):
                             None if alibi is None else jnp.asarray(alibi), heads=heads, kind=kind, causal=causal)
     expected = _numpy_attention(*map(np.asarray, (x, q, k, v, o)), beta, kind, causal,
                                 None if alibi is None else np.asarray(alibi))
-    np.testing.assert_allclose(term(0.0, x), expected, rtol=1e-11, atol=1e-12)
-    a = term.weights(0.0, x)
+    value, a = jax.jit(lambda x: (term(0.0, x), term.weights(0.0, x)))(x)  # one compile
+    np.testing.assert_allclose(value, expected, rtol=1e-11, atol=1e-12)
     if kind == "sa":
         np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-12)
     if causal:
@@ -145,8 +145,8 @@ def test_single_cluster_for_d_at_least_3(d):
     field = identity_field(d, beta)
     rec = af.Recorder(jnp.asarray(beta), jnp.asarray(1e-4), metrics=("clusters", "pair_density", "order_parameter"))
     keys = jax.random.split(jax.random.key(8), 6)
-    stats = jax.vmap(lambda k: af.simulate(field, _uniform(k, 20, d), t1=80.0, dt=0.1, solver="euler",
-                                           save_every=100, record=rec).stats)(keys)
+    stats = jax.jit(jax.vmap(lambda k: af.simulate(field, _uniform(k, 20, d), t1=80.0, dt=0.1, solver="euler",
+                                           save_every=100, record=rec).stats))(keys)
     assert np.all(np.asarray(stats["clusters"])[:, -1] == 1)
     np.testing.assert_allclose(np.asarray(stats["pair_density"])[:, -1], 1.0)
     np.testing.assert_allclose(np.asarray(stats["order_parameter"])[:, -1], 1.0, atol=1e-6)
@@ -167,8 +167,7 @@ def test_causal_flow_converges_to_the_first_token(weights):
         field = af.VectorField((af.SelfAttention(eye, qk, eye, None, jnp.asarray(beta), None, heads=1,
                                                  causal=True),))
     y0 = _uniform(jax.random.key(10), n, d)
-    sol = af.simulate(field, y0, t1=60.0, dt=0.05, solver="rk4", save_every=60)
-    xs = np.asarray(sol.xs)
+    xs = np.asarray(jax.jit(lambda y: af.simulate(field, y, t1=60.0, dt=0.05, solver="rk4", save_every=60).xs)(y0))
     np.testing.assert_allclose(xs[:, 0], np.broadcast_to(np.asarray(y0)[0], xs[:, 0].shape), atol=1e-13)
     assert np.min(xs[-1] @ np.asarray(y0)[0]) > 1 - 1e-6
 
@@ -179,8 +178,8 @@ def test_orthonormal_start_follows_the_equiangular_ode(kind, n, d, beta):
     """x_i(0) = e_i stays equiangular; the common inner product solves the scalar ODE
     rho' = 2 e^{beta rho}(1 - rho)(1 + (n-1) rho) / Z (README: equiangular model)."""
     field = identity_field(d, beta, kind=kind)
-    sol = af.simulate(field, af.Orthonormal()(None, n, d, jnp.float64), t1=4.0, dt=0.01, solver="rk4",
-                      save_every=40)
+    sol = jax.jit(lambda y: af.simulate(field, y, t1=4.0, dt=0.01, solver="rk4", save_every=40))(
+        af.Orthonormal()(None, n, d, jnp.float64))  # one compile (an eager call compiles op by op)
     xs = np.asarray(sol.xs)
     off = np.array([[x[i] @ x[j] for i, j in itertools.combinations(range(n), 2)] for x in xs])
     assert np.ptp(off, axis=1).max() < 1e-12
@@ -251,7 +250,7 @@ def test_flat_schemes_follow_their_definition(scheme):
     raw = lambda y: sum(term(0.0, y) for term in field.terms)
     expected = {"none": raw(x), "pre": raw(norm(x)), "peri": norm(raw(norm(x)))}[scheme]
     np.testing.assert_allclose(field(0.0, x), expected, rtol=1e-12)
-    sol = af.simulate(field, x, t1=1.0, dt=0.05, solver="rk4")
+    sol = jax.jit(lambda y: af.simulate(field, y, t1=1.0, dt=0.05, solver="rk4"))(x)
     assert np.all(np.isfinite(np.asarray(sol.xs)))
     if scheme == "peri":
         # Every velocity has norm sqrt(d): the displacement over [0, 1] is at most sqrt(d).

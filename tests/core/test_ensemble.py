@@ -177,21 +177,27 @@ def test_value_tied_to_query_key(sign):
 
 def test_initial_conditions():
     key = jax.random.key(7)
-    u = np.asarray(af.UniformSphere()(key, 4000, 3, jnp.float64))
+    centres = jnp.asarray([[1.0, 0, 0], [0, 0, 1.0]])
+    given = jnp.arange(6.0).reshape(2, 3)
+
+    @jax.jit  # every draw in one program (one compile; eager draws compile op by op)
+    def draws(key):
+        return (af.UniformSphere()(key, 4000, 3, jnp.float64), af.Orthonormal()(key, 3, 5, jnp.float64),
+                af.SphericalCaps(2, jnp.asarray(0.2), centres)(key, 50, 3, jnp.float64),
+                af.UniformCube(jnp.asarray(-2.0), jnp.asarray(2.0))(key, 500, 3, jnp.float64),
+                af.GaussianMixture(2, jnp.asarray(0.01), jnp.asarray(1.0), centres)(key, 40, 3, jnp.float64),
+                af.Given(given)(key, 2, 3, jnp.float64))
+
+    u, orthonormal, caps, cube, mix, drawn = map(np.asarray, draws(key))
     np.testing.assert_allclose(np.linalg.norm(u, axis=1), 1.0, rtol=1e-12)
     assert np.abs(u.mean(0)).max() < 0.05  # uniform: mean ~ 0 (std 1/sqrt(3 * 4000))
-    np.testing.assert_array_equal(af.Orthonormal()(key, 3, 5, jnp.float64), np.eye(3, 5))
-    centres = jnp.asarray([[1.0, 0, 0], [0, 0, 1.0]])
-    caps = np.asarray(af.SphericalCaps(2, jnp.asarray(0.2), centres)(key, 50, 3, jnp.float64))
+    np.testing.assert_array_equal(orthonormal, np.eye(3, 5))
     angles = np.arccos(np.clip(np.sum(caps * np.asarray(centres)[np.arange(50) % 2], 1), -1, 1))
     assert angles.max() <= 0.2 + 1e-12 and angles.max() > 0.1
     np.testing.assert_allclose(np.linalg.norm(caps, axis=1), 1.0, rtol=1e-12)
-    cube = np.asarray(af.UniformCube(jnp.asarray(-2.0), jnp.asarray(2.0))(key, 500, 3, jnp.float64))
     assert cube.min() >= -2 and cube.max() <= 2 and cube.min() < -1.9 and cube.max() > 1.9
-    mix = np.asarray(af.GaussianMixture(2, jnp.asarray(0.01), jnp.asarray(1.0), centres)(key, 40, 3, jnp.float64))
     assert np.abs(mix - np.asarray(centres)[np.arange(40) % 2]).max() < 0.06
-    given = jnp.arange(6.0).reshape(2, 3)
-    np.testing.assert_array_equal(af.Given(given)(key, 2, 3, jnp.float64), given)
+    np.testing.assert_array_equal(drawn, given)
 
 
 _SHARDED = """
