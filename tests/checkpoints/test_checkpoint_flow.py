@@ -24,11 +24,12 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", [
-    # gpt2 is a sequential pre-LN model as llama is: the same Lie and Strang schemes on
-    # the same split field (LayerNorm and GELU in place of RMSNorm and SwiGLU), and the
-    # costliest of the three to compile. Slow: [llama] covers the same orders in the
-    # default run (its break, the attention's Lie sub-step 1% long, fails there too).
-    pytest.param("gpt2", marks=pytest.mark.slow), "gpt_neox", "llama"])
+    # llama is a sequential pre-LN model as gpt2 is: the same Lie and Strang schemes on
+    # the same split field (RMSNorm, SwiGLU and rotary in place of LayerNorm, GELU and
+    # learned positions). Slow: [gpt2] covers the same orders in the default run and is
+    # the more sensitive: the attention's Lie sub-step 1% long fails there (order 0.43)
+    # but passes on llama; Strang replaced by Lie fails on both.
+    "gpt2", "gpt_neox", pytest.param("llama", marks=pytest.mark.slow)])
 def test_refined_depth_converges_at_the_order_of_the_scheme(tiny, family):
     checkpoint = tiny[family]
     flow = depth_flow(checkpoint)
@@ -180,7 +181,7 @@ def test_smollm2_logit_lens_and_embedding_distances(smollm2_depth):
     # file and one compiled forward pass for the module.
     cfg = af.experiments.compose_experiment("checkpoint", {})
     checkpoint, tokenizer = experiment._loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
-    assert (checkpoint.name, checkpoint.depth, checkpoint.dim) == ("smollm2", 30, 576), checkpoint.name
+    assert "SmolLM2" in checkpoint.name and (checkpoint.depth, checkpoint.dim) == (30, 576), checkpoint.name
     ids = np.asarray(tokenizer.encode("The capital of France is"))
     path = token_path(checkpoint, forward(checkpoint, ids).hidden, tokenizer, position=-1, ids=ids)
     has_paris = (path.candidate_token.values == " Paris").any(axis=1)
