@@ -23,7 +23,13 @@ def tiny(tmp_path_factory):
             for family in ("gpt2", "gpt_neox", "llama", "bert")}
 
 
-@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama"])
+@pytest.mark.parametrize("family", [
+    # llama is a sequential pre-LN model as gpt2 is: the same Lie and Strang schemes on
+    # the same split field (RMSNorm, SwiGLU and rotary in place of LayerNorm, GELU and
+    # learned positions). Slow: [gpt2] covers the same orders in the default run and is
+    # the more sensitive: the attention's Lie sub-step 1% long fails there (order 0.43)
+    # but passes on llama; Strang replaced by Lie fails on both.
+    "gpt2", "gpt_neox", pytest.param("llama", marks=pytest.mark.slow)])
 def test_refined_depth_converges_at_the_order_of_the_scheme(tiny, family):
     checkpoint = tiny[family]
     flow = depth_flow(checkpoint)
@@ -162,16 +168,20 @@ def test_smollm2_continuous_depth_limit_clusters_further_than_the_model(smollm2_
     assert int(ds.clusters.sel(source="model").isel(layer=-1)) == 5
 
 
-def test_smollm2_logit_lens_and_embedding_distances():
+def test_smollm2_logit_lens_and_embedding_distances(smollm2_depth):
     """README: " Paris" enters the top five of the logit lens at layer 29 and wins at
     layer 30 with probability 0.77; centring moves SmolLM2's embeddings by a cosine
     distance of 0.275 on average, and their mean norm is 3.2 against sqrt(d) = 24
     (Traveling Words, Table 1)."""
-    from attnflow.checkpoints import load_tokenizer
     from attnflow.checkpoints.probes import embedding_distances, token_path
+    from attnflow.experiments import checkpoint as experiment
 
-    checkpoint = load_checkpoint("smollm2")
-    tokenizer = load_tokenizer("smollm2")
+    # The packaged SmolLM2 as `smollm2_depth` loaded it (`load_checkpoint("smollm2")` and
+    # `load_tokenizer("smollm2")`, kept by the experiment): one dequantization of the
+    # file and one compiled forward pass for the module.
+    cfg = af.experiments.compose_experiment("checkpoint", {})
+    checkpoint, tokenizer = experiment._loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
+    assert "SmolLM2" in checkpoint.name and (checkpoint.depth, checkpoint.dim) == (30, 576), checkpoint.name
     ids = np.asarray(tokenizer.encode("The capital of France is"))
     path = token_path(checkpoint, forward(checkpoint, ids).hidden, tokenizer, position=-1, ids=ids)
     has_paris = (path.candidate_token.values == " Paris").any(axis=1)

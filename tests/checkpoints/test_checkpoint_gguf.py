@@ -24,6 +24,7 @@ from tokenizers.pre_tokenizers import ByteLevel
 from transformers.integrations.gguf import dequant
 from transformers.integrations.gguf.dequant import GGML_BLOCK
 from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict
+from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from attnflow._errors import CheckpointError
@@ -328,7 +329,11 @@ def reference(smollm2):
     ~40 s here (its legacy GGUF path re-parses the file and maps names per module)."""
     path = smollm2[0]
     config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    model = transformers.LlamaForCausalLM(config).eval()
+    # Every weight is loaded below (the embedding, tied, serves as the LM head): the
+    # random initialization of 135M parameters is left out (seconds of work, all
+    # overwritten), and the head is tied to the embedding here.
+    with no_init_weights():
+        model = transformers.LlamaForCausalLM(config).eval()
     processor = LlamaTensorProcessor(config=config.to_dict())
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
     header = GgufHeader.from_file(str(path))
@@ -344,6 +349,7 @@ def reference(smollm2):
             state[name] = torch.from_numpy(processor.process(weights=values, name=info.name).weights.copy())
     missing = model.load_state_dict(state, strict=False).missing_keys
     assert missing == ["lm_head.weight"]  # tied: the embedding
+    model.tie_weights()
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
 

@@ -61,14 +61,8 @@ def test_run_writes_results_then_skips_refuses_and_overwrites(tmp_path):
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.rglob("*.tmp"))
 
-    # (e) The same command in the same folder skips, says so, and leaves the file alone.
-    stamp, content = results.stat().st_mtime_ns, results.read_bytes()
-    again = attnflow(*SMALL, "plot=true", f"hydra.run.dir={out}", cwd=tmp_path)
-    assert_ok(again)
-    assert "skip" in again.stdout.lower(), again.stdout
-    assert results.stat().st_mtime_ns == stamp and results.read_bytes() == content
-
     # A different config in the same folder is refused without touching the file...
+    content = results.read_bytes()
     other = attnflow(*SMALL, "plot=true", "save_states=true", f"hydra.run.dir={out}", cwd=tmp_path)
     line = assert_one_error_line(other)
     assert "overwrite" in line, line
@@ -86,15 +80,17 @@ def test_run_writes_results_then_skips_refuses_and_overwrites(tmp_path):
     assert yaml.safe_load(ds.attrs["config"])["save_states"] is True
     assert not list(out.rglob("*.tmp"))
 
-    # `overwrite` and `plot` say what to do with the output, not which run it is: the run
-    # written with overwrite=true and plot=false, asked for again without overwrite and
-    # with the default plot=true (say, to resume a sweep), is the same run and is
-    # skipped rather than refused.
-    content = results.read_bytes()
+    # (e) A run asked for again in the same folder skips, says so, and leaves the file
+    # alone. `overwrite` and `plot` say what to do with the output, not which run it is:
+    # the run written with overwrite=true and plot=false, asked for again without
+    # overwrite and with the default plot=true (say, to resume a sweep), is the same run
+    # and is skipped rather than refused. (One run for both: the same command repeated
+    # differs from this one only in leaving out the output options.)
+    stamp, content = results.stat().st_mtime_ns, results.read_bytes()
     repeat = attnflow(*SMALL, "save_states=true", f"hydra.run.dir={out}", cwd=tmp_path)
     assert_ok(repeat)
     assert "skip" in repeat.stdout.lower(), repeat.stdout
-    assert results.read_bytes() == content
+    assert results.stat().st_mtime_ns == stamp and results.read_bytes() == content
 
 
 # One case per stage at which a refusal is raised: Hydra's parser of the command line,
@@ -245,7 +241,8 @@ def test_the_output_location_is_checked_before_computing(tmp_path, command):
     assert "plain" in line, line
     # ...and the corrupt results.nc is replaced with overwrite=true (the console script;
     # the same run shows that compilation_cache=false writes nothing into the cache
-    # folder: see test_compiled_programs_are_cached_across_runs_unless_switched_off)
+    # folder: see compiled_programs_are_cached_across_runs, part of
+    # test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_alone)
     off = tmp_path / "off"
     assert_ok(attnflow(*TINY, "overwrite=true", "compilation_cache=false", f"hydra.run.dir={corrupt}", cwd=tmp_path,
                        env={"ATTNFLOW_CACHE_DIR": str(off)}))
@@ -257,9 +254,12 @@ def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_a
     import fcntl
 
     out = tmp_path / "run"
+    cache = tmp_path / "cache"
     # Files are created with the user's umask: 077 gives 600 (and 022 gives 644: the first
-    # run of test_run_writes_results_then_skips_refuses_and_overwrites).
-    assert_ok(attnflow(*TINY, f"hydra.run.dir={out}", cwd=tmp_path, umask=0o077))
+    # run of test_run_writes_results_then_skips_refuses_and_overwrites). The same run fills
+    # the compiled-program cache of the test below.
+    assert_ok(attnflow(*TINY, f"hydra.run.dir={out}", cwd=tmp_path, umask=0o077,
+                       env={"ATTNFLOW_CACHE_DIR": str(cache)}))
     for path in (out / "results.nc", out / ".hydra" / "config.yaml"):
         assert path.stat().st_mode & 0o777 == 0o600, path
     record = {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()}
@@ -280,6 +280,7 @@ def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_a
     assert "holds a different run" in lines[0], lines[0]
     assert (out / "results.nc").read_bytes() == results
     assert {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()} == record
+    compiled_programs_are_cached_across_runs(tmp_path, cache)
 
 
 # --- interrupting a run -------------------------------------------------------------------
@@ -330,10 +331,8 @@ def test_ctrl_c_stops_at_once_keeps_finished_pieces_and_the_run_resumes(tmp_path
 # --- start-up -------------------------------------------------------------------------------
 
 
-def test_compiled_programs_are_cached_across_runs_unless_switched_off(tmp_path):
-    cache = tmp_path / "cache"
-    first = attnflow(*TINY, f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path, env={"ATTNFLOW_CACHE_DIR": str(cache)})
-    assert_ok(first)
+def compiled_programs_are_cached_across_runs(tmp_path, cache):
+    """(Part of the test above, whose first run filled `cache`: one start-up fewer.)"""
     entries = sorted(p.name for p in cache.iterdir())
     assert entries
     # the same structure with another beta compiles nothing new
