@@ -25,10 +25,9 @@ import pytest
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_enable_compilation_cache", False)
 # As diffrax's suite does: an implicit promotion between dtypes (int32 + int64, float32 +
-# float64) or between ranks (a (3,) array + a (2, 3) one) is an error, so that mixed
-# dtypes and silent broadcasts in attnflow fail its tests instead of its users' runs.
+# float64, an int array times a Python float) is an error, so that mixed dtypes in
+# attnflow fail its tests instead of silently widening its users' runs.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
-jax.config.update("jax_numpy_rank_promotion", "raise")
 os.environ.setdefault("ATTNFLOW_CACHE_DIR", tempfile.mkdtemp(prefix="attnflow-test-cache-"))
 
 

@@ -144,7 +144,7 @@ def _sensitivity(step: StepMap, x0, t0, num_steps: int, every: int, outputs: tup
 
     def one(state, k):
         x, y, attention = state
-        t = t0 + k * h
+        t = t0 + jnp.asarray(k, dtype) * h
         if attention_terms:
             attention = attention + _attention(step, t, x)[rows]
         x, maps = _tangent_maps(step, t, x, rows)

@@ -77,7 +77,8 @@ def _fit(field, x0, x1, test_s, test_x0, test_x1, key, steps: int, batch_size: i
         s = jax.random.uniform(k_time, (batch_size,), x0.dtype)
         loss, grads = jax.value_and_grad(loss_of)(params, s, x0[pick], x1[pick])
         test = loss_of(params, test_s, test_x0, test_x1)
-        updates, state = optimizer.update(grads, state, params)
+        with jax.numpy_dtype_promotion("standard"):  # optax's Adam mixes its int32 count with floats
+            updates, state = optimizer.update(grads, state, params)
         return (optax.apply_updates(params, updates), state), (loss, test)
 
     (params, _), (losses, tests) = jax.lax.scan(step, (params, state), jax.random.split(key, steps))

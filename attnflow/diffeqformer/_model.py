@@ -410,7 +410,7 @@ def _populated(model: DiffEqFormer, steps: int) -> Checkpoint:
     c = model.config
     dtype = jnp.dtype(c.dtype)
     h = jnp.asarray(c.horizon, dtype) / steps
-    times = jnp.asarray(0.0, dtype) + jnp.arange(steps) * h  # the times `simulate` steps from
+    times = jnp.asarray(0.0, dtype) + jnp.arange(steps, dtype=dtype) * h  # the times `simulate` steps from
 
     def at(weight: TimeWeight) -> Array:
         return jax.vmap(weight)(times)

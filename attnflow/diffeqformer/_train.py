@@ -653,12 +653,14 @@ def training_step(tx, batch: int, context: int, solver: str):
     trainable `params` (`static` the frozen rest), one optimizer update. One function
     per set of arguments, so that its compiled programs are reused within a process."""
     import equinox as eqx
+    import jax
 
     @eqx.filter_jit
     def step(params, static, opt_state, corpus, key):
         inputs, targets = corpus.batch(key, batch, context)
         value, grads = eqx.filter_value_and_grad(lambda p: loss(eqx.combine(p, static), inputs, targets, solver))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
+        with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix their int32 count with floats
+            updates, opt_state = tx.update(grads, opt_state, params)
         return eqx.apply_updates(params, updates), opt_state, value
 
     return step
