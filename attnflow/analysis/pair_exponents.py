@@ -121,7 +121,7 @@ def _tangent_maps(step: StepMap, t, x: Float[Array, "n d"], outputs: Int[Array, 
         # I + B_jj; off it, the increment's block B_ji needs the identity added.
         (rows,) = jax.vmap(pull)(basis)
         blocks = jnp.swapaxes(rows, 0, 1)
-        return blocks + jnp.where((jnp.arange(n) != j)[:, None, None], eye, 0)
+        return blocks + jnp.where((jnp.arange(n, dtype=j.dtype) != j)[:, None, None], eye, 0)
 
     return x1, lax.map(row, outputs)
 
@@ -163,7 +163,7 @@ def _sensitivity(step: StepMap, x0, t0, num_steps: int, every: int, outputs: tup
     span = h * num_steps
     exponents = (counts.astype(dtype) * jnp.log(jnp.asarray(2, dtype)) + jnp.log(top)) / span
     if any(term.causal for term in attention_terms):
-        hidden = jnp.arange(n)[None, :] > rows[:, None]
+        hidden = jnp.arange(n, dtype=rows.dtype)[None, :] > rows[:, None]
         exponents = jnp.where(hidden, jnp.nan, exponents)
     return exponents, (attention / num_steps if attention_terms else None)
 

@@ -213,7 +213,7 @@ def lyapunov_spectrum(
 
         def one(state, j):
             y, v = state
-            return advance(y, v, t0_ + (m * every + j) * h), None
+            return advance(y, v, t0_ + jnp.asarray(m * every + j, dtype) * h), None
 
         (y, v), _ = lax.scan(one, (y, v), jnp.arange(every))
         v, logs = _orthonormalized(tangent(y, v))

@@ -334,7 +334,7 @@ def hypernetwork_checkpoint(model, steps: int):
     checkpoint = populate(model, steps)
     dtype = jnp.dtype(model.config.dtype)
     h = jnp.asarray(model.config.horizon, dtype) / steps
-    times = jnp.asarray(0.0, dtype) + jnp.arange(steps) * h  # populate's own times
+    times = jnp.asarray(0.0, dtype) + jnp.arange(steps, dtype=dtype) * h  # populate's own times
     return eqx.tree_at(lambda c: c.blocks.attention.output, checkpoint, jax.vmap(model.output)(times))
 
 

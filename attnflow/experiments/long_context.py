@@ -215,7 +215,7 @@ def _measure(x, rows, betas, rho, block):
     $\\hat m$ (mean over the rows), and the spread of the inner products."""
     n, d = x.shape
     offsets = x[rows] @ x.T - rho  # (rows, n): <x_i, x_j> - rho
-    off_diagonal = jnp.arange(n)[None, :] != rows[:, None]
+    off_diagonal = jnp.arange(n, dtype=rows.dtype)[None, :] != rows[:, None]
     spread = jnp.sqrt(jnp.sum(jnp.where(off_diagonal, offsets, 0) ** 2) / (rows.shape[0] * (n - 1)))
 
     def one(beta):

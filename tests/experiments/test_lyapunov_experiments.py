@@ -191,7 +191,7 @@ def test_polynomial_exponents_sum_to_the_log_determinants_of_the_step_map():
             jac = jax.jacfwd(lambda z: field(t, z))(y).reshape(n * d, n * d)
             return jnp.linalg.slogdet(jnp.eye(n * d) + h * jac)[1]
 
-        return jnp.sum(jax.vmap(log_det)(h * jnp.arange(steps), path[:-1])) / horizon
+        return jnp.sum(jax.vmap(log_det)(h * jnp.arange(steps, dtype=jnp.float64), path[:-1])) / horizon
 
     keys = jax.random.split(jax.random.key(config["seed"]), config["members"])
     for name in names:
