@@ -78,14 +78,9 @@ class Rotary(eqx.Module):
         inv = self.base ** (-jnp.arange(half, dtype=x.dtype) * 2 / self.dims)
         positions = jnp.arange(n) if positions is None else positions
         angle = positions.astype(x.dtype)[:, None] * inv[None, :]
-        cos, sin = (_leading(jnp.cos(angle), x.ndim), _leading(jnp.sin(angle), x.ndim))
+        cos, sin = (jax.lax.broadcast_to_rank(f(angle), x.ndim) for f in (jnp.cos, jnp.sin))
         u, v, rest = x[..., :half], x[..., half: self.dims], x[..., self.dims:]
         return jnp.concatenate([u * cos - v * sin, v * cos + u * sin, rest], axis=-1)
-
-
-def _leading(a: Array, ndim: int) -> Array:
-    """`a` with leading axes of length 1 up to `ndim` axes (a broadcast made explicit)."""
-    return a.reshape((1,) * (ndim - a.ndim) + a.shape)
 
 
 def _add(values: Array, bias: AbstractSchedule | None, t, at) -> Array:
@@ -248,9 +243,9 @@ class SelfAttention(AbstractInteraction):
             distance = jnp.abs(at[:, None] - index[None, :]).astype(scores.dtype)
             penalty = self.alibi[:, None, None] * distance[None]  # (heads, m, n)
             rank = max(scores.ndim, penalty.ndim)
-            scores = _leading(scores, rank) - _leading(penalty, rank)
+            scores = jax.lax.broadcast_to_rank(scores, rank) - jax.lax.broadcast_to_rank(penalty, rank)
         if self.causal:
-            scores = jnp.where(_leading(index[None, :] <= at[:, None], scores.ndim), scores, -jnp.inf)
+            scores = jnp.where(jax.lax.broadcast_to_rank(index[None, :] <= at[:, None], scores.ndim), scores, -jnp.inf)
         return scores
 
     def logits(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None,
@@ -307,7 +302,8 @@ class SelfAttention(AbstractInteraction):
                 # the logits, and the known one measured no faster, benchmarks/tiled.py.)
                 top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
                 e = jnp.exp(scores - top)
-                mixed = _mix(self._kept(e, x, rows), values) / jnp.sum(e, axis=-1, keepdims=True)
+                mixed = _mix(self._kept(e, x, rows), values)
+                mixed = mixed / jax.lax.broadcast_to_rank(jnp.sum(e, axis=-1, keepdims=True), mixed.ndim)
             elif self.scale_free:
                 e = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores)))
                 mixed = _mix(self._kept(e, x, rows), values) / n
@@ -359,14 +355,14 @@ class MLP(AbstractInteraction):
     def __call__(self, t, x, at=None):
         h = x @ self.w1(t, at).T
         if self.b1 is not None:
-            h = h + self.b1(t, at)
+            h = h + jax.lax.broadcast_to_rank(self.b1(t, at), h.ndim)
         if self.activation == "swiglu":
             h = jax.nn.silu(h) * (x @ self.gate(t, at).T)
         else:
             h = _ACTIVATIONS[self.activation](h)
         out = h @ self.w2(t, at).T
         if self.b2 is not None:
-            out = out + self.b2(t, at)
+            out = out + jax.lax.broadcast_to_rank(self.b2(t, at), out.ndim)
         return out
 
 
@@ -408,7 +404,7 @@ class TokenNorm(eqx.Module):
             return x * jax.lax.rsqrt(squared)
         y = jnp.sqrt(jnp.asarray(d, x.dtype)) * x * jax.lax.rsqrt(squared + d * self.eps)
         if self.gamma is not None:
-            y = y * self.gamma
+            y = y * jax.lax.broadcast_to_rank(jnp.asarray(self.gamma), y.ndim)
         if self.shift is not None:
-            y = y + self.shift
+            y = y + jax.lax.broadcast_to_rank(jnp.asarray(self.shift), y.ndim)
         return y

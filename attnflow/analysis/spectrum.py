@@ -82,7 +82,7 @@ def _orthonormalized(v: Float[Array, " k *shape"]) -> tuple[Array, Array]:
     q, r = jnp.linalg.qr(v.reshape(k, -1).T)
     diag = jnp.diagonal(r)
     sign = jnp.where(diag < 0, -1.0, 1.0).astype(q.dtype)
-    return (q * sign).T.reshape(v.shape), jnp.log(jnp.abs(diag))
+    return (q * sign[None, :]).T.reshape(v.shape), jnp.log(jnp.abs(diag))
 
 
 def rotation_orbit(y: Float[Array, "n d"]) -> Float[Array, "m n d"]:

@@ -192,7 +192,7 @@ class Checkpoint(eqx.Module):
         if self.positions is not None:
             x = x + self.positions[: ids.shape[0]]
         if self.token_types is not None:
-            x = x + self.token_types[token_type]
+            x = x + jax.lax.broadcast_to_rank(self.token_types[token_type], x.ndim)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         return x

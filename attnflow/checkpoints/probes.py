@@ -147,7 +147,7 @@ def embedding_distances(checkpoint: Checkpoint) -> dict[str, dict[str, float]]:
     embed = checkpoint.embed
     normalized = normalized_embeddings(checkpoint, gain=False)
     root = jnp.sqrt(jnp.asarray(checkpoint.dim, embed.dtype))
-    centered = embed - embed.mean(axis=0)
+    centered = embed - embed.mean(axis=0, keepdims=True)
     norms = jnp.linalg.norm(embed, axis=-1)
     settings = {
         "original": embed,

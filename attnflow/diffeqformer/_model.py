@@ -220,7 +220,8 @@ class ScaledColumns(AbstractSchedule):
     gain: AbstractSchedule
 
     def __call__(self, t, at=None):
-        return self.weight(t, at) * self.gain(t, at)
+        weight = self.weight(t, at)
+        return weight * jax.lax.broadcast_to_rank(self.gain(t, at), weight.ndim)
 
     @property
     def shape(self):

@@ -264,7 +264,7 @@ def unigram_kl(logits, log_unigram):
     distributions $p = \mathrm{softmax}(\text{logits})$ (`(..., vocab)`) from the
     distribution $u$ given by its logarithm (`(vocab,)`); one value per position."""
     log_p = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.sum(jnp.exp(log_p) * (log_p - log_unigram), axis=-1)
+    return jnp.sum(jnp.exp(log_p) * (log_p - jax.lax.broadcast_to_rank(log_unigram, log_p.ndim)), axis=-1)
 
 
 def log_unigram(corpus) -> np.ndarray:

@@ -186,7 +186,7 @@ def equiangular_tokens(key, n: int, d: int, rho, dtype, rows=None):
     z = z / jnp.linalg.norm(z, axis=-1, keepdims=True)
     if rows is not None:
         frame, r = jnp.linalg.qr(jax.random.normal(k_frame, (d - 1, len(rows)), dtype))
-        z = z.at[rows].set((frame * jnp.sign(jnp.diagonal(r))).T)
+        z = z.at[rows].set((frame * jnp.sign(jnp.diagonal(r))[None, :]).T)
     rho = jnp.asarray(rho, dtype)
     return jnp.concatenate([jnp.full((n, 1), jnp.sqrt(rho), dtype), jnp.sqrt(1 - rho) * z], axis=1)
 
