@@ -148,7 +148,8 @@ def sinkhorn_distance(x: Float[Array, "points d"], y: Float[Array, "others d"], 
     from ott.geometry.pointcloud import PointCloud  # lazy: start-up
     from ott.tools.sinkhorn_divergence import sinkhorn_divergence  # lazy: start-up
 
-    with jax.numpy_dtype_promotion("standard"):  # ott-jax's Sinkhorn mixes its int iteration count with floats
+    # ott-jax's Sinkhorn mixes its int iteration count with floats and broadcasts by rank.
+    with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
         value, _ = sinkhorn_divergence(PointCloud, x, y, epsilon=epsilon,
                                        solve_kwargs={"threshold": 1e-4, "max_iterations": 5000})
     return jnp.sqrt(jnp.maximum(value, 0.0))

@@ -78,8 +78,8 @@ class PostNorm(eqx.Module):
     shift: AbstractSchedule | None
 
     def __call__(self, at, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        y = self.norm(x) * self.gamma(at, at)
-        return y if self.shift is None else y + self.shift(at, at)
+        y = self.norm(x) * self.gamma(at, at)[None]
+        return y if self.shift is None else y + self.shift(at, at)[None]
 
 
 class DepthFlow(eqx.Module):

@@ -188,7 +188,7 @@ def analyse(cfg, options, results) -> xr.Dataset:
     every = jnp.concatenate([hidden[None], simulated])
     energy, hist, clusters, edges = _layer_metrics(every, options["bins"], float(cfg.eps))
     cos = jnp.sum(_unit(every) * _unit(hidden)[None], axis=-1)
-    error = jnp.linalg.norm(simulated - hidden[None], axis=(-2, -1)) / jnp.linalg.norm(hidden, axis=(-2, -1))
+    error = jnp.linalg.norm(simulated - hidden[None], axis=(-2, -1)) / jnp.linalg.norm(hidden, axis=(-2, -1))[None]
     finest = [r for r in runs if r != "theory"][-1]
     attention = jnp.stack([_attention(layer_map, hidden), _attention(layer_map, simulated[runs.index(finest)])])
 

@@ -91,9 +91,9 @@ ACTIVATIONS = {"gelu": lambda z: jax.nn.gelu(z, approximate=False), "gelu_tanh":
 
 def canonical_mlp(mlp, l: int, x):
     """The canonical MLP of layer `l`, written out: `W2 act(W1 x + b1) + b2` or SwiGLU."""
-    h = x @ mlp.w1[l].T + (0 if mlp.b1 is None else mlp.b1[l])
+    h = x @ mlp.w1[l].T + (0 if mlp.b1 is None else mlp.b1[l][None])
     h = jax.nn.silu(h) * (x @ mlp.gate[l].T) if mlp.activation == "swiglu" else ACTIVATIONS[mlp.activation](h)
-    return h @ mlp.w2[l].T + (0 if mlp.b2 is None else mlp.b2[l])
+    return h @ mlp.w2[l].T + (0 if mlp.b2 is None else mlp.b2[l][None])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -113,7 +113,7 @@ def test_canonical_layers_reproduce_transformers_modules(tiny, family):
                 assert relative(got, want) < 1e-12
             values = rng.normal(size=(HEADS, 7, DIM // HEADS))
             want = output(torch.as_tensor(values).transpose(0, 1).reshape(7, DIM)).numpy()
-            got = jnp.einsum("hek,hnk->ne", att.output[l], values) + (0 if att.output_bias is None else att.output_bias[l])
+            got = jnp.einsum("hek,hnk->ne", att.output[l], values) + (0 if att.output_bias is None else att.output_bias[l][None])
             assert relative(got, want) < 1e-12
             assert relative(canonical_mlp(checkpoint.blocks.mlp, l, x), mlp(tx).numpy()) < 1e-12
             layer = checkpoint.blocks.layer(l)
