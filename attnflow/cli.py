@@ -42,6 +42,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from . import _help
 from ._config import config_source, explain, register_schema, typed_job_config
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure, StorageError
 from ._progress import Progress
@@ -412,12 +413,7 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-_USAGE = {
-    "plot": "attnflow plot DIR...: redraw the figures of each run directory (or results.nc) from its results.nc",
-    "report": "attnflow report DIR: one table (report.csv) and one figure (report.png) across the runs of a sweep",
-    "train": "attnflow train [KEY=VALUE ...]: train a DiffEqFormer or its GPT baseline (defaults in conf/train.yaml); "
-             "the same command, or out=DIR alone, resumes an interrupted run",
-}
+_USAGE = _help.SUBCOMMANDS
 
 
 def _command(name: str, args: list[str]) -> int:
@@ -467,8 +463,76 @@ def _redraw(path: Path) -> list[Path]:
     return [plot_summary(ds, results.parent / "summary.png")]
 
 
+_HELP_FLAGS = ("-h", "--help")
+_COMPLETION_FLAGS = ("-sc", "--shell-completion")
+
+
+def _without_hydra(args: list[str]) -> int | None:
+    """What the command answers before Hydra composes anything: `--version`, `--help`
+    (alone or with experiment=NAME: other overrides go through Hydra's `--help`, which
+    composes them first), `attnflow help [TOPIC]`, `attnflow train --help`,
+    `--shell-completion` without a subcommand, and the completion of a choice key's value.
+    Returns the exit code, or None for Hydra to go on."""
+    if "--version" in args:
+        print(f"attnflow {_help.version()}", flush=True)
+        return 0
+    if args[:1] == ["help"]:
+        topic = args[1:]
+        if not topic:
+            return _without_hydra(["--help"])
+        if len(topic) == 1 and topic[0] in _USAGE:
+            return _without_hydra([topic[0], "--help"]) if topic[0] == "train" else _command(topic[0], ["--help"])
+        if len(topic) == 1 and topic[0].removeprefix("experiment=") in _help.experiments():
+            return _without_hydra([f"experiment={topic[0].removeprefix('experiment=')}", "--help"])
+        _say(f"error: attnflow help takes plot, report, train or an experiment ({', '.join(_help.experiments())}), "
+             f"got {' '.join(topic)!r}.")
+        return 2
+    if args[:1] == ["train"] and any(a in _HELP_FLAGS for a in args[1:]):
+        print(_help.train_help(), flush=True)
+        return 0
+    overrides = [a for a in args if a not in _HELP_FLAGS]
+    if len(overrides) < len(args) and args[:1] not in ([name] for name in _USAGE) and (
+            overrides == [] or (len(overrides) == 1 and overrides[0].startswith("experiment="))):
+        try:
+            _check_command_line(overrides)  # an experiment that is not one
+        except (ConfigError, HydraException) as error:
+            _say(f"error: {error if isinstance(error, ConfigError) else _sentence(error)}")
+            return 2
+        name = overrides[0].partition("=")[2] if overrides else "null"
+        print(_help.hydra_help(None if name == "null" else name), flush=True)
+        return 0
+    if any(a in _COMPLETION_FLAGS for a in args):
+        return _completion([a for a in args if a not in _COMPLETION_FLAGS])
+    return None
+
+
+def _completion(overrides: list[str]) -> int | None:
+    """`-sc` without install=, uninstall= or query= is one sentence; a query for the
+    value of a choice key (`solver=r`) is answered with its names; any other query goes
+    to Hydra's completion (keys, groups, a group's options)."""
+    commands = {key: value for key, _, value in (o.partition("=") for o in overrides)}
+    if not any(key in commands for key in ("install", "uninstall", "query")):
+        _say(f"usage: {_help.COMPLETION_USAGE}")
+        return 2
+    shell = commands.get("query")
+    line = os.environ.get("COMP_LINE", "")
+    if shell is None or not line or line[-1].isspace():
+        return None
+    from hydra.plugins.completion_plugin import CompletionPlugin  # lazy: completion only
+
+    words = CompletionPlugin.strip_python_or_app_name(line).split()
+    matches = _help.complete(words[-1]) if words else None
+    if matches is None:
+        return None
+    print(("\n" if shell == "fish" else " ").join(matches), flush=True)
+    return 0
+
+
 def main() -> None:
     """The console entry point."""
+    answered = _without_hydra(sys.argv[1:])
+    if answered is not None:
+        sys.exit(answered)
     if len(sys.argv) > 1 and sys.argv[1] in _USAGE:
         signal.signal(signal.SIGTERM, _terminate)
         sys.exit(_command(sys.argv[1], sys.argv[2:]))
@@ -476,6 +540,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     signal.signal(signal.SIGTERM, _terminate)
     register_schema()
+    _help.register_resolver()  # the text of `--help` (conf/hydra/help/attnflow.yaml)
     entry = hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
     try:
         _check_command_line(sys.argv[1:])

@@ -32,9 +32,10 @@ def attnflow(*args: str, cwd: Path, module: bool = False, env: dict | None = Non
 @pytest.fixture
 def command(monkeypatch, capsys, tmp_path):
     """`attnflow ARGS` run in this process (`attnflow.cli.main`, as the console script
-    calls it): returns its exit code and its stderr lines. For refusals whose process
-    behaviour (exit 2, one line, no traceback) a subprocess test already shows: the
-    message itself is checked here without paying a Python and JAX start-up each."""
+    calls it): returns its exit code and its stderr lines (its stdout is then `run.out`).
+    For refusals whose process behaviour (exit 2, one line, no traceback) a subprocess
+    test already shows: the message itself is checked here without paying a Python and
+    JAX start-up each."""
     import signal
 
     from attnflow import cli
@@ -53,7 +54,8 @@ def command(monkeypatch, capsys, tmp_path):
             code = exit.code
         finally:
             signal.signal(signal.SIGTERM, previous)
-        err = capsys.readouterr().err
+        captured = capsys.readouterr()
+        run.out, err = captured.out, captured.err
         assert "Traceback" not in err, err
         return code, [line for line in err.splitlines() if line.strip()]
 

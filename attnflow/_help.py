@@ -1,0 +1,701 @@
+"""What `attnflow --help` says, and the docs' reference page, from one source.
+
+Every config key's type comes from the schema (`attnflow._config`), its default from the
+YAML file that holds it (`conf/config.yaml`, `conf/init/KIND.yaml`) and its meaning from
+that file's comment on its line, so that a key without a comment shows up in the help
+without a meaning (and fails the test that every key has one). An experiment's line is
+its module's `TITLE`; its options are its `Options` dataclass (their types), with the
+values and comments of `conf/experiment/NAME.yaml` (the option's own comment in the
+module when the YAML has none); `attnflow train`'s settings are `TrainConfig` with
+`conf/train.yaml`.
+
+The experiments' modules and `attnflow train`'s are read as text (`ast`), never
+imported: they import JAX (the help must start at once) and sit in the layers above
+this one. `tests/cli/test_help.py` checks what is read this way against the imported
+modules. The same rows make the terminal page (`main_help`, `experiment_help`,
+`train_help`, through Hydra's help template `conf/hydra/help/attnflow.yaml`: `hydra_help`) and the
+Markdown page (`reference_markdown`), and give the shell completion the names a choice
+key takes (`complete`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import functools
+import importlib.metadata
+import io
+import re
+import shutil
+import string
+import textwrap
+import tokenize
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from . import _config
+from ._config import INITS, Config, InitConfig, config_source
+
+_PACKAGE = Path(__file__).resolve().parent
+_RUNNER = _PACKAGE / "experiments" / "_runner.py"
+_TRAIN = _PACKAGE / "diffeqformer" / "_train.py"
+
+# The subcommands, each as its usage line says it (`attnflow plot` prints its own).
+SUBCOMMANDS = {
+    "plot": "attnflow plot DIR...: redraw the figures of each run directory (or results.nc) from its results.nc",
+    "report": "attnflow report DIR: one table (report.csv) and one figure (report.png) across the runs of a sweep",
+    "train": "attnflow train [KEY=VALUE ...]: train a DiffEqFormer or its GPT baseline (defaults in conf/train.yaml); "
+             "the same command, or out=DIR alone, resumes an interrupted run",
+}
+
+_USAGE = (
+    ("attnflow [KEY=VALUE ...]", "one study, written to outputs/DATE/TIME/ (or hydra.run.dir=DIR)"),
+    ("attnflow experiment=NAME [KEY=VALUE ...]", "a figure of the literature (the experiments below)"),
+    ("attnflow -m KEY=A,B [KEY=VALUE ...]", "a sweep: one job per combination (hydra.sweep.dir=DIR)"),
+    *((SUBCOMMANDS[name].split(":")[0], SUBCOMMANDS[name].split(": ", 1)[1]) for name in SUBCOMMANDS),
+    ("attnflow help [plot | report | train | NAME]", "this page, a subcommand's, or experiment NAME's"),
+)
+
+_FLAGS = (
+    ("--help, -h", "this page; with experiment=NAME, that experiment's options"),
+    ("--version", "attnflow's version"),
+    ("--multirun, -m", "sweep the comma-separated values (KEY=A,B) and ranges (KEY=range(0,4))"),
+    ("--cfg job", "print the composed config and stop (--resolve: with ${...} resolved)"),
+    ("--shell-completion, -sc", "tab completion of keys, groups and choices: eval \"$(attnflow -sc install=bash)\""),
+    ("--hydra-help", "Hydra's own flags and config groups (hydra.run.dir, hydra/launcher=...)"),
+)
+
+# What `attnflow --shell-completion` without a subcommand says.
+COMPLETION_USAGE = ('turn on tab completion with `eval "$(attnflow -sc install=bash)"` (bash or zsh; put it in '
+                    "~/.bashrc to keep it), or `attnflow -sc install=fish | source` in fish.")
+
+
+def version() -> str:
+    """attnflow's version, from the installed package's metadata."""
+    try:
+        return importlib.metadata.version("attnflow")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+# --- the comments of a YAML file ---------------------------------------------------
+
+_KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<dash>-\s+)?(?P<key>[A-Za-z_][\w.-]*|'[^']*'|\"[^\"]*\")\s*:(?=\s|$)")
+
+
+def _comment_start(line: str) -> int:
+    """Where a line's comment starts (a `#` outside quotes, after a space), or -1."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return i
+    return -1
+
+
+def yaml_comments(text: str) -> dict[str, str]:
+    """Each key's comment in a YAML file: the text after `#` on the key's line, with the
+    comment lines right below it that start in the same column; keys are dotted paths
+    (an entry `- KEY: VALUE` of a list keeps its parent's path: `defaults.init`)."""
+    notes: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    last: tuple[str, int] | None = None  # the key of the previous line and its comment's column
+    for line in text.splitlines():
+        start = _comment_start(line)
+        if line[:start].strip() == "" and start >= 0:
+            if last is not None and start == last[1]:
+                notes[last[0]] += " " + line[start + 1:].strip()
+                continue
+            last = None
+            continue
+        if not line.strip():
+            last = None
+            continue
+        match = _KEY_LINE.match(line)
+        if not match:
+            last = None
+            continue
+        indent = len(match["indent"]) + (len(match["dash"]) if match["dash"] else 0)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([key for _, key in stack] + [match["key"].strip("'\"")])
+        stack.append((indent, match["key"].strip("'\"")))
+        if start >= 0:
+            notes[path] = line[start + 1:].strip()
+            last = (path, start)
+        else:
+            last = None
+    return notes
+
+
+def _conf_text(*parts: str) -> str:
+    return config_source()[1].joinpath(*parts).read_text()
+
+
+class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):
+    """YAML as OmegaConf reads it (`1e-3` is a number, a date stays a string), by libyaml."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
+     [-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
+    |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
+_Loader.yaml_implicit_resolvers = {key: [(tag, pattern) for tag, pattern in resolvers
+                                         if tag != "tag:yaml.org,2002:timestamp"]
+                                   for key, resolvers in _Loader.yaml_implicit_resolvers.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _conf_values(*parts: str) -> dict:
+    """A YAML file of `conf/` as plain containers, `${...}` left as written."""
+    return yaml.load(_conf_text(*parts), Loader=_Loader) or {}
+
+
+def _default_init() -> str:
+    """The `init` option of conf/config.yaml's defaults list."""
+    entries = _conf_values("config.yaml").get("defaults", [])
+    return next(entry["init"] for entry in entries if isinstance(entry, Mapping) and "init" in entry)
+
+
+# --- dataclasses and constants read from a module's text ------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _source(path: Path) -> str:
+    return path.read_text()
+
+
+def _statement(path: Path, pattern: str) -> tuple[ast.stmt, list[str]] | None:
+    """The first top-level statement of the module at `path` whose first line matches
+    `pattern`, parsed on its own (with its lines), or None."""
+    lines = _source(path).splitlines()
+    for i, line in enumerate(lines):
+        if re.match(pattern, line):
+            start = i
+            while start > 0 and lines[start - 1].startswith("@"):
+                start -= 1
+            for end in range(i + 1, len(lines) + 1):
+                if end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t)]}#"):
+                    continue  # the statement goes on (indented, blank, or closing brackets)
+                chunk = lines[start:end]
+                try:
+                    return ast.parse("\n".join(chunk)).body[0], chunk
+                except SyntaxError:
+                    continue
+    return None
+
+
+def _assigned(path: Path, name: str) -> ast.expr | None:
+    """The expression assigned to the top-level `name` of the module at `path`."""
+    found = _statement(path, rf"{re.escape(name)}\s*(:[^=]*)?=")
+    if found is None or not isinstance(found[0], (ast.Assign, ast.AnnAssign)):
+        return None
+    return found[0].value
+
+
+def _constant(path: Path, name: str, default: Any = None) -> Any:
+    node = _assigned(path, name)
+    try:
+        return default if node is None else ast.literal_eval(node)
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One field of a dataclass read from a module's text."""
+
+    name: str
+    annotation: str
+    default: Any  # the literal default, or None when it is not a literal
+    comment: str
+
+
+def _fields(path: Path, name: str) -> list[_Field]:
+    """The fields of the dataclass `name` in the module at `path`, each with its comment
+    (on its first line; else on the lines right above it)."""
+    found = _statement(path, rf"class {re.escape(name)}\b")
+    if found is None:
+        return []
+    node, lines = found
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    fields = []
+    for item in node.body:
+        if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
+            continue
+        comment = comments.get(item.lineno, "")
+        above = item.lineno - 1
+        while not comment and above in comments and lines[above - 1].strip().startswith("#"):
+            comment = comments[above]
+            above -= 1
+        fields.append(_Field(item.target.id, ast.unparse(item.annotation), _literal_default(item.value), comment))
+    return fields
+
+
+def _literal_default(node: ast.expr | None) -> Any:
+    """The default of a field when it is a literal (`3`, `field(default_factory=lambda: [1])`,
+    `Choice.name`), else None."""
+    if node is None:
+        return None
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "field":
+        for keyword in node.keywords:
+            if keyword.arg == "default":
+                return _literal_default(keyword.value)
+            if keyword.arg == "default_factory" and isinstance(keyword.value, ast.Lambda):
+                return _literal_default(keyword.value.body)
+        return None
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return node.attr  # a choice's member
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None
+
+
+def _choice_names(path: Path, name: str) -> tuple[str, ...] | None:
+    """The names of the choice type `name` (`Name = choice("Name", NAMES)`) of the module
+    at `path`, following a constant it names there or imports from a sibling module; the
+    core's own choices (`attnflow._config`) by their class."""
+    known = getattr(_config, name, None)
+    if isinstance(known, type) and issubclass(known, enum.Enum):
+        return tuple(known.__members__)
+    node = _assigned(path, name)
+    if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "choice" and len(node.args) == 2):
+        return None
+    return _names(path, node.args[1])
+
+
+def _names(path: Path, node: ast.expr) -> tuple[str, ...] | None:
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "tuple" and node.args:
+        return _names(path, node.args[0])
+    if isinstance(node, ast.Dict):
+        return tuple(key.value for key in node.keys if isinstance(key, ast.Constant))
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(item.value for item in node.elts if isinstance(item, ast.Constant))
+    if isinstance(node, ast.Name):
+        value = _assigned(path, node.id)
+        if value is not None:
+            return _names(path, value)
+        imported = _statement(path, rf"from \.(\w+) import .*\b{node.id}\b")
+        if imported is not None:
+            return _names(path.with_name(f"{imported[0].module}.py"), node)
+    return None
+
+
+# --- rows: one per key --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Key:
+    """One row of the help: a key, its type, its default (as plain containers) and its
+    meaning; `choices` are the names a choice key takes; `keys` the schema's keys the
+    row stands for (`weights.{q,k,v,o}.kind` stands for four)."""
+
+    name: str
+    type: str
+    default: Any
+    meaning: str
+    choices: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+
+
+def _type(annotation: str, choices_of) -> tuple[str, tuple[str, ...]]:
+    """A type in words (`int`, `float or null`, `list of choices`), and the names of a choice."""
+    annotation = annotation.strip()
+    optional = re.fullmatch(r"Optional\[(.*)\]", annotation) or re.fullmatch(r"(.*?)\s*\|\s*None", annotation)
+    if optional:
+        inner, names = _type(optional[1], choices_of)
+        return f"{inner} or null", names
+    listed = re.fullmatch(r"list\[(.*)\]", annotation)
+    if listed:
+        inner, names = _type(listed[1], choices_of)
+        return ("list of choices" if names else f"list of {inner}"), names
+    if annotation.startswith("dict"):
+        return "mapping", ()
+    if annotation in ("int", "float", "bool", "str"):
+        return annotation, ()
+    if annotation == "Any":
+        return "any", ()
+    names = choices_of(annotation)
+    if names:
+        return "choice", tuple(names)
+    return annotation, ()
+
+
+def _study_choices(annotation: str) -> tuple[str, ...] | None:
+    kind = getattr(_config, annotation, None)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return tuple(kind.__members__)
+    return None
+
+
+def _schema_class(annotation: str) -> type | None:
+    kind = getattr(_config, annotation, None)
+    return kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
+
+
+def _walk(schema: type, values: Mapping, notes: Mapping[str, str], prefix: str) -> Iterator[Key]:
+    """The rows of a (nested) schema dataclass of the study: `values` and `notes` are
+    the YAML's values and comments at `prefix`. Sibling groups of one type (the four
+    matrices Q, K, V, O) make one row per key, `weights.{q,k,v,o}.kind`."""
+    fields = dataclasses.fields(schema)
+    shared: dict[str, list[str]] = {}
+    for field in fields:
+        if _schema_class(field.type) is not None:
+            shared.setdefault(field.type, []).append(field.name)
+    done = set()
+    for field in fields:
+        group = _schema_class(field.type)
+        if group is InitConfig or field.type.startswith("ExperimentConfig"):
+            yield from (_init_rows() if group is InitConfig else _experiment_rows(notes))
+            continue
+        if group is not None:
+            if field.type in done:
+                continue
+            done.add(field.type)
+            names = shared[field.type]
+            label = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
+            yield from _merged(group, {name: values.get(name) or {} for name in names}, notes, prefix, label)
+            continue
+        type_, choices = _type(field.type, _study_choices)
+        yield Key(prefix + field.name, type_, values.get(field.name), notes.get(prefix + field.name, ""), choices,
+                  (prefix + field.name,))
+
+
+def _merged(group: type, values: dict[str, Mapping], notes: Mapping[str, str], prefix: str, label: str):
+    """The rows of a group that several siblings share (one sibling: its own rows)."""
+    names = list(values)
+    rows = [list(_walk(group, values[name], notes, f"{prefix}{name}.")) for name in names]
+    for parts in zip(*rows):
+        first = parts[0]
+        meaning = next((part.meaning for part in parts if part.meaning), "")
+        defaults = [part.default for part in parts]
+        default = first.default
+        if any(d != default for d in defaults):
+            meaning += " (" + ", ".join(f"{n}: {show(d)}" for n, d in zip(names, defaults) if d != default) + ")"
+        name = first.name.replace(f"{prefix}{names[0]}.", f"{prefix}{label}.", 1)
+        yield dataclasses.replace(first, name=name, meaning=meaning, keys=tuple(k for p in parts for k in p.keys))
+
+
+def _init_rows() -> Iterator[Key]:
+    """`init` (the group) and the keys of its kinds, one row per key name."""
+    root = yaml_comments(_conf_text("config.yaml"))
+    kinds = {kind: _conf_values("init", f"{kind}.yaml") for kind in INITS}
+    default_kind = _default_init()
+    yield Key("init", "choice", default_kind, root.get("defaults.init", ""), tuple(INITS), ("init",))
+    rows: dict[str, list] = {}
+    for kind, cls in INITS.items():
+        notes = yaml_comments(_conf_text("init", f"{kind}.yaml"))
+        for field in dataclasses.fields(cls):
+            if field.name != "kind":
+                rows.setdefault(field.name, []).append((kind, field, kinds[kind].get(field.name), notes.get(field.name)))
+    for name, entries in rows.items():
+        kinds_of = ", ".join(kind for kind, *_ in entries)
+        meaning = next((note for *_, note in entries if note), "")
+        default = entries[0][2]
+        others = [f"{kind}: {show(value)}" for kind, _, value, _ in entries[1:] if value != default]
+        type_, choices = _type(entries[0][1].type, _study_choices)
+        yield Key(f"init.{name}", type_, default, f"init={kinds_of}: {meaning}" + (f" ({', '.join(others)})"
+                                                                                   if others else ""),
+                  choices, (f"init.{name}",))
+
+
+def _experiment_rows(notes: Mapping[str, str]) -> Iterator[Key]:
+    yield Key("experiment", "choice", None, notes.get("experiment", ""), tuple(experiments()), ("experiment",))
+
+
+@functools.lru_cache(maxsize=None)
+def config_keys() -> tuple[Key, ...]:
+    """One row per key of the study (`attnflow KEY=VALUE`), in the schema's order."""
+    values = _conf_values("config.yaml")
+    notes = yaml_comments(_conf_text("config.yaml"))
+    return tuple(_walk(Config, values, notes, ""))
+
+
+def _module_choices(path: Path):
+    return lambda annotation: _choice_names(path, annotation)
+
+
+def _source_rows(path: Path, schema: str, values: Mapping, notes: Mapping[str, str], prefix: str = "") -> list[Key]:
+    """The rows of the dataclass `schema` of the module at `path` (read as text): a
+    dataclass-typed field of that module gives one row per key of its own."""
+    rows = []
+    for field in _fields(path, schema):
+        name = prefix + field.name
+        value = values.get(field.name, field.default) if isinstance(values, Mapping) else field.default
+        nested = _fields(path, field.annotation) if re.fullmatch(r"\w+", field.annotation) else []
+        if nested:
+            rows.extend(_source_rows(path, field.annotation, value if isinstance(value, Mapping) else {},
+                                     notes, f"{name}."))
+            continue
+        type_, choices = _type(field.annotation, _module_choices(path))
+        rows.append(Key(name, type_, value, notes.get(name) or field.comment, choices, (name,)))
+    return rows
+
+
+@functools.lru_cache(maxsize=None)
+def train_keys() -> tuple[Key, ...]:
+    """One row per setting of `attnflow train` (`TrainConfig`, conf/train.yaml)."""
+    return tuple(_source_rows(_TRAIN, "TrainConfig", _conf_values("train.yaml"),
+                              yaml_comments(_conf_text("train.yaml"))))
+
+
+# --- experiments --------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def experiments() -> dict[str, str]:
+    """Every experiment (in the order of `attnflow.experiments.EXPERIMENTS`) and its line
+    (the `TITLE` of its module)."""
+    names = _constant(_RUNNER, "EXPERIMENTS", ())
+    return {name: _constant(_experiment_path(name), "TITLE", "") for name in names}
+
+
+def _experiment_path(name: str) -> Path:
+    modules = _constant(_RUNNER, "_MODULES", {})
+    return _PACKAGE / "experiments" / f"{modules.get(name, name)}.py"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """What an experiment is: its line, the paper (and figure) it reproduces, the keys
+    its YAML sets over the defaults, and its options."""
+
+    name: str
+    title: str
+    paper: str
+    sets: dict
+    options: tuple[Key, ...]
+
+
+@functools.lru_cache(maxsize=None)
+def experiment(name: str) -> Experiment:
+    """Experiment `name` (one of `experiments()`)."""
+    path = _experiment_path(name)
+    values = dict(_conf_values("experiment", f"{name}.yaml"))
+    notes = yaml_comments(_conf_text("experiment", f"{name}.yaml"))
+    block = values.pop("experiment", None) or {}
+    values.pop("defaults", None)
+    options = {key[len("experiment.options."):]: note for key, note in notes.items()
+               if key.startswith("experiment.options.")}
+    rows = _source_rows(path, "Options", block.get("options") or {}, options)
+    return Experiment(name, _constant(path, "TITLE", ""), _constant(path, "PAPER", ""), values,
+                      tuple(dataclasses.replace(row, name=f"experiment.options.{row.name}") for row in rows))
+
+
+# --- completion ---------------------------------------------------------------------
+
+
+def complete(word: str) -> list[str] | None:
+    """What the shell completes `word` to when it is `KEY=PARTIAL` for a choice or a
+    boolean key of the study (`solver=r` -> `solver=ralston`, `solver=rk4`), or a first
+    word that begins a subcommand; None for anything else (Hydra completes it)."""
+    key, equals, partial = word.partition("=")
+    if not equals:
+        return None
+    key = key.lstrip("+")
+    for row in config_keys():
+        if key in row.keys:
+            names = row.choices or (("true", "false") if row.type.startswith("bool") else ())
+            if not names:
+                return None
+            return [f"{word[: len(word) - len(partial)]}{name}" for name in names if name.startswith(partial)]
+    return None
+
+
+# --- rendering ----------------------------------------------------------------------
+
+
+def show(value: Any) -> str:
+    """A value as typed on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(show(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{show(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str) and re.search(r"[\s,\[\]{}'\"=]", value):
+        return "'" + value.replace("'", "\\'") + "'"
+    return str(value)
+
+
+def _short(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def _meaning(row: Key) -> str:
+    """The row's meaning, with the names of a choice when the comment lacks them."""
+    missing = [name for name in row.choices if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", row.meaning)]
+    if row.choices and missing:
+        listed = " | ".join(row.choices) if len(row.choices) <= 12 else " | ".join(row.choices[:12]) + " | ..."
+        return f"{row.meaning} (one of {listed})" if row.meaning else f"one of {listed}"
+    return row.meaning
+
+
+def _width() -> int:
+    return max(60, min(120, shutil.get_terminal_size((100, 24)).columns))
+
+
+def _table(rows: list[tuple[str, str]], width: int, left: int = 34) -> str:
+    """Two columns, the second wrapped with a hanging indent (argparse's layout: a first
+    column too wide starts the second on the next line)."""
+    out = []
+    for first, second in rows:
+        wrapped = textwrap.wrap(second, max(20, width - left - 2), break_on_hyphens=False) or [""]
+        if len(first) + 2 > left:
+            out.append(f"  {first}")
+            out.extend(" " * (left + 2) + line for line in wrapped)
+        else:
+            out.append(f"  {first:<{left}}{wrapped[0]}")
+            out.extend(" " * (left + 2) + line for line in wrapped[1:])
+    return "\n".join(out)
+
+
+def _key_table(rows: tuple[Key, ...], width: int, prefix: str = "") -> str:
+    """One row per key: `KEY=DEFAULT (TYPE) MEANING` (`prefix` left out of the names)."""
+    return _table([(f"{row.name.removeprefix(prefix)}={_short(show(row.default), 40)}", f"({row.type}) {_meaning(row)}")
+                   for row in rows], width)
+
+
+def header() -> str:
+    return f"attnflow {version()}: self-attention dynamics as interacting particle systems, in JAX and diffrax."
+
+
+def main_help(width: int | None = None) -> str:
+    """The page of `attnflow --help`."""
+    width = width or _width()
+    inits = [(f"init={kind}", _conf_text("init", f"{kind}.yaml").splitlines()[0].lstrip("# ")) for kind in INITS]
+    return "\n\n".join([
+        "Usage:\n" + _table(list(_USAGE), width, 44),
+        "Flags:\n" + _table(list(_FLAGS), width, 26),
+        "Experiments (attnflow experiment=NAME; its options: attnflow experiment=NAME --help):\n"
+        + _table(list(experiments().items()), width, 22),
+        "Initial tokens (init=KIND, default " + _default_init() + "):\n" + _table(inits, width, 22),
+        "Keys (KEY=DEFAULT (TYPE) MEANING; lists as [a,b], nothing as null; every key can be given, e.g. "
+        "attnflow n=64 beta=[1,4] solver=rk4):\n" + _key_table(config_keys(), width),
+    ])
+
+
+def experiment_help(name: str, width: int | None = None) -> str:
+    """The page of `attnflow experiment=NAME --help`."""
+    width = width or _width()
+    found = experiment(name)
+    sets = ", ".join(f"{key}={_short(show(value), 40)}" for key, value in found.sets.items())
+    options = _key_table(found.options, width, "experiment.options.") if found.options else "  none"
+    return "\n\n".join([
+        f"experiment={name}: {found.title}.",
+        textwrap.fill(f"Reproduces: {found.paper}.", width),
+        textwrap.fill(f"Sets (over the defaults; any key given on the command line wins): {sets}.", width,
+                      break_on_hyphens=False),
+        f"Options (given as experiment.options.KEY=VALUE):\n{options}",
+        "Every key: attnflow --help.",
+    ])
+
+
+def train_help(width: int | None = None) -> str:
+    """The page of `attnflow train --help`."""
+    width = width or _width()
+    return "\n\n".join([
+        f"usage: {SUBCOMMANDS['train']}.",
+        "Settings (KEY=DEFAULT (TYPE) MEANING):\n" + _key_table(train_keys(), width),
+    ])
+
+
+def page(root: Any = None) -> str:
+    """The help page for a composed config: experiment NAME's when it sets one."""
+    name = OmegaConf.select(root, "experiment.name", default=None) if root is not None else None
+    return experiment_help(str(name)) if name else main_help()
+
+
+def hydra_help(experiment_name: str | None = None) -> str:
+    """What Hydra prints for `--help` (its help template, `conf/hydra/help/attnflow.yaml`),
+    for the default config or experiment `experiment_name`'s, rendered as Hydra does it
+    but without composing the config: Hydra lists every config group for the template's
+    `$APP_CONFIG_GROUPS` whether the template shows them or not, which takes most of its
+    `--help`'s time."""
+    register_resolver()
+    node = OmegaConf.create({"hydra": {"help": _conf_values("hydra", "help", "attnflow.yaml")},
+                             "experiment": {"name": experiment_name} if experiment_name else None})
+    return string.Template(node.hydra.help.template).substitute(FLAGS_HELP="", HYDRA_CONFIG_GROUPS="",
+                                                                APP_CONFIG_GROUPS="", CONFIG="")
+
+
+def register_resolver() -> None:
+    """`${attnflow_help:header}` and `${attnflow_help:page}`, which Hydra's help template
+    (`conf/hydra/help/attnflow.yaml`) shows. Hydra reads the template as a
+    `string.Template`, so each `$` of the text is doubled."""
+
+    def resolve(part: str, *, _root_) -> str:
+        text = header() if part == "header" else page(_root_)
+        return text.replace("$", "$$")
+
+    OmegaConf.register_new_resolver("attnflow_help", resolve, replace=True)
+
+
+# --- the reference page -------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("<", "&lt;").replace("*", "\\*")
+
+
+def _code(text: str) -> str:
+    text = text.replace("|", "\\|")
+    return f"``{text}``" if "`" in text else f"`{text}`"
+
+
+def _markdown_keys(rows: tuple[Key, ...]) -> list[str]:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for row in rows:
+        kind = row.type + (": " + ", ".join(f"`{name}`" for name in row.choices) if row.choices else "")
+        lines.append(f"| {_code(row.name)} | {kind} | {_code(_short(show(row.default), 60))} | {_cell(row.meaning)} |")
+    return lines
+
+
+def reference_markdown() -> str:
+    """The docs page "The command line and every config key", in Markdown: the usage,
+    the flags, the experiments, the initial conditions, every key of a study, every
+    setting of `attnflow train`, and every experiment's options."""
+    lines = ["# The command line and every config key", "",
+             "This page is generated from the config schema and the comments of the YAML files; "
+             "`attnflow --help` prints the same.", "", "## Usage", "", "| command | what it does |", "|---|---|"]
+    lines += [f"| {_code(command)} | {_cell(what)} |" for command, what in _USAGE]
+    lines += ["", "## Flags", "", "| flag | meaning |", "|---|---|"]
+    lines += [f"| {_code(flag)} | {_cell(what)} |" for flag, what in _FLAGS]
+    lines += ["", "## Experiments", "", "`attnflow experiment=NAME` (its options below).", "",
+              "| experiment | what it shows |", "|---|---|"]
+    lines += [f"| [`{name}`](#{name}) | {_cell(title)} |"
+              for name, title in experiments().items()]
+    lines += ["", "## Initial tokens", "", "| init | tokens |", "|---|---|"]
+    lines += [f"| `{kind}` | {_cell(_conf_text('init', f'{kind}.yaml').splitlines()[0].lstrip('# '))} |"
+              for kind in INITS]
+    lines += ["", "## Keys of a study", "", "`attnflow KEY=VALUE ...`; the defaults are in `conf/config.yaml`.", ""]
+    lines += _markdown_keys(config_keys())
+    lines += ["", "## Settings of `attnflow train`", "", "`attnflow train KEY=VALUE ...`; the defaults are in "
+              "`conf/train.yaml`.", ""]
+    lines += _markdown_keys(train_keys())
+    lines += ["", "## The options of each experiment", ""]
+    for name in experiments():
+        found = experiment(name)
+        sets = ", ".join(_code(f"{key}={_short(show(value), 60)}") for key, value in found.sets.items())
+        lines += [f"### {name}", "", f"`attnflow experiment={name}`", "",
+                  f"{_cell(found.title)}. Reproduces: {_cell(found.paper)}.", "", f"Sets: {sets}.", ""]
+        lines += _markdown_keys(found.options) if found.options else ["No options."]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,197 @@
+"""A command line that explains itself: `attnflow --help` (attnflow's page, through
+Hydra's help template), `attnflow experiment=NAME --help`, `attnflow help [TOPIC]`,
+`attnflow train --help`, `--version`, and the shell completion of choice keys.
+
+Every key of the schema must be on the help page with a meaning (its comment in the
+YAML file that holds its default): a key added without one fails here. The help reads
+the experiments' modules and `attnflow train`'s as text (they import JAX); what it reads
+is checked against the imported modules. All but one test run the command in this
+process (the `command` fixture); one runs the console script, to see that `--help`
+imports no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import re
+import subprocess
+import sys
+import typing
+
+from commands import ATTNFLOW, command  # noqa: F401 (command: a fixture)
+
+from attnflow import _help
+from attnflow._config import INITS, Config, ExperimentConfig, InitConfig, typed_options
+
+
+def _flat(text: str) -> str:
+    """The text with every run of whitespace one space (the help wraps long lines)."""
+    return re.sub(r"\s+", " ", text)
+
+
+def _schema_keys(schema: type, prefix: str = "") -> set[str]:
+    """Every key of a study, from the schema alone: nested groups' keys dotted, `init`
+    and the keys of each of its kinds, `experiment`."""
+    keys = set()
+    for name, kind in typing.get_type_hints(schema).items():
+        inner = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
+        if kind is InitConfig:
+            keys.add("init")
+            keys |= {f"init.{f.name}" for cls in INITS.values() for f in dataclasses.fields(cls) if f.name != "kind"}
+        elif inner[0] is ExperimentConfig:
+            keys.add("experiment")
+        elif dataclasses.is_dataclass(inner[0]):
+            keys |= _schema_keys(inner[0], f"{prefix}{name}.")
+        else:
+            keys.add(prefix + name)
+    return keys
+
+
+def test_help_shows_the_subcommands_the_experiments_and_every_key_with_its_type_default_and_meaning(command):
+    code, err = command("--help")
+    assert code == 0 and err == []
+    out = command.out
+    assert out.startswith(f"attnflow {importlib.metadata.version('attnflow')}: ")  # the header, not Hydra's
+    assert "powered by Hydra" not in out
+    flat = _flat(out)
+    for usage in ("attnflow plot DIR...", "attnflow report DIR", "attnflow train [KEY=VALUE ...]",
+                  "attnflow help [plot | report | train | NAME]", "--version", "--shell-completion"):
+        assert usage in out, usage
+    for name, title in _help.experiments().items():
+        assert title and f"{name} {title}" in flat, name
+    rows = _help.config_keys()
+    # Every key of the schema is on a row, and every row has a meaning (a key without a
+    # comment in conf/config.yaml or conf/init/KIND.yaml fails here).
+    assert {key for row in rows for key in row.keys} == _schema_keys(Config)
+    assert [row.name for row in rows if not row.meaning] == []
+    for row in rows:
+        assert re.search(rf"^  {re.escape(row.name)}=", out, re.M), row.name
+        assert f"({row.type}) {_flat(row.meaning)}" in flat, row.name
+    solver = next(row for row in rows if row.name == "solver")
+    assert (solver.type, solver.default) == ("choice", "euler_renorm") and "rk4" in solver.choices
+    assert "  weights.{q,k,v,o}.kind=identity " in out  # the four matrices' keys on one row each
+    assert "  n=32 " in out and "(int) tokens" in out
+    # The page is Hydra's help template (conf/hydra/help/attnflow.yaml), which Hydra
+    # itself renders when other overrides come with --help (it composes them first).
+    assert command("n=32", "--help") == (0, []) and command.out == out
+
+
+def test_help_of_an_experiment_shows_its_line_its_paper_and_its_options_with_their_meaning(command):
+    code, _ = command("experiment=causal", "--help")
+    assert code == 0
+    out = command.out
+    found = _help.experiment("causal")
+    flat = _flat(out)
+    assert f"experiment=causal: {found.title}." in out and found.paper in flat
+    assert "n=8" in out and "solver=rk4" in out  # the keys it sets over the defaults
+    assert [row.name for row in found.options] == [f"experiment.options.{name}"
+                                                   for name in ("member", "fit_from", "tolerance")]
+    for row in found.options:
+        assert row.meaning and f"{row.name.removeprefix('experiment.options.')}={_help.show(row.default)}" in out
+        assert _flat(row.meaning) in flat
+    assert "Keys (" not in out  # the experiment's page, not the whole one
+    assert command("help", "causal") == (0, []) and command.out == out
+    assert command("experiment=causal", "seed=0", "--help") == (0, []) and command.out == out  # through Hydra
+    code, err = command("experiment=nonsense", "--help")
+    assert code == 2 and err[0].startswith("attnflow: error: unknown experiment 'nonsense'; choose one of")
+
+
+def test_what_the_help_reads_as_text_is_what_the_modules_say():
+    """The experiments' `Options`, `TITLE` and `PAPER`, their order, and `TrainConfig`,
+    read from the modules' text, against the imported modules; every option has a
+    meaning, and its default is what the experiment's YAML gives, typed by its schema."""
+    from attnflow.diffeqformer import TrainConfig
+    from attnflow.experiments import EXPERIMENTS, experiment_module
+    from attnflow.experiments._runner import option_schema
+
+    assert tuple(_help.experiments()) == EXPERIMENTS
+    for name in EXPERIMENTS:
+        module = experiment_module(name)
+        found = _help.experiment(name)
+        assert (found.title, found.paper) == (module.TITLE, module.PAPER), name
+        schema = option_schema(module)
+        given = _help._conf_values("experiment", f"{name}.yaml")["experiment"].get("options") or {}
+        typed = typed_options(schema, given, "experiment.options.")
+        rows = {row.name.removeprefix("experiment.options."): row for row in found.options}
+        assert {key.split(".")[0] for key in rows} == set(typed), name
+        for key, row in rows.items():
+            assert row.meaning, (name, key)
+            head, _, rest = key.partition(".")
+            assert row.default == (typed[head][rest] if rest else typed[head]), (name, key)
+            kind = typing.get_type_hints(schema).get(head)
+            inner = (typing.get_args(kind) or (kind,))[0]
+            if isinstance(inner, type) and issubclass(inner, str) and hasattr(inner, "__members__"):
+                assert row.choices == tuple(inner.__members__), (name, key)
+    train = _help.train_keys()
+    assert [row.name for row in train] == [f.name for f in dataclasses.fields(TrainConfig)]
+    assert [row.name for row in train if not row.meaning] == []
+
+
+def test_help_subcommand_and_train_help(command):
+    assert command("--help")[0] == 0
+    page = command.out
+    assert command("help") == (0, []) and command.out == page  # not an override error
+    code, err = command("train", "--help")
+    assert code == 0 and err == []
+    train = command.out
+    flat = _flat(train)
+    assert train.startswith("usage: attnflow train")
+    for row in _help.train_keys():
+        assert re.search(rf"^  {re.escape(row.name)}=", train, re.M) and _flat(row.meaning) in flat, row.name
+    assert command("help", "train") == (0, []) and command.out == train
+    code, err = command("help", "plot")
+    assert code == 0 and err == [f"attnflow: usage: {_help.SUBCOMMANDS['plot']}."]
+    code, err = command("help", "nonsense")
+    assert code == 2 and len(err) == 1 and err[0].startswith("attnflow: error: attnflow help takes plot, report")
+
+
+def test_version_is_attnflows(command):
+    assert command("--version") == (0, [])
+    assert command.out == f"attnflow {importlib.metadata.version('attnflow')}\n"
+
+
+def test_shell_completion_says_how_to_turn_it_on_and_completes_the_choices_of_a_key(command, monkeypatch):
+    code, err = command("--shell-completion")
+    assert code == 2 and len(err) == 1 and "attnflow -sc install=bash" in err[0]
+
+    def query(line: str, shell: str = "bash") -> list[str]:
+        monkeypatch.setenv("COMP_LINE", line)
+        assert command("-sc", f"query={shell}") == (0, [])
+        return command.out.split()
+
+    assert query("attnflow solver=r") == ["solver=ralston", "solver=rk4"]
+    assert query("attnflow n=8 dynamics=") == ["dynamics=sa", "dynamics=usa"]
+    assert query("attnflow weights.v.kind=t") == ["weights.v.kind=tied"]
+    assert query("attnflow causal=") == ["causal=true", "causal=false"]
+    assert query("attnflow norm=", "fish") == ["norm=none", "norm=sphere", "norm=pre", "norm=peri"]
+    assert command.out.count("\n") == 4  # fish: one per line
+    # Hydra's own completion: a group's options and the keys.
+    assert query("attnflow experiment=ca") == ["experiment=causal"]
+    assert "causal=" in query("attnflow caus")
+
+
+def test_reference_markdown_has_every_key_every_setting_and_every_experiments_options():
+    page = _help.reference_markdown()
+    assert page.startswith("# The command line and every config key\n")
+    rows = [*_help.config_keys(), *_help.train_keys()]
+    rows += [row for name in _help.experiments() for row in _help.experiment(name).options]
+    for row in rows:
+        assert re.search(rf"^\| `{re.escape(row.name)}` \| .+ \| .+ \| .+ \|$", page, re.M), row.name
+    for name in _help.experiments():
+        assert f"\n### {name}\n" in page and f"(#{name})" in page
+    for line in page.splitlines():
+        if line.startswith("| `"):
+            assert len(re.findall(r"(?<!\\)\|", line)) in (3, 5), line  # escaped | inside the cells
+
+
+def test_the_console_script_help_loads_no_jax():
+    """`attnflow --help` as a user runs it: exit 0, attnflow's page, and none of JAX,
+    xarray or matplotlib imported (what makes a command slow to start)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", str(ATTNFLOW), "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("attnflow ") and "init=caps" in done.stdout
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert imported and not imported & {"jax", "xarray", "matplotlib", "diffrax"}, imported & {"jax", "xarray"}
