@@ -111,6 +111,11 @@ def test_what_the_help_reads_as_text_is_what_the_modules_say():
         found = _help.experiment(name)
         assert (found.title, found.paper) == (module.TITLE, module.PAPER), name
         schema = option_schema(module)
+        read = _help._fields(_help._experiment_path(name), "Options")
+        assert [field.name for field in read] == [field.name for field in dataclasses.fields(schema)], name
+        own = typed_options(schema, {}, "experiment.options.")  # the dataclass's own defaults
+        for field in read:
+            assert field.default is None or field.default == own[field.name], (name, field.name)
         given = _help._conf_values("experiment", f"{name}.yaml")["experiment"].get("options") or {}
         typed = typed_options(schema, given, "experiment.options.")
         rows = {row.name.removeprefix("experiment.options."): row for row in found.options}
