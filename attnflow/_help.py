@@ -59,7 +59,7 @@ _USAGE = (
     ("attnflow experiment=NAME [KEY=VALUE ...]", "a figure of the literature (the experiments below)"),
     ("attnflow -m KEY=A,B [KEY=VALUE ...]", "a sweep: one job per combination (hydra.sweep.dir=DIR)"),
     *((SUBCOMMANDS[name].split(":")[0], SUBCOMMANDS[name].split(": ", 1)[1]) for name in SUBCOMMANDS),
-    ("attnflow help [plot | report | train | NAME]", "this page, a subcommand's, or experiment NAME's"),
+    ("attnflow help [TOPIC]", "this page; TOPIC plot, report, train or an experiment's NAME: its own page"),
 )
 
 _FLAGS = (
@@ -404,13 +404,15 @@ def _init_rows() -> Iterator[Key]:
             if field.name != "kind":
                 rows.setdefault(field.name, []).append((kind, field, kinds[kind].get(field.name), notes.get(field.name)))
     for name, entries in rows.items():
-        kinds_of = ", ".join(kind for kind, *_ in entries)
-        meaning = next((note for *_, note in entries if note), "")
+        notes = {note or "" for *_, note in entries}
+        if len(notes) == 1:
+            meaning = f"init={', '.join(kind for kind, *_ in entries)}: {notes.pop()}"
+        else:  # the kinds say what the key is for each of them
+            meaning = "; ".join(f"init={kind}: {note or ''}" for kind, _, _, note in entries)
         default = entries[0][2]
         others = [f"{kind}: {show(value)}" for kind, _, value, _ in entries[1:] if value != default]
         type_, choices = _type(entries[0][1].type, _study_choices)
-        yield Key(f"init.{name}", type_, default, f"init={kinds_of}: {meaning}" + (f" ({', '.join(others)})"
-                                                                                   if others else ""),
+        yield Key(f"init.{name}", type_, default, meaning + (f" ({', '.join(others)})" if others else ""),
                   choices, (f"init.{name}",))
 
 

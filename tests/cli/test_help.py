@@ -56,7 +56,7 @@ def test_help_shows_the_subcommands_the_experiments_and_every_key_with_its_type_
     assert "powered by Hydra" not in out
     flat = _flat(out)
     for usage in ("attnflow plot DIR...", "attnflow report DIR", "attnflow train [KEY=VALUE ...]",
-                  "attnflow help [plot | report | train | NAME]", "--version", "--shell-completion"):
+                  "attnflow help [TOPIC]", "--version", "--shell-completion"):
         assert usage in out, usage
     for name, title in _help.experiments().items():
         assert title and f"{name} {title}" in flat, name
@@ -65,6 +65,9 @@ def test_help_shows_the_subcommands_the_experiments_and_every_key_with_its_type_
     # comment in conf/config.yaml or conf/init/KIND.yaml fails here).
     assert {key for row in rows for key in row.keys} == _schema_keys(Config)
     assert [row.name for row in rows if not row.meaning] == []
+    for kind, cls in INITS.items():  # each kind's own keys, in its own file
+        notes = _help.yaml_comments(_help._conf_text("init", f"{kind}.yaml"))
+        assert [f.name for f in dataclasses.fields(cls) if f.name != "kind" and not notes.get(f.name)] == [], kind
     for row in rows:
         assert re.search(rf"^  {re.escape(row.name)}=", out, re.M), row.name
         assert f"({row.type}) {_flat(row.meaning)}" in flat, row.name
