@@ -631,7 +631,6 @@ def hydra_help(experiment_name: str | None = None) -> str:
     but without composing the config: Hydra lists every config group for the template's
     `$APP_CONFIG_GROUPS` whether the template shows them or not, which takes most of its
     `--help`'s time."""
-    register_resolver()
     node = OmegaConf.create({"hydra": {"help": _conf_values("hydra", "help", "attnflow.yaml")},
                              "experiment": {"name": experiment_name} if experiment_name else None})
     return string.Template(node.hydra.help.template).substitute(FLAGS_HELP="", HYDRA_CONFIG_GROUPS="",
@@ -648,6 +647,11 @@ def register_resolver() -> None:
         return text.replace("$", "$$")
 
     OmegaConf.register_new_resolver("attnflow_help", resolve, replace=True)
+
+
+# Registered with the module, as `${linspace:...}` is with the schema's: any process that
+# reads a composed config (a sweep's worker, `--cfg hydra --resolve`) can resolve it.
+register_resolver()
 
 
 # --- the reference page -------------------------------------------------------------

@@ -540,7 +540,6 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     signal.signal(signal.SIGTERM, _terminate)
     register_schema()
-    _help.register_resolver()  # the text of `--help` (conf/hydra/help/attnflow.yaml)
     entry = hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
     try:
         _check_command_line(sys.argv[1:])
