@@ -352,10 +352,10 @@ def _section(text: str, title: str) -> str:
 
 
 @pytest.mark.parametrize("title, table, first_cells", [
-    ("The DiffEqFormer: a transformer with time-dependent weights", "figures/diffeqformer/losses.md",
+    ("The DiffEqFormer: a transformer with time-dependent weights", "docs/figures/diffeqformer/losses.md",
      {"DiffEqFormer", "GPT"}),
-    ("A trained DiffEqFormer against its GPT baseline", "figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
-    ("Adaptive depth: one pretrained run at 9 to 24 steps", "figures/adaptive_depth/adaptive_depth.md",
+    ("A trained DiffEqFormer against its GPT baseline", "docs/figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
+    ("Adaptive depth: one pretrained run at 9 to 24 steps", "docs/figures/adaptive_depth/adaptive_depth.md",
      {"9", "12", "18", "24", "GPT (18 layers)"}),
 ])
 def test_the_readme_tables_of_trained_runs_are_those_of_the_committed_figures(title, table, first_cells):
