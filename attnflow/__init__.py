@@ -21,4 +21,17 @@ import lazy_loader
 # scipy loads, a user's own setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+_lazy_getattr, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+
+
+def __getattr__(name: str):
+    """A public name, imported on first use; `__version__`, read from the installed
+    package's metadata (pyproject.toml's version) when first asked for."""
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("attnflow")
+        except PackageNotFoundError:  # a source tree that was never installed
+            return "unknown"
+    return _lazy_getattr(name)

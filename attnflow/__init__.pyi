@@ -1,6 +1,9 @@
 """The public names of `attnflow`, for editors and type checkers; at run time
 `lazy_loader` reads this stub and imports each name's module on first use."""
 
+__version__: str
+"""attnflow's version, from the installed package's metadata."""
+
 from ._adaptive import Retracted as Retracted, RK4 as RK4
 from ._build import (
     build_field as build_field,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Make the whole gallery: every experiment at full size, each into figures/NAME/
+# Make the whole gallery: every experiment at full size, each into docs/figures/NAME/
 # (results.nc, the PNG and PDF figures, animations). A finished experiment is skipped
 # when run again; an interrupted one resumes from its finished pieces.
 #
@@ -14,5 +14,5 @@ cd "$(dirname "$0")/.."
 names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching checkpoint sensitivity lyapunov lyapunov_polynomial long_context diffeqformer adaptive_depth phase_diagram phase_diagram_random}"
 for name in $names; do
     echo "== $name"
-    attnflow "experiment=$name" "hydra.run.dir=figures/$name"
+    attnflow "experiment=$name" "hydra.run.dir=docs/figures/$name"
 done

