@@ -34,7 +34,8 @@ def command(monkeypatch, capsys, tmp_path):
     """`attnflow ARGS` run in this process (`attnflow.cli.main`, as the console script
     calls it): returns its exit code and its stderr lines. For refusals whose process
     behaviour (exit 2, one line, no traceback) a subprocess test already shows: the
-    message itself is checked here without paying a Python and JAX start-up each."""
+    message itself is checked here without paying a Python and JAX start-up each.
+    `run.stdout` is what the last command printed on stdout."""
     import signal
 
     from attnflow import cli
@@ -53,10 +54,11 @@ def command(monkeypatch, capsys, tmp_path):
             code = exit.code
         finally:
             signal.signal(signal.SIGTERM, previous)
-        err = capsys.readouterr().err
+        run.stdout, err = capsys.readouterr()
         assert "Traceback" not in err, err
         return code, [line for line in err.splitlines() if line.strip()]
 
+    run.stdout = ""  # what the last command printed on stdout
     return run
 
 
