@@ -471,6 +471,8 @@ def _interrupted() -> None:
              "resumes from there, skipping the finished jobs.")
     else:
         _say("interrupted; no results were written.")
+        if _CURRENT.get("created"):
+            _discard_refused(_CURRENT["created"][0])  # nothing of this run's in it: no empty folder
     sys.stdout.flush()
     if folder is None and sweep is not None:
         # Nothing computes in this process (the launcher's workers are stopped): a normal

@@ -92,6 +92,19 @@ def test_ctrl_c_names_the_run_dir_that_resumes_and_it_does(command, ctrl_c_after
     assert "resuming from 2 of 4 finished pieces" in command.stdout and (run / "results.nc").is_file()
 
 
+def test_ctrl_c_before_anything_is_computed_leaves_no_folder(command, ctrl_c_after, monkeypatch, tmp_path):
+    from attnflow import _study
+
+    def interrupted(study):
+        raise KeyboardInterrupt
+
+    ctrl_c_after(0)
+    monkeypatch.setattr(_study, "plan_study", interrupted)
+    code, lines = command(*TINY)
+    assert code == 130 and lines == ["attnflow: interrupted; no results were written."], lines
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_ctrl_c_in_a_sweep_names_the_sweep_dir(monkeypatch, capsys, tmp_path):
     sweep, job = tmp_path / "my sweep", tmp_path / "my sweep" / "1"
     (job / ".attnflow-pieces").mkdir(parents=True)
