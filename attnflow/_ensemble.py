@@ -31,6 +31,7 @@ from ._errors import ConfigError, NonFiniteStateError, SolverFailure
 from ._grid import TimeGrid, time_grid
 from ._metric_registry import reading
 from ._metrics import Recorder
+from ._progress import status
 from ._schedules import identity_multiple
 from ._simulate import simulate
 from ._solvers import SOLVERS, tableau, tableau_of
@@ -238,6 +239,13 @@ class EnsemblePlan:
 
     def solve(self, i: int) -> dict[str, np.ndarray]:
         """Piece i: `stats/NAME`, `result`, `num_steps` and `reached`, one row per pair."""
+        if self._export_tried:
+            return self._solve(i)
+        # The first piece solved compiles the program (or loads it from the cache).
+        with status("first piece: compiling, then solving"):
+            return self._solve(i)
+
+    def _solve(self, i: int) -> dict[str, np.ndarray]:
         members, beta_index = self._inputs(i)
         t0, t1, dt = self.grid.t0, self.grid.t1, self.grid.dt
         # Times are data (new values reuse the program), except with output times off

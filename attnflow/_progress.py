@@ -1,10 +1,16 @@
-"""Progress of a long run, drawn outside the compiled code: one line per task with its
-bar, the count done of its total (pieces, members, steps, frames, or time covered),
-its rate, the time spent and the time left (rich), on stderr when it is a terminal and
-silent otherwise (a log file, a test, a batch job).
+"""Progress of a long run, drawn outside the compiled code, on stderr when it is a
+terminal and silent otherwise (a log file, a test, a batch job):
 
-rich is imported lazily (start-up): only when a bar is drawn, so a run that draws none
-(output to a file, a test) never loads it.
+- a bar (`Progress`): one line per task with its bar, the count done of its total
+  (pieces, members, steps, frames, or time covered), its rate in one unit chosen for
+  the bar (`pieces/s` or `s/piece`: never both), the time spent and the time left;
+- a status line (`status`): what is being done where nothing is counted (importing
+  JAX, compiling, loading a checkpoint, drawing figures), with the time spent; it
+  disappears when it ends.
+
+A bar or a status entered while another is drawn adds its line under that one (rich
+draws one live display at a time). rich is imported lazily (start-up): only when a
+line is drawn, so a run that draws none never loads it.
 """
 
 from __future__ import annotations
@@ -13,9 +19,17 @@ import sys
 from contextlib import AbstractContextManager
 from typing import ClassVar
 
+# Counts whose units take seconds each: their rate is given as seconds per unit.
+_SLOW_UNITS = ("pieces", "runs", "stages", "models", "snapshots")
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+
 
 def _columns():
-    """The columns of a line: description, bar, done/total and unit, rate, elapsed, left."""
+    """The columns of a line: description, bar, done/total and unit, rate, elapsed, left
+    (a status line: description, a pulsing bar, elapsed)."""
     from rich.progress import BarColumn, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.text import Text
 
@@ -23,25 +37,33 @@ def _columns():
         """`done/total unit`; time covered (a float total) with three significant digits."""
 
         def render(self, task) -> Text:
+            if task.total is None:
+                return Text("")
             unit = task.fields.get("unit", "")
             if task.fields.get("covered"):
                 return Text(f"{unit} {task.completed:.3g}/{task.total:.3g}")
             return Text(f"{int(task.completed)}/{int(task.total)} {unit}")
 
     class Rate(ProgressColumn):
-        """Units per second (per minute when slower than one a second)."""
+        """The bar's one rate unit: units per second, or seconds per unit (`rate`)."""
 
         def render(self, task) -> Text:
+            if task.total is None:
+                return Text("")
+            rate = task.fields["rate"]
             speed = task.finished_speed or task.speed
-            unit = task.fields.get("unit", "")
-            if not speed:
-                return Text(f"- {unit}/s")
-            if speed < 1:
-                return Text(f"{speed * 60:.3g} {unit}/min")
-            return Text(f"{speed:.3g} {unit}/s")
+            value = "-" if not speed else _number(speed if rate.endswith("/s") else 1 / speed)
+            return Text(f"{value} {rate}")
 
-    return (TextColumn("{task.description}"), BarColumn(), Count(), Rate(), TimeElapsedColumn(), TextColumn("left"),
-            TimeRemainingColumn())
+    class Left(TimeRemainingColumn):
+        """`left H:MM:SS` (nothing on a status line)."""
+
+        def render(self, task) -> Text:
+            if task.total is None:
+                return Text("")
+            return Text("left ") + super().render(task)
+
+    return (TextColumn("{task.description}"), BarColumn(), Count(), Rate(), TimeElapsedColumn(), Left())
 
 
 class Progress(AbstractContextManager):
@@ -49,21 +71,32 @@ class Progress(AbstractContextManager):
 
     `unit` names what is counted ("pieces", "members", "steps", "frames"); with
     `covered=True` the total is an amount of time (a float, e.g. t1 - t0) and
-    `advance(dt)` adds the time covered. `console` (a rich Console) draws the line
-    there instead of on stderr. `show=None` draws it when that is a terminal, or when
-    another Progress is drawn: a Progress entered then adds its line under that one
-    (rich draws one live display at a time), so that an experiment's analysis shows
-    its own count beside the command's count of pieces.
+    `advance(dt)` adds the time covered. The rate is given in one unit for the whole
+    run: seconds per unit for counts of slow units (pieces, runs, stages, models,
+    snapshots), units per second otherwise, or as `rate` says (`"s/piece"`,
+    `"pieces/s"`). A total of None is a status line (see `status`). `console` (a rich
+    Console) draws the line there instead of on stderr. `show=None` draws it when that
+    is a terminal, or when another line is drawn: a line entered then adds itself under
+    that one (rich draws one live display at a time), so that an experiment's analysis
+    shows its own count beside the command's count of pieces. `Progress.muted = True`
+    draws nothing in this process (the jobs of a parallel launcher share a terminal).
     """
 
-    _drawn: ClassVar[list[Progress]] = []  # the drawn Progress lines of this process, outermost first
+    _drawn: ClassVar[list[Progress]] = []  # the drawn lines of this process, outermost first
+    muted: ClassVar[bool] = False
 
-    def __init__(self, description: str, total: int | float, *, unit: str = "pieces", covered: bool = False,
-                 show: bool | None = None, console=None):
+    def __init__(self, description: str, total: int | float | None, *, unit: str = "pieces", covered: bool = False,
+                 show: bool | None = None, console=None, rate: str | None = None):
         self.description = description
         self.covered = covered
-        self.total = max(float(total), 0.0) if covered else max(int(total), 1)
+        if total is None:
+            self.total = None
+        else:
+            self.total = max(float(total), 0.0) if covered else max(int(total), 1)
         self.unit = unit
+        if rate is None:
+            rate = f"s/{unit.removesuffix('s')}" if unit in _SLOW_UNITS else f"{unit}/s"
+        self.rate = rate
         self.done = 0.0 if covered else 0
         self.console = console
         self._asked = show
@@ -75,6 +108,8 @@ class Progress(AbstractContextManager):
     def _wanted(self) -> bool:
         if self._asked is not None:
             return self._asked
+        if Progress.muted:
+            return False
         terminal = self.console.is_terminal if self.console is not None else sys.stderr.isatty()
         return bool(Progress._drawn) or terminal
 
@@ -88,11 +123,15 @@ class Progress(AbstractContextManager):
                 from rich.progress import Progress as Bar
 
                 console = self.console if self.console is not None else Console(stderr=True)
-                self._bar = Bar(*_columns(), console=console, transient=False, refresh_per_second=4)
+                # A display opened by a status line goes when it ends; a bar's stays.
+                # The rate is estimated from every finished unit after the first (the
+                # first one also compiles), however long each takes.
+                self._bar = Bar(*_columns(), console=console, transient=self.total is None, refresh_per_second=4,
+                                speed_estimate_period=10 * 365 * 86400)
                 self._bar.__enter__()
                 self._owner = True
             self._task = self._bar.add_task(self.description, total=self.total, unit=self.unit,
-                                            covered=self.covered)
+                                            covered=self.covered, rate=self.rate)
             Progress._drawn.append(self)
         return self
 
@@ -111,6 +150,22 @@ class Progress(AbstractContextManager):
         if self._bar is None:
             return
         Progress._drawn.remove(self)
+        if self.total is None and not self._owner:
+            self._bar.remove_task(self._task)  # a status line under a bar: gone when it ends
         if self._owner:
             self._bar.__exit__(*exc)
         self._bar = None
+
+
+def status(description: str, *, show: bool | None = None, console=None) -> Progress:
+    """`with status("compiling"): ...`: a line saying what is being done (a pulsing bar
+    and the time spent) while a step with nothing to count runs; it disappears when the
+    step ends. Drawn where a `Progress` would be; `describe` changes what it says."""
+    return Progress(description, None, unit="", show=show, console=console)
+
+
+def end_all() -> None:
+    """End every line drawn in this process, innermost first (before a message that must
+    be the last thing on the terminal, or an exit that skips the `with` blocks)."""
+    for line in reversed(list(Progress._drawn)):
+        line.__exit__(None, None, None)

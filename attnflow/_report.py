@@ -159,16 +159,29 @@ def _rows(ds: xr.Dataset, run: str, flat: dict[str, Any]) -> list[dict[str, Any]
     return rows
 
 
-def _read(folder: Path) -> list[tuple[Path, dict[str, Any], xr.Dataset]]:
-    if not folder.is_dir():
-        raise ConfigError(f"{folder} is not a directory; give the directory of a sweep (its hydra.sweep.dir).")
+def results_files(path: str | Path, command: str) -> list[Path]:
+    """The results files that `path` names for `attnflow plot` or `attnflow report`
+    (`command`): a results file itself, or every `results.nc` in a folder (a run's, an
+    experiment run's, a sweep's) at any depth outside hidden folders, in run order.
+    Raises `ConfigError`, in one sentence naming what was looked for, when there is none."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise ConfigError(f"{path} does not exist; give a run or sweep directory, or a results.nc file, to "
+                          f"{command}.")
     # Hidden folders hold a launcher's or a run's bookkeeping (.submitit/, .hydra/,
     # .attnflow-pieces/), never a run.
-    files = sorted((p for p in folder.rglob("results.nc") if p.is_file()
-                    and not any(part.startswith(".") for part in p.relative_to(folder).parts[:-1])), key=_natural)
+    files = sorted((p for p in path.rglob("results.nc") if p.is_file()
+                    and not any(part.startswith(".") for part in p.relative_to(path).parts[:-1])), key=_natural)
     if not files:
-        raise ConfigError(f"{folder} holds no results.nc at any depth; give the directory of a finished sweep "
-                          "(its hydra.sweep.dir).")
+        raise ConfigError(f"{path} holds no results.nc (looked in it and in its folders at any depth, hidden "
+                          f"ones aside); nothing to {command}.")
+    return files
+
+
+def _read(folder: Path) -> list[tuple[Path, dict[str, Any], xr.Dataset]]:
+    files = results_files(folder, "report")
     runs = []
     for path in files:
         try:

@@ -5,7 +5,15 @@ turned NaN) are printed as one sentence on stderr and the command exits with cod
 with no traceback and nothing half-written. In a sweep (`-m`) every job runs; each
 failure is reported with its job, and the sweep exits with code 2 if any job failed.
 Ctrl-C (or SIGTERM) stops a run at once with one line and exit code 130; the finished
-pieces of the run are kept, and the same command resumes from them.
+pieces of the run are kept, and the line names the `hydra.run.dir=...` (a sweep's
+`hydra.sweep.dir=...`) that resumes from them. A run refused before computing leaves
+no folder behind: the run directory Hydra created for it is removed while it holds
+nothing but what Hydra wrote.
+
+On a terminal a status line says what the command is doing until the bar of pieces
+starts (composing the config, importing JAX, checking and planning, loading a
+checkpoint), and while figures are drawn; each job of a sweep starts with a line
+naming its overrides.
 
 Lazy imports (start-up): the study (`_build`, `_study`: JAX), the experiments, the plots
 and reports (xarray, matplotlib) and `attnflow train` are imported inside the function
@@ -26,6 +34,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -45,12 +54,15 @@ from omegaconf.errors import OmegaConfBaseException
 from . import _help
 from ._config import config_source, explain, register_schema, typed_job_config
 from ._errors import ConfigError, NonFiniteStateError, SolverFailure, StorageError
-from ._progress import Progress
+from ._progress import Progress, end_all, status
 from ._store import RunDirectory, discard_partial_files, finished_pieces, load_results, stored_config, write_results
 
 _FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job (of the sweep, once it ends)
 _JOBS: list[str] = []
-_CURRENT: dict = {}  # the run (or sweep) directory being worked in (for the interrupt message), the sweep's lock
+# The run (or sweep) directory being worked in (for the interrupt message), the sweep's
+# lock, the folders Hydra is about to create for a run (removed if it is refused), the
+# start-up status line.
+_CURRENT: dict = {}
 _OUTCOMES = ".attnflow-jobs"  # in a sweep's folder: one file per job, `{num}.json`
 # What the joblib and submitit launchers raise when a job's process dies.
 _LOST_JOB = ("TerminatedWorkerError", "UncompletedJobError")
@@ -91,7 +103,15 @@ class _SweepRecord(Callback):
     The joblib and submitit launchers run jobs in other processes, on other machines
     for SLURM, so each job writes its outcome (`_record_outcome`) into the sweep
     folder, which a cluster shares; this reads them once the launcher has returned.
+
+    For a single run it notes which folders Hydra is about to create for it (the run
+    directory and its parents that do not exist yet), so that a refused run can remove
+    them (`_discard_refused`).
     """
+
+    def on_run_start(self, config, **kwargs) -> None:
+        run = Path(os.path.abspath(str(config.hydra.run.dir)))  # as Hydra's run_job makes it
+        _CURRENT["created"] = [folder for folder in (run, *run.parents) if not folder.exists()]
 
     def on_multirun_start(self, config, **kwargs) -> None:
         sweep = Path(str(config.hydra.sweep.dir))
@@ -154,12 +174,20 @@ def _job(cfg) -> None:
     out = Path(hydra_cfg.runtime.output_dir)
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     _JOBS.append(_job_label(hydra_cfg))
+    # The jobs of a parallel launcher share one terminal: none draws a line.
+    Progress.muted = sweep and OmegaConf.select(hydra_cfg, "launcher._target_") != _BASIC_LAUNCHER
+    if sweep:
+        _tell(None)
+        print(f"attnflow: {_job_label(hydra_cfg)}", flush=True)
     error = None
     try:
         _run(cfg, hydra_cfg, out)
     except ConfigError as failure:
         error = str(failure)
+        _tell(None)
         _record_failure(error, hydra_cfg, out)
+        if not sweep:
+            _discard_refused(out)
     except StorageError as failure:
         # A full disk: nothing finished is lost, and the same command resumes.
         pieces = out / RunDirectory.PIECES
@@ -167,6 +195,7 @@ def _job(cfg) -> None:
         kept = (f"the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}, and the same "
                 "command resumes" if kept else "nothing was finished yet, and the same command starts again")
         error = f"{failure}; {kept} once {out} can be written again."
+        _tell(None)
         _record_failure(error, hydra_cfg, out)
     if sweep:
         _record_outcome(hydra_cfg, error)
@@ -180,9 +209,12 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
     # Hydra has composed the keys; their values are typed here, so that a bad one fails
     # this job alone.
     typed = typed_job_config(cfg)
+    if "jax" not in sys.modules:
+        _tell("importing JAX")
     from ._build import resolve_study  # lazy: start-up (JAX), as the imports of the study below
     from ._study import config_yaml, plan_study, solve_study
 
+    _tell("checking and planning the run")
     experiment = None
     if typed.experiment is not None:
         from .experiments import plan_experiment  # lazy: start-up
@@ -213,11 +245,9 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         pieces = folder.path / folder.PIECES
         name = "attnflow" if experiment is None else experiment.name
         total = plan.pieces if experiment is None else experiment.pieces
-        # The jobs of a parallel launcher share one terminal: none draws a live bar.
-        parallel = (hydra_cfg.mode == RunMode.MULTIRUN
-                    and OmegaConf.select(hydra_cfg, "launcher._target_") != _BASIC_LAUNCHER)
+        _tell(None)  # the bar follows
         try:
-            with Progress(name, total, show=False if parallel else None) as progress:
+            with Progress(name, total) as progress:
                 if experiment is None:
                     results = solve_study(study, plan, pieces=pieces, on_piece=progress.advance,
                                           on_resume=lambda found, total: _resuming(found, total, pieces),
@@ -244,13 +274,16 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         if resolved.plot:
             try:
                 if experiment is None:
-                    from ._plots import plot_summary  # lazy: start-up
+                    with status("drawing summary.png"):
+                        from ._plots import plot_summary  # lazy: start-up
 
-                    figures = [plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))]
+                        figures = [plot_summary(results.to_xarray(), folder.path / "summary.png",
+                                                title=_title(resolved))]
                 else:
-                    from .experiments import draw_experiment  # lazy: start-up
+                    with status(f"drawing the figures of {experiment.name}"):
+                        from .experiments import draw_experiment  # lazy: start-up
 
-                    figures = draw_experiment(results, folder.path)
+                        figures = draw_experiment(results, folder.path)
             except StorageError as error:
                 raise ConfigError(f"{error}; the results are safe in {path}, and `attnflow plot {folder.path}` "
                                   "draws the figures once the folder can be written again.") from None
@@ -268,6 +301,40 @@ def _damaged(piece: Path) -> None:
 
 def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _tell(what: str | None) -> None:
+    """The start-up status line says `what` now (None: it ends, before a bar or a message)."""
+    line = _CURRENT.get("status")
+    if what is None:
+        if line is not None:
+            line.__exit__(None, None, None)
+            del _CURRENT["status"]
+    elif line is None:
+        _CURRENT["status"] = status(what).__enter__()
+    else:
+        line.describe(what)
+
+
+# What Hydra writes into a run directory: its record (hydra.output_subdir) and its log.
+_HYDRA_FILES = (".hydra",)
+
+
+def _discard_refused(out: Path) -> None:
+    """Remove the run directory of a refused run, and the parents Hydra created with it,
+    when this run created them (`_SweepRecord.on_run_start`) and they hold nothing but
+    what Hydra wrote: a folder that held anything before (a resumed run's) is never
+    touched, nor one that holds a result."""
+    created = _CURRENT.pop("created", [])
+    out = Path(os.path.abspath(out))
+    if out not in created:
+        return
+    with contextlib.suppress(OSError):
+        if any(p.name not in _HYDRA_FILES and p.suffix != ".log" for p in out.iterdir()):
+            return
+        shutil.rmtree(out)
+        for parent in created[created.index(out) + 1:]:
+            parent.rmdir()  # only while empty (OSError otherwise: the rest is kept)
 
 
 def _write_record(folder, cfg, hydra_cfg) -> None:
@@ -384,21 +451,29 @@ def _sentence(error: BaseException) -> str:
 
 
 def _interrupted() -> None:
-    """Ctrl-C: remove what is half-written, say what is kept, exit at once."""
+    """Ctrl-C: remove what is half-written, say what is kept and the override that
+    resumes from it, exit at once."""
+    end_all()
+    _CURRENT.pop("status", None)
     discard_partial_files()
     folder = _CURRENT.get("dir")
     kept = finished_pieces(folder / RunDirectory.PIECES) if folder else 0
     sweep = _CURRENT.get("sweep")
+    # Without its folder, the same command would start over in a new timestamped one.
+    resume = (f"hydra.sweep.dir={shlex.quote(str(Path(sweep).absolute()))}" if sweep is not None else
+              f"hydra.run.dir={shlex.quote(str(Path(folder).absolute()))}" if folder else None)
     if kept:
         _say(f"interrupted; {kept} finished piece{'s are' if kept > 1 else ' is'} kept in "
-             f"{folder / RunDirectory.PIECES} and the same command resumes from there.")
+             f"{folder / RunDirectory.PIECES}; the same command with {resume} resumes from there.")
     elif sweep is not None:
         # Between jobs, or the jobs ran in other processes (a parallel launcher, whose
         # workers stop with this one): their finished pieces are where they were.
-        _say(f"interrupted; the finished jobs and pieces are kept in {sweep} and the same command resumes "
-             "from there, skipping the finished jobs.")
+        _say(f"interrupted; the finished jobs and pieces are kept in {sweep}; the same command with {resume} "
+             "resumes from there, skipping the finished jobs.")
     else:
         _say("interrupted; no results were written.")
+        if _CURRENT.get("created"):
+            _discard_refused(_CURRENT["created"][0])  # nothing of this run's in it: no empty folder
     sys.stdout.flush()
     if folder is None and sweep is not None:
         # Nothing computes in this process (the launcher's workers are stopped): a normal
@@ -427,16 +502,26 @@ def _command(name: str, args: list[str]) -> int:
         _say(f"usage: {_USAGE[name]}.")
         return 0 if any(a in ("-h", "--help") for a in args) else 2
     try:
+        with status("reading the results"):
+            from ._report import results_files  # lazy: start-up (xarray)
+
+            found = [results_files(Path(arg), name) for arg in args]
         if name == "plot":
-            for arg in args:
-                for path in _redraw(Path(arg)):
+            for results in (path for paths in found for path in paths):
+                with status(f"drawing the figures of {results}"):
+                    drawn = _redraw(results)
+                for path in drawn:
                     print(f"attnflow: wrote {path}", flush=True)
         else:
             from ._report import report  # lazy: start-up
 
-            for path in report(Path(args[0])):
+            folder = Path(args[0])
+            with status(f"writing the report of {len(found[0])} run{'s' if len(found[0]) > 1 else ''}"):
+                written = report(folder.parent if folder.is_file() else folder)
+            for path in written:
                 print(f"attnflow: wrote {path}", flush=True)
     except (ConfigError, StorageError) as error:
+        end_all()
         _say(f"error: {error}")
         return 2
     except KeyboardInterrupt:
@@ -444,10 +529,8 @@ def _command(name: str, args: list[str]) -> int:
     return 0
 
 
-def _redraw(path: Path) -> list[Path]:
-    results = path / "results.nc" if path.is_dir() else path
-    if not results.is_file():
-        raise ConfigError(f"{path} holds no results.nc; give a run directory or a results file.")
+def _redraw(results: Path) -> list[Path]:
+    """Redraw the figures of one results file beside it."""
     stored_config(results, "give the results.nc of a finished run")  # one sentence for a file not attnflow's
     ds = load_results(results)
     if ds.attrs.get("experiment"):
@@ -543,14 +626,19 @@ def main() -> None:
     entry = hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
     try:
         _check_command_line(sys.argv[1:])
+        _tell("composing the config")
         entry()
     except KeyboardInterrupt:
         _interrupted()
     except ConfigError as error:
+        _tell(None)
         _say(f"error: {error}")
         sys.exit(2)
     except (HydraException, OmegaConfBaseException, OSError) as error:
+        _tell(None)
         _say(f"error: {_sentence(error)}")
+        if _CURRENT.get("created"):
+            _discard_refused(_CURRENT["created"][0])  # the run directory
         sys.exit(2)
     except Exception as error:
         if type(error).__name__ not in _LOST_JOB:
@@ -561,6 +649,8 @@ def main() -> None:
         _say(f"error: a job's process ended before its job did ({first}); the finished jobs are kept in "
              f"{_CURRENT.get('sweep', 'the sweep folder')} and the same command runs the others.")
         sys.exit(2)
+    finally:
+        _tell(None)
     if _FAILED:
         if len(_JOBS) > 1:
             names = "; ".join(label for label, _ in _FAILED)

@@ -32,7 +32,7 @@ def attnflow(*args: str, cwd: Path, module: bool = False, env: dict | None = Non
 @pytest.fixture
 def command(monkeypatch, capsys, tmp_path):
     """`attnflow ARGS` run in this process (`attnflow.cli.main`, as the console script
-    calls it): returns its exit code and its stderr lines (its stdout is then `run.out`).
+    calls it): returns its exit code and its stderr lines (its stdout is then `run.out`, also `run.stdout`).
     For refusals whose process behaviour (exit 2, one line, no traceback) a subprocess
     test already shows: the message itself is checked here without paying a Python and
     JAX start-up each."""
@@ -56,9 +56,11 @@ def command(monkeypatch, capsys, tmp_path):
             signal.signal(signal.SIGTERM, previous)
         captured = capsys.readouterr()
         run.out, err = captured.out, captured.err
+        run.stdout = run.out
         assert "Traceback" not in err, err
         return code, [line for line in err.splitlines() if line.strip()]
 
+    run.stdout = ""  # what the last command printed on stdout
     return run
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .._errors import CheckpointError
+from .._progress import status
 from . import bert, gpt2, llama, native, neox
 from ._canonical import Checkpoint
 from ._files import check_dtype, check_memory, read_config, read_tensors
@@ -31,6 +32,11 @@ def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None)
     can run code when opened); `dtype` is the arrays' (float32 by default)."""
     check_dtype(dtype)
     path, name = resolve(path)
+    with status(f"loading the checkpoint {name or path.name}"):
+        return _load(path, name, trust_pickle, dtype)
+
+
+def _load(path: Path, name, trust_pickle: bool, dtype) -> Checkpoint:
     if path.is_dir() and not (path / "config.json").exists():
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:

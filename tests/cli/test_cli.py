@@ -116,6 +116,7 @@ def test_bad_input_prints_one_error_line_and_writes_nothing(tmp_path, args, says
     assert says in line, line
     assert_nothing_written(tmp_path)
     assert not list(tmp_path.rglob("*.nc")) and not list(tmp_path.rglob(".hydra"))
+    assert not out.exists()  # no empty folder either
 
 
 # The other refusals, with the same assertions, through `attnflow.cli.main` in this
@@ -142,6 +143,7 @@ def test_bad_input_is_one_error_line_in_process(command, tmp_path, args, says):
     assert says in lines[0], lines[0]
     assert_nothing_written(tmp_path)
     assert not list(tmp_path.rglob("*.nc")) and not list(tmp_path.rglob(".hydra"))
+    assert not out.exists()  # no empty folder either
 
 
 def test_non_finite_run_fails_and_keeps_what_was_computed_apart(tmp_path):
@@ -312,6 +314,7 @@ def test_ctrl_c_stops_at_once_keeps_finished_pieces_and_the_run_resumes(tmp_path
     assert proc.returncode == 130
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("attnflow: interrupted;") and "resumes" in lines[0], stderr
+    assert f"the same command with hydra.run.dir={out} resumes" in lines[0], stderr
     assert "Traceback" not in stderr
     kept = len(list(pieces.glob("piece-*.npz")))
     assert kept >= 2 and not (out / "results.nc").exists()

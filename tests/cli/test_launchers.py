@@ -104,6 +104,7 @@ def test_joblib_sweep_equals_the_basic_one_and_resumes_after_a_kill(basic, tmp_p
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("attnflow: interrupted; the finished jobs"), stderr
     assert "resumes" in lines[-1] and "Traceback" not in stderr
+    assert f"the same command with hydra.sweep.dir={sweep} resumes" in lines[-1], stderr
     for line in lines[:-1]:
         assert line.startswith(("attnflow: error: job 2 (beta=-1", "attnflow: error: job 3 (beta=-1")), stderr
     assert not (sweep / "1" / "results.nc").exists()

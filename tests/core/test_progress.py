@@ -12,11 +12,21 @@ import pytest
 from attnflow._progress import Progress
 
 
-def _console():
+def _console(clock=None, terminal=None):
     from rich.console import Console
 
     buffer = io.StringIO()
-    return buffer, Console(file=buffer, width=200)
+    return buffer, Console(file=buffer, width=200, get_time=clock, force_terminal=terminal)
+
+
+class Clock:
+    """A clock that moves only when told (rich reads its time from the console's)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_a_drawn_line_shows_the_count_its_rate_and_the_time_left():
@@ -27,8 +37,9 @@ def test_a_drawn_line_shows_the_count_its_rate_and_the_time_left():
             bar.advance()
     text = buffer.getvalue()
     assert "phase diagram" in text and "4/4 pieces" in text
-    rate = float(re.search(r"([0-9.e+]+) pieces/s", text).group(1))
-    assert 1 < rate < 4 / 0.02 * 1.5  # 4 pieces in at least 80 ms
+    # Pieces take seconds each: their rate is in seconds per piece.
+    seconds = float(re.search(r"([0-9.e+-]+) s/piece", text).group(1))
+    assert 0.02 / 1.5 < seconds < 1  # a piece every 20 ms (or more, on a busy machine)
     assert re.search(r"\d:\d\d:\d\d left \d:\d\d:\d\d", text)  # time spent, then time left
 
 
@@ -87,3 +98,72 @@ def test_the_analysis_of_an_experiment_and_an_animation_draw_their_lines(tmp_pat
     text = buffer.getvalue()
     assert re.search(r"Lyapunov spectra .* 6/6 members", text)  # two pieces: 4 pairs, then 2
     assert re.search(r"animation a\.gif .* 5/5 frames", text)
+
+
+def test_each_bar_keeps_one_rate_unit_and_long_pieces_get_a_time_left():
+    """One rate unit per bar, whatever the speed (no switch to another unit, such as
+    pieces/s to pieces/min); the rate and the time left come from every piece after the
+    first (which also compiles), even when each takes longer than rich's 30 s window."""
+    clock = Clock()
+    buffer, console = _console(clock)
+    with Progress("attnflow", 5, show=True, console=console) as bar:
+        clock.now += 300  # the first piece, compiling: 5 minutes
+        bar.advance()
+        for _ in range(2):
+            clock.now += 60  # then a minute each
+            bar.advance()
+        console.file.write("\n---\n")
+        bar._bar.refresh()
+    last = buffer.getvalue().rsplit("---", 1)[1]
+    assert "3/5 pieces" in last and "60 s/piece" in last, last
+    assert "left 0:02:00" in last, last  # two pieces to go
+    assert "/min" not in buffer.getvalue() and "pieces/s" not in buffer.getvalue()
+
+    clock = Clock()
+    buffer, console = _console(clock)
+    with Progress("Lyapunov spectra", 4, unit="members", show=True, console=console) as bar:
+        for _ in range(4):
+            clock.now += 30  # slower than one a second: still members per second
+            bar.advance()
+    text = buffer.getvalue()
+    assert "0.0333 members/s" in text and "/min" not in text and "s/member" not in text, text
+    with Progress("pieces", 2, rate="pieces/s", show=True, console=console) as bar:
+        bar.advance(2)
+    assert "s/piece" not in buffer.getvalue()
+
+
+def test_a_status_line_says_what_is_done_and_goes_when_it_ends():
+    from attnflow._progress import end_all, status
+
+    buffer, console = _console(terminal=True)
+    with status("importing JAX", show=True, console=console) as line:
+        line._bar.refresh()
+        line.describe("compiling")
+        line._bar.refresh()
+        drawn = buffer.getvalue()
+    assert "importing JAX" in drawn and re.search(r"compiling.*\d:\d\d:\d\d", drawn), drawn  # the time spent
+    assert "left" not in drawn and "pieces" not in drawn  # nothing counted
+    ended = buffer.getvalue()[len(drawn):]
+    assert "\x1b[?25h" in ended and ended.endswith("\x1b[2K")  # the cursor shown again, the line erased
+    assert not Progress._drawn
+
+    # Under a bar, a status adds its line and removes it when it ends; the bar stays.
+    buffer, console = _console()
+    with Progress("attnflow", 2, show=True, console=console) as bar:
+        with status("first piece: compiling, then solving") as line:
+            assert line.show and line._bar is bar._bar
+            bar.advance()
+        assert [task.description for task in bar._bar.tasks] == ["attnflow"]
+        bar.advance()
+    assert "2/2 pieces" in buffer.getvalue()
+
+    # Nothing where nothing is drawn; `end_all` ends the lines an exit would skip.
+    with status("quiet") as line:
+        assert not line.show
+    buffer, console = _console()
+    outer = status("composing the config", show=True, console=console).__enter__()
+    inner = Progress("attnflow", 1).__enter__()
+    assert inner.show and Progress._drawn == [outer, inner]
+    display = outer._bar
+    end_all()
+    assert not Progress._drawn and outer._bar is None and not display.live.is_started
