@@ -21,9 +21,9 @@ measure, whole configurations (each member a point of $\\mathbb{R}^{nd}$).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
-from pathlib import Path
+import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,10 @@ import xarray as xr
 
 from .._errors import ConfigError
 from .._progress import Progress
-from ._common import caption, check_member_option, config_of, pyplot, save, wireframe_sphere
+from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Flow-matching surrogate of the attention flow"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, section 5.3 (figures 7 and 8)"
@@ -173,8 +176,7 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(values, np.ones(window) / window, mode="valid")
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     options = cfg["experiment"]["options"]
     test_members = ds["test_member"].values
@@ -182,11 +184,11 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     surrogate = ds["surrogate_x"].values
     n = attention.shape[2]
     k = int(cfg["init"].get("k") or 1)
-    colours = plt.cm.tab10(np.arange(n) % k % 10)
+    colours = colormap("tab10")(np.arange(n) % k % 10)
     token_colours = np.broadcast_to(colours, attention.shape[:1] + colours.shape).reshape(-1, 4)
     t1 = float(ds["time"].values[-1])
 
-    fig = plt.figure(figsize=(12, 7.2))
+    fig = figure(figsize=(12, 7.2))
     ensembles = [
         ("(a) initial tokens (held out)", attention[:, 0]),
         (f"(b) attention flow at t = {t1:g}", attention[:, -1]),
@@ -267,4 +269,4 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         f"{float(ds['configuration_reference_distance']):.3f}. The surrogate's chords dip to |x| = "
         f"{float(ds['surrogate_min_norm']):.2f} inside the ball; the attention paths stay on the sphere. The loss "
         f"stays above zero: a token's image depends on the other tokens, which v does not see."), width=150)
-    return save(fig, folder, "flow_matching")
+    return {"flow_matching": fig}

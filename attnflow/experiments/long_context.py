@@ -44,10 +44,10 @@ the stored cosine is the mean over the sampled pairs.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 import math
 import numbers
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +60,10 @@ from .._errors import ConfigError
 from .._progress import Progress
 from .._schedules import Identity
 from .._terms import SelfAttention
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, colormap, config_of, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "The long-context phase transition: output cosines of one attention layer at beta = gamma log n"
 PAPER = ("Chen, Lin, Polyanskiy, Rigollet, \"Critical attention scaling in long-context transformers\" (2025); "
@@ -299,14 +302,13 @@ def analyse(cfg, options, results, on_piece=None) -> xr.Dataset:
         return long_context_dataset(cfg, options, bar.advance)
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     rhos = ds["rho"].values
-    fig, axes = plt.subplots(len(rhos), 2, figsize=(11.0, 4.0 * len(rhos)), layout="constrained", squeeze=False)
+    fig, axes = subplots(len(rhos), 2, figsize=(11.0, 4.0 * len(rhos)), layout="constrained", squeeze=False)
     ns = ds["n"].values
     fine = np.geomspace(ns[0], ns[-1], 200)
-    cmap = plt.get_cmap("viridis")
+    cmap = colormap("viridis")
     ratios = ds["gamma_critical"].values
     for row, rho in enumerate(rhos):
         part = ds.sel(rho=rho)
@@ -333,7 +335,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         right.set_title(f"(b) rho = {rho:g}: distance to the limit, measured (dots) and equiangular (dotted)")
         right.legend(loc="lower left", fontsize=7)
     caption(fig, _caption(ds, cfg), width=170)
-    return save(fig, folder, "long_context")
+    return {"long_context": fig}
 
 
 def _caption(ds, cfg) -> str:

@@ -56,9 +56,9 @@ of a study (saves, metrics, save_states, ...) do not apply and are refused.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
+import math
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -73,7 +73,10 @@ from .._progress import Progress
 from .._solvers import tableau
 from .._store import in_background
 from ..analysis.spectrum import lyapunov_spectrum, rotation_orbit
-from ._common import caption, config_of, member_summary, pyplot, save
+from ._common import caption, colormap, config_of, member_summary, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
 PAPER = ("Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
@@ -419,16 +422,15 @@ def _sample(values, count: int) -> list[int]:
     return sorted(set(np.linspace(0, size - 1, min(count, size)).round().astype(int).tolist()))
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     d = cfg["d"]
     betas = ds["beta"].values
     drawn = _drawn_exponents(ds, d)
     colors = {drawn[0]: "C0", drawn[-1]: "C3"}
     transverse = "transverse_exponents" in ds
-    fig, axes = plt.subplots(1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4),
-                             layout="constrained")
+    fig, axes = subplots(1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4),
+                         layout="constrained")
     window = float(ds["late_window"])
     t1 = cfg["t1"]
     has_theory = bool(np.isfinite(ds["consensus"].values).any())
@@ -478,7 +480,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ax = axes[-1]
     t = ds["time"].values
     chosen = _sample(betas, 4)
-    cmap = plt.get_cmap("viridis")
+    cmap = colormap("viridis")
     name, dim, which = (("transverse_running", "transverse", [1]) if transverse else ("running", "exponent", drawn))
     for c, b in enumerate(chosen):
         color = cmap(c / max(len(chosen) - 1, 1))
@@ -494,7 +496,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ax.set_title(f"({'d' if transverse else 'c'}) running estimates: {label}")
     ax.legend(loc="lower right")
     caption(fig, _caption(ds, cfg, drawn), width=240 if transverse else 190)
-    return save(fig, folder, "lyapunov")
+    return {"lyapunov": fig}
 
 
 def _fixed(value: float) -> str:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -56,9 +56,12 @@ from .._build import build_system, resolve_study, validate_config
 from .._config import to_container
 from .._errors import ConfigError
 from .._terms import SelfAttention
-from ._common import caption, config_of, member_summary, pyplot, save
+from ._common import caption, config_of, member_summary, subplots
 from .lyapunov import PERCENTILES, check_options, check_spectrum, ensemble_spectra, exponent_count, local_exponents
 from .polynomial import SCHEDULES, coefficients, dispersion_index
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Lyapunov spectra under polynomial weight magnitudes"
 PAPER = "Neural ODE Transformers, app. C.8 (weight magnitudes) and sec. 5.2, app. B (Lyapunov exponents)"
@@ -234,15 +237,14 @@ def _rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     names = list(ds["schedule"].values)
     formulas = [str(f) for f in ds["formula"].values]
     k = ds.sizes["exponent"]
     has_dispersion = "dispersion" in ds
-    fig, axes = plt.subplots(1, 4 if has_dispersion else 3, figsize=(17.0 if has_dispersion else 13.0, 4.6),
-                             layout="constrained")
+    fig, axes = subplots(1, 4 if has_dispersion else 3, figsize=(17.0 if has_dispersion else 13.0, 4.6),
+                         layout="constrained")
     x = np.arange(len(names))
     rng = np.random.default_rng(0)
     offsets = np.linspace(-0.22, 0.22, k) if k > 1 else np.zeros(1)
@@ -286,7 +288,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         ax.set_ylabel(f"lambda_1 over [0, {t1:g}]")
         ax.set_title("(d) every member: top exponent against dispersion")
     caption(fig, _caption(ds, cfg, names, formulas), width=220 if has_dispersion else 170)
-    return save(fig, folder, "lyapunov_polynomial")
+    return {"lyapunov_polynomial": fig}
 
 
 def _caption(ds, cfg, names, formulas) -> str:

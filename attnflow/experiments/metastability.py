@@ -56,8 +56,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -70,8 +69,11 @@ from .._errors import ConfigError
 from .._metrics import cluster_labels
 from .._progress import Progress
 from ..analysis.plateaus import detect_metastability
-from ._common import caption, check_member_option, config_of, pyplot, save, wireframe_sphere
+from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._runner import merge_overrides
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = ("Metastability: clusters that persist, then merge (log time); the energy staircase of the cluster "
          "partitions (rescaled time)")
@@ -353,13 +355,12 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 
 
 def _paths(fig, spec, p: xr.Dataset, config: Mapping, keep: np.ndarray, letter: str) -> None:
-    plt = pyplot()
     member = int(p["drawn_member"])
     n = int(config["n"])
     x = p["x"].values[keep, :n, : int(config["d"])]  # a smaller panel is padded
     t = p["time"].values[keep]
     labels = p["drawn_clusters"].values[:n]
-    colors = plt.cm.tab10(np.unique(labels, return_inverse=True)[1] % 10)
+    colors = colormap("tab10")(np.unique(labels, return_inverse=True)[1] % 10)
     if x.shape[-1] == 3:
         ax = fig.add_subplot(spec, projection="3d")
         wireframe_sphere(ax, zoom=1.3)
@@ -434,16 +435,15 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     the caption's sentence."""
     from matplotlib.lines import Line2D  # lazy: start-up
 
-    plt = pyplot()
     s = ds["staircase_time"].values
     betas = ds["beta"].values
-    colors = plt.cm.viridis(np.linspace(0.0, 0.9, len(betas)))
+    colors = colormap("viridis")(np.linspace(0.0, 0.9, len(betas)))
     ax = fig.add_subplot(grid[1, 0])
     last = len(betas) - 1
     if "staircase_angles" in ds:
         angles = np.unwrap(ds["staircase_angles"].values[last], axis=0)
         for i in range(angles.shape[1]):
-            ax.plot(s, angles[:, i], color=plt.cm.tab10(i), linewidth=1.2)
+            ax.plot(s, angles[:, i], color=colormap("tab10")(i), linewidth=1.2)
     for time in ds["staircase_merge_time"].values[last]:
         if np.isfinite(time):
             ax.axvline(time, color="C3", linestyle="--", linewidth=0.8)
@@ -528,14 +528,13 @@ def _plateau_table(ds: xr.Dataset) -> tuple[list[list[str]], str]:
     return rows, "; ".join(deviations)
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     from matplotlib.lines import Line2D  # lazy: start-up
     from matplotlib.patches import Patch  # lazy: start-up
 
-    plt = pyplot()
     staircase = "staircase_time" in ds
     rows = 2 if staircase else 1
-    fig = plt.figure(figsize=(13.5, 4.1 * rows))
+    fig = figure(figsize=(13.5, 4.1 * rows))
     grid = fig.add_gridspec(rows, 3, width_ratios=(1.0, 1.15, 1.15), wspace=0.3, hspace=0.45)
     config = config_of(ds, "sphere")
     member = int(ds["drawn_member"])
@@ -569,7 +568,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     if staircase:
         notes.append(_staircase_row(fig, grid, ds, config_of(ds, "staircase")))
     caption(fig, " ".join(notes), width=190)
-    return save(fig, folder, "metastability")
+    return {"metastability": fig}
 
 
 def _sphere_note(ds: xr.Dataset, config: Mapping) -> str:

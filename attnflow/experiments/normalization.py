@@ -43,14 +43,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._config import choice
 from .._errors import ConfigError
-from ._common import caption, check_member_option, config_of, pyplot, save
+from ._common import caption, check_member_option, config_of, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Post-LN collapses exponentially, pre-LN polynomially"
 PAPER = ("post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
@@ -223,14 +226,13 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     return ds
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     options = cfg["experiment"]["options"]
     member = int(options["member"])
     t = ds["time"].values
     positive = t > 0
-    fig, axes = plt.subplots(1, 3, figsize=(14.0, 4.4), layout="constrained")
+    fig, axes = subplots(1, 3, figsize=(14.0, 4.4), layout="constrained")
     colors = {label: f"C{k}" for k, label in enumerate(ds["scheme"].values)}
     for ax, kind in ((axes[0], "power"), (axes[1], "exp")):
         for label in ds["scheme"].values:
@@ -299,4 +301,4 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         f"= {options['fit_from']:g} and {options['floor']:g}; the rate and the exponent only where the local slope has "
         f"settled (within {options.get('settle', 0.02):g} of its end value), the power law in t - t_0 with t_0 the "
         f"origin of the fitted growth |x| = c (t - t_0): {words}."), width=175)
-    return save(fig, folder, "normalization")
+    return {"normalization": fig}
