@@ -127,7 +127,8 @@ def wrap(text: str, width: int) -> list[str]:
     """`text` wrapped to lines of at most about `width` characters, never inside a
     `$...$` span (a span cut in two would not render)."""
     joined = _MATH.sub(lambda span: span.group().replace(" ", _KEEP), text)
-    return [line.replace(_KEEP, " ") for line in textwrap.wrap(joined, width)]
+    lines = textwrap.wrap(joined, width, break_long_words=False, break_on_hyphens=False)
+    return [line.replace(_KEEP, " ") for line in lines]
 
 
 def caption(fig: Figure, text: str, width: int = 110) -> None:

@@ -37,6 +37,11 @@ _HTML_FRAMES = 120
 PLOTLY_JS = {"embed": True, "directory": "directory"}
 
 
+def check_plotly_js(plotly_js: str) -> None:
+    if plotly_js not in PLOTLY_JS:
+        raise ConfigError(f"plotly_js={plotly_js!r} is not a choice; give one of {', '.join(PLOTLY_JS)}.")
+
+
 def _frames(count: int, limit: int) -> np.ndarray:
     """At most `limit` indices into `count` saved times, evenly spread, first and last kept."""
     if count <= limit:
@@ -90,8 +95,7 @@ def sphere_html(x: Float[np.ndarray, "time token 3"], times: Float[np.ndarray, "
     """
     import plotly.graph_objects as go  # lazy: start-up
 
-    if plotly_js not in PLOTLY_JS:
-        raise ConfigError(f"plotly_js={plotly_js!r} is not a choice; give one of {', '.join(PLOTLY_JS)}.")
+    check_plotly_js(plotly_js)
     x = np.asarray(x, dtype=float)
     times = np.asarray(times, dtype=float)
     _check(x, times, (3,))
@@ -282,6 +286,8 @@ def animate_states(ds: xr.Dataset, folder: str | os.PathLike, name: str, member:
     paths = []
     if d == 3:
         paths.append(sphere_html(x, times, folder / f"{name}.html", title=title, plotly_js=plotly_js))
+        if plotly_js == "directory":
+            paths.append(folder / "plotly.min.js")
     if d in (2, 3):
         paths.append(animation(x, times, folder / f"{name}.gif", title=title))
     return paths

@@ -25,6 +25,7 @@ from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
 from .._figures import save, style
 from .._study import _version, config_yaml, plan_study, prepare_jax, solve_study
+from ._animate import check_plotly_js
 
 # Every experiment: conf/experiment/NAME.yaml and attnflow/experiments/NAME.py (or the
 # module _MODULES names, where NAME is also a package of attnflow's).
@@ -221,6 +222,7 @@ def draw_experiment(ds, folder: str | os.PathLike, *, plotly_js: str = "embed") 
     (animations, interactive HTML views, tables); returns their paths. `plotly_js`:
     where the HTML views find plotly.js, `"embed"` (inside each page) or `"directory"`
     (one plotly.min.js beside them)."""
+    check_plotly_js(plotly_js)  # before anything is drawn
     module = _drawing_module(ds)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

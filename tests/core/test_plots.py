@@ -327,3 +327,13 @@ def test_math_in_the_caption_is_mathtext_and_renders():
     # Every line holds whole `$...$` spans (wrapping never cuts one), and mathtext parses them.
     assert all(line.count("$") % 2 == 0 for line in text.splitlines())
     fig.canvas.draw()
+
+
+def test_a_caption_wraps_between_math_spans_never_inside_one():
+    from attnflow._figures import wrap
+
+    text = r"a pair is close when $\cos(x_i, x_j) > 1 - \varepsilon$, with $\varepsilon$ = 0.01; " * 3
+    for width in range(8, 80, 7):
+        lines = wrap(text, width)
+        assert all(line.count("$") % 2 == 0 for line in lines), width
+        assert " ".join(lines) == " ".join(text.split())
