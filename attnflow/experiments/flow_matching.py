@@ -255,17 +255,17 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
         counts = ds["clusters"].sel(member=test_members).isel(time=-1).values
         common = int(np.bincount(counts.astype(int)).argmax())
         clustered = (f" At t = {t1:g}, {int((counts == common).sum())} of {held_out} held-out members have {common} "
-                     f"cluster{'s' if common != 1 else ''} (cos > 1 - {cfg['eps']:g}).")
+                     f"cluster{'s' if common != 1 else ''} ($\\cos > 1 - {cfg['eps']:g}$).")
     caption(fig, (
-        f"Q = K = V = I softmax attention on S^{cfg['d'] - 1}, n = {n} tokens per member ({k} caps of radius "
-        f"{cfg['init'].get('radius')}, token colour = cap), beta = {cfg['beta']}, T = {t1:g}, {cfg['solver']} with "
+        f"Q = K = V = I softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {n} tokens per member ({k} caps of radius "
+        f"{cfg['init'].get('radius')}, token colour = cap), $\\beta$ = {cfg['beta']}, T = {t1:g}, {cfg['solver']} with "
         f"dt = {cfg['dt']}.{clustered} Surrogate v(s, x): MLP of one token and s ({options['depth']} x {options['width']} SiLU), "
-        f"trained by flow matching on straight paths x_s = (1 - s) x_0 + s x_1 for {options['train_steps']} Adam "
+        f"trained by flow matching on straight paths $x_s = (1 - s)\\, x_0 + s\\, x_1$ for {options['train_steps']} Adam "
         f"steps on the {members - held_out} training members' tokens, integrated with rk4 "
         f"({options['surrogate_steps']} steps). Held-out members: {held_out} ({held_out * n} tokens). "
         f"End distance surrogate vs attention {float(ds['end_distance']):.3f} against {float(ds['reference_distance']):.3f} "
         f"from initial to final attention ensemble (ratio {float(ds['distance_ratio']):.3f}); whole configurations "
-        f"(each member a point of R^{n * cfg['d']}): {float(ds['configuration_end_distance']):.3f} against "
+        f"(each member a point of $R^{{{n * cfg['d']}}}$): {float(ds['configuration_end_distance']):.3f} against "
         f"{float(ds['configuration_reference_distance']):.3f}. The surrogate's chords dip to |x| = "
         f"{float(ds['surrogate_min_norm']):.2f} inside the ball; the attention paths stay on the sphere. The loss "
         f"stays above zero: a token's image depends on the other tokens, which v does not see."), width=150)

@@ -450,7 +450,7 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     ax.set_xlim(s[0], s[-1])
     ax.set_xlabel("rescaled time s")
     ax.set_ylabel("angle on the circle (rad)")
-    ax.set_title(f"(b) token angles, beta = {betas[last]:g}; merges dashed")
+    ax.set_title(f"(b) token angles, $\\beta$ = {betas[last]:g}; merges dashed")
     ax = fig.add_subplot(grid[1, 1])
     for (partition, level) in STAIRCASE.items():
         ax.axhline(level, color="0.5", linestyle=":", linewidth=0.9)
@@ -465,17 +465,17 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
             if np.isfinite(a):
                 ax.plot([a, e], [level, level], color=color, linewidth=6, alpha=0.3, solid_capstyle="butt")
     ax.set_xlim(s[0], s[-1])
-    ax.set_xlabel("rescaled time s (constant speed log beta)")
+    ax.set_xlabel(r"rescaled time $s$ (constant speed $\log \beta$)")
     ax.set_ylabel(r"energy $n^{-2} \sum_{ij} e^{\beta(\cos(\theta_i - \theta_j) - 1)}$")
     ax.set_title("(b) the energy staircase, n = 5 on the circle (USA)")
-    handles = [Line2D([], [], color=c, linewidth=1.3, label=f"beta = {b:g}") for b, c in zip(betas, colors)]
+    handles = [Line2D([], [], color=c, linewidth=1.3, label=f"$\\beta$ = {b:g}") for b, c in zip(betas, colors)]
     handles += [Line2D([], [], color="0.5", linewidth=6, alpha=0.3, label="detected plateaus"),
                 Line2D([], [], color="0.5", linestyle=":", label="partition levels")]
     ax.legend(handles=handles, loc="upper left", fontsize=7, frameon=False)
     ax = fig.add_subplot(grid[1, 2])
     ax.axis("off")
     table, worst = _plateau_table(ds)
-    header = ["beta"] + [f"{p}\n{_fraction(v)}" for p, v in STAIRCASE.items()]
+    header = [r"$\beta$"] + [f"{p}\n{_fraction(v)}" for p, v in STAIRCASE.items()]
     cells = ax.table(cellText=table, colLabels=header, loc="center", cellLoc="center")
     cells.auto_set_font_size(False)
     cells.set_fontsize(8)
@@ -484,10 +484,10 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     init = config["init"]["value"]
     return (f"(b) the published staircase: n = {config['n']} tokens on the circle at the published angles "
             f"({', '.join(f'{np.arctan2(y, x):.4f}' for x, y in init)} rad), the unnormalized field at constant speed "
-            f"log beta in rescaled time s, {config['solver']} steps of {config['dt']:g}, tokens within "
-            f"{config['time_change']['collisions']:g} merged, {config['dtype']}, eps = {config['eps']:g}; plateaus "
+            f"$\\log \\beta$ in rescaled time $s$, {config['solver']} steps of {config['dt']:g}, tokens within "
+            f"{config['time_change']['collisions']:g} merged, {config['dtype']}, $\\varepsilon$ = {config['eps']:g}; plateaus "
             f"(shaded bars) are read while the cluster partition holds (tol {ds.attrs['staircase_tol']:g} of the "
-            f"range, at least {ds.attrs['staircase_min_length']:g} of s). Largest distance of a measured level from its "
+            f"range, at least {ds.attrs['staircase_min_length']:g} of $s$). Largest distance of a measured level from its "
             f"partition's level: {worst}.")
 
 
@@ -524,7 +524,7 @@ def _plateau_table(ds: xr.Dataset) -> tuple[list[list[str]], str]:
             row.append(" ".join(f"{lv:.4f}" for lv in held) if held else "-")
             worst = max([worst] + [abs(lv - level) for lv in held])
         rows.append(row)
-        deviations.append(f"{worst:.1e} at beta = {beta:g}")
+        deviations.append(f"{worst:.1e} at $\\beta$ = {beta:g}")
     return rows, "; ".join(deviations)
 
 
@@ -544,13 +544,13 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     ax = fig.add_subplot(grid[0, 1])
     _series(ax, ds, "clusters", keep, step=True)
     _marks(ax, ds, member, "clusters", t[keep], annotate=True)
-    ax.set_ylabel(f"clusters (<x_i, x_j> > 1 - {config['eps']:g})")
+    ax.set_ylabel(f"clusters ($\\langle x_i, x_j \\rangle > 1 - {config['eps']:g}$)")
     ax.set_yscale("log")
     top = int(np.nanmax(np.where(ds["clusters"].values >= 0, ds["clusters"].values, np.nan)))
     ticks = [k for k in (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128) if k <= top]
     ax.set_yticks(ticks, [str(k) for k in ticks])
     ax.minorticks_off()
-    ax.set_title(f"(a) cluster count: n = {config['n']}, d = {config['d']}, beta = {config['beta']:g}")
+    ax.set_title(f"(a) cluster count: n = {config['n']}, d = {config['d']}, $\\beta$ = {config['beta']:g}")
     ax2 = fig.add_subplot(grid[0, 2])
     _series(ax2, ds, "relative_energy", keep, step=False)
     _marks(ax2, ds, member, "relative_energy", t[keep], annotate=False)
@@ -573,7 +573,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
 
 def _sphere_note(ds: xr.Dataset, config: Mapping) -> str:
     counts = ds["merge_count"].values
-    note = (f"(a) Q = K = V = I softmax attention, n = {config['n']} tokens on S^{config['d'] - 1}, beta = "
+    note = (f"(a) Q = K = V = I softmax attention, n = {config['n']} tokens on $S^{{{config['d'] - 1}}}$, $\\beta$ = "
             f"{config['beta']:g}, {_init_words(config)}, {config['solver']} with adaptive steps (rtol "
             f"{config['rtol']:g}) in {config['dtype']}, output at {ds.sizes['sample']} log-spaced times to "
             f"t = {config['t1']:g}; merges per member: {_spread(counts)}")

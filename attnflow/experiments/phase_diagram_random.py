@@ -134,10 +134,10 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     fig = heatmaps(ds, "panel", titles)
     beta = ds["beta"].values
     caption(fig, (
-        f"{LAWS}. Softmax attention on S^{cfg['d'] - 1}, n = {cfg['n']} tokens uniform at t = 0, "
-        f"{cfg['members']} members per (panel, beta), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
+        f"{LAWS}. Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']} tokens uniform at t = 0, "
+        f"{cfg['members']} members per (panel, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
         f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
-        f"{cfg['dtype']}. Colour: fraction of token pairs with <x_i, x_j> > 1 - {cfg['eps']:g}, averaged over "
+        f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - {cfg['eps']:g}$, averaged over "
         f"members. Dashed: the equiangular curve of the Q = K = V = I model (n = {cfg['n']}, eps = "
         f"{float(ds['equiangular_time'].attrs['eps']):g}), for comparison."), width=30 * min(len(labels), 4) + 20)
     return {"phase_diagram_random": fig}

@@ -274,7 +274,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     ax.legend(loc="lower right")
     grows = bool(int(ds["dispersion_grows_with_order"]))
     attention = ("Softmax attention" if options_of(cfg)["normalizer"] == "softmax"
-                 else "The paper's unnormalized attention sum_j exp(logit_ij) V x_j")
+                 else "The paper's unnormalized attention $\\sum_j e^{\\mathrm{logit}_{ij}} V x_j$")
     caption(fig, (
         f"{attention} without token normalization, Q = K = A_0 f(t), V = V_0 f(t), A_0 and V_0 standard Gaussian "
         f"(drawn per member), logits / sqrt(d); n = {cfg['n']}, d = {cfg['d']}, T = {cfg['t1']:g}, "

@@ -412,7 +412,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     ranks = ds["attention_rank"].isel(time=-1)
     convex = ds["convex_position"].sel(panel=labels[0])
     caption(fig, (
-        f"Softmax attention in R^d without normalization, Q = K = I, beta = {cfg['beta']}, n = {cfg['n']} tokens "
+        f"Softmax attention in $R^d$ without normalization, Q = K = I, $\\beta$ = {cfg['beta']}, n = {cfg['n']} tokens "
         f"uniform in [{cfg['init']['low']:g}, {cfg['init']['high']:g}]^d, {cfg['solver']} with dt = {cfg['dt']} "
         f"to t = {cfg['t1']:g} in {cfg['dtype']}, {ds.sizes['member']} members. Rescaled tokens z = exp(-tV) x of "
         f"one member per panel: open circles at t = 0, stars at t = {t[-1]:g}, paths coloured by the final leader (the "

@@ -168,10 +168,10 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     fractions = ", ".join(f"{names[s]}: {100 * float(ds['one_cluster_fraction'].sel(v_sign=s)):.0f}%"
                           for s in signs)
     caption(fig, (
-        f"Softmax attention on S^{cfg['d'] - 1}, n = {cfg['n']}, beta = {cfg['beta']}, Q and K {q['law']} random "
+        f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, Q and K {q['law']} random "
         f"({'per member' if not cfg['weights']['shared'] else 'shared by the members'}, {redraw}), "
         f"{names[1.0]}{' (and its negative)' if len(signs) > 1 else ''}; {cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens. "
         f"(a, b) one member's token paths on the principal plane of all its states (o start, * end). "
-        f"(c, d) the number of clusters and the fraction of pairs with cos > 1 - {cfg['eps']:g}. Members in one "
+        f"(c, d) the number of clusters and the fraction of pairs with $\\cos > 1 - {cfg['eps']:g}$. Members in one "
         f"cluster at t = {t[-1]:g}: {fractions}."), width=130)
     return {"random_qk": fig}

@@ -172,10 +172,10 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
         axes[r, 3].legend(title="position: 'token'", loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.colorbar(image, ax=axes[:, :2], label="probability", shrink=0.8)
     caption(fig, (
-        f"Causal softmax attention on S^{cfg['d'] - 1} with Q = K = 0 (uniform attention over the positions up to "
+        f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$ with Q = K = 0 (uniform attention over the positions up to "
         f"each one), one-hot initial tokens, V = 1_00 until t = {switch:g} (detection), then 1_30 + 1_41 + 1_42 "
         f"until t = {t[-1]:g} (prediction); {cfg['solver']} with dt = {cfg['dt']}. Probabilities: softmax over "
-        f"the vocabulary of {float(ds['readout_beta']):g} <e_k, x_i>. Token 0 is detected only from the position "
+        f"the vocabulary of {float(ds['readout_beta']):g} $\\langle e_k, x_i \\rangle$. Token 0 is detected only from the position "
         f"where it appears on (the causal mask); in stage 2 probability moves onto 3 (YES) from that position on, "
         f"3 being the most probable answer from the next position on and more so further along the sequence; "
         f"without a 0 every position answers 4 (NO). Dashed line: the switch of V."), width=170)
