@@ -107,7 +107,7 @@ def token_ticks(ax, tokens, most: int = 24, axes: str = "xy") -> None:
     """The token strings as tick labels on the x and/or y axis of `ax` (an attention
     map: rows are queries, columns keys), every k-th token when there are more than
     `most`, so that the labels never overlap."""
-    labels = [str(token) for token in tokens]
+    labels = [str(token).replace("$", r"\$") for token in tokens]  # a token is text, never math
     step = max(1, -(-len(labels) // most))
     ticks = np.arange(0, len(labels), step)
     shown = [labels[i] for i in ticks]
