@@ -78,7 +78,11 @@ from ._terms import (
     SelfAttention as SelfAttention,
     TokenNorm as TokenNorm,
 )
-from .experiments import draw_experiment as draw_experiment, run_experiment as run_experiment
+from .experiments import (
+    draw_experiment as draw_experiment,
+    experiment_figures as experiment_figures,
+    run_experiment as run_experiment,
+)
 from .analysis.equiangular import equiangular_rate as equiangular_rate, equiangular_time as equiangular_time
 from .analysis.pair_exponents import Sensitivity as Sensitivity, token_sensitivity as token_sensitivity
 from .analysis.plateaus import (

@@ -68,6 +68,7 @@ Solver = _choice("Solver", SOLVER_NAMES)
 Spacing = _choice("Spacing", ("linear", "log"))
 Metric = _choice("Metric", METRIC_NAMES)
 MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "default"))
+PlotlyJS = _choice("PlotlyJS", ("embed", "directory"))
 
 
 @dataclass
@@ -233,6 +234,7 @@ class Config:
     max_output_gib: float = MISSING
     overwrite: bool = MISSING
     plot: bool = MISSING
+    plotly_js: PlotlyJS = MISSING  # where the interactive HTML views find plotly.js: inside each page, or beside them
     compilation_cache: bool = MISSING
     matmul_precision: MatmulPrecision = MISSING  # float32 products on a GPU or TPU (see prepare_jax)
     experiment: ExperimentConfig | None = MISSING
@@ -244,7 +246,7 @@ class Config:
 
 
 # Keys that say what to do with a result, not what the result is.
-NOT_RESULT_KEYS = ("overwrite", "plot", "compilation_cache")
+NOT_RESULT_KEYS = ("overwrite", "plot", "plotly_js", "compilation_cache")
 
 
 def config_source() -> tuple[str, Any]:

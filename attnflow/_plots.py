@@ -15,7 +15,6 @@ matplotlib is imported inside the functions: importing attnflow must stay fast.
 from __future__ import annotations
 
 import math
-import textwrap
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ import numpy as np
 import xarray as xr
 import yaml
 
+from ._figures import figure, wrap
 from ._metric_registry import PANELS
 from ._store import _write_atomically
 
@@ -113,7 +113,7 @@ def _polynomial(coefficients: Any) -> str:
     for k, c in enumerate(np.atleast_1d(coefficients).tolist()):
         if c == 0:
             continue
-        power = "" if k == 0 else (" t" if k == 1 else f" t^{k}")
+        power = "" if k == 0 else (" $t$" if k == 1 else f" $t^{{{k}}}$")
         terms.append(f"{_number(c)}{power}")
     return " + ".join(terms).replace("+ -", "- ") or "0"
 
@@ -149,7 +149,7 @@ def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:
     elif kind == "tied":
         scale = spec.get("scale", 1)
         factor = "" if scale == 1 else f"{_number(scale)} "
-        text = f"{name} = {'-' if spec.get('sign', 1) < 0 else ''}{factor}QᵀK"
+        text = f"{name} = {'-' if spec.get('sign', 1) < 0 else ''}{factor}" r"$Q^\top K$"
     elif kind == "random":
         law, scale = spec.get("law", "?"), spec.get("scale")
         drawn = ("shared" if shared else "per member") + (" and beta" if per_beta and not shared else
@@ -164,7 +164,7 @@ def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:
     if spec.get("switch_times"):
         text += f" × factors {_sequence(spec.get('factors', []))} switching at t = {_sequence(spec['switch_times'])}"
     if spec.get("poly") is not None:
-        text += f" × f(t) = {_polynomial(spec['poly'])}"
+        text += f" × $f(t)$ = {_polynomial(spec['poly'])}"
     return text
 
 
@@ -191,7 +191,7 @@ def _system(cfg: dict) -> str:
         parts[-2] += f" ({token_norm.get('kind', '?')} norm)"
     heads = cfg.get("heads", 1)
     if heads != 1 or cfg.get("d_k") is not None or cfg.get("d_v") is not None:
-        parts.append(f"{heads} heads, d_k = {cfg.get('d_k') or d}, d_v = {cfg.get('d_v') or d}")
+        parts.append(f"{heads} heads, $d_k$ = {cfg.get('d_k') or d}, $d_v$ = {cfg.get('d_v') or d}")
     if cfg.get("attention") is False:
         parts.append("attention off")
     if cfg.get("causal"):
@@ -217,6 +217,23 @@ def _solver(cfg: dict, saves: int | None) -> str:
     if "dtype" in cfg:
         text += f", {cfg['dtype']}"
     return text
+
+
+def _switches(cfg: dict, first: float, last: float) -> dict[float, str]:
+    """The times in [first, last] at which a weight matrix switches (its `switch_times`:
+    factors or matrices piecewise in time), each with the matrices that switch then
+    ("V", "Q, K"). Periodic redraws (`redraw_every`) are said in the caption, not marked."""
+    weights = cfg.get("weights")
+    found: dict[float, list[str]] = {}
+    if isinstance(weights, dict):
+        for name, key in zip("QKVO", "qkvo"):
+            spec = weights.get(key)
+            if not isinstance(spec, dict) or spec.get("kind") == "none":
+                continue
+            for at in np.atleast_1d(spec.get("switch_times") or []).astype(float).tolist():
+                if first <= at <= last and name not in found.setdefault(at, []):
+                    found[at].append(name)
+    return {at: ", ".join(names) for at, names in sorted(found.items())}
 
 
 def _failures(ds: xr.Dataset, panels: list) -> str | None:
@@ -247,7 +264,8 @@ def _caption(ds: xr.Dataset, cfg: dict, panels: list) -> list[str]:
         legend = f"Lines: ensemble means over {members} members; bands: 10–90 % of members."
         if any(uses_eps for *_, uses_eps in panels):
             eps = _number(cfg.get("eps", "?"))
-            legend += f" Clustering threshold: a pair is close when cos(x_i, x_j) > 1 − ε, ε = {eps}."
+            legend += (r" Clustering threshold: a pair is close when $\cos(x_i, x_j) > 1 - \varepsilon$, "
+                       rf"$\varepsilon$ = {eps}.")
         paragraphs.append(legend)
     paragraphs += [
         f"Initial condition: {_initial_condition(cfg)}. {_system(cfg)}.",
@@ -267,21 +285,23 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
 
     One panel per recorded time series (at most three per row), x axis t (log spaced
     when `save_spacing: log`, then against $t - t_0$), the ensemble mean over members
-    as one line per beta and the 10-90 % band of the members around it. The legend
-    (beta values) sits to the right of the panels and the caption under them. When no
-    time series was recorded the figure holds a single panel saying what the file holds.
+    as one line per beta and the 10-90 % band of the members around it; a dashed
+    vertical line, labelled, at each time a weight matrix switches (`switch_times`).
+    The legend (beta values) sits to the right of the panels and the caption under
+    them. When no time series was recorded the figure holds a single panel saying what
+    the file holds. The figure is a `matplotlib.figure.Figure` outside pyplot: the
+    backend and rcParams are left as they are.
     """
     import matplotlib  # lazy: start-up
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: start-up
+    from matplotlib.lines import Line2D  # lazy: start-up
     from matplotlib.patches import Patch  # lazy: start-up
     from matplotlib.ticker import MaxNLocator  # lazy: start-up
+    from matplotlib.transforms import blended_transform_factory  # lazy: start-up
 
     cfg = _config(ds)
     panels = _panels(ds)
     betas = _betas(ds, cfg)
-    colors = plt.cm.viridis(np.linspace(0.0, 0.9, len(betas)))
+    colors = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.9, len(betas)))
 
     # As few rows as three panels per row allow, filled evenly (four panels: 2 x 2).
     rows = max(math.ceil(len(panels) / _PANELS_PER_ROW), 1)
@@ -293,13 +313,13 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
     legend_columns = math.ceil(entries / max(int(panel_height / 0.22), 1))
     legend_width = 1.4 * legend_columns if panels else 0.0
     width = max(columns * _CELL[0] + legend_width, _MIN_WIDTH)
-    wrap = int(width * _CHARS_PER_INCH)
-    caption = [line for paragraph in _caption(ds, cfg, panels) for line in textwrap.wrap(paragraph, wrap)]
+    width_chars = int(width * _CHARS_PER_INCH)
+    caption = [line for paragraph in _caption(ds, cfg, panels) for line in wrap(paragraph, width_chars)]
     caption_height = len(caption) * _LINE + 0.25
     title_height = _TITLE if title else 0.0
     height = panel_height + caption_height + title_height
 
-    fig = plt.figure(figsize=(width, height))
+    fig = figure(figsize=(width, height))
     grid = fig.add_gridspec(rows, columns)
     if title:
         fig.suptitle(title, fontsize=11, y=1 - 0.08 / height, va="top")
@@ -337,6 +357,8 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
     xlabel = ((name if t0 == 0 else f"{name} − {name}0 ({name}0 = {t0:g})") + (" (rescaled time)" if rescaled else "")
               + (", log scale" if log_time else ""))
     marker = "o" if abscissa.size == 1 else None
+    # Weight switches are times t of the run: a rescaled time s does not show them.
+    switches = {} if rescaled else _switches(cfg, float(time.min()), float(time.max()))
 
     for index, (name, label, series, limits, _) in enumerate(panels):
         ax = fig.add_subplot(grid[index // columns, index % columns])
@@ -347,6 +369,11 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
             finite |= bool(np.isfinite(mean).any())
             ax.plot(abscissa, mean, color=color, marker=marker, linewidth=1.5, label=_beta_label(beta))
             ax.fill_between(abscissa, low, high, color=color, alpha=0.2, linewidth=0)
+        for at, names in switches.items():
+            ax.axvline(at - t0, color="0.3", linestyle="--", linewidth=0.9, gid="weight_switch")
+            ax.text(at - t0, 0.98, f" {names} switch{'es' if ',' not in names else ''} ",
+                    transform=blended_transform_factory(ax.transData, ax.transAxes), rotation=90, ha="right",
+                    va="top", fontsize=7, color="0.3", gid="weight_switch")
         if not finite:
             ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center", color="0.4")
         if log_time and abscissa.size:
@@ -363,9 +390,12 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
     right = 1 - legend_width / width
     top = 1 - title_height / height
     fig.tight_layout(rect=(0, caption_height / height, right, top), h_pad=1.0, w_pad=1.0)
-    handles = [plt.Line2D([], [], color=color, linewidth=1.5) for color in colors]
+    handles = [Line2D([], [], color=color, linewidth=1.5) for color in colors]
     handles.append(Patch(color="0.5", alpha=0.3, linewidth=0))
     labels = [_beta_label(beta) for beta in betas] + ["10–90 %\nof members"]
+    if switches:
+        handles.append(Line2D([], [], color="0.3", linestyle="--", linewidth=0.9))
+        labels.append("weight switch\n" + ", ".join(f"$t$ = {at:g}" for at in switches))
     fig.legend(
         handles,
         labels,
@@ -383,13 +413,5 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
 def plot_summary(ds: xr.Dataset, path: str | Path, title: str | None = None) -> Path:
     """Save `summary_figure(ds, title)` as a PNG at `path`, whole or not at all, and
     return the path."""
-    import matplotlib  # lazy: start-up
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: start-up
-
     fig = summary_figure(ds, title=title)
-    try:
-        return _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    finally:
-        plt.close(fig)
+    return _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))

@@ -36,7 +36,7 @@ import xarray as xr
 import yaml
 
 from ._errors import ConfigError
-from ._figures import pyplot
+from ._figures import colormap, style, styled, subplots
 from ._metric_registry import METRICS, PANELS
 from ._store import _write_atomically, load_results, stored_config, write_results
 
@@ -237,12 +237,12 @@ def _metrics(table) -> list[str]:
     return [name for name in names if np.isfinite(table[f"{name}_mean"].to_numpy(dtype=float)).any()]
 
 
+@styled
 def report_figure(table, swept: list[str], title: str):
     """The final-time mean of each metric against the first swept key (or beta, or the
     run, when nothing else was swept), one line per value of the other swept keys and
     beta, with the 10-90 % band of the members (error bars when the swept key takes
     categories rather than numbers)."""
-    plt = pyplot()
     metrics = _metrics(table)
     betas = sorted(set(table["beta"].dropna())) if "beta" in table else []
     if swept:
@@ -256,11 +256,11 @@ def report_figure(table, swept: list[str], title: str):
                   for v in x_values)
     positions = {v: (float(v) if numeric else i) for i, v in enumerate(x_values)}
     lines = list(dict.fromkeys(tuple(row) for row in table[groups].itertuples(index=False))) if groups else [()]
-    colors = plt.cm.viridis(np.linspace(0.0, 0.9, max(len(lines), 1)))
+    colors = colormap("viridis")(np.linspace(0.0, 0.9, max(len(lines), 1)))
     # As few rows as three panels per row allow, filled evenly (four panels: 2 x 2).
     rows = max(-(-len(metrics) // 3), 1)
     columns = max(-(-len(metrics) // rows), 1)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.8 * columns + 2.2, 2.9 * rows + 0.9), squeeze=False)
+    fig, axes = subplots(rows, columns, figsize=(3.8 * columns + 2.2, 2.9 * rows + 0.9), squeeze=False)
     for ax in axes.flat[len(metrics):]:
         ax.set_axis_off()
     for ax, name in zip(axes.flat, metrics):
@@ -331,9 +331,6 @@ def report(folder: str | Path) -> list[Path]:
     runs = table["run"].nunique()
     fig = report_figure(table, swept, f"{folder.resolve().name}: {runs} run{'s' if runs > 1 else ''}"
                         + (f" across {', '.join(swept)}" if swept else ""))
-    plt = pyplot()
-    try:
+    with style():
         png = _write_atomically(folder / "report.png", lambda tmp: fig.savefig(tmp, format="png"))
-    finally:
-        plt.close(fig)
     return [csv, nc, png]

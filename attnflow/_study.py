@@ -27,7 +27,8 @@ STATUS_MEANINGS = "ok non_finite solver_stopped"
 
 def config_yaml(cfg: Config) -> str:
     """The resolved config as YAML (what is stored in `results.nc`), without the keys
-    that do not change the results (`overwrite`, `plot`, `compilation_cache`)."""
+    that do not change the results (`NOT_RESULT_KEYS`: `overwrite`, `plot`, `plotly_js`,
+    `compilation_cache`)."""
     return yaml.safe_dump({k: v for k, v in to_container(cfg).items() if k not in NOT_RESULT_KEYS}, sort_keys=True)
 
 

@@ -283,7 +283,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                     with status(f"drawing the figures of {experiment.name}"):
                         from .experiments import draw_experiment  # lazy: start-up
 
-                        figures = draw_experiment(results, folder.path)
+                        figures = draw_experiment(results, folder.path, plotly_js=resolved.plotly_js.value)
             except StorageError as error:
                 raise ConfigError(f"{error}; the results are safe in {path}, and `attnflow plot {folder.path}` "
                                   "draws the figures once the folder can be written again.") from None

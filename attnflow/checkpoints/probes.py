@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -32,11 +33,14 @@ import xarray as xr
 from jaxtyping import Array, Float, Int
 
 from .._errors import CheckpointError
-from .._figures import caption, pyplot, save
+from .._figures import caption, colormap, figure, save, styled
 from .._store import _write_atomically
 from .._terms import TokenNorm
 from ._canonical import Checkpoint, stack_layers
 from .spectra import low_rank_svd, output_value_factors, query_key_factors
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "decode_head_vectors",
@@ -440,17 +444,19 @@ def token_path(checkpoint: Checkpoint, hidden: Float[Array | np.ndarray, "layers
                                     "axis": ["pc1", "pc2", "pc3"]}, attrs=attrs)
 
 
-def draw_token_path(ds: xr.Dataset, folder: Path, name: str = "token_path") -> list[Path]:
+@styled
+def draw_token_path(ds: xr.Dataset, folder: Path | None = None, name: str = "token_path") -> Figure:
     """A `token_path` Dataset as one figure: (a) the 3-D principal view of the token's
     path (coloured by layer) among the token vectors, the top candidate of every layer
     labelled; (b) the top candidates of every layer with their probabilities. Returns
-    the saved PNG and PDF paths."""
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    plt = pyplot()
+    the figure, saved as `name`.png and .pdf in `folder` when one is given."""
+    from matplotlib.cm import ScalarMappable  # lazy: start-up
+    from matplotlib.colors import Normalize  # lazy: start-up
+
     layers = ds["layer"].values
-    cmap = plt.get_cmap("viridis")
-    norm = plt.Normalize(layers.min(), max(layers.max(), 1))
-    fig = plt.figure(figsize=(11, 6.2), layout="constrained")
+    cmap = colormap("viridis")
+    norm = Normalize(layers.min(), max(layers.max(), 1))
+    fig = figure(figsize=(11, 6.2), layout="constrained")
     grid = fig.add_gridspec(1, 2, width_ratios=(1.35, 1))
     ax = fig.add_subplot(grid[0], projection="3d")
     cloud = ds["cloud"].values
@@ -473,7 +479,7 @@ def draw_token_path(ds: xr.Dataset, folder: Path, name: str = "token_path") -> l
     token = ds.attrs.get("token")
     title = f"token {token!r} at position {ds.attrs['position']}" if token is not None else f"position {ds.attrs['position']}"
     ax.set_title(f"(a) {title}: its path among the token vectors")
-    fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer", shrink=0.6)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer", shrink=0.6)
 
     text = fig.add_subplot(grid[1])
     text.set_axis_off()
@@ -496,4 +502,7 @@ def draw_token_path(ds: xr.Dataset, folder: Path, name: str = "token_path") -> l
         f"{ds.attrs['readout']} (logit lens). The 3-D axes are the principal axes of the read states and their "
         f"candidates' vectors (all as unit vectors); grey: other token vectors."
         + (f" Actual next token: {next_token!r}." if next_token is not None else "")), width=140)
-    return save(fig, folder, name)
+    if folder is not None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        save(fig, folder, name)
+    return fig

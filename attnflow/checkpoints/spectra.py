@@ -26,6 +26,7 @@ with rotary positions $W_{QK}$ is the form at relative offset zero.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -34,8 +35,11 @@ import numpy as np
 import xarray as xr
 from jaxtyping import Array, Complex, Float
 
-from .._figures import caption, pyplot, save
+from .._figures import caption, colormap, save, styled, subplots
 from ._canonical import Checkpoint
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["LowRankSpectrum", "draw_spectra", "head_spectra", "low_rank_spectrum", "low_rank_svd", "thin_qr"]
 
@@ -211,8 +215,8 @@ def _complex_plane(ax, ds: xr.Dataset, prefix: str, norm, cmap) -> None:
     ax.scatter(real[keep], imag[keep], c=layer[keep], cmap=cmap, norm=norm, s=4, alpha=0.6, linewidth=0)
     ax.axvline(0, color="0.4", linewidth=0.6)
     ax.axhline(0, color="0.4", linewidth=0.6)
-    ax.set_xlabel("Re lambda")
-    ax.set_ylabel("Im lambda")
+    ax.set_xlabel(r"$\mathrm{Re}\,\lambda$")
+    ax.set_ylabel(r"$\mathrm{Im}\,\lambda$")
 
 
 def _real_parts(ax, ds: xr.Dataset, prefix: str, norm, cmap) -> None:
@@ -227,7 +231,7 @@ def _real_parts(ax, ds: xr.Dataset, prefix: str, norm, cmap) -> None:
     ax.scatter(x.ravel(), real.ravel(), c=c.ravel(), cmap=cmap, norm=norm, s=3, alpha=0.6, linewidth=0)
     ax.axhline(0, color="0.4", linewidth=0.6)
     ax.set_xlabel("layer (heads side by side)")
-    ax.set_ylabel("Re lambda")
+    ax.set_ylabel(r"$\mathrm{Re}\,\lambda$")
 
 
 def _singular_curves(ax, ds: xr.Dataset, prefix: str, norm, cmap) -> None:
@@ -247,44 +251,48 @@ def _singular_curves(ax, ds: xr.Dataset, prefix: str, norm, cmap) -> None:
         ax.set_xlim(0.5, index[-1] + 0.5)
         ax.set_ylim(curves[keep].min() / 1.5, curves[keep].max() * 1.5)
     ax.set_xlabel("index k")
-    ax.set_ylabel("sigma_k")
+    ax.set_ylabel(r"$\sigma_k$")
 
 
-def draw_spectra(ds: xr.Dataset, folder: Path, name: str = "spectra") -> list[Path]:
+@styled
+def draw_spectra(ds: xr.Dataset, folder: Path | None = None, name: str = "spectra") -> dict[str, Figure]:
     """Figures of a `head_spectra` Dataset, in the style of the QK/OV spectral plots of
     the Neural ODE Transformers paper: `name` (eigenvalues in the complex plane and
     their real parts against depth, singular-value curves, for QK and OV, coloured by
     layer) and `name_summary` (spectral radius, positive share, trace and Frobenius norm
-    against depth, median over heads with the min-max band). Returns the saved paths."""
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    plt = pyplot()
+    against depth, median over heads with the min-max band). Returns them by name,
+    saved as PNG and PDF in `folder` when one is given."""
+    from matplotlib.cm import ScalarMappable  # lazy: start-up
+    from matplotlib.colors import Normalize  # lazy: start-up
+
     layers = ds["layer"].values
-    cmap = plt.get_cmap("viridis")
-    norm = plt.Normalize(layers.min(), max(layers.max(), layers.min() + 1))
+    cmap = colormap("viridis")
+    norm = Normalize(layers.min(), max(layers.max(), layers.min() + 1))
     model = ds.attrs.get("model", "")
-    fig, axes = plt.subplots(3, 2, figsize=(9.5, 10.5), layout="constrained")
-    titles = {"qk": "W_QK = Q_h^T K_h", "ov": "W_OV = O_h V_h"}
+    fig, axes = subplots(3, 2, figsize=(9.5, 10.5), layout="constrained")
+    titles = {"qk": r"$W_{QK} = Q_h^\top K_h$", "ov": r"$W_{OV} = O_h V_h$"}
     letters = iter("abcdef")
     for column, prefix in enumerate(("qk", "ov")):
         _complex_plane(axes[0, column], ds, prefix, norm, cmap)
         axes[0, column].set_title(f"({next(letters)}) eigenvalues of {titles[prefix]}")
     for column, prefix in enumerate(("qk", "ov")):
         _real_parts(axes[1, column], ds, prefix, norm, cmap)
-        axes[1, column].set_title(f"({next(letters)}) Re lambda({prefix.upper()}) across depth")
+        axes[1, column].set_title(rf"({next(letters)}) $\mathrm{{Re}}\,\lambda$({prefix.upper()}) across depth")
     for column, prefix in enumerate(("qk", "ov")):
         _singular_curves(axes[2, column], ds, prefix, norm, cmap)
         axes[2, column].set_title(f"({next(letters)}) singular values of {titles[prefix]}")
-    fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes, label="layer", shrink=0.5)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, label="layer", shrink=0.5)
     caption(fig, (
         f"{model}: {ds.sizes['layer']} layers x {ds.sizes['head']} heads. (a, b) every non-zero eigenvalue of each "
         f"head's query-key and output-value matrix; (c, d) their real parts per layer (positive: similar tokens "
         f"attend to / attract each other, negative: repel); (e, f) the singular values of each head, one curve per "
-        f"head. Colour: layer. QK is unscaled (logits are beta x^T W_QK y, beta = {ds.attrs.get('beta', float('nan')):.3g})."),
+        f"head. Colour: layer. QK is unscaled (logits are $\\beta\\, x^\\top W_{{QK}}\\, y$, $\\beta$ = {ds.attrs.get('beta', float('nan')):.3g})."),
         width=120)
-    paths = save(fig, folder, name)
+    figures = {name: fig}
 
-    fig, axes = plt.subplots(2, 2, figsize=(9.5, 6.5), layout="constrained")
-    panels = (("radius", "spectral radius max|lambda|"), ("positive_fraction", "share of |lambda| with Re lambda > 0"),
+    fig, axes = subplots(2, 2, figsize=(9.5, 6.5), layout="constrained")
+    panels = (("radius", r"spectral radius $\max|\lambda|$"),
+              ("positive_fraction", r"share of $|\lambda|$ with $\mathrm{Re}\,\lambda > 0$"),
               ("trace", "trace"), ("frobenius", "Frobenius norm"))
     for ax, (letter, (key, label)) in zip(axes.ravel(), zip("abcd", panels)):
         for prefix, color in (("qk", "C0"), ("ov", "C3")):
@@ -297,4 +305,9 @@ def draw_spectra(ds: xr.Dataset, folder: Path, name: str = "spectra") -> list[Pa
     axes[0, 0].legend(loc="best")
     axes[0, 1].set_ylim(-0.02, 1.02)
     caption(fig, f"{model}: summaries of the per-head QK and OV spectra across depth.", width=120)
-    return paths + save(fig, folder, f"{name}_summary")
+    figures[f"{name}_summary"] = fig
+    if folder is not None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        for key, fig in figures.items():
+            save(fig, folder, key)
+    return figures

@@ -14,11 +14,15 @@ that says what to compute beyond the core study and how to draw it. A module hol
   config mapping; by default one per combination of the panel keys;
 - `analyse(cfg, options, results) -> xarray.Dataset`: every panel's data and the
   derived quantities (a curve, merge times, a trained surrogate), in one Dataset;
-- `draw(ds, folder) -> [paths]`: the figures, from that Dataset alone.
+- `draw(ds) -> {name: Figure}`: the figures, from that Dataset alone (drawn in the
+  shared style, saved as NAME.png and NAME.pdf);
+- `write_files(ds, folder, plotly_js) -> [paths]` (optional): the other files beside
+  them (animations, interactive HTML views, tables).
 
-`run_experiment(name, overrides)` runs one from Python; the command line runs the same
-code and writes `results.nc` and the figures into the run directory; `attnflow plot DIR`
-redraws them from `results.nc`. `animate_states`, `animation` and `sphere_html` draw
+`run_experiment(name, overrides)` runs one from Python; `experiment_figures(ds)` returns
+its figures; `draw_experiment(ds, folder)` writes them and the other files. The command
+line runs the same code and writes `results.nc` and the figures into the run directory;
+`attnflow plot DIR` redraws them from `results.nc`. `animate_states`, `animation` and `sphere_html` draw
 the GIF and the interactive HTML view of stored token states.
 """
 
@@ -28,6 +32,7 @@ from ._runner import (
     ExperimentPlan,
     compose_experiment,
     draw_experiment,
+    experiment_figures,
     experiment_module,
     plan_experiment,
     run_experiment,
@@ -42,6 +47,7 @@ __all__ = [
     "ExperimentPlan",
     "compose_experiment",
     "draw_experiment",
+    "experiment_figures",
     "experiment_module",
     "plan_experiment",
     "run_experiment",

@@ -6,7 +6,8 @@ Both take the states of one system, `x` of shape (time, token, dim), with their 
 and show at most a few dozen to a hundred instants (evenly spread over the saved
 times), so that the files stay small. A sphere (or circle) is drawn under the tokens
 when they lie on it; tokens off the unit sphere (a run without normalization) are
-drawn in their own box. plotly and matplotlib are imported inside the functions.
+drawn in their own box. plotly.js is inside each HTML page, or in one plotly.min.js
+beside the pages (`plotly_js`). plotly and matplotlib are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import xarray as xr
 from jaxtyping import Float
 
 from .._errors import ConfigError
-from .._figures import pyplot
+from .._figures import figure, styled
 from .._progress import Progress
 from .._store import _write_atomically
 
@@ -32,6 +33,13 @@ _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
 # instants): F is capped so that this stays near 2e5 points (a few MB at most).
 _HTML_POINTS = 200_000
 _HTML_FRAMES = 120
+# Where an HTML view finds plotly.js (`plotly_js`): plotly's `include_plotlyjs` for each choice.
+PLOTLY_JS = {"embed": True, "directory": "directory"}
+
+
+def check_plotly_js(plotly_js: str) -> None:
+    if plotly_js not in PLOTLY_JS:
+        raise ConfigError(f"plotly_js={plotly_js!r} is not a choice; give one of {', '.join(PLOTLY_JS)}.")
 
 
 def _frames(count: int, limit: int) -> np.ndarray:
@@ -74,16 +82,20 @@ def _check(x: np.ndarray, times: np.ndarray, dims: tuple[int, ...]) -> None:
 
 
 def sphere_html(x: Float[np.ndarray, "time token 3"], times: Float[np.ndarray, " time"], path: str | os.PathLike,
-                title: str = "token paths on the sphere") -> Path:
+                title: str = "token paths on the sphere", *, plotly_js: str = "embed") -> Path:
     """An interactive 3-D figure of token paths on $S^2$, written as one HTML file.
 
     Each token is a marker at the chosen time with its path so far behind it; a slider
     picks the time and a play button runs through them. The unit sphere is drawn
-    translucent under the tokens when they lie on it. plotly's JavaScript is inside
-    the file (it opens offline, a few MB); the file is written whole or not at all.
+    translucent under the tokens when they lie on it. `plotly_js` says where plotly's
+    JavaScript is: `"embed"` inside the file (it opens offline, a few MB), or
+    `"directory"` in one `plotly.min.js` beside it, shared by every page of the folder
+    (the pages are then a few hundred kB; the folder opens offline as a whole). The
+    file is written whole or not at all.
     """
     import plotly.graph_objects as go  # lazy: start-up
 
+    check_plotly_js(plotly_js)
     x = np.asarray(x, dtype=float)
     times = np.asarray(times, dtype=float)
     _check(x, times, (3,))
@@ -147,10 +159,20 @@ def sphere_html(x: Float[np.ndarray, "time token 3"], times: Float[np.ndarray, "
         scene={"xaxis": {**axis, "title": "x1"}, "yaxis": {**axis, "title": "x2"}, "zaxis": {**axis, "title": "x3"},
                "aspectmode": "cube"},
     )
-    return _write_atomically(Path(path), lambda tmp: fig.write_html(
-        tmp, include_plotlyjs=True, full_html=True, auto_play=False, config={"displaylogo": False}))
+    path = Path(path)
+    if plotly_js == "directory":
+        # plotly's "directory" mode only names the script: write it beside the page,
+        # replacing one another plotly version may have left there.
+        from plotly.offline import get_plotlyjs  # lazy: start-up
+
+        _write_atomically(path.parent / "plotly.min.js",
+                          lambda tmp: Path(tmp).write_text(get_plotlyjs(), encoding="utf-8"))
+    return _write_atomically(path, lambda tmp: fig.write_html(
+        tmp, include_plotlyjs=PLOTLY_JS[plotly_js], full_html=True, auto_play=False,
+        config={"displaylogo": False}))
 
 
+@styled
 def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, " time"], path: str | os.PathLike,
               title: str = "token paths", *, frames: int = 60, fps: int = 12, dpi: int = 80) -> Path:
     """An animation of the tokens on the sphere $S^2$ (d = 3, 3-D axes looking at where
@@ -178,14 +200,13 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
     else:
         raise ConfigError(f"cannot write an animation to {path}; give a path ending in .gif or .mp4.")
 
-    plt = pyplot()
     shown = _frames(x.shape[0], frames)
     n, d = x.shape[1], x.shape[2]
     sphere = _on_sphere(x)
     extent = _extent(x, sphere)
     colors = [_COLORS[i % len(_COLORS)] for i in range(n)]
     three = d == 3
-    fig = plt.figure(figsize=(4.0, 4.0))
+    fig = figure(figsize=(4.0, 4.0))
     if three:
         ax = fig.add_axes((0.0, 0.0, 1.0, 0.9), projection="3d")
         if sphere:
@@ -239,17 +260,16 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
             movie.save(out, writer=writer, dpi=dpi, progress_callback=lambda i, count: bar.advance())
             shutil.move(out, tmp)
 
-    try:
-        return _write_atomically(path, write)
-    finally:
-        plt.close(fig)
+    return _write_atomically(path, write)
 
 
 def animate_states(ds: xr.Dataset, folder: str | os.PathLike, name: str, member: int = 0,
-                   title: str | None = None) -> list[Path]:
+                   title: str | None = None, *, plotly_js: str = "embed") -> list[Path]:
     """The interactive view and the animation of one member's stored states `x`
     (`save_states: true`): `name.html` and `name.gif` in `folder` when d = 3, `name.gif`
-    when d = 2, nothing otherwise (or when the states were not stored).
+    when d = 2, nothing otherwise (or when the states were not stored). `plotly_js`:
+    plotly.js inside the page (`"embed"`) or in one `plotly.min.js` beside it
+    (`"directory"`), as `sphere_html` says.
 
     `ds["x"]` has dims (member, time, token, dim); any other dim (a beta, a panel) is
     taken at its first entry: select the one to draw first (`ds.isel(beta=2)`).
@@ -265,7 +285,9 @@ def animate_states(ds: xr.Dataset, folder: str | os.PathLike, name: str, member:
     title = title or f"{x.shape[1]} tokens, member {member}"
     paths = []
     if d == 3:
-        paths.append(sphere_html(x, times, folder / f"{name}.html", title=title))
+        paths.append(sphere_html(x, times, folder / f"{name}.html", title=title, plotly_js=plotly_js))
+        if plotly_js == "directory":
+            paths.append(folder / "plotly.min.js")
     if d in (2, 3):
         paths.append(animation(x, times, folder / f"{name}.gif", title=title))
     return paths

@@ -12,7 +12,7 @@ import xarray as xr
 import yaml
 
 from .._errors import ConfigError
-from .._figures import STYLE, caption, pyplot, save  # noqa: F401 (the experiments' figure tools)
+from .._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
 
 
 def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from hydra import compose as hydra_compose
@@ -23,7 +23,9 @@ from .._build import Study, resolve_study
 from .._config import Config, _plain, compose, hydra_context, register_schema, to_container, typed_options
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
+from .._figures import save, style
 from .._study import _version, config_yaml, plan_study, prepare_jax, solve_study
+from ._animate import check_plotly_js
 
 # Every experiment: conf/experiment/NAME.yaml and attnflow/experiments/NAME.py (or the
 # module _MODULES names, where NAME is also a package of attnflow's).
@@ -50,6 +52,9 @@ EXPERIMENTS = (
     "long_context",
 )
 _MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def experiment_module(name: str) -> ModuleType:
@@ -196,15 +201,35 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
     return ds
 
 
-def draw_experiment(ds, folder: str | os.PathLike) -> list[Path]:
-    """Draw the figures of an experiment's Dataset (as read from its `results.nc`)
-    into `folder`; returns their paths."""
+def _drawing_module(ds) -> ModuleType:
     name = ds.attrs.get("experiment")
     if not name:
         raise ConfigError("this results file was not written by an experiment (it names none).")
+    return experiment_module(name)
+
+
+def experiment_figures(ds) -> dict[str, Figure]:
+    """The figures of an experiment's Dataset (as read from its `results.nc`), by name:
+    `matplotlib.figure.Figure` objects outside pyplot, drawn in attnflow's style
+    without changing the backend or the rcParams. `draw_experiment` saves them."""
+    with style():
+        return dict(_drawing_module(ds).draw(ds))
+
+
+def draw_experiment(ds, folder: str | os.PathLike, *, plotly_js: str = "embed") -> list[Path]:
+    """Draw the figures of an experiment's Dataset (as read from its `results.nc`)
+    into `folder`, each as NAME.png and NAME.pdf, with the experiment's other files
+    (animations, interactive HTML views, tables); returns their paths. `plotly_js`:
+    where the HTML views find plotly.js, `"embed"` (inside each page) or `"directory"`
+    (one plotly.min.js beside them)."""
+    check_plotly_js(plotly_js)  # before anything is drawn
+    module = _drawing_module(ds)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    return list(experiment_module(name).draw(ds, folder))
+    with style():
+        paths = [path for name, fig in module.draw(ds).items() for path in save(fig, folder, name)]
+    write_files = getattr(module, "write_files", None)
+    return paths + (list(write_files(ds, folder, plotly_js=plotly_js)) if write_files else [])
 
 
 def merge_overrides(base: dict, over: Mapping) -> dict:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -49,8 +49,11 @@ from ..checkpoints._load import load_checkpoint
 from ..diffeqformer._data import corpus_name, load_corpus
 from ..diffeqformer._store import load_diffeqformer, tokenizer_text
 from ..diffeqformer._train import train, train_config, validation_loss
-from ._common import caption, pyplot, save
+from ._common import caption, colormap, subplots
 from .diffeqformer_vs_gpt import _write_text, check_train_overrides, read_metrics, run_record, trained_run
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Adaptive depth: a DiffEqFormer pretrained at 18 steps, solved and fine-tuned at 9 to 24 steps"
 PAPER = "Neural ODE Transformers, sec. 6.2, fig. 6"
@@ -290,17 +293,18 @@ def _table(ds: xr.Dataset, folder: Path) -> Path:
     return _write_text(folder / "adaptive_depth.md", "\n".join(lines) + "\n")
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
-    folder = Path(folder)
-    written = [_table(ds, folder)]
+def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+    return [_table(ds, Path(folder))]
+
+
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     target, source = ds.attrs["corpus"], ds.attrs["pretraining_corpus"]
     steps = ds.steps.values
     methods = [str(m) for m in ds.tuning.values]
     rank = ds.attrs["lora_rank"]
     name = {"full": "full fine-tuning", "lora": f"LoRA r = {rank}"}
-    fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.4), layout="constrained",
-                             gridspec_kw={"width_ratios": [1.25, 1]})
+    fig, axes = subplots(1, 2, figsize=(12.5, 4.4), layout="constrained",
+                         gridspec_kw={"width_ratios": [1.25, 1]})
     ax = axes[0]
     ax.plot(steps, ds.zero_shot.sel(eval_corpus="finetune"), color="0.25", marker="^", label=f"zero-shot on {target}")
     if source != target:
@@ -322,7 +326,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     # Between the DiffEqFormer's curves and the GPT's lines, where the plot is empty.
     ax.legend(fontsize=7, ncol=2, loc="center", bbox_to_anchor=(0.5, 0.54))
     ax = axes[1]
-    cmap = plt.get_cmap("viridis")
+    cmap = colormap("viridis")
     for i, n in enumerate(ds.run_steps.values):
         for method in methods:
             values = ds.curve.sel(tuning=method, run_steps=n)
@@ -345,4 +349,4 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
                  f"{ds.attrs['gpt_layers']} layers, zero-shot and fine-tuned for the same number of steps. The grey "
                  "band marks the pretrained number of steps. (b) Validation loss during each fine-tuning run "
                  "(solid: full, dashed: LoRA).", width=150)
-    return written + save(fig, folder, "adaptive_depth")
+    return {"adaptive_depth": fig}

@@ -21,13 +21,16 @@ end (near 0: the tokens gathered somewhere else).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, check_drawn_member, config_of, failed_members, member_summary, pyplot, save
+from ._common import caption, check_drawn_member, config_of, colormap, failed_members, member_summary, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Bouncing: V flips sign at t = 5, the tokens scatter and gather elsewhere"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, eq. 48, fig. 4"
@@ -108,20 +111,21 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     return out
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
+    from matplotlib.cm import ScalarMappable  # lazy: start-up
     from matplotlib.collections import LineCollection  # lazy: start-up
+    from matplotlib.colors import Normalize  # lazy: start-up
 
-    plt = pyplot()
     cfg = config_of(ds)
     member = int(cfg["experiment"]["options"]["member"])
     t = ds["time"].values
     switch = float(ds["switch_time"])
     at_switch = int(np.argmin(np.abs(t - switch)))
-    fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.2), layout="constrained",
-                             gridspec_kw={"width_ratios": [1.25, 1, 1]})
+    fig, axes = subplots(1, 3, figsize=(13.5, 4.2), layout="constrained",
+                         gridspec_kw={"width_ratios": [1.25, 1, 1]})
     ax = axes[0]
-    norm = plt.Normalize(t[0], t[-1])
-    cmap = plt.get_cmap("plasma")
+    norm = Normalize(t[0], t[-1])
+    cmap = colormap("plasma")
     y = ds["pc"].values
     for i in range(y.shape[1]):
         lines = LineCollection(np.stack([y[:-1, i], y[1:, i]], axis=1), cmap=cmap, norm=norm, linewidth=0.9)
@@ -139,12 +143,12 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ax.set_ylabel(f"PC2 ({100 * variance[1]:.0f}%)")
     ax.set_title(f"(a) member {member}'s tokens on two principal components")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
-    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="time t", shrink=0.9)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="time t", shrink=0.9)
     bar.ax.axhline(switch, color="k", linewidth=1.5)
     members = int(ds.sizes["member"])
     for ax, name, label, letter, title in (
         (axes[1], "order_parameter", r"order parameter $|\frac{1}{n}\sum_i x_i|$", "b", "gathering"),
-        (axes[2], "attracting_share", r"share of $|x_i|^2$ in the +1 directions of V(0)", "c", "where"),
+        (axes[2], "attracting_share", r"share of $|x_i|^2$ in the +1 directions of $V(0)$", "c", "where"),
     ):
         ax.fill_between(t, ds[f"{name}_q10"], ds[f"{name}_q90"], color="C0", alpha=0.2, linewidth=0,
                         label="10-90% of members")
@@ -161,10 +165,10 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     v_text = f"V = diag({diagonal})" if diagonal else "V as configured"
     cos = ds["centre_cos"].values
     caption(fig, (
-        f"Softmax attention on S^{cfg['d'] - 1}, n = {cfg['n']}, beta = {cfg['beta']}; {v_text} until t = "
+        f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}; {v_text} until t = "
         f"{switch:g}, then its negative; Q, K {cfg['weights']['q']['law']} random per member, redrawn at t = "
         f"{switch:g}; {cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens. (a) paths coloured by time "
         f"(black squares: the flip). (b) how tightly the tokens are gathered. (c) where they are gathered: the "
-        f"+1 directions of V(0) before the flip, the others after. Median cosine between the tokens' mean "
+        f"+1 directions of $V(0)$ before the flip, the others after. Median cosine between the tokens' mean "
         f"direction at the flip and at t = {t[-1]:g}: {np.nanmedian(cos):.2f} (0: another place)."), width=150)
-    return save(fig, folder, "bouncing")
+    return {"bouncing": fig}

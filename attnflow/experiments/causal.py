@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -37,13 +38,16 @@ from ._animate import animate_states
 from ._common import (
     caption,
     check_member_option,
+    colormap,
     config_of,
     failed_members,
+    figure,
     member_summary,
-    pyplot,
-    save,
     wireframe_sphere,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Causal attention: every token converges to the first one"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, theorem 4.3 (eq. 37-38)"
@@ -119,15 +123,14 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     return out
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     member = int(cfg["experiment"]["options"]["member"])
     t = ds["time"].values
     tokens = ds["token"].values
     n = len(tokens)
-    colors = plt.cm.viridis(np.linspace(0, 0.95, n))
-    fig = plt.figure(figsize=(15.0, 4.3), layout="constrained")
+    colors = colormap("viridis")(np.linspace(0, 0.95, n))
+    fig = figure(figsize=(15.0, 4.3), layout="constrained")
     grid = fig.add_gridspec(1, 4, width_ratios=[1.1, 1.2, 1, 1])
     x = ds["x_member"].values
     if x.shape[-1] == 3:
@@ -137,7 +140,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
             ax.plot(*x[:, i].T, color=colors[i], linewidth=1.3)
             ax.scatter(*x[0, i], color=colors[i], s=18)
         ax.scatter(*x[0, 0], color="red", marker="*", s=120, zorder=5)
-        ax.set_title(f"(a) member {member}: paths (o start), * x_1", y=1.0)
+        ax.set_title(f"(a) member {member}: paths (o start), * $x_1$", y=1.0)
     else:
         ax = fig.add_subplot(grid[0])
         ax.set_axis_off()
@@ -176,15 +179,21 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     converged = int(ds["converged"].sum())
     lingering = ("" if converged == members else
                  f" (in the other{'s' if members - converged > 1 else ''} a token that started near the antipode of "
-                 "x_1 lingers there before it leaves)")
+                 "$x_1$ lingers there before it leaves)")
     drift = float(ds["x1_drift"].max())
     caption(fig, (
-        f"Causal softmax attention on S^{cfg['d'] - 1}, {qk}, V = I, n = {cfg['n']}, beta = {cfg['beta']}, "
+        f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$, {qk}, V = I, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, "
         f"{cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens, {members} members. Every token converges "
-        f"to x_1, which never moves (largest drift {drift:.1e}): {converged} of {members} members have every "
-        f"|x_i - x_1| < {float(ds['converged'].attrs['tolerance']):g} at t = {t[-1]:g}{lingering}. Near the limit all tokens approach x_1 at rate 1/2 "
+        f"to $x_1$, which never moves (largest drift {drift:.1e}): {converged} of {members} members have every "
+        f"$|x_i - x_1|$ < {float(ds['converged'].attrs['tolerance']):g} at t = {t[-1]:g}{lingering}. Near the limit all tokens approach $x_1$ at rate 1/2 "
         f"and token i lags i - 1 times as far as token 2 (boxes: quartiles over members, whiskers 1.5 IQR, "
         f"outliers not drawn)."), width=170)
+    return {"causal": fig}
+
+
+def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+    """The drawn member's paths as an interactive view and a GIF."""
+    member = int(config_of(ds)["experiment"]["options"]["member"])
     states = xr.Dataset({"x": ds["x_member"]})
-    title = f"causal attention, {n} tokens, member {member}: all go to x_1"
-    return save(fig, folder, "causal") + animate_states(states, folder, "causal", title=title)
+    title = f"causal attention, {ds.sizes['token']} tokens, member {member}: all go to x_1"
+    return animate_states(states, folder, "causal", title=title, plotly_js=plotly_js)

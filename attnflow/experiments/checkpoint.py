@@ -26,9 +26,10 @@ embedding distances and the last token's path through the layers are stored too.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
+import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,10 @@ from ..checkpoints.probes import (
     write_head_tables,
 )
 from ..checkpoints.spectra import draw_spectra, head_spectra
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, config_of, subplots, token_ticks
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "A trained transformer against its dynamics and the theory"
 PAPER = "DESIGN.md sec. 2, 7; Neural ODE Transformers (QK/OV spectra); Traveling Words (probes)"
@@ -259,16 +263,15 @@ def _sources_colors(sources):
     return colors
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     name = ds.attrs.get("model_name", "checkpoint")
     sources = [str(s) for s in ds.source.values]
     colors = _sources_colors(sources)
-    written = []
+    figures = {}
 
     # 1. Across depth: energy, clusters, distance from the model.
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, axes = subplots(1, 3, figsize=(12, 3.4))
     for s in sources:
         style = dict(color=colors[s], lw=2.0 if s == "model" else 1.2, ls="--" if s == "theory" else "-")
         axes[0].plot(ds.layer, ds.energy.sel(source=s), label=s, **style)
@@ -287,32 +290,32 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     axes[2].set_yscale("log")
     zero = f"\n({', '.join(exact)}: exactly 0 at every layer, not drawn)" if exact else ""
     axes[0].set(xlabel="layer (depth t)", ylabel="normalized energy", title="interaction energy")
-    axes[1].set(xlabel="layer (depth t)", ylabel="clusters", title=f"cluster count (eps = {cfg['eps']})")
-    axes[2].set(xlabel="layer (depth t)", ylabel="|sim - model| / |model|", title="distance from the model" + zero)
+    axes[1].set(xlabel="layer (depth t)", ylabel="clusters", title=rf"cluster count ($\varepsilon$ = {cfg['eps']})")
+    axes[2].set(xlabel="layer (depth t)", ylabel=r"$|x_\mathrm{sim} - x_\mathrm{model}| \,/\, |x_\mathrm{model}|$", title="distance from the model" + zero)
     fig.subplots_adjust(wspace=0.3)
     axes[0].legend(ncol=2)
     fig.suptitle(f"{name}: \"{ds.attrs['text']}\"", y=1.07 if exact else 0.98)
     caption(fig, "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m steps "
                  "per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the unsplit field; "
-                 "dashed red: the theory model Q = K = V = I on the sphere from the same embedded tokens. "
+                 "dashed red: the theory model $Q = K = V = I$ on the sphere from the same embedded tokens. "
                  "Right: distances of exactly 0 are left out (a log axis has no 0).")
-    written += save(fig, folder, "depth")
+    figures["depth"] = fig
 
     # 2. Pair-cosine histograms across depth, model / finest run / theory side by side.
     shown = ["model", str(ds.attention_source.values[-1]), "theory"]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
+    fig, axes = subplots(1, 3, figsize=(12, 3.4), sharey=True)
     top = float(ds.pair_cosines.max())
     for ax, s in zip(axes, shown):
         image = ax.pcolormesh(ds.layer, ds.bin, ds.pair_cosines.sel(source=s).T, shading="nearest", vmin=0, vmax=top)
         ax.set(xlabel="layer (depth t)", title=s)
     axes[0].set_ylabel("pair cosine")
     fig.colorbar(image, ax=axes, label="fraction of pairs")
-    caption(fig, "Histogram of cos(x_i, x_j) over token pairs at each layer: clustering moves the mass to 1.")
-    written += save(fig, folder, "pair_cosines")
+    caption(fig, r"Histogram of $\cos(x_i, x_j)$ over token pairs at each layer: clustering moves the mass to 1.")
+    figures["pair_cosines"] = fig
 
     # 3. Each token's cosine distance to the model, per run, across depth.
     runs = [str(r) for r in ds.run.values]
-    fig, axes = plt.subplots(1, len(runs), figsize=(2.6 * len(runs), 3.2), sharey=True, squeeze=False)
+    fig, axes = subplots(1, len(runs), figsize=(2.6 * len(runs), 3.2), sharey=True, squeeze=False)
     labels = [str(t) for t in ds.token_string.values]
     for ax, r in zip(axes[0], runs):
         image = ax.pcolormesh(ds.layer, np.arange(ds.sizes["token"]), ds.cosine_distance.sel(source=r).T,
@@ -322,23 +325,39 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     fig.colorbar(image, ax=axes[0], label="1 - cos(state, model)")
     caption(fig, "Cosine distance of every token's simulated state to the model's, per layer: 0 where the dynamics "
                  "follow the model.")
-    written += save(fig, folder, "cosine_distance")
+    figures["cosine_distance"] = fig
 
     # 4. Attention maps (head-averaged) at four blocks, model against the finest run.
     blocks = np.unique(np.linspace(1, int(ds.block.max()), 4).round().astype(int))
-    fig, axes = plt.subplots(2, len(blocks), figsize=(3 * len(blocks), 5.6), squeeze=False)
+    # The token strings label both axes of every map.
+    fig, axes = subplots(2, len(blocks), figsize=(3.2 * len(blocks) + 0.8, 6.6), layout="constrained",
+                         squeeze=False)
     for row, s in enumerate(ds.attention_source.values):
         for col, b in enumerate(blocks):
             a = ds.attention.sel(attention_source=s, block=b).mean("head")
-            axes[row, col].imshow(a, vmin=0, vmax=1, cmap="magma")
-            axes[row, col].set(title=f"{s}, block {b}", xticks=[], yticks=[])
+            image = axes[row, col].imshow(a, vmin=0, vmax=1, cmap="magma")
+            axes[row, col].set_title(f"{s}, block {b}")
+            token_ticks(axes[row, col], labels, axes="x" if col else "xy")
+            if col:
+                axes[row, col].set_yticks([])
+        axes[row, 0].set_ylabel("query")
+    for ax in axes[-1]:
+        ax.set_xlabel("key")
+    fig.colorbar(image, ax=axes, label="attention weight (mean over heads)", shrink=0.8)
     caption(fig, "Attention matrices averaged over heads (rows: queries, columns: keys), entering each block.")
-    written += save(fig, folder, "attention")
+    figures["attention"] = fig
 
     if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):
-        spectra = _unprefixed(ds, "spectra")
-        written += list(draw_spectra(spectra, folder, "spectra"))
-        written += list(draw_token_path(_unprefixed(ds, "path"), folder, "token_path"))
+        figures.update(draw_spectra(_unprefixed(ds, "spectra"), name="spectra"))
+        figures["token_path"] = draw_token_path(_unprefixed(ds, "path"))
+    return figures
+
+
+def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+    """The tables beside the figures: the heads' decoded vectors and the embedding
+    distances."""
+    name = ds.attrs.get("model_name", "checkpoint")
+    written = []
     if any(v.startswith("heads_") for v in ds.data_vars):
         written += list(write_head_tables(_unprefixed(ds, "heads"), folder, "head_vectors"))
     if "embedding_distances" in ds.attrs:

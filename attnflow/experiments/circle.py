@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,10 @@ import xarray as xr
 from .._errors import ConfigError
 from .._metrics import cluster_labels
 from ._animate import animation
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, colormap, config_of, figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Clusters on the circle: two at beta = 4, three at beta = 9"
 PAPER = "A mathematical perspective on Transformers, fig. 4"
@@ -78,20 +82,19 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     return out
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     times = ds["time"].values
     wanted = [float(t) for t in cfg["experiment"]["options"]["snapshots"]]
     picks = sorted({int(np.argmin(abs(times - t))) for t in wanted})
     betas = ds["beta"].values
     rows = len(betas)
-    fig = plt.figure(figsize=(2.1 * len(picks) + 4.2, 2.2 * rows + 0.3), layout="constrained")
+    fig = figure(figsize=(2.1 * len(picks) + 4.2, 2.2 * rows + 0.3), layout="constrained")
     grid = fig.add_gridspec(rows, len(picks) + 2)
     circle = np.linspace(0, 2 * np.pi, 200)
     for b, beta in enumerate(betas):
         angle = ds["angle"].isel(beta=b).values
-        colours = plt.cm.tab10(ds["final_cluster"].isel(beta=b).values % 10)
+        colours = colormap("tab10")(ds["final_cluster"].isel(beta=b).values % 10)
         for j, k in enumerate(picks):
             ax = fig.add_subplot(grid[b, j])
             ax.plot(np.cos(circle), np.sin(circle), color="0.8", linewidth=0.8)
@@ -127,19 +130,25 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ax.legend(loc="upper right")
     last = ds["clusters"].isel(time=-1).values
     medians = ds["final_clusters_median"].values
-    final = ", ".join(f"beta = {beta:g}: {medians[b]:g} ({np.mean(last[b] == medians[b]):.0%} of the members)"
+    final = ", ".join(rf"$\beta$ = {beta:g}: {medians[b]:g} ({np.mean(last[b] == medians[b]):.0%} of the members)"
                       for b, beta in enumerate(betas))
     caption(fig, (
         f"Q = K = V = I softmax attention on the circle, n = {cfg['n']} tokens uniform at t = 0, "
-        f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {ds.sizes['member']} members per beta. Left: "
+        f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {ds.sizes['member']} members per $\\beta$. Left: "
         f"the tokens of one typical member (the first whose final count is the median) at the saved times nearest "
-        f"{', '.join(f'{t:g}' for t in wanted)}, coloured by the cluster they end in. Right: clusters (tokens joined when cos > 1 - {cfg['eps']:g}) "
+        f"{', '.join(f'{t:g}' for t in wanted)}, coloured by the cluster they end in. Right: clusters (tokens joined when $\\cos > 1 - {cfg['eps']:g}$) "
         f"over log time. Median count at t = {times[-1]:g}: {final}."), width=150)
-    paths = save(fig, folder, "circle")
-    # An animation of the member drawn, one per beta (the saved times are log-spaced,
-    # so its frames are too).
+    return {"circle": fig}
+
+
+def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+    """An animation of the member drawn, one per beta (the saved times are log-spaced,
+    so its frames are too)."""
+    cfg = config_of(ds)
+    times = ds["time"].values
+    paths = []
     angle = ds["angle"].values  # (beta, time, token)
-    for b, beta in enumerate(betas):
+    for b, beta in enumerate(ds["beta"].values):
         x = np.stack([np.cos(angle[b]), np.sin(angle[b])], axis=-1)
         paths.append(animation(x, times, Path(folder) / f"circle_beta{beta:g}.gif",
                                title=rf"$\beta = {beta:g}$, n = {cfg['n']}, member {int(ds['shown_member'][b])}"))

@@ -83,7 +83,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -107,8 +107,11 @@ from ..diffeqformer._data import corpus_name, load_corpus
 from ..diffeqformer._model import populate
 from ..diffeqformer._store import diffeqformer_config, load_diffeqformer, read_json, tokenizer_text
 from ..diffeqformer._train import read_state, train, train_config
-from ._common import caption, pyplot, save
+from ._common import caption, colormap, figure, subplots
 from .sensitivity import _highlight, _layout, _scaled, _shown
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "A trained DiffEqFormer against its GPT baseline: losses, energy across training, spectral flow, " \
         "sensitivity, clustering"
@@ -784,9 +787,8 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
     return [_write_text(folder / "losses.md", "\n".join(lines) + "\n")]
 
 
-def _draw_losses(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), layout="constrained")
+def _draw_losses(ds: xr.Dataset) -> Figure:
+    fig, ax = subplots(figsize=(6.4, 3.8), layout="constrained")
     for model in MODELS:
         part = ds.sel(model=model).dropna("eval_step", subset=["val_loss"])
         step, val = _final(ds, "val_loss", model)
@@ -799,12 +801,11 @@ def _draw_losses(ds: xr.Dataset, folder: Path) -> list[Path]:
     ax.legend()
     caption(fig, "Validation loss (solid) on held-out chunks and the mean training loss since the previous validation "
                  "(dashed), as recorded in each run's metrics.jsonl.", width=100)
-    return save(fig, folder, "losses")
+    return fig
 
 
-def _draw_training(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
+def _draw_training(ds: xr.Dataset) -> Figure:
+    fig, axes = subplots(1, 3, figsize=(13, 3.8), layout="constrained")
     for model in MODELS:
         part = ds.sel(model=model).dropna("snapshot_step", subset=["energy"])
         steps = part.snapshot_step.values
@@ -814,24 +815,25 @@ def _draw_training(ds: xr.Dataset, folder: Path) -> list[Path]:
                              color=COLORS[model], alpha=0.15, linewidth=0)
         axes[1].plot(steps, part.kl, **kw)
         axes[2].plot(steps, part.sample_loss, **kw)
-    titles = ("(a) energy of the output states", "(b) KL(p || unigram)", "(c) loss on the same sample")
-    labels = ("(1/n^2) sum_ij exp(cos(x_i, x_j))", "nats", "nats per token")
+    titles = ("(a) energy of the output states", r"(b) $\mathrm{KL}(p \,\|\, \mathrm{unigram})$",
+              "(c) loss on the same sample")
+    labels = (r"$\frac{1}{n^2} \sum_{ij} e^{\cos(x_i, x_j)}$", "nats", "nats per token")
     for ax, title, label in zip(axes, titles, labels):
         ax.set_xscale("symlog", linthresh=1)
         ax.set(xlabel="training step (0, then logarithmic)", ylabel=label, title=title)
     axes[0].axhline(np.e, color="0.5", ls=":", lw=1)
-    axes[0].text(0.99, np.e, "e: one direction ", transform=axes[0].get_yaxis_transform(), ha="right", va="top",
+    axes[0].text(0.99, np.e, "$e$: one direction ", transform=axes[0].get_yaxis_transform(), ha="right", va="top",
                  fontsize=7, color="0.4")
     axes[0].legend()
     fig.suptitle(f"Across training: the output states of both models on {ds.attrs['sequences']} held-out sequences "
                  f"of {ds.attrs['context']} tokens")
     caption(fig, "(a) Normalized interaction energy of the last layer's residual stream (before the final norm) of each "
-                 "sequence, mean over sequences with +- one standard deviation; it is e when all tokens point the same "
+                 "sequence, mean over sequences with $\\pm$ one standard deviation; it is $e$ when all tokens point the same "
                  "way. (b) Divergence of the predicted next-token distribution from the unigram distribution of the "
                  "training tokens (add-one smoothed), mean over positions and sequences: low when the model predicts "
                  "the word frequencies everywhere. (c) Cross-entropy on the same sample. One point per snapshot.",
             width=150)
-    return save(fig, folder, "training_energy")
+    return fig
 
 
 def _eigen_scatter(ax, x, real, cmap, heads):
@@ -843,21 +845,20 @@ def _eigen_scatter(ax, x, real, cmap, heads):
     ax.axhline(0, color="0.4", lw=0.6)
 
 
-def _draw_spectra(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def _draw_spectra(ds: xr.Dataset) -> Figure:
     heads = ds.sizes["head"]
-    cmap = plt.get_cmap("viridis")
+    cmap = colormap("viridis")
     horizon, layers = ds.attrs["horizon"], ds.attrs["gpt_layers"]
     rough = roughness(ds)
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7.4), layout="constrained")
+    fig, axes = subplots(2, 3, figsize=(14, 7.4), layout="constrained")
     for row, prefix in enumerate(("qk", "ov")):
-        name = "Q_h^T K_h" if prefix == "qk" else "O_h V_h"
+        name = r"$Q_h^\top K_h$" if prefix == "qk" else r"$O_h V_h$"
         _eigen_scatter(axes[row, 0], ds.t.values, ds[f"dfq_{prefix}_eig_real"].sel(state="trained").values, cmap, heads)
-        axes[row, 0].set(xlabel=f"t (hypernetwork weights at {ds.sizes['t']} points)", ylabel="Re lambda",
-                         title=f"DiffEqFormer: eigenvalues of {name}(t)")
+        axes[row, 0].set(xlabel=f"t (hypernetwork weights at {ds.sizes['t']} points)", ylabel=r"$\mathrm{Re}\,\lambda$",
+                         title=f"DiffEqFormer: eigenvalues of {name}($t$)")
         _eigen_scatter(axes[row, 1], ds.layer.values, ds[f"gpt_{prefix}_eig_real"].sel(state="trained").values, cmap,
                        heads)
-        axes[row, 1].set(xlabel="layer", ylabel="Re lambda", title=f"GPT: eigenvalues of {name} per layer")
+        axes[row, 1].set(xlabel="layer", ylabel=r"$\mathrm{Re}\,\lambda$", title=f"GPT: eigenvalues of {name} per layer")
         ax = axes[row, 2]
         for state, ls in zip(STATES, ("-", ":")):
             for model in MODELS:
@@ -869,35 +870,35 @@ def _draw_spectra(ds: xr.Dataset, folder: Path) -> list[Path]:
                     ax.fill_between(values.interval + 1, values.min("head"), values.max("head"), color=COLORS[model],
                                     alpha=0.15, linewidth=0)
         ax.set_yscale("log")
-        ax.set(xlabel=f"between layers l-1 and l (DiffEqFormer at t = l T/{layers})", ylabel="relative distance",
+        ax.set(xlabel=f"between layers $l - 1$ and $l$ (DiffEqFormer at $t = l\\,T/{layers}$)", ylabel="relative distance",
                title=f"variation of the {prefix.upper()} spectra between neighbours")
         ax.legend(title="roughness", fontsize=7)
     axes[0, 0].legend(markerscale=4, loc="best")
     fig.suptitle("Spectral dynamics: the DiffEqFormer's continuous weights against the GPT's independent layers")
     caption(fig, f"Left: real parts of the eigenvalues of every head's QK and OV matrix of the DiffEqFormer on a grid of "
-                 f"t in [0, {horizon:g}) (O_h(t) of the hypernetwork, without the step T/N of the populated layers); "
-                 f"middle: the GPT's {layers} layers; colour: head. Right: min_pi |lambda_l - lambda_(l+1),pi| / mean "
-                 f"|lambda| between neighbouring layers, the DiffEqFormer's weights taken at the same {layers} "
+                 f"$t \\in [0, {horizon:g})$ ($O_h(t)$ of the hypernetwork, without the step $T/N$ of the populated layers); "
+                 f"middle: the GPT's {layers} layers; colour: head. Right: "
+                 r"$\min_\pi |\lambda_l - \lambda_{l+1,\pi}| \,/\, \mathrm{mean}\,|\lambda|$"
+                 f" between neighbouring layers, the DiffEqFormer's weights taken at the same {layers} "
                  "points; mean over heads with the min-max band (trained, solid) and for the untrained models, their "
                  "snapshots at step 0 (dotted: the control). The roughness is its mean over heads and neighbours.",
             width=170)
-    return save(fig, folder, "spectra")
+    return fig
 
 
-def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def _draw_sensitivity(ds: xr.Dataset) -> Figure:
     tokens = [str(t) for t in ds.token_string.values]
     n = len(tokens)
     last = n - 1
     width = 10.0
-    fig = plt.figure(figsize=(width + 0.6, 1))
+    fig = figure(figsize=(width + 0.6, 1))
     placed, lines = _layout(fig, tokens, width)
     text_height = 0.45 + lines * 1.9 * 11.0 / 72
     bars, gap = 2.2, 0.9  # inches: the bar charts, and the room of their rotated labels
     heights = [text_height, text_height, bars, gap, text_height, text_height, bars]
     fig.set_size_inches(width + 0.6, sum(heights) + 2.2)
     grid = fig.add_gridspec(len(heights), 1, height_ratios=heights, hspace=0.3, top=0.94, bottom=0.09)
-    reds, blues = plt.get_cmap("Reds"), plt.get_cmap("Blues")
+    reds, blues = colormap("Reds"), colormap("Blues")
     positions = np.arange(n)
     labels = [_shown(t)[0] for t in tokens]
     for block, model in enumerate(MODELS):
@@ -912,8 +913,8 @@ def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
                    f"{LABELS[model]}: attention of the last token, mean over heads and "
                    f"{'steps' if model == 'diffeqformer' else 'layers'}", last)
         ax = fig.add_subplot(grid[row + 2])
-        ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label=f"lambda_ji ({unit})")
-        ax.set_ylabel(f"lambda ({unit})")
+        ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label=rf"$\lambda_{{ji}}$ ({unit})")
+        ax.set_ylabel(rf"$\lambda$ ({unit})")
         twin = ax.twinx()
         twin.bar(positions + 0.2, attention, width=0.4, color=blues(0.7), label="mean attention")
         twin.set_ylabel("attention")
@@ -922,16 +923,16 @@ def _draw_sensitivity(ds: xr.Dataset, folder: Path) -> list[Path]:
         ax.legend(handles=ax.containers[:1] + twin.containers[:1], loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2,
                   frameon=False)
     fig.suptitle(f"Which tokens the next word depends on: \"{ds.attrs['sentence']}\"", y=0.99)
-    caption(fig, f"Red: lambda_ji = log sigma_max(Y_ji) / depth with Y' = J_ji Y, Y(0) = I, j the last token (outlined), "
+    caption(fig, r"Red: $\lambda_{ji} = \log \sigma_{\max}(Y_{ji}) / \mathrm{depth}$ with $Y' = J_{ji} Y$, $Y(0) = I$, "
+                 "$j$ the last token (outlined), "
                  f"along the DiffEqFormer's Euler solve ({ds.attrs['dfq_steps']} steps on [0, {ds.attrs['horizon']:g}]) and "
                  f"the GPT's layer map ({ds.attrs['gpt_layers']} layers); blue: the attention of the last token. Each "
                  "colour scale runs over the tokens other than the last one, which is clipped to it.", width=150)
-    return save(fig, folder, "sensitivity")
+    return fig
 
 
-def _draw_clustering(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7.6), layout="constrained")
+def _draw_clustering(ds: xr.Dataset) -> Figure:
+    fig, axes = subplots(2, 3, figsize=(14, 7.6), layout="constrained")
     t = ds.theory_time.values
     shown = t > 0
     colors = {("trained", "time-dependent"): "C0", ("trained", "frozen"): "C1",
@@ -949,8 +950,8 @@ def _draw_clustering(ds: xr.Dataset, folder: Path) -> list[Path]:
                     axes[row, 0].plot(t[shown], part.clusters.values[shown], **style)
                     axes[row, 1].plot(t[shown], 1 - part.mean_cosine.values[shown], **style)
         axes[row, 0].set(xscale="log", xlabel="t", ylabel="clusters",
-                         title=f"(a) {LABELS[model]}: cluster count (cos > 1 - {ds.attrs['eps']:g})")
-        axes[row, 1].set(xscale="log", yscale="log", xlabel="t", ylabel="1 - mean cos(x_i, x_j)",
+                         title=f"(a) {LABELS[model]}: cluster count ($\\cos > 1 - {ds.attrs['eps']:g}$)")
+        axes[row, 1].set(xscale="log", yscale="log", xlabel="t", ylabel=r"$1 - \mathrm{mean}\,\cos(x_i, x_j)$",
                          title=f"(b) {LABELS[model]}: spread of directions")
         axes[row, 0].legend(fontsize=6)
         norms = ds.weight_norm.sel(theory_model=model)
@@ -960,28 +961,28 @@ def _draw_clustering(ds: xr.Dataset, folder: Path) -> list[Path]:
                 axes[row, 2].plot(norms.tau, values / values.isel(tau=0), color=f"C{index}", ls=ls,
                                   label=f"{weight}, {state}")
         axes[row, 2].axvline(ds.attrs["frozen_at"], color="0.5", ls=":", lw=1)
-        axes[row, 2].set(xlabel="share of the depth (tau / T, or layer / L)", ylabel="|W|_F / |W at 0|_F",
+        axes[row, 2].set(xlabel=r"share of the depth ($\tau / T$, or layer / $L$)", ylabel=r"$\|W\|_F \,/\, \|W(0)\|_F$",
                          title=f"(c) {LABELS[model]}: size of the attention weights")
         axes[row, 2].legend(fontsize=6, ncol=2)
-    fig.suptitle(f"Attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, over t in "
+    fig.suptitle(f"Attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, over $t \\in$ "
                  f"[0, {ds.attrs['cluster_horizon']:g}]: trained, and untrained (the control)")
-    caption(fig, f"(a, b) dX/dt = Attn_tau(N_1(X)). Top: the DiffEqFormer with its weights at tau = t T / T_c "
-                 f"(time-dependent) or held at tau = {ds.attrs['frozen_at']:g} T (frozen: weight sharing). Bottom: the "
-                 f"GPT with its {ds.attrs['gpt_layers']} layers one after the other over [0, T_c] (layer by layer) or "
+    caption(fig, r"(a, b) $dX/dt = \mathrm{Attn}_\tau(N_1(X))$. Top: the DiffEqFormer with its weights at "
+                 r"$\tau = t\,T / T_c$ "
+                 f"(time-dependent) or held at $\\tau$ = {ds.attrs['frozen_at']:g} $T$ (frozen: weight sharing). Bottom: the "
+                 f"GPT with its {ds.attrs['gpt_layers']} layers one after the other over $[0, T_c]$ (layer by layer) or "
                  f"its layer {int(ds.attrs['frozen_at'] * ds.attrs['gpt_layers'])} for all time (one layer). Solid "
                  "with the biases, dashed without the value and output biases (a drift common to all tokens); colours: "
                  "the trained models, greys: the same runs' snapshots at step 0. (c) Frobenius norms of the effective "
                  "Q, K, V, O (all heads, LayerNorm gains folded in) across depth, relative to its start, trained "
                  "(solid) and untrained (dotted); the vertical line: the frozen time.", width=170)
-    return save(fig, folder, "clustering")
+    return fig
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    folder = Path(folder)
-    written = _tables(ds, folder)
-    written += _draw_losses(ds, folder)
-    written += _draw_training(ds, folder)
-    written += _draw_spectra(ds, folder)
-    written += _draw_sensitivity(ds, folder)
-    written += _draw_clustering(ds, folder)
-    return written
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
+    return {"losses": _draw_losses(ds), "training_energy": _draw_training(ds), "spectra": _draw_spectra(ds),
+            "sensitivity": _draw_sensitivity(ds), "clustering": _draw_clustering(ds)}
+
+
+def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+    """The tables of losses, roughness and spectra (losses.md)."""
+    return _tables(ds, Path(folder))

@@ -21,9 +21,9 @@ measure, whole configurations (each member a point of $\\mathbb{R}^{nd}$).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
-from pathlib import Path
+import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,10 @@ import xarray as xr
 
 from .._errors import ConfigError
 from .._progress import Progress
-from ._common import caption, check_member_option, config_of, pyplot, save, wireframe_sphere
+from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Flow-matching surrogate of the attention flow"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, section 5.3 (figures 7 and 8)"
@@ -173,8 +176,7 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(values, np.ones(window) / window, mode="valid")
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     options = cfg["experiment"]["options"]
     test_members = ds["test_member"].values
@@ -182,11 +184,11 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     surrogate = ds["surrogate_x"].values
     n = attention.shape[2]
     k = int(cfg["init"].get("k") or 1)
-    colours = plt.cm.tab10(np.arange(n) % k % 10)
+    colours = colormap("tab10")(np.arange(n) % k % 10)
     token_colours = np.broadcast_to(colours, attention.shape[:1] + colours.shape).reshape(-1, 4)
     t1 = float(ds["time"].values[-1])
 
-    fig = plt.figure(figsize=(12, 7.2))
+    fig = figure(figsize=(12, 7.2))
     ensembles = [
         ("(a) initial tokens (held out)", attention[:, 0]),
         (f"(b) attention flow at t = {t1:g}", attention[:, -1]),
@@ -253,18 +255,18 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         counts = ds["clusters"].sel(member=test_members).isel(time=-1).values
         common = int(np.bincount(counts.astype(int)).argmax())
         clustered = (f" At t = {t1:g}, {int((counts == common).sum())} of {held_out} held-out members have {common} "
-                     f"cluster{'s' if common != 1 else ''} (cos > 1 - {cfg['eps']:g}).")
+                     f"cluster{'s' if common != 1 else ''} ($\\cos > 1 - {cfg['eps']:g}$).")
     caption(fig, (
-        f"Q = K = V = I softmax attention on S^{cfg['d'] - 1}, n = {n} tokens per member ({k} caps of radius "
-        f"{cfg['init'].get('radius')}, token colour = cap), beta = {cfg['beta']}, T = {t1:g}, {cfg['solver']} with "
+        f"Q = K = V = I softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {n} tokens per member ({k} caps of radius "
+        f"{cfg['init'].get('radius')}, token colour = cap), $\\beta$ = {cfg['beta']}, T = {t1:g}, {cfg['solver']} with "
         f"dt = {cfg['dt']}.{clustered} Surrogate v(s, x): MLP of one token and s ({options['depth']} x {options['width']} SiLU), "
-        f"trained by flow matching on straight paths x_s = (1 - s) x_0 + s x_1 for {options['train_steps']} Adam "
+        f"trained by flow matching on straight paths $x_s = (1 - s)\\, x_0 + s\\, x_1$ for {options['train_steps']} Adam "
         f"steps on the {members - held_out} training members' tokens, integrated with rk4 "
         f"({options['surrogate_steps']} steps). Held-out members: {held_out} ({held_out * n} tokens). "
         f"End distance surrogate vs attention {float(ds['end_distance']):.3f} against {float(ds['reference_distance']):.3f} "
         f"from initial to final attention ensemble (ratio {float(ds['distance_ratio']):.3f}); whole configurations "
-        f"(each member a point of R^{n * cfg['d']}): {float(ds['configuration_end_distance']):.3f} against "
+        f"(each member a point of $R^{{{n * cfg['d']}}}$): {float(ds['configuration_end_distance']):.3f} against "
         f"{float(ds['configuration_reference_distance']):.3f}. The surrogate's chords dip to |x| = "
         f"{float(ds['surrogate_min_norm']):.2f} inside the ball; the attention paths stay on the sphere. The loss "
         f"stays above zero: a token's image depends on the other tokens, which v does not see."), width=150)
-    return save(fig, folder, "flow_matching")
+    return {"flow_matching": fig}

@@ -44,10 +44,10 @@ the stored cosine is the mean over the sampled pairs.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 import math
 import numbers
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +60,10 @@ from .._errors import ConfigError
 from .._progress import Progress
 from .._schedules import Identity
 from .._terms import SelfAttention
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, colormap, config_of, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "The long-context phase transition: output cosines of one attention layer at beta = gamma log n"
 PAPER = ("Chen, Lin, Polyanskiy, Rigollet, \"Critical attention scaling in long-context transformers\" (2025); "
@@ -299,14 +302,13 @@ def analyse(cfg, options, results, on_piece=None) -> xr.Dataset:
         return long_context_dataset(cfg, options, bar.advance)
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     rhos = ds["rho"].values
-    fig, axes = plt.subplots(len(rhos), 2, figsize=(11.0, 4.0 * len(rhos)), layout="constrained", squeeze=False)
+    fig, axes = subplots(len(rhos), 2, figsize=(11.0, 4.0 * len(rhos)), layout="constrained", squeeze=False)
     ns = ds["n"].values
     fine = np.geomspace(ns[0], ns[-1], 200)
-    cmap = plt.get_cmap("viridis")
+    cmap = colormap("viridis")
     ratios = ds["gamma_critical"].values
     for row, rho in enumerate(rhos):
         part = ds.sel(rho=rho)
@@ -315,7 +317,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
             color = cmap(k / max(len(ratios) - 1, 1))
             one = part.sel(gamma_critical=ratio)
             gamma = float(one["gamma"])
-            label = f"gamma = {ratio:g} / (1 - rho) = {gamma:.3g}"
+            label = f"$\\gamma = {ratio:g} / (1 - \\rho)$ = {gamma:.3g}"
             left.fill_between(ns, one["cosine_q10"], one["cosine_q90"], color=color, alpha=0.15, linewidth=0)
             left.plot(ns, one["cosine"], "o", color=color, markersize=4, label=label)
             exact = equiangular_cosine(fine, rho, gamma * np.log(fine))
@@ -326,27 +328,27 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         left.set_xscale("log")
         left.set_xlabel("n (tokens)")
         left.set_ylabel("cosine between two outputs")
-        left.set_title(f"(a) rho = {rho:g}: measured (dots, 10-90% band), exact equiangular (lines), limits (dashed)",
+        left.set_title(f"(a) $\\rho$ = {rho:g}: measured (dots, 10-90% band), exact equiangular (lines), limits (dashed)",
                        fontsize=9)
         right.set_xlabel("n (tokens)")
         right.set_ylabel("|cosine - limit|")
-        right.set_title(f"(b) rho = {rho:g}: distance to the limit, measured (dots) and equiangular (dotted)")
+        right.set_title(f"(b) $\\rho$ = {rho:g}: distance to the limit, measured (dots) and equiangular (dotted)")
         right.legend(loc="lower left", fontsize=7)
     caption(fig, _caption(ds, cfg), width=170)
-    return save(fig, folder, "long_context")
+    return {"long_context": fig}
 
 
 def _caption(ds, cfg) -> str:
     ns = ds["n"].values
     rho0 = float(ds["rho"].values[0])
-    text = (f"One softmax attention layer, Q = K = V = I, on n tokens x_i = sqrt(rho) u + sqrt(1 - rho) z_i in d = "
-            f"{ds.attrs['d']} dimensions (z_i uniform on the sphere of u-perp: approximately equiangular, inner "
-            f"products rho with root-mean-square deviation {float(ds['inner_product_spread'].max()):.3f}), at "
-            f"beta = gamma log n, n from {ns[0]} to {ns[-1]}; the cosine between two outputs y_i = sum_j a_ij x_j, "
+    text = (f"One softmax attention layer, Q = K = V = I, on n tokens $x_i = \\sqrt{{\\rho}}\\, u + \\sqrt{{1 - \\rho}}\\, z_i$ in d = "
+            f"{ds.attrs['d']} dimensions ($z_i$ uniform on the sphere of u-perp: approximately equiangular, inner "
+            f"products $\\rho$ with root-mean-square deviation {float(ds['inner_product_spread'].max()):.3f}), at "
+            f"$\\beta = \\gamma \\log n$, n from {ns[0]} to {ns[-1]}; the cosine between two outputs $y_i = \\sum_j a_{{ij}} x_j$, "
             f"mean over the pairs of {cfg['experiment']['options']['rows']} sampled query tokens, each attending to "
-            f"all n keys. Below the critical gamma = 1/(1 - rho) the outputs collapse (cosine -> 1), at it the "
-            f"cosine tends to 4 rho / (1 + 3 rho) ({4 * rho0 / (1 + 3 * rho0):.3f} at rho = {rho0:g}), above it "
-            "to rho. ")
+            f"all n keys. Below the critical $\\gamma = 1/(1 - \\rho)$ the outputs collapse (cosine $\\to$ 1), at it the "
+            f"cosine tends to $4 \\rho / (1 + 3 \\rho)$ ({4 * rho0 / (1 + 3 * rho0):.3f} at $\\rho$ = {rho0:g}), above it "
+            "to $\\rho$. ")
     last = ds.isel(n=-1)
     gaps = np.abs(last["cosine"] - last["exact"]).max().item()
     text += f"At n = {ns[-1]} the measured cosines lie within {gaps:.4f} of the exact equiangular curves."
@@ -356,9 +358,9 @@ def _caption(ds, cfg) -> str:
         factor = ds["weight_factor"].isel(gamma_critical=critical[0]).max().item()
         measured = np.abs(at["cosine"] - at["limit"]).max().item()
         exact = np.abs(at["exact"] - at["limit"]).max().item()
-        text += (f" At the critical gamma the measured distance to the limit is {measured:.4f} "
+        text += (f" At the critical $\\gamma$ the measured distance to the limit is {measured:.4f} "
                  f"at n = {ns[-1]} against {exact:.1e} for exactly equiangular "
-                 "tokens: there beta = log n / (1 - rho) makes the deviation from equiangularity count, the "
+                 "tokens: there $\\beta = \\log n / (1 - \\rho)$ makes the deviation from equiangularity count, the "
                  "off-diagonal weights growing on average by the weight factor, up to "
                  f"{factor:.3f} (1 for exact tokens).")
     return text

@@ -56,9 +56,9 @@ of a study (saves, metrics, save_states, ...) do not apply and are refused.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
+import math
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -73,7 +73,10 @@ from .._progress import Progress
 from .._solvers import tableau
 from .._store import in_background
 from ..analysis.spectrum import lyapunov_spectrum, rotation_orbit
-from ._common import caption, config_of, member_summary, pyplot, save
+from ._common import caption, colormap, config_of, member_summary, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
 PAPER = ("Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
@@ -419,16 +422,15 @@ def _sample(values, count: int) -> list[int]:
     return sorted(set(np.linspace(0, size - 1, min(count, size)).round().astype(int).tolist()))
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     d = cfg["d"]
     betas = ds["beta"].values
     drawn = _drawn_exponents(ds, d)
     colors = {drawn[0]: "C0", drawn[-1]: "C3"}
     transverse = "transverse_exponents" in ds
-    fig, axes = plt.subplots(1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4),
-                             layout="constrained")
+    fig, axes = subplots(1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4),
+                         layout="constrained")
     window = float(ds["late_window"])
     t1 = cfg["t1"]
     has_theory = bool(np.isfinite(ds["consensus"].values).any())
@@ -439,14 +441,14 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
             ax.plot(betas, ds["late_exponents_median"].sel(exponent=j), color="0.6", linewidth=0.8,
                     label="others: median" if j == 2 else None)
     for j in drawn:
-        _band(ax, betas, ds, "late_exponents", j, colors[j], f"lambda_{j}: median, 10-90%")
+        _band(ax, betas, ds, "late_exponents", j, colors[j], f"$\\lambda_{{{j}}}$: median, 10-90%")
         if has_theory:
             ax.plot(betas, ds["consensus"].sel(exponent=j), color=colors[j], linestyle="--", linewidth=1,
-                    label=f"lambda_{j} at consensus")
+                    label=f"$\\lambda_{{{j}}}$ at consensus")
     ax.axhline(0, color="k", linewidth=0.5)
-    ax.set_xlabel("beta")
+    ax.set_xlabel(r"$\beta$")
     ax.set_ylabel("Lyapunov exponent")
-    forced = " (lambda_1 = 0 forced by rotations)" if transverse else ""
+    forced = " ($\\lambda_1$ = 0 forced by rotations)" if transverse else ""
     ax.set_title(f"(a) full spectrum over [{window:g}, {t1:g}]{forced}")
     ax.legend(loc="lower left", fontsize=7)
     if transverse:
@@ -455,13 +457,13 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         count = ds.sizes["transverse"]
         last = min(d, count)
         for j, color in ((1, "C2"), (last, "C4")) if last > 1 else ((1, "C2"),):
-            _band(ax, betas, ds, "late_transverse_exponents", j, color, f"transverse lambda_{j}: median, 10-90%",
+            _band(ax, betas, ds, "late_transverse_exponents", j, color, f"transverse $\\lambda_{{{j}}}$: median, 10-90%",
                   dim="transverse")
         if np.isfinite(ds["transverse_consensus"].values).any():
             ax.plot(betas, ds["transverse_consensus"].sel(transverse=1), color="k", linestyle="--", linewidth=1,
                     label="every transverse exponent at consensus")
         ax.axhline(0, color="k", linewidth=0.5)
-        ax.set_xlabel("beta")
+        ax.set_xlabel(r"$\beta$")
         ax.set_ylabel("Lyapunov exponent")
         ax.set_title(f"(b) transverse spectrum (rotations removed) over [{window:g}, {t1:g}]")
         ax.legend(loc="lower right", fontsize=7)
@@ -469,7 +471,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         ax = axes[2] if transverse else axes[1]
         ax.plot(betas, 100 * ds["consensus_fraction"].values, color="C1", marker="o", markersize=3)
         ax.set_ylim(-3, 103)
-        ax.set_xlabel("beta")
+        ax.set_xlabel(r"$\beta$")
         ax.set_ylabel("members at consensus over the late window (%)")
         ax.set_title(f"({'c' if transverse else 'b'}) share of members at consensus")
     else:
@@ -478,23 +480,23 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ax = axes[-1]
     t = ds["time"].values
     chosen = _sample(betas, 4)
-    cmap = plt.get_cmap("viridis")
+    cmap = colormap("viridis")
     name, dim, which = (("transverse_running", "transverse", [1]) if transverse else ("running", "exponent", drawn))
     for c, b in enumerate(chosen):
         color = cmap(c / max(len(chosen) - 1, 1))
         for j, style in zip(which, ("-", "--")):
             ax.plot(t, ds[f"{name}_median"].isel(beta=b).sel({dim: j}), color=color, linestyle=style,
-                    label=f"beta = {betas[b]:.3g}" if j == which[0] else None)
+                    label=f"$\\beta$ = {betas[b]:.3g}" if j == which[0] else None)
     ax.axhline(0, color="k", linestyle=":", linewidth=0.8)
     ax.axvline(window, color="0.5", linewidth=0.6)
     ax.set_xlabel("T")
     ax.set_ylabel("exponent over [t0, T] (median over members)")
-    label = "transverse lambda_1" if transverse else f"lambda_{drawn[0]} solid" + (
-        f", lambda_{drawn[-1]} dashed" if len(drawn) > 1 else "")
+    label = "transverse $\\lambda_1$" if transverse else f"$\\lambda_{{{drawn[0]}}}$ solid" + (
+        f", $\\lambda_{{{drawn[-1]}}}$ dashed" if len(drawn) > 1 else "")
     ax.set_title(f"({'d' if transverse else 'c'}) running estimates: {label}")
     ax.legend(loc="lower right")
     caption(fig, _caption(ds, cfg, drawn), width=240 if transverse else 190)
-    return save(fig, folder, "lyapunov")
+    return {"lyapunov": fig}
 
 
 def _fixed(value: float) -> str:
@@ -511,7 +513,7 @@ def _caption(ds, cfg, drawn) -> str:
               f"v={weights['v']['kind']}")
     extra = " with an MLP" if cfg["mlp"]["enabled"] else ""
     text = (f"{system}{extra}, norm={cfg['norm']}, n = {cfg['n']}, d = {cfg['d']}, {ds.sizes['member']} members "
-            f"per beta ({cfg['init']['kind']} initial tokens, the same for every beta), {cfg['solver']} with "
+            f"per $\\beta$ ({cfg['init']['kind']} initial tokens, the same for every $\\beta$), {cfg['solver']} with "
             f"dt = {cfg['dt']:g} on [{cfg['t0']:g}, {cfg['t1']:g}]; the {ds.sizes['exponent']} leading finite-time "
             f"exponents by the QR method, tangent to the sphere where the tokens live on it. ")
     last = drawn[-1]
@@ -519,31 +521,31 @@ def _caption(ds, cfg, drawn) -> str:
     median = lambda part, name, j, dim="exponent": _fixed(float(part[f"{name}_median"].sel({dim: j})))
     if "transverse_exponents" in ds:
         d = cfg["d"]
-        text += (f"The flow commutes with every rotation of R^{d}: the spectrum (a) holds zeros that the symmetry "
+        text += (f"The flow commutes with every rotation of $R^{{{d}}}$: the spectrum (a) holds zeros that the symmetry "
                  f"forces, {d - 1} at consensus and {d * (d - 1) // 2} while the tokens are split into clusters, so "
-                 f"lambda_1 = 0 at every beta is not a finding, nor is lambda_{last} = 0 for a split member. "
+                 f"$\\lambda_1$ = 0 at every $\\beta$ is not a finding, nor is $\\lambda_{{{last}}}$ = 0 for a split member. "
                  f"(b) The transverse exponents, deviations kept orthogonal to the rotation orbit: all -c at "
-                 f"consensus (dashed). Median late transverse lambda_1: {median(low, 'late_transverse_exponents', 1, 'transverse')} "
-                 f"at beta = {float(low['beta']):.3g}, {median(high, 'late_transverse_exponents', 1, 'transverse')} at "
-                 f"beta = {float(high['beta']):.3g}: a member still split into clusters has a transverse direction "
+                 f"consensus (dashed). Median late transverse $\\lambda_1$: {median(low, 'late_transverse_exponents', 1, 'transverse')} "
+                 f"at $\\beta$ = {float(low['beta']):.3g}, {median(high, 'late_transverse_exponents', 1, 'transverse')} at "
+                 f"$\\beta$ = {float(high['beta']):.3g}: a member still split into clusters has a transverse direction "
                  "(the clusters' relative position) that is nearly neutral over the window. ")
         bump = float(ds["transverse_running_median"].sel(transverse=1).max())
         text += (f"(d) Its running estimate over [t0, T] reaches at most {bump:.2f} at short times (the transient of "
                  "the start) and decays: nearby configurations, up to rotation, do not keep separating. ")
     else:
-        text += (f"Median lambda_1 and lambda_{last} over the late window: at beta = {float(low['beta']):.3g} "
-                 f"{median(low, 'late_exponents', 1)} and {median(low, 'late_exponents', last)}; at beta = "
+        text += (f"Median $\\lambda_1$ and $\\lambda_{{{last}}}$ over the late window: at $\\beta$ = {float(low['beta']):.3g} "
+                 f"{median(low, 'late_exponents', 1)} and {median(low, 'late_exponents', last)}; at $\\beta$ = "
                  f"{float(high['beta']):.3g} {median(high, 'late_exponents', 1)} and "
                  f"{median(high, 'late_exponents', last)}. ")
     consensus = ds["consensus"].sel(exponent=last).values
     if np.isfinite(consensus).all():
         text += ("Dashed (a): the consensus spectrum in closed form, 0 for the d - 1 rotations of the consensus "
-                 "point and -c for the contraction of the tokens to it (c = 1 for softmax attention, e^beta without "
+                 "point and -c for the contraction of the tokens to it (c = 1 for softmax attention, $e^\\beta$ without "
                  "normalization). ")
         if "consensus_fraction" in ds:
             shares = ", ".join(f"{100 * v:.0f}" for v in ds["consensus_fraction"].values)
-            text += (f"Members at consensus over the second half (late lambda_{last} within 10% of -c), in % for "
-                     f"beta = {', '.join(f'{b:g}' for b in ds['beta'].values)}: {shares}. ")
+            text += (f"Members at consensus over the second half (late $\\lambda_{{{last}}}$ within 10% of -c), in % for "
+                     f"$\\beta$ = {', '.join(f'{b:g}' for b in ds['beta'].values)}: {shares}. ")
     else:
         text += "This config has no closed-form consensus spectrum (it is known for identity Q, K, V on the sphere)."
     return text

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -56,9 +56,12 @@ from .._build import build_system, resolve_study, validate_config
 from .._config import to_container
 from .._errors import ConfigError
 from .._terms import SelfAttention
-from ._common import caption, config_of, member_summary, pyplot, save
+from ._common import caption, config_of, member_summary, subplots
 from .lyapunov import PERCENTILES, check_options, check_spectrum, ensemble_spectra, exponent_count, local_exponents
 from .polynomial import SCHEDULES, coefficients, dispersion_index
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Lyapunov spectra under polynomial weight magnitudes"
 PAPER = "Neural ODE Transformers, app. C.8 (weight magnitudes) and sec. 5.2, app. B (Lyapunov exponents)"
@@ -234,15 +237,14 @@ def _rank_correlation(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     names = list(ds["schedule"].values)
     formulas = [str(f) for f in ds["formula"].values]
     k = ds.sizes["exponent"]
     has_dispersion = "dispersion" in ds
-    fig, axes = plt.subplots(1, 4 if has_dispersion else 3, figsize=(17.0 if has_dispersion else 13.0, 4.6),
-                             layout="constrained")
+    fig, axes = subplots(1, 4 if has_dispersion else 3, figsize=(17.0 if has_dispersion else 13.0, 4.6),
+                         layout="constrained")
     x = np.arange(len(names))
     rng = np.random.default_rng(0)
     offsets = np.linspace(-0.22, 0.22, k) if k > 1 else np.zeros(1)
@@ -259,7 +261,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
             median = part[f"{name}_median"].values
             ax.errorbar(x + offsets[j], median, yerr=[median - part[f"{name}_q10"].values,
                                                       part[f"{name}_q90"].values - median],
-                        fmt="o", color=f"C{j}", markersize=4, capsize=2, label=f"lambda_{j + 1}")
+                        fmt="o", color=f"C{j}", markersize=4, capsize=2, label=f"$\\lambda_{{{j + 1}}}$")
         ax.axhline(0, color="k", linewidth=0.5)
         ax.set_xticks(x, formulas, rotation=30, fontsize=7)
         ax.set_ylabel("Lyapunov exponent")
@@ -273,7 +275,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
                 label=f"f = {formulas[s]}")
     ax.axhline(0, color="k", linewidth=0.5)
     ax.set_xlabel("t")
-    ax.set_ylabel("lambda_1 over one QR interval (median over members)")
+    ax.set_ylabel("$\\lambda_1$ over one QR interval (median over members)")
     ax.set_title(f"(c) local top exponent, over intervals of {every:g}")
     ax.legend(loc="upper left", fontsize=7)
     if has_dispersion:
@@ -283,10 +285,10 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
                        color=f"C{s}", alpha=0.6, linewidth=0, label=f"f = {formulas[s]}")
         ax.set_xscale("log")
         ax.set_xlabel(f"dispersion at T = {t1:g} (relative to t = 0; small: clustered)")
-        ax.set_ylabel(f"lambda_1 over [0, {t1:g}]")
+        ax.set_ylabel(f"$\\lambda_1$ over [0, {t1:g}]")
         ax.set_title("(d) every member: top exponent against dispersion")
     caption(fig, _caption(ds, cfg, names, formulas), width=220 if has_dispersion else 170)
-    return save(fig, folder, "lyapunov_polynomial")
+    return {"lyapunov_polynomial": fig}
 
 
 def _caption(ds, cfg, names, formulas) -> str:
@@ -298,7 +300,7 @@ def _caption(ds, cfg, names, formulas) -> str:
             f"{cfg['solver']} with dt = {cfg['dt']:g}, tokens uniform in [{cfg['init']['low']:g}, "
             f"{cfg['init']['high']:g}]^{cfg['d']}; {ds.sizes['member']} members, the same weights and tokens under "
             f"every f. The {ds.sizes['exponent']} leading finite-time Lyapunov exponents of the step map in "
-            f"R^(n d) by the QR method (dots: members). Median lambda_1 over [0, T] (late: over the second half): "
+            f"$R^{{n d}}$ by the QR method (dots: members). Median $\\lambda_1$ over [0, T] (late: over the second half): "
             f"{per}. ")
     index = {name: s for s, name in enumerate(names)}
     orders = [index[name] for name in ("f1", "f2", "f3", "f4") if name in index]
@@ -342,7 +344,7 @@ def _caption(ds, cfg, names, formulas) -> str:
                          - ds["single_cluster_rate"].isel(schedule=s).values)[tight]
             text += (f"Without normalization a group of tokens at one point moves by dx/dt = f V_0 x, at the rate "
                      f"f max Re eig V_0: for the {int(tight.sum())} members whose dispersion ends below 1e-3, the late "
-                     f"lambda_1 is within {np.median(gap):.2f} of that rate (median; {int((gap < 0.1).sum())} of them "
+                     f"$\\lambda_1$ is within {np.median(gap):.2f} of that rate (median; {int((gap < 0.1).sum())} of them "
                      "within 0.1): their top exponent is mostly that of the gathered tokens' common linear motion "
                      "(on the sphere that motion is a rotation, of exponent 0).")
     return text

@@ -56,8 +56,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -70,8 +69,11 @@ from .._errors import ConfigError
 from .._metrics import cluster_labels
 from .._progress import Progress
 from ..analysis.plateaus import detect_metastability
-from ._common import caption, check_member_option, config_of, pyplot, save, wireframe_sphere
+from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._runner import merge_overrides
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = ("Metastability: clusters that persist, then merge (log time); the energy staircase of the cluster "
          "partitions (rescaled time)")
@@ -353,13 +355,12 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 
 
 def _paths(fig, spec, p: xr.Dataset, config: Mapping, keep: np.ndarray, letter: str) -> None:
-    plt = pyplot()
     member = int(p["drawn_member"])
     n = int(config["n"])
     x = p["x"].values[keep, :n, : int(config["d"])]  # a smaller panel is padded
     t = p["time"].values[keep]
     labels = p["drawn_clusters"].values[:n]
-    colors = plt.cm.tab10(np.unique(labels, return_inverse=True)[1] % 10)
+    colors = colormap("tab10")(np.unique(labels, return_inverse=True)[1] % 10)
     if x.shape[-1] == 3:
         ax = fig.add_subplot(spec, projection="3d")
         wireframe_sphere(ax, zoom=1.3)
@@ -434,23 +435,22 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     the caption's sentence."""
     from matplotlib.lines import Line2D  # lazy: start-up
 
-    plt = pyplot()
     s = ds["staircase_time"].values
     betas = ds["beta"].values
-    colors = plt.cm.viridis(np.linspace(0.0, 0.9, len(betas)))
+    colors = colormap("viridis")(np.linspace(0.0, 0.9, len(betas)))
     ax = fig.add_subplot(grid[1, 0])
     last = len(betas) - 1
     if "staircase_angles" in ds:
         angles = np.unwrap(ds["staircase_angles"].values[last], axis=0)
         for i in range(angles.shape[1]):
-            ax.plot(s, angles[:, i], color=plt.cm.tab10(i), linewidth=1.2)
+            ax.plot(s, angles[:, i], color=colormap("tab10")(i), linewidth=1.2)
     for time in ds["staircase_merge_time"].values[last]:
         if np.isfinite(time):
             ax.axvline(time, color="C3", linestyle="--", linewidth=0.8)
     ax.set_xlim(s[0], s[-1])
     ax.set_xlabel("rescaled time s")
     ax.set_ylabel("angle on the circle (rad)")
-    ax.set_title(f"(b) token angles, beta = {betas[last]:g}; merges dashed")
+    ax.set_title(f"(b) token angles, $\\beta$ = {betas[last]:g}; merges dashed")
     ax = fig.add_subplot(grid[1, 1])
     for (partition, level) in STAIRCASE.items():
         ax.axhline(level, color="0.5", linestyle=":", linewidth=0.9)
@@ -465,17 +465,17 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
             if np.isfinite(a):
                 ax.plot([a, e], [level, level], color=color, linewidth=6, alpha=0.3, solid_capstyle="butt")
     ax.set_xlim(s[0], s[-1])
-    ax.set_xlabel("rescaled time s (constant speed log beta)")
+    ax.set_xlabel(r"rescaled time $s$ (constant speed $\log \beta$)")
     ax.set_ylabel(r"energy $n^{-2} \sum_{ij} e^{\beta(\cos(\theta_i - \theta_j) - 1)}$")
     ax.set_title("(b) the energy staircase, n = 5 on the circle (USA)")
-    handles = [Line2D([], [], color=c, linewidth=1.3, label=f"beta = {b:g}") for b, c in zip(betas, colors)]
+    handles = [Line2D([], [], color=c, linewidth=1.3, label=f"$\\beta$ = {b:g}") for b, c in zip(betas, colors)]
     handles += [Line2D([], [], color="0.5", linewidth=6, alpha=0.3, label="detected plateaus"),
                 Line2D([], [], color="0.5", linestyle=":", label="partition levels")]
     ax.legend(handles=handles, loc="upper left", fontsize=7, frameon=False)
     ax = fig.add_subplot(grid[1, 2])
     ax.axis("off")
     table, worst = _plateau_table(ds)
-    header = ["beta"] + [f"{p}\n{_fraction(v)}" for p, v in STAIRCASE.items()]
+    header = [r"$\beta$"] + [f"{p}\n{_fraction(v)}" for p, v in STAIRCASE.items()]
     cells = ax.table(cellText=table, colLabels=header, loc="center", cellLoc="center")
     cells.auto_set_font_size(False)
     cells.set_fontsize(8)
@@ -484,10 +484,10 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     init = config["init"]["value"]
     return (f"(b) the published staircase: n = {config['n']} tokens on the circle at the published angles "
             f"({', '.join(f'{np.arctan2(y, x):.4f}' for x, y in init)} rad), the unnormalized field at constant speed "
-            f"log beta in rescaled time s, {config['solver']} steps of {config['dt']:g}, tokens within "
-            f"{config['time_change']['collisions']:g} merged, {config['dtype']}, eps = {config['eps']:g}; plateaus "
+            f"$\\log \\beta$ in rescaled time $s$, {config['solver']} steps of {config['dt']:g}, tokens within "
+            f"{config['time_change']['collisions']:g} merged, {config['dtype']}, $\\varepsilon$ = {config['eps']:g}; plateaus "
             f"(shaded bars) are read while the cluster partition holds (tol {ds.attrs['staircase_tol']:g} of the "
-            f"range, at least {ds.attrs['staircase_min_length']:g} of s). Largest distance of a measured level from its "
+            f"range, at least {ds.attrs['staircase_min_length']:g} of $s$). Largest distance of a measured level from its "
             f"partition's level: {worst}.")
 
 
@@ -524,18 +524,17 @@ def _plateau_table(ds: xr.Dataset) -> tuple[list[list[str]], str]:
             row.append(" ".join(f"{lv:.4f}" for lv in held) if held else "-")
             worst = max([worst] + [abs(lv - level) for lv in held])
         rows.append(row)
-        deviations.append(f"{worst:.1e} at beta = {beta:g}")
+        deviations.append(f"{worst:.1e} at $\\beta$ = {beta:g}")
     return rows, "; ".join(deviations)
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     from matplotlib.lines import Line2D  # lazy: start-up
     from matplotlib.patches import Patch  # lazy: start-up
 
-    plt = pyplot()
     staircase = "staircase_time" in ds
     rows = 2 if staircase else 1
-    fig = plt.figure(figsize=(13.5, 4.1 * rows))
+    fig = figure(figsize=(13.5, 4.1 * rows))
     grid = fig.add_gridspec(rows, 3, width_ratios=(1.0, 1.15, 1.15), wspace=0.3, hspace=0.45)
     config = config_of(ds, "sphere")
     member = int(ds["drawn_member"])
@@ -545,13 +544,13 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ax = fig.add_subplot(grid[0, 1])
     _series(ax, ds, "clusters", keep, step=True)
     _marks(ax, ds, member, "clusters", t[keep], annotate=True)
-    ax.set_ylabel(f"clusters (<x_i, x_j> > 1 - {config['eps']:g})")
+    ax.set_ylabel(f"clusters ($\\langle x_i, x_j \\rangle > 1 - {config['eps']:g}$)")
     ax.set_yscale("log")
     top = int(np.nanmax(np.where(ds["clusters"].values >= 0, ds["clusters"].values, np.nan)))
     ticks = [k for k in (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128) if k <= top]
     ax.set_yticks(ticks, [str(k) for k in ticks])
     ax.minorticks_off()
-    ax.set_title(f"(a) cluster count: n = {config['n']}, d = {config['d']}, beta = {config['beta']:g}")
+    ax.set_title(f"(a) cluster count: n = {config['n']}, d = {config['d']}, $\\beta$ = {config['beta']:g}")
     ax2 = fig.add_subplot(grid[0, 2])
     _series(ax2, ds, "relative_energy", keep, step=False)
     _marks(ax2, ds, member, "relative_energy", t[keep], annotate=False)
@@ -569,12 +568,12 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     if staircase:
         notes.append(_staircase_row(fig, grid, ds, config_of(ds, "staircase")))
     caption(fig, " ".join(notes), width=190)
-    return save(fig, folder, "metastability")
+    return {"metastability": fig}
 
 
 def _sphere_note(ds: xr.Dataset, config: Mapping) -> str:
     counts = ds["merge_count"].values
-    note = (f"(a) Q = K = V = I softmax attention, n = {config['n']} tokens on S^{config['d'] - 1}, beta = "
+    note = (f"(a) Q = K = V = I softmax attention, n = {config['n']} tokens on $S^{{{config['d'] - 1}}}$, $\\beta$ = "
             f"{config['beta']:g}, {_init_words(config)}, {config['solver']} with adaptive steps (rtol "
             f"{config['rtol']:g}) in {config['dtype']}, output at {ds.sizes['sample']} log-spaced times to "
             f"t = {config['t1']:g}; merges per member: {_spread(counts)}")

@@ -43,14 +43,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._config import choice
 from .._errors import ConfigError
-from ._common import caption, check_member_option, config_of, pyplot, save
+from ._common import caption, check_member_option, config_of, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Post-LN collapses exponentially, pre-LN polynomially"
 PAPER = ("post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
@@ -223,14 +226,13 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     return ds
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     options = cfg["experiment"]["options"]
     member = int(options["member"])
     t = ds["time"].values
     positive = t > 0
-    fig, axes = plt.subplots(1, 3, figsize=(14.0, 4.4), layout="constrained")
+    fig, axes = subplots(1, 3, figsize=(14.0, 4.4), layout="constrained")
     colors = {label: f"C{k}" for k, label in enumerate(ds["scheme"].values)}
     for ax, kind in ((axes[0], "power"), (axes[1], "exp")):
         for label in ds["scheme"].values:
@@ -287,16 +289,16 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         f"{part['scheme_name'].item()}: exp rate {float(part['exp_rate']):.2f} (t in [{float(part['exp_start']):.3g}, "
         f"{float(part['fit_end']):.3g}]), power exponent {float(part['power_exponent']):.2f} in t - "
         f"{float(part['norm_origin']):.2g} (t in [{float(part['power_start']):.3g}, {float(part['fit_end']):.3g}]), "
-        f"R^2 over [{float(part['fit_start']):.3g}, {float(part['fit_end']):.3g}]: exp "
+        f"$R^{{2}}$ over [{float(part['fit_start']):.3g}, {float(part['fit_end']):.3g}]: exp "
         f"{float(part['exp_r2']):.4f}, power {float(part['power_r2']):.4f}" for part in fits.values())
     caption(fig, (
-        f"Softmax attention with Ginibre Q, K, V drawn per member, n = {cfg['n']}, d = {cfg['d']}, beta = "
+        f"Softmax attention with Ginibre Q, K, V drawn per member, n = {cfg['n']}, d = {cfg['d']}, $\\beta$ = "
         f"sqrt(d) = {cfg['beta']:.3g}, {ds.sizes['member']} members (thin; member {member} darker; thick: geometric "
         f"mean), unit initial tokens uniform on the sphere, {cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}. "
         f"Post-LN keeps the tokens on the sphere; pre-LN feeds x/|x| ({options['pre_norm']} norm with gain "
         f"d^(-1/2)) to attention and adds the update to the residual stream. 1 - mean cosine is computed as "
-        f"sum_i |u_i - mean u|^2 / (n - 1), exact far below 1e-16. Fits on the geometric mean, between 1 - cos "
+        f"$\\frac{{1}}{{n - 1}} \\sum_i |u_i - \\bar u|^2$, exact far below 1e-16. Fits on the geometric mean, between 1 - cos "
         f"= {options['fit_from']:g} and {options['floor']:g}; the rate and the exponent only where the local slope has "
         f"settled (within {options.get('settle', 0.02):g} of its end value), the power law in t - t_0 with t_0 the "
         f"origin of the fitted growth |x| = c (t - t_0): {words}."), width=175)
-    return save(fig, folder, "normalization")
+    return {"normalization": fig}

@@ -24,14 +24,17 @@ The members' pair densities themselves are not kept: the figure needs their mean
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
 from ..analysis.equiangular import equiangular_time
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, config_of, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Phase diagram of the pair density over (t, beta), with the equiangular curve"
 PAPER = "A mathematical perspective on Transformers, fig. 3"
@@ -119,12 +122,11 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 def heatmaps(ds: xr.Dataset, panel: str, titles: list[str], figure_width: float = 3.2):
     """One heatmap of the mean pair density over (t, beta) per entry of `panel`, with
     the equiangular curve, one colorbar for all; returns the figure."""
-    plt = pyplot()
     count = ds.sizes[panel]
     columns = min(count, 4)
     rows = -(-count // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(figure_width * columns + 1.0, 3.0 * rows),
-                             squeeze=False, sharex=True, sharey=True, layout="constrained")
+    fig, axes = subplots(rows, columns, figsize=(figure_width * columns + 1.0, 3.0 * rows),
+                         squeeze=False, sharex=True, sharey=True, layout="constrained")
     t = ds["time"].values
     beta = ds["beta"].values
     curve = ds["equiangular_time"].values
@@ -157,7 +159,7 @@ def heatmaps(ds: xr.Dataset, panel: str, titles: list[str], figure_width: float 
     return fig
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     dims = [int(d) for d in ds["d"].values]
     titles = [f"d = {d}  (mismatch {float(ds['curve_mismatch'].sel(d=d)):.3f})" for d in dims]
@@ -167,10 +169,10 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     mismatch = ", ".join(f"d={d}: {float(ds['curve_mismatch'].sel(d=d)):.3f}" for d in dims)
     caption(fig, (
         f"Q = K = V = I softmax attention on S^(d-1), n = {cfg['n']} tokens uniform at t = 0, "
-        f"{members} members per (d, beta), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
+        f"{members} members per (d, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
         f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
-        f"{cfg['dtype']}. Colour: fraction of token pairs with <x_i, x_j> > 1 - {cfg['eps']:g}, averaged "
-        f"over members. Dashed: the equiangular model's time to rho = 1 - "
+        f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - {cfg['eps']:g}$, averaged "
+        f"over members. Dashed: the equiangular model's time to $\\rho$ = 1 - "
         f"{float(ds['equiangular_time'].attrs['eps']):g} (n = {cfg['n']}, orthogonal start). Mismatch = "
         f"mean |P - 1{{t >= t_eps}}| over the grid ({mismatch})."), width=30 * len(dims) + 20)
-    return save(fig, folder, "phase_diagram")
+    return {"phase_diagram": fig}

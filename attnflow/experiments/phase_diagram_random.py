@@ -37,17 +37,20 @@ and for each beta the mean pair density at the last time (`final_pair_density`).
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
+import math
+from typing import TYPE_CHECKING
 
 import xarray as xr
 
 from .._config import choice
 from .._errors import ConfigError
-from ._common import caption, config_of, save
+from ._common import caption, config_of
 from .phase_diagram import heatmaps, summarize
 from .phase_diagram import check as check_eps
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Phase diagram of the pair density with random Q^T K and V (d = 128)"
 PAPER = "A mathematical perspective on Transformers, fig. 5"
@@ -124,17 +127,17 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
         panel_title=("panel", [PANELS[label][0] for label in labels]))
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     labels = [str(p) for p in ds["panel"].values]
     titles = [f"({chr(97 + k)}) {ds['panel_title'].values[k]}" for k in range(len(labels))]
     fig = heatmaps(ds, "panel", titles)
     beta = ds["beta"].values
     caption(fig, (
-        f"{LAWS}. Softmax attention on S^{cfg['d'] - 1}, n = {cfg['n']} tokens uniform at t = 0, "
-        f"{cfg['members']} members per (panel, beta), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
+        f"{LAWS}. Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']} tokens uniform at t = 0, "
+        f"{cfg['members']} members per (panel, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
         f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
-        f"{cfg['dtype']}. Colour: fraction of token pairs with <x_i, x_j> > 1 - {cfg['eps']:g}, averaged over "
+        f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - {cfg['eps']:g}$, averaged over "
         f"members. Dashed: the equiangular curve of the Q = K = V = I model (n = {cfg['n']}, eps = "
         f"{float(ds['equiangular_time'].attrs['eps']):g}), for comparison."), width=30 * min(len(labels), 4) + 20)
-    return save(fig, folder, "phase_diagram_random")
+    return {"phase_diagram_random": fig}

@@ -49,14 +49,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._config import choice, to_container
 from .._errors import ConfigError
-from ._common import caption, check_drawn_member, config_of, member_summary, pyplot, save
+from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Polynomial weight magnitudes: growing weights keep tokens dispersed"
 PAPER = "Neural ODE Transformers, app. C.8, fig. 14"
@@ -222,17 +225,16 @@ def _configuration(ax, x: np.ndarray, cmap) -> None:
     ax.tick_params(labelsize=6, pad=0)
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     member = int(ds["drawn_member"])
     names = list(ds["schedule"].values)
     formulas = {name: str(f) for name, f in zip(names, ds["formula"].values)}
     t = ds["time"].values
-    fig = plt.figure(figsize=(13.0, 10.5), layout="constrained")
+    fig = figure(figsize=(13.0, 10.5), layout="constrained")
     rows = -(-len(names) // 3)
     grid = fig.add_gridspec(rows + 1, 3, height_ratios=[1.0] * rows + [0.95])
-    cmap = plt.get_cmap("viridis")
+    cmap = colormap("viridis")
     final = ds["final_dispersion"]
     letters = "abcdefghijkl"
     for k, name in enumerate(names):
@@ -272,7 +274,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ax.legend(loc="lower right")
     grows = bool(int(ds["dispersion_grows_with_order"]))
     attention = ("Softmax attention" if options_of(cfg)["normalizer"] == "softmax"
-                 else "The paper's unnormalized attention sum_j exp(logit_ij) V x_j")
+                 else "The paper's unnormalized attention $\\sum_j e^{\\mathrm{logit}_{ij}} V x_j$")
     caption(fig, (
         f"{attention} without token normalization, Q = K = A_0 f(t), V = V_0 f(t), A_0 and V_0 standard Gaussian "
         f"(drawn per member), logits / sqrt(d); n = {cfg['n']}, d = {cfg['d']}, T = {cfg['t1']:g}, "
@@ -284,4 +286,4 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         f"(small: clustered). The final dispersion {'increases' if grows else 'does not increase'} with the order "
         f"of (t/T)^k, k = 1..4, and the constant f clusters; the spread instead shrinks with k, since a higher "
         f"order integrates to a smaller total weight magnitude."), width=170)
-    return save(fig, folder, "polynomial")
+    return {"polynomial": fig}

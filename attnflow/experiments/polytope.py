@@ -45,14 +45,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, check_drawn_member, config_of, member_summary, pyplot, save
+from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Without normalization: rescaled tokens reach polytopes and hyperplanes, attention gets leaders"
 PAPER = "The emergence of clusters in self-attention dynamics (Geshkovski, Letrouit, Polyanskiy, Rigollet, 2023)"
@@ -311,18 +313,17 @@ def _hull(ax, points: np.ndarray, **style) -> None:
     ax.fill(loop[:, 0], loop[:, 1], **style)
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     options = cfg["experiment"]["options"]
     tol = float(options["tol"])
     labels = [str(label) for label in ds["panel"].values]
     drawn = {label: int(ds["drawn_member"].sel(panel=label)) for label in labels}
     t = ds["time"].values
-    fig = plt.figure(figsize=(14.0, 9.0), layout="constrained")
+    fig = figure(figsize=(14.0, 9.0), layout="constrained")
     grid = fig.add_gridspec(2, 3)
     letters = iter("abcdefgh")
-    leader_colors = plt.get_cmap("tab10")
+    leader_colors = colormap("tab10")
     for k, label in enumerate(labels):
         d = int(np.sum(np.isfinite(ds["value_matrix"].sel(panel=label).values[0])))
         z = ds["z_member"].sel(panel=label).values[..., :d]  # (time, token, d)
@@ -411,7 +412,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     ranks = ds["attention_rank"].isel(time=-1)
     convex = ds["convex_position"].sel(panel=labels[0])
     caption(fig, (
-        f"Softmax attention in R^d without normalization, Q = K = I, beta = {cfg['beta']}, n = {cfg['n']} tokens "
+        f"Softmax attention in $R^d$ without normalization, Q = K = I, $\\beta$ = {cfg['beta']}, n = {cfg['n']} tokens "
         f"uniform in [{cfg['init']['low']:g}, {cfg['init']['high']:g}]^d, {cfg['solver']} with dt = {cfg['dt']} "
         f"to t = {cfg['t1']:g} in {cfg['dtype']}, {ds.sizes['member']} members. Rescaled tokens z = exp(-tV) x of "
         f"one member per panel: open circles at t = 0, stars at t = {t[-1]:g}, paths coloured by the final leader (the "
@@ -422,4 +423,4 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         f"number of leaders: final rank = leaders in {int((ranks == leaders).sum())} of {ranks.size} runs, largest "
         f"distance of a final attention row from one-hot {float(ds['boolean_defect'].max()):.1e}. (f) the speed of "
         f"the rescaled tokens' projection on the top eigenspace of V decays like e^(-t) in every panel."), width=170)
-    return save(fig, folder, "polytope")
+    return {"polytope": fig}

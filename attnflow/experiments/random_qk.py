@@ -21,13 +21,25 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, check_drawn_member, config_of, failed_members, member_summary, pyplot, save, stack_panels
+from ._common import (
+    caption,
+    check_drawn_member,
+    colormap,
+    config_of,
+    failed_members,
+    member_summary,
+    stack_panels,
+    subplots,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Random Q, K with V = I still cluster; V = -I does not"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, fig. 3"
@@ -109,15 +121,17 @@ def _panel_names(cfg: dict) -> dict[float, str]:
     return {1.0: "V", -1.0: "-V"}
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
+    from matplotlib.cm import ScalarMappable  # lazy: start-up
+    from matplotlib.colors import Normalize  # lazy: start-up
+
     cfg = config_of(ds)
     member = int(cfg["experiment"]["options"]["member"])
     t = ds["time"].values
     signs = list(ds["v_sign"].values)
-    fig, axes = plt.subplots(2, 2, figsize=(9.5, 7.6), layout="constrained")
-    norm = plt.Normalize(t[0], t[-1])
-    cmap = plt.get_cmap("viridis")
+    fig, axes = subplots(2, 2, figsize=(9.5, 7.6), layout="constrained")
+    norm = Normalize(t[0], t[-1])
+    cmap = colormap("viridis")
     names = _panel_names(cfg)
     letters = iter("abcd")
     for k, ax in enumerate(axes[0]):
@@ -129,7 +143,7 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         final = int(part["final_clusters"].values[member])
         ax.set_title(f"({next(letters)}) {names[signs[k]]}: member {member}, {final} cluster"
                      f"{'s' if final != 1 else ''} at t = {t[-1]:g}")
-    fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes[0], label="time t", shrink=0.8)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes[0], label="time t", shrink=0.8)
     colors = {1.0: "C0", -1.0: "C3"}
     for ax, name, label in ((axes[1, 0], "clusters", "number of clusters"),
                             (axes[1, 1], "pair_density", "pair density")):
@@ -154,10 +168,10 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     fractions = ", ".join(f"{names[s]}: {100 * float(ds['one_cluster_fraction'].sel(v_sign=s)):.0f}%"
                           for s in signs)
     caption(fig, (
-        f"Softmax attention on S^{cfg['d'] - 1}, n = {cfg['n']}, beta = {cfg['beta']}, Q and K {q['law']} random "
+        f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, Q and K {q['law']} random "
         f"({'per member' if not cfg['weights']['shared'] else 'shared by the members'}, {redraw}), "
         f"{names[1.0]}{' (and its negative)' if len(signs) > 1 else ''}; {cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens. "
         f"(a, b) one member's token paths on the principal plane of all its states (o start, * end). "
-        f"(c, d) the number of clusters and the fraction of pairs with cos > 1 - {cfg['eps']:g}. Members in one "
+        f"(c, d) the number of clusters and the fraction of pairs with $\\cos > 1 - {cfg['eps']:g}$. Members in one "
         f"cluster at t = {t[-1]:g}: {fractions}."), width=130)
-    return save(fig, folder, "random_qk")
+    return {"random_qk": fig}

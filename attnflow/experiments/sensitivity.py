@@ -20,7 +20,7 @@ whose state predicts the next token; the model's top prediction is stored too
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -31,7 +31,10 @@ from .._errors import CheckpointError, ConfigError
 from .._progress import Progress
 from ..analysis.pair_exponents import token_sensitivity
 from ..checkpoints._flow import depth_flow, forward
-from ._common import caption, config_of, pyplot, save
+from ._common import caption, colormap, config_of, figure, subplots, token_ticks
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 from .checkpoint import _sentence
 
 TITLE = "Token-pair Lyapunov sensitivity of a trained model beside its attention"
@@ -176,8 +179,7 @@ def _scaled(values: np.ndarray, skip: int) -> np.ndarray:
     return np.where(finite, scaled, np.nan)
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     name = ds.attrs.get("model_name", "checkpoint")
     tokens = [str(t) for t in ds.token_string.values]
@@ -188,17 +190,17 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     if ds.attrs.get("causal"):
         attention = np.where(np.arange(n) > last, np.nan, attention)
     steps = cfg["experiment"]["options"]["steps"]
-    written = []
+    figures = {}
 
     # 1. The sentence highlighted by sensitivity and by attention, and both as bars.
     width = 10.0
-    fig = plt.figure(figsize=(width + 0.6, 1))
+    fig = figure(figsize=(width + 0.6, 1))
     placed, lines = _layout(fig, tokens, width)
     text_height = 0.45 + lines * 1.9 * _FONT / 72
     bars = 2.6
     fig.set_size_inches(width + 0.6, 2 * text_height + bars + 0.6)
     grid = fig.add_gridspec(3, 1, height_ratios=[text_height, text_height, bars], hspace=0.35, bottom=0.17)
-    reds, blues = plt.get_cmap("Reds"), plt.get_cmap("Blues")
+    reds, blues = colormap("Reds"), colormap("Blues")
     predicted = ds.attrs.get("prediction", "")
     target = f"token {last} ({_shown(tokens[last])[0]!r})"
     _highlight(fig, fig.add_subplot(grid[0]), placed, 0.85 * _scaled(exponent, last), reds,
@@ -218,34 +220,33 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
               frameon=False)
     suffix = f"; the model's next word: {predicted!r}" if predicted else ""
     fig.suptitle(f"{name}: sensitivity of {target}{suffix}", y=1.0)
-    caption(fig, f"Red: lambda_ji = (1/L) log sigma_max(Y_ji(L)) with Y' = J_ji Y, Y(0) = I along the model's own "
-                 f"layer map ({'one step' if steps == 1 else f'{steps} steps'} per layer, L = {ds.attrs['depth']}), "
-                 "J_ji the Jacobian of token j's update with respect to token i; blue: the attention of token j "
+    caption(fig, r"Red: $\lambda_{ji} = \frac{1}{L} \log \sigma_{\max}(Y_{ji}(L))$ with $Y' = J_{ji} Y$, $Y(0) = I$ "
+                 f"along the model's own layer map ({'one step' if steps == 1 else f'{steps} steps'} per layer, "
+                 f"$L$ = {ds.attrs['depth']}), "
+                 "$J_{ji}$ the Jacobian of token $j$'s update with respect to token $i$; blue: the attention of token $j$ "
                  "averaged over heads and layers. Each colour scale runs from the smallest to the largest value over the "
-                 "other tokens; token j itself (outlined), whose own update dominates its sensitivity, is clipped to it"
+                 "other tokens; token $j$ itself (outlined), whose own update dominates its sensitivity, is clipped to it"
                  + ("; grey: hidden by the causal mask." if ds.attrs.get("causal") and last < n - 1 else "."))
-    written += save(fig, folder, "sentence")
+    figures["sentence"] = fig
 
     # 2. The full maps, when every token was an output.
     if ds.sizes["output"] == n and np.array_equal(ds.output.values, np.arange(n)):
-        fig, axes = plt.subplots(1, 2, figsize=(12.5, 5.4), gridspec_kw={"wspace": 0.45})
+        fig, axes = subplots(1, 2, figsize=(12.5, 5.4), gridspec_kw={"wspace": 0.45})
         labels = [_shown(t)[0] for t in tokens]
+        # The token strings label both axes of both maps (every k-th when there are many).
         full_attention = ds.attention.values.copy()
         if ds.attrs.get("causal"):
             full_attention[np.triu_indices(n, 1)] = np.nan
-        for ax, values, cmap, title in ((axes[0], ds.exponent.values, "Reds", "Lyapunov sensitivity lambda_ji"),
+        for ax, values, cmap, title in ((axes[0], ds.exponent.values, "Reds", r"Lyapunov sensitivity $\lambda_{ji}$"),
                                         (axes[1], full_attention, "Blues", "attention, mean over heads and layers")):
-            colours = plt.get_cmap(cmap).with_extremes(bad="0.92")
+            colours = colormap(cmap).with_extremes(bad="0.92")
             image = ax.imshow(np.ma.masked_invalid(values), cmap=colours)
-            ax.set(title=title, xlabel="input token i", ylabel="output token j")
-            ax.grid(False)
-            if n <= 40:
-                ax.set_xticks(np.arange(n), labels, rotation=90)
-                ax.set_yticks(np.arange(n), labels)
-            fig.colorbar(image, ax=ax, shrink=0.8)
+            ax.set(title=title, xlabel="input token $i$", ylabel="output token $j$")
+            token_ticks(ax, labels, most=40)
+            fig.colorbar(image, ax=ax, shrink=0.8, label=r"$\lambda_{ji}$" if cmap == "Reds" else r"$\bar a_{ji}$")
         fig.suptitle(f"{name}: \"{ds.attrs['text']}\"")
-        caption(fig, "Row j: how output token j responds to each input token i, by the largest finite-time "
+        caption(fig, "Row $j$: how output token $j$ responds to each input token $i$, by the largest finite-time "
                      "exponent of the pair's tangent equation (left) and by attention (right); grey: hidden by "
                      "the causal mask.")
-        written += save(fig, folder, "maps")
-    return written
+        figures["maps"] = fig
+    return figures

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from ._animate import animate_states
-from ._common import caption, check_drawn_member, config_of, pyplot, save, wireframe_sphere
+from ._common import caption, check_drawn_member, colormap, config_of, figure, wireframe_sphere
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Single cluster on S^2, monotone interaction energy"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, fig. 1 (theorem 4.2, lemma 3.3)"
@@ -42,16 +46,15 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
 
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     member = int(cfg["experiment"]["options"]["member"])
     x = ds["x"].isel(member=member).values  # (time, token, dim)
     t = ds["time"].values
-    fig = plt.figure(figsize=(9.5, 4.0))
+    fig = figure(figsize=(9.5, 4.0))
     ax = fig.add_subplot(1, 2, 1, projection="3d")
     wireframe_sphere(ax)
-    colors = plt.cm.tab10(np.arange(x.shape[1]) % 10)
+    colors = colormap("tab10")(np.arange(x.shape[1]) % 10)
     for i in range(x.shape[1]):
         ax.plot(*x[:, i].T, color=colors[i], linewidth=1.5)
         ax.scatter(*x[0, i], color=colors[i], marker="o", s=25)
@@ -68,10 +71,16 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
     worst = float(ds["energy_increase"].min())
     single = int((ds["clusters"].isel(time=-1) == 1).sum())
     caption(fig, (
-        f"Q = K = V = I, softmax attention on S^{cfg['d'] - 1}, n = {cfg['n']}, beta = {cfg['beta']}, "
+        f"Q = K = V = I, softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, "
         f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, uniform initial tokens. "
-        f"{single} of {energy.shape[0]} members end in one cluster (cos > 1 - {cfg['eps']:g}); the smallest "
+        f"{single} of {energy.shape[0]} members end in one cluster ($\\cos > 1 - {cfg['eps']:g}$); the smallest "
         f"energy increment between saved times over all members is {worst:.2e} (monotone energy)."))
-    paths = save(fig, folder, "single_cluster")
-    title = f"{cfg['n']} tokens on S^2, beta = {cfg['beta']}, member {member}"
-    return paths + animate_states(ds, folder, "single_cluster", member=member, title=title)
+    return {"single_cluster": fig}
+
+
+def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+    """The drawn member's paths as an interactive view and a GIF."""
+    cfg = config_of(ds)
+    member = int(cfg["experiment"]["options"]["member"])
+    title = f"{cfg['n']} tokens on $S^2$, $\\beta$ = {cfg['beta']}, member {member}"
+    return animate_states(ds, folder, "single_cluster", member=member, title=title, plotly_js=plotly_js)

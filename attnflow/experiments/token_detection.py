@@ -1,5 +1,8 @@
 """Token detection: a causal attention flow that answers "was a 0 in the sequence so far?".
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 The construction of "A Survey of Continuous Time Dynamics of Transformers" (sec. 5.2.1,
 eq. 49-50, fig. 5). The vocabulary is 0-4 with one-hot embeddings e_0, ..., e_4 in
 d = 5: 0 is the special token, 1 and 2 are fillers, 3 means YES (a 0 came at or before
@@ -34,13 +37,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, config_of, pyplot, save, stack_panels
+from ._common import caption, colormap, config_of, stack_panels, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TITLE = "Token detection with a causal mask and a value matrix switching at t = 5"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2.1, eq. 49-50, fig. 5"
@@ -131,19 +137,18 @@ def _heatmap(ax, p: np.ndarray, sequence: np.ndarray, vmax: float):
     return image
 
 
-def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
-    plt = pyplot()
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
     cfg = config_of(ds)
     t = ds["time"].values
     switch = float(ds["switch_time"])
     at_switch = int(np.argmin(np.abs(t - switch)))
     labels = list(ds["panel"].values)
     rows = len(labels)
-    fig, axes = plt.subplots(rows, 4, figsize=(15.0, 3.3 * rows), layout="constrained", squeeze=False,
-                             gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
+    fig, axes = subplots(rows, 4, figsize=(15.0, 3.3 * rows), layout="constrained", squeeze=False,
+                         gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
     vmax = float(ds["probability"].max())
     positions = ds["position"].values
-    colors = plt.cm.viridis(np.linspace(0, 0.9, len(positions)))
+    colors = colormap("viridis")(np.linspace(0, 0.9, len(positions)))
     letters = iter("abcdefghijklmnopqrstuvwxyz")
     for r, label in enumerate(labels):
         part = ds.sel(panel=label)
@@ -167,11 +172,11 @@ def draw(ds: xr.Dataset, folder: Path) -> list[Path]:
         axes[r, 3].legend(title="position: 'token'", loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.colorbar(image, ax=axes[:, :2], label="probability", shrink=0.8)
     caption(fig, (
-        f"Causal softmax attention on S^{cfg['d'] - 1} with Q = K = 0 (uniform attention over the positions up to "
+        f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$ with Q = K = 0 (uniform attention over the positions up to "
         f"each one), one-hot initial tokens, V = 1_00 until t = {switch:g} (detection), then 1_30 + 1_41 + 1_42 "
         f"until t = {t[-1]:g} (prediction); {cfg['solver']} with dt = {cfg['dt']}. Probabilities: softmax over "
-        f"the vocabulary of {float(ds['readout_beta']):g} <e_k, x_i>. Token 0 is detected only from the position "
+        f"the vocabulary of {float(ds['readout_beta']):g} $\\langle e_k, x_i \\rangle$. Token 0 is detected only from the position "
         f"where it appears on (the causal mask); in stage 2 probability moves onto 3 (YES) from that position on, "
         f"3 being the most probable answer from the next position on and more so further along the sequence; "
         f"without a 0 every position answers 4 (NO). Dashed line: the switch of V."), width=170)
-    return save(fig, folder, "token_detection")
+    return {"token_detection": fig}

@@ -223,6 +223,14 @@ def test_sensitivity_experiment_on_a_tiny_checkpoint(tiny_llama, tmp_path):
     assert ds.attrs["prediction"] in words
     paths = af.draw_experiment(ds, tmp_path)
     assert {p.name for p in paths} == {"sentence.png", "sentence.pdf", "maps.png", "maps.pdf"}
+    # Both maps name the tokens on both axes and carry a colour bar.
+    maps = af.experiment_figures(ds)["maps"]
+    images = [ax for ax in maps.axes if ax.images]
+    bars = [ax for ax in maps.axes if ax.get_label() == "<colorbar>"]
+    assert len(images) == 2 and len(bars) == 2
+    for ax in images:
+        assert [t.get_text() for t in ax.get_xticklabels()] == text.split()
+        assert [t.get_text() for t in ax.get_yticklabels()] == text.split()
     # The default, the last output only: one figure.
     ds = af.run_experiment("sensitivity", {"checkpoint": str(tiny_llama), "text": text, "dtype": "float64"})
     assert ds.output.values.tolist() == [n - 1]

@@ -95,6 +95,16 @@ def test_checkpoint_experiment_on_minilm(tmp_path):
     assert np.all(np.diff(ds.energy.sel(source="theory").values) >= -1e-6)
     paths = af.draw_experiment(ds, tmp_path)
     assert {p.name for p in paths} >= {"depth.png", "pair_cosines.png", "attention.png"}
+    # The attention maps name their tokens on both axes and carry a colour bar.
+    attention = af.experiment_figures(ds)["attention"]
+    maps = [ax for ax in attention.axes if ax.images and ax.get_label() != "<colorbar>"]
+    tokens = [str(t) for t in ds.token_string.values]
+    assert len(maps) == 2 * len(np.unique(np.linspace(1, int(ds.block.max()), 4).round()))
+    for ax in maps:
+        assert [t.get_text() for t in ax.get_xticklabels()] == tokens
+    assert [t.get_text() for t in maps[0].get_yticklabels()] == tokens
+    (bar,) = [ax for ax in attention.axes if ax.get_label() == "<colorbar>"]
+    assert "attention" in bar.get_ylabel()
 
 
 def test_checkpoint_experiment_refuses_bad_input_in_one_sentence(tmp_path):

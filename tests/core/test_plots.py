@@ -258,7 +258,7 @@ def test_caption_states_bands_threshold_initial_condition_and_schedule():
     cfg["weights"]["v"] = v
     ds.attrs["config"] = yaml.safe_dump(cfg)
     text = " ".join(caption(summary_figure(ds)).split())
-    for part in ["10", "90", "8 members", "ε = 0.05", "caps (k = 3, radius = 0.2)", "USA", "norm = pre",
+    for part in ["10", "90", "8 members", r"$\varepsilon$ = 0.05", "caps (k = 3, radius = 0.2)", "USA", "norm = pre",
                  "n = 6", "d = 3", "rk4", "dt = 0.02", "V random (goe, scale 0.5", "factors [1, -1]",
                  "t = [5]", "Q = I"]:
         assert part in text
@@ -275,3 +275,65 @@ def test_importing_attnflow_does_not_import_matplotlib():
     code = "import sys, attnflow._plots; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_drawing_leaves_the_backend_the_rcparams_and_pyplot_alone(tmp_path):
+    # The user's backend (here svg, not the Agg that attnflow saves with) and rcParams.
+    plt.switch_backend("svg")
+    try:
+        backend, params = matplotlib.get_backend(), dict(matplotlib.rcParams)
+        ds = with_switch(results(["clusters", "pair_density"]), switch_times=[5.0], factors=[1.0, -1.0])
+        fig = summary_figure(ds, title=r"SA, $\beta$ sweep")
+        assert isinstance(fig, matplotlib.figure.Figure)
+        assert plot_summary(ds, tmp_path / "summary.png").read_bytes()[:8] == PNG_SIGNATURE
+        assert matplotlib.get_backend() == backend
+        assert dict(matplotlib.rcParams) == params
+        assert plt.get_fignums() == []
+    finally:
+        plt.switch_backend("agg")
+
+
+def with_switch(ds: xr.Dataset, **v) -> xr.Dataset:
+    cfg = yaml.safe_load(ds.attrs["config"])
+    cfg["weights"]["v"].update(v)
+    return ds.assign_attrs(config=yaml.safe_dump(cfg))
+
+
+def test_weight_switch_times_are_marked_and_labelled_in_every_panel():
+    ds = with_switch(results(["clusters", "pair_density"]), kind="random", switch_times=[5.0], factors=[1.0, -1.0])
+    fig = summary_figure(ds)
+    for ax in data_axes(fig):
+        (line,) = [line for line in ax.get_lines() if line.get_gid() == "weight_switch"]
+        assert line.get_xdata()[0] == 5.0
+        assert [t.get_text().strip() for t in ax.texts if t.get_gid() == "weight_switch"] == ["V switches"]
+    assert any("weight switch" in text and "= 5" in text for text in legend_texts(fig))
+    # A switch outside the saved times is not drawn; no switch, no mark.
+    for ds in (with_switch(results(["clusters"]), switch_times=[50.0], factors=[1.0, 2.0]), results(["clusters"])):
+        fig = summary_figure(ds)
+        assert not [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() == "weight_switch"]
+        assert not any("weight switch" in text for text in legend_texts(fig))
+
+
+def test_math_in_the_caption_is_mathtext_and_renders():
+    tied = {"kind": "tied", "scale": 1.0, "sign": -1.0, "switch_times": [], "factors": [], "poly": [1.0, 0.0, 2.0]}
+    ds = results(["pair_density"], eps=0.05, d_k=2)
+    cfg = yaml.safe_load(ds.attrs["config"])
+    cfg["weights"]["v"] = tied
+    fig = summary_figure(ds.assign_attrs(config=yaml.safe_dump(cfg)))
+    text = caption(fig)
+    for part in (r"$\cos(x_i, x_j) > 1 - \varepsilon$", r"$\varepsilon$ = 0.05", r"V = -$Q^\top K$",
+                 r"$f(t)$ = 1 + 2 $t^{2}$", "$d_k$ = 2"):
+        assert part in text
+    # Every line holds whole `$...$` spans (wrapping never cuts one), and mathtext parses them.
+    assert all(line.count("$") % 2 == 0 for line in text.splitlines())
+    fig.canvas.draw()
+
+
+def test_a_caption_wraps_between_math_spans_never_inside_one():
+    from attnflow._figures import wrap
+
+    text = r"a pair is close when $\cos(x_i, x_j) > 1 - \varepsilon$, with $\varepsilon$ = 0.01; " * 3
+    for width in range(8, 80, 7):
+        lines = wrap(text, width)
+        assert all(line.count("$") % 2 == 0 for line in lines), width
+        assert " ".join(lines) == " ".join(text.split())

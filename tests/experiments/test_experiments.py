@@ -16,6 +16,7 @@ from attnflow.experiments import (
     EXPERIMENTS,
     compose_experiment,
     draw_experiment,
+    experiment_figures,
     experiment_module,
     plan_experiment,
     run_experiment,
@@ -67,13 +68,17 @@ def test_bad_experiment_input_is_one_sentence_before_any_computing():
 
 
 def test_the_python_api_and_the_command_line_compose_the_same_config(tmp_path):
+    # plotly_js says how to write the HTML view, not what the results are: not stored.
     proc = attnflow("experiment=single_cluster", "members=2", "t1=1", "dt=0.1", "saves=3", "compilation_cache=false",
-                    f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+                    "plotly_js=directory", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert_ok(proc)
     stored = load(tmp_path / "run" / "results.nc").attrs["config"]
     from attnflow._study import config_yaml
 
     assert stored == config_yaml(plan_experiment(compose_experiment("single_cluster", TINY)).cfg)
+    assert "plotly_js" not in yaml.safe_load(stored)
+    assert 'src="plotly.min.js"' in (tmp_path / "run" / "single_cluster.html").read_text()
+    assert (tmp_path / "run" / "plotly.min.js").is_file()
     # Rerunning the same command finds the finished run; `attnflow plot` redraws it.
     again = attnflow("experiment=single_cluster", "members=2", "t1=1", "dt=0.1", "saves=3",
                      "compilation_cache=false", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
@@ -94,12 +99,40 @@ def test_experiment_errors_from_the_command_line_are_one_line(tmp_path):
 
 
 def test_run_experiment_returns_what_draw_needs(tmp_path):
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
     ds = run_experiment("single_cluster", TINY)
     assert ds.attrs["experiment"] == "single_cluster"
     assert set(yaml.safe_load(ds.attrs["panel_configs"])) == {"main"}
-    paths = draw_experiment(ds, tmp_path)
+    # Drawing returns figures and leaves the user's backend (svg here, not attnflow's
+    # Agg), rcParams and pyplot alone.
+    plt.switch_backend("svg")
+    try:
+        backend, params = matplotlib.get_backend(), dict(matplotlib.rcParams)
+        figures = experiment_figures(ds)
+        assert list(figures) == ["single_cluster"] and isinstance(figures["single_cluster"], Figure)
+        # Drawn in attnflow's style all the same (its 8 pt tick labels).
+        assert figures["single_cluster"].axes[1].xaxis.get_ticklabels()[0].get_fontsize() == 8
+        # The figures, the GIF (matplotlib's animation) and the HTML view, plotly.js beside it.
+        paths = draw_experiment(ds, tmp_path, plotly_js="directory")
+        assert matplotlib.get_backend() == backend
+        assert dict(matplotlib.rcParams) == params
+        assert plt.get_fignums() == []
+    finally:
+        plt.switch_backend("agg")
     assert {p.suffix for p in paths} >= {".png", ".pdf"}
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+    assert {p.name for p in paths} == {"single_cluster.png", "single_cluster.pdf", "single_cluster.gif",
+                                       "single_cluster.html", "plotly.min.js"}
+    # One shared plotly.js (several MB) and a page that loads it and stays small (the
+    # default, plotly.js inside the page, is test_single_cluster's).
+    script, page = tmp_path / "plotly.min.js", (tmp_path / "single_cluster.html").read_text()
+    assert 'src="plotly.min.js"' in page and "Plotly.newPlot" in page
+    assert len(page) < 100_000 < script.stat().st_size / 10
+    with pytest.raises(ConfigError, match="plotly_js='cdn' is not a choice; give one of embed, directory"):
+        draw_experiment(ds, tmp_path, plotly_js="cdn")
 
 
 def test_progress_counts_pieces_and_draws_only_when_asked(capsys):
