@@ -164,7 +164,11 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     except HydraException as error:
         first = str(error).strip().splitlines()[0].rstrip(".")
         raise ConfigError(f"cannot parse the settings of attnflow train ({first}).") from None
-    plain, seen, given = [], {}, {}
+    plain, seen, given, late = [], {}, {}, {}
+    # A setting named like a config group of the study's config (`init`, beside
+    # train.yaml in the same folder) would be read by Hydra as a choice of that group:
+    # it is set after composing instead.
+    groups = {path.name for path in Path(str(config_source()[1])).iterdir() if path.is_dir()}
     for override in overrides:
         name = override.key_or_group
         if name not in _types():
@@ -178,7 +182,10 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             raise ConfigError(f"{name} is given twice ({seen[name]}, {override.input_line}); give it once.")
         seen[name] = override.input_line
         given[name] = override.value()
-        plain.append(f"{name}={override.get_value_element_as_str()}")
+        if name in groups:
+            late[name] = given[name]
+        else:
+            plain.append(f"{name}={override.get_value_element_as_str()}")
     _check_given(given)
     register_schema()
     if GlobalHydra.instance().is_initialized():  # left by an earlier Hydra app in this process
@@ -190,7 +197,7 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
         first = str(cause or error).strip().splitlines()[0].rstrip(".")
         raise ConfigError(f"invalid settings for attnflow train ({first}).") from None
-    return OmegaConf.to_container(composed, resolve=False), given
+    return {**OmegaConf.to_container(composed, resolve=False), **late}, given
 
 
 def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConfig:

@@ -349,3 +349,10 @@ def test_the_command_line_is_composed_by_hydra_as_a_study_is(tmp_path):
         with pytest.raises(ConfigError, match=re.escape(says)) as caught:
             train_config(args)
         assert "\n" not in str(caught.value)
+
+
+def test_init_on_the_command_line_is_a_setting_not_the_config_group():
+    # `init` is also a config group of the study's config (conf/init/, beside train.yaml):
+    # Hydra read `attnflow train init=DIR` as a choice of it and refused the README's command.
+    cfg = train_config(["init=runs/train/some-run", "steps=12", "corpus=reference-b"])
+    assert (cfg.init, cfg.steps, cfg.corpus) == ("runs/train/some-run", 12, "reference-b")

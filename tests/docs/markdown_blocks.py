@@ -1,0 +1,283 @@
+"""The code blocks of the documentation pages (README.md, docs/**/*.md), and what the
+tests run of each: the parser of `test_examples.py`, with the conventions a page's
+writer follows.
+
+- A fenced block (```LANG ... ```, or ~~~) whose language is `python` (or `py`) runs as
+  Python; `bash` (or `sh`, `shell`) runs as the commands below. Blocks of any other
+  language (`text`, `yaml`, `console`, `mermaid`, none) are not run.
+- `<!-- not run: REASON -->` on the last non-blank line before a block's fence keeps the
+  block out of the run; the test reports it as a skip with REASON. The reason is
+  required, and a marker with no block after it is an error.
+- Python: a line ending in `# test: CODE` is CODE in the test run (its indentation kept),
+  e.g. `ds = af.run(cfg)  # test: ds = af.run({**cfg, "members": 4})`.
+- Shell: one command a line; a line ending in a backslash goes on on the next line, and
+  `&&` or `;` chain commands on one line. Blank lines and `# ...` comments are skipped.
+  What runs:
+    * `attnflow ARGS` (also `attnflow plot DIR`, `attnflow report DIR`, `attnflow train
+      ...`), in the test's process; `KEY=VALUE attnflow ...` sets an environment variable
+      for that command. A trailing `# test: KEY=VALUE ...` comment on the line gives
+      overrides the test run uses: each replaces the argument with the same key (its
+      `+`/`++` prefix kept), or is added at the end when there is none.
+    * `cd DIR`: the following commands (and Python blocks) of the page run in DIR.
+    * Install lines, i.e. lines whose first command is one of `python3 -m venv`, `pip install`,
+      `python -m pip install`, `. .venv/bin/activate`, `source .venv/bin/activate`,
+      `git clone`, `mkdocs serve|build|gh-deploy` or `pytest`, are not run, with
+      everything chained after them on the line (CI runs them).
+    * Any other command, a pipe or a redirection is an error that names the line: run
+      it some other way, or mark the block `<!-- not run: REASON -->`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+PYTHON = ("python", "py")
+SHELL = ("bash", "sh", "shell")
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
+_NOT_RUN = re.compile(r"^\s*<!--\s*not run\b\s*(?::\s*(?P<reason>.*?))?\s*-->\s*$")
+_TEST = re.compile(r"#\s*test:\s?(?P<code>.*)$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+# (first words of a command) that make an install line: not run.
+_INSTALL = (("python3", "-m", "venv"), ("python", "-m", "venv"), ("pip", "install"), ("pip3", "install"),
+            ("python", "-m", "pip", "install"), ("python3", "-m", "pip", "install"),
+            (".", ".venv/bin/activate"), ("source", ".venv/bin/activate"), ("git", "clone"),
+            ("mkdocs", "serve"), ("mkdocs", "build"), ("mkdocs", "gh-deploy"), ("pytest",))
+
+
+class DocsError(ValueError):
+    """A page or a block that breaks the conventions (the message names file:line)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block: `line` is the line of its opening fence (1-based), `lines`
+    its content, `skip` the reason of its `<!-- not run: -->` marker (None: it runs)."""
+
+    path: str
+    line: int
+    language: str
+    lines: tuple[str, ...]
+    skip: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def runs(self) -> bool:
+        return self.skip is None and self.language in PYTHON + SHELL
+
+    @property
+    def kind(self) -> str:
+        return "python" if self.language in PYTHON else "shell" if self.language in SHELL else "other"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command of a shell block: `line` the page line it starts on, `text` the line
+    as written (continuations joined), `argv` the words (after `# test:` overrides),
+    `env` the `KEY=VALUE` words before it."""
+
+    line: int
+    text: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = field(default=())
+
+
+def parse_page(text: str, path: str) -> list[Block]:
+    """Every fenced block of a Markdown page, in order (a fence left open is an error)."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    marker: tuple[int, str] | None = None  # (line, reason) of a pending `not run` marker
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        not_run = _NOT_RUN.match(line)
+        if not_run:
+            if marker is not None:
+                raise DocsError(f"{path}:{marker[0]}: a `not run` marker with no code block after it")
+            reason = (not_run.group("reason") or "").strip()
+            if not reason:
+                raise DocsError(f"{path}:{i + 1}: `<!-- not run -->` needs a reason: `<!-- not run: REASON -->`")
+            marker = (i + 1, reason)
+            i += 1
+            continue
+        opening = _FENCE.match(line)
+        if not opening:
+            if marker is not None and line.strip():
+                raise DocsError(f"{path}:{marker[0]}: a `not run` marker with no code block after it")
+            i += 1
+            continue
+        indent, fence = opening.group("indent"), opening.group("fence")
+        info = opening.group("info").strip().lstrip("{").lstrip(".")
+        language = re.split(r"[\s{}]", info, maxsplit=1)[0].lower() if info else ""
+        closing = re.compile(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
+        end = i + 1
+        while end < len(lines) and not closing.match(lines[end]):
+            end += 1
+        if end == len(lines):
+            raise DocsError(f"{path}:{i + 1}: a code block that is never closed")
+        content = tuple(_dedent(body, indent) for body in lines[i + 1:end])
+        blocks.append(Block(path, i + 1, language, content, marker[1] if marker else None))
+        marker = None
+        i = end + 1
+    if marker is not None:
+        raise DocsError(f"{path}:{marker[0]}: a `not run` marker with no code block after it")
+    return blocks
+
+
+def _dedent(line: str, indent: str) -> str:
+    return line[len(indent):] if line.startswith(indent) else line.lstrip(" \t")
+
+
+def python_source(block: Block) -> str:
+    """The block's Python as the test runs it: `# test: CODE` lines replaced by CODE, and
+    blank lines before it so that line numbers in a traceback are the page's."""
+    out = []
+    for body in block.lines:
+        test = _test_comment(body)
+        if test is not None:
+            indent = body[:len(body) - len(body.lstrip())]
+            body = indent + (test.strip() or "pass")
+        out.append(body)
+    return "\n" * block.line + "\n".join(out) + "\n"
+
+
+def _test_comment(line: str) -> str | None:
+    """CODE of a `# test: CODE` comment ending the line (outside quotes), or None."""
+    start = _comment_start(line, shell=False)
+    found = None if start is None else _TEST.search(line, start)
+    return None if found is None else found.group("code")
+
+
+def _comment_start(line: str, shell: bool = True) -> int | None:
+    """Where a `#` comment starts (outside quotes; in a shell, at the start of a word), or None."""
+    quote = None
+    escaped = False
+    for i, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            if char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (not shell or i == 0 or line[i - 1].isspace()):
+            return i
+    return None
+
+
+def shell_commands(block: Block) -> list[Command | str]:
+    """The commands of a shell block that the test runs, in order. An install line gives
+    the string "install" in its place (not run; kept so the report can say so)."""
+    commands: list[Command | str] = []
+    logical: list[tuple[int, str]] = []
+    pending, start = "", None
+    for number, body in enumerate(block.lines, start=block.line + 1):
+        if start is None:
+            start = number
+        stripped = body.rstrip()
+        if stripped.endswith("\\") and _comment_start(stripped) is None:
+            pending += stripped[:-1] + " "
+            continue
+        logical.append((start, pending + body))
+        pending, start = "", None
+    if pending:
+        raise DocsError(f"{block.path}:{start}: the last line ends in a backslash")
+    for number, text in logical:
+        where = f"{block.path}:{number}"
+        comment = _comment_start(text)
+        code = text if comment is None else text[:comment]
+        test = None
+        if comment is not None:
+            found = _TEST.search(text, comment)
+            test = found.group("code") if found else None
+        if not code.strip():
+            if test is not None:
+                raise DocsError(f"{where}: a `# test:` comment on a line with no command")
+            continue
+        try:
+            words = _words(code)
+        except ValueError as error:
+            raise DocsError(f"{where}: {error}: {text.strip()}") from None
+        chain: list[list[str]] = [[]]
+        for word in words:
+            if word in ("&&", ";"):
+                chain.append([])
+            elif word in ("|", "||", "&", ">", ">>", "<", "(", ")", "<<", "2>", "&>", ">&"):
+                raise DocsError(f"{where}: `{word}` (pipes, redirections, subshells) is not run by the tests: "
+                                f"write the command alone, or mark the block `<!-- not run: REASON -->`: "
+                                f"{text.strip()}")
+            else:
+                chain[-1].append(word)
+        chain = [part for part in chain if part]
+        if _is_install(chain[0]):
+            commands.append("install")
+            continue
+        for k, part in enumerate(chain):
+            env = []
+            while part and _ENV.match(part[0]):
+                name, _, value = part.pop(0).partition("=")
+                env.append((name, value))
+            if not part:
+                raise DocsError(f"{where}: setting a variable alone is not run by the tests: {text.strip()}")
+            if _is_install(part):
+                raise DocsError(f"{where}: an install command after another command: put it first on its line")
+            if part[0] == "attnflow":
+                if test is not None and k == len(chain) - 1:
+                    try:
+                        part = [part[0], *apply_overrides(part[1:], _words(test))]
+                    except ValueError as error:
+                        raise DocsError(f"{where}: `# test:` {error}") from None
+                commands.append(Command(number, text.strip(), tuple(part), tuple(env)))
+            elif part[0] == "cd":
+                if len(part) != 2 or env:
+                    raise DocsError(f"{where}: `cd` takes one folder: {text.strip()}")
+                commands.append(Command(number, text.strip(), tuple(part)))
+            else:
+                raise DocsError(f"{where}: `{part[0]}` is not a command the tests run (they run `attnflow ...` "
+                                f"and `cd`; install lines are skipped): mark the block "
+                                f"`<!-- not run: REASON -->` before its fence: {text.strip()}")
+        if test is not None and chain[-1][:1] != ["attnflow"]:
+            raise DocsError(f"{where}: a `# test:` comment on a line that does not end with an attnflow command")
+    return commands
+
+
+def _words(code: str) -> list[str]:
+    lexer = shlex.shlex(code, posix=True, punctuation_chars=";&|<>()")
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    return list(lexer)
+
+
+def _is_install(words: list[str]) -> bool:
+    return any(tuple(words[:len(prefix)]) == prefix for prefix in _INSTALL)
+
+
+def _key(word: str) -> str | None:
+    """The key of a `key=value` override (without `+`, `++`, `~`), None for other words."""
+    if word.startswith("-") or "=" not in word:
+        return None
+    return word.split("=", 1)[0].lstrip("+~")
+
+
+def apply_overrides(args: list[str], overrides: list[str]) -> list[str]:
+    """`args` with each `KEY=VALUE` of `overrides` in place of the argument of the same
+    key (keeping its `+` or `++`), or appended."""
+    out = list(args)
+    for override in overrides:
+        key = _key(override)
+        if key is None:
+            raise ValueError(f"takes KEY=VALUE overrides, got {override!r}")
+        for i, arg in enumerate(out):
+            if _key(arg) == key:
+                prefix = arg[:len(arg) - len(arg.lstrip("+~"))] if not override.startswith(("+", "~")) else ""
+                out[i] = prefix + override
+                break
+        else:
+            out.append(override)
+    return out

@@ -1,0 +1,121 @@
+"""The conventions of the documentation's code blocks (markdown_blocks.py), on a small
+page: which blocks run, the `# test:` replacements and overrides, `not run` markers,
+install lines, continuations, and the errors that name a page's line."""
+
+from __future__ import annotations
+
+import pytest
+from markdown_blocks import Command, DocsError, apply_overrides, parse_page, python_source, shell_commands
+
+PAGE = '''# A page
+
+Some text.
+
+```python
+import math
+n = 4   # test: n = 2
+x = math.sqrt(n)
+```
+
+```bash
+# a comment line
+python3 -m venv .venv && . .venv/bin/activate && pip install . && attnflow
+attnflow n=32 members=256 \\
+         d=3 +experiment.options.train.lr=1   # the main run  # test: members=4 experiment.options.train.lr=2 t1=1
+cd runs && attnflow plot circle
+attnflow report sweeps/d
+ATTNFLOW_CACHE_DIR=/tmp/c attnflow -m "text=a b" 'beta=[1,4]'
+```
+
+<!-- not run: needs SLURM -->
+
+```bash
+attnflow -m hydra/launcher=submitit_slurm
+```
+
+```text
+attnflow: error: not a command
+```
+
+    ```python
+    y = x + 1
+    ```
+
+~~~yaml
+a: 1
+~~~
+'''
+
+
+def test_blocks_languages_lines_and_markers():
+    blocks = parse_page(PAGE, "page.md")
+    assert [(b.line, b.language, b.kind, b.runs, b.skip) for b in blocks] == [
+        (5, "python", "python", True, None),
+        (11, "bash", "shell", True, None),
+        (23, "bash", "shell", False, "needs SLURM"),  # a blank line between the marker and the fence
+        (27, "text", "other", False, None),
+        (31, "python", "python", True, None),  # indented (in a list or an admonition)
+        (35, "yaml", "other", False, None),
+    ]
+    assert blocks[4].lines == ("y = x + 1",)
+    assert blocks[0].where == "page.md:5"
+
+
+def test_python_test_lines_are_replaced_and_keep_the_page_lines():
+    block = parse_page(PAGE, "page.md")[0]
+    source = python_source(block).splitlines()
+    assert source[5:8] == ["import math", "n = 2", "x = math.sqrt(n)"]  # line 6 of the page is source[5]
+    namespace: dict = {}
+    exec(compile(python_source(block), "page.md", "exec"), namespace)
+    assert namespace["x"] == 2 ** 0.5
+    # indentation kept, a quoted `# test:` is not a marker, an empty CODE is `pass`
+    indented = parse_page('```python\nif True:\n    a = 1  # test: a = 3\nb = "# test: no"\nc = 1  # test:\n```\n',
+                          "p.md")[0]
+    assert python_source(indented).splitlines()[2:5] == ["    a = 3", 'b = "# test: no"', "pass"]
+
+
+def test_shell_commands_overrides_installs_and_continuations():
+    commands = shell_commands(parse_page(PAGE, "page.md")[1])
+    assert commands[0] == "install"  # the whole line, `&& attnflow` included
+    main = commands[1]
+    assert isinstance(main, Command) and main.line == 14  # where the command starts
+    assert main.argv == ("attnflow", "n=32", "members=4", "d=3", "+experiment.options.train.lr=2", "t1=1")
+    assert [c.argv for c in commands[2:5]] == [("cd", "runs"), ("attnflow", "plot", "circle"),
+                                               ("attnflow", "report", "sweeps/d")]
+    assert commands[5].argv == ("attnflow", "-m", "text=a b", "beta=[1,4]")
+    assert commands[5].env == (("ATTNFLOW_CACHE_DIR", "/tmp/c"),)
+    assert len(commands) == 6
+
+
+def test_apply_overrides():
+    assert apply_overrides(["-m", "d=2,3,8", "++x=1"], ["d=2", "x=5", "+new=1"]) == ["-m", "d=2", "++x=5", "+new=1"]
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        apply_overrides(["n=1"], ["--help"])
+
+
+@pytest.mark.parametrize(("page", "message"), [
+    ("<!-- not run -->\n```bash\nattnflow\n```\n", "page.md:1: `<!-- not run -->` needs a reason"),
+    ("<!-- not run: slow -->\n\ntext\n```bash\nattnflow\n```\n", "page.md:1: a `not run` marker with no code block"),
+    ("text\n<!-- not run: slow -->\n", "page.md:2: a `not run` marker with no code block"),
+    ("```python\nx = 1\n", "page.md:1: a code block that is never closed"),
+], ids=["reason", "marker-then-text", "marker-at-end", "unclosed"])
+def test_page_errors_name_the_line(page, message):
+    with pytest.raises(DocsError, match=message.replace("`", ".").replace("(", ".").replace(")", ".")):
+        parse_page(page, "page.md")
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("python benchmarks/sweep.py", "page.md:2: `python` is not a command the tests run"),
+    ("attnflow report sweeps/d | tee log", "page.md:2: `|` .pipes, redirections, subshells. is not run"),
+    ("attnflow > log.txt", "page.md:2: `>`"),
+    ("attnflow n=1 \\", "page.md:2: the last line ends in a backslash"),
+    ("attnflow --help  # test: --cfg", "page.md:2: `# test:` takes KEY=VALUE overrides"),
+    ("# test: n=1", "page.md:2: a `# test:` comment on a line with no command"),
+    ("cd runs  # test: n=1", "page.md:2: a `# test:` comment on a line that does not end with an attnflow"),
+    ("attnflow && pip install .", "page.md:2: an install command after another command"),
+], ids=["other-command", "pipe", "redirection", "backslash", "test-not-override", "test-alone", "test-on-cd",
+        "install-after"])
+def test_shell_errors_name_the_line(line, message):
+    block = parse_page(f"```bash\n{line}\n```\n", "page.md")[0]
+    with pytest.raises(DocsError, match=message.replace("`", ".")):
+        shell_commands(block)
