@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 PYTHON = ("python", "py")
 SHELL = ("bash", "sh", "shell")
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
-_NOT_RUN = re.compile(r"^\s*<!--\s*not run\b\s*(?::\s*(?P<reason>.*?))?\s*-->\s*$")
+_NOT_RUN = re.compile(r"^\s*<!--\s*(?P<kind>not run|slow)\b\s*(?::\s*(?P<reason>.*?))?\s*-->\s*$")
 _TEST = re.compile(r"#\s*test:\s?(?P<code>.*)$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # (first words of a command) that make an install line: not run.
@@ -53,13 +53,16 @@ class DocsError(ValueError):
 @dataclass(frozen=True)
 class Block:
     """One fenced code block: `line` is the line of its opening fence (1-based), `lines`
-    its content, `skip` the reason of its `<!-- not run: -->` marker (None: it runs)."""
+    its content, `skip` the reason of its `<!-- not run: -->` marker (None: it runs),
+    `slow` the reason of its `<!-- slow: -->` marker: it runs with `pytest -m slow` only,
+    where a faster test of the default run (named in the reason) makes the same call."""
 
     path: str
     line: int
     language: str
     lines: tuple[str, ...]
     skip: str | None = None
+    slow: str | None = None
 
     @property
     def where(self) -> str:
@@ -90,7 +93,7 @@ def parse_page(text: str, path: str) -> list[Block]:
     """Every fenced block of a Markdown page, in order (a fence left open is an error)."""
     lines = text.splitlines()
     blocks: list[Block] = []
-    marker: tuple[int, str] | None = None  # (line, reason) of a pending `not run` marker
+    marker: tuple[int, str, str] | None = None  # (line, reason, kind) of a pending marker
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -98,10 +101,10 @@ def parse_page(text: str, path: str) -> list[Block]:
         if not_run:
             if marker is not None:
                 raise DocsError(f"{path}:{marker[0]}: a `not run` marker with no code block after it")
-            reason = (not_run.group("reason") or "").strip()
+            reason, kind = (not_run.group("reason") or "").strip(), not_run.group("kind")
             if not reason:
-                raise DocsError(f"{path}:{i + 1}: `<!-- not run -->` needs a reason: `<!-- not run: REASON -->`")
-            marker = (i + 1, reason)
+                raise DocsError(f"{path}:{i + 1}: `<!-- {kind} -->` needs a reason: `<!-- {kind}: REASON -->`")
+            marker = (i + 1, reason, kind)
             i += 1
             continue
         opening = _FENCE.match(line)
@@ -120,7 +123,9 @@ def parse_page(text: str, path: str) -> list[Block]:
         if end == len(lines):
             raise DocsError(f"{path}:{i + 1}: a code block that is never closed")
         content = tuple(_dedent(body, indent) for body in lines[i + 1:end])
-        blocks.append(Block(path, i + 1, language, content, marker[1] if marker else None))
+        skip = marker[1] if marker and marker[2] == "not run" else None
+        slow = marker[1] if marker and marker[2] == "slow" else None
+        blocks.append(Block(path, i + 1, language, content, skip, slow))
         marker = None
         i = end + 1
     if marker is not None:

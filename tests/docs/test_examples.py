@@ -53,7 +53,8 @@ def _parameters() -> list:
         except DocsError as error:
             params.append(pytest.param(name, -1, str(error), id=name))
             continue
-        params += [pytest.param(name, index, None, id=block.where)
+        params += [pytest.param(name, index, None, id=block.where,
+                                marks=[pytest.mark.slow] if block.slow is not None else [])
                    for index, block in enumerate(blocks) if block.kind != "other"]
     return params
 
@@ -68,6 +69,7 @@ class Page:
         self.namespace: dict = {"__name__": "__main__"}
         self.cwd = folder
         self.done = 0  # blocks[:done] have run (or were skipped)
+        self.slow = False  # whether this run selects the pages' slow blocks
         self.failed: str | None = None  # the block that failed
         # The page as the tests run it (`# test:` lines replaced), for tracebacks.
         lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -86,7 +88,8 @@ class Page:
         while self.done <= index:
             block = self.blocks[self.done]
             self.done += 1
-            if not block.runs:
+            # an earlier `slow` block runs only in a run that selected slow blocks
+            if not block.runs or (block.slow is not None and self.done - 1 < index and not self.slow):
                 continue
             try:
                 ran = self._run(block, monkeypatch, capsys)
@@ -198,6 +201,7 @@ def test_block(name, index, error, tmp_path_factory, monkeypatch, capsys):
         _PAGES[name] = Page(name, tmp_path_factory.mktemp(name.replace("/", "-")))
     page = _PAGES[name]
     block = page.blocks[index]
+    page.slow = page.slow or block.slow is not None
     if block.skip is not None:
         pytest.skip(f"not run: {block.skip}")
     if page.failed is not None and page.done <= index:

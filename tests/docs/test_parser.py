@@ -119,3 +119,12 @@ def test_shell_errors_name_the_line(line, message):
     block = parse_page(f"```bash\n{line}\n```\n", "page.md")[0]
     with pytest.raises(DocsError, match=message.replace("`", ".")):
         shell_commands(block)
+
+
+def test_a_slow_marker_keeps_the_block_for_pytest_m_slow():
+    blocks = parse_page("<!-- slow: tests/x.py makes the same call -->\n```bash\nattnflow train\n```\n"
+                        "```bash\nattnflow\n```\n", "p.md")
+    assert [(b.runs, b.skip, b.slow) for b in blocks] == [(True, None, "tests/x.py makes the same call"),
+                                                          (True, None, None)]
+    with pytest.raises(DocsError, match="needs a reason"):
+        parse_page("<!-- slow -->\n```bash\nattnflow\n```\n", "p.md")
