@@ -11,7 +11,8 @@ Dataset before it is written:
 - the global attributes `Conventions`, `title`, `source`, `history`,
   `attnflow_version`, and every scalar setting of the resolved config (`n`, `d`,
   `eps`, `solver`, ...; a nested key with its dots replaced by underscores,
-  `weights.v.kind` -> `weights_v_kind`) beside the full config (YAML, `config`).
+  `weights.v.kind` -> `weights_v_kind`; null ones left out) beside the full config
+  (YAML, `config`).
 
 A variable that says what it is with a `description` gets it as its `long_name`. One
 with neither is a bug of attnflow: `describe` refuses it, naming it, so that the tests,
@@ -51,7 +52,11 @@ COORDINATES: dict[str, tuple[str, str | None]] = {
     "query": ("attention row: the querying token", "1"),
     "key": ("attention column: the attended token", "1"),
     "cluster": ("cluster rank, largest first", "1"),
+    "exponent": ("rank of a Lyapunov exponent, largest first", "1"),
+    "schedule": ("weight schedule of the panel", None),
     "panel": ("panel of the experiment (one study each)", None),
+    "d": ("dimension d of the space the tokens live in", "1"),
+    "n": ("number of tokens n", "1"),
     "token_string": ("the token as text", None),
     "token_id": ("token id in the model's vocabulary", "1"),
 }
@@ -74,15 +79,15 @@ def dimension_name(key: str) -> str:
 
 def scalar_settings(config: Mapping, prefix: str = "") -> dict[str, Any]:
     """Every scalar leaf of a config as a NetCDF attribute: numbers and text as they
-    are, booleans as `true`/`false` (NetCDF has no boolean), null as `null`; lists
-    and empty mappings are left to the full config."""
+    are, booleans as `true`/`false` (NetCDF has no boolean); null settings, lists and
+    empty mappings are left to the full config."""
     settings = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             settings.update(scalar_settings(value, f"{name}."))
-        elif isinstance(value, bool) or value is None:
-            settings[dimension_name(name)] = "null" if value is None else str(value).lower()
+        elif isinstance(value, bool):
+            settings[dimension_name(name)] = str(value).lower()
         elif isinstance(value, (int, float, str)):
             settings[dimension_name(name)] = value
     return settings
@@ -125,20 +130,23 @@ def _is_text(values: np.ndarray) -> bool:
     return values.dtype.kind in "OSU"
 
 
-def variable_attributes(name: str, attrs: Mapping, values, *, coordinate: bool = False) -> dict:
+def variable_attributes(name: str, attrs: Mapping, values, *, coordinate: bool = False,
+                        known: Mapping[str, tuple[str, str | None]] | None = None) -> dict:
     """A variable's attributes with its `long_name` and `units` filled in: a
-    `description` becomes the `long_name`; otherwise the names known here (the shared
-    coordinates, the metrics, a study's bookkeeping) give both. Numbers without units
+    `description` becomes the `long_name` (replacing one it had); otherwise the names
+    known here (the shared coordinates, the metrics, a study's bookkeeping) give both. Numbers without units
     are pure numbers ("1"); text takes none."""
     attrs = dict(attrs)
+    given = known
     known = (COORDINATES.get(name) if coordinate else None) or VARIABLES.get(name)
     if name in METRICS and not coordinate:
         known = (METRICS[name].description, METRICS[name].units)
-    if "long_name" not in attrs:
-        if "description" in attrs:
-            attrs["long_name"] = attrs.pop("description")
-        elif known is not None:
-            attrs["long_name"] = known[0]
+    if given is not None and name in given:
+        known = given[name]
+    if "description" in attrs:  # what an experiment says of a variable, over what it inherited
+        attrs["long_name"] = attrs.pop("description")
+    elif "long_name" not in attrs and known is not None:
+        attrs["long_name"] = known[0]
     if "units" not in attrs and not _is_text(np.asarray(values)):
         attrs["units"] = known[1] if known is not None and known[1] is not None else "1"
     return attrs
@@ -166,17 +174,20 @@ def undescribed(ds) -> list[str]:
     return missing
 
 
-def describe(ds, *, title: str, config: Mapping, history: str, references: str | None = None):
+def describe(ds, *, title: str, config: Mapping, history: str, references: str | None = None,
+             coordinates: Mapping[str, tuple[str, str | None]] | None = None):
     """Give `ds` (an xarray Dataset, changed in place and returned) the CF attributes:
     `long_name` and `units` on every variable and coordinate, and the global attributes
     (`global_attributes`; the Dataset's own attributes are kept, the scalar settings
-    added beside them).
+    added beside them). `coordinates` gives the long name and units (None: text) of
+    coordinates of the Dataset's own, by name.
 
     Raises `UndescribedError` naming the variables that say nothing of what they are.
     """
     for name in [*ds.coords, *ds.data_vars]:
         attrs = ds[name].attrs
-        filled = variable_attributes(str(name), attrs, ds[name].values, coordinate=name in ds.coords)
+        filled = variable_attributes(str(name), attrs, ds[name].values, coordinate=name in ds.coords,
+                                     known=coordinates if name in ds.coords else None)
         attrs.clear()
         attrs.update(filled)
     missing = undescribed(ds)

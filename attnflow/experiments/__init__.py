@@ -14,7 +14,11 @@ that says what to compute beyond the core study and how to draw it. A module hol
   config mapping; by default one per combination of the panel keys;
 - `analyse(cfg, options, results) -> xarray.Dataset`: every panel's data and the
   derived quantities (a curve, merge times, a trained surrogate), in one Dataset;
-- `draw(ds, folder) -> [paths]`: the figures, from that Dataset alone.
+- `draw(ds, folder) -> [paths]`: the figures, from that Dataset alone;
+- `COORDINATES` (optional): `{name: (long name, units)}` of the Dataset's own
+  coordinates (units None for text), for its CF attributes; every variable the Dataset
+  holds says what it is with a `description` (or `long_name`) attribute, and `units`
+  where it is not a pure number ("1", the default).
 
 `run_experiment(name, overrides)` runs one from Python; the command line runs the same
 code and writes `results.nc` and the figures into the run directory; `attnflow plot DIR`

@@ -199,7 +199,8 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
     # command line replaces `history` with its own command.
     return describe(ds, title=f"attnflow experiment {plan.name}: {plan.module.TITLE}", config=yaml.safe_load(config),
                     history=history_line(history or "attnflow.solve_experiment(...)"),
-                    references=getattr(plan.module, "PAPER", None))
+                    references=getattr(plan.module, "PAPER", None),
+                    coordinates=getattr(plan.module, "COORDINATES", None))
 
 
 def draw_experiment(ds, folder: str | os.PathLike) -> list[Path]:
