@@ -8,12 +8,18 @@ jobs are not results and are left out), finds the swept keys (the config keys, a
 dotted names such as `weights.v.kind`, whose values differ between runs) and writes
 into DIR:
 
-- `report.csv` (and the same table as `report.nc`): one row per run and beta, with the
-  run's folder, the swept keys, beta, the final saved time, the fraction of failed
-  members, and for each recorded metric the mean over members and its 10 and 90 %
-  percentiles at the final time (failed members left out);
+- `report.csv`: one row per run and beta, with the run's folder, the swept keys, beta,
+  the final saved time, the fraction of failed members, and for each recorded metric
+  the mean over members and its 10 and 90 % percentiles at the final time (failed
+  members left out);
+- `report.nc`: the same numbers as a Dataset indexed by the swept keys and beta (one
+  dimension per swept key, its dots replaced by underscores: `weights.v.kind` ->
+  `weights_v_kind`, the key itself in the coordinate's `config_key`), so that
+  `ds.sel(d=8, solver="rk4")` picks a run; a combination that no job finished is NaN,
+  and its `note` names the failed job and its error (or says that no job ran it);
 - `report.png`: the final-time mean of each metric against the first swept key, one
-  line per value of the other swept keys and beta, with the members' 10-90 % band.
+  line per value of the other swept keys and beta (each its own dash pattern and
+  marker, so that coinciding lines stay visible), with the members' 10-90 % band.
 
 The metrics are those of the summary figure, reduced the same way (largest cluster as
 a fraction of n, attention rank and concentration averaged over heads). An experiment's
@@ -35,6 +41,7 @@ import numpy as np
 import xarray as xr
 import yaml
 
+from ._cf import CONVENTIONS, dimension_name
 from ._errors import ConfigError
 from ._figures import colormap, style, styled, subplots
 from ._metric_registry import METRICS, PANELS
@@ -257,6 +264,10 @@ def report_figure(table, swept: list[str], title: str):
     positions = {v: (float(v) if numeric else i) for i, v in enumerate(x_values)}
     lines = list(dict.fromkeys(tuple(row) for row in table[groups].itertuples(index=False))) if groups else [()]
     colors = colormap("viridis")(np.linspace(0.0, 0.9, max(len(lines), 1)))
+    # Lines that coincide (a swept key that changes nothing) stay visible: each line has
+    # its own dash pattern and marker, and the later ones are drawn thinner on top.
+    styles = ["-", "--", ":", "-."]
+    markers = ["o", "s", "^", "D", "v", "P", "X"]
     # As few rows as three panels per row allow, filled evenly (four panels: 2 x 2).
     rows = max(-(-len(metrics) // 3), 1)
     columns = max(-(-len(metrics) // rows), 1)
@@ -272,15 +283,20 @@ def report_figure(table, swept: list[str], title: str):
             order = np.argsort(xs, kind="stable")
             mean, low, high = (chosen[f"{name}_{s}"].to_numpy(dtype=float)[order] for s in ("mean", "q10", "q90"))
             label = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in zip(groups, line))
+            width = max(2.2 - 0.5 * index, 0.8)
+            style = {"marker": markers[index % len(markers)], "markersize": max(6.0 - 1.2 * index, 2.5),
+                     "markerfacecolor": "none" if index % 2 else color}
             if numeric:
-                ax.plot(xs[order], mean, marker="o", markersize=3.5, color=color, label=label or "mean")
+                ax.plot(xs[order], mean, linestyle=styles[index % len(styles)], linewidth=width, color=color,
+                        label=label or "mean", **style)
                 ax.fill_between(xs[order], low, high, color=color, alpha=0.18, linewidth=0)
             else:
                 # Categories (a solver, a schedule) are not joined by lines; the lines'
                 # points are set side by side so that none hides another.
                 shift = 0.25 * (index - (len(lines) - 1) / 2) / max(len(lines), 1)
-                ax.errorbar(xs[order] + shift, mean, yerr=[mean - low, high - mean], fmt="o", markersize=3.5,
-                            color=color, capsize=2, linewidth=1, label=label or "mean")
+                ax.errorbar(xs[order] + shift, mean, yerr=[mean - low, high - mean], fmt="none", color=color,
+                            capsize=2, linewidth=1)
+                ax.plot(xs[order] + shift, mean, linestyle="none", color=color, label=label or "mean", **style)
         ax.set_xlabel(x_key)
         ax.set_ylabel(_label(name), fontsize=8)
         if numeric and min(x_values) > 0 and max(x_values) >= 20 * min(x_values):
@@ -297,7 +313,8 @@ def report_figure(table, swept: list[str], title: str):
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if groups and handles:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.93), frameon=False,
-                   title=f"mean over members\n({'band' if numeric else 'bars'}: 10-90 %)", title_fontsize=8)
+                   title=f"{', '.join(groups)}\nmean over members\n({'band' if numeric else 'bars'}: 10-90 %)",
+                   title_fontsize=8)
     fig.tight_layout()
     runs = table["run"].nunique()
     times = ", ".join(f"{t:g}" for t in sorted(set(table["final_time"].dropna())))
@@ -312,25 +329,127 @@ def report_figure(table, swept: list[str], title: str):
     return fig
 
 
+def _failed_jobs(folder: Path) -> list[tuple[str, dict[str, Any], str]]:
+    """The jobs under `folder` that left no results: their folder, their overrides (the
+    keys as typed, the values as YAML reads them; empty when the job was refused before
+    it wrote `.hydra/`) and why (their `error.txt`)."""
+    failed = []
+    for error in sorted(folder.rglob("error.txt"), key=_natural):
+        job = error.parent
+        if (job / "results.nc").exists() or any(part.startswith(".") for part in job.relative_to(folder).parts):
+            continue
+        overrides = {}
+        try:
+            typed = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+            for item in typed or []:
+                key, _, value = str(item).partition("=")
+                overrides[key.lstrip("+~")] = yaml.safe_load(value)
+        except (OSError, yaml.YAMLError):
+            overrides = {}
+        try:
+            reason = error.read_text().strip()
+        except OSError:
+            reason = "failed"
+        failed.append((str(job.relative_to(folder)), overrides, reason))
+    return failed
+
+
+def _coordinate(values: list) -> np.ndarray:
+    """A swept key's values as a coordinate: numbers when every value is one, else text."""
+    if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in values):
+        return np.asarray(values)
+    return np.asarray([str(v) for v in values], dtype=object)
+
+
+def report_dataset(table, swept: list[str], failed: list[tuple[str, dict[str, Any], str]] = ()) -> xr.Dataset:
+    """The report as a Dataset indexed by the swept keys (and beta): one dimension per
+    swept key, named by the key with its dots replaced by underscores
+    (`weights.v.kind` -> `weights_v_kind`; the key itself is the coordinate's
+    `config_key`), so that `ds.sel(d=8, solver="rk4")` picks a run. A combination
+    without a finished run is NaN, and its `note` says why: the failed job's error, or
+    that no job ran it."""
+    dims = [dimension_name(key) for key in swept]
+    index = list(swept)
+    if "beta" in table and table["beta"].notna().any():
+        index.append("beta")
+        dims.append("beta")
+    if not index or table.duplicated(index).any():
+        index.append("run")  # runs the swept keys do not tell apart (the same config twice)
+        dims.append("run")
+    frame = table.copy()
+    frame["run"] = frame["run"].astype(str)
+    frame = frame.set_index(index)
+    frame.index = frame.index.set_names(dims)
+    ds = xr.Dataset.from_dataframe(frame)
+    grid = [dim for dim in dims if dim not in ("beta", "run")]
+    # A failed job's values of the swept keys belong to the grid too (its cells NaN).
+    placed = []
+    for job, overrides, reason in failed:
+        if grid and all(key in overrides for key in swept):
+            placed.append(({dim: _cell(overrides[key]) for key, dim in zip(swept, grid)}, job, reason))
+    extended = {dim: list(dict.fromkeys([*ds[dim].values.tolist(), *(where[dim] for where, _, _ in placed)]))
+                for dim in grid}
+    ds = ds.reindex({dim: _coordinate(values) for dim, values in extended.items()})
+    for name in list(ds.data_vars):
+        if ds[name].dtype == object:
+            ds[name] = ds[name].fillna("").astype(str)
+    for key, dim in zip(swept, dims):
+        ds[dim] = _coordinate(list(ds[dim].values))
+        ds[dim].attrs.update(long_name=f"the swept config key {key}", config_key=key)
+    note = xr.DataArray(np.full([ds.sizes[d] for d in grid], "", dtype=object), dims=grid,
+                        coords={d: ds[d] for d in grid})
+    found = ds["run"].isel({d: 0 for d in ("beta",) if d in ds["run"].dims})
+    if "run" in found.dims:
+        found = found.isel(run=0)
+    note = note.where(found != "", "no finished run of this combination")
+    for where, job, reason in placed:
+        where = {dim: str(value) if note[dim].dtype == object else value for dim, value in where.items()}
+        note.loc[where] = f"job {job} failed: {reason}"
+    # A job refused before it recorded its overrides has no known place in the grid.
+    unplaced = [f"{job}: {reason}" for job, overrides, reason in failed
+                if not (grid and all(key in overrides for key in swept))]
+    ds["note"] = note.astype(str)
+    ds["note"].attrs["long_name"] = "why a combination has no values (empty where its run finished)"
+    ds["run"].attrs["long_name"] = "the run's folder under the report's folder"
+    if "experiment" in ds:
+        ds["experiment"].attrs["long_name"] = "the experiment of the run"
+    for name in ds.data_vars:
+        attrs = ds[name].attrs
+        base, _, statistic = str(name).rpartition("_")
+        if "long_name" not in attrs:
+            what = {"mean": "mean over members", "q10": "10th percentile over members",
+                    "q90": "90th percentile over members"}.get(statistic)
+            attrs["long_name"] = (f"{what} of {base} at the final saved time" if what is not None
+                                  else str(name).replace("_", " "))
+        if ds[name].dtype.kind in "iuf" and "units" not in attrs:
+            attrs["units"] = "1"
+    if "beta" in ds.coords:
+        ds["beta"].attrs.update(long_name="inverse temperature beta of the attention", units="1")
+    ds.attrs = {"Conventions": CONVENTIONS, "title": "attnflow report",
+                "swept_keys": ", ".join(swept),
+                "dimensions": ", ".join(f"{dim} = {key}" for key, dim in zip(swept, dims)),
+                "description": "the member mean and 10/90 % percentiles of each metric at the final saved time, "
+                               "by swept key (and beta); NaN where no run finished (see `note`)"}
+    if unplaced:
+        ds.attrs["failed_jobs"] = "; ".join(unplaced)
+    return ds
+
+
 def report(folder: str | Path) -> list[Path]:
-    """Summarize every run under `folder` into `report.csv`, `report.nc` and
+    """Summarize every run under `folder` into `report.csv` (one row per run and beta),
+    `report.nc` (the same numbers indexed by the swept keys, `report_dataset`) and
     `report.png` there (each written whole or not at all); returns their paths."""
     folder = Path(folder)
     table, swept = summary_table(folder)
     csv = _write_atomically(folder / "report.csv", lambda tmp: table.to_csv(tmp, index=False))
-    ds = xr.Dataset.from_dataframe(table.rename_axis("row"))
-    for name in ds.data_vars:
-        if ds[name].dtype == object:
-            ds[name] = ds[name].astype(str)
-    ds.attrs = {"swept_keys": ", ".join(swept), "source": str(folder.resolve()),
-                "description": "one row per run and beta: swept keys, beta, and the member mean and 10/90 % "
-                               "percentiles of each metric at the final saved time"}
+    ds = report_dataset(table, swept, _failed_jobs(folder))
+    ds.attrs["source"] = str(folder.resolve())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Warning)  # xarray's notes on string encodings
         nc = write_results(ds, folder / "report.nc")
     runs = table["run"].nunique()
-    fig = report_figure(table, swept, f"{folder.resolve().name}: {runs} run{'s' if runs > 1 else ''}"
-                        + (f" across {', '.join(swept)}" if swept else ""))
+    fig = report_figure(table, swept, f"attnflow report: {runs} run{'s' if runs > 1 else ''}"
+                        + (f", swept: {', '.join(swept)}" if swept else ""))
     with style():
         png = _write_atomically(folder / "report.png", lambda tmp: fig.savefig(tmp, format="png"))
     return [csv, nc, png]

@@ -206,7 +206,7 @@ class Results:
     reading the file back with xarray gives.
     """
 
-    coords: dict[str, tuple[tuple[str, ...], Any]]
+    coords: dict[str, tuple[tuple[str, ...], Any, dict]]
     data_vars: dict[str, tuple[tuple[str, ...], Any, dict]]
     attrs: dict[str, str]
     encoding: dict[str, dict] = dataclasses.field(default_factory=dict)
@@ -216,7 +216,7 @@ class Results:
 
         ds = xr.Dataset(
             {name: (dims, values, attrs) for name, (dims, values, attrs) in self.data_vars.items()},
-            coords={name: (dims, values) for name, (dims, values) in self.coords.items()},
+            coords={name: (dims, values, attrs) for name, (dims, values, attrs) in self.coords.items()},
             attrs=dict(self.attrs),
         )
         for name, encoding in self.encoding.items():

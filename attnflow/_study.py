@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from importlib.metadata import version
 from pathlib import Path
 
 import jax
@@ -13,6 +12,7 @@ import numpy as np
 import yaml
 
 from ._build import Study, build_system, resolve_study
+from ._cf import global_attributes, history_line, python_call, variable_attributes
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
 from ._errors import NonFiniteStateError, SolverFailure
@@ -117,11 +117,15 @@ def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | N
     bad output time on.
     """
     study = resolve_study(config)
+    history = history_line(python_call("attnflow.run", config))
     try:
-        return solve_study(study, plan_study(study), pieces=pieces).to_xarray()
+        results = solve_study(study, plan_study(study), pieces=pieces)
     except (NonFiniteStateError, SolverFailure) as error:
+        error.results.attrs["history"] = history
         error.dataset = error.results.to_xarray()
         raise
+    results.attrs["history"] = history
+    return results.to_xarray()
 
 
 def solve_study(study: Study, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None,
@@ -190,13 +194,27 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
     if not beta_is_list:  # a single beta: a scalar coordinate, no `beta` dimension
         data_vars = {name: (dims[1:], value[0]) for name, (dims, value) in data_vars.items()}
         beta = beta[0]
-    coords = {"beta": (("beta",) if beta_is_list else (), beta), "member": (("member",), np.arange(cfg.members)),
-              "time": (("time",), np.asarray(result.ts, dtype=np.float64))}
-    described = {name: (dims, value, _attributes(name)) for name, (dims, value) in data_vars.items()}
-    attrs = {"config": config_yaml(cfg), "attnflow_version": _version()}
+    time = variable_attributes("time", {}, 0.0, coordinate=True)
+    if cfg.time_change.speed is not None:
+        time["long_name"] = time_axis(cfg.time_change.speed)
+    coords = {"beta": (("beta",) if beta_is_list else (), beta,
+                       variable_attributes("beta", {}, beta, coordinate=True)),
+              "member": (("member",), np.arange(cfg.members), variable_attributes("member", {}, 0, coordinate=True)),
+              "time": (("time",), np.asarray(result.ts, dtype=np.float64), time)}
+    described = {name: (dims, value, variable_attributes(name, _attributes(name), value))
+                 for name, (dims, value) in data_vars.items()}
+    config = config_yaml(cfg)
+    attrs = {"config": config, **global_attributes(title=_title(cfg), config=yaml.safe_load(config),
+                                                    history=history_line("attnflow.run(...)"))}
     if cfg.time_change.speed is not None:
         attrs["time_axis"] = time_axis(cfg.time_change.speed)
     return Results(coords=coords, data_vars=described, attrs=attrs, encoding=encoding)
+
+
+def _title(cfg: Config) -> str:
+    """What a study is, in one line (the `title` of its results file)."""
+    return (f"attnflow study: {cfg.dynamics.value.upper()} dynamics, norm={cfg.norm.value}, n={cfg.n}, d={cfg.d}, "
+            f"{cfg.members} members, {cfg.solver.value} dt={cfg.dt:g}")
 
 
 def time_axis(speed) -> str:
@@ -206,26 +224,9 @@ def time_axis(speed) -> str:
     return f"rescaled time s, not t: dX/ds = c F(X)/|F(X)| with c = {c} (time_change.speed)"
 
 
-_DESCRIPTIONS = {
-    **{name: metric.description for name, metric in METRICS.items()},
-    "x": "token states",
-    "num_steps": "solver steps taken",
-    "status": "0: reached t1; 1: the state became non-finite; 2: the solver stopped early",
-    "failure_time": "first output time whose statistics are missing (NaN when the solve succeeded)",
-}
-
-
 def _attributes(name: str) -> dict:
-    attrs = {"description": _DESCRIPTIONS[name]} if name in _DESCRIPTIONS else {}
-    if name in METRICS:
-        attrs["units"] = METRICS[name].units
+    """A variable's attributes beyond its long name and units: the flags of `status`."""
+    attrs = {}
     if name == "status":
         attrs.update(flag_values=np.array([0, 1, 2], np.int8), flag_meanings=STATUS_MEANINGS)
     return attrs
-
-
-def _version() -> str:
-    try:
-        return version("attnflow")
-    except Exception:
-        return "unknown"

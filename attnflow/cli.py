@@ -262,10 +262,12 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
             # Nothing computed is lost: the statistics, missing from each failed
             # solve's first bad output on, go to a file that cannot be mistaken for
             # a finished run (an experiment's other panels keep their pieces).
+            error.results.attrs["history"] = _history(hydra_cfg)
             kept = write_results(error.results, folder.path / "incomplete.nc")
             if experiment is None:
                 _remove_tree(pieces)
             raise ConfigError(f"{str(error).rstrip('.')}; what was computed is in {kept}.") from None
+        results.attrs["history"] = _history(hydra_cfg)
         path = write_results(results, folder.results_path)
         _remove_tree(pieces)
         for stale in ("incomplete.nc", "error.txt"):
@@ -289,6 +291,16 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                                   "draws the figures once the folder can be written again.") from None
             for figure in figures:
                 print(f"attnflow: wrote {figure}", flush=True)
+
+
+def _history(hydra_cfg) -> str:
+    """The `history` of a results file: when, and the command (a sweep job's own overrides)."""
+    from ._cf import command_line, history_line  # lazy: start-up, as the study's imports
+
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return history_line(command_line())
+    return history_line(" ".join(["attnflow", *_overrides(hydra_cfg)]) + f" ({_job_label(hydra_cfg).split(' (')[0]} "
+                        f"of {command_line()})")
 
 
 def _resuming(found: int, total: int, pieces: Path) -> None:

@@ -18,6 +18,10 @@ that says what to compute beyond the core study and how to draw it. A module hol
   shared style, saved as NAME.png and NAME.pdf);
 - `write_files(ds, folder, plotly_js) -> [paths]` (optional): the other files beside
   them (animations, interactive HTML views, tables).
+- `COORDINATES` (optional): `{name: (long name, units)}` of the Dataset's own
+  coordinates (units None for text), for its CF attributes; every variable the Dataset
+  holds says what it is with a `description` (or `long_name`) attribute, and `units`
+  where it is not a pure number ("1", the default).
 
 `run_experiment(name, overrides)` runs one from Python; `experiment_figures(ds)` returns
 its figures; `draw_experiment(ds, folder)` writes them and the other files. The command

@@ -28,9 +28,9 @@ def stack_panels(results: Mapping[str, xr.Dataset], dim: str = "panel",
     by `coordinate`); each panel's own config attribute is dropped (the experiment
     stores them all in `panel_configs`)."""
     labels = list(results)
-    parts = [ds.drop_attrs() if hasattr(ds, "drop_attrs") else ds.assign_attrs({}) for ds in results.values()]
+    parts = [ds.copy() for ds in results.values()]
     for part in parts:
-        part.attrs = {}
+        part.attrs = {}  # the Dataset's own: its variables keep theirs (long names, units)
     stacked = xr.concat(parts, dim=dim, coords="minimal", compat="override", join="outer")
     return stacked.assign_coords({dim: list(coordinate) if coordinate is not None else labels})
 

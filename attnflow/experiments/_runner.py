@@ -23,8 +23,9 @@ from .._build import Study, resolve_study
 from .._config import Config, _plain, compose, hydra_context, register_schema, to_container, typed_options
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, SolverFailure
+from .._cf import describe, history_line, python_call
 from .._figures import save, style
-from .._study import _version, config_yaml, plan_study, prepare_jax, solve_study
+from .._study import config_yaml, plan_study, prepare_jax, solve_study
 from ._animate import check_plotly_js
 
 # Every experiment: conf/experiment/NAME.yaml and attnflow/experiments/NAME.py (or the
@@ -167,11 +168,12 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
 def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None = None,
                      on_piece: Callable[[], None] | None = None,
                      on_resume: Callable[[str, int, int], None] | None = None,
-                     on_damaged: Callable[[Path], None] | None = None):
+                     on_damaged: Callable[[Path], None] | None = None, history: str | None = None):
     """Solve every panel (keeping finished pieces under `pieces/<panel>` when given),
     then analyse: returns the experiment's xarray Dataset with its config, its panels'
-    configs and the experiment's name in the attributes. The callbacks are
-    `solve_study`'s (`on_resume` is also told the panel).
+    configs and the experiment's name in the attributes, every variable described as
+    the CF conventions ask (`attnflow._cf.describe`; `history` is the command that ran
+    it). The callbacks are `solve_study`'s (`on_resume` is also told the panel).
 
     A failed solve raises as `run` does, its message naming the panel and its
     `error.results` holding that panel's statistics."""
@@ -191,14 +193,19 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
         ds = plan.module.analyse(plan.cfg, plan.options, results, on_piece=on_piece)
     else:
         ds = plan.module.analyse(plan.cfg, plan.options, results)
+    config = config_yaml(plan.cfg)
     ds.attrs.update(
-        config=config_yaml(plan.cfg),
+        config=config,
         experiment=plan.name,
         panel_configs=yaml.safe_dump({label: yaml.safe_load(config_yaml(study.config))
                                       for label, (study, _) in plan.studies.items()}, sort_keys=False),
-        attnflow_version=_version(),
     )
-    return ds
+    # The CF attributes (long names, units, the settings, what wrote the file): the
+    # command line replaces `history` with its own command.
+    return describe(ds, title=f"attnflow experiment {plan.name}: {plan.module.TITLE}", config=yaml.safe_load(config),
+                    history=history_line(history or "attnflow.solve_experiment(...)"),
+                    references=getattr(plan.module, "PAPER", None),
+                    coordinates=getattr(plan.module, "COORDINATES", None))
 
 
 def _drawing_module(ds) -> ModuleType:
@@ -270,4 +277,5 @@ def run_experiment(name: str, overrides: Mapping | None = None, *, pieces: str |
     its Dataset; `draw_experiment(ds, folder)` draws its figures.
 
     `pieces` keeps finished pieces in a folder, as in `run`."""
-    return solve_experiment(plan_experiment(compose_experiment(name, overrides)), pieces=pieces)
+    return solve_experiment(plan_experiment(compose_experiment(name, overrides)), pieces=pieces,
+                            history=python_call("attnflow.run_experiment", {"name": name, **dict(overrides or {})}))

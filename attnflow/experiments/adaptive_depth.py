@@ -57,6 +57,14 @@ if TYPE_CHECKING:
 
 TITLE = "Adaptive depth: a DiffEqFormer pretrained at 18 steps, solved and fine-tuned at 9 to 24 steps"
 PAPER = "Neural ODE Transformers, sec. 6.2, fig. 6"
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "steps": ("Euler steps of the DiffEqFormer (its layers when populated)", "1"),
+    "tuning": ("fine-tuning method: full or lora", None),
+    "eval_corpus": ("the corpus of a validation: the fine-tuning corpus or the pretraining one", None),
+    "run_steps": ("the fine-tuned run: the DiffEqFormer at this many steps, or gpt", None),
+    "finetune_step": ("training step of a validation during fine-tuning", "1"),
+}
 METHODS = ("full", "lora")
 Method = choice("Method", METHODS)
 
@@ -234,13 +242,15 @@ def analyse(cfg, options, results) -> xr.Dataset:
                 "description": f"validation loss on {target} after fine-tuning at `steps` steps"}),
             "finetune_start": (("tuning", "steps"), start, {
                 "description": "validation loss of the fine-tuning run at its step 0 (before any update)"}),
-            "finetune_seconds": (("tuning", "steps"), seconds, {"description": "training time of the fine-tuning run"}),
+            "finetune_seconds": (("tuning", "steps"), seconds,
+                                 {"description": "training time of the fine-tuning run", "units": "s"}),
             "gpt_zero_shot": (("eval_corpus",), gpt_zero, {
                 "description": "validation loss of the GPT baseline on the fine-tuning and on its pretraining corpus"}),
             "gpt_finetuned": (("tuning",), gpt_final, {
                 "description": f"validation loss of the GPT baseline on {target} after fine-tuning"}),
             "gpt_finetune_start": (("tuning",), gpt_start, {"description": "the GPT fine-tuning run's loss at step 0"}),
-            "gpt_finetune_seconds": (("tuning",), gpt_seconds, {"description": "training time of the GPT run"}),
+            "gpt_finetune_seconds": (("tuning",), gpt_seconds,
+                                     {"description": "training time of the GPT run", "units": "s"}),
             "curve": (("tuning", "run_steps", "finetune_step"), curve, {
                 "description": "validation loss during fine-tuning (run_steps: the DiffEqFormer's steps, or gpt)"}),
         },

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 TITLE = "Bouncing: V flips sign at t = 5, the tokens scatter and gather elsewhere"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, eq. 48, fig. 4"
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "component": ("principal component of the initial tokens (1: the first)", "1"),
+}
 @dataclass
 class Options:
     member: int = 0  # the member whose tokens are drawn

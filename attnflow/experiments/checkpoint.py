@@ -5,13 +5,13 @@
 installed model name) and its tokenizer, and runs the sentence through:
 
 - **the model**: its reference forward pass, the residual stream `hidden` with dims
-  (`layer`, `token`, `dim`): layer 0 the embedding output, layer k the output of
-  block k, before any final norm; `final` the final norm's output;
+  (`depth`, `token`, `dim`): depth 0 the embedding output, depth k the output of
+  layer (block) k, before any final norm; `final` the final norm's output;
 - **its dynamics**: the vector field built from its weights (`depth_flow`), solved on
   $[0, L]$ with `steps` Euler (or split) steps per layer (one step per layer is the
   layer map, equal to the model to float tolerance), and with an adaptive diffrax
   solver of the unsplit field; their states at the integer depths are `simulated`
-  (`run`, `layer`, `token`, `dim`), each run's distance from the model `depth_error`;
+  (`run`, `depth`, `token`, `dim`), each run's distance from the model `depth_error`;
 - **the theory**: $Q = K = V = I$ self-attention on the sphere at inverse temperature
   `beta` from the model's own embedded tokens (normalized), for the same time $L$.
 
@@ -19,7 +19,9 @@ For every source (the model, each run, the theory) and layer it stores the norma
 interaction energy (`energy`, the off-sphere form), the pair-cosine histogram
 (`pair_cosines`), the cluster count at threshold `eps` (`clusters`), and the cosine
 distance of every token to the model's (`cosine_distance`); the attention matrices of
-every head, of the model and of the finest run (`attention`). With `probes`, the QK/OV
+every head, of the model and of the finest run (`attention`, along `layer`: layer l
+(0-based) at the states of depth l that enter it). The tokens' text is the coordinate
+`token_string` of `token`. With `probes`, the QK/OV
 spectra of every head, the tokens its singular vectors decode to, the Traveling Words
 embedding distances and the last token's path through the layers are stored too.
 """
@@ -63,6 +65,22 @@ if TYPE_CHECKING:
 
 TITLE = "A trained transformer against its dynamics and the theory"
 PAPER = "DESIGN.md sec. 2, 7; Neural ODE Transformers (QK/OV spectra); Traveling Words (probes)"
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "run": ("the run through depth: dt=1/m (m steps per layer), adaptive, or theory", None),
+    "source": ("the states: the model or a run", None),
+    "bin": ("centre of a pair-cosine histogram bin", "1"),
+    "attention_source": ("the states of the attention maps: the model or the finest run", None),
+    "qk_rank": ("eigenvalue or singular value rank of a head QK matrix, largest first", "1"),
+    "ov_rank": ("eigenvalue or singular value rank of a head OV matrix, largest first", "1"),
+    "vector": ("the side of a singular vector: query or key of QK, input or output of OV", None),
+    "matrix": ("the head matrix: QK or OV", None),
+    "component": ("singular vector rank, largest singular value first", "1"),
+    "top": ("rank of a decoded token, closest first", "1"),
+    "rank": ("rank of a next-token candidate under the logit lens, likeliest first", "1"),
+    "axis": ("principal axis of the token path", None),
+    "word": ("read-out token of the cloud drawn beside the path", "1"),
+}
 Interpolation = choice("Interpolation", ("constant", "linear", "cubic"))
 
 @dataclass
@@ -196,40 +214,46 @@ def analyse(cfg, options, results) -> xr.Dataset:
     finest = [r for r in runs if r != "theory"][-1]
     attention = jnp.stack([_attention(layer_map, hidden), _attention(layer_map, simulated[runs.index(finest)])])
 
-    layer = np.arange(depth + 1)
     ds = xr.Dataset(
         {
             "token_id": ("token", ids, {"description": "token ids of the sentence"}),
-            "token_string": ("token", np.asarray(strings, dtype=object), {"description": "the tokens as text"}),
-            "hidden": (("layer", "token", "dim"), np.asarray(hidden, np.float32),
+            "hidden": (("depth", "token", "dim"), np.asarray(hidden, np.float32),
                        {"description": "the model's residual stream: layer 0 the embedding output, layer k the "
                                        "output of block k, before the final norm"}),
             "final": (("token", "dim"), np.asarray(model.final, np.float32),
                       {"description": "the final norm's output (the last hidden state where there is none)"}),
-            "simulated": (("run", "layer", "token", "dim"), np.asarray(simulated, np.float32),
+            "simulated": (("run", "depth", "token", "dim"), np.asarray(simulated, np.float32),
                           {"description": "states of the dynamics at integer depths: the checkpoint's field with "
                                           "dt = 1/m (m steps per layer), adaptive, and the theory run"}),
-            "depth_error": (("run", "layer"), np.asarray(error),
+            "depth_error": (("run", "depth"), np.asarray(error),
                             {"description": "|simulated - model| / |model| per layer (Frobenius)"}),
-            "cosine_distance": (("source", "layer", "token"), 1 - np.asarray(cos),
+            "cosine_distance": (("source", "depth", "token"), 1 - np.asarray(cos),
                                 {"description": "1 - cos(state, model state) per token"}),
-            "energy": (("source", "layer"), np.asarray(energy),
+            "energy": (("source", "depth"), np.asarray(energy),
                        {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
-            "pair_cosines": (("source", "layer", "bin"), np.asarray(hist),
+            "pair_cosines": (("source", "depth", "bin"), np.asarray(hist),
                              {"description": "histogram of the pair cosines cos(x_i, x_j), i < j (fractions)"}),
-            "clusters": (("source", "layer"), np.asarray(clusters),
+            "clusters": (("source", "depth"), np.asarray(clusters),
                          {"description": "cluster count: components of the graph cos(x_i, x_j) > 1 - eps"}),
-            "attention": (("attention_source", "block", "head", "query", "key"), np.asarray(attention, np.float32),
-                          {"description": f"attention matrices entering each block: the model's and the {finest} run's"}),
+            "attention": (("attention_source", "layer", "head", "query", "key"), np.asarray(attention, np.float32),
+                          {"description": f"attention matrices of each layer at the states entering it: the model's "
+                                          f"and the {finest} run's"}),
         },
-        coords={"layer": layer, "run": runs, "source": sources, "bin": 0.5 * (edges[1:] + edges[:-1]),
-                "attention_source": ["model", finest], "block": np.arange(1, depth + 1)},
+        coords={"depth": np.arange(depth + 1), "run": runs, "source": sources, "bin": 0.5 * (edges[1:] + edges[:-1]),
+                "attention_source": ["model", finest], "layer": np.arange(depth),
+                "token_string": ("token", np.asarray(strings, dtype=object))},
         attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family, "arrangement": checkpoint.arrangement,
                "model_name": checkpoint.name or str(cfg.checkpoint), "text": str(cfg.text)},
     )
     if options["probes"]:
         ds = _probes(ds, checkpoint, tokenizer, hidden, ids)
     return ds
+
+
+# What the token path's cloud of read-out tokens holds (`token_path` leaves them bare).
+_CLOUD = {"path_cloud_id": "token ids of the cloud's read-out tokens",
+          "path_cloud_token": "the cloud's read-out tokens as text",
+          "path_cloud_is_candidate": "1 where the cloud's token is a next-token candidate of some layer"}
 
 
 def _probes(ds, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
@@ -239,15 +263,18 @@ def _probes(ds, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
     parts, kept = [ds], {}
     for prefix, part in (("spectra", spectra), ("path", path), ("heads", heads)):
         renamed = part.rename({name: f"{prefix}_{name}" for name in part.data_vars})
-        # Dims that the main Dataset also has get the prefix too (the spectra count
-        # blocks 0..L-1 along `layer`, the residual stream 0..L): nothing is aligned.
-        clashes = {dim: f"{prefix}_{dim}" for dim in part.dims if dim in ds.dims or dim in ds.coords}
-        renamed = renamed.rename(clashes)
+        # One dimension per concept: the spectra and the head vectors count layers
+        # 0..L-1 along `layer` (as the attention maps do), the token path counts the
+        # residual stream 0..L, `depth` here; their coordinates must agree (join="exact").
+        if prefix == "path":
+            renamed = renamed.rename(layer="depth")
+            for name, text in _CLOUD.items():
+                renamed[name].attrs.setdefault("description", text)
         # Each part's attributes travel in the file as "prefix:name" (netCDF has no None).
         kept.update({f"{prefix}:{k}": v for k, v in part.attrs.items() if v is not None})
         renamed.attrs = {}
         parts.append(renamed)
-    merged = xr.merge(parts, compat="override", combine_attrs="override")
+    merged = xr.merge(parts, compat="override", combine_attrs="override", join="exact")
     merged.attrs.update(kept)
     merged.attrs["embedding_distances"] = distance_table(embedding_distances(checkpoint))
     return merged
@@ -263,7 +290,20 @@ def _sources_colors(sources):
     return colors
 
 
+def current_layout(ds: xr.Dataset) -> xr.Dataset:
+    """A Dataset of this experiment in today's dimension names, also when its file was
+    written before they were unified: the residual stream then ran along `layer`, the
+    attention maps along `block` (1..L); the spectra, head vectors and token path along
+    `spectra_layer`, `heads_layer`, `path_layer` (`_unprefixed` reads both)."""
+    if "block" not in ds.dims:
+        return ds
+    ds = ds.rename(layer="depth").rename(block="layer")
+    ds = ds.assign_coords(layer=ds["layer"].values - 1)
+    return ds.set_coords("token_string") if "token_string" in ds.data_vars else ds
+
+
 def draw(ds: xr.Dataset) -> dict[str, Figure]:
+    ds = current_layout(ds)
     cfg = config_of(ds)
     name = ds.attrs.get("model_name", "checkpoint")
     sources = [str(s) for s in ds.source.values]
@@ -274,8 +314,8 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     fig, axes = subplots(1, 3, figsize=(12, 3.4))
     for s in sources:
         style = dict(color=colors[s], lw=2.0 if s == "model" else 1.2, ls="--" if s == "theory" else "-")
-        axes[0].plot(ds.layer, ds.energy.sel(source=s), label=s, **style)
-        axes[1].plot(ds.layer, ds.clusters.sel(source=s), **style)
+        axes[0].plot(ds.depth, ds.energy.sel(source=s), label=s, **style)
+        axes[1].plot(ds.depth, ds.clusters.sel(source=s), **style)
     # A log axis cannot show a distance of 0 (the layer map is the model to the last
     # bit): zeros are left out, not clamped, and a run that is 0 at every layer is named
     # in the panel instead of drawn.
@@ -285,7 +325,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
         if not np.any(values > 0):
             exact.append(str(r))
             continue
-        axes[2].plot(ds.layer[1:], np.where(values > 0, values, np.nan), color=colors[str(r)],
+        axes[2].plot(ds.depth[1:], np.where(values > 0, values, np.nan), color=colors[str(r)],
                      ls="--" if r == "theory" else "-", label=str(r))
     axes[2].set_yscale("log")
     zero = f"\n({', '.join(exact)}: exactly 0 at every layer, not drawn)" if exact else ""
@@ -306,7 +346,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     fig, axes = subplots(1, 3, figsize=(12, 3.4), sharey=True)
     top = float(ds.pair_cosines.max())
     for ax, s in zip(axes, shown):
-        image = ax.pcolormesh(ds.layer, ds.bin, ds.pair_cosines.sel(source=s).T, shading="nearest", vmin=0, vmax=top)
+        image = ax.pcolormesh(ds.depth, ds.bin, ds.pair_cosines.sel(source=s).T, shading="nearest", vmin=0, vmax=top)
         ax.set(xlabel="layer (depth t)", title=s)
     axes[0].set_ylabel("pair cosine")
     fig.colorbar(image, ax=axes, label="fraction of pairs")
@@ -318,7 +358,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     fig, axes = subplots(1, len(runs), figsize=(2.6 * len(runs), 3.2), sharey=True, squeeze=False)
     labels = [str(t) for t in ds.token_string.values]
     for ax, r in zip(axes[0], runs):
-        image = ax.pcolormesh(ds.layer, np.arange(ds.sizes["token"]), ds.cosine_distance.sel(source=r).T,
+        image = ax.pcolormesh(ds.depth, np.arange(ds.sizes["token"]), ds.cosine_distance.sel(source=r).T,
                               shading="nearest", vmin=0, vmax=1, cmap="magma")
         ax.set(xlabel="layer (depth t)", title=r)
     axes[0, 0].set_yticks(np.arange(len(labels)), labels if len(labels) <= 40 else None)
@@ -328,13 +368,13 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     figures["cosine_distance"] = fig
 
     # 4. Attention maps (head-averaged) at four blocks, model against the finest run.
-    blocks = np.unique(np.linspace(1, int(ds.block.max()), 4).round().astype(int))
+    blocks = np.unique(np.linspace(1, int(ds.layer.max()) + 1, 4).round().astype(int))
     # The token strings label both axes of every map.
     fig, axes = subplots(2, len(blocks), figsize=(3.2 * len(blocks) + 0.8, 6.6), layout="constrained",
                          squeeze=False)
     for row, s in enumerate(ds.attention_source.values):
         for col, b in enumerate(blocks):
-            a = ds.attention.sel(attention_source=s, block=b).mean("head")
+            a = ds.attention.sel(attention_source=s, layer=b - 1).mean("head")
             image = axes[row, col].imshow(a, vmin=0, vmax=1, cmap="magma")
             axes[row, col].set_title(f"{s}, block {b}")
             token_ticks(axes[row, col], labels, axes="x" if col else "xy")
@@ -356,6 +396,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
 def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
     """The tables beside the figures: the heads' decoded vectors and the embedding
     distances."""
+    ds = current_layout(ds)
     name = ds.attrs.get("model_name", "checkpoint")
     written = []
     if any(v.startswith("heads_") for v in ds.data_vars):
@@ -372,5 +413,7 @@ def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
     names = [v for v in ds.data_vars if v.startswith(prefix + "_")]
     part = ds[names].rename({v: v[len(prefix) + 1:] for v in names})
     part.attrs = {k[len(prefix) + 1:]: v for k, v in ds.attrs.items() if k.startswith(prefix + ":")}
-    dims = {d: d[len(prefix) + 1:] for d in part.dims if str(d).startswith(prefix + "_")}
-    return part.rename(dims) if dims else part
+    # A file written before the dimension names were unified has `spectra_layer`, ...
+    old = {d: d[len(prefix) + 1:] for d in part.dims if str(d).startswith(prefix + "_")}
+    part = part.rename(old) if old else part
+    return part.rename(depth="layer") if "depth" in part.dims else part

@@ -76,7 +76,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     out["shown_member"] = xr.DataArray(shown, dims="beta", attrs={
         "description": "the member drawn: the first whose final cluster count equals the median"})
     out["angle"] = xr.DataArray(angles, dims=("beta", "time", "token"), attrs={
-        "description": "angles of the tokens of the member drawn (radians)"})
+        "description": "angles of the tokens of the member drawn (radians)", "units": "radian"})
     out["final_cluster"] = xr.DataArray(labels, dims=("beta", "token"), attrs={
         "description": "the cluster each token of the member drawn belongs to at the last time (0, 1, ...)"})
     return out

@@ -127,6 +127,24 @@ class Options:
     cluster_horizon: float = 20.0  # T_c of the attention-only runs
     frozen_at: float = 0.5  # where the frozen weights are taken, a share of the depth
 MODELS = ("diffeqformer", "gpt")
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "model": ("the trained model: the DiffEqFormer or its GPT baseline", None),
+    "state": ("trained or untrained (the control at initialization)", None),
+    "eval_step": ("training step of a validation", "1"),
+    "snapshot_step": ("training step of a saved snapshot", "1"),
+    "t": ("depth-time t of the DiffEqFormer (its fine grid)", "1"),
+    "qk_rank": ("eigenvalue rank of a head's QK matrix, largest first", "1"),
+    "ov_rank": ("eigenvalue rank of a head's OV matrix, largest first", "1"),
+    "matrix": ("the head matrix: QK (Q_h^T K_h) or OV (O_h V_h)", None),
+    "interval": ("pair of neighbouring layers (l, l + 1)", "1"),
+    "fine_interval": ("pair of neighbouring points of the fine t grid", "1"),
+    "theory_weights": ("the attention weights of the clustering run: time-dependent or frozen", None),
+    "theory_drift": ("the drift biases of the clustering run: learned or none", None),
+    "theory_time": ("depth-time of the attention-only clustering run", "1"),
+    "weight": ("the attention weight matrix: Q, K, V or O", None),
+    "tau": ("share of the model's depth", "1"),
+}
 STATES = ("trained", "untrained")  # the final models, and their snapshots at step 0 (the control)
 REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
 CURVE_STEPS = (100, 300, 500, 1000)  # validation steps quoted in losses.md
@@ -401,7 +419,7 @@ def _spectra(model, gpt, fine: int) -> xr.Dataset:
         weights.append([matrix_variation(matrices[p]) for p in ("qk", "ov")])
     fine_variation = [spectral_variation(fine_spectra[f"{p}_eig_real"].values, fine_spectra[f"{p}_eig_imag"].values)
                       for p in ("qk", "ov")]
-    dims = ("spectra_model", "matrix", "interval", "head")
+    dims = ("model", "matrix", "interval", "head")
     data["spectral_variation"] = (dims, np.asarray(spectral), {
         "description": "optimal-matching distance between the eigenvalues of neighbouring layers (the DiffEqFormer "
                        "at the GPT's layer times) relative to their size, per head"})
@@ -411,7 +429,7 @@ def _spectra(model, gpt, fine: int) -> xr.Dataset:
         "description": "spectral variation of the DiffEqFormer between neighbouring points of the fine t grid"})
     coords = {"t": fine_spectra["layer"].values * horizon / fine, "layer": gpt_spectra["layer"].values,
               "head": gpt_spectra["head"].values, "qk_rank": gpt_spectra["qk_rank"].values,
-              "ov_rank": gpt_spectra["ov_rank"].values, "spectra_model": list(MODELS), "matrix": ["qk", "ov"],
+              "ov_rank": gpt_spectra["ov_rank"].values, "model": list(MODELS), "matrix": ["qk", "ov"],
               "interval": np.arange(depth - 1), "fine_interval": np.arange(fine - 1)}
     return xr.Dataset(data, coords=coords)
 
@@ -438,21 +456,21 @@ def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
     return xr.Dataset(
         {
             "token_id": ("token", ids, {"description": "token ids of the sentence"}),
-            "token_string": ("token", np.asarray(tokenizer.tokens(ids), dtype=object),
-                             {"description": "the tokens as text"}),
-            "exponent": (("sens_model", "token"), exponent, {
+            "exponent": (("model", "token"), exponent, {
                 "description": "lambda_ji = log sigma_max(Y_ji(end)) / depth, Y' = J_ji Y, Y(0) = I, j the last token "
                                "(per unit t for the DiffEqFormer, per layer for the GPT; NaN: none)"}),
-            "log_stretch": (("sens_model", "token"), exponent * spans[:, None], {
+            "log_stretch": (("model", "token"), exponent * spans[:, None], {
                 "description": "lambda_ji times the depth: log sigma_max(Y_ji) over the whole model"}),
-            "sens_attention": (("sens_model", "token"), attention, {
+            "sens_attention": (("model", "token"), attention, {
                 "description": "attention of the last token to token i, mean over heads and steps (layers)"}),
-            "prediction_id": ("sens_model", np.asarray(predicted), {"description": "the model's most likely next token"}),
-            "prediction": ("sens_model", np.asarray(tokenizer.tokens(predicted), dtype=object),
+            "prediction_id": ("model", np.asarray(predicted), {"description": "the model's most likely next token"}),
+            "prediction": ("model", np.asarray(tokenizer.tokens(predicted), dtype=object),
                            {"description": "the model's most likely next token, as text"}),
-            "depth_span": ("sens_model", spans, {"description": "the time span of the sensitivity integration"}),
+            "depth_span": ("model", spans, {"description": "the time span of the sensitivity integration"}),
         },
-        coords={"token": np.arange(ids.size), "sens_model": list(MODELS)},
+        coords={"token": np.arange(ids.size), "model": list(MODELS),
+                "token_string": ("token", np.asarray(tokenizer.tokens(ids), dtype=object),
+                                 {"long_name": "the token as text"})},
     )
 
 
@@ -577,7 +595,7 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
         grid = jnp.asarray(depth * horizon, dtype)
         schedules = [attention.query, attention.key, attention.value, attention.output]
         norms.append(np.stack([np.asarray(_schedule_norms(w, grid)) for w in schedules]))
-    dims = ("theory_model", "theory_weights", "theory_drift", "theory_time")
+    dims = ("model", "theory_weights", "theory_drift", "theory_time")
     return xr.Dataset(
         {
             "clusters": (dims, np.asarray(out["clusters"], np.int64), {
@@ -588,11 +606,11 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
                               {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
             "mean_norm": (dims, np.asarray(out["mean_norm"], np.float64),
                           {"description": "mean token norm |x_i| of the residual stream"}),
-            "weight_norm": (("theory_model", "weight", "tau"), np.asarray(norms, np.float64), {
+            "weight_norm": (("model", "weight", "tau"), np.asarray(norms, np.float64), {
                 "description": "Frobenius norm over all heads of the effective attention weights (LayerNorm gains "
                                "folded in) at the share tau of the model's depth (the GPT's layer floor(tau L))"}),
         },
-        coords={"theory_model": list(MODELS), "theory_weights": list(THEORY_WEIGHTS),
+        coords={"model": list(MODELS), "theory_weights": list(THEORY_WEIGHTS),
                 "theory_drift": list(THEORY_DRIFT), "theory_time": fractions * cluster_horizon,
                 "weight": ["Q", "K", "V", "O"], "tau": depth},
     )
@@ -637,7 +655,7 @@ def analyse(cfg, options, results) -> xr.Dataset:
         parts = [compute(*pair) for pair in states.values()]
         names = [name for name in parts[0].data_vars if name not in keep]
         return xr.concat(parts, dim=xr.DataArray(list(STATES), dims="state", name="state"), data_vars=names,
-                         coords="minimal", compat="equals", combine_attrs="drop")
+                         coords="minimal", compat="equals", combine_attrs="override")
 
     with Progress("DiffEqFormer analysis", 4, unit="stages") as bar:
         stage = lambda text: print(f"attnflow: {text} ...", flush=True) if not bar.show else bar.describe(text)
@@ -650,14 +668,16 @@ def analyse(cfg, options, results) -> xr.Dataset:
         spectra = both(lambda m, g: _spectra(m, g, int(options["spectra_steps"])))
         bar.advance()
         stage("token sensitivity of the sentence, trained and untrained")
-        sensitivity = both(lambda m, g: _sensitivity(m, g, ids, tokenizer), keep=("token_id", "token_string"))
+        sensitivity = both(lambda m, g: _sensitivity(m, g, ids, tokenizer), keep=("token_id",))
         bar.advance()
         stage("clustering under the attention, trained and untrained")
         theory = both(lambda m, g: _theory(m, g, ids, float(options["cluster_horizon"]), float(options["frozen_at"]),
                                            float(cfg.eps)))
         bar.advance()
 
-    ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="drop")
+    # Each variable keeps its own attributes (its description); the Dataset's are set below.
+    ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="override")
+    ds.attrs = {}
     ds["energy"].attrs["description"] = ("normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j)) of the "
                                          "output states (last layer, before the final norm), mean over sequences")
     ds["energy_spread"].attrs["description"] = "standard deviation of that energy over the sequences"
@@ -738,7 +758,7 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
               "", "| model | QK spectra | OV spectra | QK matrices | OV matrices |", "|---|---|---|---|---|"]
     for state in STATES:
         for model in MODELS:
-            r = rough.sel(spectra_model=model, state=state)
+            r = rough.sel(model=model, state=state)
             lines.append(f"| {LABELS[model]}, {state} | {float(r.spectral.sel(matrix='qk')):.4f} | "
                          f"{float(r.spectral.sel(matrix='ov')):.4f} | {float(r.weights.sel(matrix='qk')):.4f} | "
                          f"{float(r.weights.sel(matrix='ov')):.4f} |")
@@ -760,7 +780,7 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
         for state in STATES:
             for weights in ds.theory_weights.values:
                 for drift in ds.theory_drift.values:
-                    part = ds[["clusters", "mean_cosine"]].sel(theory_model=model, state=state, theory_weights=weights,
+                    part = ds[["clusters", "mean_cosine"]].sel(model=model, state=state, theory_weights=weights,
                                                                theory_drift=drift)
                     since = single_cluster_time(part.clusters.values, ds.theory_time.values)
                     shown = weights if model == "diffeqformer" else GPT_WEIGHTS[str(weights)]
@@ -770,7 +790,7 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
               "| model | state | Q | K | V | O |", "|---|---|---|---|---|---|"]
     for model in MODELS:
         for state in STATES:
-            norms = ds.weight_norm.sel(theory_model=model, state=state)
+            norms = ds.weight_norm.sel(model=model, state=state)
             relative = norms / norms.isel(tau=0)
             cells = [f"{float(relative.sel(weight=w).min()):.2f}-{float(relative.sel(weight=w).max()):.2f}"
                      for w in norms.weight.values]
@@ -862,8 +882,8 @@ def _draw_spectra(ds: xr.Dataset) -> Figure:
         ax = axes[row, 2]
         for state, ls in zip(STATES, ("-", ":")):
             for model in MODELS:
-                values = ds["spectral_variation"].sel(spectra_model=model, matrix=prefix, state=state)
-                mean = float(rough.spectral.sel(spectra_model=model, matrix=prefix, state=state))
+                values = ds["spectral_variation"].sel(model=model, matrix=prefix, state=state)
+                mean = float(rough.spectral.sel(model=model, matrix=prefix, state=state))
                 ax.plot(values.interval + 1, values.mean("head"), color=COLORS[model], ls=ls, marker="o",
                         markersize=3 if state == "trained" else 2, label=f"{LABELS[model]}, {state}: {mean:.3f}")
                 if state == "trained":
@@ -902,7 +922,7 @@ def _draw_sensitivity(ds: xr.Dataset) -> Figure:
     positions = np.arange(n)
     labels = [_shown(t)[0] for t in tokens]
     for block, model in enumerate(MODELS):
-        part = ds.sel(sens_model=model, state="trained")
+        part = ds.sel(model=model, state="trained")
         exponent, attention = part.exponent.values, part.sens_attention.values
         unit = "per unit t" if model == "diffeqformer" else "per layer"
         nxt = _shown(str(part.prediction.values))[0]
@@ -943,7 +963,7 @@ def _draw_clustering(ds: xr.Dataset) -> Figure:
         for state in STATES:
             for weights in ds.theory_weights.values:
                 for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
-                    part = ds.sel(theory_model=model, state=state, theory_weights=weights, theory_drift=drift)
+                    part = ds.sel(model=model, state=state, theory_weights=weights, theory_drift=drift)
                     name = frozen if weights == "frozen" else moving
                     style = {"color": colors[state, str(weights)], "ls": ls,
                              "lw": 1.5 if state == "trained" else 1.0, "label": f"{state}, {name}, {drift}"}
@@ -954,7 +974,7 @@ def _draw_clustering(ds: xr.Dataset) -> Figure:
         axes[row, 1].set(xscale="log", yscale="log", xlabel="t", ylabel=r"$1 - \mathrm{mean}\,\cos(x_i, x_j)$",
                          title=f"(b) {LABELS[model]}: spread of directions")
         axes[row, 0].legend(fontsize=6)
-        norms = ds.weight_norm.sel(theory_model=model)
+        norms = ds.weight_norm.sel(model=model)
         for index, weight in enumerate(norms.weight.values):
             for state, ls in zip(STATES, ("-", ":")):
                 values = norms.sel(weight=weight, state=state)
@@ -978,11 +998,29 @@ def _draw_clustering(ds: xr.Dataset) -> Figure:
     return fig
 
 
+def current_layout(ds: xr.Dataset) -> xr.Dataset:
+    """A Dataset of this experiment in today's dimension names, also when its file was
+    written before they were unified: the spectra, the sensitivity and the clustering
+    then ran along `spectra_model`, `sens_model` and `theory_model`, now all `model`
+    (the same two models), and the token strings were a variable."""
+    old = [dim for dim in ("spectra_model", "sens_model", "theory_model") if dim in ds.dims]
+    if "token_string" in ds.data_vars:
+        ds = ds.set_coords("token_string")
+    if not old:
+        return ds
+    parts = [ds.drop_dims(old)]
+    for dim in old:
+        names = [name for name in ds.data_vars if dim in ds[name].dims]
+        parts.append(ds[names].rename({dim: "model"}))
+    return xr.merge(parts, join="exact", combine_attrs="override")
+
+
 def draw(ds: xr.Dataset) -> dict[str, Figure]:
+    ds = current_layout(ds)
     return {"losses": _draw_losses(ds), "training_energy": _draw_training(ds), "spectra": _draw_spectra(ds),
             "sensitivity": _draw_sensitivity(ds), "clustering": _draw_clustering(ds)}
 
 
 def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
     """The tables of losses, roughness and spectra (losses.md)."""
-    return _tables(ds, Path(folder))
+    return _tables(current_layout(ds), Path(folder))

@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 
 TITLE = "Flow-matching surrogate of the attention flow"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, section 5.3 (figures 7 and 8)"
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "test_member": ("held-out member (not trained on)", "1"),
+    "distance_time": ("depth-time of a distance between ensembles", "1"),
+    "step": ("training step of the surrogate", "1"),
+}
 @dataclass
 class Options:
     test_fraction: float = 0.25  # the share of members held out
@@ -157,7 +163,9 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
         },
         coords={"test_member": test_members, "distance_time": time[at], "step": np.arange(1, len(train_loss) + 1)},
     )
-    return xr.merge([ds, derived], combine_attrs="drop")
+    merged = xr.merge([ds, derived], combine_attrs="override")  # each variable keeps its description
+    merged.attrs = {}
+    return merged
 
 
 @functools.lru_cache(maxsize=8)

@@ -68,6 +68,11 @@ if TYPE_CHECKING:
 TITLE = "The long-context phase transition: output cosines of one attention layer at beta = gamma log n"
 PAPER = ("Chen, Lin, Polyanskiy, Rigollet, \"Critical attention scaling in long-context transformers\" (2025); "
          "closed form at finite n: tests/README.md")
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "rho": ("cosine rho between any two input tokens (equiangular inputs)", "1"),
+    "gamma_critical": ("gamma as a multiple of the critical 1/(1 - rho), beta = gamma log n", "1"),
+}
 @dataclass
 class Options:
     rho: list[float] = field(default_factory=lambda: [0.5])  # pairwise correlation(s) of the input tokens, in (0, 1)

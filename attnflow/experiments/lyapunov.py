@@ -81,6 +81,10 @@ if TYPE_CHECKING:
 TITLE = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
 PAPER = ("Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
          "consensus spectrum: tests/README.md, section 11")
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "transverse": ("rank of a transverse Lyapunov exponent (the zeros a symmetry forces left out), largest first", "1"),
+}
 @dataclass
 class Options:
     k: int | None = None  # exponents kept (null: d, the d - 1 rotations and the first contracting one)

@@ -65,6 +65,10 @@ if TYPE_CHECKING:
 
 TITLE = "Lyapunov spectra under polynomial weight magnitudes"
 PAPER = "Neural ODE Transformers, app. C.8 (weight magnitudes) and sec. 5.2, app. B (Lyapunov exponents)"
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "formula": ("the schedule f(t) of the weight magnitude", None),
+}
 Schedule = choice("Schedule", tuple(SCHEDULES))
 
 @dataclass

@@ -326,7 +326,7 @@ def _staircase(res: xr.Dataset, options) -> xr.Dataset:
     if "x" in res and res.sizes["dim"] == 2:
         x = res["x"].transpose("beta", "time", "token", "dim").values
         part["staircase_angles"] = (("beta", "staircase_sample", "staircase_token"), np.arctan2(x[..., 1], x[..., 0]),
-                                    {"description": "angle of each token on the circle (rad)"})
+                                    {"description": "angle of each token on the circle (rad)", "units": "radian"})
     for name, da in found.data_vars.items():
         part[f"staircase_{name}"] = (tuple(rename.get(d, d) for d in da.dims), da.values, da.attrs)
     part.attrs = {f"staircase_{key}": float(value) for key, value in settings.items()}

@@ -58,6 +58,11 @@ if TYPE_CHECKING:
 TITLE = "Post-LN collapses exponentially, pre-LN polynomially"
 PAPER = ("post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
          "same attention on the residual stream")
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "scheme": ("normalization scheme: post_ln or pre_ln", None),
+    "scheme_name": ("the normalization scheme in words", None),
+}
 PreNorm = choice("PreNorm", ("rms", "layer"))
 
 @dataclass

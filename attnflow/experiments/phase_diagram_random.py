@@ -56,6 +56,10 @@ TITLE = "Phase diagram of the pair density with random Q^T K and V (d = 128)"
 PAPER = "A mathematical perspective on Transformers, fig. 5"
 
 
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "panel_title": ("the random attention matrices of the panel, in words", None),
+}
 _IDENTITY = {"kind": "identity"}
 _PRODUCT = {"kind": "random", "law": "product"}
 _GOE = {"kind": "random", "law": "goe"}

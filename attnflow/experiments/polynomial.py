@@ -64,6 +64,11 @@ if TYPE_CHECKING:
 TITLE = "Polynomial weight magnitudes: growing weights keep tokens dispersed"
 PAPER = "Neural ODE Transformers, app. C.8, fig. 14"
 
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "schedule": ("weight magnitude schedule: f0 to f5", None),
+    "formula": ("the schedule f(t) of the weight magnitude", None),
+}
 NORMALIZERS = ("softmax", "none")
 Normalizer = choice("Normalizer", NORMALIZERS)
 

@@ -39,6 +39,10 @@ from .checkpoint import _sentence
 
 TITLE = "Token-pair Lyapunov sensitivity of a trained model beside its attention"
 PAPER = "Neural ODE Transformers, eq. 7, app. B, fig. 3"
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "output": ("position of the output token j", "1"),
+}
 @dataclass
 class Options:
     outputs: list[int] | None = field(default_factory=lambda: [-1])  # token positions (null: every token)
@@ -99,7 +103,6 @@ def analyse(cfg, options, results) -> xr.Dataset:
     return xr.Dataset(
         {
             "token_id": ("token", ids, {"description": "token ids of the sentence"}),
-            "token_string": ("token", np.asarray(strings, dtype=object), {"description": "the tokens as text"}),
             "exponent": (("output", "token"), np.asarray(result.exponents, np.float64),
                          {"description": "lambda_ji = (1/L) log sigma_max(Y_ji(L)), Y_ji' = J_ji Y_ji, Y_ji(0) = I: "
                                          "sensitivity of output token j to input token i (NaN: i hidden from j by "
@@ -107,7 +110,8 @@ def analyse(cfg, options, results) -> xr.Dataset:
             "attention": (("output", "token"), np.asarray(result.attention, np.float64),
                           {"description": "attention of output j to token i, averaged over heads and layers"}),
         },
-        coords={"token": np.arange(n), "output": np.asarray(result.outputs)},
+        coords={"token": np.arange(n), "output": np.asarray(result.outputs),
+                "token_string": ("token", np.asarray(strings, dtype=object), {"long_name": "the token as text"})},
         attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family, "arrangement": checkpoint.arrangement,
                "causal": int(checkpoint.causal), "model_name": checkpoint.name or str(cfg.checkpoint),
                "text": str(cfg.text), "prediction_id": predicted, "prediction": predicted_string,

@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 
 TITLE = "Token detection with a causal mask and a value matrix switching at t = 5"
 PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2.1, eq. 49-50, fig. 5"
+# The long names and units of this experiment's own coordinates (units None: text).
+COORDINATES = {
+    "vocabulary": ("vocabulary token (0: the detected token, 4: NO)", "1"),
+}
 @dataclass
 class Options:
     sequences: list[list[int]] = field(  # one panel each
@@ -101,23 +105,23 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     parts = {}
     for (label, ds), sequence in zip(results.items(), options["sequences"]):
         t = ds["time"].values
-        x = ds["x"].isel(member=0).values  # (time, position, dim)
+        x = ds["x"].isel(member=0).values  # (time, token, dim)
         p = readout(x, beta)
         at_switch = int(np.argmin(np.abs(t - switch)))
         zeros = [i for i, k in enumerate(sequence) if k == 0]
         detected = np.flatnonzero(p[at_switch].argmax(-1) == 0)
         parts[label] = xr.Dataset({
-            "sequence": (("position",), np.asarray(sequence), {"description": "the token at each position"}),
-            "x": (("time", "position", "dim"), x, {"description": "the tokens' states"}),
-            "probability": (("time", "position", "vocabulary"), p, {
+            "sequence": (("token",), np.asarray(sequence), {"description": "the token at each position"}),
+            "x": (("time", "token", "dim"), x, {"description": "the tokens' states"}),
+            "probability": (("time", "token", "vocabulary"), p, {
                 "description": f"softmax over the vocabulary of {beta:g} <e_k, x_i>"}),
             "zero_position": ((), zeros[0] + 1 if zeros else 0, {
                 "description": "first position (1-based) holding token 0; 0 when none does"}),
             "detected_from": ((), int(detected[0]) + 1 if detected.size else 0, {
                 "description": f"first position (1-based) whose most probable token at t = {t[at_switch]:g} is 0"}),
-            "answer": (("position",), p[-1].argmax(-1), {
+            "answer": (("token",), p[-1].argmax(-1), {
                 "description": f"most probable token of each position at t = {t[-1]:g}"}),
-        }, coords={"time": t, "position": np.arange(1, len(sequence) + 1), "vocabulary": np.arange(x.shape[-1])})
+        }, coords={"time": t, "token": np.arange(1, len(sequence) + 1), "vocabulary": np.arange(x.shape[-1])})
     out = stack_panels(parts, dim="panel")
     out["switch_time"] = xr.DataArray(switch).assign_attrs(description="the time at which V switches")
     out["readout_beta"] = xr.DataArray(beta).assign_attrs(description="inverse temperature of the readout")
@@ -138,6 +142,8 @@ def _heatmap(ax, p: np.ndarray, sequence: np.ndarray, vmax: float):
 
 
 def draw(ds: xr.Dataset) -> dict[str, Figure]:
+    if "position" in ds.dims:  # a file written before the dimension names were unified
+        ds = ds.rename(position="token")
     cfg = config_of(ds)
     t = ds["time"].values
     switch = float(ds["switch_time"])
@@ -147,7 +153,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     fig, axes = subplots(rows, 4, figsize=(15.0, 3.3 * rows), layout="constrained", squeeze=False,
                          gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
     vmax = float(ds["probability"].max())
-    positions = ds["position"].values
+    positions = ds["token"].values
     colors = colormap("viridis")(np.linspace(0, 0.9, len(positions)))
     letters = iter("abcdefghijklmnopqrstuvwxyz")
     for r, label in enumerate(labels):

@@ -77,13 +77,15 @@ def test_checkpoint_experiment_on_minilm(tmp_path):
                  "experiment": {"options": {"steps": [1, 2], "probes": False}}}
     ds = af.run_experiment("checkpoint", overrides)
     n = ds.sizes["token"]
-    assert ds.hidden.dims == ("layer", "token", "dim") and ds.sizes["layer"] == 7 and ds.sizes["dim"] == 384
+    assert ds.hidden.dims == ("depth", "token", "dim") and ds.sizes["depth"] == 7 and ds.sizes["dim"] == 384
+    assert ds.attention.dims[1] == "layer" and ds.sizes["layer"] == 6  # the blocks, 0..L-1
+    assert "token_string" in ds.coords and ds.token_string.dims == ("token",)
     assert str(ds.token_string.values[0]) == "[CLS]" and str(ds.token_string.values[-1]) == "[SEP]"
     # One step per layer is the model; the refined run is not. (A smoke test of the
     # pipeline on a post-LN model: the README's numbers are SmolLM2's, asserted below.)
     np.testing.assert_allclose(ds.simulated.sel(run="dt=1"), ds.hidden, rtol=1e-5, atol=1e-5)
     assert float(ds.depth_error.sel(run="dt=1").max()) < 1e-5
-    assert float(ds.depth_error.sel(run="dt=1/2").isel(layer=-1)) > 1e-3
+    assert float(ds.depth_error.sel(run="dt=1/2").isel(depth=-1)) > 1e-3
     assert "adaptive" not in ds.run.values  # post-LN: no unsplit field
     assert float(np.abs(ds.cosine_distance.sel(source="model")).max()) < 1e-6
     np.testing.assert_allclose(ds.pair_cosines.sum("bin"), 1.0, rtol=1e-5)
@@ -141,9 +143,9 @@ def test_smollm2_refined_depth_stays_a_model_width_away(smollm2_depth):
     and 0.96 at dt = 1/2, 1/4, 1/8: refining does not approach the model (a scheme
     converging to it would halve the distance with every halving of dt)."""
     ds = smollm2_depth
-    assert str(ds.token_string.values[-1]) == " is" and ds.sizes["layer"] == 31
+    assert str(ds.token_string.values[-1]) == " is" and ds.sizes["depth"] == 31
     assert float(np.abs(ds.depth_error.sel(run="dt=1")).max()) == 0.0
-    last = ds.depth_error.isel(layer=-1)
+    last = ds.depth_error.isel(depth=-1)
     measured = [float(last.sel(run=r)) for r in ("dt=1/2", "dt=1/4", "dt=1/8")]
     np.testing.assert_allclose(measured, [1.14, 1.01, 0.96], atol=0.006)
     assert measured[0] > measured[1] > measured[2] > 0.8 * measured[0]
@@ -155,7 +157,7 @@ def test_smollm2_refined_runs_cluster_further_and_theory_collapses_by_layer_4(sm
     1/8); the theory model (beta = 1) is one cluster from layer 4 on (not at layer 3) and
     its energy is e (every cosine 1)."""
     ds = smollm2_depth
-    energy = ds.energy.isel(layer=-1)
+    energy = ds.energy.isel(depth=-1)
     assert abs(float(energy.sel(source="model")) - 2.01) < 0.006
     refined = [float(energy.sel(source=r)) for r in ("dt=1/2", "dt=1/4", "dt=1/8")]
     np.testing.assert_allclose(refined, [2.08, 2.27, 2.42], atol=0.006)
@@ -170,12 +172,12 @@ def test_smollm2_continuous_depth_limit_clusters_further_than_the_model(smollm2_
     1.07 (relative) from the model, with energy 2.69 against the model's 2.01 and 2
     clusters against 5."""
     ds = smollm2_depth
-    assert float(ds.depth_error.sel(run="adaptive").isel(layer=-1)) == pytest.approx(1.07, abs=0.006)
-    energy = ds.energy.isel(layer=-1)
+    assert float(ds.depth_error.sel(run="adaptive").isel(depth=-1)) == pytest.approx(1.07, abs=0.006)
+    energy = ds.energy.isel(depth=-1)
     assert float(energy.sel(source="adaptive")) == pytest.approx(2.69, abs=0.006)
     assert float(energy.sel(source="model")) == pytest.approx(2.01, abs=0.006)
-    assert int(ds.clusters.sel(source="adaptive").isel(layer=-1)) == 2
-    assert int(ds.clusters.sel(source="model").isel(layer=-1)) == 5
+    assert int(ds.clusters.sel(source="adaptive").isel(depth=-1)) == 2
+    assert int(ds.clusters.sel(source="model").isel(depth=-1)) == 5
 
 
 def test_smollm2_logit_lens_and_embedding_distances(smollm2_depth):

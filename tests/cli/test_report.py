@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+import yaml
 
 from attnflow import load_results, write_results
 from attnflow._report import report
@@ -68,10 +69,69 @@ def test_report_matches_each_run(sweep):
             low, high = np.nanpercentile(values, [10, 90])
             np.testing.assert_allclose(getattr(row, f"{metric}_q10"), low, rtol=1e-6, atol=1e-12)
             np.testing.assert_allclose(getattr(row, f"{metric}_q90"), high, rtol=1e-6, atol=1e-12)
+    # report.nc holds the same numbers indexed by the swept key and beta.
     with xr.open_dataset(sweep / "report.nc") as stored:
-        assert stored.attrs["swept_keys"] == "d"
-        np.testing.assert_array_equal(stored["d"].values, table["d"].values)
+        assert stored.attrs["swept_keys"] == "d" and stored.attrs["Conventions"] == "CF-1.11"
+        assert stored["energy_mean"].dims == ("d", "beta") and list(stored["d"].values) == [2, 3]
+        for row in table.itertuples(index=False):
+            np.testing.assert_allclose(float(stored.sel(d=row.d, beta=row.beta)["energy_mean"]), row.energy_mean)
+        assert (stored["note"] == "").all()
+        for name in [*stored.coords, *stored.data_vars]:
+            assert stored[name].attrs["long_name"], name
     assert (sweep / "report.png").stat().st_size > 0
+
+
+def test_report_nc_is_indexed_by_the_swept_keys_and_notes_what_failed(sweep, tmp_path):
+    """Three runs that differ in d, the solver and a nested key (their numbers copied
+    from the sweep: the runs with the other solver coincide with the first), and a
+    failed job: `report.nc` is a grid a user can `.sel(d=2, solver="rk4")`, NaN with a
+    note where no run finished; `report.png` draws every line with its own style and
+    names the swept keys, not the folder."""
+    from attnflow._report import report_figure, summary_table
+
+    runs = {"a": ("0", {}), "b": ("1", {}), "c": ("0", {"solver": "rk4"}), "e": ("1", {"token_norm": {"eps": 0.5}})}
+    for name, (source, change) in runs.items():
+        ds = load_results(sweep / source / "results.nc")
+        config = yaml.safe_load(ds.attrs["config"])
+        for key, value in change.items():
+            config[key] = {**config[key], **value} if isinstance(value, dict) else value
+        ds.attrs["config"] = yaml.safe_dump(config)
+        write_results(ds, tmp_path / name / "results.nc")
+    failed = tmp_path / "f"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ".hydra" / "overrides.yaml").write_text("- d=4\n- solver=rk4\n- token_norm.eps=0.0\n")
+    (failed / "error.txt").write_text("the state became non-finite at t = 0.5.\n")
+    report(tmp_path)
+    with xr.open_dataset(tmp_path / "report.nc") as stored:
+        stored.load()
+    assert stored["energy_mean"].dims == ("d", "solver", "token_norm_eps", "beta")
+    assert stored["token_norm_eps"].attrs["config_key"] == "token_norm.eps"
+    assert list(stored["d"].values) == [2, 3, 4] and list(stored["solver"].values) == ["euler_renorm", "rk4"]
+    same = stored.sel(d=2, token_norm_eps=0.0)["energy_mean"]
+    np.testing.assert_array_equal(same.sel(solver="rk4").values, same.sel(solver="euler_renorm").values)
+    assert stored.sel(d=2, solver="rk4", token_norm_eps=0.0)["run"].values.tolist() == ["c", "c"]
+    assert np.isnan(stored.sel(d=4, solver="rk4", token_norm_eps=0.0)["energy_mean"]).all()
+    assert str(stored["note"].sel(d=4, solver="rk4", token_norm_eps=0.0).values) == (
+        "job f failed: the state became non-finite at t = 0.5.")
+    assert str(stored["note"].sel(d=3, solver="rk4", token_norm_eps=0.5).values) == (
+        "no finished run of this combination")
+    assert str(stored["note"].sel(d=2, solver="rk4", token_norm_eps=0.0).values) == ""
+
+    table, swept = summary_table(tmp_path)
+    fig = report_figure(table, swept, "title")
+    try:
+        lines = [line for line in fig.axes[0].get_lines() if line.get_label() and not line.get_label().startswith("_")]
+        styles = {(line.get_linestyle(), line.get_marker()) for line in lines}
+        assert len(lines) > 1 and len(styles) == len(lines)  # coinciding lines stay visible
+        legend = fig.legends[0].get_title().get_text()
+        assert "solver" in legend and "token_norm.eps" in legend
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(tmp_path / "report.png").size > 0
 
 
 def test_report_of_an_empty_directory_is_one_sentence(tmp_path):

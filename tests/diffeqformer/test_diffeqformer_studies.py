@@ -199,12 +199,12 @@ def test_sensitivity_and_attention_rows(runs):
     assert ds.sizes["token"] == n and list(ds.token_string.values) == SENTENCE.split()
     for name in study.MODELS:
         for state in study.STATES:
-            part = ds.sel(sens_model=name, state=state)
+            part = ds.sel(model=name, state=state)
             assert np.all(np.isfinite(part.exponent.values))
             # The last token's attention, averaged over heads and steps, is a distribution.
             np.testing.assert_allclose(float(part.sens_attention.sum()), 1.0, rtol=1e-5)
             np.testing.assert_allclose(part.log_stretch, part.exponent * float(part.depth_span), rtol=1e-12)
-    assert np.all(ds.depth_span.sel(sens_model="gpt") == TRAIN["steps"])
+    assert np.all(ds.depth_span.sel(model="gpt") == TRAIN["steps"])
 
 
 def test_attention_only_fields_are_the_learned_term_rescaled_frozen_or_without_drift(runs):
@@ -238,7 +238,7 @@ def test_attention_only_fields_are_the_learned_term_rescaled_frozen_or_without_d
     # The four runs of a model start from the same embedded tokens.
     for model_name in study.MODELS:
         for state in study.STATES:
-            start = ds.sel(theory_model=model_name, state=state).isel(theory_time=0)
+            start = ds.sel(model=model_name, state=state).isel(theory_time=0)
             assert np.unique(start.clusters.values).size == 1 and np.unique(start.mean_cosine.values).size == 1
 
 
@@ -279,7 +279,7 @@ def test_training_raises_the_sensitivity_far_above_the_control(runs):
     0.009 and 0.38 against 0.005. Asserted: more than 10 times the control."""
     _, ds = runs
     for name in study.MODELS:
-        earlier = ds.sel(sens_model=name).exponent.isel(token=slice(None, -1)).max("token")
+        earlier = ds.sel(model=name).exponent.isel(token=slice(None, -1)).max("token")
         assert float(earlier.sel(state="trained")) > 10 * float(earlier.sel(state="untrained")), name
 
 
