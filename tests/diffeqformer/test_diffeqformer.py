@@ -14,6 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from scipy.special import erf
 
@@ -286,6 +287,35 @@ def test_an_interrupted_run_resumes_to_the_same_weights(run, tmp_path, capsys):
     assert [m["step"] for m in resumed.metrics] == [0, RUN["train_steps"]]
     with pytest.raises(ConfigError, match="holds a run with lr=0.03"):
         train(train_config(dict(RUN, out=str(tmp_path / "resumed"), lr=0.01)))
+
+
+def test_runs_of_other_lengths_share_the_compiled_step_at_their_own_learning_rate(run):
+    """The learning-rate schedule is data of the training step: a run that differs only
+    in lr, warmup or length (a fine-tuning run of the model's shape) reuses the compiled
+    step, and each step updates at its own schedule's rate at the state's count (AdamW's
+    update is the rate times a direction that does not depend on it)."""
+    from attnflow.diffeqformer._data import load_corpus
+    from attnflow.diffeqformer._store import tokenizer_text
+    from attnflow.diffeqformer._train import optimizer, training_step
+
+    pretraining = train_config(dict(RUN))
+    tuning = train_config(dict(RUN, lr=0.01, warmup=0.1, train_steps=60))
+    steps = [training_step(optimizer(cfg), RUN["batch"], RUN["context"], "euler") for cfg in (pretraining, tuning)]
+    assert steps[0].program is steps[1].program
+    params, static = eqx.partition(run.model, eqx.is_inexact_array)
+    corpus, _, _ = load_corpus("reference", vocab=RUN["vocab"], context=RUN["context"],
+                               tokenizer_json=tokenizer_text(run.out / "model"))
+    count = 15
+    moved, rates = [], []
+    for cfg, step in zip((pretraining, tuning), steps):
+        tx = optimizer(cfg)
+        state = optax.tree_utils.tree_set(tx.init(params), count=jnp.asarray(count, jnp.int32))
+        new, _, _ = step(params, static, state, corpus, jax.random.key(0))
+        moved.append(np.concatenate([np.ravel(a - b) for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params))]))
+        rates.append(float(tx.schedule(count)))
+    assert abs(rates[0] / rates[1] - 1) > 0.5  # lr 0.03 decaying over 30 steps; 0.01 over 60
+    ratio = moved[0] @ moved[1] / (moved[1] @ moved[1])
+    np.testing.assert_allclose(ratio, rates[0] / rates[1], rtol=1e-4)
 
 
 def test_lora_fine_tuning_changes_only_the_adapters(run, tmp_path):
