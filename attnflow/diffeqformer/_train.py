@@ -660,7 +660,11 @@ def _rate_program(schedule: Callable) -> Callable:
 
     def rate(count):
         with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix their int32 count with floats
-            return schedule(count)
+            value = schedule(count)
+        # One type for every schedule (with a warmup optax's is float32, without it the
+        # default float), so that they share the step; exact, as the step casts the rate
+        # to the parameters' type.
+        return jax.lax.convert_element_type(value, jax.numpy.result_type(float))
 
     return jax.jit(rate)
 

@@ -6,6 +6,7 @@ fine-tuning behave as promised."""
 
 import dataclasses
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -289,7 +290,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(run, tmp_path, capsys):
         train(train_config(dict(RUN, out=str(tmp_path / "resumed"), lr=0.01)))
 
 
-def test_runs_of_other_lengths_share_the_compiled_step_at_their_own_learning_rate(run):
+def test_runs_of_other_lengths_share_the_compiled_step_at_their_own_learning_rate(run, caplog):
     """The learning-rate schedule is data of the training step: a run that differs only
     in lr, warmup or length (a fine-tuning run of the model's shape) reuses the compiled
     step, and each step updates at its own schedule's rate at the state's count (AdamW's
@@ -310,9 +311,12 @@ def test_runs_of_other_lengths_share_the_compiled_step_at_their_own_learning_rat
     for cfg, step in zip((pretraining, tuning), steps):
         tx = optimizer(cfg)
         state = optax.tree_utils.tree_set(tx.init(params), count=jnp.asarray(count, jnp.int32))
-        new, _, _ = step(params, static, state, corpus, jax.random.key(0))
+        with jax.log_compiles(), caplog.at_level(logging.WARNING, logger="jax"):
+            new, _, _ = step(params, static, state, corpus, jax.random.key(0))
         moved.append(np.concatenate([np.ravel(a - b) for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params))]))
         rates.append(float(tx.schedule(count)))
+    # The run's own step, compiled by the fixture: neither schedule compiles another.
+    assert not [r.getMessage() for r in caplog.records if "Compiling jit(step)" in r.getMessage()]
     assert abs(rates[0] / rates[1] - 1) > 0.5  # lr 0.03 decaying over 30 steps; 0.01 over 60
     ratio = moved[0] @ moved[1] / (moved[1] @ moved[1])
     np.testing.assert_allclose(ratio, rates[0] / rates[1], rtol=1e-4)
