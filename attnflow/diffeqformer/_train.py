@@ -623,24 +623,82 @@ def _gpt_mask(params):
     return mask
 
 
-def optimizer(cfg: TrainConfig):
+def optimizer(cfg: TrainConfig) -> "Optimizer":
     """AdamW with the schedule: linear warmup over `warmup * train_steps` steps to `lr`,
     cosine decay to `min_lr * lr` at `train_steps`; gradients clipped first. The same
-    object for the same settings, so that `training_step` of it is compiled once per
-    process (a resumed run, a second run with the same settings)."""
+    object for the same settings."""
     return _optimizer(cfg.lr, cfg.warmup, cfg.train_steps, cfg.min_lr, cfg.clip, cfg.b1, cfg.adam_b2,
                       cfg.weight_decay)
 
 
+class Optimizer(NamedTuple):
+    """AdamW after clipping gradients by their global norm: `program` = (clip, b1, b2,
+    weight decay), what the compiled training step depends on; and the learning-rate
+    `schedule` (an optax schedule of the step count), evaluated by a program of its own
+    and passed to the step as data, so that runs differing only in lr, warmup or length
+    (a pretraining and a fine-tuning run) share one compiled step."""
+
+    program: tuple
+    schedule: Callable
+
+    def init(self, params):
+        return _transformation(self.program, self.schedule).init(params)
+
+    @property
+    def rate(self) -> Callable:
+        """The jitted schedule `count -> learning rate`, computed as optax computes it
+        inside a step (the count an int32, JAX's default promotion)."""
+        return _rate_program(self.schedule)
+
+
 @functools.lru_cache(maxsize=16)
-def _optimizer(lr, warmup, train_steps, min_lr, clip, b1, b2, weight_decay):
+def _optimizer(lr, warmup, train_steps, min_lr, clip, b1, b2, weight_decay) -> Optimizer:
     import optax
 
     warmup = max(1, round(warmup * train_steps)) if warmup > 0 else 0
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(train_steps, warmup + 1),
                                                   end_value=min_lr * lr)
+    return Optimizer((clip, b1, b2, weight_decay), schedule)
+
+
+@functools.lru_cache(maxsize=16)
+def _rate_program(schedule: Callable) -> Callable:
+    import jax
+
+    def rate(count):
+        with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix their int32 count with floats
+            value = schedule(count)
+        # One type for every schedule (with a warmup optax's is float32, without it the
+        # default float), so that they share the step; exact, as the step casts the rate
+        # to the parameters' type.
+        return jax.lax.convert_element_type(value, jax.numpy.result_type(float))
+
+    return jax.jit(rate)
+
+
+def _transformation(program: tuple, rate: Callable):
+    """The optax transformation of `Optimizer.program` with the learning rate `rate`
+    (a function of the step count)."""
+    import optax
+
+    clip, b1, b2, weight_decay = program
     return optax.chain(optax.clip_by_global_norm(clip),
-                       optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask))
+                       optax.adamw(rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask))
+
+
+def _schedule_count(opt_state):
+    """The step count of the learning-rate schedule in `opt_state` (optax's
+    `ScaleByScheduleState`): the number of updates done. Searched through the tuples
+    of optax's states only, not through the moments' trees (it runs every step)."""
+    from optax import ScaleByScheduleState
+
+    if isinstance(opt_state, ScaleByScheduleState):
+        return opt_state.count
+    for part in opt_state if isinstance(opt_state, tuple) else ():
+        count = _schedule_count(part)
+        if count is not None:
+            return count
+    return None
 
 
 def snapshot_steps(train_steps: int) -> list[int]:
@@ -653,21 +711,44 @@ def snapshot_steps(train_steps: int) -> list[int]:
     return sorted(steps)
 
 
-@functools.lru_cache(maxsize=16)
-def training_step(tx, batch: int, context: int, solver: str):
+class TrainingStep(NamedTuple):
+    """`step(params, static, opt_state, corpus, key) -> (params, opt_state, loss)`: the
+    compiled `program` of `training_step`, given the learning rate that `rate` (the
+    optimizer's schedule) gives at the count in `opt_state`."""
+
+    program: Callable
+    rate: Callable
+
+    def __call__(self, params, static, opt_state, corpus, key):
+        return self.program(params, static, opt_state, corpus, key, self.rate(_schedule_count(opt_state)))
+
+    def lower(self, params, static, opt_state, corpus, key):
+        return self.program.lower(params, static, opt_state, corpus, key, self.rate(_schedule_count(opt_state)))
+
+
+def training_step(tx: Optimizer, batch: int, context: int, solver: str) -> TrainingStep:
     """The jitted step `(params, static, opt_state, corpus, key) -> (params, opt_state,
     loss)`: a batch drawn from `key`, the loss and its gradient with respect to the
-    trainable `params` (`static` the frozen rest), one optimizer update. One function
-    per set of arguments, so that its compiled programs are reused within a process."""
+    trainable `params` (`static` the frozen rest), one optimizer update. Steps of the
+    same `tx.program`, batch, context and solver share one function whatever their
+    schedules, so that its compiled programs are reused within a process: by a resumed
+    run, and by a fine-tuning run of a trained model's shape."""
+    return TrainingStep(_step_program(tx.program, batch, context, solver), tx.rate)
+
+
+@functools.lru_cache(maxsize=16)
+def _step_program(program: tuple, batch: int, context: int, solver: str):
+    """The step of `training_step` for the optimizer `program`, the learning rate an
+    argument."""
     import equinox as eqx
     import jax
 
     @eqx.filter_jit
-    def step(params, static, opt_state, corpus, key):
+    def step(params, static, opt_state, corpus, key, rate):
         inputs, targets = corpus.batch(key, batch, context)
         value, grads = eqx.filter_value_and_grad(lambda p: loss(eqx.combine(p, static), inputs, targets, solver))(params)
-        with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix their int32 count with floats
-            updates, opt_state = tx.update(grads, opt_state, params)
+        with jax.numpy_dtype_promotion("standard"):  # optax's count is int32
+            updates, opt_state = _transformation(program, lambda count: rate).update(grads, opt_state, params)
         return eqx.apply_updates(params, updates), opt_state, value
 
     return step
