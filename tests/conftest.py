@@ -39,6 +39,7 @@ os.environ.setdefault("ATTNFLOW_CACHE_DIR", tempfile.mkdtemp(prefix="attnflow-te
 # alone at the end while the other worker idles.
 _HEAVY_FIRST = (
     "tests/diffeqformer/test_diffeqformer_studies.py",
+    "tests/docs/test_examples.py",
     "tests/core/test_solvers.py",
     "tests/core/test_ensemble.py",
     "tests/experiments/test_lyapunov_experiments.py",

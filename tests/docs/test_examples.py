@@ -210,3 +210,60 @@ def test_block(name, index, error, tmp_path_factory, monkeypatch, capsys):
         return  # it ran before this item (the page was run up to a later block)
     if not page.run_through(index, monkeypatch, capsys):
         pytest.skip("not run: install lines only (CI runs them)")
+
+
+def _slow_commands() -> list:
+    """The `attnflow` commands of the blocks kept for `pytest -m slow`."""
+    params = []
+    for path in pages():
+        name = path.relative_to(ROOT).as_posix()
+        try:
+            blocks = parse_page(path.read_text(encoding="utf-8"), name)
+        except DocsError:
+            continue  # test_block reports the page
+        for block in blocks:
+            if block.slow is not None and block.kind == "shell":
+                params += [pytest.param(command, id=f"{name}:{command.line}")
+                           for command in shell_commands(block) if isinstance(command, Command)]
+    return params
+
+
+@pytest.mark.parametrize("command", _slow_commands())
+def test_slow_blocks_compose_as_written(command):
+    """A block kept for `pytest -m slow` is still checked in the default run: each of its
+    `attnflow` commands, as the reader types it (full size, no `# test:` overrides),
+    composes and passes the schema's checks (an unknown or misspelt key, a bad value or
+    a wrong experiment option fails here)."""
+    import shlex
+
+    from hydra import compose as hydra_compose
+    from hydra.core.global_hydra import GlobalHydra
+    from markdown_blocks import _comment_start
+    from omegaconf import OmegaConf
+
+    from attnflow._config import compose, hydra_context, register_schema
+    from attnflow.diffeqformer import train_config
+    from attnflow.experiments import experiment_module
+    from attnflow.experiments._runner import _options
+
+    cut = _comment_start(command.text)
+    words = shlex.split(command.text[:cut] if cut is not None else command.text)
+    assert words[0] == "attnflow", command.text
+    args = [word for word in words[1:] if word not in ("-m", "--multirun")]
+    if args[:1] == ["train"]:
+        if "--help" not in args:
+            train_config(args[1:])
+        return
+    assert not args or args[0] not in ("plot", "report", "help"), command.text
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with hydra_context():
+            composed = hydra_compose("config", overrides=[a for a in args if not a.startswith("hydra.")])
+    finally:
+        GlobalHydra.instance().clear()
+    container = OmegaConf.to_container(composed, resolve=True, enum_to_str=True)
+    container.pop("hydra", None)
+    config = compose(container)
+    if config.experiment is not None:  # its options typed by its schema, as the run would
+        _options(experiment_module(config.experiment.name), config.experiment.name, config.experiment.options)
