@@ -152,6 +152,7 @@ __all__ = [
     "draw_matrix",
     "equiangular_rate",
     "equiangular_time",
+    "experiment_figures",
     "gram",
     "grid_times",
     "interaction_energy",

@@ -561,7 +561,8 @@ def _table(rows: list[tuple[str, str]], width: int, left: int = 34) -> str:
     column too wide starts the second on the next line)."""
     out = []
     for first, second in rows:
-        wrapped = textwrap.wrap(second, max(20, width - left - 2), break_on_hyphens=False) or [""]
+        wrapped = textwrap.wrap(second, max(20, width - left - 2), break_on_hyphens=False,
+                                break_long_words=False) or [""]
         if len(first) + 2 > left:
             out.append(f"  {first}")
             out.extend(" " * (left + 2) + line for line in wrapped)

@@ -101,7 +101,7 @@ def test_checkpoint_experiment_on_minilm(tmp_path):
     attention = af.experiment_figures(ds)["attention"]
     maps = [ax for ax in attention.axes if ax.images and ax.get_label() != "<colorbar>"]
     tokens = [str(t) for t in ds.token_string.values]
-    assert len(maps) == 2 * len(np.unique(np.linspace(1, int(ds.block.max()), 4).round()))
+    assert len(maps) == 2 * len(np.unique(np.linspace(1, int(ds.layer.max()) + 1, 4).round()))
     for ax in maps:
         assert [t.get_text() for t in ax.get_xticklabels()] == tokens
     assert [t.get_text() for t in maps[0].get_yticklabels()] == tokens

@@ -95,7 +95,7 @@ def test_experiment_errors_from_the_command_line_are_one_line(tmp_path):
     line = assert_one_error_line(attnflow("experiment=nope", cwd=tmp_path))
     assert "unknown experiment 'nope'" in line
     line = assert_one_error_line(attnflow("plot", str(tmp_path / "missing"), cwd=tmp_path))
-    assert "holds no results.nc" in line
+    assert "does not exist" in line and line.endswith("to plot.")
 
 
 def test_run_experiment_returns_what_draw_needs(tmp_path):
