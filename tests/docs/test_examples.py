@@ -44,14 +44,23 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def _parameters() -> list:
-    params = []
+def _parsed_pages() -> list[tuple[str, list[Block] | DocsError]]:
+    """Every page's name and its blocks (or the error that its text breaks a convention)."""
+    parsed = []
     for path in pages():
         name = path.relative_to(ROOT).as_posix()
         try:
-            blocks = parse_page(path.read_text(encoding="utf-8"), name)
+            parsed.append((name, parse_page(path.read_text(encoding="utf-8"), name)))
         except DocsError as error:
-            params.append(pytest.param(name, -1, str(error), id=name))
+            parsed.append((name, error))
+    return parsed
+
+
+def _parameters() -> list:
+    params = []
+    for name, blocks in _parsed_pages():
+        if isinstance(blocks, DocsError):
+            params.append(pytest.param(name, -1, str(blocks), id=name))
             continue
         params += [pytest.param(name, index, None, id=block.where,
                                 marks=[pytest.mark.slow] if block.slow is not None else [])
@@ -215,11 +224,8 @@ def test_block(name, index, error, tmp_path_factory, monkeypatch, capsys):
 def _slow_commands() -> list:
     """The `attnflow` commands of the blocks kept for `pytest -m slow`."""
     params = []
-    for path in pages():
-        name = path.relative_to(ROOT).as_posix()
-        try:
-            blocks = parse_page(path.read_text(encoding="utf-8"), name)
-        except DocsError:
+    for name, blocks in _parsed_pages():
+        if isinstance(blocks, DocsError):
             continue  # test_block reports the page
         for block in blocks:
             if block.slow is not None and block.kind == "shell":
