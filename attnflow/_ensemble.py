@@ -15,6 +15,7 @@ import functools
 import hashlib
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -225,6 +226,8 @@ class EnsemblePlan:
                                                platform)
         self._program = None  # the exported piece program, once looked up
         self._export_tried = False
+        self._timing = None  # the file of its measured solve time, beside it in the cache
+        self._line = None  # the status line of the first piece, while it is solved
 
     def _inputs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """The member and beta index of each pair of piece i (the last piece wraps around)."""
@@ -241,9 +244,35 @@ class EnsemblePlan:
         """Piece i: `stats/NAME`, `result`, `num_steps` and `reached`, one row per pair."""
         if self._export_tried:
             return self._solve(i)
-        # The first piece solved compiles the program (or loads it from the cache).
-        with status("first piece: compiling, then solving"):
-            return self._solve(i)
+        # The first piece solved compiles the program (or loads it from the cache); where
+        # an earlier run measured how long a piece of this program takes to solve, the
+        # line says so once the program is compiled: the time left of a one-piece run.
+        with status("first piece: compiling, then solving") as line:
+            self._line = line
+            try:
+                return self._solve(i)
+            finally:
+                self._line = None
+
+    @property
+    def measured_seconds(self) -> float | None:
+        """How long one piece of this plan's program took to solve (compiling aside) in
+        the last run that solved one on this machine; None where no run has, where the
+        program is not kept in the cache, or before the first piece looks it up."""
+        if self._timing is None:
+            return None
+        try:
+            seconds = float(self._timing.read_text())
+        except (OSError, ValueError):
+            return None
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+    def _measured(self, seconds: float) -> None:
+        """Keep the solve time of a piece beside the exported program, for the next run."""
+        try:
+            _write_atomically(self._timing, lambda tmp: tmp.write_text(f"{seconds:.6g}\n"))
+        except OSError:  # a read-only cache: no estimate next time, nothing else lost
+            pass
 
     def _solve(self, i: int) -> dict[str, np.ndarray]:
         members, beta_index = self._inputs(i)
@@ -259,11 +288,22 @@ class EnsemblePlan:
                 self._program = self._exported(members, beta_index, times)
         exported = self._program
         if exported is not None:
-            program, leaves, key_data = exported
-            outputs = program.call(leaves, key_data, self.betas, members, beta_index, *times)
-        else:
-            outputs = _solve_pairs(self.system, self.keys, self.betas, members, beta_index, *times, self.options,
-                                   self.mesh)
+            entry, leaves, key_data = exported
+            args = (leaves, key_data, self.betas, members, beta_index, *times)
+            if entry.compiled is None:
+                entry.compiled = jax.jit(entry.program.call).lower(*args).compile()
+            seconds = self.measured_seconds
+            if self._line is not None and seconds is not None:
+                self._line.describe(f"first piece: solving, about {_duration(seconds)} (as long as last time)")
+            start = time.perf_counter()
+            out = self._outputs(entry.compiled(*args), i)
+            self._measured(time.perf_counter() - start)
+            return out
+        return self._outputs(_solve_pairs(self.system, self.keys, self.betas, members, beta_index, *times,
+                                          self.options, self.mesh), i)
+
+    def _outputs(self, outputs, i: int) -> dict[str, np.ndarray]:
+        """A piece's outputs as NumPy arrays (waiting for them), without its padding."""
         stats, result, steps, reached = outputs
         size = self.size_of(i)
         out = {f"stats/{name}": np.asarray(value)[:size] for name, value in stats.items()}
@@ -289,6 +329,7 @@ class EnsemblePlan:
             _LOADED.move_to_end(key)
             return _LOADED[key], leaves, key_data
         path = Path(folder) / "attnflow-exported" / f"{key}.bin"
+        self._timing = path.with_suffix(".seconds")
         if path.exists():
             try:
                 return _remember(key, export.deserialize(bytearray(path.read_bytes()))), leaves, key_data
@@ -339,11 +380,28 @@ _LOADED: collections.OrderedDict = collections.OrderedDict()
 _LOADED_MOST = 16
 
 
-def _remember(key: str, program):
-    _LOADED[key] = program
+@dataclasses.dataclass
+class _Loaded:
+    """An exported piece program and, once compiled in this process, its executable."""
+
+    program: export.Exported
+    compiled: Callable | None = None
+
+
+def _remember(key: str, program: export.Exported) -> _Loaded:
+    _LOADED[key] = entry = _Loaded(program)
     while len(_LOADED) > _LOADED_MOST:
         _LOADED.popitem(last=False)
-    return program
+    return entry
+
+
+def _duration(seconds: float) -> str:
+    """`42 s`, `3 min`, `1.5 h`: a time to wait, to two figures at most."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.2g} h"
 
 
 def _stage_count(solver) -> int:

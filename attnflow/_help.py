@@ -31,7 +31,7 @@ import shutil
 import string
 import textwrap
 import tokenize
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -504,20 +504,37 @@ def experiment(name: str) -> Experiment:
 # --- completion ---------------------------------------------------------------------
 
 
-def complete(word: str) -> list[str] | None:
+def complete(word: str, line: Sequence[str] = ()) -> list[str] | None:
     """What the shell completes `word` to when it is `KEY=PARTIAL` for a choice or a
-    boolean key of the study (`solver=r` -> `solver=ralston`, `solver=rk4`), or a first
-    word that begins a subcommand; None for anything else (Hydra completes it)."""
+    boolean key of the study (`solver=r` -> `solver=ralston`, `solver=rk4`) or of the
+    experiment named on the `line` (`experiment.options.methods=` after
+    `experiment=adaptive_depth`), or the start of that experiment's option names
+    (`experiment.options.fi` -> `experiment.options.finetune_steps=`); None for anything
+    else (Hydra completes it)."""
     key, equals, partial = word.partition("=")
+    bare = key.lstrip("+")
+    rows: tuple[Key, ...] = config_keys()
+    if bare.startswith("experiment.options."):
+        named = [w.partition("=")[2] for w in line if w.lstrip("+").partition("=")[0] == "experiment"]
+        if not named or named[-1] not in experiments():
+            return None
+        rows = experiment(named[-1]).options
+        if not equals:
+            plus = key[: len(key) - len(bare)]
+            return [f"{plus}{row.name}=" for row in rows if row.name.startswith(bare)]
     if not equals:
         return None
-    key = key.lstrip("+")
-    for row in config_keys():
-        if key in row.keys:
+    for row in rows:
+        if bare in row.keys or bare == row.name:
             names = row.choices or (("true", "false") if row.type.startswith("bool") else ())
             if not names:
                 return None
-            return [f"{word[: len(word) - len(partial)]}{name}" for name in names if name.startswith(partial)]
+            head, element = "", partial
+            if row.type.startswith("list"):  # the element being typed: `[full,lo` -> `[full,lora`
+                cut = max(partial.rfind("["), partial.rfind(","))
+                head, element = ("[", partial) if cut < 0 else (partial[: cut + 1], partial[cut + 1:])
+            start = word[: len(word) - len(partial)] + head
+            return [f"{start}{name}" for name in names if name.startswith(element)]
     return None
 
 

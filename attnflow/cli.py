@@ -616,7 +616,7 @@ def _completion(overrides: list[str]) -> int | None:
     from hydra.plugins.completion_plugin import CompletionPlugin  # lazy: completion only
 
     words = CompletionPlugin.strip_python_or_app_name(line).split()
-    matches = _help.complete(words[-1]) if words else None
+    matches = _help.complete(words[-1], words[:-1]) if words else None
     if matches is None:
         return None
     print(("\n" if shell == "fish" else " ").join(matches), flush=True)

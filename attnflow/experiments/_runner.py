@@ -100,6 +100,25 @@ def _options(module: ModuleType, name: str, given: Any) -> dict:
     return typed_options(schema, given, "experiment.options.")
 
 
+def experiment_options(name: str, given: Mapping | None = None) -> dict:
+    """The options experiment `name` runs with: its defaults with `given` on top, typed
+    by its `Options` schema, as `attnflow experiment=NAME experiment.options.KEY=VALUE`
+    would take them.
+
+    An unknown option is refused with the nearest name, a wrong type or a value outside
+    a choice in one sentence (a `ConfigError`); the ranges and combinations of values
+    are checked when the experiment is composed (`compose_experiment`).
+
+    **Arguments:**
+
+    - `name`: an experiment of `EXPERIMENTS`.
+    - `given`: option names to values (`{"steps": [9, 12]}`); None for the defaults.
+
+    **Returns:** the options by name.
+    """
+    return _options(experiment_module(name), name, given)
+
+
 def panel_configs(base: dict, keys: tuple[str, ...]) -> dict[str, dict]:
     """One config per combination of the list-valued `keys` of `base`, labelled
     `key=value,...`; `{"main": base}` when none of them is a list."""

@@ -19,8 +19,8 @@ The GPT baseline (`baseline`, whose depth is fixed) is evaluated and fine-tuned 
 way at its own number of layers, for the same budget: the horizontal reference lines.
 
 Every fine-tuning run is an ordinary `attnflow train` run folder under `out` (default:
-`finetune/` beside the pretrained run), named after the corpus, the budget, the model,
-the steps and the method; a finished one is read, an interrupted one resumed, so the
+`finetune/` beside the pretrained run), named after the corpus, the budget, the settings
+given in `train`, the model, the steps and the method; a finished one is read, an interrupted one resumed, so the
 experiment can be stopped and started again. The losses are the runs' own validations
 (`eval_batches` held-out batches drawn from the key of the run's seed, as during
 training); the zero-shot losses use the same batches: those of the fine-tuning
@@ -126,9 +126,13 @@ def panels(base, options) -> dict:
 
 def finetune_folder(options) -> Path:
     """Where the fine-tuning runs live: `out`, or `finetune/<corpus>-<budget>steps`
-    beside the pretrained run."""
+    beside the pretrained run, followed by each setting given in `train`
+    (`reference-b-200steps-lr0.001`), so that runs with other settings get their own
+    folders instead of being refused as another run's."""
     base = Path(options["out"]) if options["out"] is not None else Path(options["pretrained"]).parent / "finetune"
-    return base / f"{corpus_name(options['corpus'])}-{options['finetune_steps']}steps"
+    given = options["train"] if isinstance(options["train"], dict) else {}
+    tail = "".join(f"-{key}{str(value).replace('/', '_').replace(' ', '')}" for key, value in sorted(given.items()))
+    return base / f"{corpus_name(options['corpus'])}-{options['finetune_steps']}steps{tail}"
 
 
 def zero_shot(module, corpus, settings) -> float:

@@ -174,6 +174,16 @@ def test_shell_completion_says_how_to_turn_it_on_and_completes_the_choices_of_a_
     assert query("attnflow causal=") == ["causal=true", "causal=false"]
     assert query("attnflow norm=", "fish") == ["norm=none", "norm=sphere", "norm=pre", "norm=peri"]
     assert command.out.count("\n") == 4  # fish: one per line
+    # An experiment's options: their names, their choices (a list's element by element).
+    line = "attnflow experiment=adaptive_depth "
+    assert query(line + "experiment.options.fi") == ["experiment.options.finetune_steps="]
+    assert query(line + "+experiment.options.l") == ["+experiment.options.lora_rank="]
+    assert query(line + "experiment.options.methods=") == ["experiment.options.methods=[full",
+                                                           "experiment.options.methods=[lora"]
+    assert query(line + "experiment.options.methods=[full,l") == ["experiment.options.methods=[full,lora"]
+    assert query("attnflow experiment=checkpoint experiment.options.interpolation=c") == [
+        "experiment.options.interpolation=constant", "experiment.options.interpolation=cubic"]
+    assert query("attnflow experiment=checkpoint experiment.options.probes=f") == ["experiment.options.probes=false"]
     # Hydra's own completion: a group's options and the keys.
     assert query("attnflow experiment=ca") == ["experiment=causal"]
     assert "causal=" in query("attnflow caus")

@@ -343,6 +343,51 @@ def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
         np.testing.assert_array_equal(ds["energy"].values, direct["energy"].values)
 
 
+def test_a_one_piece_run_says_how_long_its_piece_took_last_time(monkeypatch):
+    """The time left of a run of one piece: the first run keeps the solve time of a
+    piece (compiling aside) beside its exported program; the next run of the same
+    program says, once compiled, about how long the piece will take."""
+    from attnflow import _ensemble
+    from attnflow._build import resolve_study
+    from attnflow._ensemble import _LOADED
+    from attnflow._study import plan_study, prepare_jax, solve_study
+
+    study = resolve_study(_small(n=9, d=4, members=2, beta=[1.0]))  # a structure of its own
+    prepare_jax(study.config)
+    said = []
+
+    class Line:  # the status line, as what it says
+        def __init__(self, text):
+            said.append(text)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def describe(self, text):
+            said.append(text)
+
+    monkeypatch.setattr(_ensemble, "status", Line)
+    _LOADED.clear()
+    plan = plan_study(study)
+    assert plan.pieces == 1
+    plan._timing and plan._timing.unlink(missing_ok=True)
+    solve_study(study, plan)
+    assert said == ["first piece: compiling, then solving"]  # nothing measured before
+    seconds = plan.measured_seconds
+    assert seconds is not None and 0 < seconds < 60
+    _LOADED.clear()  # as in a new process
+    said.clear()
+    plan = plan_study(study)
+    solve_study(study, plan)
+    assert said == ["first piece: compiling, then solving", "first piece: solving, about 1 s (as long as last time)"]
+    plan._timing.write_text("not a number")  # a damaged file: no estimate, no failure
+    assert plan.measured_seconds is None
+    assert [_ensemble._duration(s) for s in (0.2, 42, 400, 9000)] == ["1 s", "42 s", "7 min", "2.5 h"]
+
+
 def test_an_edit_anywhere_in_the_package_changes_the_key_of_exported_programs(tmp_path):
     """The exported programs are keyed on every source file of the package: an edit in
     a subpackage (a checkpoint loader, an experiment) or to a YAML file invalidates them,
@@ -376,7 +421,7 @@ def test_the_loaded_programs_of_a_process_are_bounded(monkeypatch):
         _ensemble._remember(f"p{k}", k)
     _ensemble._LOADED.move_to_end("p0")  # p0 used again: p1 is now the oldest
     for k in range(_ensemble._LOADED_MOST, _ensemble._LOADED_MOST + 3):
-        assert _ensemble._remember(f"p{k}", k) == k
+        assert _ensemble._remember(f"p{k}", k).program == k
     assert len(_ensemble._LOADED) == _ensemble._LOADED_MOST
     assert "p0" in _ensemble._LOADED and not {"p1", "p2", "p3"} & set(_ensemble._LOADED)
 

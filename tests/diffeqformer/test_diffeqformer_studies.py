@@ -17,6 +17,7 @@ trained runs are those of the committed figures."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -303,9 +304,23 @@ def test_adaptive_depth_zero_shot_and_fine_tuning(runs, adaptive):
     np.testing.assert_allclose(tuned.finetune_start.sel(tuning="full"), tuned.zero_shot.sel(eval_corpus="finetune"),
                                rtol=1e-5)
     assert np.all(tuned.finetuned.sel(tuning="full") < tuned.zero_shot.sel(eval_corpus="finetune"))
-    folder = out / "finetune" / "induction-8steps" / "diffeqformer-s2-full"
+    # The folder names the budget and each fine-tuning setting given (sorted).
+    folder = (out / "finetune" / "induction-8steps-batch8-eval_batches2-eval_every250-lr0.003-save_every500-warmup0.0"
+              / "diffeqformer-s2-full")
     assert json.loads((folder / "train.json").read_text())["config"]["init"] == str(out / "diffeqformer")
     assert study.finished(folder)
+
+
+def test_fine_tuning_with_other_settings_gets_its_own_folder():
+    """A second adaptive_depth run with another learning rate (docs/gallery/adaptive_depth.md,
+    its third command) fine-tunes in a folder of its own, not in the first run's folder,
+    which would refuse it as a run with other settings."""
+    from attnflow.experiments.adaptive_depth import finetune_folder
+
+    options = {"out": None, "pretrained": "runs/d/diffeqformer", "corpus": "reference-b", "finetune_steps": 200}
+    assert finetune_folder({**options, "train": {}}) == Path("runs/d/finetune/reference-b-200steps")
+    assert finetune_folder({**options, "train": {"lr": 0.001}}) == Path("runs/d/finetune/reference-b-200steps-lr0.001")
+    assert finetune_folder({**options, "train": {"seed": 1, "batch": 8}}).name == "reference-b-200steps-batch8-seed1"
 
 
 def test_both_redraw_from_their_results_file(runs, adaptive, tmp_path):

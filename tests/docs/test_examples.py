@@ -249,8 +249,7 @@ def test_slow_blocks_compose_as_written(command):
 
     from attnflow._config import compose, hydra_context, register_schema
     from attnflow.diffeqformer import train_config
-    from attnflow.experiments import experiment_module
-    from attnflow.experiments._runner import _options
+    from attnflow.experiments import experiment_options
 
     cut = _comment_start(command.text)
     words = shlex.split(command.text[:cut] if cut is not None else command.text)
@@ -272,4 +271,4 @@ def test_slow_blocks_compose_as_written(command):
     container.pop("hydra", None)
     config = compose(container)
     if config.experiment is not None:  # its options typed by its schema, as the run would
-        _options(experiment_module(config.experiment.name), config.experiment.name, config.experiment.options)
+        experiment_options(config.experiment.name, config.experiment.options)

@@ -67,6 +67,19 @@ def test_bad_experiment_input_is_one_sentence_before_any_computing():
         af.run(cfg)
 
 
+def test_experiment_options_are_the_defaults_with_the_given_ones_typed():
+    from attnflow.experiments import experiment_options
+
+    options = experiment_options("adaptive_depth", {"steps": [9, 12], "methods": ["full"]})
+    assert options["steps"] == [9, 12] and options["finetune_steps"] == 200  # given, and a default
+    assert [m.value if hasattr(m, "value") else m for m in options["methods"]] == ["full"]
+    with pytest.raises(ConfigError, match=r"unknown option experiment.options.step of experiment adaptive_depth "
+                                          r"\(did you mean steps\?\)"):
+        experiment_options("adaptive_depth", {"step": [9]})
+    with pytest.raises(ConfigError, match="experiment.options.methods"):
+        experiment_options("adaptive_depth", {"methods": ["half"]})
+
+
 def test_the_python_api_and_the_command_line_compose_the_same_config(tmp_path):
     # plotly_js says how to write the HTML view, not what the results are: not stored.
     proc = attnflow("experiment=single_cluster", "members=2", "t1=1", "dt=0.1", "saves=3", "compilation_cache=false",
