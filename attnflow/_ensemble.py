@@ -269,6 +269,8 @@ class EnsemblePlan:
 
     def _measured(self, seconds: float) -> None:
         """Keep the solve time of a piece beside the exported program, for the next run."""
+        if self._timing is None:
+            return
         try:
             _write_atomically(self._timing, lambda tmp: tmp.write_text(f"{seconds:.6g}\n"))
         except OSError:  # a read-only cache: no estimate next time, nothing else lost
@@ -325,11 +327,11 @@ class EnsemblePlan:
         args = (leaves, key_data, self.betas, members, beta_index, *times)
         shapes = jax.tree.map(lambda a: (np.shape(a), str(jnp.result_type(a))), args)
         key = _program_key(static, treedef, self.options, shapes)
+        path = Path(folder) / "attnflow-exported" / f"{key}.bin"
+        self._timing = path.with_suffix(".seconds")
         if key in _LOADED:  # one object per program: its compiled call is reused in-process
             _LOADED.move_to_end(key)
             return _LOADED[key], leaves, key_data
-        path = Path(folder) / "attnflow-exported" / f"{key}.bin"
-        self._timing = path.with_suffix(".seconds")
         if path.exists():
             try:
                 return _remember(key, export.deserialize(bytearray(path.read_bytes()))), leaves, key_data

@@ -383,6 +383,9 @@ def test_a_one_piece_run_says_how_long_its_piece_took_last_time(monkeypatch):
     plan = plan_study(study)
     solve_study(study, plan)
     assert said == ["first piece: compiling, then solving", "first piece: solving, about 1 s (as long as last time)"]
+    said.clear()  # a second plan of the same program in this process (an experiment's next panel)
+    solve_study(study, plan_study(study))
+    assert said == ["first piece: compiling, then solving", "first piece: solving, about 1 s (as long as last time)"]
     plan._timing.write_text("not a number")  # a damaged file: no estimate, no failure
     assert plan.measured_seconds is None
     assert [_ensemble._duration(s) for s in (0.2, 42, 400, 9000)] == ["1 s", "42 s", "7 min", "2.5 h"]
