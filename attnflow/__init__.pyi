@@ -24,6 +24,7 @@ from ._errors import (
     StorageError as StorageError,
 )
 from ._field import VectorField as VectorField
+from ._noise import BrownianNoise as BrownianNoise, brownian_noise as brownian_noise
 from ._geometry import AbstractGeometry as AbstractGeometry, Euclidean as Euclidean, Sphere as Sphere
 from ._grid import (
     grid_times as grid_times,
@@ -139,6 +140,8 @@ __all__ = [
     "UniformCube",
     "UniformSphere",
     "VectorField",
+    "BrownianNoise",
+    "brownian_noise",
     "build_field",
     "build_init",
     "build_system",
