@@ -36,7 +36,7 @@ from ._initial import (
 )
 from ._metric_registry import METRIC_NAMES, METRICS, Sizes, names_reading, reading
 from ._metrics import Recorder, attention_rows
-from ._noise import BrownianNoise, brownian_noise
+from ._noise import BrownianNoise, brownian_noise, tree_depth
 from ._random_matrices import SQUARE_LAWS, draw_matrix
 from ._solvers import SOLVERS, no_error_estimate
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
@@ -318,8 +318,9 @@ def _check_noise(cfg: Config) -> None:
     """The noise checked: sigma >= 0, and a noisy run on fixed steps recorded on the grid."""
     noise = cfg.noise
     _number("noise.sigma", noise.sigma, minimum=0)
-    _number("noise.depth", noise.depth, minimum=1)
-    if noise.depth > 40:
+    if noise.depth is not None:
+        _number("noise.depth", noise.depth, minimum=1)
+    if noise.depth is not None and noise.depth > 40:
         raise ConfigError(f"noise.depth must be at most 40 (a tree resolving (t1 - t0)/2^40), got {noise.depth}.")
     if noise.sigma == 0:
         return
@@ -784,7 +785,7 @@ class ConfiguredSystem(eqx.Module):
             # those of its tokens and weights.
             noise = brownian_noise(jax.random.fold_in(key, 2), _Values(cfg, self.values)("noise.sigma"),
                                    (cfg.n, cfg.d), t0=cfg.t0, t1=cfg.t1, kind=cfg.noise.kind.value,
-                                   depth=cfg.noise.depth, dtype=dtype)
+                                   depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth), dtype=dtype)
         field = build_field(cfg, k_weights, beta, dtype, self.values, noise=noise)
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         recorder = Recorder(

@@ -133,7 +133,7 @@ class NoiseConfig:
 
     sigma: float = MISSING  # 0: the deterministic flow
     kind: NoiseKind = MISSING  # projected | ambient
-    depth: int = MISSING  # the Brownian tree resolves (t1 - t0) / 2^depth
+    depth: int | None = MISSING  # the Brownian tree resolves (t1 - t0) / 2^depth (null: the least resolving dt)
 
 
 @dataclass

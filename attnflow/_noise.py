@@ -8,6 +8,8 @@ are dyadic, to the tree's resolution elsewhere), and an ensemble stays one vmapp
 
 from __future__ import annotations
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -56,6 +58,15 @@ class BrownianNoise(eqx.Module):
         return self.sigma * dw
 
 
+def tree_depth(t0: float, t1: float, dt: float, depth: int | None = None) -> int:
+    """`depth`, or where it is None the least depth whose resolution $(t_1 - t_0) 2^{-\\text{depth}}$
+    is at most `dt`. The values at the dyadic times of the shallower levels do not depend on
+    the depth, so the default gives one path for every dyadic step $(t_1 - t_0)/2^k$."""
+    if depth is not None:
+        return int(depth)
+    return max(1, math.ceil(math.log2((t1 - t0) / dt) - 1e-9))
+
+
 def brownian_noise(key: PRNGKeyArray, sigma: ScalarLike, shape: tuple[int, ...], *, t0: float, t1: float,
                    kind: str = "projected", depth: int = 16, dtype=jnp.float32) -> BrownianNoise:
     r"""$\sigma\,dW$ with the Brownian path of `key` on $[t_0, t_1]$, resolved to
@@ -68,3 +79,36 @@ def brownian_noise(key: PRNGKeyArray, sigma: ScalarLike, shape: tuple[int, ...],
     tree = diffrax.VirtualBrownianTree(t0, t1, tol=(t1 - t0) * 2.0 ** -int(depth),
                                        shape=jax.ShapeDtypeStruct(shape, dtype), key=key)
     return BrownianNoise(jnp.asarray(sigma, dtype), tree, kind)
+
+
+def attention_mode(beta: float, d: int) -> float:
+    r"""$A(\beta) = \frac{1}{d-1}\,\mathbb{E}\big[e^{\beta t}(1 - t^2)\big]$, $t = \langle x, y\rangle$
+    for $y$ uniform on $S^{d-1}$: the factor by which unnormalized attention with
+    $Q = K = V = I$ moves the first spherical harmonic of a density near the uniform law,
+    $v[\rho_0(1 + \varepsilon\langle a, \cdot\rangle)](x) = \varepsilon A(\beta) P_x a$. In closed form
+    $A(\beta) = \Gamma(d/2)\,(2/\beta)^{d/2 - 1} I_{d/2}(\beta)/\beta$ ($I_1(\beta)/\beta$ on the
+    circle), from the modified Bessel function; $A(0) = 1/d$."""
+    from scipy import special  # lazy: start-up
+
+    if not d >= 2:
+        raise ConfigError(f"the sphere S^(d-1) needs d >= 2, got d={d}.")
+    if beta == 0:
+        return 1.0 / d
+    nu = d / 2 - 1
+    # ive(nu, b) = e^{-b} I_nu(b): the exponent is put back in log space.
+    log = special.gammaln(d / 2) + nu * math.log(2 / beta) + math.log(special.ive(d / 2, beta)) + beta - math.log(beta)
+    return math.exp(log)
+
+
+def first_mode_rate(beta: float, d: int, sigma: float) -> float:
+    r"""The linear growth rate $\lambda = (d-1)\big(A(\beta) - \sigma^2/2\big)$ of the first spherical
+    harmonic of the density at the uniform law, for the McKean-Vlasov equation of noisy
+    unnormalized attention ($Q = K = V = I$) on $S^{d-1}$ (docs/model.md, "Noise")."""
+    return (d - 1) * (attention_mode(beta, d) - sigma**2 / 2)
+
+
+def critical_sigma(beta: float, d: int) -> float:
+    r"""$\sigma_c(\beta, d) = \sqrt{2 A(\beta)}$: above it the uniform law of noisy unnormalized
+    attention ($Q = K = V = I$) on $S^{d-1}$ is linearly stable, below it the first
+    spherical harmonic grows (`first_mode_rate`)."""
+    return math.sqrt(2 * attention_mode(beta, d))

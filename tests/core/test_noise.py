@@ -115,3 +115,38 @@ def test_a_noisy_field_refuses_split_steps_and_interpolated_times():
         step_map(field, "euler", 0.1, split="lie")
     with pytest.raises(af.ConfigError, match="leave out adaptive and ts"):
         af.simulate(field, x0, t1=1.0, dt=0.1, ts=[0.0, 0.55, 1.0])
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("beta", [0.5, 1.0, 4.0])
+def test_the_critical_sigma_matches_a_direct_quadrature_of_the_mean_field_velocity(d, beta):
+    """The field v[rho](x) = P_x int e^{beta <x,y>} y rho(dy) of rho = 1 + eps <a, y> (density
+    against the uniform law), by quadrature over the sphere, equals eps A(beta) P_x a; the
+    first mode then grows at (d-1)(A - sigma^2/2), zero at sigma_c = sqrt(2 A)."""
+    from scipy import integrate
+
+    x, a = np.eye(d)[0], np.linspace(0.3, -0.8, d)
+    if d == 2:
+        def point(theta):
+            return np.array([np.cos(theta), np.sin(theta)])
+
+        def mean(g):  # the mean over the circle, per component
+            return np.array([integrate.quad(lambda th: g(point(th))[k], 0, 2 * np.pi, epsabs=1e-12)[0]
+                             for k in range(d)]) / (2 * np.pi)
+    else:
+        def mean(g):
+            def at(theta, phi, k):
+                y = np.array([np.cos(theta), np.sin(theta) * np.cos(phi), np.sin(theta) * np.sin(phi)])
+                return g(y)[k] * np.sin(theta)
+            return np.array([integrate.dblquad(lambda ph, th: at(th, ph, k), 0, np.pi, 0, 2 * np.pi,
+                                               epsabs=1e-11)[0] for k in range(d)]) / (4 * np.pi)
+
+    def velocity(y):  # the integrand of v at x for the first-mode part of rho (its eps coefficient)
+        v = np.exp(beta * (x @ y)) * y * (a @ y)
+        return v - (x @ v) * x
+
+    tangent_a = a - (x @ a) * x
+    np.testing.assert_allclose(mean(velocity), af.attention_mode(beta, d) * tangent_a, rtol=1e-8, atol=1e-12)
+    sigma_c = af.critical_sigma(beta, d)
+    assert abs(af.first_mode_rate(beta, d, sigma_c)) < 1e-12
+    assert af.first_mode_rate(beta, d, 0.9 * sigma_c) > 0 > af.first_mode_rate(beta, d, 1.1 * sigma_c)
