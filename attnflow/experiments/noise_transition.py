@@ -159,7 +159,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
         f"Unnormalized attention (USA) with Q = K = V = I on $S^{{{cfg['d'] - 1}}}$, $\\beta$ = {cfg['beta']}, "
         f"plus the Brownian motion of the sphere of strength $\\sigma$; uniform tokens at t = 0, {cfg['solver']} "
         f"with dt = {cfg['dt']} in {cfg['dtype']}, {cfg['members']} members per point. The order parameter is "
-        f"averaged over t in [{t1 - late * (t1 - cfg['t0']):g}, {t1:g}] and over members (bars: standard error); "
+        f"averaged over t in [{t1 - late * (t1 - cfg['t0']):.4g}, {t1:g}] and over members (bars: standard error); "
         f"dotted: the floor of uniform tokens at each n. Dashed: the linear stability threshold of the uniform law "
         f"of the mean-field equation. Measured threshold (the zero of $1/(n E|m|^2)$, linear in $1/\\sigma^2$, fitted "
         f"for $\\sigma > {above:g}\\sigma_c$): {measured}."),
