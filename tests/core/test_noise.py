@@ -150,3 +150,27 @@ def test_the_critical_sigma_matches_a_direct_quadrature_of_the_mean_field_veloci
     sigma_c = af.critical_sigma(beta, d)
     assert abs(af.first_mode_rate(beta, d, sigma_c)) < 1e-12
     assert af.first_mode_rate(beta, d, 0.9 * sigma_c) > 0 > af.first_mode_rate(beta, d, 1.1 * sigma_c)
+
+
+def test_a_configured_sigma_sweep_compiles_once_and_sigma_zero_is_the_deterministic_program():
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration"
+        else None)
+    config = {"n": 5, "d": 3, "members": 2, "dtype": "float64", "t1": 0.5, "dt": 0.0625, "solver": "euler",
+              "saves": 2, "attention": False, "metrics": ["order_parameter"], "save_states": True}
+    keys = jax.random.split(jax.random.key(0), 2)
+
+    def solve(sigma):
+        system = af.build_system(af.validate_config({**config, "noise": {"sigma": sigma}}))
+        return af.solve_ensemble(system, keys, jnp.asarray([1.0]), t1=0.5, dt=0.0625, solver="euler").stats["x"]
+
+    first = solve(0.5)
+    before = len(compiles)
+    second = solve(0.9)
+    assert len(compiles) == before, "a new sigma recompiled the noisy ensemble"
+    # the same path, scaled: the tokens moved further at the larger sigma
+    moved = [np.linalg.norm(np.asarray(x[..., -1, :, :] - x[..., 0, :, :])) for x in (first, second)]
+    assert moved[1] > moved[0] > 0
+    deterministic = af.build_system(af.validate_config({**config, "mlp": {"enabled": True}}))
+    assert deterministic(keys[0], 1.0)[0].noise is None

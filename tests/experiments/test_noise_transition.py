@@ -35,10 +35,10 @@ def test_the_transition_sits_at_the_predicted_critical_sigma(small):
     # above 1.2 sigma_c: the fluctuation of the uniform law, amplified as sigma_c nears
     above = ratio >= 1.2
     amplified = n * ds["order_square"].values[0][above] * (1 - ratio[above] ** -2.0)
-    assert (abs(amplified - 1) < 0.45).all(), amplified
+    assert (abs(amplified - 1) < 0.3).all(), amplified
     assert (order[above] < 2 * floor / np.sqrt(1 - 1.2**-2)).all()
     measured = float(ds["measured_threshold"].values[0])
-    assert abs(measured / sigma_c - 1) < 0.12, (measured, sigma_c)
+    assert abs(measured / sigma_c - 1) < 0.06, (measured, sigma_c)
 
 
 def test_the_figure_draws(small):
@@ -51,3 +51,17 @@ def test_settings_outside_the_prediction_are_refused():
         run_experiment("noise_transition", {**SMALL, "dynamics": "sa"})
     with pytest.raises(af.ConfigError, match="increasing positive numbers"):
         run_experiment("noise_transition", {**SMALL, "experiment": {"options": {"ratios": [1.2, 0.5]}}})
+
+
+@pytest.mark.slow
+def test_the_full_run_sharpens_with_n_at_the_predicted_threshold():
+    """The gallery's run (n = 32, 128, 512): the measured threshold within 5% of sigma_c
+    at every n, the order parameter at 0.9 sigma_c the same at every n (0.69), and at
+    1.1 sigma_c falling as n grows (0.32, 0.20, 0.11)."""
+    ds = run_experiment("noise_transition", {"compilation_cache": False})
+    sigma_c = float(ds["critical_sigma"])
+    assert (abs(ds["measured_threshold"].values / sigma_c - 1) < 0.05).all(), ds["measured_threshold"].values
+    ratio = ds["ratio"].values
+    below, above = ds["order"].values[:, ratio == 0.9][:, 0], ds["order"].values[:, ratio == 1.1][:, 0]
+    assert (abs(below - 0.69) < 0.05).all(), below
+    assert (np.diff(above) < 0).all() and above[-1] < 0.5 * above[0], above
