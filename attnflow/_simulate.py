@@ -354,6 +354,10 @@ def simulate(
     - The field's `time_change` (constant speed) makes `t` the rescaled time; its
       `collisions` merge the tokens that met after every fixed step (not with
       `adaptive`).
+    - The field's `noise` (`BrownianNoise`) makes the fixed steps those of the SDE
+      $dX = \mathcal{F}\,dt + \sigma\,dW$: each step adds the Brownian increment of the
+      field's tree before the retraction (weak order 1); not with `adaptive`, `ts` or
+      `split`.
     - `split`: `"lie"` (Lie-Trotter) or `"strang"` advances each term of the field by
       its own sub-step (fixed steps only): a sequential transformer block is the
       Lie-Trotter split of attention and MLP with one Euler step per layer.
