@@ -54,7 +54,7 @@ class Options:
     sizes: list[int] = field(default_factory=lambda: [32, 128, 512])  # the numbers of tokens n, one set of panels each
     ratios: list[float] = field(  # sigma / sigma_c of the panels
         default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5])
-    late: float = 0.5  # the order parameter is averaged over the last `late` fraction of [t0, t1]
+    late: float = 0.33333  # the order parameter is averaged over the last `late` fraction of [t0, t1] (a third)
     disordered_from: float = 1.15  # the ratios above this fit the susceptibility (measured threshold)
 
 
