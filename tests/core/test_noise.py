@@ -149,6 +149,12 @@ def test_the_critical_sigma_matches_a_direct_quadrature_of_the_mean_field_veloci
 
     tangent_a = a - (x @ a) * x
     np.testing.assert_allclose(mean(velocity), af.attention_mode(beta, d) * tangent_a, rtol=1e-8, atol=1e-12)
+    from scipy import special
+
+    closed = {2: (special.iv(0, beta) - special.iv(2, beta)) / 2,  # = I_1(beta)/beta
+              3: (beta * np.cosh(beta) - np.sinh(beta)) / beta**3}[d]
+    assert af.attention_mode(beta, d) == pytest.approx(closed, rel=1e-12)
+    assert af.attention_mode(0.0, d) == 1 / d == pytest.approx(af.attention_mode(1e-6, d), rel=1e-6)
     sigma_c = af.critical_sigma(beta, d)
     assert abs(af.first_mode_rate(beta, d, sigma_c)) < 1e-12
     assert af.first_mode_rate(beta, d, 0.9 * sigma_c) > 0 > af.first_mode_rate(beta, d, 1.1 * sigma_c)
