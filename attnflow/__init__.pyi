@@ -24,6 +24,13 @@ from ._errors import (
     StorageError as StorageError,
 )
 from ._field import VectorField as VectorField
+from ._noise import (
+    BrownianNoise as BrownianNoise,
+    attention_mode as attention_mode,
+    brownian_noise as brownian_noise,
+    critical_sigma as critical_sigma,
+    first_mode_rate as first_mode_rate,
+)
 from ._geometry import AbstractGeometry as AbstractGeometry, Euclidean as Euclidean, Sphere as Sphere
 from ._grid import (
     grid_times as grid_times,
@@ -139,6 +146,11 @@ __all__ = [
     "UniformCube",
     "UniformSphere",
     "VectorField",
+    "BrownianNoise",
+    "brownian_noise",
+    "attention_mode",
+    "critical_sigma",
+    "first_mode_rate",
     "build_field",
     "build_init",
     "build_system",

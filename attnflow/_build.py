@@ -36,6 +36,7 @@ from ._initial import (
 )
 from ._metric_registry import METRIC_NAMES, METRICS, Sizes, names_reading, reading
 from ._metrics import Recorder, attention_rows
+from ._noise import BrownianNoise, brownian_noise, tree_depth
 from ._random_matrices import SQUARE_LAWS, draw_matrix
 from ._solvers import SOLVERS, no_error_estimate
 from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
@@ -108,6 +109,8 @@ def _not_applicable(cfg: Config, base: Config) -> None:
         rules.append((f"token_norm.kind={cfg.token_norm.kind}", [
             (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in unused
         ]))
+    if cfg.noise.sigma == 0:
+        rules.append(("noise.sigma=0", [(f"noise.{k}", lambda c, k=k: getattr(c.noise, k)) for k in ("kind", "depth")]))
     if not cfg.adaptive:
         rules.append(("adaptive=false (fixed steps take (t1 - t0)/dt steps)", [
             (k, lambda c, k=k: getattr(c, k)) for k in ("rtol", "atol", "max_steps")
@@ -258,8 +261,10 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
             value = getattr(tn, key)
             if value is not None and _array(f"token_norm.{key}", value, cfg.dtype).shape not in ((), (d,)):
                 raise ConfigError(f"token_norm.{key} must be a number or {d} numbers (one per dimension).")
-    if not cfg.attention and not cfg.mlp.enabled:
-        raise ConfigError("attention=false and mlp.enabled=false leave no dynamics; switch one on.")
+    _check_noise(cfg)
+    if not cfg.attention and not cfg.mlp.enabled and cfg.noise.sigma == 0:
+        raise ConfigError("attention=false and mlp.enabled=false leave no dynamics; switch one on (or the noise, "
+                          "noise.sigma > 0).")
     _check_init(cfg)
     if cfg.attention:
         _check_weights(cfg)
@@ -307,6 +312,26 @@ def _check_time_change(cfg: Config, betas: list[float]) -> Config:
     if speed in (None, "log_beta"):
         return cfg
     return dataclasses.replace(cfg, time_change=dataclasses.replace(cfg.time_change, speed=float(speed)))
+
+
+def _check_noise(cfg: Config) -> None:
+    """The noise checked: sigma >= 0, and a noisy run on fixed steps recorded on the grid."""
+    noise = cfg.noise
+    _number("noise.sigma", noise.sigma, minimum=0)
+    if noise.depth is not None:
+        _number("noise.depth", noise.depth, minimum=1)
+    if noise.depth is not None and noise.depth > 40:
+        raise ConfigError(f"noise.depth must be at most 40 (a tree resolving (t1 - t0)/2^40), got {noise.depth}.")
+    if noise.sigma == 0:
+        return
+    if cfg.adaptive:
+        raise ConfigError("noise.sigma > 0 is stepped with fixed steps (the step size of an SDE path is not "
+                          "controlled here): set adaptive=false.")
+    if cfg.time_change.speed is not None:
+        raise ConfigError("noise is added in real time, which a constant-speed time change replaces: set "
+                          "time_change.speed=null or noise.sigma=0.")
+    if cfg.exact_times:
+        raise ConfigError("a noisy path has no smooth interpolant between grid steps: set exact_times=false.")
 
 
 def _floats(value: Any) -> Any:
@@ -569,10 +594,11 @@ class _QtK(AbstractSchedule):
         return (self.query.shape[0], self.query.shape[-1], self.query.shape[-1])
 
 
-def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: Mapping[str, ArrayLike] | None = None
-                ) -> VectorField:
+def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: Mapping[str, ArrayLike] | None = None,
+                noise: BrownianNoise | None = None) -> VectorField:
     """The vector field of a validated config; random weights are drawn from `key`.
-    `data` may give (traced) values for the config's numeric entries, by dotted path."""
+    `data` may give (traced) values for the config's numeric entries, by dotted path;
+    `noise` is the member's Brownian noise, when the config has some."""
     get = _Values(cfg, data)
     d, heads = cfg.d, cfg.heads
     dk, dv = cfg.d_k or d, cfg.d_v or d
@@ -635,7 +661,7 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
     # projects the field for every solver but euler_renorm (the unprojected scheme).
     geometry = Sphere() if cfg.norm == "sphere" else Euclidean()
     return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm, time_change=time_change,
-                       collisions=collisions, geometry=geometry, tangent=SOLVERS[cfg.solver.value][0])
+                       collisions=collisions, geometry=geometry, tangent=SOLVERS[cfg.solver.value][0], noise=noise)
 
 
 def _unit_rows(cfg: Config) -> bool:
@@ -671,7 +697,7 @@ _DATA_PATHS = (
     "eps", "alibi", "mlp.scale", "token_norm.gamma", "token_norm.shift",
     *(f"weights.{m}.{k}" for m in "qkvo" for k in ("scale", "value", "sign", "switch_times", "factors", "poly")),
     "init.radius", "init.sigma", "init.spread", "init.centres", "init.low", "init.high", "init.value",
-    "time_change.speed", "time_change.collisions",
+    "time_change.speed", "time_change.collisions", "noise.sigma",
 )
 
 
@@ -690,6 +716,8 @@ def _data(cfg: Config) -> dict[str, np.ndarray]:
         if isinstance(value, str):  # a choice (time_change.speed=log_beta) is structure
             continue
         if value is None or (path.endswith(".scale") and path.startswith("weights") and value == 1):
+            continue
+        if path == "noise.sigma" and value == 0:  # no noise is structure: the deterministic program
             continue
         values[path] = np.asarray(value, dtype=np.float64)
     return values
@@ -751,7 +779,14 @@ class ConfiguredSystem(eqx.Module):
             # in their weights, as in the code of "A mathematical perspective on Transformers".
             bits = jax.lax.bitcast_convert_type(jnp.asarray(beta, jnp.float32), jnp.uint32)
             k_weights = jax.random.fold_in(k_weights, bits)
-        field = build_field(cfg, k_weights, beta, dtype, self.values)
+        noise = None
+        if cfg.noise.sigma != 0:
+            # The member's own Brownian path (the same at every beta), from a key apart from
+            # those of its tokens and weights.
+            noise = brownian_noise(jax.random.fold_in(key, 2), _Values(cfg, self.values)("noise.sigma"),
+                                   (cfg.n, cfg.d), t0=cfg.t0, t1=cfg.t1, kind=cfg.noise.kind.value,
+                                   depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth), dtype=dtype)
+        field = build_field(cfg, k_weights, beta, dtype, self.values, noise=noise)
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         recorder = Recorder(
             beta=jnp.asarray(beta, dtype),

@@ -35,6 +35,7 @@ from ._metric_registry import METRIC_NAMES
 # The choices come from the modules that implement them (one source of truth); they are
 # spelled out here, not imported, so that reading a config does not import JAX. The
 # metrics' names come from their JAX-free registry.
+NOISE_KINDS = ("projected", "ambient")
 SOLVER_NAMES = ("euler", "euler_renorm", "heun", "midpoint", "ralston", "bosh3", "rk4", "tsit5", "dopri5", "dopri8")
 SCHEME_NAMES = ("none", "sphere", "pre", "peri")
 
@@ -69,6 +70,7 @@ Spacing = _choice("Spacing", ("linear", "log"))
 Metric = _choice("Metric", METRIC_NAMES)
 MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "default"))
 PlotlyJS = _choice("PlotlyJS", ("embed", "directory"))
+NoiseKind = _choice("NoiseKind", NOISE_KINDS)
 
 
 @dataclass
@@ -123,6 +125,15 @@ class TimeChangeConfig:
 
     speed: Any = MISSING  # null (real time), a number c > 0, or log_beta (c = log beta)
     collisions: float | None = MISSING  # merge tokens closer than this after every fixed step
+
+
+@dataclass
+class NoiseConfig:
+    """The stochastic dynamics $dX = F\\,dt + \\sigma\\,dW$ (fixed steps; docs/model.md)."""
+
+    sigma: float = MISSING  # 0: the deterministic flow
+    kind: NoiseKind = MISSING  # projected | ambient
+    depth: int | None = MISSING  # the Brownian tree resolves (t1 - t0) / 2^depth (null: the least resolving dt)
 
 
 @dataclass
@@ -224,6 +235,7 @@ class Config:
     max_steps: int = MISSING
     time_change: TimeChangeConfig = MISSING
     chunk_size: int | None = MISSING
+    noise: NoiseConfig = MISSING
     saves: int = MISSING
     save_spacing: Spacing = MISSING
     exact_times: bool = MISSING

@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, ScalarLike
 from ._errors import ConfigError
 from ._geometry import AbstractGeometry, Euclidean, Sphere
 from ._metrics import _labels
+from ._noise import BrownianNoise
 from ._terms import AbstractInteraction, SelfAttention, TokenNorm
 
 SCHEMES = ("none", "sphere", "pre", "peri")
@@ -95,7 +96,9 @@ class VectorField(eqx.Module):
     `time_change`, when set, runs the flow at constant speed in a rescaled time (see
     `ConstantSpeed`): the field returned is $c\\,\\mathcal{F}/\\|\\mathcal{F}\\|$ of the
     field above. `collisions`, when set, merges the tokens that meet after every
-    fixed step (see `Collisions`; adaptive runs refuse it).
+    fixed step (see `Collisions`; adaptive runs refuse it). `noise`, when set, makes the
+    fixed steps those of the SDE $dX = \\mathcal{F}\\,dt + \\sigma\\,dW$ (see `BrownianNoise`);
+    with noise the field may have no terms ($\\mathcal{F} = 0$).
 
     Called as `field(t, x, args)` so that it is a diffrax vector field. `piece_time`,
     when set, is the time at which piecewise weight schedules choose their piece (the
@@ -112,6 +115,7 @@ class VectorField(eqx.Module):
     time_change: ConstantSpeed | None = None
     collisions: Collisions | None = None
     geometry: AbstractGeometry = None  # pyright: ignore[reportAssignmentType]  (the scheme's, see __post_init__)
+    noise: BrownianNoise | None = None
 
     def __post_init__(self):
         if self.geometry is None:
@@ -131,8 +135,11 @@ class VectorField(eqx.Module):
         if self.tangent not in (True, False, None):
             raise ConfigError(f"tangent must be True (project the field), False (leave the projection out) or None "
                               f"(the solver's convention), got {self.tangent!r}.")
-        if not self.terms:
+        if not self.terms and self.noise is None:
             raise ConfigError("the vector field has no terms: switch on attention, the MLP or both.")
+        if self.noise is not None and self.time_change is not None:
+            raise ConfigError("noise is added in real time; a constant-speed time change has no real time to add "
+                              "it in: leave out the noise or the time change.")
         attention = [term for term in self.terms if isinstance(term, SelfAttention)]
         projected_sphere = self.scheme == "sphere" and self.tangent is not False
         if any(term.exclude_coincident for term in attention) and not projected_sphere:
@@ -150,6 +157,8 @@ class VectorField(eqx.Module):
         """$F(t, \\cdot)$ evaluated at the (normalized, for pre/peri) tokens, unprojected."""
         h = self.norm(x) if self.scheme in ("pre", "peri") else x
         at = self.piece_time
+        if not self.terms:  # noise alone: F = 0
+            return jnp.zeros_like(x)
         return sum((term(t, h, at) for term in self.terms[1:]), self.terms[0](t, h, at))
 
     def __call__(self, t: ScalarLike, x: Float[Array, "n d"], args=None) -> Float[Array, "n d"]:

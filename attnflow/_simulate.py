@@ -59,11 +59,17 @@ def _advance(field, table, t, h, y, split=None, retractions=None):
     (second order). `retractions[k]`, when given, maps the state after each sub-step of
     term k (`retraction(at, y)` with the step's piece time `at`): the post-LN
     normalization of a trained encoder. The field's `collisions`, when set, then merge
-    the tokens that met.
+    the tokens that met. The field's `noise`, when set, adds $\sigma \Delta W$ over the
+    step (projected at `y` for the `projected` kind) to the Runge-Kutta step before the
+    retraction: a Lie splitting of drift and noise, weak order 1 (strong order 1/2 on
+    the sphere, where the noise is multiplicative; 1 for the additive noise of flat space).
     """
     geometry = field.geometry
     if split is None:
-        y = geometry.retract(rk_step(lambda s, z: field(s, z), table, t, h, y))
+        moved = rk_step(lambda s, z: field(s, z), table, t, h, y)
+        if field.noise is not None:  # the SDE's step: the noise increment at the step's start, then the retraction
+            moved = moved + field.noise.increment(geometry, t, h, y)
+        y = geometry.retract(moved)
         return y if field.collisions is None else field.collisions(y, geometry)
     parts = [dataclasses.replace(field, terms=(term,)) for term in field.terms]
     retractions = retractions or (None,) * len(parts)
@@ -100,6 +106,9 @@ def _check_split(field, split, retractions) -> None:
         return
     if not isinstance(field, VectorField):
         raise ConfigError("split and retractions cut a VectorField into its terms; a plain callable has none.")
+    if field.noise is not None:
+        raise ConfigError("a split step advances the terms one by one, and the noise belongs to none of them: "
+                          "leave out split and retractions for a noisy field.")
     if split not in SPLITS:
         raise ConfigError(f"unknown splitting {split!r}; choose one of {', '.join(SPLITS)} (retractions run after "
                           "the sub-steps of a split).")
@@ -345,6 +354,10 @@ def simulate(
     - The field's `time_change` (constant speed) makes `t` the rescaled time; its
       `collisions` merge the tokens that met after every fixed step (not with
       `adaptive`).
+    - The field's `noise` (`BrownianNoise`) makes the fixed steps those of the SDE
+      $dX = \mathcal{F}\,dt + \sigma\,dW$: each step adds the Brownian increment of the
+      field's tree before the retraction (weak order 1); not with `adaptive`, `ts` or
+      `split`.
     - `split`: `"lie"` (Lie-Trotter) or `"strang"` advances each term of the field by
       its own sub-step (fixed steps only): a sequential transformer block is the
       Lie-Trotter split of attention and MLP with one Euler step per layer.
@@ -374,6 +387,9 @@ def simulate(
     if adaptive and field.collisions is not None:
         raise ConfigError("collisions merge tokens after each fixed step; an adaptive run has no such steps: "
                           "use fixed steps (adaptive=false) or leave out the collisions.")
+    if field.noise is not None and (adaptive or ts is not None):
+        raise ConfigError("a noisy field is stepped with fixed steps recorded on the grid (an SDE path has no "
+                          "smooth interpolant): leave out adaptive and ts.")
     if adaptive:
         return _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps)
 

@@ -51,6 +51,7 @@ EXPERIMENTS = (
     "diffeqformer",
     "adaptive_depth",
     "long_context",
+    "noise_transition",
 )
 _MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
 

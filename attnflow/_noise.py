@@ -1,0 +1,114 @@
+r"""Noise: the stochastic dynamics $dX = \mathcal{F}(t, X)\,dt + \sigma\, dW$ on the field's geometry.
+
+The Brownian path of a member is a diffrax `VirtualBrownianTree` drawn from the member's
+key: its values at the dyadic times $t_0 + k (t_1 - t_0) 2^{-\text{depth}}$ do not depend
+on the step size, so a seed gives the same path at any dt (exactly where the grid times
+are dyadic, to the tree's resolution elsewhere), and an ensemble stays one vmapped program.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
+
+from ._config import NOISE_KINDS
+from ._errors import ConfigError
+from ._geometry import AbstractGeometry
+
+
+class BrownianNoise(eqx.Module):
+    r"""$\sigma\, dW$, added to every fixed step of `simulate` (see `step_noise`).
+
+    - `projected`: on the sphere, the Brownian motion of $S^{d-1}$ (generator
+      $\frac{\sigma^2}{2}\Delta_{S^{d-1}}$): the Stratonovich SDE
+      $dx_i = P_{x_i} F_i\,dt + \sigma P_{x_i} \circ dW_i$, whose Ito form carries the
+      drift $-\frac{(d-1)\sigma^2}{2} x_i\,dt$. The step adds the tangent increment
+      $\sigma P_{x_i}\Delta W_i$ at the step's start and retracts, $x \mapsto x/|x|$: the
+      retraction supplies that Ito drift ($|P_x \Delta W|^2$ has mean $(d-1)h$).
+    - `ambient`: the whole increment $\sigma \Delta W_i \in \mathbb{R}^d$ is added and the
+      state retracted (noise on the residual stream before the normalization); on the
+      sphere it has the same limit as `projected` as $h \to 0$.
+
+    In flat space both are the additive noise $\sigma\,dW$. `path` is a diffrax
+    `VirtualBrownianTree` of the state's shape; build one with `brownian_noise`.
+    """
+
+    sigma: Float[Array, ""]
+    path: eqx.Module
+    kind: str = eqx.field(static=True, default="projected")
+
+    def __check_init__(self):
+        if self.kind not in NOISE_KINDS:
+            raise ConfigError(f"unknown noise kind {self.kind!r}; choose one of {', '.join(NOISE_KINDS)}.")
+
+    def increment(self, geometry: AbstractGeometry, t: ScalarLike, h: ScalarLike,
+                  x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        r"""$\sigma \Delta W$ over $[t, t + h]$ at the state `x` of the step's start (projected
+        to its tangent space for `projected`). Times are clipped to the tree's interval,
+        which a last grid time may overshoot by a rounding."""
+        path = self.path
+        lo, hi = jnp.asarray(path.t0, x.dtype), jnp.asarray(path.t1, x.dtype)
+        dw = path.evaluate(jnp.clip(t, lo, hi), jnp.clip(t + h, lo, hi))
+        if self.kind == "projected":
+            dw = geometry.project(x, dw)
+        return self.sigma * dw
+
+
+def tree_depth(t0: float, t1: float, dt: float, depth: int | None = None) -> int:
+    """`depth`, or where it is None the least depth whose resolution $(t_1 - t_0) 2^{-\\text{depth}}$
+    is at most `dt`. The values at the dyadic times of the shallower levels do not depend on
+    the depth, so the default gives one path for every dyadic step $(t_1 - t_0)/2^k$."""
+    if depth is not None:
+        return int(depth)
+    return max(1, math.ceil(math.log2((t1 - t0) / dt) - 1e-9))
+
+
+def brownian_noise(key: PRNGKeyArray, sigma: ScalarLike, shape: tuple[int, ...], *, t0: float, t1: float,
+                   kind: str = "projected", depth: int = 16, dtype=jnp.float32) -> BrownianNoise:
+    r"""$\sigma\,dW$ with the Brownian path of `key` on $[t_0, t_1]$, resolved to
+    $(t_1 - t_0) 2^{-\text{depth}}$ (a step of that size or coarser on the dyadic grid sees
+    the path exactly); `shape` is the state's, `(n, d)`."""
+    import diffrax  # lazy: start-up (diffrax, for noisy runs only)
+
+    if not 1 <= int(depth) <= 40:
+        raise ConfigError(f"noise.depth must be a whole number from 1 to 40, got {depth!r}.")
+    tree = diffrax.VirtualBrownianTree(t0, t1, tol=(t1 - t0) * 2.0 ** -int(depth),
+                                       shape=jax.ShapeDtypeStruct(shape, dtype), key=key)
+    return BrownianNoise(jnp.asarray(sigma, dtype), tree, kind)
+
+
+def attention_mode(beta: float, d: int) -> float:
+    r"""$A(\beta) = \frac{1}{d-1}\,\mathbb{E}\big[e^{\beta t}(1 - t^2)\big]$, $t = \langle x, y\rangle$
+    for $y$ uniform on $S^{d-1}$: the factor by which unnormalized attention with
+    $Q = K = V = I$ moves the first spherical harmonic of a density near the uniform law,
+    $v[\rho_0(1 + \varepsilon\langle a, \cdot\rangle)](x) = \varepsilon A(\beta) P_x a$. In closed form
+    $A(\beta) = \Gamma(d/2)\,(2/\beta)^{d/2 - 1} I_{d/2}(\beta)/\beta$ ($I_1(\beta)/\beta$ on the
+    circle), from the modified Bessel function; $A(0) = 1/d$."""
+    from scipy import special  # lazy: start-up
+
+    if not d >= 2:
+        raise ConfigError(f"the sphere S^(d-1) needs d >= 2, got d={d}.")
+    if beta == 0:
+        return 1.0 / d
+    nu = d / 2 - 1
+    # ive(nu, b) = e^{-b} I_nu(b): the exponent is put back in log space.
+    log = special.gammaln(d / 2) + nu * math.log(2 / beta) + math.log(special.ive(d / 2, beta)) + beta - math.log(beta)
+    return math.exp(log)
+
+
+def first_mode_rate(beta: float, d: int, sigma: float) -> float:
+    r"""The linear growth rate $\lambda = (d-1)\big(A(\beta) - \sigma^2/2\big)$ of the first spherical
+    harmonic of the density at the uniform law, for the McKean-Vlasov equation of noisy
+    unnormalized attention ($Q = K = V = I$) on $S^{d-1}$ (docs/model.md, "Noise")."""
+    return (d - 1) * (attention_mode(beta, d) - sigma**2 / 2)
+
+
+def critical_sigma(beta: float, d: int) -> float:
+    r"""$\sigma_c(\beta, d) = \sqrt{2 A(\beta)}$: above it the uniform law of noisy unnormalized
+    attention ($Q = K = V = I$) on $S^{d-1}$ is linearly stable, below it the first
+    spherical harmonic grows (`first_mode_rate`)."""
+    return math.sqrt(2 * attention_mode(beta, d))

@@ -1,0 +1,167 @@
+"""The noise-driven phase transition of unnormalized attention on the sphere.
+
+Tokens under unnormalized attention (`dynamics=usa`) with Q = K = V = I on
+$S^{d-1}$, plus Brownian noise of strength sigma (`noise.sigma`, the Brownian motion of
+the sphere), from uniform initial tokens. The mean-field (McKean-Vlasov) equation of this
+system keeps the uniform law linearly stable exactly above
+$\\sigma_c(\\beta, d) = \\sqrt{2 A(\\beta)}$, $A(\\beta) = \\Gamma(d/2)(2/\\beta)^{d/2-1} I_{d/2}(\\beta)/\\beta$
+(`attnflow.critical_sigma`; docs/model.md, "Noise"). Below it the first spherical
+harmonic grows and the tokens gather: the order parameter $|\\frac1n\\sum_i x_i|$ settles
+at a value of order one; above it the order parameter stays at the finite-n floor of
+uniform tokens, of order $1/\\sqrt n$.
+
+One panel per (n, sigma), n from the `sizes` of the options (the config's `n` is
+replaced), sigma = ratio x sigma_c for the `ratios` of the options, each
+a study of its own: the panels of one n share one compiled program (sigma is data).
+`analyse` time-averages each member's order parameter over the late window (the last
+`late` fraction of [t0, t1]) and averages over members (`order`, with its standard
+error), records the floor (the mean order parameter of the uniform tokens at t0), and
+measures the threshold from the disordered side: there the first mode of the empirical
+measure is a linear (Ornstein-Uhlenbeck) fluctuation whose variance, by the rate of
+docs/model.md, is $E|m|^2 = 1/(n(1 - \\sigma_c^2/\\sigma^2))$; the line
+$1/(n E|m|^2)$ against $1/\\sigma^2$, fitted over the ratios above `disordered_from`,
+vanishes at the measured threshold (`measured_threshold`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import xarray as xr
+
+from .._errors import ConfigError
+from .._noise import critical_sigma
+from ._common import caption, config_of, figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+TITLE = "Noise-driven phase transition of unnormalized attention on the sphere"
+PAPER = ("A mathematical perspective on Transformers (noisy dynamics and the mean-field limit); "
+         "the linear stability threshold sigma_c of docs/model.md")
+
+COORDINATES = {
+    "n": ("number of tokens", "1"),
+    "ratio": ("noise strength over the predicted critical one, sigma / sigma_c", "1"),
+    "sigma": ("noise strength sigma", "1"),
+}
+
+
+@dataclass
+class Options:
+    sizes: list[int] = field(default_factory=lambda: [32, 128, 512])  # the numbers of tokens n, one set of panels each
+    ratios: list[float] = field(  # sigma / sigma_c of the panels
+        default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5])
+    late: float = 0.33333  # the order parameter is averaged over the last `late` fraction of [t0, t1] (a third)
+    disordered_from: float = 1.15  # the ratios above this fit the susceptibility (measured threshold)
+
+
+def check(cfg, options) -> None:
+    ratios = options["ratios"]
+    if not ratios or any(not isinstance(r, (int, float)) or r <= 0 for r in ratios) or sorted(ratios) != ratios:
+        raise ConfigError(f"experiment.options.ratios must be increasing positive numbers (sigma / sigma_c), "
+                          f"got {ratios!r}.")
+    if not 0 < options["late"] <= 1:
+        raise ConfigError(f"experiment.options.late must be in (0, 1], got {options['late']!r}.")
+    if cfg.dynamics != "usa" or cfg.norm != "sphere" or cfg.mlp.enabled or not cfg.attention:
+        raise ConfigError("experiment noise_transition is the unnormalized attention of the sphere alone: keep "
+                          "dynamics=usa, norm=sphere, attention=true and mlp.enabled=false.")
+    if any(getattr(cfg.weights, m).kind != "identity" or getattr(cfg.weights, m).scale != 1 for m in "qkv"):
+        raise ConfigError("experiment noise_transition predicts sigma_c for Q = K = V = I: keep weights.q, k and v "
+                          "the identity.")
+    if isinstance(cfg.d, list) or isinstance(cfg.beta, list):
+        raise ConfigError("experiment noise_transition takes one d and one beta (its panels are n and sigma).")
+    sizes = options["sizes"]
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in sizes):
+        raise ConfigError(f"experiment.options.sizes must be a non-empty list of whole numbers n >= 2, got {sizes!r}.")
+
+
+def panels(base: dict, options: dict) -> dict[str, dict]:
+    sigma_c = critical_sigma(float(base["beta"]), int(base["d"]))
+    configs = {}
+    for n in options["sizes"]:
+        for ratio in options["ratios"]:
+            configs[f"n={n},ratio={ratio:g}"] = {**base, "n": n, "noise": {**base["noise"], "sigma": ratio * sigma_c}}
+    return configs
+
+
+def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
+    sizes, ratios = [int(n) for n in options["sizes"]], [float(r) for r in options["ratios"]]
+    sigma_c = critical_sigma(float(cfg.beta), int(cfg.d))
+    order = np.empty((len(sizes), len(ratios)))
+    error, square = np.empty_like(order), np.empty_like(order)
+    floor = np.empty(len(sizes))
+    for i, n in enumerate(sizes):
+        starts = []
+        for j, ratio in enumerate(ratios):
+            ds = results[f"n={n},ratio={ratio:g}"]
+            r = ds["order_parameter"].transpose("member", "time")
+            t = ds["time"].values
+            window = t >= cfg.t1 - options["late"] * (cfg.t1 - cfg.t0) - 1e-12
+            per_member = r.values[:, window].mean(axis=1)
+            order[i, j] = per_member.mean()
+            square[i, j] = (r.values[:, window] ** 2).mean()
+            error[i, j] = per_member.std(ddof=1) / np.sqrt(per_member.size) if per_member.size > 1 else np.nan
+            starts.append(r.values[:, 0])
+        floor[i] = np.concatenate(starts).mean()
+    sigma = np.asarray(ratios) * sigma_c
+    # 1/(n E|m|^2) = 1 - sigma_c^2/sigma^2 on the disordered side: a line in 1/sigma^2
+    # whose zero is the measured threshold.
+    fit = np.asarray(ratios) > options["disordered_from"]
+    measured = np.full(len(sizes), np.nan)
+    if fit.sum() >= 2:
+        for i, n in enumerate(sizes):
+            slope, intercept = np.polyfit(sigma[fit] ** -2.0, 1 / (n * square[i, fit]), 1)
+            measured[i] = np.sqrt(-slope / intercept) if slope < 0 < intercept else np.nan
+    return xr.Dataset(
+        {
+            "order": (("n", "ratio"), order, {
+                "description": "order parameter |mean_i x_i| averaged over the late window and the members",
+                "units": "1"}),
+            "order_square": (("n", "ratio"), square, {
+                "description": "|mean_i x_i|^2 averaged over the late window and the members", "units": "1"}),
+            "order_error": (("n", "ratio"), error, {
+                "description": "standard error over members of the late-window order parameter", "units": "1"}),
+            "floor": (("n",), floor, {
+                "description": "mean order parameter of the uniform initial tokens (the finite-n floor)",
+                "units": "1"}),
+            "measured_threshold": (("n",), measured, {
+                "description": "sigma_c fitted from the disordered side: the zero in 1/sigma^2 of the line "
+                               "1/(n E|m|^2) = 1 - sigma_c^2/sigma^2", "units": "1"}),
+            "critical_sigma": ((), sigma_c, {
+                "description": "predicted critical sigma_c = sqrt(2 A(beta)) of the mean-field equation",
+                "units": "1"}),
+        },
+        coords={"n": sizes, "ratio": ratios, "sigma": ("ratio", sigma)},
+    )
+
+
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
+    cfg = config_of(ds)
+    fig = figure(figsize=(7.0, 4.2))
+    ax = fig.add_subplot(1, 1, 1)
+    sigma, sigma_c = ds["sigma"].values, float(ds["critical_sigma"])
+    for i, n in enumerate(ds["n"].values):
+        line = ax.errorbar(sigma, ds["order"].values[i], yerr=ds["order_error"].values[i], marker="o",
+                           markersize=4, capsize=2, label=f"n = {n}")
+        ax.axhline(float(ds["floor"].values[i]), color=line[0].get_color(), linestyle=":", linewidth=0.9)
+    ax.axvline(sigma_c, color="k", linestyle="--", linewidth=1.2, label=rf"predicted $\sigma_c$ = {sigma_c:.3f}")
+    ax.set_xlabel(r"noise $\sigma$")
+    ax.set_ylabel(r"stationary order parameter $|\frac{1}{n}\sum_i x_i|$")
+    ax.set_ylim(0, None)
+    ax.legend(loc="upper right")
+    measured = ", ".join(f"n = {n}: {m:.3f}" for n, m in zip(ds["n"].values, ds["measured_threshold"].values))
+    above = float(cfg["experiment"]["options"]["disordered_from"])
+    t1, late = cfg["t1"], cfg["experiment"]["options"]["late"]
+    caption(fig, (
+        f"Unnormalized attention (USA) with Q = K = V = I on $S^{{{cfg['d'] - 1}}}$, $\\beta$ = {cfg['beta']}, "
+        f"plus the Brownian motion of the sphere of strength $\\sigma$; uniform tokens at t = 0, {cfg['solver']} "
+        f"with dt = {cfg['dt']} in {cfg['dtype']}, {cfg['members']} members per point. The order parameter is "
+        f"averaged over t in [{t1 - late * (t1 - cfg['t0']):.4g}, {t1:g}] and over members (bars: standard error); "
+        f"dotted: the floor of uniform tokens at each n. Dashed: the linear stability threshold of the uniform law "
+        f"of the mean-field equation. Measured threshold (the zero of $1/(n E|m|^2)$, linear in $1/\\sigma^2$, fitted "
+        f"for $\\sigma > {above:g}\\sigma_c$): {measured}."),
+        width=110)
+    return {"noise_transition": fig}

@@ -1,0 +1,184 @@
+"""Noise: dX = F dt + sigma dW on the sphere, with F = 0 (one particle per sample, the
+samples independent). The mean E[<x(t), x(0)>] of Brownian motion on S^{d-1} decays as
+exp(-sigma^2 (d-1) t / 2) (the first spherical harmonic, eigenvalue -(d-1)); the scheme
+(tangent increment, then retraction) has weak order 1, measured from a log-log fit of
+that mean's error; the Brownian tree gives the same path at every step size, so the
+endpoints at dt and dt/2 converge (strong order 1/2); a seed gives the same result."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import attnflow as af
+from attnflow._simulate import step_map
+
+SIGMA, T, DEPTH = 1.0, 1.0, 5
+STEPS = (4, 8, 16, 32)  # steps over [0, T]: every grid time is on the tree's dyadic grid
+MEMBERS, PARTICLES = 4, 12_500
+
+
+@functools.cache
+def _program(d: int, kind: str = "projected"):
+    """One compiled program per dimension: (keys, steps) -> (x0, x(T)) per member, the step
+    count traced (the same tree, whatever the step)."""
+
+    def member(key, steps):
+        k_init, k_noise = jax.random.split(key)
+        x0 = af.UniformSphere()(k_init, PARTICLES, d, jnp.float64)
+        noise = af.brownian_noise(k_noise, SIGMA, (PARTICLES, d), t0=0.0, t1=T, kind=kind, depth=DEPTH,
+                                  dtype=jnp.float64)
+        field = af.VectorField((), noise=noise)
+        h = jnp.asarray(T, jnp.float64) / steps.astype(jnp.float64)
+        step = step_map(field, "euler", h)
+        x = lax.fori_loop(0, steps, lambda k, x: step(k.astype(jnp.float64) * h, x), x0)
+        return x0, x
+
+    return jax.jit(jax.vmap(member, in_axes=(0, None)))
+
+
+@functools.cache
+def _runs(d: int, kind: str = "projected", steps_run=STEPS):
+    """{steps: (x0, x(T))} for every step count of `steps_run`, flattened over members."""
+    keys = jax.random.split(jax.random.key(7), MEMBERS)
+    program = _program(d, kind)
+    out = {}
+    for steps in steps_run:
+        x0, x = program(keys, jnp.asarray(steps, jnp.int32))
+        out[steps] = (np.asarray(x0).reshape(-1, d), np.asarray(x).reshape(-1, d))
+    return out
+
+
+def _exact(d: int) -> float:
+    return float(np.exp(-(SIGMA**2) * (d - 1) * T / 2))
+
+
+@pytest.mark.parametrize("d, kind", [(2, "projected"), (3, "projected"), (3, "ambient")])
+def test_the_mean_of_one_particle_decays_at_the_rate_of_the_first_spherical_harmonic(d, kind):
+    # (the ambient increment, retracted, has the projected one's drift to first order)
+    runs = _runs(d) if kind == "projected" else _runs(d, kind, STEPS[-2:])
+    # Weak order 1: the Richardson combination 2 m(h/2) - m(h) of the two finest steps
+    # leaves an O(h^2) bias (4e-3 at d = 3, 3e-3 at d = 2 from the exact per-step factor).
+    fine, coarse = (np.sum(x0 * x, axis=-1) for x0, x in (runs[STEPS[-1]], runs[STEPS[-2]]))
+    np.testing.assert_array_equal(runs[STEPS[-1]][0], runs[STEPS[-2]][0])  # the same initial points
+    samples = 2 * fine - coarse
+    mean, error = samples.mean(), samples.std() / np.sqrt(samples.size)
+    assert abs(mean - _exact(d)) < 4 * error + 5e-3, (d, mean, _exact(d), error)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_the_scheme_has_weak_order_one(d):
+    runs = _runs(d)
+    h = T / np.asarray(STEPS, np.float64)
+    errors = np.asarray([np.sum(x0 * x, axis=-1).mean() - _exact(d) for x0, x in runs.values()])
+    assert (errors > 0).all(), errors  # the retraction's drift lags the exact decay at every step
+    slope = np.polyfit(np.log(h), np.log(errors), 1)[0]
+    # The exact per-step factor E[(1 + sigma^2 h chi^2_{d-1})^{-1/2}] gives slope 0.79 (d = 2)
+    # and 0.80 (d = 3) over these steps (pre-asymptotic: it tends to 1 as h -> 0); the Monte
+    # Carlo error (2.5e-3 on errors of 1.7e-2 and more) moves it by up to about 0.1.
+    assert 0.6 < slope < 1.05, (d, slope, errors)
+
+
+def test_one_brownian_tree_gives_the_same_path_at_every_step_size():
+    runs = _runs(3)
+    gaps = np.asarray([np.linalg.norm(runs[n][1] - runs[2 * n][1], axis=-1).mean() for n in STEPS[:-1]])
+    slope = np.polyfit(np.log(T / np.asarray(STEPS[:-1], np.float64)), np.log(gaps), 1)[0]
+    # Strong order 1/2 (the noise P_x dW is multiplicative); independent paths at the two
+    # steps would leave gaps of order 1 (the mean distance of two independent points).
+    assert (np.diff(gaps) < 0).all() and gaps[-1] < 0.15 and 0.3 < slope < 0.75, (gaps, slope)
+    # the same seed, the same result, to the bit
+    x0, x = _program(3)(jax.random.split(jax.random.key(7), MEMBERS), jnp.asarray(STEPS[0], jnp.int32))
+    np.testing.assert_array_equal(np.asarray(x).reshape(-1, 3), runs[STEPS[0]][1])
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"noise": {"sigma": -0.5}}, "noise.sigma must be at least 0"),
+    ({"noise": {"sigma": 0.5}, "adaptive": True, "solver": "tsit5"}, "set adaptive=false"),
+    ({"noise": {"sigma": 0.5}, "time_change": {"speed": 1.0}}, "time_change.speed=null"),
+    ({"noise": {"sigma": 0.5}, "exact_times": True}, "exact_times=false"),
+    ({"noise": {"kind": "ambient"}}, "noise.kind does not apply with noise.sigma=0"),
+    ({"noise": {"sigma": 0.5, "depth": 0}}, "noise.depth must be at least 1"),
+])
+def test_impossible_noise_settings_are_refused_in_one_sentence(given, says):
+    with pytest.raises(af.ConfigError, match=says):
+        af.validate_config({"n": 4, "d": 3, "members": 2, **given})
+
+
+def test_a_noisy_field_refuses_split_steps_and_interpolated_times():
+    noise = af.brownian_noise(jax.random.key(0), 0.5, (3, 2), t0=0.0, t1=1.0, dtype=jnp.float64)
+    field = af.VectorField((), noise=noise)
+    x0 = af.UniformSphere()(jax.random.key(1), 3, 2, jnp.float64)
+    with pytest.raises(af.ConfigError, match="leave out split"):
+        step_map(field, "euler", 0.1, split="lie")
+    with pytest.raises(af.ConfigError, match="leave out adaptive and ts"):
+        af.simulate(field, x0, t1=1.0, dt=0.1, ts=[0.0, 0.55, 1.0])
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("beta", [0.5, 1.0, 4.0])
+def test_the_critical_sigma_matches_a_direct_quadrature_of_the_mean_field_velocity(d, beta):
+    """The field v[rho](x) = P_x int e^{beta <x,y>} y rho(dy) of rho = 1 + eps <a, y> (density
+    against the uniform law), by quadrature over the sphere, equals eps A(beta) P_x a; the
+    first mode then grows at (d-1)(A - sigma^2/2), zero at sigma_c = sqrt(2 A)."""
+    from scipy import integrate
+
+    x, a = np.eye(d)[0], np.linspace(0.3, -0.8, d)
+    if d == 2:
+        def point(theta):
+            return np.array([np.cos(theta), np.sin(theta)])
+
+        def mean(g):  # the mean over the circle, per component
+            return np.array([integrate.quad(lambda th: g(point(th))[k], 0, 2 * np.pi, epsabs=1e-12)[0]
+                             for k in range(d)]) / (2 * np.pi)
+    else:
+        def mean(g):
+            def at(theta, phi, k):
+                y = np.array([np.cos(theta), np.sin(theta) * np.cos(phi), np.sin(theta) * np.sin(phi)])
+                return g(y)[k] * np.sin(theta)
+            return np.array([integrate.dblquad(lambda ph, th: at(th, ph, k), 0, np.pi, 0, 2 * np.pi,
+                                               epsabs=1e-11)[0] for k in range(d)]) / (4 * np.pi)
+
+    def velocity(y):  # the integrand of v at x for the first-mode part of rho (its eps coefficient)
+        v = np.exp(beta * (x @ y)) * y * (a @ y)
+        return v - (x @ v) * x
+
+    tangent_a = a - (x @ a) * x
+    np.testing.assert_allclose(mean(velocity), af.attention_mode(beta, d) * tangent_a, rtol=1e-8, atol=1e-12)
+    from scipy import special
+
+    closed = {2: (special.iv(0, beta) - special.iv(2, beta)) / 2,  # = I_1(beta)/beta
+              3: (beta * np.cosh(beta) - np.sinh(beta)) / beta**3}[d]
+    assert af.attention_mode(beta, d) == pytest.approx(closed, rel=1e-12)
+    assert af.attention_mode(0.0, d) == 1 / d == pytest.approx(af.attention_mode(1e-6, d), rel=1e-6)
+    sigma_c = af.critical_sigma(beta, d)
+    assert abs(af.first_mode_rate(beta, d, sigma_c)) < 1e-12
+    assert af.first_mode_rate(beta, d, 0.9 * sigma_c) > 0 > af.first_mode_rate(beta, d, 1.1 * sigma_c)
+
+
+def test_a_configured_sigma_sweep_compiles_once_and_sigma_zero_is_the_deterministic_program():
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration"
+        else None)
+    config = {"n": 5, "d": 3, "members": 2, "dtype": "float64", "t1": 0.5, "dt": 0.0625, "solver": "euler",
+              "saves": 2, "attention": False, "metrics": ["order_parameter"], "save_states": True}
+    keys = jax.random.split(jax.random.key(0), 2)
+
+    def solve(sigma):
+        system = af.build_system(af.validate_config({**config, "noise": {"sigma": sigma}}))
+        return af.solve_ensemble(system, keys, jnp.asarray([1.0]), t1=0.5, dt=0.0625, solver="euler").stats["x"]
+
+    first = solve(0.5)
+    before = len(compiles)
+    second = solve(0.9)
+    assert len(compiles) == before, "a new sigma recompiled the noisy ensemble"
+    # the same path, scaled: the tokens moved further at the larger sigma
+    moved = [np.linalg.norm(np.asarray(x[..., -1, :, :] - x[..., 0, :, :])) for x in (first, second)]
+    assert moved[1] > moved[0] > 0
+    deterministic = af.build_system(af.validate_config({**config, "mlp": {"enabled": True}}))
+    assert deterministic(keys[0], 1.0)[0].noise is None
