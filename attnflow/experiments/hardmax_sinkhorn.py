@@ -228,8 +228,9 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
         f"{np.nanmax(sink):.1e}) at each beta, and hardmax with and without self-attention, {cfg['solver']} dt = "
         f"{cfg['dt']} to t = {cfg['t1']:g}. Hardmax with self-attention is frozen (every token its own maximiser). "
         f"Bottom: dominance cells of random {ds.sizes['vertex']}-gons (vertices on the unit circle) and the hardmax "
-        f"flow of interior tokens in the plane: each runs straight to the vertex of its cell, x(t) = v + "
-        f"(x(0) - v) exp(-t) to {float(ds['kgon_line_error']):.0e}; the vertices move by "
+        f"flow of interior tokens in the plane, rescaled (y = exp(-t) x, the Frank-Wolfe flow): each runs straight to "
+        f"the vertex v of its cell, y(t) = v + (y(0) - v) exp(-t) to {float(ds['kgon_line_error']):.0e}; the vertices "
+        f"move by "
         f"{float(ds['kgon_vertex_motion']):.0e}."), width=190)
     return {"hardmax_sinkhorn": fig}
 
