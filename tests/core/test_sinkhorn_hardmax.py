@@ -217,3 +217,21 @@ def test_hardmax_dominance_cells_in_the_plane_are_the_normal_cones_of_the_hull()
 def test_impossible_sinkhorn_and_hardmax_settings_are_refused(overrides, key):
     with pytest.raises(ConfigError, match=key):
         af.validate_config({"n": 8, "members": 2, "t1": 1.0, **overrides})
+
+
+def test_the_marginal_error_metric_is_the_terms():
+    """The recorded `marginal_error` is the attention term's column error: Sinkhorn's
+    shrinks with the count, softmax's is that of its (row-stochastic) matrix."""
+    x = _sphere(jax.random.key(6), 10, 3)
+
+    def recorded(kind, iterations):
+        eye = af.Identity(1, 3, "float64")
+        term = af.SelfAttention(eye, eye, eye, None, jnp.asarray(4.0), None, heads=1, kind=kind,
+                                sinkhorn_iterations=iterations)
+        rec = af.Recorder(jnp.asarray(4.0), jnp.asarray(1e-2), metrics=("marginal_error",))
+        return rec(0.0, x, af.VectorField((term,), scheme="sphere"))["marginal_error"], term.marginal_error(0.0, x)
+
+    (few, few_term), (many, many_term), (soft, soft_term) = jax.jit(
+        lambda: (recorded("sinkhorn", 3), recorded("sinkhorn", 100), recorded("sa", 1)))()
+    np.testing.assert_allclose([few, many, soft], [few_term, many_term, soft_term], rtol=1e-12)
+    assert float(many) < 1e-6 < float(few) < float(soft)
