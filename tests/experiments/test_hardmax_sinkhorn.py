@@ -1,4 +1,4 @@
-"""The hardmax_sinkhorn experiment, reduced (16 tokens, 6 members, t1 = 15, two betas,
+"""The hardmax_sinkhorn experiment, reduced (12 tokens, 4 members, t1 = 10, two betas,
 two k-gons): every claim of docs/gallery/hardmax_sinkhorn.md at a smaller size. The
 softmax and Sinkhorn cluster counts grow with beta, hardmax with self-attention is
 frozen, hardmax without it merges tokens, every case starts from the same tokens, the
@@ -12,7 +12,7 @@ import pytest
 
 from attnflow.experiments import draw_experiment, run_experiment
 
-REDUCED = {"n": 16, "members": 6, "t1": 15.0, "beta": [1.0, 16.0], "compilation_cache": False,
+REDUCED = {"n": 12, "members": 4, "t1": 10.0, "beta": [1.0, 16.0], "compilation_cache": False,
            "experiment": {"options": {"polygons": 2, "interior": 8}}}
 
 
