@@ -57,6 +57,7 @@ from ._metrics import (
     gram as gram,
     interaction_energy as interaction_energy,
     log_interaction_energy as log_interaction_energy,
+    sinkhorn_energy as sinkhorn_energy,
     normalized_energy as normalized_energy,
     numerical_rank as numerical_rank,
     order_parameter as order_parameter,
@@ -84,6 +85,8 @@ from ._terms import (
     Rotary as Rotary,
     SelfAttention as SelfAttention,
     TokenNorm as TokenNorm,
+    hardmax_weights as hardmax_weights,
+    sinkhorn_log as sinkhorn_log,
 )
 from .experiments import (
     draw_experiment as draw_experiment,
@@ -166,6 +169,7 @@ __all__ = [
     "equiangular_time",
     "experiment_figures",
     "gram",
+    "hardmax_weights",
     "grid_times",
     "interaction_energy",
     "load_results",
@@ -186,6 +190,8 @@ __all__ = [
     "save_steps",
     "save_times",
     "simulate",
+    "sinkhorn_energy",
+    "sinkhorn_log",
     "solve_ensemble",
     "step_count",
     "summary_figure",

@@ -96,6 +96,11 @@ def _not_applicable(cfg: Config, base: Config) -> None:
             ("heads", lambda c: c.heads), ("d_k", lambda c: c.d_k), ("d_v", lambda c: c.d_v),
             *[(f"weights.{m}", lambda c, m=m: getattr(c.weights, m)) for m in "qkvo"],
         ]))
+    for kind, keys in (("sinkhorn", ("iterations", "tol")), ("hardmax", ("ties", "self_attention"))):
+        if cfg.dynamics != kind:
+            rules.append((f"dynamics={cfg.dynamics}", [
+                (f"{kind}.{k}", lambda c, kind=kind, k=k: getattr(getattr(c, kind), k)) for k in keys
+            ]))
     if not cfg.mlp.enabled:
         rules.append(("mlp.enabled=false", [
             (f"mlp.{k}", lambda c, k=k: getattr(c.mlp, k)) for k in ("hidden", "activation", "scale", "bias")
@@ -265,6 +270,7 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     if not cfg.attention and not cfg.mlp.enabled and cfg.noise.sigma == 0:
         raise ConfigError("attention=false and mlp.enabled=false leave no dynamics; switch one on (or the noise, "
                           "noise.sigma > 0).")
+    _check_normalisation(cfg)
     _check_init(cfg)
     if cfg.attention:
         _check_weights(cfg)
@@ -286,6 +292,25 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         grid = time_grid(t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, save_steps=save_steps(steps, cfg.saves, cfg.save_spacing),
                          num_steps=steps)
     return Study(cfg, np.asarray(betas, np.float64), beta_is_list, grid, size)
+
+
+def _check_normalisation(cfg: Config) -> None:
+    """The settings of sinkhorn and hardmax attention, and what they cannot be combined with."""
+    if cfg.dynamics == "sinkhorn":
+        _number("sinkhorn.iterations", cfg.sinkhorn.iterations, minimum=1)
+        _number("sinkhorn.tol", cfg.sinkhorn.tol, positive=True)
+        if cfg.causal:
+            raise ConfigError("dynamics=sinkhorn cannot be causal: a lower-triangular doubly stochastic matrix is "
+                              "the identity.")
+    if cfg.dynamics == "hardmax":
+        _number("hardmax.ties", cfg.hardmax.ties, minimum=0)
+        if cfg.alibi is not None:
+            raise ConfigError("dynamics=hardmax takes the argmax of <Q x_i, K x_j> alone: alibi does not apply.")
+        if not cfg.hardmax.self_attention and cfg.n < 2:
+            raise ConfigError("hardmax.self_attention=false needs n >= 2 tokens (a token needs another to attend to).")
+    if cfg.dynamics in ("sinkhorn", "hardmax") and cfg.attention_block:
+        raise ConfigError(f"dynamics={cfg.dynamics} normalises the whole n x n logits and is not tiled: set "
+                          f"attention_block to null or 0, got {cfg.attention_block}.")
 
 
 def _check_time_change(cfg: Config, betas: list[float]) -> Config:
@@ -630,9 +655,12 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
         terms.append(
             SelfAttention(q, k, v, o, jnp.asarray(beta, dtype), alibi, heads=heads,
                           kind=cfg.dynamics.value, causal=bool(cfg.causal), block=cfg.attention_block,
+                          sinkhorn_iterations=int(cfg.sinkhorn.iterations), hardmax_ties=float(cfg.hardmax.ties),
+                          hardmax_self=bool(cfg.hardmax.self_attention),
                           unit_rows=_unit_rows(cfg),
                           scale_free=exact and cfg.dynamics == "usa" and not cfg.mlp.enabled,
-                          exclude_coincident=exact and cfg.norm == "sphere" and SOLVERS[cfg.solver.value][0]
+                          exclude_coincident=exact and cfg.dynamics in ("sa", "usa") and cfg.norm == "sphere"
+                          and SOLVERS[cfg.solver.value][0]
                           and identity_multiple(v) and o is None)
         )
     mlp = cfg.mlp

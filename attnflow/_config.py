@@ -58,7 +58,7 @@ def choice(name: str, names: tuple[str, ...]) -> type[Choice]:
 _choice = choice
 
 
-Dynamics = _choice("Dynamics", ("sa", "usa"))
+Dynamics = _choice("Dynamics", ("sa", "usa", "sinkhorn", "hardmax"))
 Scheme = _choice("Scheme", SCHEME_NAMES)
 NormKind = _choice("NormKind", ("sphere", "rms", "layer"))
 MatrixKind = _choice("MatrixKind", ("identity", "matrix", "random", "tied", "none"))
@@ -116,6 +116,25 @@ class MLPConfig:
     activation: Activation = MISSING
     scale: float = MISSING
     bias: bool = MISSING
+
+
+@dataclass
+class SinkhornConfig:
+    """Doubly stochastic attention (`dynamics: sinkhorn`): a fixed number of Sinkhorn
+    alternations in log space, and the column error the run's `marginal_error` metric is
+    held to (checked on the saved states, not a stopping rule)."""
+
+    iterations: int = MISSING
+    tol: float = MISSING
+
+
+@dataclass
+class HardmaxConfig:
+    """The beta -> infinity limit (`dynamics: hardmax`): ties within `ties` of the row
+    maximum are averaged; `self_attention: false` leaves j = i out."""
+
+    ties: float = MISSING
+    self_attention: bool = MISSING
 
 
 @dataclass
@@ -221,6 +240,8 @@ class Config:
     attention_block: int | None = MISSING  # null: tiles above a size; 0: dense; k > 0: tiles of k tokens
     weights: WeightsConfig = MISSING
     mlp: MLPConfig = MISSING
+    sinkhorn: SinkhornConfig = MISSING
+    hardmax: HardmaxConfig = MISSING
     init: InitConfig = MISSING
     members: int = MISSING
     seed: int = MISSING

@@ -113,6 +113,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            lambda s: s.heads * (s.n if s.rows is None else s.rows) * s.n * s.itemsize,
            reads_attention=True, reduce=_concentration, limits=(0.0, 1.0),
            reduced_name="attention_concentration", panel=8),
+    Metric("marginal_error", "max over heads and keys j of |sum_i a_ij - 1|: the column-sum error of the "
+           "attention matrices (0: doubly stochastic)", "1",
+           "column marginal error\n" r"$\max_j |\sum_i a_{ij} - 1|$", (), lambda s: s.itemsize,
+           reads_attention=True, tiled=False, panel=9),
     Metric("attention_rank", "numerical rank of each head's attention matrix", "1",
            "attention rank\n" r"numerical rank of $(a_{ij})$, mean over heads", ("head",), lambda s: 4 * s.heads,
            reads_attention=True, tiled=False, reduce=_mean_rank, panel=7),

@@ -25,7 +25,7 @@ from . import _tiled
 from ._errors import ConfigError
 from ._geometry import Sphere
 from ._metric_registry import DEFAULT_METRICS, METRICS
-from ._terms import SelfAttention, _contract
+from ._terms import SelfAttention, _contract, sinkhorn_log
 
 
 def gram(x: Float[Array, "n d"]) -> Float[Array, "n n"]:
@@ -65,6 +65,28 @@ def interaction_energy(x: Float[Array, "n d"], beta: ScalarLike, block: int | No
     709 in float64); `log_interaction_energy` never does.
     """
     return jnp.exp(log_interaction_energy(x, beta, block))
+
+
+def sinkhorn_energy(x: Float[Array, "n d"], beta: ScalarLike, iterations: int = 200) -> Scalar:
+    r"""$E^{\infty}_\beta(X) = -\tfrac12 \mathrm{OT}_{1/\beta}(\mu_X, \mu_X)$, minus half the
+    entropic optimal transport cost of the tokens' empirical measure $\mu_X = \frac1n\sum_i
+    \delta_{x_i}$ to itself, with cost $-\langle x, y\rangle$ and entropy weight $1/\beta$.
+
+    At the symmetric Sinkhorn potential $u$ (the doubly stochastic $a_{ij} = e^{\beta\langle
+    x_i, x_j\rangle + u_i + u_j}$) it is $-\frac1\beta \cdot \frac1n\sum_i (u_i + \frac12\log n)$,
+    and its gradient is $\nabla_{x_i} E^\infty_\beta = \frac1n \sum_j a_{ij} x_j$: the Sinkhorn flow
+    with $Q = K = V = I$ is its gradient ascent in $\mathbb{R}^d$, and the tangent-projected
+    one on the sphere, so $E^\infty_\beta$ never decreases along either (Sinkformers, Sander et
+    al. 2022, section 4: with a symmetric kernel and $W_V = W_Q^\top W_K$ the doubly stochastic
+    dynamics is the Wasserstein gradient flow of this functional; softmax attention is not
+    one). The potential is that of `iterations` alternations of `sinkhorn_log`.
+    """
+    scores = beta * gram(x)
+    a_log = sinkhorn_log(scores, iterations)
+    # The row and column potentials f_i + g_i = a_log_ii - scores_ii are 2 u_i (f - g is constant).
+    potentials = jnp.diagonal(a_log) - jnp.diagonal(scores)
+    log_n = jnp.log(jnp.asarray(x.shape[0], x.dtype))
+    return -jnp.mean(potentials / 2 + log_n / 2) / beta
 
 
 def _unit(x: Float[Array, "n d"]) -> Float[Array, "n d"]:
@@ -312,12 +334,15 @@ class Pairs:
     def attention(self) -> Array:
         return self.maps
 
+    def marginal_error(self) -> Scalar:
+        return jnp.max(jnp.abs(jnp.sum(self.maps, axis=-2) - 1))
+
     def attention_rank(self) -> Int[Array, " heads"]:
         return jax.vmap(lambda ah: numerical_rank(ah, self.rank_rtol))(self.maps).astype(jnp.int32)
 
 
 class Recorder(eqx.Module):
-    """The statistics saved at each output time: a function `(t, x, field) -> dict`.
+    r"""The statistics saved at each output time: a function `(t, x, field) -> dict`.
 
     `beta` enters the interaction energy, `eps` the clustering threshold; both are data.
     The key `finite` (whether the state's squared norm is finite) is always recorded so

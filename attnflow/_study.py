@@ -208,6 +208,11 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
                                                     history=history_line("attnflow.run(...)"))}
     if cfg.time_change.speed is not None:
         attrs["time_axis"] = time_axis(cfg.time_change.speed)
+    if cfg.dynamics == "sinkhorn" and "marginal_error" in result.stats:
+        # The fixed iteration count's achieved column error, against the tolerance asked for.
+        worst = float(np.nanmax(np.asarray(result.stats["marginal_error"])))
+        attrs["sinkhorn_marginal_error"] = worst
+        attrs["sinkhorn_within_tol"] = int(worst <= cfg.sinkhorn.tol)
     return Results(coords=coords, data_vars=described, attrs=attrs, encoding=encoding)
 
 

@@ -28,6 +28,37 @@ def _mix(weights: Array, values: Array) -> Array:
     return jnp.einsum("...ij,...jk->...ik", weights, values)
 
 
+def sinkhorn_log(scores: Float[Array, "... n n"], iterations: int) -> Float[Array, "... n n"]:
+    r"""The logarithm of the doubly stochastic matrix that Sinkhorn's algorithm makes of
+    the kernel $e^{S}$, in log space: potentials $f, g$ with
+    $$g_j \leftarrow -\log \sum_i e^{S_{ij} + f_i},\qquad f_i \leftarrow -\log \sum_j e^{S_{ij} + g_j},$$
+    started from the softmax row normalisation and alternated `iterations` times (a column
+    then a row normalisation each), so that the rows of $e^{S_{ij} + f_i + g_j}$ sum to 1
+    exactly and the columns to 1 up to the error left after that many iterations
+    (Sinkformers, Sander et al. 2022). A fixed count: the same operations for every
+    input, vmapped and differentiated through like any other term (`lax.fori_loop` over a
+    static count lowers to a scan).
+    """
+    lse = jax.scipy.special.logsumexp
+    f = -lse(scores, axis=-1)
+
+    def alternate(_, fg):
+        g = -lse(scores + fg[0][..., :, None], axis=-2)
+        return -lse(scores + g[..., None, :], axis=-1), g
+
+    f, g = jax.lax.fori_loop(0, iterations, alternate, (f, jnp.zeros_like(f)))
+    return scores + f[..., :, None] + g[..., None, :]
+
+
+def hardmax_weights(scores: Float[Array, "... m n"], ties: ScalarLike) -> Float[Array, "... m n"]:
+    r"""Row i spread evenly over the keys j that maximise $S_{ij}$, within `ties` of the
+    row maximum: $a_{ij} = \mathbb{1}[S_{ij} \ge \max_k S_{ik} - \tau] / \#\{\dots\}$,
+    the $\beta \to \infty$ limit of the softmax rows (keys at $-\infty$ are never chosen)."""
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    chosen = ((scores >= top - ties) & jnp.isfinite(scores)).astype(scores.dtype)
+    return chosen / jnp.sum(chosen, axis=-1, keepdims=True)
+
+
 def _apply(schedule: AbstractSchedule, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None) -> Array:
     """Rows of `x` mapped by every head's matrix: `(heads, n, rows of W)`.
 
@@ -41,6 +72,9 @@ def _apply(schedule: AbstractSchedule, t: ScalarLike, x: Float[Array, "n d"], at
         return x if factor is None else factor.astype(x.dtype) * x
     w = schedule(t, at)
     return jnp.einsum("hed,nd->hne", w, x)
+
+
+KINDS = ("sa", "usa", "sinkhorn", "hardmax")
 
 
 class AbstractInteraction(eqx.Module):
@@ -101,8 +135,20 @@ class SelfAttention(AbstractInteraction):
 
     with $Z^h_i = \\sum_j \\exp(\\dots)$ for softmax attention (`"sa"`) and $Z_i^h = n$ for
     the unnormalized variant (`"usa"`), as in eq. (13)-(15) and (30) of the survey
-    ("A Survey of Continuous Time Dynamics of Transformers"). The mask $m_{ij}$ is $-\\infty$ for $j > i$ when `causal`, plus
-    $-\\lambda_h |i - j|$ when `alibi` slopes are given. `V` multiplies column vectors.
+    ("A Survey of Continuous Time Dynamics of Transformers"). Two more kinds replace the
+    row normalisation:
+
+    - `"sinkhorn"`: $a^h$ the doubly stochastic matrix of Sinkhorn's algorithm on the kernel
+      $e^{\\text{logits}}$ (rows and columns sum to 1; `sinkhorn_log`, `sinkhorn_iterations`
+      alternations), the Sinkformer of Sander et al. 2022;
+    - `"hardmax"`: the $\\beta \\to \\infty$ limit, $a^h_{ij}$ uniform over the keys that maximise
+      $\\langle Q_h x_i, K_h x_j\\rangle$ within `hardmax_ties` (`hardmax_weights`; beta and ALiBi
+      do not enter), over $j \\ne i$ when `hardmax_self` is false.
+
+    Both form the logits whole at any n; a positive `block` is refused for them.
+
+    The mask $m_{ij}$ is $-\\infty$ for $j > i$ when `causal`, plus $-\\lambda_h |i - j|$
+    when `alibi` slopes are given. `V` multiplies column vectors.
 
     Schedules return per-head stacks: `query`, `key` of shape `(heads, d_k, d)`,
     `value` `(heads, d_v, d)`, `output` `(heads, d, d_v)` or `None` for the identity.
@@ -148,7 +194,7 @@ class SelfAttention(AbstractInteraction):
     beta: Float[Array, ""]
     alibi: Float[Array, " heads"] | None
     heads: int = eqx.field(static=True)
-    kind: Literal["sa", "usa"] = eqx.field(static=True, default="sa")
+    kind: Literal["sa", "usa", "sinkhorn", "hardmax"] = eqx.field(static=True, default="sa")
     causal: bool = eqx.field(static=True, default=False)
     query_bias: AbstractSchedule | None = None
     key_bias: AbstractSchedule | None = None
@@ -159,10 +205,29 @@ class SelfAttention(AbstractInteraction):
     unit_rows: bool = eqx.field(static=True, default=False)
     scale_free: bool = eqx.field(static=True, default=False)
     exclude_coincident: bool = eqx.field(static=True, default=False)
+    sinkhorn_iterations: int = eqx.field(static=True, default=50)
+    hardmax_ties: float = eqx.field(static=True, default=1e-6)
+    hardmax_self: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
-        if self.kind not in ("sa", "usa"):
-            raise ConfigError(f"attention kind must be 'sa' (softmax) or 'usa' (unnormalized), got {self.kind!r}.")
+        if self.kind not in KINDS:
+            raise ConfigError(f"attention kind must be 'sa' (softmax), 'usa' (unnormalized), 'sinkhorn' (doubly "
+                              f"stochastic) or 'hardmax' (beta -> infinity), got {self.kind!r}.")
+        whole = self.kind in ("sinkhorn", "hardmax")
+        if whole and self.block:
+            raise ConfigError(f"{self.kind} attention normalises the whole n x n logits and is not tiled: set the "
+                              f"attention block to null or 0, got {self.block}.")
+        if self.kind == "sinkhorn" and self.causal:
+            raise ConfigError("sinkhorn attention cannot be causal: a lower-triangular doubly stochastic matrix is "
+                              "the identity.")
+        if self.kind == "sinkhorn" and not (isinstance(self.sinkhorn_iterations, int) and self.sinkhorn_iterations >= 1):
+            raise ConfigError(f"sinkhorn iterations must be a whole number >= 1, got {self.sinkhorn_iterations!r}.")
+        if self.kind == "hardmax" and self.alibi is not None:
+            raise ConfigError("hardmax attention takes the argmax of <Q x_i, K x_j> alone: ALiBi does not apply.")
+        if self.kind == "hardmax" and not self.hardmax_ties >= 0:
+            raise ConfigError(f"the hardmax tie tolerance must be >= 0, got {self.hardmax_ties!r}.")
+        if whole and (self.scale_free or self.exclude_coincident):
+            raise ConfigError("scale_free and exclude_coincident apply to softmax and unnormalized attention only.")
         if self.scale_free and self.kind != "usa":
             raise ConfigError("scale_free shifts the logits of unnormalized attention (kind 'usa'); softmax "
                               "attention is scale-free already.")
@@ -204,6 +269,8 @@ class SelfAttention(AbstractInteraction):
 
     def tile(self, n: int) -> int | None:
         """The tile size at `n` tokens (None: the logits are formed whole)."""
+        if self.kind in ("sinkhorn", "hardmax"):
+            return None
         return _tiled.resolve_block(n, self.block)
 
     def _queries_keys(self, t, x, at, rows):
@@ -262,6 +329,9 @@ class SelfAttention(AbstractInteraction):
                 rows: Int[Array, " m"] | None = None) -> Float[Array, "heads m n"]:
         """The attention matrices $a^h_{ij}(t)$ of every head, for the query tokens `rows`
         (default all; formed whole: $m \\times n$ per head)."""
+        if self.kind in ("sinkhorn", "hardmax"):
+            a = self._normalised(t, x, at, rows)
+            return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
         scores = self.logits(t, x, at, rows)
         if self.kind == "sa":
             # Subtracting the row maximum keeps exp() finite for any beta.
@@ -269,6 +339,28 @@ class SelfAttention(AbstractInteraction):
         else:
             a = jnp.exp(scores) / x.shape[0]
         return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
+
+    def _normalised(self, t, x, at, rows) -> Array:
+        """The sinkhorn or hardmax weights of the query tokens `rows` (default all),
+        `(heads, m, n)` or `(m, n)` when every head has the same."""
+        n = x.shape[0]
+        if self.kind == "sinkhorn":
+            # The matrix is doubly stochastic over all n queries: formed whole, then the rows taken.
+            a = jnp.exp(sinkhorn_log(self.logits(t, x, at), self.sinkhorn_iterations))
+            return a if rows is None else a[..., rows, :]
+        q, k = self._queries_keys(t, x, at, rows)
+        scores = self._mask(_contract(q, k), n, rows)
+        if not self.hardmax_self:
+            at_rows = jnp.arange(n) if rows is None else rows
+            own = jax.lax.broadcast_to_rank(at_rows[:, None] == jnp.arange(n)[None, :], scores.ndim)
+            scores = jnp.where(own, -jnp.inf, scores)
+        return hardmax_weights(scores, jnp.asarray(self.hardmax_ties, scores.dtype))
+
+    def marginal_error(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, ""]:
+        r"""$\max_{h, j} |\sum_i a^h_{ij} - 1|$: how far the columns of the attention
+        matrices are from summing to 1 (0 for a doubly stochastic matrix; the rows of every
+        normalised kind sum to 1)."""
+        return jnp.max(jnp.abs(jnp.sum(self.weights(t, x, at), axis=-2) - 1))
 
     def _kept(self, e: Array, x: Float[Array, "n d"], rows: Int[Array, " m"] | None) -> Array:
         """The weights `e` `(..., m, n)`, with the pairs of equal tokens set to zero when
@@ -285,10 +377,12 @@ class SelfAttention(AbstractInteraction):
         q, k = self._queries_keys(t, x, at, rows)
         values = _add(_apply(self.value, t, x, at), self.value_bias, t, at)
         tile = self.tile(n)
-        if tile is not None and (self.scale_free or self.exclude_coincident):
+        if self.kind in ("sinkhorn", "hardmax"):
+            mixed = _mix(self._normalised(t, x, at, rows), values)
+        elif tile is not None and (self.scale_free or self.exclude_coincident):
             raise ConfigError(f"scale_free and exclude_coincident attention form the logits whole; at n={n} they "
                               "would be tiled: set the attention block to 0.")
-        if tile is not None:
+        elif tile is not None:
             top = self._row_max(q, k)
             mixed = _tiled.attention_heads(q, k, values, self.beta, self.alibi, block=tile, kind=self.kind,
                                            causal=self.causal, positions=rows, row_max=top,

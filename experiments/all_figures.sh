@@ -11,7 +11,7 @@
 # run them on a GPU, or give them members=... and beta='${linspace:0.1,9,30}'.
 set -e
 cd "$(dirname "$0")/.."
-names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching checkpoint sensitivity lyapunov lyapunov_polynomial long_context diffeqformer adaptive_depth phase_diagram phase_diagram_random}"
+names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching checkpoint sensitivity lyapunov lyapunov_polynomial long_context diffeqformer adaptive_depth phase_diagram phase_diagram_random hardmax_sinkhorn}"
 for name in $names; do
     echo "== $name"
     attnflow "experiment=$name" "hydra.run.dir=docs/figures/$name"

@@ -52,6 +52,7 @@ EXPERIMENTS = (
     "adaptive_depth",
     "long_context",
     "noise_transition",
+    "hardmax_sinkhorn",
 )
 _MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
 

@@ -169,7 +169,7 @@ def test_shell_completion_says_how_to_turn_it_on_and_completes_the_choices_of_a_
         return command.out.split()
 
     assert query("attnflow solver=r") == ["solver=ralston", "solver=rk4"]
-    assert query("attnflow n=8 dynamics=") == ["dynamics=sa", "dynamics=usa"]
+    assert query("attnflow n=8 dynamics=") == ["dynamics=sa", "dynamics=usa", "dynamics=sinkhorn", "dynamics=hardmax"]
     assert query("attnflow weights.v.kind=t") == ["weights.v.kind=tied"]
     assert query("attnflow causal=") == ["causal=true", "causal=false"]
     assert query("attnflow norm=", "fish") == ["norm=none", "norm=sphere", "norm=pre", "norm=peri"]
