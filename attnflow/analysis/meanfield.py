@@ -219,7 +219,7 @@ def meanfield_circle(
 
 
 def circle_growth_rate(k: ArrayLike, beta: ArrayLike, kind: Literal["sa", "usa"] = "sa",
-                       sigma: ArrayLike = 0.0) -> np.ndarray:
+                       sigma: ArrayLike = 0.0) -> np.ndarray | float:
     r"""The linear growth rate of mode $k \ge 1$ of a small perturbation of the uniform
     density $1/2\pi$ (mass 1) under the continuity equation of `meanfield_circle`:
 

@@ -70,7 +70,7 @@ class Options:
     kind: str = "sa"  # sa (softmax) or usa (unnormalised) attention
     beta: float = 4.0  # inverse temperature
     mode: int = 3  # the initial density is (1 + amplitude cos(mode theta)) / 2 pi
-    amplitude: float = 0.5
+    amplitude: float = 0.5  # of the initial perturbation, in [0, 1)
     n: list[int] = field(default_factory=lambda: [100, 316, 1000, 3162])  # token counts
     members: int = 24  # independent draws of the particles per n
     times: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # times compared (from 0)
@@ -212,7 +212,11 @@ def density_clusters(density, min_mass: float):
         masses.append(rho[np.arange(lo, hi) % points].sum() * h)
     masses = np.asarray(masses)
     keep = masses >= min_mass
-    return peaks[keep] * h, masses[keep]
+    # Each peak refined between grid points by the parabola through it and its neighbours.
+    left, middle, right = rho[(peaks - 1) % points], rho[peaks], rho[(peaks + 1) % points]
+    curvature = left - 2 * middle + right
+    offset = np.divide(0.5 * (left - right), curvature, out=np.zeros_like(curvature), where=curvature < 0)
+    return np.mod((peaks + offset) * h, 2 * np.pi)[keep], masses[keep]
 
 
 def particle_clusters(angles, gap: float, min_mass: float):
