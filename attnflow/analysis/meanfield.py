@@ -16,9 +16,9 @@ $$v[\rho](\theta) = \frac{1}{Z(\theta)} \int_0^{2\pi} e^{\beta\cos(\varphi - \th
 
 and $Z(\theta) = \int e^{\beta\cos(\varphi - \theta)} \rho(\varphi)\, d\varphi$ for
 softmax attention (`"sa"`), $Z = 1$ for unnormalised attention (`"usa"`, the $1/n$ of
-its finite-n form); $\sigma$ is the strength of a Brownian noise on the angles
-("A mathematical perspective on Transformers", section 3 and eq. (3.4); the noisy
-version: "Emergence of meta-stable clustering in mean-field transformer models").
+its finite-n form); $\sigma$ is the strength of a Brownian noise on the angles (the
+continuity equation without noise: eq. (19) of "A Survey of Continuous Time Dynamics of
+Transformers", after "A mathematical perspective on Transformers").
 
 **The spectral form.** With $\rho(\theta) = \sum_k c_k e^{ik\theta}$, the kernels are
 convolutions, so the fields are multiplications of Fourier coefficients:
@@ -91,7 +91,7 @@ class MeanFieldSolution(eqx.Module):
     steps: Array
 
 
-def kernel_coefficients(beta: ArrayLike, modes: int, quadrature: int | None = None):
+def _kernel_coefficients(beta: ArrayLike, modes: int, quadrature: int | None = None):
     """$a_k / e^{\\beta}$ and $2\\pi I_k(\\beta) / e^{\\beta}$ for $k = 0, \\dots,$ `modes`,
     by the trapezoidal rule on `quadrature` points (exact to rounding for these
     analytic periodic kernels once `quadrature` exceeds `modes` + 60 + 2 beta)."""
@@ -197,7 +197,7 @@ def meanfield_circle(
     modes = (grid - 1) // 3
     c0 = np.fft.rfft(rho)[: modes + 1] / grid
     y0 = jnp.asarray(np.concatenate([c0.real, c0.imag]))
-    field, normalizer = kernel_coefficients(jnp.asarray(beta, jnp.float64), modes)
+    field, normalizer = _kernel_coefficients(jnp.asarray(beta, jnp.float64), modes)
     if kind == "usa":
         field = field * np.exp(beta)  # the e^beta that softmax divides out
     softmax = jnp.asarray(1.0 if kind == "sa" else 0.0)
@@ -236,7 +236,7 @@ def circle_growth_rate(k: ArrayLike, beta: ArrayLike, kind: Literal["sa", "usa"]
     return drift - 0.5 * sigma**2 * k**2
 
 
-def circle_cdf(coefficients: Complex[ArrayLike, " modes"], points: int) -> np.ndarray:
+def _circle_cdf(coefficients: Complex[ArrayLike, " modes"], points: int) -> np.ndarray:
     """$F(\\theta) = \\int_0^\\theta \\rho$ on `points` equally spaced angles $2\\pi j/$`points`
     (and at $2\\pi$: `points + 1` values), from the coefficients $c_0, \\dots, c_K$."""
     c = np.asarray(coefficients)
@@ -267,7 +267,7 @@ def circle_wasserstein(angles: Float[ArrayLike, " n"], coefficients: Complex[Arr
     theta = np.sort(np.mod(np.asarray(angles, np.float64), 2 * np.pi))
     n = theta.size
     grid = np.arange(points + 1) * (2 * np.pi / points)
-    cdf = circle_cdf(coefficients, points)
+    cdf = _circle_cdf(coefficients, points)
     cuts = np.sort(np.concatenate([grid, theta]))
     lengths = np.diff(cuts)
     # F is constant and G linear between two breakpoints: F - G - alpha is linear there.

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 TITLE = "Particles against their mean-field limit on the circle: W1 falls like n^(-1/2)"
 PAPER = ("Geshkovski, Letrouit, Polyanskiy, Rigollet, \"A mathematical perspective on Transformers\" (2023), "
-         "arXiv:2312.10794, section 3 (the continuity equation)")
+         "arXiv:2312.10794: the continuity equation of the token density")
 COORDINATES = {
     "theta": ("angle on the circle", "radian"),
     "cluster": ("index of a cluster of the mean-field density (in order of angle)", "1"),
@@ -334,14 +334,16 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     bins = np.linspace(0, 2 * np.pi, 97)
     for t, time in enumerate(times):
         color = cmap(t / max(len(times) - 1, 1))
-        left.hist(ds["angles"].isel(time=t).values, bins=bins, density=True, histtype="stepfilled", alpha=0.18,
-                  color=color)
+        left.hist(ds["angles"].isel(time=t).values, bins=bins, density=True, histtype="step", alpha=0.5,
+                  linewidth=0.7, color=color)
         left.plot(theta, ds["density"].isel(time=t).values, color=color, linewidth=1.4, label=f"t = {time:g}")
     for peak in ds["peak"].values:
         left.axvline(peak, color="0.4", linestyle=":", linewidth=0.8)
+    left.set_yscale("log")
+    left.set_ylim(1e-3, 1.5 * float(ds["density"].max()))
     left.set_xlabel(r"angle $\theta$")
     left.set_ylabel(r"density $\rho(t, \theta)$")
-    left.set_title(f"(a) the PDE (lines) and n = {ns[-1]} particles (histograms)", fontsize=9)
+    left.set_title(f"(a) the PDE (lines) and n = {ns[-1]} particles, member 0 (histograms)", fontsize=9)
     left.legend(fontsize=7, loc="upper right")
     for t, time in enumerate(times):
         color = cmap(t / max(len(times) - 1, 1))
@@ -369,6 +371,12 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     return {"meanfield_circle": fig}
 
 
+def _wrapped(angle: float) -> float:
+    """An angle in [-pi, pi), with the rounding of a peak at 0 shown as 0."""
+    angle = float(np.angle(np.exp(1j * angle)))
+    return 0.0 if abs(angle) < 5e-4 else angle
+
+
 def _caption(ds, options) -> str:
     ns = ds["n"].values
     slopes = ds["slope"].values
@@ -376,11 +384,11 @@ def _caption(ds, options) -> str:
     return (f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = 0. "
             f"The particles are n independent draws from $(1 + {options['amplitude']:g}\\cos {options['mode']}\\theta)/2\\pi$ "
             f"(RK4, dt = {options['dt']:g}); the PDE starts from that density ({ds.sizes['theta']} grid points, tsit5). "
-            f"The perturbed mode grows at the predicted rate {float(ds['growth_rate']):.3f}. "
+            f"The perturbed mode's linear growth rate at the uniform density is {float(ds['growth_rate']):.3f}. "
             f"Fitted slopes of log W1 against log n, n = {ns[0]} to {ns[-1]}: "
             + ", ".join(f"{s:.2f} (t = {t:g})" for s, t in zip(slopes, ds["time"].values))
             + f". At t = {ds['time'].values[-1]:g} the PDE has {ds.sizes['cluster']} clusters at "
-            + ", ".join(f"{p:.3f}" for p in ds["peak"].values)
+            + ", ".join(f"{_wrapped(p):.3f}" for p in ds["peak"].values)
             + f" rad; the particles have as many in {same[-1]:.0%} of the draws at n = {ns[-1]} "
             f"({same[0]:.0%} at n = {ns[0]}), their largest position error at n = {ns[-1]} being "
             f"{np.nanmax(ds['position_error'].isel(n=-1).values):.3f} rad.")

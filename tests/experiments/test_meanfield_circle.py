@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from attnflow._errors import ConfigError
+from attnflow.analysis.meanfield import meanfield_circle
 from attnflow.experiments import experiment_figures, run_experiment
 from attnflow.experiments import meanfield_circle as mc
 
@@ -32,13 +33,15 @@ def test_w1_falls_like_the_inverse_square_root_of_n(small):
 def test_the_particles_clusters_are_the_densitys(small):
     """The PDE has three clusters at 0, 2pi/3, 4pi/3 of mass 1/3 each (by the symmetry of
     cos 3 theta); every draw of 800 particles has three, within 0.2 rad of them, and the
-    position error shrinks with n."""
-    np.testing.assert_allclose(small["peak"].values, 2 * np.pi * np.arange(3) / 3, atol=1e-6)
+    mean position error falls like n^{-1/2} (fitted slope -0.50 here; 0.2 allowed)."""
+    offset = np.angle(np.exp(1j * (small["peak"].values - 2 * np.pi * np.arange(3) / 3)))
+    np.testing.assert_allclose(offset, 0, atol=1e-4)
     np.testing.assert_allclose(small["peak_mass"].values, 1 / 3, atol=1e-3)
     counts = small["particle_clusters"].values
     assert np.all(counts[-1] == 3), counts
     error = np.nanmean(small["position_error"].values, axis=1)
-    assert error[-1] < error[-2] and np.nanmax(small["position_error"].values[-1]) < 0.2, error
+    assert np.nanmax(small["position_error"].values[-1]) < 0.2, error
+    assert abs(np.polyfit(np.log(small["n"].values), np.log(error), 1)[0] + 0.5) < 0.2, error
 
 
 def test_the_density_stays_positive_with_its_mass(small):
@@ -75,9 +78,19 @@ def test_bad_options_are_one_sentence(options, message):
 
 @pytest.mark.slow
 def test_the_gallery_run():
-    """The default run (n = 100 to 3162, 24 draws, t = 0 to 5): slopes within 0.1 of -1/2
-    at every time, and three clusters in every draw at n = 3162."""
+    """The default run (n = 100 to 3162, 24 draws, t = 0 to 5): W1 slopes within 0.1 of
+    -1/2 at every time; three clusters in every draw from n = 316 on, at most one draw
+    without at n = 100; the mean position error falls like n^{-1/2} (slope within 0.15);
+    the density positive to t = 5 with its mass to 1e-14, and negative by t = 6 (it warns)."""
     ds = run_experiment("meanfield_circle")
     assert np.all(np.abs(ds["slope"].values + 0.5) < 0.1), ds["slope"].values
-    assert np.all(ds["particle_clusters"].values[-1] == 3)
+    counts = ds["particle_clusters"].values
+    assert np.all(counts[1:] == 3) and np.sum(counts[0] != 3) <= 1, counts
+    error = np.nanmean(ds["position_error"].values, axis=1)
+    assert abs(np.polyfit(np.log(ds["n"].values), np.log(error), 1)[0] + 0.5) < 0.15, error
     assert np.all(ds["min_density"].values > 0)
+    np.testing.assert_allclose(ds["mass"].values, 1.0, rtol=0, atol=1e-14)
+    theta = ds["theta"].values
+    with pytest.warns(RuntimeWarning, match="goes negative from t = 6"):
+        meanfield_circle(mc.initial_density(theta, 3, 0.5), [0.0, 5.0, 6.0], beta=4.0)
+
