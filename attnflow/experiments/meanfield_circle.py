@@ -381,6 +381,8 @@ def _caption(ds, options) -> str:
     ns = ds["n"].values
     slopes = ds["slope"].values
     same = (ds["particle_clusters"] == ds.sizes["cluster"]).mean("member").values
+    errors = ds["position_error"].isel(n=-1).values
+    worst = f"{np.nanmax(errors):.3f} rad" if np.isfinite(errors).any() else "undefined (no draw has the PDE's count)"
     return (f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = 0. "
             f"The particles are n independent draws from $(1 + {options['amplitude']:g}\\cos {options['mode']}\\theta)/2\\pi$ "
             f"(RK4, dt = {options['dt']:g}); the PDE starts from that density ({ds.sizes['theta']} grid points, tsit5). "
@@ -390,5 +392,4 @@ def _caption(ds, options) -> str:
             + f". At t = {ds['time'].values[-1]:g} the PDE has {ds.sizes['cluster']} clusters at "
             + ", ".join(f"{_wrapped(p):.3f}" for p in ds["peak"].values)
             + f" rad; the particles have as many in {same[-1]:.0%} of the draws at n = {ns[-1]} "
-            f"({same[0]:.0%} at n = {ns[0]}), their largest position error at n = {ns[-1]} being "
-            f"{np.nanmax(ds['position_error'].isel(n=-1).values):.3f} rad.")
+            f"({same[0]:.0%} at n = {ns[0]}), their largest position error at n = {ns[-1]} being {worst}.")
