@@ -92,7 +92,7 @@ class MeanFieldSolution(eqx.Module):
 
 
 def _kernel_coefficients(beta: float, modes: int):
-    """$a_k / e^{\beta}$ and $2\pi I_k(\beta) / e^{\beta}$ for $k = 0, \dots,$ `modes`,
+    r"""$a_k / e^{\beta}$ and $2\pi I_k(\beta) / e^{\beta}$ for $k = 0, \dots,$ `modes`,
     by the trapezoidal rule on P points. Its error for mode k is the coefficient of mode
     P - k, of order $e^{-(P - k)^2 / 2\beta}$: with
     $P \ge 2\,\mathrm{modes} + 128 + 40\sqrt\beta$ it is below $e^{-800}$."""
