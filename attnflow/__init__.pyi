@@ -94,6 +94,12 @@ from .experiments import (
     run_experiment as run_experiment,
 )
 from .analysis.equiangular import equiangular_rate as equiangular_rate, equiangular_time as equiangular_time
+from .analysis.meanfield import (
+    circle_growth_rate as circle_growth_rate,
+    circle_wasserstein as circle_wasserstein,
+    meanfield_circle as meanfield_circle,
+    MeanFieldSolution as MeanFieldSolution,
+)
 from .analysis.pair_exponents import Sensitivity as Sensitivity, token_sensitivity as token_sensitivity
 from .analysis.plateaus import (
     detect_metastability as detect_metastability,
@@ -122,6 +128,7 @@ __all__ = [
     "Identity",
     "Interpolated",
     "MLP",
+    "MeanFieldSolution",
     "Merges",
     "NonFiniteStateError",
     "Orthonormal",
@@ -157,6 +164,8 @@ __all__ = [
     "build_field",
     "build_init",
     "build_system",
+    "circle_growth_rate",
+    "circle_wasserstein",
     "cluster_count",
     "cluster_labels",
     "cluster_sizes",
@@ -175,6 +184,7 @@ __all__ = [
     "load_results",
     "log_interaction_energy",
     "lyapunov_spectrum",
+    "meanfield_circle",
     "merges",
     "normalized_energy",
     "numerical_rank",

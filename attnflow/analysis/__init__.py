@@ -7,7 +7,10 @@
 - `plateaus`: metastable plateaus and merges of a cluster-count trajectory
   (`detect_metastability`);
 - `equiangular`: the closed-form equiangular reduction behind the phase diagram;
-- `surrogate`: the flow-matching surrogate of an attention flow.
+- `surrogate`: the flow-matching surrogate of an attention flow;
+- `meanfield`: the continuity equation of the token density on the circle, solved
+  spectrally (`meanfield_circle`), its linear growth rates (`circle_growth_rate`) and the
+  Wasserstein-1 distance on the circle (`circle_wasserstein`).
 
 Each is reached as `attnflow.NAME` too (`attnflow.lyapunov_spectrum`).
 """

@@ -53,6 +53,7 @@ EXPERIMENTS = (
     "long_context",
     "noise_transition",
     "hardmax_sinkhorn",
+    "meanfield_circle",
 )
 _MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
 

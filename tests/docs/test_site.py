@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from attnflow.experiments import EXPERIMENTS
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnflow"
 

@@ -1,0 +1,395 @@
+r"""Particles against their mean-field limit on the circle.
+
+n tokens on $S^1$ under Q = K = V = I attention (softmax by default) start as n
+independent draws from the density $\rho_0(\theta) = (1 + A\cos(m\theta))/2\pi$, and the
+continuity equation of `attnflow.analysis.meanfield.meanfield_circle` starts from
+$\rho_0$ itself. At each saved time the experiment measures the Wasserstein-1 distance on
+the circle between the particles' empirical measure and the density
+(`circle_wasserstein`), for every n and `members` independent draws.
+
+Why $n^{-1/2}$. The empirical measure of n independent draws is at $W_1$ distance of
+order $n^{-1/2}$ from its law, and the particles' flow moves two measures apart at most
+by a factor $e^{Lt}$ (the field is Lipschitz in $W_1$: Dobrushin's stability estimate),
+so $W_1(t)$ falls like $n^{-1/2}$ at every fixed time, with a constant that grows with t
+(the unstable modes of the uniform density amplify the sampling noise at their rates
+$\lambda_k$). The slope of $\log W_1$ against $\log n$ is fitted at every time.
+
+The clusters. The perturbation's mode m grows fastest when it is the most unstable
+mode ($m = 3$ at $\beta = 4$ under softmax attention: $\lambda_3 = 0.664$ against
+$\lambda_2 = 0.568$ and $\lambda_4 = 0.501$), and the density gathers into m clusters at
+the maxima of $\cos(m\theta)$. The density's clusters are its local maxima, each with the
+mass between the neighbouring minima (those of mass below `min_mass` are left out); the
+particles' clusters are the runs of sorted angles split at gaps wider than `gap` radians,
+each placed at its circular mean.
+
+The PDE is solved at sigma = 0 only: the particles carry no noise yet, and a noisy
+comparison waits for stochastic particle dynamics (`experiment.options.sigma` > 0 is
+refused). The particles are stepped by the core's `simulate` (RK4, step `dt`) with
+`SelfAttention`, in tiles above `attnflow._tiled.TILED_ABOVE` tokens; one compiled
+program per n, mapped over the members.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from .._config import NOT_RESULT_KEYS, Config, _default_config
+from .._errors import ConfigError
+from .._field import VectorField
+from .._progress import Progress
+from .._schedules import Identity
+from .._simulate import simulate
+from .._terms import SelfAttention
+from ..analysis.meanfield import circle_growth_rate, circle_wasserstein, meanfield_circle
+from ._common import caption, colormap, config_of, subplots
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+TITLE = "Particles against their mean-field limit on the circle: W1 falls like n^(-1/2)"
+PAPER = ("Geshkovski, Letrouit, Polyanskiy, Rigollet, \"A mathematical perspective on Transformers\" (2023), "
+         "arXiv:2312.10794: the continuity equation of the token density")
+COORDINATES = {
+    "theta": ("angle on the circle", "radian"),
+    "cluster": ("index of a cluster of the mean-field density (in order of angle)", "1"),
+    "particle": ("index of a particle of the largest n, member 0", "1"),
+}
+
+
+@dataclass
+class Options:
+    kind: str = "sa"  # sa (softmax) or usa (unnormalised) attention
+    beta: float = 4.0  # inverse temperature
+    mode: int = 3  # the initial density is (1 + amplitude cos(mode theta)) / 2 pi
+    amplitude: float = 0.5  # of the initial perturbation, in [0, 1)
+    n: list[int] = field(default_factory=lambda: [100, 316, 1000, 3162])  # token counts
+    members: int = 24  # independent draws of the particles per n
+    times: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # times compared (from 0)
+    dt: float = 0.25  # RK4 step of the particles
+    grid: int = 2048  # grid points of the PDE (modes up to grid/3)
+    sigma: float = 0.0  # noise; > 0 waits for noisy particle dynamics
+    gap: float = 0.3  # particle clusters are split at gaps wider than this (radians)
+    min_mass: float = 0.05  # clusters of less mass are not counted
+
+
+# The config keys the experiment reads; any other key given is refused.
+_READ_KEYS = ("dtype", "seed", "attention_block", "experiment", *NOT_RESULT_KEYS)
+
+
+def _whole(value, minimum: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+
+
+def _real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check(cfg: Config, options) -> None:
+    name = "experiment.options"
+    if options["sigma"] != 0:
+        raise ConfigError(f"{name}.sigma={options['sigma']!r}: the particles of experiment meanfield_circle carry no "
+                          "noise yet, so it compares them with the PDE at sigma = 0 only (meanfield_circle itself "
+                          "takes any sigma >= 0).")
+    if options["kind"] not in ("sa", "usa"):
+        raise ConfigError(f"{name}.kind must be 'sa' or 'usa', got {options['kind']!r}.")
+    if not (_real(options["beta"]) and options["beta"] > 0):
+        raise ConfigError(f"{name}.beta must be a positive number, got {options['beta']!r}.")
+    if not _whole(options["mode"], 1):
+        raise ConfigError(f"{name}.mode must be a whole number >= 1, got {options['mode']!r}.")
+    if not (_real(options["amplitude"]) and 0 <= options["amplitude"] < 1):
+        raise ConfigError(f"{name}.amplitude must lie in [0, 1) (a positive density), got {options['amplitude']!r}.")
+    ns = options["n"]
+    if not isinstance(ns, list) or len(ns) < 2 or not all(_whole(n, 2) for n in ns) or sorted(set(ns)) != ns:
+        raise ConfigError(f"{name}.n must be an increasing list of at least two whole numbers >= 2 (a slope is "
+                          f"fitted), got {ns!r}.")
+    if not _whole(options["members"], 2):
+        raise ConfigError(f"{name}.members must be a whole number >= 2, got {options['members']!r}.")
+    times = options["times"]
+    if (not isinstance(times, list) or not times or not all(_real(t) for t in times) or times[0] != 0
+            or any(b <= a for a, b in zip(times, times[1:]))):
+        raise ConfigError(f"{name}.times must be an increasing list of times starting at 0, got {times!r}.")
+    if not (_real(options["dt"]) and options["dt"] > 0):
+        raise ConfigError(f"{name}.dt must be a positive number, got {options['dt']!r}.")
+    if any(abs(t / options["dt"] - round(t / options["dt"])) > 1e-9 for t in times):
+        raise ConfigError(f"every time of {name}.times must be a whole number of steps dt={options['dt']!r}, "
+                          f"got {times!r}.")
+    if not _whole(options["grid"], 4 * options["mode"] + 4):
+        raise ConfigError(f"{name}.grid must be a whole number >= 4 mode + 4 = {4 * options['mode'] + 4}, got "
+                          f"{options['grid']!r}.")
+    if not (_real(options["gap"]) and 0 < options["gap"] < math.pi):
+        raise ConfigError(f"{name}.gap must lie in (0, pi) radians, got {options['gap']!r}.")
+    if not (_real(options["min_mass"]) and 0 <= options["min_mass"] < 1):
+        raise ConfigError(f"{name}.min_mass must lie in [0, 1), got {options['min_mass']!r}.")
+    if cfg.dtype.value != "float64":
+        raise ConfigError("experiment meanfield_circle compares with a PDE solved in float64: keep dtype=float64.")
+    default = _default_config()
+    given = [f.name for f in dataclasses.fields(Config)
+             if f.name not in _READ_KEYS and getattr(cfg, f.name) != getattr(default, f.name)]
+    if given:
+        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
+                          "meanfield_circle (Q = K = V = I attention on the circle: it reads dtype, seed and "
+                          "attention_block, the rest comes from its options); remove "
+                          f"{'it' if len(given) == 1 else 'them'}.")
+
+
+def panels(base, options) -> dict:
+    return {}  # everything is computed in `analyse`: one particle program per n, and the PDE
+
+
+def pieces(cfg: Config, options) -> int:
+    """Units of work for the progress bar: the PDE, and one per n."""
+    return 1 + len(options["n"])
+
+
+def initial_density(theta, mode: int, amplitude: float):
+    """$\\rho_0(\\theta) = (1 + A\\cos(m\\theta))/2\\pi$."""
+    return (1 + amplitude * np.cos(mode * np.asarray(theta))) / (2 * np.pi)
+
+
+def sample_angles(key, n: int, mode: int, amplitude: float):
+    """n independent draws from `initial_density`: uniforms through the inverse of its
+    distribution function $F(\\theta) = (\\theta + (A/m)\\sin(m\\theta))/2\\pi$, by Newton
+    steps from $\\theta = 2\\pi u$ (F is increasing and convex-concave on each period of
+    the perturbation; 30 steps reach rounding for A < 1)."""
+    u = jax.random.uniform(key, (n,), jnp.float64) * (2 * jnp.pi)
+
+    def newton(theta, _):
+        f = theta + amplitude / mode * jnp.sin(mode * theta) - u
+        return theta - f / (1 + amplitude * jnp.cos(mode * theta)), None
+
+    theta, _ = jax.lax.scan(newton, u, None, length=30)
+    return theta
+
+
+def _particles(options, n: int, block):
+    """A compiled map from a key to the angles of the particles at the compared times."""
+    dt = float(options["dt"])
+    times = np.asarray(options["times"], np.float64)
+    eye = Identity(1, 2, "float64")
+    attention = SelfAttention(eye, eye, eye, None, jnp.asarray(options["beta"], jnp.float64), None, heads=1,
+                              kind=options["kind"], block=block, unit_rows=True)
+    field = VectorField((attention,), scheme="sphere")
+    steps = np.round(times / dt).astype(int)
+
+    def one(key):
+        theta = sample_angles(key, n, options["mode"], options["amplitude"])
+        x0 = jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=-1)
+        if steps[-1] == 0:
+            xs = x0[None]
+        else:
+            xs = simulate(field, x0, t1=times[-1], dt=dt, solver="rk4", save_steps=steps).xs
+        return jnp.mod(jnp.arctan2(xs[..., 1], xs[..., 0]), 2 * jnp.pi)
+
+    return jax.jit(lambda keys: jax.lax.map(one, keys))
+
+
+def density_clusters(density, min_mass: float):
+    """The clusters of a density on a uniform grid of the circle: its local maxima, each
+    with the mass between its neighbouring minima; those below `min_mass` left out.
+    Returns the angles of the peaks and their masses."""
+    rho = np.asarray(density)
+    points = rho.size
+    h = 2 * np.pi / points
+    peaks = np.flatnonzero((rho > np.roll(rho, 1)) & (rho >= np.roll(rho, -1)))
+    troughs = np.flatnonzero((rho <= np.roll(rho, 1)) & (rho < np.roll(rho, -1)))
+    if peaks.size == 0 or troughs.size == 0:
+        return np.zeros(0), np.zeros(0)
+    masses = []
+    for p in peaks:
+        after = troughs[troughs > p]
+        before = troughs[troughs < p]
+        hi = after[0] if after.size else troughs[0] + points
+        lo = before[-1] if before.size else troughs[-1] - points
+        masses.append(rho[np.arange(lo, hi) % points].sum() * h)
+    masses = np.asarray(masses)
+    keep = masses >= min_mass
+    # Each peak refined between grid points by the parabola through it and its neighbours.
+    left, middle, right = rho[(peaks - 1) % points], rho[peaks], rho[(peaks + 1) % points]
+    curvature = left - 2 * middle + right
+    offset = np.divide(0.5 * (left - right), curvature, out=np.zeros_like(curvature), where=curvature < 0)
+    return np.mod((peaks + offset) * h, 2 * np.pi)[keep], masses[keep]
+
+
+def particle_clusters(angles, gap: float, min_mass: float):
+    """The clusters of points on the circle: runs of the sorted angles split where two
+    neighbours lie more than `gap` apart, each at its circular mean with its share of
+    the points; those below `min_mass` left out."""
+    theta = np.sort(np.mod(np.asarray(angles), 2 * np.pi))
+    n = theta.size
+    gaps = np.diff(np.append(theta, theta[0] + 2 * np.pi))
+    cuts = np.flatnonzero(gaps > gap)
+    if cuts.size == 0:
+        groups = [theta]
+    else:
+        ends = np.append(cuts[1:], cuts[0] + n)  # each run goes from just after one gap to the next
+        groups = [theta[np.arange(start + 1, end + 1) % n] for start, end in zip(cuts, ends)]
+    positions = np.asarray([np.mod(np.angle(np.mean(np.exp(1j * g))), 2 * np.pi) for g in groups])
+    masses = np.asarray([g.size / n for g in groups])
+    keep = masses >= min_mass
+    order = np.argsort(positions[keep])
+    return positions[keep][order], masses[keep][order]
+
+
+def _circular(a, b):
+    return np.abs(np.angle(np.exp(1j * (np.asarray(a) - np.asarray(b)))))
+
+
+def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
+    times = np.asarray(options["times"], np.float64)
+    ns = np.asarray(options["n"], np.int64)
+    members = options["members"]
+    theta = np.arange(options["grid"]) * (2 * np.pi / options["grid"])
+    rho0 = initial_density(theta, options["mode"], options["amplitude"])
+    pde = meanfield_circle(rho0, times, beta=options["beta"], kind=options["kind"], sigma=options["sigma"])
+    if on_piece is not None:
+        on_piece()
+    coefficients = np.asarray(pde.coefficients)
+    peaks, peak_masses = density_clusters(np.asarray(pde.density)[-1], options["min_mass"])
+    w1 = np.full((ns.size, members, times.size), np.nan)
+    counts = np.zeros((ns.size, members), np.int64)
+    position_error = np.full((ns.size, members), np.nan)
+    mass_error = np.full((ns.size, members), np.nan)
+    key = jax.random.key(cfg.seed)
+    shown = None
+    for a, n in enumerate(ns):
+        keys = jax.random.split(jax.random.fold_in(key, int(n)), members)
+        angles = np.asarray(jax.device_get(_particles(options, int(n), cfg.attention_block)(keys)))
+        for m in range(members):
+            for t in range(times.size):
+                w1[a, m, t] = circle_wasserstein(angles[m, t], coefficients[t])
+            where, mass = particle_clusters(angles[m, -1], options["gap"], options["min_mass"])
+            counts[a, m] = where.size
+            if where.size == peaks.size and where.size:
+                # Pair the clusters in order of angle, at the rotation that fits best.
+                shifts = [np.roll(np.arange(where.size), s) for s in range(where.size)]
+                errors = [_circular(where[s], peaks).max() for s in shifts]
+                best = shifts[int(np.argmin(errors))]
+                position_error[a, m] = min(errors)
+                mass_error[a, m] = np.abs(mass[best] - peak_masses).max()
+        if a == ns.size - 1:
+            shown = angles[0]
+        if on_piece is not None:
+            on_piece()
+    mean = w1.mean(axis=1)
+    slope = np.polyfit(np.log(ns), np.log(mean), 1)[0]
+    ds = xr.Dataset(coords={"n": ns, "member": np.arange(members), "time": times, "theta": theta,
+                            "cluster": np.arange(peaks.size), "particle": np.arange(shown.shape[-1])})
+    ds["w1"] = xr.DataArray(w1, dims=("n", "member", "time"), attrs={
+        "description": "Wasserstein-1 distance on the circle between the particles' empirical measure and the "
+                       "mean-field density", "units": "radian"})
+    ds["w1_mean"] = xr.DataArray(mean, dims=("n", "time"), attrs={
+        "description": "mean over members of the Wasserstein-1 distance", "units": "radian"})
+    ds["slope"] = xr.DataArray(slope, dims="time", attrs={
+        "description": "least-squares slope of log mean W1 against log n"})
+    ds["density"] = xr.DataArray(np.asarray(pde.density), dims=("time", "theta"), attrs={
+        "description": "the mean-field density rho(t, theta)", "units": "1/radian"})
+    ds["mass"] = xr.DataArray(np.asarray(pde.mass), dims="time", attrs={
+        "description": "mass of the mean-field density, integral of rho over the circle"})
+    ds["min_density"] = xr.DataArray(np.asarray(pde.min_density), dims="time", attrs={
+        "description": "minimum of the mean-field density on the grid", "units": "1/radian"})
+    ds["pde_steps"] = xr.DataArray(int(pde.steps), attrs={"description": "accepted steps of the PDE solver (tsit5)"})
+    ds["peak"] = xr.DataArray(peaks, dims="cluster", attrs={
+        "description": "angle of each cluster (local maximum) of the density at the last time", "units": "radian"})
+    ds["peak_mass"] = xr.DataArray(peak_masses, dims="cluster", attrs={
+        "description": "mass of each cluster of the density at the last time (between its neighbouring minima)"})
+    ds["particle_clusters"] = xr.DataArray(counts, dims=("n", "member"), attrs={
+        "description": "number of clusters of the particles at the last time"})
+    ds["position_error"] = xr.DataArray(position_error, dims=("n", "member"), attrs={
+        "description": "largest angle between a cluster of the density and its particle cluster, at the last time "
+                       "(NaN where the counts differ)", "units": "radian"})
+    ds["mass_error"] = xr.DataArray(mass_error, dims=("n", "member"), attrs={
+        "description": "largest difference between the mass of a cluster of the density and the particles' share, "
+                       "at the last time (NaN where the counts differ)"})
+    ds["angles"] = xr.DataArray(shown, dims=("time", "particle"), attrs={
+        "description": "angles of the particles of the largest n, member 0", "units": "radian"})
+    ds["growth_rate"] = xr.DataArray(circle_growth_rate(options["mode"], options["beta"], options["kind"]), attrs={
+        "description": "linear growth rate of the perturbed mode at the uniform density (closed form)"})
+    return ds
+
+
+def analyse(cfg, options, results, on_piece=None) -> xr.Dataset:
+    if on_piece is not None:
+        return meanfield_dataset(cfg, options, on_piece)
+    with Progress("meanfield_circle", pieces(cfg, options)) as bar:
+        return meanfield_dataset(cfg, options, bar.advance)
+
+
+def draw(ds: xr.Dataset) -> dict[str, Figure]:
+    cfg = config_of(ds)
+    options = cfg["experiment"]["options"]
+    fig, (left, middle, right) = subplots(1, 3, figsize=(15.0, 4.4), layout="constrained")
+    times = ds["time"].values
+    ns = ds["n"].values
+    theta = ds["theta"].values
+    cmap = colormap("viridis")
+    bins = np.linspace(0, 2 * np.pi, 97)
+    for t, time in enumerate(times):
+        color = cmap(t / max(len(times) - 1, 1))
+        left.hist(ds["angles"].isel(time=t).values, bins=bins, density=True, histtype="step", alpha=0.5,
+                  linewidth=0.7, color=color)
+        left.plot(theta, ds["density"].isel(time=t).values, color=color, linewidth=1.4, label=f"t = {time:g}")
+    for peak in ds["peak"].values:
+        left.axvline(peak, color="0.4", linestyle=":", linewidth=0.8)
+    left.set_yscale("log")
+    left.set_ylim(1e-3, 1.5 * float(ds["density"].max()))
+    left.set_xlabel(r"angle $\theta$")
+    left.set_ylabel(r"density $\rho(t, \theta)$")
+    left.set_title(f"(a) the PDE (lines) and n = {ns[-1]} particles, member 0 (histograms)", fontsize=9)
+    left.legend(fontsize=7, loc="upper right")
+    for t, time in enumerate(times):
+        color = cmap(t / max(len(times) - 1, 1))
+        w1 = ds["w1"].isel(time=t).values
+        middle.loglog(ns, w1.mean(axis=1), "o-", color=color, markersize=4,
+                      label=f"t = {time:g}: slope {float(ds['slope'].isel(time=t)):.2f}")
+        middle.fill_between(ns, np.percentile(w1, 10, axis=1), np.percentile(w1, 90, axis=1), color=color,
+                            alpha=0.12, linewidth=0)
+    guide = ds["w1_mean"].isel(time=0).values[0] * np.sqrt(ns[0] / ns)
+    middle.loglog(ns, guide, "k--", linewidth=0.8, label=r"$\propto n^{-1/2}$")
+    middle.set_xlabel("n (tokens)")
+    middle.set_ylabel(r"$W_1$(particles, PDE)")
+    middle.set_title(f"(b) mean over {ds.sizes['member']} draws, 10-90% band", fontsize=9)
+    middle.legend(fontsize=7, loc="lower left")
+    peaks = ds["peak"].values
+    for a, n in enumerate(ns):
+        errors = ds["position_error"].isel(n=a).values
+        right.semilogy(np.full(errors.size, n) * np.exp(np.linspace(-0.08, 0.08, errors.size)), errors, "o",
+                       color="C0", alpha=0.5, markersize=4)
+    right.set_xscale("log")
+    right.set_xlabel("n (tokens)")
+    right.set_ylabel("largest cluster position error (radian)")
+    right.set_title(f"(c) clusters at t = {times[-1]:g}: {peaks.size} in the PDE", fontsize=9)
+    caption(fig, _caption(ds, options), width=190)
+    return {"meanfield_circle": fig}
+
+
+def _wrapped(angle: float) -> float:
+    """An angle in [-pi, pi), with the rounding of a peak at 0 shown as 0."""
+    angle = float(np.angle(np.exp(1j * angle)))
+    return 0.0 if abs(angle) < 5e-4 else angle
+
+
+def _caption(ds, options) -> str:
+    ns = ds["n"].values
+    slopes = ds["slope"].values
+    same = (ds["particle_clusters"] == ds.sizes["cluster"]).mean("member").values
+    errors = ds["position_error"].isel(n=-1).values
+    worst = f"{np.nanmax(errors):.3f} rad" if np.isfinite(errors).any() else "undefined (no draw has the PDE's count)"
+    return (f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = 0. "
+            f"The particles are n independent draws from $(1 + {options['amplitude']:g}\\cos {options['mode']}\\theta)/2\\pi$ "
+            f"(RK4, dt = {options['dt']:g}); the PDE starts from that density ({ds.sizes['theta']} grid points, tsit5). "
+            f"The perturbed mode's linear growth rate at the uniform density is {float(ds['growth_rate']):.3f}. "
+            f"Fitted slopes of log W1 against log n, n = {ns[0]} to {ns[-1]}: "
+            + ", ".join(f"{s:.2f} (t = {t:g})" for s, t in zip(slopes, ds["time"].values))
+            + f". At t = {ds['time'].values[-1]:g} the PDE has {ds.sizes['cluster']} clusters at "
+            + ", ".join(f"{_wrapped(p):.3f}" for p in ds["peak"].values)
+            + f" rad; the particles have as many in {same[-1]:.0%} of the draws at n = {ns[-1]} "
+            f"({same[0]:.0%} at n = {ns[0]}), their largest position error at n = {ns[-1]} being {worst}.")
