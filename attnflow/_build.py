@@ -92,7 +92,8 @@ def _not_applicable(cfg: Config, base: Config) -> None:
     if not cfg.attention:
         rules.append(("attention=false", [
             ("dynamics", lambda c: c.dynamics), ("causal", lambda c: c.causal), ("alibi", lambda c: c.alibi),
-            ("heads", lambda c: c.heads), ("d_k", lambda c: c.d_k), ("d_v", lambda c: c.d_v),
+            ("heads", lambda c: c.heads), ("heads_combine", lambda c: c.heads_combine), ("d_k", lambda c: c.d_k),
+            ("d_v", lambda c: c.d_v),
             *[(f"weights.{m}", lambda c, m=m: getattr(c.weights, m)) for m in "qkvo"],
         ]))
     if not cfg.mlp.enabled:
@@ -604,7 +605,7 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
         terms.append(
             SelfAttention(q, k, v, o, jnp.asarray(beta, dtype), alibi, heads=heads,
                           kind=cfg.dynamics.value, causal=bool(cfg.causal), block=cfg.attention_block,
-                          unit_rows=_unit_rows(cfg),
+                          unit_rows=_unit_rows(cfg), combine=cfg.heads_combine.value,
                           scale_free=exact and cfg.dynamics == "usa" and not cfg.mlp.enabled,
                           exclude_coincident=exact and cfg.norm == "sphere" and SOLVERS[cfg.solver.value][0]
                           and identity_multiple(v) and o is None)

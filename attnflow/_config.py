@@ -69,6 +69,7 @@ Spacing = _choice("Spacing", ("linear", "log"))
 Metric = _choice("Metric", METRIC_NAMES)
 MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "default"))
 PlotlyJS = _choice("PlotlyJS", ("embed", "directory"))
+HeadsCombine = _choice("HeadsCombine", ("sum", "mean"))
 
 
 @dataclass
@@ -210,6 +211,7 @@ class Config:
     attention_block: int | None = MISSING  # null: tiles above a size; 0: dense; k > 0: tiles of k tokens
     weights: WeightsConfig = MISSING
     mlp: MLPConfig = MISSING
+    heads_combine: HeadsCombine = MISSING  # sum the heads (trained models) or average them with 1/H (the H -> oo limit)
     init: InitConfig = MISSING
     members: int = MISSING
     seed: int = MISSING
