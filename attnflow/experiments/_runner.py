@@ -51,6 +51,7 @@ EXPERIMENTS = (
     "diffeqformer",
     "adaptive_depth",
     "long_context",
+    "many_heads",
 )
 _MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
 
