@@ -111,6 +111,9 @@ def metastable_count(found: xr.Dataset, final: xr.DataArray, n: int) -> xr.DataA
     detector) whose count is below n; the `final` count where there is none (no two
     tokens have met, or they are still meeting at the end)."""
     start, end = found["clusters_plateau_start"], found["clusters_plateau_end"]
+    if found.attrs["axis"] == "log":  # lengths in decades of t - t0, as the detector measures them
+        origin = float(found.attrs["origin"])
+        start, end = np.log10(start - origin), np.log10(end - origin)
     level = found["clusters_plateau_level"]
     length = (end - start).where(level < n)
     longest = length.fillna(-1).argmax("plateau")

@@ -55,3 +55,25 @@ def test_the_figure_is_drawn_from_the_results_file(many_heads, tmp_path):
 def test_bad_options_are_refused_before_any_run(options, says):
     with pytest.raises(ConfigError, match=says):
         run_experiment("many_heads", {"compilation_cache": False, "experiment": {"options": options}})
+
+
+def test_the_statistics_on_constructed_cluster_counts():
+    import xarray as xr
+
+    from attnflow.analysis.plateaus import detect_metastability
+    from attnflow.experiments.many_heads import metastable_count, one_cluster_time
+
+    t = np.array([0.0, 1.0, 2.0, 3.0])
+    counts = np.array([[3, 2, 1, 1], [3, 1, 2, 1], [3, 2, 2, 2]])
+    np.testing.assert_array_equal(one_cluster_time(counts, t), [2.0, 3.0, np.nan])
+    # Log time from 0.01 to 100: 8 tokens, 4 clusters held for three decades, then 1 for one;
+    # a member where no two tokens meet; one still merging at the end (no plateau below n).
+    t = np.logspace(-2, 2, 41)
+    held = np.where(t < 0.02, 8, np.where(t < 30, 4, 1))
+    apart = np.full(t.size, 8)
+    merging = np.maximum(8 - np.arange(t.size) // 5, 1)
+    ds = xr.Dataset({"clusters": (("member", "time"), np.stack([held, apart, merging]).astype(float))},
+                    coords={"time": t})
+    found = detect_metastability(ds, ["clusters"], clusters=None, sizes=None, origin=0.0)
+    count = metastable_count(found, ds["clusters"].isel(time=-1, drop=True), 8)
+    np.testing.assert_array_equal(count.values, [4.0, 8.0, float(merging[-1])])
