@@ -93,7 +93,8 @@ def _not_applicable(cfg: Config, base: Config) -> None:
     if not cfg.attention:
         rules.append(("attention=false", [
             ("dynamics", lambda c: c.dynamics), ("causal", lambda c: c.causal), ("alibi", lambda c: c.alibi),
-            ("heads", lambda c: c.heads), ("d_k", lambda c: c.d_k), ("d_v", lambda c: c.d_v),
+            ("heads", lambda c: c.heads), ("heads_combine", lambda c: c.heads_combine), ("d_k", lambda c: c.d_k),
+            ("d_v", lambda c: c.d_v),
             *[(f"weights.{m}", lambda c, m=m: getattr(c.weights, m)) for m in "qkvo"],
         ]))
     for kind, keys in (("sinkhorn", ("iterations", "tol")), ("hardmax", ("ties", "self_attention"))):
@@ -657,7 +658,7 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
                           kind=cfg.dynamics.value, causal=bool(cfg.causal), block=cfg.attention_block,
                           sinkhorn_iterations=int(cfg.sinkhorn.iterations), hardmax_ties=float(cfg.hardmax.ties),
                           hardmax_self=bool(cfg.hardmax.self_attention),
-                          unit_rows=_unit_rows(cfg),
+                          unit_rows=_unit_rows(cfg), combine=cfg.heads_combine.value,
                           scale_free=exact and cfg.dynamics == "usa" and not cfg.mlp.enabled,
                           exclude_coincident=exact and cfg.dynamics in ("sa", "usa") and cfg.norm == "sphere"
                           and SOLVERS[cfg.solver.value][0]

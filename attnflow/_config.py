@@ -71,6 +71,7 @@ Metric = _choice("Metric", METRIC_NAMES)
 MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "default"))
 PlotlyJS = _choice("PlotlyJS", ("embed", "directory"))
 NoiseKind = _choice("NoiseKind", NOISE_KINDS)
+HeadsCombine = _choice("HeadsCombine", ("sum", "mean"))
 
 
 @dataclass
@@ -235,6 +236,7 @@ class Config:
     causal: bool = MISSING
     alibi: Any = MISSING  # a slope, or one per head
     heads: int = MISSING
+    heads_combine: HeadsCombine = MISSING  # sum the heads (trained models) or average them with 1/H (the H -> oo limit)
     d_k: int | None = MISSING
     d_v: int | None = MISSING
     attention_block: int | None = MISSING  # null: tiles above a size; 0: dense; k > 0: tiles of k tokens

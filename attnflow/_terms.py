@@ -127,11 +127,15 @@ def _add(values: Array, bias: AbstractSchedule | None, t, at) -> Array:
     return values + b[:, None, :]
 
 
+# How the heads' terms are combined: summed, or averaged with 1/H.
+COMBINES = ("sum", "mean")
+
+
 class SelfAttention(AbstractInteraction):
     """Multi-head self-attention as an interaction between tokens.
 
     $$a^h_{ij} = \\frac{\\exp(\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij})}{Z^h_i},\\qquad
-    \\mathrm{Attn}(t, X)_i = \\sum_h O_h \\sum_j a^h_{ij} V_h x_j,$$
+    \\mathrm{Attn}(t, X)_i = c_H \\sum_h O_h \\sum_j a^h_{ij} V_h x_j,$$
 
     with $Z^h_i = \\sum_j \\exp(\\dots)$ for softmax attention (`"sa"`) and $Z_i^h = n$ for
     the unnormalized variant (`"usa"`), as in eq. (13)-(15) and (30) of the survey
@@ -149,6 +153,12 @@ class SelfAttention(AbstractInteraction):
 
     The mask $m_{ij}$ is $-\\infty$ for $j > i$ when `causal`, plus $-\\lambda_h |i - j|$
     when `alibi` slopes are given. `V` multiplies column vectors.
+
+    The heads are summed ($c_H = 1$, `combine="sum"`: the convention of trained models,
+    where $O$ carries any scale) or averaged ($c_H = 1/H$, `combine="mean"`: the mean-field
+    scaling under which $H$ independent random heads have a limit as $H \\to \\infty$, the
+    expectation of one head's term over its law, reached at the rate $H^{-1/2}$ of the law
+    of large numbers; see docs/model.md, "Many heads").
 
     Schedules return per-head stacks: `query`, `key` of shape `(heads, d_k, d)`,
     `value` `(heads, d_v, d)`, `output` `(heads, d, d_v)` or `None` for the identity.
@@ -208,8 +218,11 @@ class SelfAttention(AbstractInteraction):
     sinkhorn_iterations: int = eqx.field(static=True, default=50)
     hardmax_ties: float = eqx.field(static=True, default=1e-6)
     hardmax_self: bool = eqx.field(static=True, default=True)
+    combine: Literal["sum", "mean"] = eqx.field(static=True, default="sum")
 
     def __check_init__(self):
+        if self.combine not in COMBINES:
+            raise ConfigError(f"heads are combined by 'sum' or 'mean', got {self.combine!r}.")
         if self.kind not in KINDS:
             raise ConfigError(f"attention kind must be 'sa' (softmax), 'usa' (unnormalized), 'sinkhorn' (doubly "
                               f"stochastic) or 'hardmax' (beta -> infinity), got {self.kind!r}.")
@@ -408,9 +421,9 @@ class SelfAttention(AbstractInteraction):
             mixed = jnp.einsum(spec, self.output(t, at), mixed)
         if mixed.ndim == 2:
             # No head axis: all heads are identical (identity Q, K, V and O).
-            out = mixed if self.heads == 1 else self.heads * mixed
+            out = mixed if self.heads == 1 or self.combine == "mean" else self.heads * mixed
         else:
-            out = jnp.sum(mixed, axis=0)
+            out = jnp.sum(mixed, axis=0) if self.combine == "sum" else jnp.mean(mixed, axis=0)
         return out if self.output_bias is None else out + self.output_bias(t, at)[None]
 
 

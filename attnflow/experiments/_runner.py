@@ -54,6 +54,7 @@ EXPERIMENTS = (
     "noise_transition",
     "hardmax_sinkhorn",
     "meanfield_circle",
+    "many_heads",
 )
 _MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
 
