@@ -386,11 +386,11 @@ _LOADED_MOST = 16
 class _Loaded:
     """An exported piece program and, once compiled in this process, its executable."""
 
-    program: export.Exported
+    program: object  # a jax.export.Exported (anything with `.call`)
     compiled: Callable | None = None
 
 
-def _remember(key: str, program: export.Exported) -> _Loaded:
+def _remember(key: str, program) -> _Loaded:
     _LOADED[key] = entry = _Loaded(program)
     while len(_LOADED) > _LOADED_MOST:
         _LOADED.popitem(last=False)
