@@ -53,16 +53,17 @@ class BrownianNoise(eqx.Module):
             raise ConfigError(f"unknown noise kind {self.kind!r}; choose one of {', '.join(NOISE_KINDS)}.")
 
     def increment(self, geometry: AbstractGeometry, t: ScalarLike, h: ScalarLike,
-                  x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        r"""$\sigma \Delta W$ over $[t, t + h]$ at the state `x` of the step's start (projected
-        to its tangent space for `projected`). Times are clipped to the tree's interval,
-        which a last grid time may overshoot by a rounding."""
+                  x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, "n d"]:
+        r"""$\sigma(t) \Delta W$ over $[t, t + h]$ at the state `x` of the step's start (projected
+        to its tangent space for `projected`), the schedule's piece chosen at `at` (the
+        field's `piece_time`; default the step's midpoint). Times are clipped to the tree's
+        interval, which a last grid time may overshoot by a rounding."""
         path = self.path
         lo, hi = jnp.asarray(path.t0, x.dtype), jnp.asarray(path.t1, x.dtype)
         dw = path.evaluate(jnp.clip(t, lo, hi), jnp.clip(t + h, lo, hi))
         if self.kind == "projected":
             dw = geometry.project(x, dw)
-        return self.strength(t, t + h / 2) * dw
+        return self.strength(t, t + h / 2 if at is None else at) * dw
 
     def strength(self, t: ScalarLike, at: ScalarLike | None = None) -> Float[Array, ""]:
         r"""$\sigma(t)$, with the piece of a piecewise schedule chosen at `at` (default `t`)."""

@@ -243,10 +243,11 @@ def test_a_factor_of_zero_stops_the_noise_at_its_switch_time_exactly():
         "sigma": 0.7, "switch_times": [0.5], "factors": [1.0, 0.0]}}
     system = af.build_system(af.validate_config(config))
     keys = jax.random.split(jax.random.key(0), 2)
-    solution = af.solve_ensemble(system, keys, jnp.asarray([1.0]), t1=1.0, dt=1 / 32, solver="euler")
+    solution = af.solve_ensemble(system, keys, jnp.asarray([1.0]), t1=1.0, dt=1 / 32, solver="euler", save_every=1)
     x, ts = np.asarray(solution.stats["x"]), np.asarray(solution.ts)
     moving = np.abs(np.diff(x, axis=-3)).max(axis=(0, 1, 3, 4))  # per step
-    assert (moving[ts[:-1] < 0.5] > 0).all() and (moving[ts[:-1] >= 0.5] == 0).all(), moving
+    # (the retraction of a unit vector moves it by a rounding, 2e-16, at most)
+    assert ts.shape == (33,) and (moving[ts[:-1] < 0.5] > 1e-2).all() and (moving[ts[:-1] >= 0.5] < 1e-14).all(), moving
 
 
 @pytest.mark.parametrize("noise, says", [
