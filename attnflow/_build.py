@@ -116,7 +116,7 @@ def _not_applicable(cfg: Config, base: Config) -> None:
             (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in unused
         ]))
     if cfg.noise.sigma == 0:
-        rules.append(("noise.sigma=0", [(f"noise.{k}", lambda c, k=k: getattr(c.noise, k)) for k in ("kind", "depth")]))
+        rules.append(("noise.sigma=0", [(f"noise.{k}", lambda c, k=k: getattr(c.noise, k)) for k in ("kind", "depth", "switch_times", "factors", "poly")]))
     if not cfg.adaptive:
         rules.append(("adaptive=false (fixed steps take (t1 - t0)/dt steps)", [
             (k, lambda c, k=k: getattr(c, k)) for k in ("rtol", "atol", "max_steps")
@@ -348,6 +348,13 @@ def _check_noise(cfg: Config) -> None:
         _number("noise.depth", noise.depth, minimum=1)
     if noise.depth is not None and noise.depth > 40:
         raise ConfigError(f"noise.depth must be at most 40 (a tree resolving (t1 - t0)/2^40), got {noise.depth}.")
+    times, factors = list(noise.switch_times), list(noise.factors)
+    for value in times + factors + list(noise.poly or []):
+        _number("every entry of noise.switch_times, .factors and .poly", value)
+    if (times or factors) and len(factors) != len(times) + 1:
+        raise ConfigError(f"noise has {len(times)} switch_times and needs {len(times) + 1} factors, got {len(factors)}.")
+    if any(b <= a for a, b in zip(times, times[1:])):
+        raise ConfigError(f"noise.switch_times must increase, got {times}.")
     if noise.sigma == 0:
         return
     if cfg.adaptive:
@@ -575,19 +582,34 @@ def _schedule(name: str, get: _Values, key: PRNGKeyArray, shape, dtype) -> Abstr
 
 def _modulate(name: str, get: _Values, base: AbstractSchedule, dtype) -> AbstractSchedule:
     spec: MatrixConfig = getattr(get.cfg.weights, name)
-    factors = jnp.asarray(get(f"weights.{name}.factors"), dtype).reshape(-1)
+    base = _factored(f"weights.{name}", spec, get, base, dtype)
+    if spec.transpose:
+        base = _Transposed(base)
+    return base
+
+
+def _factored(path: str, spec: Any, get: _Values, base: AbstractSchedule, dtype) -> AbstractSchedule:
+    """`base` times the piecewise-constant factors of `path.switch_times`/`path.factors` and
+    the polynomial `path.poly` (the convention of `weights.*` and `noise`)."""
+    factors = jnp.asarray(get(f"{path}.factors"), dtype).reshape(-1)
     if len(spec.switch_times) and factors.shape[0]:
         # (Switch times without factors: a kind=matrix value with one matrix per piece,
         # already piecewise.)
-        times = jnp.asarray(get(f"weights.{name}.switch_times"), dtype)
+        times = jnp.asarray(get(f"{path}.switch_times"), dtype)
         base = PiecewiseSchedule(times, tuple(Scaled(factors[i : i + 1], base) for i in range(factors.shape[0])))
     elif factors.shape[0]:
         base = Scaled(factors[:1], base)
     if spec.poly is not None:
-        base = Scaled(jnp.asarray(get(f"weights.{name}.poly"), dtype).reshape(-1), base)
-    if spec.transpose:
-        base = _Transposed(base)
+        base = Scaled(jnp.asarray(get(f"{path}.poly"), dtype).reshape(-1), base)
     return base
+
+
+def _noise_schedule(get: _Values, dtype) -> AbstractSchedule | None:
+    r"""The factor $s(t)$ of the noise strength, $\sigma(t) = \sigma\, s(t)$ (None: constant)."""
+    spec = get.cfg.noise
+    if not spec.factors and spec.poly is None:
+        return None
+    return _factored("noise", spec, get, Constant(jnp.ones((), dtype)), dtype)
 
 
 class _Transposed(AbstractSchedule):
@@ -726,7 +748,8 @@ _DATA_PATHS = (
     "eps", "alibi", "mlp.scale", "token_norm.gamma", "token_norm.shift",
     *(f"weights.{m}.{k}" for m in "qkvo" for k in ("scale", "value", "sign", "switch_times", "factors", "poly")),
     "init.radius", "init.sigma", "init.spread", "init.centres", "init.low", "init.high", "init.value",
-    "time_change.speed", "time_change.collisions", "noise.sigma",
+    "time_change.speed", "time_change.collisions", "noise.sigma", "noise.switch_times", "noise.factors",
+    "noise.poly",
 )
 
 
@@ -814,7 +837,8 @@ class ConfiguredSystem(eqx.Module):
             # those of its tokens and weights.
             noise = brownian_noise(jax.random.fold_in(key, 2), _Values(cfg, self.values)("noise.sigma"),
                                    (cfg.n, cfg.d), t0=cfg.t0, t1=cfg.t1, kind=cfg.noise.kind.value,
-                                   depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth), dtype=dtype)
+                                   depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth), dtype=dtype,
+                                   schedule=_noise_schedule(_Values(cfg, self.values), dtype))
         field = build_field(cfg, k_weights, beta, dtype, self.values, noise=noise)
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         recorder = Recorder(

@@ -154,6 +154,9 @@ class NoiseConfig:
     sigma: float = MISSING  # 0: the deterministic flow
     kind: NoiseKind = MISSING  # projected | ambient
     depth: int | None = MISSING  # the Brownian tree resolves (t1 - t0) / 2^depth (null: the least resolving dt)
+    switch_times: list[float] = MISSING  # sigma(t) = sigma * factor of the piece * poly(t) (as weights.*)
+    factors: list[float] = MISSING  # one factor per piece of switch_times
+    poly: list[float] | None = MISSING  # coefficients c_k of f(t) = sum_k c_k t^k (null: 1)
 
 
 @dataclass

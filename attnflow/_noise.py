@@ -18,6 +18,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 from ._config import NOISE_KINDS
 from ._errors import ConfigError
 from ._geometry import AbstractGeometry
+from ._schedules import AbstractSchedule
 
 
 class BrownianNoise(eqx.Module):
@@ -35,10 +36,16 @@ class BrownianNoise(eqx.Module):
 
     In flat space both are the additive noise $\sigma\,dW$. `path` is a diffrax
     `VirtualBrownianTree` of the state's shape; build one with `brownian_noise`.
+
+    `schedule`, when given, is a scalar schedule $s(t)$ (shape `()`, see `attnflow._schedules`)
+    and the strength is $\sigma(t) = \sigma\, s(t)$: its piece is chosen at the step's
+    midpoint, as the field's are, and a smooth factor is read at the step's start (the
+    Ito convention), so the step adds $\sigma(t)\,\Delta W$.
     """
 
     sigma: Float[Array, ""]
     path: eqx.Module
+    schedule: AbstractSchedule | None = None
     kind: str = eqx.field(static=True, default="projected")
 
     def __check_init__(self):
@@ -46,16 +53,23 @@ class BrownianNoise(eqx.Module):
             raise ConfigError(f"unknown noise kind {self.kind!r}; choose one of {', '.join(NOISE_KINDS)}.")
 
     def increment(self, geometry: AbstractGeometry, t: ScalarLike, h: ScalarLike,
-                  x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        r"""$\sigma \Delta W$ over $[t, t + h]$ at the state `x` of the step's start (projected
-        to its tangent space for `projected`). Times are clipped to the tree's interval,
-        which a last grid time may overshoot by a rounding."""
+                  x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, "n d"]:
+        r"""$\sigma(t) \Delta W$ over $[t, t + h]$ at the state `x` of the step's start (projected
+        to its tangent space for `projected`), the schedule's piece chosen at `at` (the
+        field's `piece_time`; default the step's midpoint). Times are clipped to the tree's
+        interval, which a last grid time may overshoot by a rounding."""
         path = self.path
         lo, hi = jnp.asarray(path.t0, x.dtype), jnp.asarray(path.t1, x.dtype)
         dw = path.evaluate(jnp.clip(t, lo, hi), jnp.clip(t + h, lo, hi))
         if self.kind == "projected":
             dw = geometry.project(x, dw)
-        return self.sigma * dw
+        return self.strength(t, t + h / 2 if at is None else at) * dw
+
+    def strength(self, t: ScalarLike, at: ScalarLike | None = None) -> Float[Array, ""]:
+        r"""$\sigma(t)$, with the piece of a piecewise schedule chosen at `at` (default `t`)."""
+        if self.schedule is None:
+            return self.sigma
+        return self.sigma * self.schedule(t, at)
 
 
 def tree_depth(t0: float, t1: float, dt: float, depth: int | None = None) -> int:
@@ -68,17 +82,21 @@ def tree_depth(t0: float, t1: float, dt: float, depth: int | None = None) -> int
 
 
 def brownian_noise(key: PRNGKeyArray, sigma: ScalarLike, shape: tuple[int, ...], *, t0: float, t1: float,
-                   kind: str = "projected", depth: int = 16, dtype=jnp.float32) -> BrownianNoise:
+                   kind: str = "projected", depth: int = 16, dtype=jnp.float32,
+                   schedule: AbstractSchedule | None = None) -> BrownianNoise:
     r"""$\sigma\,dW$ with the Brownian path of `key` on $[t_0, t_1]$, resolved to
     $(t_1 - t_0) 2^{-\text{depth}}$ (a step of that size or coarser on the dyadic grid sees
-    the path exactly); `shape` is the state's, `(n, d)`."""
+    the path exactly); `shape` is the state's, `(n, d)`; `schedule` a scalar factor $s(t)$ of
+    the strength, $\sigma(t) = \sigma\, s(t)$ (None: constant)."""
     import diffrax  # lazy: start-up (diffrax, for noisy runs only)
 
     if not 1 <= int(depth) <= 40:
         raise ConfigError(f"noise.depth must be a whole number from 1 to 40, got {depth!r}.")
     tree = diffrax.VirtualBrownianTree(t0, t1, tol=(t1 - t0) * 2.0 ** -int(depth),
                                        shape=jax.ShapeDtypeStruct(shape, dtype), key=key)
-    return BrownianNoise(jnp.asarray(sigma, dtype), tree, kind)
+    if schedule is not None and schedule.shape != ():
+        raise ConfigError(f"a noise schedule is a scalar factor of sigma, got values of shape {schedule.shape}.")
+    return BrownianNoise(jnp.asarray(sigma, dtype), tree, schedule, kind)
 
 
 def attention_mode(beta: float, d: int) -> float:

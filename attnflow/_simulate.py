@@ -68,7 +68,7 @@ def _advance(field, table, t, h, y, split=None, retractions=None):
     if split is None:
         moved = rk_step(lambda s, z: field(s, z), table, t, h, y)
         if field.noise is not None:  # the SDE's step: the noise increment at the step's start, then the retraction
-            moved = moved + field.noise.increment(geometry, t, h, y)
+            moved = moved + field.noise.increment(geometry, t, h, y, field.piece_time)
         y = geometry.retract(moved)
         return y if field.collisions is None else field.collisions(y, geometry)
     parts = [dataclasses.replace(field, terms=(term,)) for term in field.terms]

@@ -22,9 +22,13 @@ mass between the neighbouring minima (those of mass below `min_mass` are left ou
 particles' clusters are the runs of sorted angles split at gaps wider than `gap` radians,
 each placed at its circular mean.
 
-The PDE is solved at sigma = 0 only: the particles carry no noise yet, and a noisy
-comparison waits for stochastic particle dynamics (`experiment.options.sigma` > 0 is
-refused). The particles are stepped by the core's `simulate` (RK4, step `dt`) with
+Noise. At `sigma` > 0 every particle also carries its own Brownian motion on the circle
+(`attnflow.brownian_noise`, kind `projected`: the tangent increment $\sigma P_x\Delta W$
+then the retraction), whose generator is $\frac{\sigma^2}{2}\partial_\theta^2$, the PDE's
+diffusion term; the particles then approach the PDE at the same sigma, still like
+$n^{-1/2}$, and the perturbed mode's coefficient $\frac1n\sum_j\cos(m\theta_j)$ moves at
+the linear rate $\lambda_m$ of `circle_growth_rate` (negative above the critical sigma).
+The particles are stepped by the core's `simulate` (RK4 for the drift, step `dt`) with
 `SelfAttention`, in tiles above `attnflow._tiled.TILED_ABOVE` tokens; one compiled
 program per n, mapped over the members.
 """
@@ -45,6 +49,7 @@ import xarray as xr
 from .._config import NOT_RESULT_KEYS, Config, _default_config
 from .._errors import ConfigError
 from .._field import VectorField
+from .._noise import brownian_noise, tree_depth
 from .._progress import Progress
 from .._schedules import Identity
 from .._simulate import simulate
@@ -76,7 +81,7 @@ class Options:
     times: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # times compared (from 0)
     dt: float = 0.25  # RK4 step of the particles
     grid: int = 2048  # grid points of the PDE (modes up to grid/3)
-    sigma: float = 0.0  # noise; > 0 waits for noisy particle dynamics
+    sigma: float = 0.0  # noise: Brownian motion of strength sigma on the circle, in the particles and the PDE
     gap: float = 0.3  # particle clusters are split at gaps wider than this (radians)
     min_mass: float = 0.05  # clusters of less mass are not counted
 
@@ -95,10 +100,8 @@ def _real(value) -> bool:
 
 def check(cfg: Config, options) -> None:
     name = "experiment.options"
-    if options["sigma"] != 0:
-        raise ConfigError(f"{name}.sigma={options['sigma']!r}: the particles of experiment meanfield_circle carry no "
-                          "noise yet, so it compares them with the PDE at sigma = 0 only (meanfield_circle itself "
-                          "takes any sigma >= 0).")
+    if not (_real(options["sigma"]) and options["sigma"] >= 0):
+        raise ConfigError(f"{name}.sigma must be a number >= 0, got {options['sigma']!r}.")
     if options["kind"] not in ("sa", "usa"):
         raise ConfigError(f"{name}.kind must be 'sa' or 'usa', got {options['kind']!r}.")
     if not (_real(options["beta"]) and options["beta"] > 0):
@@ -177,12 +180,17 @@ def _particles(options, n: int, block):
     eye = Identity(1, 2, "float64")
     attention = SelfAttention(eye, eye, eye, None, jnp.asarray(options["beta"], jnp.float64), None, heads=1,
                               kind=options["kind"], block=block, unit_rows=True)
-    field = VectorField((attention,), scheme="sphere")
     steps = np.round(times / dt).astype(int)
+    sigma = float(options["sigma"])
 
     def one(key):
         theta = sample_angles(key, n, options["mode"], options["amplitude"])
         x0 = jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=-1)
+        noise = None
+        if sigma > 0 and steps[-1] > 0:  # the particle's own Brownian path, from a key apart from its draw
+            noise = brownian_noise(jax.random.fold_in(key, 2), sigma, (n, 2), t0=0.0, t1=float(times[-1]),
+                                   depth=tree_depth(0.0, float(times[-1]), dt), dtype=jnp.float64)
+        field = VectorField((attention,), scheme="sphere", noise=noise)
         if steps[-1] == 0:
             xs = x0[None]
         else:
@@ -255,6 +263,7 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
     coefficients = np.asarray(pde.coefficients)
     peaks, peak_masses = density_clusters(np.asarray(pde.density)[-1], options["min_mass"])
     w1 = np.full((ns.size, members, times.size), np.nan)
+    mode = np.full((ns.size, members, times.size), np.nan)
     counts = np.zeros((ns.size, members), np.int64)
     position_error = np.full((ns.size, members), np.nan)
     mass_error = np.full((ns.size, members), np.nan)
@@ -263,6 +272,7 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
     for a, n in enumerate(ns):
         keys = jax.random.split(jax.random.fold_in(key, int(n)), members)
         angles = np.asarray(jax.device_get(_particles(options, int(n), cfg.attention_block)(keys)))
+        mode[a] = np.cos(options["mode"] * angles).mean(axis=-1)
         for m in range(members):
             for t in range(times.size):
                 w1[a, m, t] = circle_wasserstein(angles[m, t], coefficients[t])
@@ -290,6 +300,10 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
         "description": "mean over members of the Wasserstein-1 distance", "units": "radian"})
     ds["slope"] = xr.DataArray(slope, dims="time", attrs={
         "description": "least-squares slope of log mean W1 against log n"})
+    ds["mode"] = xr.DataArray(mode, dims=("n", "member", "time"), attrs={
+        "description": "the particles' coefficient of the perturbed mode m, the mean of cos(m theta_j)"})
+    ds["pde_mode"] = xr.DataArray(2 * np.pi * coefficients[:, options["mode"]].real, dims="time", attrs={
+        "description": "the density's coefficient of the perturbed mode m, the integral of rho cos(m theta)"})
     ds["density"] = xr.DataArray(np.asarray(pde.density), dims=("time", "theta"), attrs={
         "description": "the mean-field density rho(t, theta)", "units": "1/radian"})
     ds["mass"] = xr.DataArray(np.asarray(pde.mass), dims="time", attrs={
@@ -311,7 +325,8 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
                        "at the last time (NaN where the counts differ)"})
     ds["angles"] = xr.DataArray(shown, dims=("time", "particle"), attrs={
         "description": "angles of the particles of the largest n, member 0", "units": "radian"})
-    ds["growth_rate"] = xr.DataArray(circle_growth_rate(options["mode"], options["beta"], options["kind"]), attrs={
+    ds["growth_rate"] = xr.DataArray(circle_growth_rate(options["mode"], options["beta"], options["kind"],
+                                                        options["sigma"]), attrs={
         "description": "linear growth rate of the perturbed mode at the uniform density (closed form)"})
     return ds
 
@@ -383,7 +398,7 @@ def _caption(ds, options) -> str:
     same = (ds["particle_clusters"] == ds.sizes["cluster"]).mean("member").values
     errors = ds["position_error"].isel(n=-1).values
     worst = f"{np.nanmax(errors):.3f} rad" if np.isfinite(errors).any() else "undefined (no draw has the PDE's count)"
-    return (f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = 0. "
+    return (f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = {options['sigma']:g}. "
             f"The particles are n independent draws from $(1 + {options['amplitude']:g}\\cos {options['mode']}\\theta)/2\\pi$ "
             f"(RK4, dt = {options['dt']:g}); the PDE starts from that density ({ds.sizes['theta']} grid points, tsit5). "
             f"The perturbed mode's linear growth rate at the uniform density is {float(ds['growth_rate']):.3f}. "

@@ -182,3 +182,80 @@ def test_a_configured_sigma_sweep_compiles_once_and_sigma_zero_is_the_determinis
     assert moved[1] > moved[0] > 0
     deterministic = af.build_system(af.validate_config({**config, "mlp": {"enabled": True}}))
     assert deterministic(keys[0], 1.0)[0].noise is None
+
+
+# --- the strength's schedule in t: sigma(t) = sigma * factors[k] * f(t), as weights.* -------------
+
+SCHEDULED = {"n": 2500, "d": 3, "members": 4, "dtype": "float64", "t1": 1.0, "dt": 1 / 32, "solver": "euler",
+             "saves": 2, "attention": False, "metrics": ["order_parameter"], "save_states": True}
+
+
+def _scheduled(noise: dict) -> np.ndarray:
+    """<x(T), x(0)> of every particle (F = 0), for a configured noise schedule."""
+    system = af.build_system(af.validate_config({**SCHEDULED, "noise": {"sigma": 1.0, **noise}}))
+    keys = jax.random.split(jax.random.key(3), SCHEDULED["members"])
+    x = np.asarray(af.solve_ensemble(system, keys, jnp.asarray([1.0]), t1=1.0, dt=1 / 32, solver="euler").stats["x"])
+    return np.sum(x[..., 0, :, :] * x[..., -1, :, :], axis=-1).ravel()
+
+
+def _sigma(t, times, factors, poly):
+    return np.asarray(factors)[np.searchsorted(times, t, side="right")] * np.polyval(poly[::-1], t)
+
+
+def test_a_scheduled_sigma_decays_the_mean_by_the_integral_of_sigma_squared():
+    """E<x(t), x(0)> = exp(-(d-1)/2 int_0^t sigma(s)^2 ds) for Brownian motion on S^{d-1} with a
+    time-dependent strength; the scheme's own mean is the product over steps of
+    m(sigma_k^2 h) = E[(1 + sigma_k^2 h chi^2_{d-1})^{-1/2}] (sigma_k: the piece at the step's
+    midpoint, the polynomial at its start), which the Monte Carlo mean must match to its error."""
+    from scipy import integrate
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration"
+        else None)
+    h, d = 1 / 32, 3
+    for times, factors, poly in (([0.5], [0.5, 1.0], [1.0]), ([0.25], [0.75, 0.25], [1.0, 1.0])):
+        samples = _scheduled({"switch_times": times, "factors": factors, "poly": poly})
+        if not compiles:
+            compiles.append("first")
+        before = len(compiles)
+        mean, error = samples.mean(), samples.std() / np.sqrt(samples.size)
+        integral = integrate.quad(lambda t: _sigma(t, times, factors, poly) ** 2, 0, 1, points=times)[0]
+        exact = np.exp(-(d - 1) / 2 * integral)
+        starts = h * np.arange(32)
+        strengths = _sigma(starts + h / 2, times, factors, [1.0]) * np.polyval(poly[::-1], starts)
+        # chi^2_2 is 2 Exp(1): m(a) = int_0^inf e^{-u} (1 + 2 a u)^{-1/2} du
+        scheme = np.prod([integrate.quad(lambda u: np.exp(-u) / np.sqrt(1 + 2 * s**2 * h * u), 0, np.inf)[0]
+                          for s in strengths])
+        assert abs(mean - scheme) < 4 * error, (times, factors, poly, mean, scheme, error)
+        # The scheme tends to the closed form at order h: log m(a) = -a + 5a^2/2 + O(a^3) (d = 3)
+        # and the polynomial is read at each step's start, so |log(scheme/exact)| is at most
+        # 3 sum_k a_k^2 (a_k = sigma_k^2 h) plus (d-1)/2 |sum_k a_k - int sigma^2|.
+        a = strengths**2 * h
+        bias = 3 * np.sum(a**2) + (d - 1) / 2 * abs(a.sum() - integral)
+        assert abs(np.log(scheme / exact)) < bias, (np.log(scheme / exact), bias)
+        assert abs(np.log(mean / exact)) < bias + 4 * error / mean, (mean, scheme, exact, error)
+    assert len(compiles) == before, "a new noise schedule of the same shape recompiled"
+
+
+def test_a_factor_of_zero_stops_the_noise_at_its_switch_time_exactly():
+    config = {**SCHEDULED, "n": 3, "members": 2, "saves": 33, "noise": {
+        "sigma": 0.7, "switch_times": [0.5], "factors": [1.0, 0.0]}}
+    system = af.build_system(af.validate_config(config))
+    keys = jax.random.split(jax.random.key(0), 2)
+    solution = af.solve_ensemble(system, keys, jnp.asarray([1.0]), t1=1.0, dt=1 / 32, solver="euler", save_every=1)
+    x, ts = np.asarray(solution.stats["x"]), np.asarray(solution.ts)
+    moving = np.abs(np.diff(x, axis=-3)).max(axis=(0, 1, 3, 4))  # per step
+    # (the retraction of a unit vector moves it by a rounding, 2e-16, at most)
+    assert ts.shape == (33,) and (moving[ts[:-1] < 0.5] > 1e-2).all() and (moving[ts[:-1] >= 0.5] < 1e-14).all(), moving
+
+
+@pytest.mark.parametrize("noise, says", [
+    ({"sigma": 0.5, "switch_times": [1.0], "factors": [1.0]}, "needs 2 factors, got 1"),
+    ({"sigma": 0.5, "switch_times": [2.0, 1.0], "factors": [1.0, 1.0, 1.0]}, "noise.switch_times must increase"),
+    ({"sigma": 0.0, "factors": [2.0]}, "does not apply with noise.sigma=0"),
+    ({"sigma": 0.5, "poly": [1.0, float("nan")]}, "must be a finite number"),
+])
+def test_impossible_noise_schedules_are_refused_in_one_sentence(noise, says):
+    with pytest.raises(af.ConfigError, match=says):
+        af.validate_config({"n": 4, "d": 3, "members": 2, "noise": noise})
