@@ -12,6 +12,7 @@ import xarray as xr
 import yaml
 
 from .._errors import ConfigError
+from .._progress import Progress
 from .._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
 
 
@@ -94,3 +95,12 @@ def check_drawn_member(name: str, cfg, options, why: str, *, optional: bool = Fa
 def failed_members(ds: xr.Dataset, description: str = "members whose solve failed") -> xr.DataArray:
     """How many members of a panel's Dataset failed (`status` not 0), as a described scalar."""
     return xr.DataArray(int((ds["status"] != 0).sum())).assign_attrs(description=description)
+
+
+def counted(name: str, total: int, work, on_piece=None):
+    """`work(advance)`, where `advance` is the runner's `on_piece` when given (its bar
+    counts the pieces) or else that of a bar of `total` pieces of this experiment's own."""
+    if on_piece is not None:
+        return work(on_piece)
+    with Progress(name, total) as bar:
+        return work(bar.advance)

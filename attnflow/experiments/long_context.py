@@ -57,10 +57,9 @@ import xarray as xr
 from .._config import NOT_RESULT_KEYS, Config, _default_config
 from .._ensemble import available_memory
 from .._errors import ConfigError
-from .._progress import Progress
 from .._schedules import Identity
 from .._terms import SelfAttention
-from ._common import caption, colormap, config_of, subplots
+from ._common import caption, colormap, config_of, counted, subplots
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -300,11 +299,8 @@ def _dataset(cfg, rhos, ns, ratios, out, spread) -> xr.Dataset:
 
 
 def analyse(cfg, options, results, on_piece=None) -> xr.Dataset:
-    if on_piece is not None:
-        return long_context_dataset(cfg, options, on_piece)
-
-    with Progress("long_context", pieces(cfg, options)) as bar:
-        return long_context_dataset(cfg, options, bar.advance)
+    work = lambda advance: long_context_dataset(cfg, options, advance)
+    return counted("long_context", pieces(cfg, options), work, on_piece)
 
 
 def draw(ds: xr.Dataset) -> dict[str, Figure]:

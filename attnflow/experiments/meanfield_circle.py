@@ -50,12 +50,11 @@ from .._config import NOT_RESULT_KEYS, Config, _default_config
 from .._errors import ConfigError
 from .._field import VectorField
 from .._noise import brownian_noise, tree_depth
-from .._progress import Progress
 from .._schedules import Identity
 from .._simulate import simulate
 from .._terms import SelfAttention
 from ..analysis.meanfield import circle_growth_rate, circle_wasserstein, meanfield_circle
-from ._common import caption, colormap, config_of, subplots
+from ._common import caption, colormap, config_of, counted, subplots
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -332,10 +331,8 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
 
 
 def analyse(cfg, options, results, on_piece=None) -> xr.Dataset:
-    if on_piece is not None:
-        return meanfield_dataset(cfg, options, on_piece)
-    with Progress("meanfield_circle", pieces(cfg, options)) as bar:
-        return meanfield_dataset(cfg, options, bar.advance)
+    work = lambda advance: meanfield_dataset(cfg, options, advance)
+    return counted("meanfield_circle", pieces(cfg, options), work, on_piece)
 
 
 def draw(ds: xr.Dataset) -> dict[str, Figure]:
