@@ -16,26 +16,32 @@ attnflow's own exported piece programs still go to the session's folder when a t
 switches the cache folder on.
 
 The suite compiles far more than it computes (tiny sizes, thousands of programs), so its
-processes, and the `attnflow` subprocesses they start, compile with XLA's LLVM backend
-optimizations off (`--xla_backend_optimization_level=0`, added to any XLA_FLAGS given).
+processes, and the `attnflow` subprocesses they start, compile with XLA's backend
+optimizations off (JAX's `jax_disable_most_optimizations`, from the environment variable
+JAX_DISABLE_MOST_OPTIMIZATIONS=1 that subprocesses inherit; a value given is kept).
 Measured on this 2-core machine, 3 and 2 interleaved rounds, CPU seconds: a small study,
 a gradient and a Lyapunov spectrum 24.5 -> 17.0 (0.69x); 300 tiny training steps 54 ->
-34 (0.62x). The programs are the same HLO: only the machine code is less optimized, so
-no result changes beyond rounding, and benchmarks/ (which time the real thing) never
-set it."""
+34 (0.62x). The few tests that compute more than they compile turn them back on: the
+marker `@pytest.mark.optimized` for a test, the fixture `xla_optimizations` (a context
+manager) around a module fixture's run (measured, one process: the fig. 5 panels 45 ->
+26 s, the metastability staircase 53 -> 24 s). The programs are the same HLO: only the
+machine code differs, so no result changes beyond rounding, and benchmarks/ (which time
+the real thing) never set it."""
 
+import contextlib
 import gc
 import os
 import tempfile
 
-# Before JAX starts its backend (it reads XLA_FLAGS once, at the first computation).
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# Before JAX is imported (it reads the variable then); subprocesses inherit it.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+# (again here: a plugin may have imported JAX before this file set the variable)
+jax.config.update("jax_disable_most_optimizations", os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true"))
 jax.config.update("jax_enable_compilation_cache", False)
 # As diffrax's suite does: an implicit promotion between dtypes (int32 + int64, float32 +
 # float64, an int array times a Python float) or between ranks (an (n, d) array plus a
@@ -68,6 +74,33 @@ _HEAVY_FIRST = (
 def pytest_collection_modifyitems(items):
     order = {path: rank for rank, path in enumerate(_HEAVY_FIRST)}
     items.sort(key=lambda item: order.get(item.nodeid.split("::")[0], len(order)))  # stable: a module keeps its order
+
+
+@contextlib.contextmanager
+def _optimizations_on():
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", previous)
+
+
+@pytest.fixture(scope="session")
+def xla_optimizations():
+    """A context manager: programs compiled inside it get XLA's optimizations, for a
+    module fixture that computes more than it compiles (`with xla_optimizations(): ...`)."""
+    return _optimizations_on
+
+
+@pytest.fixture(autouse=True)
+def _optimized_marker(request):
+    """`@pytest.mark.optimized`: the test's own programs compile with XLA's optimizations."""
+    if request.node.get_closest_marker("optimized") is None:
+        yield
+    else:
+        with _optimizations_on():
+            yield
 
 
 @pytest.fixture(autouse=True, scope="module")

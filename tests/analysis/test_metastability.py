@@ -209,11 +209,12 @@ def test_a_drift_is_never_a_plateau():
 
 
 @pytest.fixture(scope="module")
-def experiment():
+def experiment(xla_optimizations):
     # The figure's setup for its first 4 members (members 0-3 of the 16 drawn: the member
     # keys do not depend on the member count): panel (a) at beta = 10 to t = 1e5, and
     # the published staircase (6 betas) in full.
-    return run_experiment("metastability", {"members": 4, "compilation_cache": False})
+    with xla_optimizations():
+        return run_experiment("metastability", {"members": 4, "compilation_cache": False})
 
 
 def test_the_staircase_climbs_the_partition_levels_of_the_published_setup(experiment):

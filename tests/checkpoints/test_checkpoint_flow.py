@@ -130,11 +130,12 @@ def test_checkpoint_experiment_refuses_bad_input_in_one_sentence(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smollm2_depth():
+def smollm2_depth(xla_optimizations):
     """experiment=checkpoint on SmolLM2 with the four step sizes, the adaptive solve and
     the theory run, as the committed figures were made (the probes are tested on their
     own below): one load of the model and one run for the three tests that read it."""
-    return af.run_experiment("checkpoint", {"experiment": {"options": {"probes": False}}})
+    with xla_optimizations():
+        return af.run_experiment("checkpoint", {"experiment": {"options": {"probes": False}}})
 
 
 def test_smollm2_refined_depth_stays_a_model_width_away(smollm2_depth):

@@ -58,6 +58,7 @@ def _exact(d: int) -> float:
     return float(np.exp(-(SIGMA**2) * (d - 1) * T / 2))
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("d, kind", [(2, "projected"), (3, "projected"), (3, "ambient")])
 def test_the_mean_of_one_particle_decays_at_the_rate_of_the_first_spherical_harmonic(d, kind):
     # (the ambient increment, retracted, has the projected one's drift to first order)
@@ -86,6 +87,7 @@ def test_the_scheme_has_weak_order_one(d):
     assert 0.6 < slope < 1.05, (d, slope, errors)
 
 
+@pytest.mark.optimized  # (the programs of the decay test: the same seed, the same program, the same bits)
 def test_one_brownian_tree_gives_the_same_path_at_every_step_size():
     runs = _runs(3)
     gaps = np.asarray([np.linalg.norm(runs[n][1] - runs[2 * n][1], axis=-1).mean() for n in STEPS[:-1]])
@@ -204,6 +206,7 @@ def _sigma(t, times, factors, poly):
     return np.asarray(factors)[np.searchsorted(times, t, side="right")] * np.polyval(poly[::-1], t)
 
 
+@pytest.mark.optimized
 def test_a_scheduled_sigma_decays_the_mean_by_the_integral_of_sigma_squared():
     """E<x(t), x(0)> = exp(-(d-1)/2 int_0^t sigma(s)^2 ds) for Brownian motion on S^{d-1} with a
     time-dependent strength; the scheme's own mean is the product over steps of

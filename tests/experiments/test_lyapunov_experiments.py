@@ -78,10 +78,11 @@ def test_small_beta_gives_the_consensus_spectrum(consensus_run):
 
 
 @pytest.fixture(scope="module")
-def beta_run():
+def beta_run(xla_optimizations):
     # The README's system (n = 32 uniform tokens on S^2, RK4 with h = 0.1 on [0, 100]) at
     # a small, a middle and a large beta, 16 members each.
-    return run_experiment("lyapunov", {"beta": [1.0, 3.0, 5.0], "members": 16, "compilation_cache": False})
+    with xla_optimizations():
+        return run_experiment("lyapunov", {"beta": [1.0, 3.0, 5.0], "members": 16, "compilation_cache": False})
 
 
 def test_consensus_at_small_beta_and_metastable_clusters_at_large_beta(beta_run):

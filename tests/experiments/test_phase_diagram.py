@@ -129,6 +129,7 @@ def test_random_logits_alone_keep_clusters_apart_at_large_beta():
     assert float(final.sel(beta=9.0)) <= 0.6, final.values
 
 
+@pytest.mark.optimized
 def test_the_four_panels_of_fig5_as_the_full_run_measured():
     """What the README reads off the full-size fig. 5 (2048 members per beta, run on an
     H200), at 16 members and two betas: with V Wishart, (a) and (b), every pair has
