@@ -96,6 +96,7 @@ from .experiments import (
 from .analysis.equiangular import equiangular_rate as equiangular_rate, equiangular_time as equiangular_time
 from .analysis.meanfield import (
     circle_growth_rate as circle_growth_rate,
+    circle_stationary_order as circle_stationary_order,
     circle_wasserstein as circle_wasserstein,
     meanfield_circle as meanfield_circle,
     MeanFieldSolution as MeanFieldSolution,
@@ -165,6 +166,7 @@ __all__ = [
     "build_init",
     "build_system",
     "circle_growth_rate",
+    "circle_stationary_order",
     "circle_wasserstein",
     "cluster_count",
     "cluster_labels",

@@ -9,9 +9,11 @@
 # diffeqformer trains its two models first when runs/diffeqformer lacks them (~25 min).
 # The two phase diagrams are long on a CPU (hours; phase_diagram_random days on 2 cores):
 # run them on a GPU, or give them members=... and beta='${linspace:0.1,9,30}'.
+# noise_transition and meanfield_circle take about an hour each on 2 cores (n = 1e4 and
+# n = 1e5 tokens: the cost grows like n^2).
 set -e
 cd "$(dirname "$0")/.."
-names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching checkpoint sensitivity lyapunov lyapunov_polynomial long_context diffeqformer adaptive_depth phase_diagram phase_diagram_random hardmax_sinkhorn}"
+names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching checkpoint sensitivity lyapunov lyapunov_polynomial long_context diffeqformer adaptive_depth phase_diagram phase_diagram_random noise_transition meanfield_circle hardmax_sinkhorn many_heads}"
 for name in $names; do
     echo "== $name"
     attnflow "experiment=$name" "hydra.run.dir=docs/figures/$name"

@@ -9,7 +9,8 @@
 - `equiangular`: the closed-form equiangular reduction behind the phase diagram;
 - `surrogate`: the flow-matching surrogate of an attention flow;
 - `meanfield`: the continuity equation of the token density on the circle, solved
-  spectrally (`meanfield_circle`), its linear growth rates (`circle_growth_rate`) and the
+  spectrally (`meanfield_circle`), its linear growth rates (`circle_growth_rate`), the
+  order parameter of its stationary density under noise (`circle_stationary_order`) and the
   Wasserstein-1 distance on the circle (`circle_wasserstein`).
 
 Each is reached as `attnflow.NAME` too (`attnflow.lyapunov_spectrum`).

@@ -5,7 +5,9 @@ independent draws from the density $\rho_0(\theta) = (1 + A\cos(m\theta))/2\pi$,
 continuity equation of `attnflow.analysis.meanfield.meanfield_circle` starts from
 $\rho_0$ itself. At each saved time the experiment measures the Wasserstein-1 distance on
 the circle between the particles' empirical measure and the density
-(`circle_wasserstein`), for every n and `members` independent draws.
+(`circle_wasserstein`), for every n and `members` independent draws (one number for
+every n, or one per n: fewer draws where n is large, since one draw costs of order n^2;
+the draws an n lacks are NaN in the Dataset, -1 in `particle_clusters`).
 
 Why $n^{-1/2}$. The empirical measure of n independent draws is at $W_1$ distance of
 order $n^{-1/2}$ from its law, and the particles' flow moves two measures apart at most
@@ -39,7 +41,7 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -75,8 +77,8 @@ class Options:
     beta: float = 4.0  # inverse temperature
     mode: int = 3  # the initial density is (1 + amplitude cos(mode theta)) / 2 pi
     amplitude: float = 0.5  # of the initial perturbation, in [0, 1)
-    n: list[int] = field(default_factory=lambda: [100, 316, 1000, 3162])  # token counts
-    members: int = 24  # independent draws of the particles per n
+    n: list[int] = field(default_factory=lambda: [100, 316, 1000, 3162, 10000, 31623, 100000])  # token counts
+    members: Any = field(default_factory=lambda: [24, 24, 24, 24, 8, 4, 2])  # draws per n: one number, or one per n
     times: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # times compared (from 0)
     dt: float = 0.25  # RK4 step of the particles
     grid: int = 2048  # grid points of the PDE (modes up to grid/3)
@@ -113,8 +115,11 @@ def check(cfg: Config, options) -> None:
     if not isinstance(ns, list) or len(ns) < 2 or not all(_whole(n, 2) for n in ns) or sorted(set(ns)) != ns:
         raise ConfigError(f"{name}.n must be an increasing list of at least two whole numbers >= 2 (a slope is "
                           f"fitted), got {ns!r}.")
-    if not _whole(options["members"], 2):
-        raise ConfigError(f"{name}.members must be a whole number >= 2, got {options['members']!r}.")
+    members = options["members"]
+    if not (_whole(members, 2) or isinstance(members, list) and len(members) == len(ns)
+            and all(_whole(m, 2) for m in members)):
+        raise ConfigError(f"{name}.members must be a whole number >= 2 or a list of them, one per n "
+                          f"({len(ns)} here), got {members!r}.")
     times = options["times"]
     if (not isinstance(times, list) or not times or not all(_real(t) for t in times) or times[0] != 0
             or any(b <= a for a, b in zip(times, times[1:]))):
@@ -145,6 +150,12 @@ def check(cfg: Config, options) -> None:
 
 def panels(base, options) -> dict:
     return {}  # everything is computed in `analyse`: one particle program per n, and the PDE
+
+
+def draws(options) -> list[int]:
+    """The number of independent draws of the particles at each n."""
+    members = options["members"]
+    return list(members) if isinstance(members, list) else [members] * len(options["n"])
 
 
 def pieces(cfg: Config, options) -> int:
@@ -253,7 +264,8 @@ def _circular(a, b):
 def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
     times = np.asarray(options["times"], np.float64)
     ns = np.asarray(options["n"], np.int64)
-    members = options["members"]
+    per_n = draws(options)
+    members = max(per_n)
     theta = np.arange(options["grid"]) * (2 * np.pi / options["grid"])
     rho0 = initial_density(theta, options["mode"], options["amplitude"])
     pde = meanfield_circle(rho0, times, beta=options["beta"], kind=options["kind"], sigma=options["sigma"])
@@ -263,16 +275,17 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
     peaks, peak_masses = density_clusters(np.asarray(pde.density)[-1], options["min_mass"])
     w1 = np.full((ns.size, members, times.size), np.nan)
     mode = np.full((ns.size, members, times.size), np.nan)
-    counts = np.zeros((ns.size, members), np.int64)
+    counts = np.full((ns.size, members), -1, np.int64)
     position_error = np.full((ns.size, members), np.nan)
     mass_error = np.full((ns.size, members), np.nan)
     key = jax.random.key(cfg.seed)
     shown = None
     for a, n in enumerate(ns):
-        keys = jax.random.split(jax.random.fold_in(key, int(n)), members)
+        # Split keys are prefix-consistent: draw m at this n is the same whatever the number of draws.
+        keys = jax.random.split(jax.random.fold_in(key, int(n)), per_n[a])
         angles = np.asarray(jax.device_get(_particles(options, int(n), cfg.attention_block)(keys)))
-        mode[a] = np.cos(options["mode"] * angles).mean(axis=-1)
-        for m in range(members):
+        mode[a, :per_n[a]] = np.cos(options["mode"] * angles).mean(axis=-1)
+        for m in range(per_n[a]):
             for t in range(times.size):
                 w1[a, m, t] = circle_wasserstein(angles[m, t], coefficients[t])
             where, mass = particle_clusters(angles[m, -1], options["gap"], options["min_mass"])
@@ -288,10 +301,12 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
             shown = angles[0]
         if on_piece is not None:
             on_piece()
-    mean = w1.mean(axis=1)
+    mean = np.nanmean(w1, axis=1)
     slope = np.polyfit(np.log(ns), np.log(mean), 1)[0]
     ds = xr.Dataset(coords={"n": ns, "member": np.arange(members), "time": times, "theta": theta,
                             "cluster": np.arange(peaks.size), "particle": np.arange(shown.shape[-1])})
+    ds["members"] = xr.DataArray(np.asarray(per_n, np.int64), dims="n", attrs={
+        "description": "independent draws of the particles at each n (the later members are NaN, clusters -1)"})
     ds["w1"] = xr.DataArray(w1, dims=("n", "member", "time"), attrs={
         "description": "Wasserstein-1 distance on the circle between the particles' empirical measure and the "
                        "mean-field density", "units": "radian"})
@@ -315,10 +330,10 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
     ds["peak_mass"] = xr.DataArray(peak_masses, dims="cluster", attrs={
         "description": "mass of each cluster of the density at the last time (between its neighbouring minima)"})
     ds["particle_clusters"] = xr.DataArray(counts, dims=("n", "member"), attrs={
-        "description": "number of clusters of the particles at the last time"})
+        "description": "number of clusters of the particles at the last time (-1: no such draw at this n)"})
     ds["position_error"] = xr.DataArray(position_error, dims=("n", "member"), attrs={
         "description": "largest angle between a cluster of the density and its particle cluster, at the last time "
-                       "(NaN where the counts differ)", "units": "radian"})
+                       "(NaN where the counts differ or there is no such draw)", "units": "radian"})
     ds["mass_error"] = xr.DataArray(mass_error, dims=("n", "member"), attrs={
         "description": "largest difference between the mass of a cluster of the density and the particles' share, "
                        "at the last time (NaN where the counts differ)"})
@@ -362,13 +377,13 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
         w1 = ds["w1"].isel(time=t).values
         middle.loglog(ns, w1.mean(axis=1), "o-", color=color, markersize=4,
                       label=f"t = {time:g}: slope {float(ds['slope'].isel(time=t)):.2f}")
-        middle.fill_between(ns, np.percentile(w1, 10, axis=1), np.percentile(w1, 90, axis=1), color=color,
+        middle.fill_between(ns, np.nanpercentile(w1, 10, axis=1), np.nanpercentile(w1, 90, axis=1), color=color,
                             alpha=0.12, linewidth=0)
     guide = ds["w1_mean"].isel(time=0).values[0] * np.sqrt(ns[0] / ns)
     middle.loglog(ns, guide, "k--", linewidth=0.8, label=r"$\propto n^{-1/2}$")
     middle.set_xlabel("n (tokens)")
     middle.set_ylabel(r"$W_1$(particles, PDE)")
-    middle.set_title(f"(b) mean over {ds.sizes['member']} draws, 10-90% band", fontsize=9)
+    middle.set_title(f"(b) mean over the draws ({_draws(ds)}), 10-90% band", fontsize=9)
     middle.legend(fontsize=7, loc="lower left")
     peaks = ds["peak"].values
     for a, n in enumerate(ns):
@@ -383,6 +398,14 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     return {"meanfield_circle": fig}
 
 
+def _draws(ds) -> str:
+    """The number of draws at each n, in words."""
+    per_n = ds["members"].values if "members" in ds else np.full(ds.sizes["n"], ds.sizes["member"])
+    if np.all(per_n == per_n[0]):
+        return f"{per_n[0]} draws per n"
+    return ", ".join(str(m) for m in per_n) + " draws at the successive n"
+
+
 def _wrapped(angle: float) -> float:
     """An angle in [-pi, pi), with the rounding of a peak at 0 shown as 0."""
     angle = float(np.angle(np.exp(1j * angle)))
@@ -392,12 +415,13 @@ def _wrapped(angle: float) -> float:
 def _caption(ds, options) -> str:
     ns = ds["n"].values
     slopes = ds["slope"].values
-    same = (ds["particle_clusters"] == ds.sizes["cluster"]).mean("member").values
+    counts = ds["particle_clusters"]
+    same = ((counts == ds.sizes["cluster"]).sum("member") / (counts >= 0).sum("member")).values
     errors = ds["position_error"].isel(n=-1).values
     worst = f"{np.nanmax(errors):.3f} rad" if np.isfinite(errors).any() else "undefined (no draw has the PDE's count)"
     return (f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = {options['sigma']:g}. "
             f"The particles are n independent draws from $(1 + {options['amplitude']:g}\\cos {options['mode']}\\theta)/2\\pi$ "
-            f"(RK4, dt = {options['dt']:g}); the PDE starts from that density ({ds.sizes['theta']} grid points, tsit5). "
+            f"(RK4, dt = {options['dt']:g}; {_draws(ds)}); the PDE starts from that density ({ds.sizes['theta']} grid points, tsit5). "
             f"The perturbed mode's linear growth rate at the uniform density is {float(ds['growth_rate']):.3f}. "
             f"Fitted slopes of log W1 against log n, n = {ns[0]} to {ns[-1]}: "
             + ", ".join(f"{s:.2f} (t = {t:g})" for s, t in zip(slopes, ds["time"].values))

@@ -20,7 +20,11 @@ measures the threshold from the disordered side: there the first mode of the emp
 measure is a linear (Ornstein-Uhlenbeck) fluctuation whose variance, by the rate of
 docs/model.md, is $E|m|^2 = 1/(n(1 - \\sigma_c^2/\\sigma^2))$; the line
 $1/(n E|m|^2)$ against $1/\\sigma^2$, fitted over the ratios above `disordered_from`,
-vanishes at the measured threshold (`measured_threshold`).
+vanishes at the measured threshold (`measured_threshold`). On the circle (d = 2) it
+also records the mean-field prediction of the ordered side, the order parameter of the
+stationary density (`attnflow.analysis.meanfield.circle_stationary_order`), at the
+panels' sigma (`meanfield_order`) and on a fine grid of sigma for the figure
+(`meanfield_curve`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import xarray as xr
 
 from .._errors import ConfigError
 from .._noise import critical_sigma
+from ..analysis.meanfield import circle_stationary_order
 from ._common import caption, config_of, figure
 
 if TYPE_CHECKING:
@@ -46,14 +51,15 @@ COORDINATES = {
     "n": ("number of tokens", "1"),
     "ratio": ("noise strength over the predicted critical one, sigma / sigma_c", "1"),
     "sigma": ("noise strength sigma", "1"),
+    "curve_sigma": ("noise strength sigma of the mean-field curve", "1"),
 }
 
 
 @dataclass
 class Options:
-    sizes: list[int] = field(default_factory=lambda: [32, 128, 512])  # the numbers of tokens n, one set of panels each
+    sizes: list[int] = field(default_factory=lambda: [32, 128, 512, 2048, 10000])  # numbers of tokens n, one set of panels each
     ratios: list[float] = field(  # sigma / sigma_c of the panels
-        default_factory=lambda: [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5])
+        default_factory=lambda: [0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5])
     late: float = 0.33333  # the order parameter is averaged over the last `late` fraction of [t0, t1] (a third)
     disordered_from: float = 1.15  # the ratios above this fit the susceptibility (measured threshold)
 
@@ -87,6 +93,26 @@ def panels(base: dict, options: dict) -> dict[str, dict]:
     return configs
 
 
+def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]:
+    """The mean-field order parameter of the stationary density on the circle (d = 2;
+    none on other spheres) at the panels' `sigma` (`meanfield_order`) and on a grid of
+    sigma over their range, refined toward sigma_c (`meanfield_curve`); with that grid."""
+    if d != 2:
+        return {}, np.zeros(0)
+    sigma_c = critical_sigma(beta, d)
+    curve = np.unique(np.concatenate([np.linspace(sigma.min(), sigma.max(), 49),
+                                      sigma_c * (1 - np.geomspace(1e-3, 0.1, 12))]))
+    curve = curve[(curve >= sigma.min()) & (curve <= sigma.max())]
+    return {
+        "meanfield_order": (("ratio",), [circle_stationary_order(beta, s) for s in sigma], {
+            "description": "order parameter of the stationary density of the mean-field equation (0 from "
+                           "sigma_c on: the uniform law)", "units": "1"}),
+        "meanfield_curve": (("curve_sigma",), [circle_stationary_order(beta, s) for s in curve], {
+            "description": "order parameter of the stationary density of the mean-field equation, on a fine "
+                           "grid of sigma", "units": "1"}),
+    }, curve
+
+
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
     sizes, ratios = [int(n) for n in options["sizes"]], [float(r) for r in options["ratios"]]
     sigma_c = critical_sigma(float(cfg.beta), int(cfg.d))
@@ -115,8 +141,10 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
         for i, n in enumerate(sizes):
             slope, intercept = np.polyfit(sigma[fit] ** -2.0, 1 / (n * square[i, fit]), 1)
             measured[i] = np.sqrt(-slope / intercept) if slope < 0 < intercept else np.nan
+    predictions, curve = meanfield_predictions(float(cfg.beta), int(cfg.d), sigma)
     return xr.Dataset(
         {
+            **predictions,
             "order": (("n", "ratio"), order, {
                 "description": "order parameter |mean_i x_i| averaged over the late window and the members",
                 "units": "1"}),
@@ -134,7 +162,7 @@ def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
                 "description": "predicted critical sigma_c = sqrt(2 A(beta)) of the mean-field equation",
                 "units": "1"}),
         },
-        coords={"n": sizes, "ratio": ratios, "sigma": ("ratio", sigma)},
+        coords={"n": sizes, "ratio": ratios, "sigma": ("ratio", sigma), "curve_sigma": curve},
     )
 
 
@@ -148,6 +176,9 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
                            markersize=4, capsize=2, label=f"n = {n}")
         ax.axhline(float(ds["floor"].values[i]), color=line[0].get_color(), linestyle=":", linewidth=0.9)
     ax.axvline(sigma_c, color="k", linestyle="--", linewidth=1.2, label=rf"predicted $\sigma_c$ = {sigma_c:.3f}")
+    if "meanfield_curve" in ds:
+        ax.plot(ds["curve_sigma"].values, ds["meanfield_curve"].values, color="k", linewidth=1.4,
+                label=r"mean field, $n \to \infty$: stationary $|\int e^{i\theta}\rho|$")
     ax.set_xlabel(r"noise $\sigma$")
     ax.set_ylabel(r"stationary order parameter $|\frac{1}{n}\sum_i x_i|$")
     ax.set_ylim(0, None)
@@ -155,13 +186,15 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     measured = ", ".join(f"n = {n}: {m:.3f}" for n, m in zip(ds["n"].values, ds["measured_threshold"].values))
     above = float(cfg["experiment"]["options"]["disordered_from"])
     t1, late = cfg["t1"], cfg["experiment"]["options"]["late"]
+    solid = "; solid: the order parameter of its stationary density" if "meanfield_curve" in ds else ""
     caption(fig, (
         f"Unnormalized attention (USA) with Q = K = V = I on $S^{{{cfg['d'] - 1}}}$, $\\beta$ = {cfg['beta']}, "
         f"plus the Brownian motion of the sphere of strength $\\sigma$; uniform tokens at t = 0, {cfg['solver']} "
         f"with dt = {cfg['dt']} in {cfg['dtype']}, {cfg['members']} members per point. The order parameter is "
         f"averaged over t in [{t1 - late * (t1 - cfg['t0']):.4g}, {t1:g}] and over members (bars: standard error); "
         f"dotted: the floor of uniform tokens at each n. Dashed: the linear stability threshold of the uniform law "
-        f"of the mean-field equation. Measured threshold (the zero of $1/(n E|m|^2)$, linear in $1/\\sigma^2$, fitted "
+        f"of the mean-field equation{solid}. Measured threshold (the zero of $1/(n E|m|^2)$, linear in "
+        f"$1/\\sigma^2$, fitted "
         f"for $\\sigma > {above:g}\\sigma_c$): {measured}."),
         width=110)
     return {"noise_transition": fig}

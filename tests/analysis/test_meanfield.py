@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from attnflow._errors import ConfigError
-from attnflow.analysis.meanfield import circle_growth_rate, circle_wasserstein, meanfield_circle
+from attnflow.analysis.meanfield import (
+    circle_growth_rate,
+    circle_stationary_order,
+    circle_wasserstein,
+    meanfield_circle,
+)
 
 # One grid and two saved times for every solve: one compiled program for the module.
 GRID = 96
@@ -91,6 +96,35 @@ def test_wasserstein_on_the_circle_closed_forms():
         for shift in (0.0, 0.3, 2.0):
             np.testing.assert_allclose(circle_wasserstein(points + shift, uniform), np.pi / (2 * n), rtol=1e-6)
     np.testing.assert_allclose(circle_wasserstein(np.full(5, 1.0), uniform), np.pi / 2, rtol=1e-7)
+
+
+def test_the_stationary_order_tends_to_kuramotos_as_beta_vanishes():
+    """As beta -> 0 the kernel e^{beta cos u}/beta is a constant plus cos u plus O(beta), so
+    the stationary density is exp((2r/sigma^2) cos theta)/Z and r solves Kuramoto's
+    r = I_1(2r/sigma^2)/I_0(2r/sigma^2) (found here by root bracketing): the distance falls
+    like beta (measured 5.0e-5 to 7.7e-5 at beta = 1e-3, ten times that at 1e-2)."""
+    import scipy.optimize
+    import scipy.special
+
+    for sigma in (0.5, 0.8, 0.95):
+        gain = 2 / sigma**2
+        kuramoto = scipy.optimize.brentq(
+            lambda r: r - scipy.special.i1(gain * r) / scipy.special.i0(gain * r), 1e-9, 1.0)
+        errors = [abs(circle_stationary_order(beta, sigma) - kuramoto) for beta in (1e-2, 1e-3)]
+        assert errors[1] < 1.5e-4 and errors[0] / errors[1] == pytest.approx(10, rel=0.1), errors
+
+
+def test_the_stationary_order_vanishes_like_a_square_root_at_sigma_c():
+    """A supercritical (continuous) transition: r^2 proportional to sigma_c - sigma near
+    sigma_c (r(0.99 sigma_c)/r(0.999 sigma_c) = sqrt(10) to 2%; measured 3.12), and r = 0
+    from sigma_c on, where the uniform density is linearly stable."""
+    import scipy.special
+
+    sigma_c = np.sqrt(2 * scipy.special.i1(1.0))
+    near, nearer = (circle_stationary_order(1.0, f * sigma_c) for f in (0.99, 0.999))
+    assert near / nearer == pytest.approx(np.sqrt(10), rel=0.02), (near, nearer)
+    assert circle_stationary_order(1.0, sigma_c) == 0 and circle_stationary_order(1.0, 1.2 * sigma_c) == 0
+    assert circle_stationary_order(1.0, 0.6 * sigma_c) == pytest.approx(0.946061, abs=1e-6)
 
 
 def test_bad_input_is_refused_in_one_sentence():

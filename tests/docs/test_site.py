@@ -102,3 +102,11 @@ def test_the_site_builds_strictly(tmp_path):
     # two plotly views embedded live
     live = [page for page in gallery if "<iframe" in page.read_text()]
     assert len(live) >= 2
+
+
+def test_the_gallery_script_makes_every_experiment():
+    """`experiments/all_figures.sh` (the whole gallery) runs every experiment by default."""
+    script = (ROOT / "experiments" / "all_figures.sh").read_text()
+    names = re.search(r'names="\$\{\*:-([^}]*)\}"', script)[1].split()
+    assert len(set(names)) == len(names), names
+    assert sorted(names) == sorted(EXPERIMENTS), sorted(set(EXPERIMENTS) ^ set(names))

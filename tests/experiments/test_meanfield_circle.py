@@ -64,12 +64,27 @@ def test_sampled_angles_follow_the_initial_density():
     assert np.max(np.abs(cdf - np.arange(1, theta.size + 1) / theta.size)) < 1.6 / np.sqrt(theta.size)
 
 
+def test_fewer_draws_at_some_n_keep_the_others():
+    """`members` one per n: an n with fewer draws keeps the first draws of the full count
+    (the keys are split for the largest count), the missing ones are NaN (clusters -1),
+    and the means are over the draws made."""
+    options = {"n": [20, 40], "dt": 0.5, "grid": 64, "times": [0.0, 1.0]}
+    full = run_experiment("meanfield_circle", {"experiment": {"options": {**options, "members": 3}}})
+    fewer = run_experiment("meanfield_circle", {"experiment": {"options": {**options, "members": [3, 2]}}})
+    assert fewer["members"].values.tolist() == [3, 2]
+    np.testing.assert_array_equal(fewer["w1"].values[0], full["w1"].values[0])
+    np.testing.assert_array_equal(fewer["w1"].values[1, :2], full["w1"].values[1, :2])
+    assert np.isnan(fewer["w1"].values[1, 2]).all() and fewer["particle_clusters"].values[1, 2] == -1
+    np.testing.assert_allclose(fewer["w1_mean"].values[1], full["w1"].values[1, :2].mean(axis=0))
+
+
 @pytest.mark.parametrize("options,message", [
     ({"sigma": -0.1}, "sigma must be a number >= 0"),
     ({"n": [100]}, "at least two whole numbers"),
     ({"times": [1.0, 2.0]}, "starting at 0"),
     ({"times": [0.0, 0.3]}, "whole number of steps"),
     ({"amplitude": 1.0}, r"must lie in \[0, 1\)"),
+    ({"members": [4, 4]}, "a list of them, one per n"),
 ])
 def test_bad_options_are_one_sentence(options, message):
     with pytest.raises(ConfigError, match=message):
