@@ -22,7 +22,8 @@ $\lambda_2 = 0.568$ and $\lambda_4 = 0.501$), and the density gathers into m clu
 the maxima of $\cos(m\theta)$. The density's clusters are its local maxima, each with the
 mass between the neighbouring minima (those of mass below `min_mass` are left out); the
 particles' clusters are the runs of sorted angles split at gaps wider than `gap` radians,
-each placed at its circular mean.
+each placed at its circular mean, leaving out the stragglers between clusters (particles
+with fewer than `core` n others within `gap`/2: at n = 1e5 a few of them can close a gap).
 
 Noise. At `sigma` > 0 every particle also carries its own Brownian motion on the circle
 (`attnflow.brownian_noise`, kind `projected`: the tangent increment $\sigma P_x\Delta W$
@@ -84,6 +85,7 @@ class Options:
     grid: int = 2048  # grid points of the PDE (modes up to grid/3)
     sigma: float = 0.0  # noise: Brownian motion of strength sigma on the circle, in the particles and the PDE
     gap: float = 0.3  # particle clusters are split at gaps wider than this (radians)
+    core: float = 0.001  # a particle with fewer than max(1, core n) others within gap/2 is in no cluster
     min_mass: float = 0.05  # clusters of less mass are not counted
 
 
@@ -119,7 +121,7 @@ def check(cfg: Config, options) -> None:
     if not (_whole(members, 2) or isinstance(members, list) and len(members) == len(ns)
             and all(_whole(m, 2) for m in members)):
         raise ConfigError(f"{name}.members must be a whole number >= 2 or a list of them, one per n "
-                          f"({len(ns)} here), got {members!r}.")
+                          f"({len(ns)} here), got {members!r} (members=24 gives 24 draws at every n).")
     times = options["times"]
     if (not isinstance(times, list) or not times or not all(_real(t) for t in times) or times[0] != 0
             or any(b <= a for a, b in zip(times, times[1:]))):
@@ -134,6 +136,8 @@ def check(cfg: Config, options) -> None:
                           f"{options['grid']!r}.")
     if not (_real(options["gap"]) and 0 < options["gap"] < math.pi):
         raise ConfigError(f"{name}.gap must lie in (0, pi) radians, got {options['gap']!r}.")
+    if not (_real(options["core"]) and 0 <= options["core"] < 1):
+        raise ConfigError(f"{name}.core must lie in [0, 1), got {options['core']!r}.")
     if not (_real(options["min_mass"]) and 0 <= options["min_mass"] < 1):
         raise ConfigError(f"{name}.min_mass must lie in [0, 1), got {options['min_mass']!r}.")
     if cfg.dtype.value != "float64":
@@ -237,11 +241,21 @@ def density_clusters(density, min_mass: float):
     return np.mod((peaks + offset) * h, 2 * np.pi)[keep], masses[keep]
 
 
-def particle_clusters(angles, gap: float, min_mass: float):
+def particle_clusters(angles, gap: float, min_mass: float, core: float = 0.0):
     """The clusters of points on the circle: runs of the sorted angles split where two
     neighbours lie more than `gap` apart, each at its circular mean with its share of
-    the points; those below `min_mass` left out."""
+    all the points; those below `min_mass` left out. A point with fewer than
+    max(1, `core` n) others within `gap`/2 of it is a straggler and belongs to no
+    cluster (with `core` > 0): between two clusters, a few stragglers would otherwise
+    close the gap that separates them, and there are more of them as n grows."""
     theta = np.sort(np.mod(np.asarray(angles), 2 * np.pi))
+    total = theta.size
+    if core > 0:
+        around = np.concatenate([theta - 2 * np.pi, theta, theta + 2 * np.pi])
+        others = np.searchsorted(around, theta + gap / 2, "right") - np.searchsorted(around, theta - gap / 2) - 1
+        theta = theta[others >= max(1, core * total)]
+        if theta.size == 0:
+            return np.zeros(0), np.zeros(0)
     n = theta.size
     gaps = np.diff(np.append(theta, theta[0] + 2 * np.pi))
     cuts = np.flatnonzero(gaps > gap)
@@ -251,7 +265,7 @@ def particle_clusters(angles, gap: float, min_mass: float):
         ends = np.append(cuts[1:], cuts[0] + n)  # each run goes from just after one gap to the next
         groups = [theta[np.arange(start + 1, end + 1) % n] for start, end in zip(cuts, ends)]
     positions = np.asarray([np.mod(np.angle(np.mean(np.exp(1j * g))), 2 * np.pi) for g in groups])
-    masses = np.asarray([g.size / n for g in groups])
+    masses = np.asarray([g.size / total for g in groups])
     keep = masses >= min_mass
     order = np.argsort(positions[keep])
     return positions[keep][order], masses[keep][order]
@@ -288,7 +302,7 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
         for m in range(per_n[a]):
             for t in range(times.size):
                 w1[a, m, t] = circle_wasserstein(angles[m, t], coefficients[t])
-            where, mass = particle_clusters(angles[m, -1], options["gap"], options["min_mass"])
+            where, mass = particle_clusters(angles[m, -1], options["gap"], options["min_mass"], options["core"])
             counts[a, m] = where.size
             if where.size == peaks.size and where.size:
                 # Pair the clusters in order of angle, at the rotation that fits best.

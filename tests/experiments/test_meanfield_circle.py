@@ -78,6 +78,20 @@ def test_fewer_draws_at_some_n_keep_the_others():
     np.testing.assert_allclose(fewer["w1_mean"].values[1], full["w1"].values[1, :2].mean(axis=0))
 
 
+def test_stragglers_between_clusters_do_not_join_them():
+    """Three clusters of 3000 points, and 20 stragglers every 0.1 rad across the gap
+    between two of them: split at gaps alone they make two clusters; without the
+    stragglers (fewer than 0.001 n others within gap/2) the three, each of mass 1/3."""
+    rng = np.random.default_rng(0)
+    clusters = np.concatenate([c + 0.02 * rng.standard_normal(3000) for c in (0.0, 2.1, 4.2)])
+    angles = np.concatenate([clusters, np.arange(2.2, 4.15, 0.1)])
+    assert mc.particle_clusters(angles, 0.3, 0.05)[0].size == 2
+    where, mass = mc.particle_clusters(angles, 0.3, 0.05, core=0.001)
+    distance = np.abs(np.angle(np.exp(1j * (where[:, None] - np.array([0.0, 2.1, 4.2])[None]))))
+    assert where.size == 3 and (distance.min(axis=0) < 2e-3).all(), where
+    np.testing.assert_allclose(mass, 1 / 3, atol=1e-3)
+
+
 @pytest.mark.parametrize("options,message", [
     ({"sigma": -0.1}, "sigma must be a number >= 0"),
     ({"n": [100]}, "at least two whole numbers"),
@@ -85,6 +99,7 @@ def test_fewer_draws_at_some_n_keep_the_others():
     ({"times": [0.0, 0.3]}, "whole number of steps"),
     ({"amplitude": 1.0}, r"must lie in \[0, 1\)"),
     ({"members": [4, 4]}, "a list of them, one per n"),
+    ({"core": 1.0}, r"core must lie in \[0, 1\)"),
 ])
 def test_bad_options_are_one_sentence(options, message):
     with pytest.raises(ConfigError, match=message):
