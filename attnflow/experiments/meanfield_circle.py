@@ -384,12 +384,12 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     left.set_ylim(1e-3, 1.5 * float(ds["density"].max()))
     left.set_xlabel(r"angle $\theta$")
     left.set_ylabel(r"density $\rho(t, \theta)$")
-    left.set_title(f"(a) the PDE (lines) and n = {ns[-1]} particles, member 0 (histograms)", fontsize=9)
+    left.set_title(f"(a) the PDE (lines), n = {ns[-1]} particles (histograms)", fontsize=9)
     left.legend(fontsize=7, loc="upper right")
     for t, time in enumerate(times):
         color = cmap(t / max(len(times) - 1, 1))
         w1 = ds["w1"].isel(time=t).values
-        middle.loglog(ns, w1.mean(axis=1), "o-", color=color, markersize=4,
+        middle.loglog(ns, np.nanmean(w1, axis=1), "o-", color=color, markersize=4,
                       label=f"t = {time:g}: slope {float(ds['slope'].isel(time=t)):.2f}")
         middle.fill_between(ns, np.nanpercentile(w1, 10, axis=1), np.nanpercentile(w1, 90, axis=1), color=color,
                             alpha=0.12, linewidth=0)
@@ -397,7 +397,7 @@ def draw(ds: xr.Dataset) -> dict[str, Figure]:
     middle.loglog(ns, guide, "k--", linewidth=0.8, label=r"$\propto n^{-1/2}$")
     middle.set_xlabel("n (tokens)")
     middle.set_ylabel(r"$W_1$(particles, PDE)")
-    middle.set_title(f"(b) mean over the draws ({_draws(ds)}), 10-90% band", fontsize=9)
+    middle.set_title("(b) mean over the draws, 10-90% band", fontsize=9)
     middle.legend(fontsize=7, loc="lower left")
     peaks = ds["peak"].values
     for a, n in enumerate(ns):
