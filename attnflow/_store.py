@@ -41,8 +41,11 @@ def in_background(work: Callable[[], Any]) -> Any:
     """Run `work()` in a worker thread and wait for it.
 
     A compiled computation or a NetCDF write cannot be interrupted from Python, but the
-    wait can: Ctrl-C raises `KeyboardInterrupt` here at once, while the abandoned
-    worker runs on (its results unused) until the process ends.
+    wait can: Ctrl-C raises `KeyboardInterrupt` here, while the abandoned worker runs on
+    (its results unused) until the process ends. It does so at once while the worker is
+    in a call that releases Python's GIL (a compiled JAX computation); the netCDF
+    library's write of one variable holds it, so there the interrupt lands when that
+    call returns.
     """
     box: dict[str, Any] = {}
 
