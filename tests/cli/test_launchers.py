@@ -108,8 +108,11 @@ def test_joblib_sweep_equals_the_basic_one_and_resumes_after_a_kill(basic, tmp_p
     for line in lines[:-1]:
         assert line.startswith(("attnflow: error: job 2 (beta=-1", "attnflow: error: job 3 (beta=-1")), stderr
     assert not (sweep / "1" / "results.nc").exists()
+    # Usually job 1 is half-way; on a fast machine it can have finished all 16 pieces
+    # (not yet its results file) by the time job 0's file appears (seen on a 2-core AMD
+    # EPYC). Either way it resumes from its pieces below.
     kept = len(list(pieces.glob("piece-*.npz")))
-    assert 2 <= kept < 16
+    assert 2 <= kept <= 16
     finished = (sweep / "0" / "results.nc").stat().st_mtime_ns
 
     # The same command again: job 0 is skipped, job 1 resumes from its pieces (its
