@@ -270,11 +270,11 @@ def circle_stationary_order(beta: float, sigma: float, *, points: int = 512, tol
     if sigma >= sigma_c * (1 - 1e-9):  # within rounding of sigma_c counts as sigma_c
         return 0.0
     theta = np.arange(points) * (2 * np.pi / points)
-    # 2/sigma^2 times the coefficients of W, with e^{-beta} taken out (it cancels below).
-    gain = 2 / sigma**2 * 2 * np.pi * scipy.special.ive(np.arange(points // 2 + 1), beta) / beta
+    # 2/sigma^2 times the Fourier multipliers of W (finite in float64 for beta <= 700).
+    gain = 2 / sigma**2 * 2 * np.pi * scipy.special.iv(np.arange(points // 2 + 1), beta) / beta
     rho = (1 + np.cos(theta)) / (2 * np.pi)
     for _ in range(max_iterations):
-        exponent = np.fft.irfft(gain * np.fft.rfft(rho), points) * np.exp(beta)
+        exponent = np.fft.irfft(gain * np.fft.rfft(rho), points)
         image = np.exp(exponent - exponent.max())
         image /= image.mean() * 2 * np.pi
         moved = np.abs(image - rho).max()

@@ -100,14 +100,16 @@ def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]
     if d != 2:
         return {}, np.zeros(0)
     sigma_c = critical_sigma(beta, d)
-    curve = np.unique(np.concatenate([np.linspace(sigma.min(), sigma.max(), 49),
+    # One grid holds the panels' sigma too, so that each sigma is solved once.
+    curve = np.unique(np.concatenate([sigma, np.linspace(sigma.min(), sigma.max(), 49),
                                       sigma_c * (1 - np.geomspace(1e-3, 0.1, 12))]))
     curve = curve[(curve >= sigma.min()) & (curve <= sigma.max())]
+    order = np.asarray([circle_stationary_order(beta, s) for s in curve])
     return {
-        "meanfield_order": (("ratio",), [circle_stationary_order(beta, s) for s in sigma], {
+        "meanfield_order": (("ratio",), order[np.searchsorted(curve, sigma)], {
             "description": "order parameter of the stationary density of the mean-field equation (0 from "
                            "sigma_c on: the uniform law)", "units": "1"}),
-        "meanfield_curve": (("curve_sigma",), [circle_stationary_order(beta, s) for s in curve], {
+        "meanfield_curve": (("curve_sigma",), order, {
             "description": "order parameter of the stationary density of the mean-field equation, on a fine "
                            "grid of sigma", "units": "1"}),
     }, curve
