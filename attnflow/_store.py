@@ -68,6 +68,18 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
 
 
+def _alive(tmp: Path) -> bool:
+    """Whether the process that named the temporary file `tmp` (`_temporary`) still runs."""
+    try:
+        pid = int(tmp.name[: -len(_TMP_SUFFIX)].rsplit(".", 1)[1].split("-")[0])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
 def _previous(path: Path) -> Path:
     """Where a folder being replaced waits while its replacement is renamed in."""
     return path.with_name(f".{path.name}.old")
@@ -90,7 +102,8 @@ def replacing(path: str | os.PathLike, *, folder: bool = False) -> Iterator[Path
     `tmp` is a temporary name in the same folder, known while it is written
     (`discard_partial_files`); it gets the mode the umask gives (some writers, such as
     safetensors, make their files readable by their owner only) and is renamed into
-    place. A folder replaces its previous self by two renames that no interrupt
+    place; the temporary files of writers no longer running are removed first. A
+    folder replaces its previous self by two renames that no interrupt
     separates; a crash between them leaves the previous folder beside it, which
     `recover` puts back. When the block fails `tmp` is removed, `path` is untouched, and
     a write that failed for want of room (a full disk, a quota, a folder made read-only)
@@ -102,6 +115,10 @@ def replacing(path: str | os.PathLike, *, folder: bool = False) -> Iterator[Path
         recover(path)
         for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
             _remove(stale)  # a killed writer's leftovers
+    else:
+        for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
+            if not _alive(stale):
+                _remove(stale)  # left by a writer that was killed, or exited on Ctrl-C
     tmp = _temporary(path)
     with _PARTIAL_LOCK:
         _PARTIAL.add(tmp)
@@ -168,9 +185,19 @@ def _interrupts_deferred():
 
 def _write_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """`write(tmp)` a file that then replaces `path` (see `replacing`); the write runs in
-    a worker thread, so that Ctrl-C stops the wait at once (`in_background`)."""
+    a worker thread, so that Ctrl-C stops the wait (`in_background`). A worker abandoned
+    that way removes, when its write returns, the file it was writing: the interrupt
+    may come before the writer (re)creates it, after `replacing` has cleaned up."""
     with replacing(path) as tmp:
-        in_background(lambda: write(tmp))
+        def work():
+            try:
+                write(tmp)
+            finally:
+                with _PARTIAL_LOCK:
+                    if tmp not in _PARTIAL:  # abandoned (Ctrl-C): what the writer made since goes too
+                        _remove(tmp)
+
+        in_background(work)
     return Path(path)
 
 
