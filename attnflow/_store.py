@@ -113,12 +113,9 @@ def replacing(path: str | os.PathLike, *, folder: bool = False) -> Iterator[Path
     if folder:
         _make_folder(path.parent)
         recover(path)
-        for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
-            _remove(stale)  # a killed writer's leftovers
-    else:
-        for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
-            if not _alive(stale):
-                _remove(stale)  # left by a writer that was killed, or exited on Ctrl-C
+    for stale in path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}"):
+        if folder or not _alive(stale):
+            _remove(stale)  # left by a writer that was killed, or exited on Ctrl-C
     tmp = _temporary(path)
     with _PARTIAL_LOCK:
         _PARTIAL.add(tmp)
