@@ -20,6 +20,7 @@ from ._errors import (
     CheckpointError as CheckpointError,
     ConfigError as ConfigError,
     NonFiniteStateError as NonFiniteStateError,
+    RunNote as RunNote,
     SolverFailure as SolverFailure,
     StorageError as StorageError,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "Results",
     "Retracted",
     "Rotary",
+    "RunNote",
     "SOLVERS",
     "Scaled",
     "SelfAttention",

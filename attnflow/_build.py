@@ -169,6 +169,9 @@ class Study:
         grid: the times: fixed steps and the grid steps recorded, or the output times.
         output_bytes: the size of the statistics the run returns (at most this, for
             log-spaced output times).
+        notes: what the run should be told about its settings that is not an error (a
+            switch time outside the run's interval), one sentence each; stored in the
+            results' `notes` attribute and said at the end of a run.
     """
 
     config: Config
@@ -176,6 +179,7 @@ class Study:
     beta_is_list: bool
     grid: TimeGrid
     output_bytes: int
+    notes: tuple[str, ...] = ()
 
     @property
     def pairs(self) -> int:
@@ -271,7 +275,7 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     if not cfg.attention and not cfg.mlp.enabled and cfg.noise.sigma == 0:
         raise ConfigError("attention=false and mlp.enabled=false leave no dynamics; switch one on (or the noise, "
                           "noise.sigma > 0).")
-    _check_normalisation(cfg)
+    _check_normalisation(cfg, betas)
     _check_init(cfg)
     if cfg.attention:
         _check_weights(cfg)
@@ -292,14 +296,36 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     else:
         grid = time_grid(t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, save_steps=save_steps(steps, cfg.saves, cfg.save_spacing),
                          num_steps=steps)
-    return Study(cfg, np.asarray(betas, np.float64), beta_is_list, grid, size)
+    return Study(cfg, np.asarray(betas, np.float64), beta_is_list, grid, size, _switches_outside(cfg))
 
 
-def _check_normalisation(cfg: Config) -> None:
+def _switches_outside(cfg: Config) -> tuple[str, ...]:
+    """A note for every schedule whose switch times fall outside (t0, t1): the run never
+    switches there. Not an error: a sweep of t1 (`-m t1=3,10`) with a switch at 5 must
+    still run its short job."""
+    schedules = [("noise", cfg.noise)] if cfg.noise.sigma != 0 else []
+    if cfg.attention:
+        schedules += [(f"weights.{m}", getattr(cfg.weights, m)) for m in "qkvo"
+                      if getattr(cfg.weights, m).kind != "none"]
+    notes = []
+    for path, spec in schedules:
+        outside = [t for t in spec.switch_times if not cfg.t0 < t < cfg.t1]
+        if outside:
+            shown = ", ".join(f"{t:g}" for t in outside)
+            notes.append(f"{path}.switch_times holds {shown}, outside the run's interval (t0, t1) = "
+                         f"({cfg.t0:g}, {cfg.t1:g}), so the run never switches there and the factors of the pieces "
+                         "it skips are unused.")
+    return tuple(notes)
+
+
+def _check_normalisation(cfg: Config, betas: list[float]) -> None:
     """The settings of sinkhorn and hardmax attention, and what they cannot be combined with."""
     if cfg.dynamics == "sinkhorn":
         _number("sinkhorn.iterations", cfg.sinkhorn.iterations, minimum=1)
         _number("sinkhorn.tol", cfg.sinkhorn.tol, positive=True)
+        if cfg.sinkhorn.iterations > INDEX_LIMIT:
+            raise ConfigError(f"sinkhorn.iterations={cfg.sinkhorn.iterations} is more than the int32 loop counter "
+                              f"of the alternations can count (2^31 - 1 = {INDEX_LIMIT}); lower it.")
         if cfg.causal:
             raise ConfigError("dynamics=sinkhorn cannot be causal: a lower-triangular doubly stochastic matrix is "
                               "the identity.")
@@ -309,6 +335,12 @@ def _check_normalisation(cfg: Config) -> None:
             raise ConfigError("dynamics=hardmax takes the argmax of <Q x_i, K x_j> alone: alibi does not apply.")
         if not cfg.hardmax.self_attention and cfg.n < 2:
             raise ConfigError("hardmax.self_attention=false needs n >= 2 tokens (a token needs another to attend to).")
+        # beta does not enter the argmax: every beta of a list would solve the same
+        # flow, which reads as agreeing replicates, unless something reads beta itself.
+        if len(set(betas)) > 1 and not reading("beta", cfg.metrics) and cfg.time_change.speed != "log_beta":
+            raise ConfigError(f"dynamics=hardmax does not read beta, so beta={_floats(cfg.beta)} would solve one "
+                              f"flow {len(set(betas))} times over; give one beta, or record a metric that reads "
+                              f"beta ({names_reading('beta')}).")
     if cfg.dynamics in ("sinkhorn", "hardmax") and cfg.attention_block:
         raise ConfigError(f"dynamics={cfg.dynamics} normalises the whole n x n logits and is not tiled: set "
                           f"attention_block to null or 0, got {cfg.attention_block}.")
@@ -365,6 +397,44 @@ def _check_noise(cfg: Config) -> None:
                           "time_change.speed=null or noise.sigma=0.")
     if cfg.exact_times:
         raise ConfigError("a noisy path has no smooth interpolant between grid steps: set exact_times=false.")
+    least = tree_depth(cfg.t0, cfg.t1, cfg.dt)
+    if noise.depth is not None and noise.depth < least:
+        # Below its resolution the tree interpolates: the increments of steps finer than
+        # it are a smooth, far weaker path (a quadratic variation 0.12 instead of 1 at
+        # depth 1 and dt = 1/64), not Brownian noise.
+        span = cfg.t1 - cfg.t0
+        raise ConfigError(f"noise.depth={noise.depth} resolves the Brownian path to (t1 - t0)/2^{noise.depth} = "
+                          f"{span * 2.0 ** -noise.depth:.4g}, coarser than the step dt={cfg.dt:g}, so the noise "
+                          f"would be smoothed away; give noise.depth >= {least} (the least that resolves dt) or "
+                          "null (that least depth).")
+    # The strength times its largest factor, squared by the retraction's norm (and by the
+    # energy of flat space): past the square root of the dtype's largest number a step
+    # overflows at once.
+    largest = math.sqrt(float(np.finfo(cfg.dtype.value).max))
+    factor = max([abs(f) for f in factors] or [1.0])
+    if noise.sigma * factor >= largest:
+        strength = f"noise.sigma={noise.sigma:g}" + (f" times its factor {factor:g}" if factor != 1 else "")
+        wider = " (or dtype=float64)" if cfg.dtype == "float32" else ""
+        raise ConfigError(f"{strength} is too large for {cfg.dtype}: a step squares the strength, which overflows "
+                          f"from sqrt({float(np.finfo(cfg.dtype.value).max):.3g}) = {largest:.3g} on; give a "
+                          f"smaller noise.sigma{wider}.")
+
+
+def non_finite_advice(cfg: Config) -> str:
+    """What a run whose state turned NaN or infinite may change, in words: only remedies
+    that its config would accept (a noisy or colliding run takes no adaptive solver)."""
+    remedies = ["a smaller dt"]
+    if not cfg.adaptive and cfg.noise.sigma == 0 and cfg.time_change.collisions is None:
+        remedies.append("an adaptive solver")
+    if cfg.dtype == "float32":
+        remedies.append("float64")
+    if cfg.attention and cfg.dynamics != "hardmax":
+        remedies.append("a smaller beta")
+    if cfg.noise.sigma != 0:
+        remedies.append("a smaller noise.sigma")
+    if cfg.adaptive:
+        remedies[0] = "tighter rtol and atol"
+    return "use " + (", ".join(remedies[:-1]) + " or " + remedies[-1] if len(remedies) > 1 else remedies[0])
 
 
 def _floats(value: Any) -> Any:
@@ -401,6 +471,10 @@ def _check_init(cfg: Config) -> None:
         raise ConfigError(f"the orthonormal initial condition needs n <= d, got n={n} > d={d}.")
     if init.kind in ("caps", "mixture"):
         _number("init.k", init.k, minimum=1)
+        if init.k > n:
+            # More groups than tokens: some are empty, and their centres are drawn for nothing.
+            raise ConfigError(f"init.k={init.k} {init.kind} for n={n} tokens leaves some of them empty; give "
+                              f"init.k <= n.")
         if init.centres is not None:
             centres = _array("init.centres", init.centres, cfg.dtype)
             if centres.shape != (init.k, d):
@@ -520,7 +594,7 @@ def _per_save_bytes(cfg: Config) -> int:
     n, d = cfg.n, cfg.d
     rows = attention_rows(n, cfg.attention_block)
     sizes = Sizes(n=n, heads=cfg.heads, itemsize=itemsize, rows=None if rows is None else len(rows))
-    total = 1 + sum(METRICS[str(m)].size(sizes) for m in cfg.metrics)
+    total = 1 + sum(METRICS[m].size(sizes) for m in recorded_metrics(cfg))
     return total + (n * d * itemsize if cfg.save_states else 0)
 
 
@@ -844,17 +918,35 @@ class ConfiguredSystem(eqx.Module):
         recorder = Recorder(
             beta=jnp.asarray(beta, dtype),
             eps=jnp.asarray(_Values(cfg, self.values)("eps"), dtype),
-            metrics=tuple(m.value for m in cfg.metrics),
+            metrics=recorded_metrics(cfg),
             save_states=bool(cfg.save_states),
             rank_rtol=cfg.rank_rtol,
-            block=cfg.attention_block,
+            # Sinkhorn attention is never tiled, so neither are its metrics.
+            block=0 if cfg.dynamics == "sinkhorn" and cfg.attention_block is None else cfg.attention_block,
         )
         return field, y0, recorder
 
 
-def build_system(cfg: Config) -> ConfiguredSystem:
-    """The member builder of a validated config (beta, the seed and the ensemble size
-    are left out: they are data or do not change what is compiled)."""
+def recorded_metrics(cfg: Config) -> tuple[str, ...]:
+    """The metrics a run records: the config's, and the column error of Sinkhorn
+    attention in every Sinkhorn run, whose `sinkhorn.tol` is checked against it (it is
+    kept in the results only when the config asks for it)."""
+    metrics = tuple(m.value for m in cfg.metrics)
+    if cfg.dynamics == "sinkhorn" and "marginal_error" not in metrics:
+        metrics += ("marginal_error",)
+    return metrics
+
+
+def build_system(cfg: Config | Mapping) -> ConfiguredSystem:
+    """The member builder of a config (beta, the seed and the ensemble size are left
+    out: they are data or do not change what is compiled). A mapping, as `run` takes
+    one, is composed and checked first (`validate_config`); a `Config` is taken as
+    validated."""
+    if not isinstance(cfg, Config):
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"build_system takes a config: a mapping of keys to values, or a Config from "
+                              f"validate_config, got {type(cfg).__name__}.")
+        cfg = validate_config(cfg)
     static = dataclasses.replace(cfg, beta=0.0, seed=0, members=1)
     data = _data(static)
     dtype = jnp.dtype(cfg.dtype.value)

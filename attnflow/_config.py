@@ -18,6 +18,7 @@ import difflib
 import enum
 import functools
 import importlib.resources
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -481,9 +482,11 @@ def _check_given(given: Mapping, schema: type, prefix: str) -> None:
 def typed_options(schema: type, given: Mapping, prefix: str) -> dict:
     """`given` typed by the dataclass `schema` over its defaults, as plain containers
     (choices as their names): the options of an experiment (`prefix` names where they
-    sit, `experiment.options.`). A key the schema lacks, a value of the wrong type or
-    a name outside a choice is refused in one sentence; ranges and combinations are the
-    caller's to check."""
+    sit, `experiment.options.`). A key the schema lacks, a value of the wrong type, a
+    name outside a choice, a number that is NaN or infinite and a list that holds an
+    entry twice are refused in one sentence (`_check_values`: a field declares in its
+    `metadata` that it takes infinity, `{"infinite": True}`, or repeats,
+    `{"repeats": True}`); ranges and combinations are the caller's to check."""
     names = [f.name for f in dataclasses.fields(schema)]
     unknown = [key for key in given if key not in names]
     if unknown:
@@ -493,8 +496,8 @@ def typed_options(schema: type, given: Mapping, prefix: str) -> dict:
                           f"{', '.join(names) or 'none'}.")
     _check_given(given, schema, prefix)
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(schema), dict(given))
-        return OmegaConf.to_container(typed, resolve=True, enum_to_str=True)
+        typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(schema), dict(given)), resolve=True,
+                                       enum_to_str=True)
     except oc_errors.OmegaConfBaseException as error:
         full_key = str(getattr(error, "full_key", "") or "")
         path = _split(full_key)
@@ -510,6 +513,64 @@ def typed_options(schema: type, given: Mapping, prefix: str) -> dict:
         if kind is None:
             raise ConfigError(f"invalid {prefix.rstrip('.')}: {explain(error)}") from None
         raise ConfigError(f"{prefix}{full_key} must be {_describe(kind)}, got {getattr(error, 'value', None)!r}.") from None
+    _check_values(typed, schema, prefix)
+    return typed
+
+
+def _check_values(typed: Mapping, schema: type, prefix: str) -> None:
+    """What a type lets through but no option can use: a number that is NaN or infinite
+    (a field typed float, or a number inside a list or an untyped field), unless the
+    field's `metadata` says `infinite` (then plus and minus infinity pass, NaN never);
+    and an entry given twice in a field typed as a list (each entry is a panel, a run or
+    a time: a repeat computes or draws the same thing twice, or is silently merged),
+    unless its `metadata` says `repeats`. Nested options (a dataclass) are checked key
+    by key; a mapping (`dict[str, Any]`) holds the settings of another part of attnflow
+    (a training, a study) and is checked by that part's own schema."""
+    hints = typing.get_type_hints(schema)
+    for option in dataclasses.fields(schema):
+        key, value, kind = f"{prefix}{option.name}", typed.get(option.name), hints[option.name]
+        if _is_optional(kind):
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
+            _check_values(value, kind, f"{key}.")
+            continue
+        if typing.get_origin(kind) is dict:
+            continue
+        infinite = option.metadata.get("infinite", False)
+        bad = next((x for x in _numbers_in(value) if math.isnan(x) or (math.isinf(x) and not infinite)), None)
+        if bad is not None:
+            allowed = "a number, inf or -inf" if infinite else "a finite number"
+            if bad is value:
+                raise ConfigError(f"{key} must be {allowed}, got {value!r}.")
+            raise ConfigError(f"{key} must hold {allowed} in each place, got {bad!r} in {value!r}.")
+        if typing.get_origin(kind) is list and isinstance(value, list) and not option.metadata.get("repeats", False):
+            frozen = [_frozen(entry) for entry in value]
+            seen = set()
+            for entry, hashable in zip(value, frozen):
+                if hashable in seen:
+                    count = frozen.count(hashable)
+                    shown = entry if isinstance(entry, str) else repr(entry)
+                    raise ConfigError(f"{key} holds {shown} {'twice' if count == 2 else f'{count} times'}; give "
+                                      "each value once.")
+                seen.add(hashable)
+
+
+def _numbers_in(value: Any):
+    """The floats in `value`, a number or nested lists of them (booleans and integers are
+    always finite)."""
+    if isinstance(value, float):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _numbers_in(item)
+
+
+def _frozen(value: Any) -> Any:
+    """`value` (nested lists and mappings allowed) as something hashable that compares
+    as it does."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _check_complete(given: Mapping, schema: type, prefix: str) -> None:

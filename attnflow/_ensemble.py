@@ -105,21 +105,45 @@ class MemberFootprint(eqx.Module):
     `state` the states and Runge-Kutta stages of a step, `attention` the queries, keys,
     values and mixed values of the attention heads and the MLP's hidden layer,
     `pairwise` the logits and exponentials of each head and the Gram matrix of the
-    statistics, `output` the recorded statistics."""
+    statistics, `output` the recorded statistics, `weights` the member's own arrays
+    (its weight matrices and their schedules, its noise)."""
 
     state: int = eqx.field(static=True)
     attention: int = eqx.field(static=True)
     pairwise: int = eqx.field(static=True)
     output: int = eqx.field(static=True)
+    weights: int = eqx.field(static=True, default=0)
 
     @property
     def working(self) -> int:
-        """What one step and one record touch: the member's share of a chunk's cache."""
+        """What one step and one record touch: the member's share of a chunk's cache
+        (its weights aside: the chunk sizes were measured without them)."""
         return self.state + self.attention + self.pairwise
+
+    def largest(self, heads: int = 1) -> tuple[str, str]:
+        """What takes most of it, in words, and what lowers that (`heads`: the most heads
+        of an attention term): for a refusal that names the setting responsible."""
+        many = heads > 1
+        parts = [
+            (self.pairwise, f"the n x n attention logits{f' of each of its {heads} heads' if many else ''} and the "
+             "Gram matrix of the statistics (n x attention_block in tiles)",
+             f"lower {'heads or n' if many else 'n'}, drop the attention metric, or let the attention go through "
+             "tiles (attention_block=null or a smaller tile size)"),
+            (self.attention, "the heads' queries, keys and values (heads x n x d_k) and the MLP's hidden layer",
+             "lower heads, d_k, d_v or mlp.hidden"),
+            (self.weights, "the weight matrices of the heads and the MLP (heads x d_k x d each)",
+             "lower heads, d_k, d_v or mlp.hidden"),
+            (self.state, "the states and Runge-Kutta stages (n x d each)", "lower n or d, or take a solver of "
+             "fewer stages"),
+            (self.output, "the statistics recorded at each saved time", "lower saves, or drop save_states and the "
+             "attention metric"),
+        ]
+        _, what, remedy = max(parts, key=lambda part: part[0])
+        return what, remedy
 
     @property
     def total(self) -> int:
-        return self.working + self.output
+        return self.working + self.output + self.weights
 
 
 def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
@@ -160,7 +184,12 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
         per_save = sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree.leaves(saved))
     else:
         per_save = n * d * item
-    return MemberFootprint(state=state, attention=attention, pairwise=pairwise, output=per_save * saves)
+    # The member's own arrays: its weights (drawn per member unless shared) and schedules.
+    weights = sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree.leaves(field)
+                  if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not jax.dtypes.issubdtype(
+                      leaf.dtype, jax.dtypes.prng_key))
+    return MemberFootprint(state=state, attention=attention, pairwise=pairwise, output=per_save * saves,
+                           weights=weights)
 
 
 # The working set a chunk of members may have on a CPU (`default_chunk`): the size the
@@ -262,7 +291,10 @@ class EnsemblePlan:
         if self._timing is None:
             return None
         try:
-            seconds = float(self._timing.read_text())
+            # `_measured` writes a dozen bytes: a larger file is not its (and is not read).
+            with open(self._timing, "rb") as file:
+                text = file.read(65)
+            seconds = float(text) if len(text) <= 64 else math.nan
         except (OSError, ValueError):
             return None
         return seconds if math.isfinite(seconds) and seconds >= 0 else None
@@ -353,8 +385,11 @@ class EnsemblePlan:
             # attention_rank: a ValueError), nor anything without the flatbuffers
             # package: those are solved directly.
             return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, lambda tmp: tmp.write_bytes(serialized))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomically(path, lambda tmp: tmp.write_bytes(serialized))
+        except OSError:  # a cache that cannot be written now (a full disk): the program is used, not kept
+            self._timing = None
         return _remember(key, program), leaves, key_data
 
     def assemble(self, outputs: Sequence[dict[str, np.ndarray]]) -> EnsembleResult:
@@ -449,15 +484,17 @@ def _pieces(member, footprint: MemberFootprint, pairs: int, devices: int, chunk_
             platform: str = "cpu"):
     """(piece size, number of pieces): the chunk (members solved at once per device) is
     `default_chunk`'s or the user's, shrunk to half the memory; pieces are balanced."""
-    n = member[1].shape[0]
+    field, y0, _ = member
+    n, d = y0.shape
     budget = memory // 2
     if footprint.total > budget:
+        heads = max([getattr(term, "heads", 1) for term in field.terms], default=1)
+        what, remedy = footprint.largest(heads)
         raise ConfigError(
-            f"one member needs about {_gib(footprint.total)} of working memory (n={n} tokens: the attention "
-            f"logits and the Gram matrix of the statistics, n x n each, or n x attention_block in tiles), more "
-            f"than half of the {_gib(memory)} available (the other half is left for the compiler's buffers); "
-            "lower n, drop the attention metric, let the attention go through tiles (attention_block=null or a "
-            "smaller tile size), or use a machine with more memory."
+            f"one member needs about {_gib(footprint.total)} of working memory (n={n}, d={d}"
+            f"{f', heads={heads}' if heads > 1 else ''}), most of it for {what}: more than half of the "
+            f"{_gib(memory)} available (the other half is left for the compiler's buffers); {remedy}, or use a "
+            "machine with more memory."
         )
     if footprint.output * pairs > 0.8 * memory:
         raise ConfigError(
@@ -519,8 +556,12 @@ def solve_ensemble(
     return out
 
 
-def check_ensemble(out: EnsembleResult, betas) -> None:
-    """Raise one clear error if a member failed or its state left the finite numbers."""
+NON_FINITE_ADVICE = "use a smaller dt, an adaptive solver, float64 or a smaller beta"
+
+
+def check_ensemble(out: EnsembleResult, betas, advice: str = NON_FINITE_ADVICE) -> None:
+    """Raise one clear error if a member failed or its state left the finite numbers;
+    `advice` says what to change when a state did (only what the run may change)."""
     betas = np.asarray(betas).reshape(-1)
     failed = np.asarray(out.result) != 0
     valid = np.asarray(out.valid)
@@ -536,7 +577,7 @@ def check_ensemble(out: EnsembleResult, betas) -> None:
         since = f"after t={ts[i - 1]:g}" if i > 0 else "from the start"
         raise NonFiniteStateError(
             f"the state became non-finite (NaN or inf) {since} (first bad output t={ts[i]:g}) in member {m} "
-            f"at beta={betas[b]:g}{others}; use a smaller dt, an adaptive solver, float64 or a smaller beta."
+            f"at beta={betas[b]:g}{others}; {advice}."
         )
     b, m = np.argwhere(failed)[0]
     raise SolverFailure(

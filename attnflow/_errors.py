@@ -21,3 +21,10 @@ class CheckpointError(ConfigError):
 class StorageError(OSError):
     """A file of a run could not be written (a full disk, a quota, a folder made
     read-only or removed while the run worked). One sentence: which file and why."""
+
+
+class RunNote(UserWarning):
+    """What a run should know that is not an error: a setting that had no effect (a
+    switch time outside the run's interval, a Sinkhorn tolerance its iterations missed),
+    or a compilation cache it could not keep. A Python warning from the API; one line,
+    `attnflow: note: ...`, on the command line."""

@@ -59,6 +59,7 @@ class Metric:
         size: bytes of one saved value, from `Sizes`.
         reads_eps: whether it reads the clustering threshold `eps`.
         reads_attention: whether it reads the attention maps (needs `attention=true`).
+        reads_beta: whether it reads beta itself (not only through the states).
         tiled: whether it can go through tiles (else it needs whole n x n maps).
         cosines: whether it reads cosines of the states (tokens must not be zero).
         reduce: its reduction to (beta?, member, time) for the figure and the report.
@@ -75,6 +76,7 @@ class Metric:
     size: Callable[[Sizes], int]
     reads_eps: bool = False
     reads_attention: bool = False
+    reads_beta: bool = False
     tiled: bool = True
     cosines: bool = False
     reduce: Callable[[Any], Any] = _identity
@@ -89,9 +91,10 @@ _ENERGY = r"$E_\beta = \sum_{ij} e^{\beta\langle x_i, x_j\rangle} / (2\beta n^2)
 # In the config's order (its list of choices); `panel` orders the summary figure.
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("energy", "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)", "1",
-           "interaction energy\n" + _ENERGY, (), lambda s: s.itemsize, panel=3),
+           "interaction energy\n" + _ENERGY, (), lambda s: s.itemsize, reads_beta=True, panel=3),
     Metric("log_energy", "log of the interaction energy (finite for any beta)", "1",
-           "log interaction energy " r"$\log E_\beta$" "\n" + _ENERGY, (), lambda s: s.itemsize, panel=2),
+           "log interaction energy " r"$\log E_\beta$" "\n" + _ENERGY, (), lambda s: s.itemsize, reads_beta=True,
+           panel=2),
     Metric("normalized_energy", "mean_ij exp(cos(x_i, x_j))", "1",
            "normalized energy\n" r"$\sum_{ij} e^{\cos(x_i, x_j)} / n^2$", (), lambda s: s.itemsize,
            cosines=True, panel=4),
@@ -128,8 +131,8 @@ PANELS = tuple(sorted(METRICS.values(), key=lambda m: m.panel))
 
 
 def reading(what: str, names) -> set[str]:
-    """The metrics among `names` that read `what` ("eps", "attention" or "cosines")."""
-    key = {"eps": "reads_eps", "attention": "reads_attention", "cosines": "cosines"}[what]
+    """The metrics among `names` that read `what` ("eps", "attention", "beta" or "cosines")."""
+    key = {"eps": "reads_eps", "attention": "reads_attention", "beta": "reads_beta", "cosines": "cosines"}[what]
     return {str(name) for name in names if getattr(METRICS[str(name)], key)}
 
 

@@ -13,6 +13,7 @@ import math
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 
 from ._config import NOISE_KINDS
@@ -99,23 +100,47 @@ def brownian_noise(key: PRNGKeyArray, sigma: ScalarLike, shape: tuple[int, ...],
     return BrownianNoise(jnp.asarray(sigma, dtype), tree, schedule, kind)
 
 
-def attention_mode(beta: float, d: int) -> float:
+def _log_attention_mode(beta: ScalarLike, d: ScalarLike) -> float:
+    r"""$\log A(\beta)$ (see `attention_mode`), after checking beta and d."""
+    from scipy import special  # lazy: start-up
+
+    try:
+        whole, value = float(d).is_integer(), float(beta)
+    except (TypeError, ValueError):
+        raise ConfigError(f"beta and d must be numbers, got beta={beta!r} and d={d!r}.") from None
+    if isinstance(d, bool) or not whole or float(d) < 2:
+        raise ConfigError(f"the sphere S^(d-1) needs a whole dimension d >= 2, got d={d!r}.")
+    if isinstance(beta, bool) or not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"beta must be a finite number >= 0, got beta={beta!r}.")
+    d, beta = int(float(d)), value
+    if beta == 0:
+        return -math.log(d)
+    nu = d / 2 - 1
+    # ive(nu, b) = e^{-b} I_nu(b): the exponent is put back in log space.
+    return special.gammaln(d / 2) + nu * math.log(2 / beta) + math.log(special.ive(d / 2, beta)) + beta - math.log(beta)
+
+
+def _exp(log: float, what: str) -> float:
+    """e^log, or one sentence where it is beyond float64."""
+    if log > _LOG_LARGEST:
+        raise ConfigError(f"{what} is e^{log:.6g}, beyond the largest float64 (e^{_LOG_LARGEST:.6g}); lower beta.")
+    return math.exp(log)
+
+
+_LOG_LARGEST = math.log(float(np.finfo(np.float64).max))
+
+
+def attention_mode(beta: ScalarLike, d: ScalarLike) -> float:
     r"""$A(\beta) = \frac{1}{d-1}\,\mathbb{E}\big[e^{\beta t}(1 - t^2)\big]$, $t = \langle x, y\rangle$
     for $y$ uniform on $S^{d-1}$: the factor by which unnormalized attention with
     $Q = K = V = I$ moves the first spherical harmonic of a density near the uniform law,
     $v[\rho_0(1 + \varepsilon\langle a, \cdot\rangle)](x) = \varepsilon A(\beta) P_x a$. In closed form
     $A(\beta) = \Gamma(d/2)\,(2/\beta)^{d/2 - 1} I_{d/2}(\beta)/\beta$ ($I_1(\beta)/\beta$ on the
-    circle), from the modified Bessel function; $A(0) = 1/d$."""
-    from scipy import special  # lazy: start-up
+    circle), from the modified Bessel function; $A(0) = 1/d$.
 
-    if not d >= 2:
-        raise ConfigError(f"the sphere S^(d-1) needs d >= 2, got d={d}.")
-    if beta == 0:
-        return 1.0 / d
-    nu = d / 2 - 1
-    # ive(nu, b) = e^{-b} I_nu(b): the exponent is put back in log space.
-    log = special.gammaln(d / 2) + nu * math.log(2 / beta) + math.log(special.ive(d / 2, beta)) + beta - math.log(beta)
-    return math.exp(log)
+    Raises `ConfigError` for beta that is not a finite number >= 0, a d that is not a
+    whole number >= 2, or a value beyond float64 (beta above about 700)."""
+    return _exp(_log_attention_mode(beta, d), f"A(beta={beta:g}, d={d})")
 
 
 def first_mode_rate(beta: float, d: int, sigma: float) -> float:
@@ -125,8 +150,8 @@ def first_mode_rate(beta: float, d: int, sigma: float) -> float:
     return (d - 1) * (attention_mode(beta, d) - sigma**2 / 2)
 
 
-def critical_sigma(beta: float, d: int) -> float:
+def critical_sigma(beta: ScalarLike, d: ScalarLike) -> float:
     r"""$\sigma_c(\beta, d) = \sqrt{2 A(\beta)}$: above it the uniform law of noisy unnormalized
     attention ($Q = K = V = I$) on $S^{d-1}$ is linearly stable, below it the first
     spherical harmonic grows (`first_mode_rate`)."""
-    return math.sqrt(2 * attention_mode(beta, d))
+    return _exp(0.5 * (math.log(2) + _log_attention_mode(beta, d)), f"sigma_c(beta={beta:g}, d={d})")

@@ -25,7 +25,7 @@ import yaml
 
 from ._figures import figure, wrap
 from ._metric_registry import PANELS
-from ._store import _write_atomically
+from ._store import _write_atomically, read_config
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -47,8 +47,10 @@ _MIN_WIDTH = 7.0
 
 
 def _config(ds: xr.Dataset) -> dict:
+    """The run's stored config ({} when it has none, or it is not YAML); one that is not
+    attnflow's (an alias bomb) raises `ConfigError` (`read_config`)."""
     try:
-        cfg = yaml.safe_load(ds.attrs.get("config", "")) or {}
+        cfg = read_config(ds.encoding.get("source", "this Dataset"), ds.attrs.get("config", "")) or {}
     except yaml.YAMLError:
         return {}
     return cfg if isinstance(cfg, dict) else {}

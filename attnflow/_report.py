@@ -4,22 +4,41 @@ A Hydra multirun (`attnflow -m d=2,3 solver=euler_renorm,rk4 ...`) leaves one ru
 directory per job, each with its `results.nc`, whichever launcher ran the jobs.
 `report(DIR)` reads all of them (at any depth under DIR, outside hidden folders such
 as the submitit launcher's `.submitit/`; the `incomplete.nc` and `error.txt` of failed
-jobs are not results and are left out), finds the swept keys (the config keys, as
-dotted names such as `weights.v.kind`, whose values differ between runs) and writes
-into DIR:
+jobs are not results), finds the swept keys (the config keys, as dotted names such as
+`weights.v.kind`, whose values differ between runs, or that a failed job set to a value
+of its own) and writes into DIR:
 
-- `report.csv`: one row per run and beta, with the run's folder, the swept keys, beta,
-  the final saved time, the fraction of failed members, and for each recorded metric
-  the mean over members and its 10 and 90 % percentiles at the final time (failed
-  members left out);
-- `report.nc`: the same numbers as a Dataset indexed by the swept keys and beta (one
-  dimension per swept key, its dots replaced by underscores: `weights.v.kind` ->
-  `weights_v_kind`, the key itself in the coordinate's `config_key`), so that
-  `ds.sel(d=8, solver="rk4")` picks a run; a combination that no job finished is NaN,
-  and its `note` names the failed job and its error (or says that no job ran it);
+- `report.csv`: one row per run and beta, in run order, with the run's folder, the
+  swept keys, beta, the final saved time, the fraction of failed members, and for each
+  recorded metric the mean over members and its 10 and 90 % percentiles at the final
+  time (failed members left out); a job that failed (its folder holds an `error.txt`
+  and no results) is one row too, in its place among the runs, with the values its
+  command-line overrides gave the swept keys (empty where they are not known) and no
+  numbers; the last column, `note`, names the failed job and its error (empty for a
+  run);
+- `report.nc`: the same rows, in the same order, along one dimension `row`: the run's
+  folder (`run`), each swept key (named by the key with its dots replaced by
+  underscores, `weights.v.kind` -> `weights_v_kind`, the key itself in the variable's
+  `config_key`) and `beta` are coordinates along `row`, every other column (the
+  statistics, `note`) a variable along `row`. The runs of a sweep need not fill the
+  grid of its keys' combinations (a run that changes two keys of its own, a failed
+  job), so no array spans that grid. A selection is a condition on the row's values:
+
+      ds = xr.open_dataset("sweeps/d/report.nc")
+      ds.where((ds.d == 8) & (ds.solver == "rk4"), drop=True)   # the rows of d = 8 with rk4
+      ds.set_xindex(["d", "solver", "beta"]).sel(d=8, solver="rk4", beta=4.0)   # one row, by its keys
+      ds.where(ds.note != "", drop=True).note                    # the failed jobs and why
+
 - `report.png`: the final-time mean of each metric against the first swept key, one
   line per value of the other swept keys and beta (each its own dash pattern and
   marker, so that coinciding lines stay visible), with the members' 10-90 % band.
+
+Each results file is opened lazily and only what the report needs is read (each
+per-member series at its final saved time, the per-member quantities, the scalars)
+before it is closed, so that the work and memory grow with the number of runs, not
+with their sizes or with the combinations of their keys; its config goes through
+`read_config` (bounded work: an alias bomb is refused in one sentence). `report`
+returns the files written and one line saying what was reported.
 
 The metrics are those of the summary figure, reduced the same way (largest cluster as
 a fraction of n, attention rank and concentration averaged over heads). An experiment's
@@ -35,7 +54,7 @@ import re
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xarray as xr
@@ -45,13 +64,28 @@ from ._cf import CONVENTIONS, dimension_name
 from ._errors import ConfigError
 from ._figures import colormap, style, styled, subplots
 from ._metric_registry import METRICS, PANELS
-from ._store import _write_atomically, load_results, stored_config, write_results
+from ._store import _write_atomically, read_config, stored_config, write_results
 
 # Per-member bookkeeping, not a result to summarize (the failed fraction stands for it).
 _BOOKKEEPING = ("status", "failure_time")
+# The most of a failed job's `error.txt` that is read (attnflow writes one sentence).
+_REASON_BYTES = 4096
+# The swept keys the one-line summary names before "and N more".
+_NAMED_KEYS = 6
 
 
-def _natural(path: Path) -> list:
+class _Run(NamedTuple):
+    """What the report keeps of one results file: its folder (under the report's), its
+    config (flattened), its rows (one per beta, without the swept keys) and the names
+    of its per-member series."""
+
+    path: Path
+    flat: dict[str, Any]
+    rows: list[dict[str, Any]]
+    series: list[str]
+
+
+def _natural(path: Path | str) -> list:
     """Sort key putting run 2 before run 10."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
@@ -79,14 +113,15 @@ def _cell(value: Any) -> Any:
 
 
 def _override_order(run: Path) -> list[str]:
-    """The keys of a run's command-line overrides in the order they were typed."""
+    """The keys of a run's command-line overrides in the order they were typed (none
+    when its `.hydra/overrides.yaml` is missing, unreadable or not attnflow's)."""
     overrides = run / ".hydra" / "overrides.yaml"
     try:
-        typed = yaml.safe_load(overrides.read_text()) if overrides.is_file() else None
-    except (OSError, yaml.YAMLError):
+        typed = read_config(overrides) if overrides.is_file() else None
+    except (OSError, yaml.YAMLError, ConfigError):
         return []
     keys = []
-    for item in typed or []:
+    for item in typed if isinstance(typed, list) else []:
         if isinstance(item, str) and "=" in item:
             keys.append(item.split("=", 1)[0].lstrip("+~"))
     return keys
@@ -98,18 +133,22 @@ def _label(name: str) -> str:
     return labels.get(name, name.replace("_", " "))
 
 
-def _series(ds: xr.Dataset) -> dict[str, xr.DataArray]:
-    """The per-member time series of a run, each with dims (beta?, member, time)."""
+def _finals(ds: xr.Dataset) -> dict[str, xr.DataArray]:
+    """The per-member time series of a run at its final saved time, each with dims
+    (beta?, member), as lazy as `ds` (only that time is read when their values are)."""
+    if ds.sizes.get("time", 0) == 0:
+        return {}
     found = {}
     for metric in PANELS:
         if metric.name in ds and {"member", "time"} <= set(ds[metric.name].dims):
-            found[metric.reduced_name or metric.name] = metric.reduce(ds[metric.name])
+            # The reductions (over clusters, heads, queries, keys) act at each time alone.
+            found[metric.reduced_name or metric.name] = metric.reduce(ds[metric.name].isel(time=-1))
     for name, da in ds.data_vars.items():
         reduced = name in METRICS and METRICS[name].reduced_name is not None
         if name in found or reduced or not {"member", "time"} <= set(da.dims):
             continue
-        found[str(name)] = da
-    return {name: da for name, da in found.items() if _squeezable(da, {"beta", "member", "time"})}
+        found[str(name)] = da.isel(time=-1)
+    return {name: da for name, da in found.items() if _squeezable(da, {"beta", "member"})}
 
 
 def _squeezable(da: xr.DataArray, allowed: set[str]) -> bool:
@@ -130,15 +169,20 @@ def _statistics(values: np.ndarray) -> tuple[float, float, float]:
 
 
 def _rows(ds: xr.Dataset, run: str, flat: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per beta of one run (without the swept keys)."""
-    series = {name: _squeeze(da, {"beta", "member", "time"}) for name, da in _series(ds).items()}
+    """One row per beta of one run (without the swept keys); reads from a lazily opened
+    `ds` only the final saved time of each series, the per-member quantities and the
+    scalars."""
+    finals = {name: _squeeze(da, {"beta", "member"}).load() for name, da in _finals(ds).items()}
     per_member = {
-        str(name): _squeeze(da, {"beta", "member"}) for name, da in ds.data_vars.items()
+        str(name): _squeeze(da, {"beta", "member"}).load() for name, da in ds.data_vars.items()
         if "member" in da.dims and "time" not in da.dims and name not in _BOOKKEEPING
         and np.issubdtype(da.dtype, np.number) and _squeezable(da, {"beta", "member"})
     }
     scalars = {str(name): float(da.values) for name, da in ds.data_vars.items()
                if da.ndim == 0 and np.issubdtype(da.dtype, np.number)}
+    status = (_squeeze(ds["status"], {"beta", "member"}).load()
+              if "status" in ds and "member" in ds["status"].dims and _squeezable(ds["status"], {"beta", "member"})
+              else None)
     if "beta" in ds.dims:
         betas = [float(b) for b in ds["beta"].values]
     elif "beta" in ds.coords and ds["beta"].ndim == 0:
@@ -153,12 +197,13 @@ def _rows(ds: xr.Dataset, run: str, flat: dict[str, Any]) -> list[dict[str, Any]
             return da.isel(beta=position) if "beta" in da.dims else da
 
         row: dict[str, Any] = {"run": run, "beta": beta, "final_time": final_time}
-        if "status" in ds and "member" in ds["status"].dims:
-            status = _squeeze(at_beta(ds["status"]), {"member"}).values
-            row["failed_fraction"] = float(np.mean(status != 0)) if status.size else np.nan
-        for name, da in series.items():
-            final = at_beta(da).isel(time=-1).values
-            row[f"{name}_mean"], row[f"{name}_q10"], row[f"{name}_q90"] = _statistics(final)
+        if ds.attrs.get("experiment"):
+            row["experiment"] = str(ds.attrs["experiment"])
+        if status is not None:
+            values = at_beta(status).values
+            row["failed_fraction"] = float(np.mean(values != 0)) if values.size else np.nan
+        for name, da in finals.items():
+            row[f"{name}_mean"], row[f"{name}_q10"], row[f"{name}_q90"] = _statistics(at_beta(da).values)
         for name, da in per_member.items():
             row[f"{name}_mean"], row[f"{name}_q10"], row[f"{name}_q90"] = _statistics(at_beta(da).values)
         row.update(scalars)
@@ -187,51 +232,85 @@ def results_files(path: str | Path, command: str) -> list[Path]:
     return files
 
 
-def _read(folder: Path) -> list[tuple[Path, dict[str, Any], xr.Dataset]]:
-    files = results_files(folder, "report")
+def _read(folder: Path) -> list[_Run]:
+    """What the report needs of every results file under `folder`, one file open at a time."""
     runs = []
-    for path in files:
+    for path in results_files(folder, "report"):
         try:
-            config = yaml.safe_load(stored_config(path))
-        except (ConfigError, yaml.YAMLError):  # not attnflow's, or its config is not plain YAML
+            text = stored_config(path)
+        except ConfigError:  # not attnflow's
+            text = None
+        try:
+            # (a config too large, or an alias bomb: read_config's own sentence)
+            config = read_config(path, text) if text is not None else None
+        except yaml.YAMLError:  # its config is not plain YAML
+            text = None
+        if text is None:
             raise ConfigError(f"{path} is not a readable attnflow results file; remove it or move it out of "
-                              f"{folder}.") from None
-        runs.append((path, _flatten(config if isinstance(config, dict) else {}), load_results(path)))
+                              f"{folder}.")
+        flat = _flatten(config if isinstance(config, dict) else {})
+        run = str(path.parent.relative_to(folder)) if path.parent != folder else "."
+        # Lazily, uncached: a variable's values are read when the rows need them, and
+        # only the part they need (the final saved time of a series).
+        with xr.open_dataset(path, engine="netcdf4", cache=False) as ds:
+            runs.append(_Run(path, flat, _rows(ds, run, flat), list(_finals(ds))))
     return runs
 
 
-def _swept(runs: list[tuple[Path, dict[str, Any], xr.Dataset]]) -> list[str]:
-    """The config keys whose values differ between runs, in the order they were typed on
-    the command line (then alphabetically); beta has its own column."""
-    keys = sorted({key for _, flat, _ in runs for key in flat})
-    swept = [key for key in keys if key != "beta"
-             and len({repr(_cell(flat.get(key))) for _, flat, _ in runs}) > 1]
-    order = _override_order(runs[0][0].parent)
+def _swept(runs: list[_Run], failed: list[tuple[str, dict[str, Any], str]]) -> list[str]:
+    """The config keys whose values differ between runs, or that a failed job's
+    overrides set to a value of their own, in the order they were typed on the command
+    line (then alphabetically); beta has its own column."""
+    keys = sorted({key for run in runs for key in run.flat} - {"beta"})
+    swept = []
+    for key in keys:
+        values = {repr(_cell(run.flat.get(key))) for run in runs}
+        values |= {repr(_cell(overrides[key])) for _, overrides, _ in failed if key in overrides}
+        if len(values) > 1:
+            swept.append(key)
+    order = _override_order(runs[0].path.parent)
     return sorted(swept, key=lambda key: (order.index(key) if key in order else len(order), key))
 
 
-def summary_table(folder: str | Path):
-    """The report's table (a pandas DataFrame) of every `results.nc` under `folder`, and
-    the swept keys; raises `ConfigError` when there is none."""
+def _table(folder: Path):
+    """Every row of the report (a pandas DataFrame: the runs' and the failed jobs', in run
+    order, with `note`) and the swept keys."""
     import pandas as pd  # lazy: start-up
 
-    folder = Path(folder)
     runs = _read(folder)
-    swept = _swept(runs)
+    failed = _failed_jobs(folder)
+    swept = _swept(runs, failed)
     rows = []
-    for path, flat, ds in runs:
-        run = str(path.parent.relative_to(folder)) if path.parent != folder else "."
-        for row in _rows(ds, run, flat):
-            if ds.attrs.get("experiment"):
-                row["experiment"] = str(ds.attrs["experiment"])
-            row.update({key: _cell(flat.get(key)) for key in swept})
-            rows.append(row)
+    for run in runs:
+        for row in run.rows:
+            rows.append({**row, **{key: _cell(run.flat.get(key)) for key in swept}, "note": ""})
+    experiments = any("experiment" in row for row in rows)
+    for job, overrides, reason in failed:
+        beta = overrides.get("beta")
+        row = {"run": job, "beta": float(beta) if isinstance(beta, (int, float)) and not isinstance(beta, bool)
+               else np.nan, "note": f"job {job} failed: {reason}"}
+        if experiments and isinstance(overrides.get("experiment"), str):
+            row["experiment"] = overrides["experiment"]
+        row.update({key: _cell(overrides[key]) for key in swept if key in overrides})
+        rows.append(row)
+    # A failed job in its place among the runs (its folder's), the betas of a run in order.
+    rows = [rows[i] for i in sorted(range(len(rows)), key=lambda i: _natural(rows[i]["run"]))]
     table = pd.DataFrame(rows)
     first = ["run", *(["experiment"] if "experiment" in table else []), *swept, "beta", "final_time"]
     first += ["failed_fraction"] if "failed_fraction" in table else []
-    table = table[first + [c for c in table.columns if c not in first]]
-    table.attrs["series"] = sorted({name for _, _, ds in runs for name in _series(ds)})
+    table = table[first + [c for c in table.columns if c not in (*first, "note")] + ["note"]]
+    table.attrs["series"] = sorted({name for run in runs for name in run.series})
     return table, swept
+
+
+def summary_table(folder: str | Path):
+    """The report's table (a pandas DataFrame) of every `results.nc` under `folder`, one
+    row per run and beta (the failed jobs' rows left out), and the swept keys; raises
+    `ConfigError` when there is none."""
+    table, swept = _table(Path(folder))
+    finished = table[table["note"] == ""].drop(columns="note").reset_index(drop=True)
+    finished.attrs = dict(table.attrs)
+    return finished, swept
 
 
 def _metrics(table) -> list[str]:
@@ -332,124 +411,125 @@ def report_figure(table, swept: list[str], title: str):
 def _failed_jobs(folder: Path) -> list[tuple[str, dict[str, Any], str]]:
     """The jobs under `folder` that left no results: their folder, their overrides (the
     keys as typed, the values as YAML reads them; empty when the job was refused before
-    it wrote `.hydra/`) and why (their `error.txt`)."""
+    it wrote `.hydra/`, or its record is not attnflow's) and why (their `error.txt`, at
+    most `_REASON_BYTES` of it)."""
     failed = []
     for error in sorted(folder.rglob("error.txt"), key=_natural):
         job = error.parent
         if (job / "results.nc").exists() or any(part.startswith(".") for part in job.relative_to(folder).parts):
             continue
         overrides = {}
+        record = job / ".hydra" / "overrides.yaml"
         try:
-            typed = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
-            for item in typed or []:
+            typed = read_config(record)
+            for item in typed if isinstance(typed, list) else []:
                 key, _, value = str(item).partition("=")
-                overrides[key.lstrip("+~")] = yaml.safe_load(value)
-        except (OSError, yaml.YAMLError):
+                overrides[key.lstrip("+~")] = read_config(record, value)
+        except (OSError, yaml.YAMLError, ConfigError):
             overrides = {}
         try:
-            reason = error.read_text().strip()
+            with open(error, "rb") as file:
+                text = file.read(_REASON_BYTES + 1)
+            reason = text[:_REASON_BYTES].decode(errors="replace").strip() + (" ..." if len(text) > _REASON_BYTES
+                                                                                else "")
         except OSError:
             reason = "failed"
         failed.append((str(job.relative_to(folder)), overrides, reason))
     return failed
 
 
-def _coordinate(values: list) -> np.ndarray:
-    """A swept key's values as a coordinate: numbers when every value is one, else text."""
-    if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in values):
-        return np.asarray(values)
-    return np.asarray([str(v) for v in values], dtype=object)
+def _variable(column) -> np.ndarray:
+    """A column of the table as a NetCDF variable: numbers where every cell is a number
+    or empty (NaN), else text (an empty cell as "")."""
+    if column.dtype.kind in "iuf":
+        return column.to_numpy()
+    cells = column.tolist()
+
+    def missing(cell: Any) -> bool:
+        return cell is None or (isinstance(cell, float) and np.isnan(cell))
+
+    if all(missing(cell) or (isinstance(cell, (int, float, np.integer, np.floating)) and not isinstance(cell, bool))
+           for cell in cells):
+        return np.asarray([np.nan if missing(cell) else cell for cell in cells], dtype=float)
+    return np.asarray(["" if missing(cell) else str(cell) for cell in cells], dtype=object)
 
 
-def report_dataset(table, swept: list[str], failed: list[tuple[str, dict[str, Any], str]] = ()) -> xr.Dataset:
-    """The report as a Dataset indexed by the swept keys (and beta): one dimension per
-    swept key, named by the key with its dots replaced by underscores
-    (`weights.v.kind` -> `weights_v_kind`; the key itself is the coordinate's
-    `config_key`), so that `ds.sel(d=8, solver="rk4")` picks a run. A combination
-    without a finished run is NaN, and its `note` says why: the failed job's error, or
-    that no job ran it."""
-    dims = [dimension_name(key) for key in swept]
-    index = list(swept)
-    if "beta" in table and table["beta"].notna().any():
-        index.append("beta")
-        dims.append("beta")
-    if not index or table.duplicated(index).any():
-        index.append("run")  # runs the swept keys do not tell apart (the same config twice)
-        dims.append("run")
-    frame = table.copy()
-    frame["run"] = frame["run"].astype(str)
-    frame = frame.set_index(index)
-    frame.index = frame.index.set_names(dims)
-    ds = xr.Dataset.from_dataframe(frame)
-    grid = [dim for dim in dims if dim not in ("beta", "run")]
-    # A failed job's values of the swept keys belong to the grid too (its cells NaN).
-    placed = []
-    for job, overrides, reason in failed:
-        if grid and all(key in overrides for key in swept):
-            placed.append(({dim: _cell(overrides[key]) for key, dim in zip(swept, grid)}, job, reason))
-    extended = {dim: list(dict.fromkeys([*ds[dim].values.tolist(), *(where[dim] for where, _, _ in placed)]))
-                for dim in grid}
-    ds = ds.reindex({dim: _coordinate(values) for dim, values in extended.items()})
-    for name in list(ds.data_vars):
-        if ds[name].dtype == object:
-            ds[name] = ds[name].fillna("").astype(str)
-    for key, dim in zip(swept, dims):
-        ds[dim] = _coordinate(list(ds[dim].values))
-        ds[dim].attrs.update(long_name=f"the swept config key {key}", config_key=key)
-    note = xr.DataArray(np.full([ds.sizes[d] for d in grid], "", dtype=object), dims=grid,
-                        coords={d: ds[d] for d in grid})
-    found = ds["run"].isel({d: 0 for d in ("beta",) if d in ds["run"].dims})
-    if "run" in found.dims:
-        found = found.isel(run=0)
-    note = note.where(found != "", "no finished run of this combination")
-    for where, job, reason in placed:
-        where = {dim: str(value) if note[dim].dtype == object else value for dim, value in where.items()}
-        note.loc[where] = f"job {job} failed: {reason}"
-    # A job refused before it recorded its overrides has no known place in the grid.
-    unplaced = [f"{job}: {reason}" for job, overrides, reason in failed
-                if not (grid and all(key in overrides for key in swept))]
-    ds["note"] = note.astype(str)
-    ds["note"].attrs["long_name"] = "why a combination has no values (empty where its run finished)"
-    ds["run"].attrs["long_name"] = "the run's folder under the report's folder"
-    if "experiment" in ds:
-        ds["experiment"].attrs["long_name"] = "the experiment of the run"
-    for name in ds.data_vars:
-        attrs = ds[name].attrs
+def report_dataset(table, swept: list[str]) -> xr.Dataset:
+    """The report's rows (`_table`: one per run and beta, and one per failed job) as a
+    Dataset along the dimension `row`: the run's folder (`run`), each swept key (named
+    by `dimension_name`, the key in its `config_key`) and beta as coordinates along
+    `row`, every other column as a variable along `row`."""
+    coords = {"run": ("row", _variable(table["run"].astype(str)),
+                      {"long_name": "the run's folder under the report's folder (a failed job's, for its row)"})}
+    for key in swept:
+        coords[dimension_name(key)] = ("row", _variable(table[key]),
+                                       {"long_name": f"the swept config key {key}", "config_key": key})
+    coords["beta"] = ("row", table["beta"].to_numpy(dtype=float),
+                      {"long_name": "inverse temperature beta of the attention", "units": "1"})
+    data = {}
+    for name in table.columns:
+        if name in ("run", "beta", *swept):
+            continue
+        values = _variable(table[name])
         base, _, statistic = str(name).rpartition("_")
-        if "long_name" not in attrs:
-            what = {"mean": "mean over members", "q10": "10th percentile over members",
-                    "q90": "90th percentile over members"}.get(statistic)
-            attrs["long_name"] = (f"{what} of {base} at the final saved time" if what is not None
-                                  else str(name).replace("_", " "))
-        if ds[name].dtype.kind in "iuf" and "units" not in attrs:
+        what = {"mean": "mean over members", "q10": "10th percentile over members",
+                "q90": "90th percentile over members"}.get(statistic)
+        attrs = {"long_name": f"{what} of {base} at the final saved time" if what is not None
+                 else str(name).replace("_", " ")}
+        if name == "experiment":
+            attrs["long_name"] = "the experiment of the run"
+        elif name == "note":
+            attrs["long_name"] = "the failed job and its error (empty for a run)"
+        if values.dtype.kind in "iuf":
             attrs["units"] = "1"
-    if "beta" in ds.coords:
-        ds["beta"].attrs.update(long_name="inverse temperature beta of the attention", units="1")
+        data[str(name)] = ("row", values, attrs)
+    ds = xr.Dataset(data, coords=coords)
     ds.attrs = {"Conventions": CONVENTIONS, "title": "attnflow report",
                 "swept_keys": ", ".join(swept),
-                "dimensions": ", ".join(f"{dim} = {key}" for key, dim in zip(swept, dims)),
-                "description": "the member mean and 10/90 % percentiles of each metric at the final saved time, "
-                               "by swept key (and beta); NaN where no run finished (see `note`)"}
-    if unplaced:
-        ds.attrs["failed_jobs"] = "; ".join(unplaced)
+                "description": "one row per run and beta, and one per failed job (the rows of report.csv, in "
+                               "its order): the member mean and 10/90 % percentiles of each metric at the final "
+                               "saved time; select rows by their values, e.g. "
+                               "ds.where((ds.d == 8) & (ds.solver == 'rk4'), drop=True)"}
     return ds
 
 
-def report(folder: str | Path) -> list[Path]:
-    """Summarize every run under `folder` into `report.csv` (one row per run and beta),
-    `report.nc` (the same numbers indexed by the swept keys, `report_dataset`) and
-    `report.png` there (each written whole or not at all); returns their paths."""
+def _reported(table, swept: list[str]) -> str:
+    """What the report holds, in one line: `reported 12 runs in 25 rows (12 runs x 2
+    betas, 1 failed job; swept keys a, b)`."""
+    finished = table[table["note"] == ""]
+    runs = finished["run"].nunique()
+    failed = len(table) - len(finished)
+    per_run = finished.groupby("run").size()
+    low, high = (int(per_run.min()), int(per_run.max())) if len(per_run) else (0, 0)
+    shape = (f"{runs} run{'s' if runs != 1 else ''} x {low} beta{'s' if low != 1 else ''}" if low == high
+             else f"{runs} runs, {low} to {high} betas each")
+    if failed:
+        shape += f", {failed} failed job{'s' if failed != 1 else ''}"
+    named = ", ".join(swept[:_NAMED_KEYS]) + (f" and {len(swept) - _NAMED_KEYS} more"
+                                              if len(swept) > _NAMED_KEYS else "")
+    keys = f"swept key{'s' if len(swept) != 1 else ''} {named}" if swept else "nothing swept"
+    return (f"reported {runs} run{'s' if runs != 1 else ''} in {len(table)} row{'s' if len(table) != 1 else ''} "
+            f"({shape}; {keys})")
+
+
+def report(folder: str | Path) -> tuple[list[Path], str]:
+    """Summarize every run under `folder` into `report.csv` (one row per run and beta,
+    and per failed job), `report.nc` (the same rows, `report_dataset`) and `report.png`
+    there (each written whole or not at all); returns their paths and one line saying
+    what was reported (`_reported`)."""
     folder = Path(folder)
-    table, swept = summary_table(folder)
+    table, swept = _table(folder)
     csv = _write_atomically(folder / "report.csv", lambda tmp: table.to_csv(tmp, index=False))
-    ds = report_dataset(table, swept, _failed_jobs(folder))
+    ds = report_dataset(table, swept)
     ds.attrs["source"] = str(folder.resolve())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Warning)  # xarray's notes on string encodings
         nc = write_results(ds, folder / "report.nc")
-    runs = table["run"].nunique()
-    fig = report_figure(table, swept, f"attnflow report: {runs} run{'s' if runs > 1 else ''}"
+    finished = table[table["note"] == ""]
+    finished.attrs = dict(table.attrs)
+    runs = finished["run"].nunique()
+    fig = report_figure(finished, swept, f"attnflow report: {runs} run{'s' if runs > 1 else ''}"
                         + (f", swept: {', '.join(swept)}" if swept else ""))
     with style():
         png = _write_atomically(folder / "report.png", lambda tmp: fig.savefig(tmp, format="png"))
-    return [csv, nc, png]
+    return [csv, nc, png], _reported(table, swept)

@@ -8,6 +8,14 @@ through one writer, `replacing`: written under a temporary name in its own folde
 renamed into place. The temporary names in flight are known (`discard_partial_files`),
 so an interrupted run leaves none behind. A file that cannot be written (a full disk)
 raises `StorageError` naming it. Files get the mode the user's umask gives.
+
+Every file attnflow reads back is read with bounded work, and one that is damaged or not
+attnflow's is refused in one sentence naming it (or, for a piece, computed again): a
+stored config (a results file's `config`, a pieces folder's `plan.txt`, a job's
+`.hydra/overrides.yaml`) goes through `read_config`, which refuses more than
+`CONFIG_BYTES` of text, nesting deeper than `CONFIG_DEPTH` and YAML aliases that
+expand beyond `CONFIG_ENTRIES` entries (an alias bomb), counted without expanding them;
+a piece's arrays are checked against their `.npy` headers before any is read.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import dataclasses
 import errno
 import fcntl
 import json
+import math
 import os
 import secrets
 import shutil
@@ -35,6 +44,15 @@ from ._errors import ConfigError, StorageError
 _PARTIAL: set[Path] = set()
 _PARTIAL_LOCK = threading.Lock()
 _TMP_SUFFIX = ".tmp"
+
+# The bounds of a stored config read back (`read_config`). attnflow's own are a few KiB
+# (a matrix given as a value, 256 x 256: 1.8 MiB and 66000 entries), nest a few levels
+# deep and hold no YAML alias; within the bounds, reading one back takes at most a few
+# seconds and a few hundred MiB (PyYAML builds 1000000 entries in about 5 s).
+CONFIG_BYTES = 32 * 2**20
+CONFIG_ENTRIES = 1_000_000
+CONFIG_DEPTH = 64
+_YAML_LOADER = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
 
 def in_background(work: Callable[[], Any]) -> Any:
@@ -290,6 +308,54 @@ def stored_config(path: Path, advice: str = _RUN_ADVICE) -> str:
     return config
 
 
+def read_config(source: str | os.PathLike, text: str | bytes | None = None) -> Any:
+    """The value of config YAML that attnflow wrote, read back with bounded work: `text`,
+    stored in `source` (a results file's `config` attribute), or the file `source`
+    itself when `text` is None (a pieces folder's `plan.txt`, a job's
+    `.hydra/overrides.yaml`; at most `CONFIG_BYTES` of it are read).
+
+    Raises `ConfigError`, in one sentence naming `source`, for more than `CONFIG_BYTES`
+    of text, nesting deeper than `CONFIG_DEPTH`, or YAML aliases that expand beyond
+    `CONFIG_ENTRIES` entries or into themselves: the entries are counted over the
+    parser's events, an alias by the count remembered for its anchor, so that nothing is
+    expanded or even composed before the count is known. Text that is not plain YAML (a
+    Python tag included) raises `yaml.YAMLError`, a file that cannot be read `OSError`.
+    """
+    if text is None:
+        with open(source, "rb") as file:
+            text = file.read(CONFIG_BYTES + 1)
+    if len(text) > CONFIG_BYTES:
+        raise ConfigError(f"{source} holds a config of more than {CONFIG_BYTES // 2**20} MiB, larger than any "
+                          "attnflow writes; it is not attnflow's.")
+    counted = 0  # entries (scalars, lists, mappings) with every alias expanded, so far
+    opened: list[tuple[str | None, int]] = []  # the open lists and mappings: anchor, count at their start
+    sizes: dict[str, int] = {}  # the expanded entries of each anchored node
+    for event in yaml.parse(text, Loader=_YAML_LOADER):
+        if isinstance(event, yaml.AliasEvent):
+            if any(anchor == event.anchor for anchor, _ in opened):
+                raise ConfigError(f"{source} holds a config that contains itself (a recursive YAML alias); it is "
+                                  "not attnflow's.")
+            counted += sizes.get(event.anchor, 1)  # an unknown anchor: the loader names it below
+        elif isinstance(event, yaml.ScalarEvent):
+            counted += 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            opened.append((event.anchor, counted))
+            counted += 1
+            if len(opened) > CONFIG_DEPTH:
+                raise ConfigError(f"{source} holds a config nested deeper than {CONFIG_DEPTH} levels; it is not "
+                                  "attnflow's.")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, start = opened.pop()
+            if anchor is not None:
+                sizes[anchor] = counted - start
+        if counted > CONFIG_ENTRIES:
+            raise ConfigError(f"{source} holds a config that expands beyond {CONFIG_ENTRIES} entries (a YAML "
+                              "alias bomb?); it is not attnflow's.")
+    return yaml.load(text, Loader=_YAML_LOADER)
+
+
 class PieceStore:
     """The finished pieces of one run, each an `.npz` file (read without pickle), kept
     in a folder whose `plan.txt` names the config and the cut into pieces.
@@ -297,8 +363,9 @@ class PieceStore:
     Pieces of another config in the folder are refused with a `ConfigError` naming the
     settings that differ, unless `discard`; pieces of the same config cut otherwise are
     computed again. Nothing but the store's own files (pieces, plan, temporary files) is
-    ever removed from the folder. A piece that cannot be read (cut short by a kill) is
-    removed and computed again; `damaged` lists them."""
+    ever removed from the folder. A piece that cannot be read (cut short by a kill, or
+    whose arrays' headers declare what it cannot hold: see `load`) is removed and
+    computed again; `damaged` lists them."""
 
     def __init__(self, folder: Path, identity: str, *, discard: bool = False):
         self.folder = Path(folder)
@@ -319,11 +386,20 @@ class PieceStore:
     def _path(self, index: int) -> Path:
         return self.folder / f"piece-{index:05d}.npz"
 
-    def load(self, index: int) -> dict[str, np.ndarray] | None:
+    def load(self, index: int, rows: int | None = None) -> dict[str, np.ndarray] | None:
+        """The arrays of piece `index`, None when it is not there or damaged (then it is
+        removed and listed in `damaged`). Each array's `.npy` header is read first: a
+        piece is damaged when an array is of an object or structured type, declares
+        more bytes than the piece stores for it (nothing is allocated for it), or, with
+        `rows`, does not hold `rows` rows (its leading dimension)."""
         path = self._path(index)
         if not path.exists():
             return None
         try:
+            size = path.stat().st_size
+            with zipfile.ZipFile(path) as archive:
+                for member in archive.infolist():
+                    _check_member(archive, member, rows, size)
             with np.load(path, allow_pickle=False) as data:
                 return {name.replace("__", "/"): data[name] for name in data.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile):
@@ -342,24 +418,54 @@ class PieceStore:
         return len(list(self.folder.glob("piece-*.npz")))
 
 
+def _check_member(archive: zipfile.ZipFile, member: zipfile.ZipInfo, rows: int | None, size: int) -> None:
+    """Raise `ValueError` unless `member` of a piece (a file of `size` bytes) is an array
+    as `PieceStore.save` writes it: stored uncompressed, as `np.savez` stores, within
+    the file (its sizes in the archive's directory are data too), of a plain dtype, its
+    declared shape filling no more than the bytes stored for it, with `rows` rows when
+    given. Only its header is read."""
+    if member.compress_type != zipfile.ZIP_STORED or member.file_size != member.compress_size:
+        raise ValueError(f"{member.filename} is not stored as np.savez stores it")
+    if member.header_offset + member.compress_size > size:
+        raise ValueError(f"{member.filename} runs past the end of the piece")
+    with archive.open(member) as file:
+        version = np.lib.format.read_magic(file)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(file)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(file)
+        else:
+            raise ValueError(f"{member.filename} has .npy format {version}")
+    if dtype.hasobject or dtype.fields is not None:
+        raise ValueError(f"{member.filename} holds {dtype}, not numbers")
+    if math.prod(shape) * dtype.itemsize > member.file_size:
+        raise ValueError(f"{member.filename} declares shape {shape} of {dtype}, more than its {member.file_size} bytes")
+    if rows is not None and (not shape or shape[0] != rows):
+        raise ValueError(f"{member.filename} has shape {shape}, not {rows} rows")
+
+
 def finished_pieces(folder: Path) -> int:
     """How many finished pieces a run's pieces folder holds (its panels' included)."""
     return sum(1 for _ in Path(folder).rglob("piece-*.npz"))
 
 
 def _text(path: Path) -> str | None:
+    """A pieces folder's `plan.txt`, None when it cannot be read or is larger than any
+    config (`CONFIG_BYTES`: no more is read)."""
     try:
-        return path.read_text()
+        with open(path, "rb") as file:
+            data = file.read(CONFIG_BYTES + 1)
+        return data.decode() if len(data) <= CONFIG_BYTES else None
     except (OSError, UnicodeDecodeError):
         return None
 
 
-def _planned(identity: str | None) -> dict | None:
-    """The config of a pieces folder's plan (its `plan.txt`: the config's YAML and the
-    line `pieces: N of M`), None when it names none."""
+def _planned(identity: str | None, source: str | os.PathLike = "plan.txt") -> dict | None:
+    """The config of a pieces folder's plan (its `plan.txt`, `source`: the config's YAML
+    and the line `pieces: N of M`), None when it names none (or is not attnflow's)."""
     try:
-        plan = yaml.safe_load(identity) if identity is not None else None
-    except yaml.YAMLError:
+        plan = read_config(source, identity) if identity is not None else None
+    except (yaml.YAMLError, ConfigError):
         return None
     if not isinstance(plan, dict):
         return None
@@ -371,7 +477,7 @@ def _foreign(folder: Path, config: dict | None) -> str | None:
     """What the finished pieces in `folder` (not its subfolders) are, when they belong to
     another config than `config`: `2 finished pieces of a run with n=4 (this one has n=5)`."""
     count = len(list(folder.glob("piece-*.npz")))
-    there = _planned(_text(folder / "plan.txt"))
+    there = _planned(_text(folder / "plan.txt"), folder / "plan.txt")
     if not count or (there is not None and there == config):
         return None
     pieces = f"{count} finished piece{'s' if count > 1 else ''}"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from ._build import Study, build_system, resolve_study
+from ._build import Study, build_system, non_finite_advice, resolve_study
 from ._cf import global_attributes, history_line, python_call, variable_attributes
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
-from ._errors import NonFiniteStateError, SolverFailure
+from ._errors import NonFiniteStateError, RunNote, SolverFailure
 from ._metric_registry import METRICS
 from ._store import PieceStore, Results, in_background
 
@@ -65,11 +68,80 @@ def use_matmul_precision(precision: str, platform: str | None = None) -> None:
 
 def use_compilation_cache() -> None:
     """Keep every compiled program in JAX's persistent cache, in `cache_directory()`,
-    unless the process has chosen a cache folder already."""
+    unless the process has chosen a cache folder already.
+
+    The cache is an optimisation: where its folder cannot be created or written (a
+    read-only home on a cluster node, `ATTNFLOW_CACHE_DIR` naming a file) the run goes on
+    without it, and says so once (a `RunNote`). A damaged entry (a process killed while
+    JAX wrote it) is dropped when it is read, and its program compiled again and written
+    anew (`_repair_damaged_entries`)."""
     if not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(cache_directory()))
+        folder = cache_directory()
+        problem = _unwritable(folder)
+        if problem is not None:
+            if folder not in _REFUSED_FOLDERS:
+                _REFUSED_FOLDERS.add(folder)
+                warnings.warn(f"the compilation cache cannot be kept in {folder} ({problem}), so this run compiles "
+                              "without it; set ATTNFLOW_CACHE_DIR to a folder that can be written to keep compiled "
+                              "programs.", RunNote, stacklevel=2)
+            return
+        jax.config.update("jax_compilation_cache_dir", str(folder))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _repair_damaged_entries()
+
+
+# The cache folders already found unusable in this process (said once each).
+_REFUSED_FOLDERS: set[Path] = set()
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why files cannot be written in `folder` (created if need be), or None."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass
+    except FileExistsError:
+        return "it is a file, not a folder"
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    return None
+
+
+def _repair_damaged_entries() -> None:
+    """Read JAX's cache entries through a guard: an entry that cannot be read back (cut
+    short, or corrupt) is removed and counts as a miss, so that its program is compiled
+    again and its entry written whole, instead of JAX warning about it on every run.
+    (JAX's own reader, `jax._src.compilation_cache.get_executable_and_time`, is private:
+    where it is not there, the guard is not installed and JAX's warnings stay.)"""
+    try:
+        from jax._src import compilation_cache
+    except ImportError:
+        return
+    read = getattr(compilation_cache, "get_executable_and_time", None)
+    if read is None or getattr(read, "repairs_damaged_entries", False):
+        return
+
+    def guarded(cache_key, *args, **kwargs):
+        try:
+            return read(cache_key, *args, **kwargs)
+        except Exception as error:  # anything JAX could not read back: a miss
+            folder = jax.config.jax_compilation_cache_dir
+            for suffix in ("-cache", "-atime"):
+                with contextlib.suppress(OSError, TypeError):
+                    (Path(folder) / f"{cache_key}{suffix}").unlink(missing_ok=True)
+            if folder not in _REPAIRED_FOLDERS:
+                _REPAIRED_FOLDERS.add(folder)
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                warnings.warn(f"a damaged entry of the compilation cache in {folder} ({reason}) was removed; its "
+                              "program is compiled again and kept anew.", RunNote, stacklevel=2)
+            return None, None
+
+    guarded.repairs_damaged_entries = True
+    compilation_cache.get_executable_and_time = guarded
+
+
+_REPAIRED_FOLDERS: set = set()
 
 
 def plan_study(study: Study) -> EnsemblePlan:
@@ -125,6 +197,8 @@ def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | N
         error.dataset = error.results.to_xarray()
         raise
     results.attrs["history"] = history
+    for note in filter(None, str(results.attrs.get("notes", "")).splitlines()):
+        warnings.warn(note, RunNote, stacklevel=2)
     return results.to_xarray()
 
 
@@ -140,7 +214,7 @@ def solve_study(study: Study, plan: EnsemblePlan, *, pieces: str | os.PathLike |
     if pieces is not None:
         identity = f"{config_yaml(cfg)}\npieces: {plan.pieces} of {plan.piece_size}\n"
         store = PieceStore(Path(pieces), identity, discard=cfg.overwrite)
-    outputs = [store.load(i) if store is not None else None for i in range(plan.pieces)]
+    outputs = [store.load(i, rows=plan.size_of(i)) if store is not None else None for i in range(plan.pieces)]
     for path in store.damaged if store is not None and on_damaged is not None else ():
         on_damaged(path)
     found = sum(out is not None for out in outputs)
@@ -158,7 +232,7 @@ def solve_study(study: Study, plan: EnsemblePlan, *, pieces: str | os.PathLike |
     result = plan.assemble(outputs)
     results = to_results(study, result)
     try:
-        check_ensemble(result, study.betas)
+        check_ensemble(result, study.betas, non_finite_advice(cfg))
     except (NonFiniteStateError, SolverFailure) as error:
         results.attrs["error"] = str(error)
         error.results = results
@@ -180,7 +254,10 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
     stopped = np.asarray(result.result) != 0
     first_bad = np.argmin(valid, axis=-1)
     data_vars, encoding = {}, {}
+    kept = {m.value for m in cfg.metrics}
     for name, value in result.stats.items():
+        if name in METRICS and name not in kept:
+            continue  # recorded for a check of the run's own (the Sinkhorn tolerance), not asked for
         value = np.asarray(value)
         if np.issubdtype(value.dtype, np.integer) and not valid.all():
             mask = valid.reshape(valid.shape + (1,) * (value.ndim - 3))
@@ -208,11 +285,20 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
                                                     history=history_line("attnflow.run(...)"))}
     if cfg.time_change.speed is not None:
         attrs["time_axis"] = time_axis(cfg.time_change.speed)
+    notes = list(study.notes)
     if cfg.dynamics == "sinkhorn" and "marginal_error" in result.stats:
-        # The fixed iteration count's achieved column error, against the tolerance asked for.
-        worst = float(np.nanmax(np.asarray(result.stats["marginal_error"])))
+        # The fixed iteration count's achieved column error, against the tolerance asked
+        # for, in every Sinkhorn run (recorded whether or not the config keeps it).
+        errors = np.asarray(result.stats["marginal_error"], np.float64)
+        worst = float(np.nanmax(errors)) if np.isfinite(errors).any() else float("nan")
         attrs["sinkhorn_marginal_error"] = worst
         attrs["sinkhorn_within_tol"] = int(worst <= cfg.sinkhorn.tol)
+        if not worst <= cfg.sinkhorn.tol:
+            notes.append(f"Sinkhorn attention missed sinkhorn.tol={cfg.sinkhorn.tol:g}: its largest column error "
+                         f"is {worst:.3g} after sinkhorn.iterations={cfg.sinkhorn.iterations}; raise the "
+                         "iterations or the tolerance.")
+    if notes:
+        attrs["notes"] = "\n".join(notes)
     return Results(coords=coords, data_vars=described, attrs=attrs, encoding=encoding)
 
 

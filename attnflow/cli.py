@@ -38,6 +38,7 @@ import shlex
 import shutil
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -53,7 +54,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from . import _help
 from ._config import config_source, explain, register_schema, typed_job_config
-from ._errors import ConfigError, NonFiniteStateError, SolverFailure, StorageError
+from ._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError
 from ._progress import Progress, end_all, status
 from ._store import RunDirectory, discard_partial_files, finished_pieces, load_results, stored_config, write_results
 
@@ -130,10 +131,17 @@ class _SweepRecord(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         folder = Path(str(config.hydra.sweep.dir)) / _OUTCOMES
-        outcomes = []
+        outcomes, limit = [], 2**20
         for path in folder.glob("*.json"):
-            with contextlib.suppress(OSError, ValueError):
-                outcomes.append(json.loads(path.read_text()))
+            # A job writes a few hundred bytes (`_record_outcome`): a record over 1 MiB (not
+            # read further), or one of another shape, is not a job's and is skipped.
+            with contextlib.suppress(OSError, ValueError, RecursionError), open(path, "rb") as file:
+                record = file.read(limit + 1)
+                outcome = json.loads(record) if len(record) <= limit else None
+                if (isinstance(outcome, dict) and type(outcome.get("num")) is int
+                        and isinstance(outcome.get("job"), str)
+                        and isinstance(outcome.get("error"), (str, type(None)))):
+                    outcomes.append(outcome)
         outcomes.sort(key=lambda outcome: outcome["num"])
         _JOBS[:] = [outcome["job"] for outcome in outcomes]
         _FAILED[:] = [(outcome["job"], outcome["error"]) for outcome in outcomes if outcome["error"]]
@@ -236,9 +244,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         plan = plan_study(study) if experiment is None else None  # refuses what does not fit
         # Another run's unfinished pieces are refused like its results (or discarded with overwrite=true).
         discarded = folder.claim_pieces({".": config_yaml(resolved)} if experiment is None else
-                                        {label: config_yaml(panel.config)
-                                         for label, (panel, _) in experiment.studies.items()},
-                                        resolved.overwrite)
+                                        experiment.piece_configs(), resolved.overwrite)
         if discarded:
             print(f"attnflow: {discarded}", flush=True)
         _write_record(folder, cfg, hydra_cfg)
@@ -259,6 +265,13 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                                                on_resume=lambda label, found, total: _resuming(
                                                    found, total, pieces / label), on_damaged=_damaged)
         except (NonFiniteStateError, SolverFailure) as error:
+            if getattr(error, "results", None) is None:
+                # An experiment's own computation failed (its mean-field PDE): no study's
+                # statistics to keep, but its finished pieces stay for the next run.
+                kept = finished_pieces(pieces)
+                kept = (f"; the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}"
+                        if kept else "")
+                raise ConfigError(f"{str(error).rstrip('.')}{kept}.") from None
             # Nothing computed is lost: the statistics, missing from each failed
             # solve's first bad output on, go to a file that cannot be mistaken for
             # a finished run (an experiment's other panels keep their pieces).
@@ -273,6 +286,10 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         for stale in ("incomplete.nc", "error.txt"):
             (folder.path / stale).unlink(missing_ok=True)
         print(f"attnflow: wrote {path}", flush=True)
+        for note in filter(None, str(results.attrs.get("notes", "")).splitlines()):
+            # Not errors (the run is whole), but what its settings did not do: said once,
+            # after the results are safe, and kept in their `notes` attribute.
+            _say(f"note: {note}")
         if resolved.plot:
             try:
                 if experiment is None:
@@ -381,7 +398,13 @@ def _check_command_line(arguments: list[str]) -> None:
     group option that is not a name (a path loads any YAML file on the machine, and Hydra
     runs the callbacks that file names), a key given twice (Hydra would keep the last),
     and a sweep too large to list. Raises `ConfigError` (or Hydra's parse error)."""
-    overrides = OverridesParser.create().parse_overrides(get_args_parser().parse_args(arguments).overrides)
+    given = get_args_parser().parse_args(arguments).overrides
+    bare = next((arg for arg in given if "=" not in arg and not arg.startswith("~")), None)
+    if bare is not None:
+        # Hydra would say only "Error parsing override": a word alone is not a setting.
+        raise ConfigError(f"attnflow takes settings as key=value (e.g. n=32 beta=4), experiment=NAME or a command "
+                          f"({', '.join(_USAGE)}, help), got {bare!r}; `attnflow --help` lists them.")
+    overrides = OverridesParser.create().parse_overrides(given)
     given: dict[tuple, str] = {}
     sizes = []
     for override in overrides:
@@ -529,9 +552,10 @@ def _command(name: str, args: list[str]) -> int:
 
             folder = Path(args[0])
             with status(f"writing the report of {len(found[0])} run{'s' if len(found[0]) > 1 else ''}"):
-                written = report(folder.parent if folder.is_file() else folder)
+                written, reported = report(folder.parent if folder.is_file() else folder)
             for path in written:
                 print(f"attnflow: wrote {path}", flush=True)
+            print(f"attnflow: {reported}", flush=True)
     except (ConfigError, StorageError) as error:
         end_all()
         _say(f"error: {error}")
@@ -623,8 +647,21 @@ def _completion(overrides: list[str]) -> int | None:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """attnflow's notes (`RunNote`) as one line each; other warnings as Python shows them."""
+    if isinstance(category, type) and issubclass(category, RunNote):
+        _tell(None)
+        _say(f"note: {message}")
+    else:
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
 def main() -> None:
     """The console entry point."""
+    warnings.showwarning = _show_warning
     answered = _without_hydra(sys.argv[1:])
     if answered is not None:
         sys.exit(answered)

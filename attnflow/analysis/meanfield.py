@@ -66,6 +66,7 @@ import numpy as np
 import scipy.special
 from jaxtyping import Array, ArrayLike, Complex, Float
 
+from .._ensemble import available_memory
 from .._errors import ConfigError, SolverFailure
 from .._noise import critical_sigma
 
@@ -92,12 +93,40 @@ class MeanFieldSolution(eqx.Module):
     steps: Array
 
 
+# e^beta in float64 (its largest number is e^709.78): unnormalised attention keeps it.
+USA_LARGEST_BETA = 700.0
+
+
+def _kernel_points(beta: float, modes: int) -> int:
+    """The quadrature points of `_kernel_coefficients`."""
+    return 2 * modes + 128 + int(40 * np.sqrt(beta))
+
+
+def kernel_table_bytes(beta: float, grid: int) -> int:
+    r"""The memory the kernel's coefficients are formed in for a density on `grid`
+    points at `beta`: three float64 tables of (modes + 1) x points (the phases, their
+    sines and cosines), points growing like $40\sqrt\beta$."""
+    modes = (int(grid) - 1) // 3
+    return 3 * 8 * (modes + 1) * _kernel_points(float(beta), modes)
+
+
+def check_kernel_table(beta: float, grid: int, name: str = "beta") -> None:
+    """Refuse (`ConfigError`, before anything is allocated) a beta whose kernel tables do
+    not fit in half of the available memory; `name` is the setting that gave beta."""
+    need, memory = kernel_table_bytes(beta, grid), available_memory()
+    if need > memory // 2:
+        raise ConfigError(f"{name}={beta:g} needs {need / 2**30:.1f} GiB for the kernel's Fourier coefficients on "
+                          f"the circle ({40 * np.sqrt(beta):.3g} quadrature points for each of {(grid - 1) // 3 + 1} "
+                          f"modes), more than half of the {memory / 2**30:.1f} GiB available; lower {name} (the "
+                          f"clusters of beta={beta:g} are far narrower than {grid} grid points resolve anyway).")
+
+
 def _kernel_coefficients(beta: float, modes: int):
     r"""$a_k / e^{\beta}$ and $2\pi I_k(\beta) / e^{\beta}$ for $k = 0, \dots,$ `modes`,
     by the trapezoidal rule on P points. Its error for mode k is the coefficient of mode
     P - k, of order $e^{-(P - k)^2 / 2\beta}$: with
     $P \ge 2\,\mathrm{modes} + 128 + 40\sqrt\beta$ it is below $e^{-800}$."""
-    points = 2 * modes + 128 + int(40 * np.sqrt(beta))
+    points = _kernel_points(beta, modes)
     u = jnp.arange(points, dtype=jnp.float64) * (2 * jnp.pi / points)
     weight = jnp.exp(beta * (jnp.cos(u) - 1)) * (2 * jnp.pi / points)
     k = jnp.arange(modes + 1, dtype=jnp.float64)
@@ -193,9 +222,13 @@ def meanfield_circle(
         raise ConfigError(f"kind must be 'sa' (softmax) or 'usa' (unnormalised), got {kind!r}.")
     if not (np.isfinite(beta) and beta >= 0) or not (np.isfinite(sigma) and sigma >= 0):
         raise ConfigError(f"beta and sigma must be finite and >= 0, got beta={beta!r}, sigma={sigma!r}.")
+    if kind == "usa" and beta > USA_LARGEST_BETA:
+        raise ConfigError(f"unnormalised attention multiplies by e^beta, which float64 holds up to beta = "
+                          f"{USA_LARGEST_BETA:g}, got beta={beta:g}; lower beta, or take kind='sa'.")
     if solver not in SOLVERS:
         raise ConfigError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}.")
     grid = rho.size
+    check_kernel_table(float(beta), grid)
     modes = (grid - 1) // 3
     c0 = np.fft.rfft(rho)[: modes + 1] / grid
     y0 = jnp.asarray(np.concatenate([c0.real, c0.imag]))
@@ -263,8 +296,9 @@ def circle_stationary_order(beta: float, sigma: float, *, points: int = 512, tol
     `max_iterations` do not converge.
     """
     beta, sigma = float(beta), float(sigma)
-    if not (0 < beta <= 700 and sigma > 0):
-        raise ConfigError(f"circle_stationary_order needs 0 < beta <= 700 (e^beta in float64) and sigma > 0, "
+    if not (0 < beta <= USA_LARGEST_BETA and sigma > 0):
+        raise ConfigError(f"circle_stationary_order needs 0 < beta <= {USA_LARGEST_BETA:g} (e^beta in float64) and "
+                          "sigma > 0, "
                           f"got beta={beta!r}, sigma={sigma!r}.")
     sigma_c = critical_sigma(beta, 2)
     if sigma >= sigma_c * (1 - 1e-9):  # within rounding of sigma_c counts as sigma_c

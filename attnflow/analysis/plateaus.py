@@ -66,9 +66,10 @@ from typing import NamedTuple
 
 import numpy as np
 import xarray as xr
-import yaml
 from jaxtyping import ScalarLike
 from numpy.typing import ArrayLike
+
+from .._store import read_config
 
 __all__ = ["Merges", "Plateaus", "detect_metastability", "merges", "partition_level", "plateaus"]
 
@@ -278,7 +279,7 @@ def _origin(ds: xr.Dataset) -> float:
     """$t_0$ of the run that wrote `ds` (from its stored config), else 0."""
     config = ds.attrs.get("config")
     if isinstance(config, str):
-        t0 = (yaml.safe_load(config) or {}).get("t0")
+        t0 = (read_config(ds.encoding.get("source", "this Dataset"), config) or {}).get("t0")
         if t0 is not None:
             return float(t0)
     return 0.0

@@ -159,6 +159,11 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     the composed settings and the given ones. `+key=` and `++key=` name `key` (every
     setting exists already); a setting given twice, deleted (`~key`) or swept is refused
     in one sentence, before anything is composed."""
+    bare = next((arg for arg in args if "=" not in arg and not arg.startswith(("-", "~"))), None)
+    if bare is not None:
+        # Hydra would say only "Error parsing override": a word alone is not a setting.
+        raise ConfigError(f"attnflow train takes settings as key=value (e.g. steps=200 corpus=induction), got "
+                          f"{bare!r}; `attnflow train --help` lists them.")
     try:
         overrides = OverridesParser.create().parse_overrides(list(args))
     except HydraException as error:

@@ -9,18 +9,20 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import xarray as xr
-import yaml
 
 from .._errors import ConfigError
 from .._progress import Progress
+from .._store import read_config
 from .._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
 
 
 def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:
-    """The stored config of an experiment (or of one of its panels) as a mapping."""
+    """The stored config of an experiment (or of one of its panels) as a mapping, read
+    with bounded work (`read_config`: one that is not attnflow's raises `ConfigError`)."""
+    source = ds.encoding.get("source", "this Dataset")
     if panel is None:
-        return yaml.safe_load(ds.attrs["config"])
-    return yaml.safe_load(ds.attrs["panel_configs"])[panel]
+        return read_config(source, ds.attrs["config"])
+    return read_config(source, ds.attrs["panel_configs"])[panel]
 
 
 def stack_panels(results: Mapping[str, xr.Dataset], dim: str = "panel",

@@ -9,11 +9,13 @@ import difflib
 import importlib
 import itertools
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import yaml
 from hydra import compose as hydra_compose
 from hydra.core.global_hydra import GlobalHydra
@@ -22,9 +24,10 @@ from omegaconf import OmegaConf
 from .._build import Study, resolve_study
 from .._config import Config, _plain, compose, hydra_context, register_schema, to_container, typed_options
 from .._ensemble import EnsemblePlan
-from .._errors import ConfigError, NonFiniteStateError, SolverFailure
+from .._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure
 from .._cf import describe, history_line, python_call
 from .._figures import save, style
+from .._store import PieceStore
 from .._study import config_yaml, plan_study, prepare_jax, solve_study
 from ._animate import check_plotly_js
 
@@ -86,9 +89,10 @@ def default_options(module: ModuleType) -> dict:
 
 def _options(module: ModuleType, name: str, given: Any) -> dict:
     """The experiment's options: its `Options` schema's defaults with `given` on top,
-    typed by the schema. An unknown name is refused with the nearest one; a wrong type
-    or a name outside a choice in one sentence (the schema's); ranges and combinations
-    are checked by the experiment's `check`."""
+    typed by the schema. An unknown name is refused with the nearest one; a wrong type,
+    a name outside a choice, a NaN or infinite number and a list that holds an entry
+    twice in one sentence (`typed_options`; a field's `metadata` may allow infinity or
+    repeats); ranges and combinations are checked by the experiment's `check`."""
     schema = option_schema(module)
     names = [f.name for f in dataclasses.fields(schema)]
     given = _plain(given) if given is not None else {}
@@ -159,10 +163,64 @@ class ExperimentPlan:
         own = getattr(self.module, "pieces", None)
         return sum(plan.pieces for _, plan in self.studies.values()) + (own(self.cfg, self.options) if own else 0)
 
+    def piece_configs(self) -> dict[str, str]:
+        """The config (YAML) of each pieces folder of the run, by its label under the
+        run's pieces folder: one per panel, and `OWN_PIECES` for the experiment's own
+        computation (`OwnPieces`) where it counts one."""
+        configs = {label: config_yaml(study.config) for label, (study, _) in self.studies.items()}
+        if getattr(self.module, "pieces", None) is not None:
+            configs[OWN_PIECES] = config_yaml(self.cfg)
+        return configs
 
-def plan_experiment(cfg: Config) -> ExperimentPlan:
-    """Check every panel of an experiment config and plan its studies; raises
-    `ConfigError` (naming the panel) before anything is computed."""
+
+# The pieces folder of an experiment's own computation, beside its panels' (a panel's
+# label has an `=` or is `main`).
+OWN_PIECES = "analysis"
+
+
+class OwnPieces:
+    """The finished parts of an experiment's own computation (what its `analyse`
+    computes beyond the panels' studies: a PDE, one particle system per n), kept as
+    pieces of the run, so that a run interrupted or stopped by a failure resumes from
+    them as a study resumes from its pieces.
+
+    `keep(compute)` returns the arrays (a mapping of names to NumPy arrays) that
+    `compute()` returns: read from the next finished piece of a previous run of the same
+    config, or computed and kept. The parts are numbered in the order they are asked
+    for, which an experiment keeps the same for a given config. Without a folder every
+    part is computed."""
+
+    def __init__(self, folder: Path | None, config: str, *, on_resume=None, on_damaged=None):
+        self.store = None if folder is None else PieceStore(folder, f"{config}\npieces: {OWN_PIECES}\n")
+        self.on_damaged = on_damaged
+        self.index = 0
+        found = 0 if self.store is None else self.store.count()
+        if found and on_resume is not None:
+            on_resume(found)
+
+    def __call__(self, compute: Callable[[], Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        index, self.index = self.index, self.index + 1
+        if self.store is not None:
+            damaged = len(self.store.damaged)
+            kept = self.store.load(index)
+            for path in self.store.damaged[damaged:]:
+                if self.on_damaged is not None:
+                    self.on_damaged(path)
+            if kept is not None:
+                return kept
+        out = {name: np.asarray(value) for name, value in compute().items()}
+        if self.store is not None:
+            self.store.save(index, out)
+        return out
+
+
+def check_experiment(cfg: Config) -> tuple[Config, dict, dict[str, Study]]:
+    """Check an experiment config before anything is planned or computed: its options
+    typed by the module's `Options` (`_options`), the module's `check`, a panel key
+    that repeats a value, and every panel's study resolved (`resolve_study`: pure
+    checks, no program traced). Returns the config with every option filled in, the
+    options, and the resolved study of each panel; raises `ConfigError` (naming the
+    panel where there are several)."""
     if cfg.experiment is None:
         raise ConfigError("this config names no experiment; set experiment=NAME.")
     module = experiment_module(cfg.experiment.name)
@@ -175,17 +233,41 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
     base = to_container(cfg)
     base.pop("experiment")
     make = getattr(module, "panels", None)
-    configs = make(base, options) if make is not None else panel_configs(base, getattr(module, "PANEL_KEYS", ()))
+    if make is None:
+        keys = getattr(module, "PANEL_KEYS", ())
+        for key in keys:
+            values = base.get(key) if isinstance(base.get(key), list) else []
+            # Panels are labelled by their value: a repeated one would be one panel reported twice.
+            twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
+            if twice is not None:
+                raise ConfigError(f"{key} holds {twice!r} twice; give each value once (each is a panel).")
+        configs = panel_configs(base, keys)
+    else:
+        configs = make(base, options)
     studies = {}
     for label, config in configs.items():
         try:
-            panel = resolve_study(config)
-            studies[label] = (panel, plan_study(panel))
+            studies[label] = resolve_study(config)
         except ConfigError as error:
             if len(configs) == 1:
                 raise
             raise ConfigError(f"panel {label} of experiment {cfg.experiment.name}: {error}") from None
-    return ExperimentPlan(cfg, options, module, studies)
+    return cfg, options, studies
+
+
+def plan_experiment(cfg: Config) -> ExperimentPlan:
+    """Check every panel of an experiment config (`check_experiment`) and plan its
+    studies; raises `ConfigError` (naming the panel) before anything is computed."""
+    cfg, options, studies = check_experiment(cfg)
+    planned = {}
+    for label, study in studies.items():
+        try:
+            planned[label] = (study, plan_study(study))
+        except ConfigError as error:
+            if len(studies) == 1:
+                raise
+            raise ConfigError(f"panel {label} of experiment {cfg.experiment.name}: {error}") from None
+    return ExperimentPlan(cfg, options, experiment_module(cfg.experiment.name), planned)
 
 
 def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None = None,
@@ -212,11 +294,23 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
                 error.args = (f"panel {label}: {error}",)
             raise
     if getattr(plan.module, "pieces", None) is not None:
-        # An experiment that counts its own pieces reports them as it computes them.
-        ds = plan.module.analyse(plan.cfg, plan.options, results, on_piece=on_piece)
+        # An experiment that counts its own pieces reports them as it computes them, and
+        # keeps each finished one (`OwnPieces`) beside the panels' pieces.
+        keep = OwnPieces(None if pieces is None else Path(pieces) / OWN_PIECES, config_yaml(plan.cfg),
+                         on_resume=None if on_resume is None else lambda found: on_resume(
+                             OWN_PIECES, found, plan.module.pieces(plan.cfg, plan.options)),
+                         on_damaged=on_damaged)
+        ds = plan.module.analyse(plan.cfg, plan.options, results, on_piece=on_piece, keep=keep)
     else:
         ds = plan.module.analyse(plan.cfg, plan.options, results)
     config = config_yaml(plan.cfg)
+    # What the panels' runs note (a switch that never happens, a missed Sinkhorn
+    # tolerance), each once, naming its panel where there are several.
+    notes = [f"panel {label}: {note}" if len(results) > 1 else note for label, panel in results.items()
+             for note in str(panel.attrs.get("notes", "")).splitlines() if note]
+    notes = list(dict.fromkeys([*notes, *filter(None, str(ds.attrs.get("notes", "")).splitlines())]))
+    if notes:
+        ds.attrs["notes"] = "\n".join(notes)
     ds.attrs.update(
         config=config,
         experiment=plan.name,
@@ -300,5 +394,8 @@ def run_experiment(name: str, overrides: Mapping | None = None, *, pieces: str |
     its Dataset; `draw_experiment(ds, folder)` draws its figures.
 
     `pieces` keeps finished pieces in a folder, as in `run`."""
-    return solve_experiment(plan_experiment(compose_experiment(name, overrides)), pieces=pieces,
-                            history=python_call("attnflow.run_experiment", {"name": name, **dict(overrides or {})}))
+    ds = solve_experiment(plan_experiment(compose_experiment(name, overrides)), pieces=pieces,
+                          history=python_call("attnflow.run_experiment", {"name": name, **dict(overrides or {})}))
+    for note in filter(None, str(ds.attrs.get("notes", "")).splitlines()):
+        warnings.warn(note, RunNote, stacklevel=2)
+    return ds

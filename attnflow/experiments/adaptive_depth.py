@@ -105,7 +105,18 @@ def check(cfg, options) -> None:
     for name in ("lora_rank", "finetune_steps"):
         if not _whole(options[name]):
             raise ConfigError(f"experiment.options.{name} must be a positive whole number, got {options[name]!r}.")
-    corpus_name(options["corpus"])
+    # Settings of fine-tuning runs that no run reads would still be stored with the results.
+    if "lora" not in methods and options["lora_rank"] != Options.lora_rank:
+        raise ConfigError(f"experiment.options.lora_rank={options['lora_rank']} does not apply with "
+                          f"experiment.options.methods={methods} (it sets the rank of the lora runs); remove it or "
+                          "add lora.")
+    if not methods and options["out"] is not None:
+        raise ConfigError(f"experiment.options.out={options['out']} does not apply with experiment.options.methods=[] "
+                          "(the folder of the fine-tuning runs, and there are none); remove it or give a method.")
+    try:
+        corpus_name(options["corpus"])
+    except ConfigError as error:
+        raise ConfigError(f"experiment.options.corpus: {error}") from None
     given = options["train"]
     if isinstance(given, dict):
         chosen = sorted(set(given) & set(FINETUNE_CHOSEN))

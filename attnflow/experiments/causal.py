@@ -26,6 +26,7 @@ when d = 3).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
+from .._build import resolve_study
 from .._errors import ConfigError
 from ._animate import animate_states
 from ._common import (
@@ -70,6 +72,13 @@ def check(cfg, options) -> None:
         raise ConfigError("experiment causal measures the tokens' distances: keep save_states=true.")
     if cfg.n < 2:
         raise ConfigError(f"experiment causal needs at least two tokens, got n={cfg.n}.")
+    # The decay rates are slopes fitted on the saved times from fit_from on: one time fits none (NaN rates).
+    t = resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
+    if len(t) < 2 or t[-2] < t[0] + fit_from * (t[-1] - t[0]):
+        before = (t[-2] - t[0]) / (t[-1] - t[0]) if len(t) > 1 else None
+        lower = "" if before is None else f"take fit_from at most {before:.4g} (the saved time before t1) or "
+        raise ConfigError(f"experiment.options.fit_from={fit_from!r} leaves one saved time to fit the decay rates "
+                          f"on; {lower}raise saves={cfg.saves}.")
 
 
 def decay_rates(t: np.ndarray, distance: np.ndarray) -> np.ndarray:

@@ -105,7 +105,14 @@ def check(cfg, options) -> None:
         raise ConfigError(f"experiment.options.bins must be a whole number >= 2, got {options['bins']!r}.")
     if not isinstance(cfg.beta, (int, float)) or isinstance(cfg.beta, bool):
         raise ConfigError(f"experiment=checkpoint takes one beta (the theory run's), got {cfg.beta!r}.")
-    _sentence(cfg)  # a bad checkpoint, or a text it has no embedding rows or positions for, stops here
+    checkpoint = _sentence(cfg)[0]  # a bad checkpoint, or a text it has no embedding rows or positions for, stops here
+    # The weights between layers are read by the runs of more than one step per layer and the adaptive solve (of
+    # pre-LN models) alone: one step per layer is the layer map.
+    adaptive = options["adaptive"] and checkpoint.arrangement != "post"
+    if options["interpolation"] != Interpolation.constant.value and max(steps) == 1 and not adaptive:
+        raise ConfigError(f"experiment.options.interpolation={options['interpolation']} does not apply with "
+                          f"experiment.options.steps={steps} and no adaptive solve (it interpolates the weights of "
+                          "runs of more than one step per layer); remove it or add such a run.")
 
 
 def panels(base, options) -> dict:

@@ -24,6 +24,7 @@ per beta (the first whose final count equals the median), which the figure draws
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from .._build import resolve_study
 from .._errors import ConfigError
 from .._metrics import cluster_labels
 from ._animate import animation
@@ -53,6 +55,14 @@ def check(cfg, options) -> None:
     if not times or any(not cfg.t0 <= t <= cfg.t1 for t in times):
         raise ConfigError(f"experiment.options.snapshots must be a non-empty list of times in [t0, t1] = "
                           f"[{cfg.t0:g}, {cfg.t1:g}], got {times!r}.")
+    # Each snapshot draws the saved time nearest it: two with the same nearest one would be one drawing.
+    saved = resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
+    nearest = [int(np.argmin(abs(saved - t))) for t in times]
+    for i, k in enumerate(nearest):
+        if k in nearest[:i]:
+            raise ConfigError(f"experiment.options.snapshots holds {times[nearest.index(k)]:g} and {times[i]:g}, both "
+                              f"nearest the saved time {saved[k]:.4g}: one drawing; give times nearest different "
+                              f"saved times (or save more, saves={cfg.saves}).")
 
 
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:

@@ -236,7 +236,10 @@ def check_train_overrides(name: str, overrides, option: str = "train") -> dict:
     chosen = sorted(set(overrides) & set(REFUSED))
     if chosen:
         raise ConfigError(f"experiment {name} sets {chosen[0]} itself; leave it out of experiment.options.{option}.")
-    train_config(dict(overrides))  # unknown settings and bad values stop here
+    try:
+        train_config(dict(overrides))  # unknown settings and bad values stop here
+    except ConfigError as error:
+        raise ConfigError(f"experiment.options.{option}: {error}") from None
     return dict(overrides)
 
 

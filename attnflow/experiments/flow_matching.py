@@ -21,6 +21,7 @@ measure, whole configurations (each member a point of $\\mathbb{R}^{nd}$).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 import functools
 from typing import TYPE_CHECKING
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from .._build import resolve_study
 from .._errors import ConfigError
 from .._progress import Progress
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
@@ -86,6 +88,12 @@ def check(cfg, options) -> None:
         raise ConfigError("experiment flow_matching trains on the tokens' states: keep save_states=true.")
     if not (isinstance(cfg.beta, (int, float)) and not isinstance(cfg.beta, bool)):
         raise ConfigError(f"experiment flow_matching fits one attention flow: give beta as one number, got {cfg.beta!r}.")
+    # The distances are taken at distance_times of the saved times, evenly spread: more than there are would
+    # repeat some, merged silently.
+    saved = len(resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times)
+    if options["distance_times"] > saved:
+        raise ConfigError(f"experiment.options.distance_times={options['distance_times']} asks for more times than "
+                          f"the {saved} saved; take at most {saved} (or raise saves).")
 
 
 def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:

@@ -66,7 +66,10 @@ class Options:
     polygons: int = 6          # random k-gons
     sides: int = 5             # k, the vertices of each
     interior: int = 24         # interior tokens of each k-gon
-    kgon_t1: float = 8.0       # end time of the k-gon runs (rk4, dt = 0.05)
+    kgon_t1: float = 8.0       # end time of the k-gon runs (rk4, dt = 0.05): a whole number of steps
+
+
+KGON_DT = 0.05  # the step of the k-gon runs
 
 
 def check(cfg, options) -> None:
@@ -78,8 +81,12 @@ def check(cfg, options) -> None:
     for key, low in (("bins", 2), ("polygons", 1), ("sides", 3), ("interior", 1)):
         if not options[key] >= low:
             raise ConfigError(f"experiment.options.{key} must be at least {low}, got {options[key]!r}.")
-    if not options["kgon_t1"] > 0:
-        raise ConfigError(f"experiment.options.kgon_t1 must be positive, got {options['kgon_t1']!r}.")
+    # The k-gon runs take round(kgon_t1 / KGON_DT) steps: another time would end them elsewhere (below half a
+    # step: at t = 0) without a word.
+    steps = options["kgon_t1"] / KGON_DT
+    if not (steps >= 1 - 1e-6 and abs(steps - round(steps)) <= 1e-6 * round(steps)):
+        raise ConfigError(f"experiment.options.kgon_t1 must be a positive multiple of the k-gon runs' step "
+                          f"{KGON_DT:g}, got {options['kgon_t1']!r}.")
 
 
 def panels(base: dict, options) -> dict[str, dict]:
@@ -120,7 +127,7 @@ def kgon_runs(seed: int, polygons: int, sides: int, interior: int, t1: float, sa
     eye = Identity(1, 2, "float64")
     term = SelfAttention(eye, eye, eye, None, jnp.asarray(1.0), None, heads=1, kind="hardmax")
     field = VectorField((term,), scheme="none")
-    dt = 0.05
+    dt = KGON_DT
     steps = int(round(t1 / dt))
     every = max(steps // (saves - 1), 1)
     run = jax.jit(jax.vmap(lambda y: simulate(field, y, t1=steps * dt, dt=dt, solver="rk4", save_every=every,

@@ -126,6 +126,15 @@ def check(cfg: Config, options) -> None:
     if top is not None and not (_whole(top, 2) and top >= options["n_min"]):
         raise ConfigError(f"experiment.options.n_max of experiment long_context must be null or a whole number "
                           f"from n_min={options['n_min']} on, got {top!r}.")
+    if options["n_count"] == 1 and top is not None and top != options["n_min"]:
+        raise ConfigError(f"experiment.options.n_max={top} does not apply with experiment.options.n_count=1 (the "
+                          f"one n is n_min={options['n_min']}); remove it or raise n_count.")
+    # The sizes are rounded to whole numbers and merged where they meet: fewer than n_count would be run.
+    found = len(sizes(options))
+    if found < options["n_count"]:
+        raise ConfigError(f"experiment.options.n_count={options['n_count']} log-spaced sizes from "
+                          f"n_min={options['n_min']} to n_max={top or default_n_max()} round to {found} different n; "
+                          "lower n_count or widen the range.")
     if options["rows"] > options["n_min"]:
         raise ConfigError(f"experiment.options.rows={options['rows']} query tokens cannot be sampled from "
                           f"n_min={options['n_min']} tokens; take rows <= n_min.")
@@ -236,9 +245,11 @@ def _measure(x, rows, betas, rho, block):
 _measure_jit = jax.jit(_measure, static_argnames=("block",))
 
 
-def long_context_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
+def long_context_dataset(cfg: Config, options, on_piece=None, keep=None) -> xr.Dataset:
     """The sweep: for every rho and n, tokens drawn once, then every gamma (dims `rho`,
-    `n`, `gamma_critical`)."""
+    `n`, `gamma_critical`); `keep(compute)` keeps each finished (rho, n) as a piece of
+    the run (`attnflow.experiments._runner.OwnPieces`; None: everything is computed)."""
+    keep = keep or (lambda compute: compute())
     dtype = jnp.dtype(cfg.dtype.value)
     rhos = np.asarray(options["rho"], np.float64)
     ratios = np.asarray(options["gamma_critical"], np.float64)
@@ -247,19 +258,21 @@ def long_context_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
     out = {name: np.full(shape, np.nan) for name in ("cosine", "cosine_q10", "cosine_q90", "weight_factor")}
     spread = np.full(shape[:2], np.nan)
     key = jax.random.key(cfg.seed)
+    def measure(a, rho, n) -> dict:  # a: the index of rho; n: a NumPy integer of the sizes
+        rows = sample_rows(int(n), options["rows"])
+        x = equiangular_tokens(jax.random.fold_in(jax.random.fold_in(key, a), int(n)), int(n), cfg.d, rho, dtype,
+                               rows)
+        betas = jnp.asarray(ratios / (1 - rho) * np.log(n), dtype)
+        (mean, q10, q90, factor), sd = jax.device_get(_measure_jit(x, jnp.asarray(rows), betas,
+                                                                   jnp.asarray(rho, dtype), block=cfg.attention_block))
+        return {"cosine": mean, "cosine_q10": q10, "cosine_q90": q90, "weight_factor": factor, "spread": sd}
+
     for a, rho in enumerate(rhos):
         for b, n in enumerate(ns):
-            rows = sample_rows(int(n), options["rows"])
-            x = equiangular_tokens(jax.random.fold_in(jax.random.fold_in(key, a), int(n)), int(n), cfg.d, rho, dtype,
-                                   rows)
-            betas = jnp.asarray(ratios / (1 - rho) * np.log(n), dtype)
-            rows = jnp.asarray(rows)
-            (mean, q10, q90, factor), sd = jax.device_get(_measure_jit(x, rows, betas, jnp.asarray(rho, dtype),
-                                                                       block=cfg.attention_block))
-            for name, value in (("cosine", mean), ("cosine_q10", q10), ("cosine_q90", q90), ("weight_factor", factor)):
-                out[name][a, b] = np.asarray(value, np.float64)
-            spread[a, b] = float(sd)
-            del x
+            measured = keep(lambda a=a, rho=rho, n=n: measure(a, rho, n))
+            for name in ("cosine", "cosine_q10", "cosine_q90", "weight_factor"):
+                out[name][a, b] = np.asarray(measured[name], np.float64)
+            spread[a, b] = float(measured["spread"])
             if on_piece is not None:
                 on_piece()
     return _dataset(cfg, rhos, ns, ratios, out, spread)
@@ -298,8 +311,8 @@ def _dataset(cfg, rhos, ns, ratios, out, spread) -> xr.Dataset:
     return ds
 
 
-def analyse(cfg, options, results, on_piece=None) -> xr.Dataset:
-    work = lambda advance: long_context_dataset(cfg, options, advance)
+def analyse(cfg, options, results, on_piece=None, keep=None) -> xr.Dataset:
+    work = lambda advance: long_context_dataset(cfg, options, advance, keep)
     return counted("long_context", pieces(cfg, options), work, on_piece)
 
 

@@ -173,22 +173,33 @@ def consensus_spectrum(cfg: Config, beta: float, k: int) -> np.ndarray:
     return np.asarray(sorted(values, reverse=True)[:k])
 
 
-def check_spectrum(name: str, study: Study, k: int, every: int) -> None:
+def check_spectrum(name: str, study: Study, k: int, every: int, option: str = "reorthonormalize_every") -> None:
     """What `ensemble_spectra` needs of a resolved study, checked before any computing:
-    fixed steps, at least two QR intervals, and (tracing one member's spectrum, nothing
-    computed) k and the interval within range."""
+    fixed steps, at least two QR intervals of `every` steps (the value of
+    `experiment.options.<option>`), and (tracing one member's spectrum, nothing
+    computed) k within range."""
     cfg = study.config
     if study.grid.adaptive:
         raise ConfigError(f"experiment {name} follows the fixed step map of the solver (the QR method needs its "
                           "tangent map); set adaptive=false and give dt.")
     steps = study.grid.num_steps
+    if isinstance(every, int) and every >= 1 and steps % every:
+        divisors = [m for m in range(1, min(steps, 50) + 1) if steps % m == 0]
+        raise ConfigError(f"experiment.options.{option}={every} must be a whole number of steps dividing the {steps} "
+                          f"steps; for example one of {', '.join(map(str, divisors))}.")
     if isinstance(every, int) and steps % every == 0 and steps // every < 2:
-        raise ConfigError(f"experiment.options.reorthonormalize_every={every} leaves one QR interval in the "
+        raise ConfigError(f"experiment.options.{option}={every} leaves one QR interval in the "
                           f"{steps} steps; take at most {steps // 2} so that the late-window exponents exist.")
     system = build_system(cfg)
     dtype = jnp.dtype(cfg.dtype.value)
-    jax.eval_shape(lambda key, beta: _one(system, key, beta, (cfg.t0, cfg.t1, cfg.dt), k, every, cfg.solver.value),
-                   jax.random.key(0), jnp.zeros((), dtype))
+    try:
+        jax.eval_shape(lambda key, beta: _one(system, key, beta, (cfg.t0, cfg.t1, cfg.dt), k, every,
+                                              cfg.solver.value), jax.random.key(0), jnp.zeros((), dtype))
+    except ConfigError as error:
+        # `lyapunov_spectrum` names its argument k, given here as experiment.options.k.
+        if str(error).startswith("k "):
+            raise ConfigError(f"experiment.options.{error}") from None
+        raise
 
 
 def check(cfg, options) -> None:

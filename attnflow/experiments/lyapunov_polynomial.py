@@ -124,7 +124,7 @@ def check(cfg, options) -> None:
         if compare == options["reorthonormalize_every"]:
             raise ConfigError(f"experiment.options.compare_every={compare} equals reorthonormalize_every: the "
                               "comparison needs another QR interval (or null for none).")
-        check_spectrum("lyapunov_polynomial", studies[0], k, compare)
+        check_spectrum("lyapunov_polynomial", studies[0], k, compare, "compare_every")
 
 
 def panels(base: dict, options) -> dict[str, dict]:

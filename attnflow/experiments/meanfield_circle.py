@@ -56,7 +56,13 @@ from .._noise import brownian_noise, tree_depth
 from .._schedules import Identity
 from .._simulate import simulate
 from .._terms import SelfAttention
-from ..analysis.meanfield import circle_growth_rate, circle_wasserstein, meanfield_circle
+from ..analysis.meanfield import (
+    USA_LARGEST_BETA,
+    check_kernel_table,
+    circle_growth_rate,
+    circle_wasserstein,
+    meanfield_circle,
+)
 from ._common import caption, colormap, config_of, counted, subplots
 
 if TYPE_CHECKING:
@@ -126,6 +132,10 @@ def check(cfg: Config, options) -> None:
     if (not isinstance(times, list) or not times or not all(_real(t) for t in times) or times[0] != 0
             or any(b <= a for a, b in zip(times, times[1:]))):
         raise ConfigError(f"{name}.times must be an increasing list of times starting at 0, got {times!r}.")
+    if len(times) < 2:
+        # The initial draws alone: no step is taken, and dt and the PDE go unused.
+        raise ConfigError(f"{name}.times={times!r} compares the initial draws only, leaving {name}.dt unused; add "
+                          "a later time.")
     if not (_real(options["dt"]) and options["dt"] > 0):
         raise ConfigError(f"{name}.dt must be a positive number, got {options['dt']!r}.")
     if any(abs(t / options["dt"] - round(t / options["dt"])) > 1e-9 for t in times):
@@ -134,6 +144,11 @@ def check(cfg: Config, options) -> None:
     if not _whole(options["grid"], 4 * options["mode"] + 4):
         raise ConfigError(f"{name}.grid must be a whole number >= 4 mode + 4 = {4 * options['mode'] + 4}, got "
                           f"{options['grid']!r}.")
+    if options["kind"] == "usa" and options["beta"] > USA_LARGEST_BETA:
+        raise ConfigError(f"{name}.beta={options['beta']:g} with {name}.kind=usa overflows float64: unnormalised "
+                          f"attention multiplies by e^beta, held up to beta = {USA_LARGEST_BETA:g}; lower beta, or "
+                          "take kind=sa.")
+    check_kernel_table(options["beta"], options["grid"], name=f"{name}.beta")
     if not (_real(options["gap"]) and 0 < options["gap"] < math.pi):
         raise ConfigError(f"{name}.gap must lie in (0, pi) radians, got {options['gap']!r}.")
     if not (_real(options["core"]) and 0 <= options["core"] < 1):
@@ -275,18 +290,31 @@ def _circular(a, b):
     return np.abs(np.angle(np.exp(1j * (np.asarray(a) - np.asarray(b)))))
 
 
-def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
+def _pde(options) -> dict[str, np.ndarray]:
+    """The mean-field density's solution at the compared times, as arrays (one piece)."""
+    theta = np.arange(options["grid"]) * (2 * np.pi / options["grid"])
+    rho0 = initial_density(theta, options["mode"], options["amplitude"])
+    pde = meanfield_circle(rho0, np.asarray(options["times"], np.float64), beta=options["beta"], kind=options["kind"],
+                           sigma=options["sigma"])
+    return {name: np.asarray(getattr(pde, name)) for name in ("coefficients", "density", "mass", "min_density",
+                                                              "steps")}
+
+
+def meanfield_dataset(cfg: Config, options, on_piece=None, keep=None) -> xr.Dataset:
+    """The experiment's Dataset; `keep(compute)` keeps each finished part (the PDE, the
+    particles at each n) as a piece of the run (`attnflow.experiments._runner.OwnPieces`;
+    None: everything is computed)."""
+    keep = keep or (lambda compute: compute())
     times = np.asarray(options["times"], np.float64)
     ns = np.asarray(options["n"], np.int64)
     per_n = draws(options)
     members = max(per_n)
     theta = np.arange(options["grid"]) * (2 * np.pi / options["grid"])
-    rho0 = initial_density(theta, options["mode"], options["amplitude"])
-    pde = meanfield_circle(rho0, times, beta=options["beta"], kind=options["kind"], sigma=options["sigma"])
+    pde = keep(lambda: _pde(options))
     if on_piece is not None:
         on_piece()
-    coefficients = np.asarray(pde.coefficients)
-    peaks, peak_masses = density_clusters(np.asarray(pde.density)[-1], options["min_mass"])
+    coefficients = np.asarray(pde["coefficients"])
+    peaks, peak_masses = density_clusters(np.asarray(pde["density"])[-1], options["min_mass"])
     w1 = np.full((ns.size, members, times.size), np.nan)
     mode = np.full((ns.size, members, times.size), np.nan)
     counts = np.full((ns.size, members), -1, np.int64)
@@ -297,7 +325,9 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
     for a, n in enumerate(ns):
         # Split keys are prefix-consistent: draw m at this n is the same whatever the number of draws.
         keys = jax.random.split(jax.random.fold_in(key, int(n)), per_n[a])
-        angles = np.asarray(jax.device_get(_particles(options, int(n), cfg.attention_block)(keys)))
+        particles = lambda keys=keys, n=n: {"angles": jax.device_get(_particles(options, int(n),
+                                                                               cfg.attention_block)(keys))}
+        angles = np.asarray(keep(particles)["angles"])
         mode[a, :per_n[a]] = np.cos(options["mode"] * angles).mean(axis=-1)
         for m in range(per_n[a]):
             for t in range(times.size):
@@ -332,13 +362,13 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
         "description": "the particles' coefficient of the perturbed mode m, the mean of cos(m theta_j)"})
     ds["pde_mode"] = xr.DataArray(2 * np.pi * coefficients[:, options["mode"]].real, dims="time", attrs={
         "description": "the density's coefficient of the perturbed mode m, the integral of rho cos(m theta)"})
-    ds["density"] = xr.DataArray(np.asarray(pde.density), dims=("time", "theta"), attrs={
+    ds["density"] = xr.DataArray(np.asarray(pde["density"]), dims=("time", "theta"), attrs={
         "description": "the mean-field density rho(t, theta)", "units": "1/radian"})
-    ds["mass"] = xr.DataArray(np.asarray(pde.mass), dims="time", attrs={
+    ds["mass"] = xr.DataArray(np.asarray(pde["mass"]), dims="time", attrs={
         "description": "mass of the mean-field density, integral of rho over the circle"})
-    ds["min_density"] = xr.DataArray(np.asarray(pde.min_density), dims="time", attrs={
+    ds["min_density"] = xr.DataArray(np.asarray(pde["min_density"]), dims="time", attrs={
         "description": "minimum of the mean-field density on the grid", "units": "1/radian"})
-    ds["pde_steps"] = xr.DataArray(int(pde.steps), attrs={"description": "accepted steps of the PDE solver (tsit5)"})
+    ds["pde_steps"] = xr.DataArray(int(pde["steps"]), attrs={"description": "accepted steps of the PDE solver (tsit5)"})
     ds["peak"] = xr.DataArray(peaks, dims="cluster", attrs={
         "description": "angle of each cluster (local maximum) of the density at the last time", "units": "radian"})
     ds["peak_mass"] = xr.DataArray(peak_masses, dims="cluster", attrs={
@@ -359,8 +389,8 @@ def meanfield_dataset(cfg: Config, options, on_piece=None) -> xr.Dataset:
     return ds
 
 
-def analyse(cfg, options, results, on_piece=None) -> xr.Dataset:
-    work = lambda advance: meanfield_dataset(cfg, options, advance)
+def analyse(cfg, options, results, on_piece=None, keep=None) -> xr.Dataset:
+    work = lambda advance: meanfield_dataset(cfg, options, advance, keep)
     return counted("meanfield_circle", pieces(cfg, options), work, on_piece)
 
 

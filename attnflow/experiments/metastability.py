@@ -62,12 +62,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
-import yaml
 
 from .._config import defaults, to_container
 from .._errors import ConfigError
 from .._metrics import cluster_labels
 from .._progress import Progress
+from .._store import read_config
 from ..analysis.plateaus import detect_metastability
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._runner import merge_overrides
@@ -127,6 +127,11 @@ def check(cfg, options) -> None:
             if not settings[key] >= 0:
                 raise ConfigError(f"experiment.options.{name}.{key} must be a number >= 0, got {settings[key]!r}.")
     check_member_option(options, cfg.members, optional=True)
+    detector = options["staircase_detector"]
+    if options["staircase"] is None and detector != to_container(Options().staircase_detector):
+        raise ConfigError(f"experiment.options.staircase_detector={detector} does not apply with "
+                          "experiment.options.staircase=null (no staircase panel to detect on); remove it or give the "
+                          "staircase.")
 
 
 def panels(base: dict, options) -> dict[str, dict]:
@@ -147,7 +152,8 @@ def panels(base: dict, options) -> dict[str, dict]:
         settings = options[f"{label}_detector"]
         span = config["t1"] - config["t0"]
         span, unit = (np.log10(span / config["dt"]), "decades of t") if label == "sphere" else (span, "of s")
-        if settings["min_length"] <= settings["tol"] * span:
+        # (a time that is not finite is the panel's study's to refuse, naming it)
+        if np.isfinite(span) and settings["min_length"] <= settings["tol"] * span:
             raise ConfigError(f"experiment.options.{label}_detector.min_length={settings['min_length']:g} must exceed "
                               f"tol x the span of the time axis ({settings['tol']:g} x {span:.3g} {unit}), or a "
                               "steady drift would be cut into plateaus.")
@@ -266,7 +272,7 @@ def _relative(res: xr.Dataset) -> xr.DataArray:
 def _sphere(res: xr.Dataset, options) -> xr.Dataset:
     """Panel (a): its series over the members and saved times, the detected plateaus and
     merges over log time, the drawn member's paths and the two-cluster predictions."""
-    config = yaml.safe_load(res.attrs["config"])
+    config = read_config(res.encoding.get("source", "this Dataset"), res.attrs["config"])
     beta, t0 = float(config["beta"]), float(config["t0"])
     res = res.assign(relative_energy=_relative(res))
     settings = options["sphere_detector"]
@@ -306,7 +312,7 @@ def _staircase(res: xr.Dataset, options) -> xr.Dataset:
     """Panel (b): the normalized energy, cluster count, partition and angles over rescaled
     time for every beta (member 0: the published start is one given state), and the
     plateaus and merges detected on a linear axis; every name starts with `staircase_`."""
-    config = yaml.safe_load(res.attrs["config"])
+    config = read_config(res.encoding.get("source", "this Dataset"), res.attrs["config"])
     res = res.isel(member=0)
     if "beta" not in res.dims:
         res = res.expand_dims("beta")

@@ -69,6 +69,19 @@ def check(cfg, options) -> None:
     if not ratios or any(not isinstance(r, (int, float)) or r <= 0 for r in ratios) or sorted(ratios) != ratios:
         raise ConfigError(f"experiment.options.ratios must be increasing positive numbers (sigma / sigma_c), "
                           f"got {ratios!r}.")
+    # Each ratio is a panel labelled by its 6 significant digits: two ratios that share them would be one panel,
+    # read back for both.
+    labels = [f"{r:g}" for r in ratios]
+    same = next((r for r, label in zip(ratios, labels) if labels.count(label) > 1), None)
+    if same is not None:
+        others = [r for r, label in zip(ratios, labels) if label == f"{same:g}"]
+        raise ConfigError(f"experiment.options.ratios holds {' and '.join(map(repr, others))}, one panel "
+                          f"(ratio={same:g}); give ratios that differ in their first 6 significant digits.")
+    above = [r for r in ratios if r > options["disordered_from"]]
+    if len(above) < 2:
+        raise ConfigError(f"experiment.options.disordered_from={options['disordered_from']!r} leaves "
+                          f"{len(above)} of the ratios {ratios!r} above it; the measured threshold is a line fitted "
+                          f"on the ratios above it, so give at least two there.")
     if not 0 < options["late"] <= 1:
         raise ConfigError(f"experiment.options.late must be in (0, 1], got {options['late']!r}.")
     if cfg.dynamics != "usa" or cfg.norm != "sphere" or cfg.mlp.enabled or not cfg.attention:

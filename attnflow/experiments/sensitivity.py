@@ -68,6 +68,13 @@ def check(cfg, options) -> None:
         bad = next(o for o in outputs if not -n <= o < n)
         raise ConfigError(f"experiment.options.outputs has position {bad} but the text has {n} tokens; "
                           f"use positions from {-n} to {n - 1}.")
+    # A position counted from the end names the same token as one from the start: one output row each.
+    tokens = [o % n for o in outputs or []]
+    again = next((i for i, token in enumerate(tokens) if token in tokens[:i]), None)
+    if again is not None:
+        first = outputs[tokens.index(tokens[again])]
+        raise ConfigError(f"experiment.options.outputs names token {tokens[again]} of the {n} twice ({first} and "
+                          f"{outputs[again]}); give each position once.")
 
 
 def panels(base, options) -> dict:

@@ -167,7 +167,7 @@ def test_submitit_local_sweep_runs_jobs_as_subprocesses_and_its_report_reads(tmp
         rows = table[table["run"] == job].sort_values("beta")
         assert rows["d"].tolist() == [d, d] and rows["beta"].tolist() == [1.0, 2.0]
         np.testing.assert_allclose(rows["energy_mean"], ds["energy"].isel(time=-1).mean("member"), rtol=1e-6)
-    assert [path.name for path in report(sweep)] == ["report.csv", "report.nc", "report.png"]
+    assert [path.name for path in report(sweep)[0]] == ["report.csv", "report.nc", "report.png"]
 
 
 def test_an_unknown_launcher_is_one_sentence_naming_the_extras(tmp_path):
