@@ -35,7 +35,8 @@ from ._initial import (
     UniformSphere,
 )
 from ._metric_registry import METRIC_NAMES, METRICS, Sizes, names_reading, reading
-from ._metrics import Recorder, attention_rows
+from ._components import build_terms, check_terms, code_digest, term_data, user_metrics
+from ._metrics import MetricContext, Recorder, attention_rows
 from ._noise import BrownianNoise, brownian_noise, tree_depth
 from ._random_matrices import SQUARE_LAWS, draw_matrix
 from ._solvers import SOLVERS, no_error_estimate
@@ -243,6 +244,7 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     if cfg.norm == "sphere" and d < 2:
         raise ConfigError(f"tokens on the sphere need d >= 2, got d={d}.")
     metrics = set(cfg.metrics)
+    user_metrics(cfg)  # an unknown name, or a function not registered with attnflow.metric, in one sentence
     if not cfg.attention and reading("attention", metrics):
         raise ConfigError("the attention metrics need attention=true.")
     for key in ("d_k", "d_v", "chunk_size"):
@@ -272,9 +274,9 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
             if value is not None and _array(f"token_norm.{key}", value, cfg.dtype).shape not in ((), (d,)):
                 raise ConfigError(f"token_norm.{key} must be a number or {d} numbers (one per dimension).")
     _check_noise(cfg)
-    if not cfg.attention and not cfg.mlp.enabled and cfg.noise.sigma == 0:
+    if not cfg.attention and not cfg.mlp.enabled and cfg.noise.sigma == 0 and not cfg.terms:
         raise ConfigError("attention=false and mlp.enabled=false leave no dynamics; switch one on (or the noise, "
-                          "noise.sigma > 0).")
+                          "noise.sigma > 0, or a term of terms).")
     _check_normalisation(cfg, betas)
     _check_init(cfg)
     if cfg.attention:
@@ -283,7 +285,8 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         _number("mlp.hidden", cfg.mlp.hidden, minimum=1)
     _not_applicable(cfg, base)
     _check_sizes(cfg, len(betas), steps)
-    size = len(betas) * cfg.members * _output_count(cfg, steps) * _per_save_bytes(cfg)
+    check_terms(cfg, betas[0])
+    size = len(betas) * cfg.members * _output_count(cfg, steps) * (_per_save_bytes(cfg) + _user_metric_bytes(cfg))
     if size / 2**30 > cfg.max_output_gib:
         raise ConfigError(
             f"the output would take {size / 2**30:.1f} GiB (more than max_output_gib={cfg.max_output_gib}); "
@@ -337,7 +340,8 @@ def _check_normalisation(cfg: Config, betas: list[float]) -> None:
             raise ConfigError("hardmax.self_attention=false needs n >= 2 tokens (a token needs another to attend to).")
         # beta does not enter the argmax: every beta of a list would solve the same
         # flow, which reads as agreeing replicates, unless something reads beta itself.
-        if len(set(betas)) > 1 and not reading("beta", cfg.metrics) and cfg.time_change.speed != "log_beta":
+        reads_beta = reading("beta", cfg.metrics) or any(m.takes_context for m in user_metrics(cfg))
+        if len(set(betas)) > 1 and not reads_beta and cfg.time_change.speed != "log_beta":
             raise ConfigError(f"dynamics=hardmax does not read beta, so beta={_floats(cfg.beta)} would solve one "
                               f"flow {len(set(betas))} times over; give one beta, or record a metric that reads "
                               f"beta ({names_reading('beta')}).")
@@ -594,8 +598,31 @@ def _per_save_bytes(cfg: Config) -> int:
     n, d = cfg.n, cfg.d
     rows = attention_rows(n, cfg.attention_block)
     sizes = Sizes(n=n, heads=cfg.heads, itemsize=itemsize, rows=None if rows is None else len(rows))
-    total = 1 + sum(METRICS[m].size(sizes) for m in recorded_metrics(cfg))
+    total = 1 + sum(METRICS[m].size(sizes) for m in recorded_metrics(cfg) if m in METRICS)
     return total + (n * d * itemsize if cfg.save_states else 0)
+
+
+def _user_metric_bytes(cfg: Config) -> int:
+    """Bytes of one saved value of the researcher's metrics the config names, from the
+    shapes they return (checked against the dimensions they declare)."""
+    dtype = jnp.dtype(cfg.dtype.value)
+    tokens = jax.ShapeDtypeStruct((cfg.n, cfg.d), dtype)
+    total = 0
+    for metric in user_metrics(cfg):
+        context = MetricContext(t=jnp.zeros((), dtype), beta=jnp.ones((), dtype), eps=jnp.ones((), dtype), field=None,
+                                config=cfg)
+        call = (lambda x, m=metric: m.function(x, context)) if metric.takes_context else metric.function
+        try:
+            shape = jax.eval_shape(call, tokens)
+        except Exception:  # it reads the field, which is built later: sized when the run is planned
+            total += dtype.itemsize
+            continue
+        if not hasattr(shape, "shape") or len(shape.shape) != len(metric.dims):
+            raise ConfigError(f"metric {metric.name} returns {getattr(shape, 'shape', type(shape).__name__)} on one "
+                              f"member's tokens, but declares the dimensions {metric.dims}; give dims= one name per "
+                              "axis of what it returns.")
+        total += int(np.prod(shape.shape)) * shape.dtype.itemsize
+    return total
 
 
 def _output_count(cfg: Config, steps: int | None) -> int:
@@ -777,6 +804,7 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
                 activation=mlp.activation.value,
             )
         )
+    terms += build_terms(cfg, get, key, beta, dtype)
     norm = None
     if cfg.norm in ("pre", "peri"):
         tn = cfg.token_norm
@@ -829,7 +857,7 @@ _DATA_PATHS = (
 
 def _get(cfg: Any, path: str) -> Any:
     for part in path.split("."):
-        cfg = getattr(cfg, part, None)
+        cfg = cfg.get(part) if isinstance(cfg, Mapping) else getattr(cfg, part, None)
     return cfg
 
 
@@ -846,6 +874,7 @@ def _data(cfg: Config) -> dict[str, np.ndarray]:
         if path == "noise.sigma" and value == 0:  # no noise is structure: the deterministic program
             continue
         values[path] = np.asarray(value, dtype=np.float64)
+    values.update(term_data(cfg))
     return values
 
 
@@ -864,6 +893,9 @@ class _Structure:
             for part in parents:
                 node = node[part]
             node[last] = ("data", value.shape)
+        # The source of the researcher's own code the config names is structure too: an
+        # edited term or metric is another program.
+        container["code_digest"] = code_digest(cfg)
         self._key = repr(sorted(container.items(), key=lambda item: item[0]))
 
     def __hash__(self):
@@ -915,6 +947,7 @@ class ConfiguredSystem(eqx.Module):
                                    schedule=_noise_schedule(_Values(cfg, self.values), dtype))
         field = build_field(cfg, k_weights, beta, dtype, self.values, noise=noise)
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
+        custom = user_metrics(cfg)
         recorder = Recorder(
             beta=jnp.asarray(beta, dtype),
             eps=jnp.asarray(_Values(cfg, self.values)("eps"), dtype),
@@ -923,6 +956,8 @@ class ConfiguredSystem(eqx.Module):
             rank_rtol=cfg.rank_rtol,
             # Sinkhorn attention is never tiled, so neither are its metrics.
             block=0 if cfg.dynamics == "sinkhorn" and cfg.attention_block is None else cfg.attention_block,
+            custom=custom,
+            config=cfg if any(metric.takes_context for metric in custom) else None,
         )
         return field, y0, recorder
 
@@ -931,7 +966,7 @@ def recorded_metrics(cfg: Config) -> tuple[str, ...]:
     """The metrics a run records: the config's, and the column error of Sinkhorn
     attention in every Sinkhorn run, whose `sinkhorn.tol` is checked against it (it is
     kept in the results only when the config asks for it)."""
-    metrics = tuple(m.value for m in cfg.metrics)
+    metrics = tuple(str(m) for m in cfg.metrics if str(m) in METRICS)
     if cfg.dynamics == "sinkhorn" and "marginal_error" not in metrics:
         metrics += ("marginal_error",)
     return metrics

@@ -69,6 +69,9 @@ DType = _choice("DType", ("float32", "float64"))
 Solver = _choice("Solver", SOLVER_NAMES)
 Spacing = _choice("Spacing", ("linear", "log"))
 Metric = _choice("Metric", METRIC_NAMES)
+# A metric of the `metrics` list: one of `METRIC_NAMES`, or the import path of a function
+# registered with `attnflow.metric` (`module.function`), checked when a study is resolved.
+MetricName = str
 MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "default"))
 PlotlyJS = _choice("PlotlyJS", ("embed", "directory"))
 NoiseKind = _choice("NoiseKind", NOISE_KINDS)
@@ -214,6 +217,7 @@ class ExperimentConfig:
 
     name: str = MISSING
     options: Any = None  # a mapping of the experiment's options
+    _target_: str | None = None  # the experiment's class, module.Class (a researcher's own, from their config folder)
 
 
 INITS: dict[str, type[InitConfig]] = {
@@ -248,6 +252,7 @@ class Config:
     mlp: MLPConfig = MISSING
     sinkhorn: SinkhornConfig = MISSING
     hardmax: HardmaxConfig = MISSING
+    terms: dict[str, Any] = MISSING  # more terms of the field by name: {_target_: module.Class, FIELD: value}
     init: InitConfig = MISSING
     members: int = MISSING
     seed: int = MISSING
@@ -267,7 +272,7 @@ class Config:
     save_spacing: Spacing = MISSING
     exact_times: bool = MISSING
     save_states: bool = MISSING
-    metrics: list[Metric] = MISSING
+    metrics: list[MetricName] = MISSING
     eps: float = MISSING
     rank_rtol: float | None = MISSING
     max_output_gib: float = MISSING
@@ -588,6 +593,8 @@ def to_container(cfg: Any) -> Any:
     schema's key order."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return {f.name: to_container(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, Mapping):  # a mapping the schema leaves open (terms): a copy
+        return {key: to_container(value) for key, value in cfg.items()}
     if isinstance(cfg, (list, tuple)):
         return [to_container(v) for v in cfg]
     if isinstance(cfg, enum.Enum):
@@ -703,6 +710,9 @@ def explain(error: Exception, init_kind: str | None = None) -> str:
             # (a key the schema leaves untyped, such as beta).
             return f"{full_key} cannot be {'a mapping' if error.object_type is list else 'a list'}."
         kind = _schema_at(path, init_kind)
+        if path[:1] == ["metrics"]:  # names: the built-in ones, or a researcher's by its import path
+            return (f"metrics must be a list of names among {', '.join(METRIC_NAMES)} (or module.function of a "
+                    f"metric of your own), got {value!r}.")
         if kind is not None:
             return f"{full_key} must be {_describe(kind)}, got {value!r}."
     first = str(getattr(error, "msg", None) or error).splitlines()[0].strip().rstrip(".")

@@ -33,11 +33,9 @@ from ._grid import TimeGrid, time_grid
 from ._metric_registry import reading
 from ._metrics import Recorder
 from ._progress import status
-from ._schedules import identity_multiple
 from ._simulate import simulate
 from ._solvers import SOLVERS, tableau, tableau_of
 from ._store import _write_atomically
-from ._terms import MLP, SelfAttention
 from ._tiled import resolve_block
 
 # Integer statistics have no NaN: after a member's first bad state they hold this.
@@ -129,8 +127,8 @@ class MemberFootprint(eqx.Module):
              "Gram matrix of the statistics (n x attention_block in tiles)",
              f"lower {'heads or n' if many else 'n'}, drop the attention metric, or let the attention go through "
              "tiles (attention_block=null or a smaller tile size)"),
-            (self.attention, "the heads' queries, keys and values (heads x n x d_k) and the MLP's hidden layer",
-             "lower heads, d_k, d_v or mlp.hidden"),
+            (self.attention, "the terms' arrays per token (the heads' queries, keys and values, the MLP's hidden "
+             "layer, a term's own)", "lower heads, d_k, d_v or mlp.hidden, or the memory of a term of your own"),
             (self.weights, "the weight matrices of the heads and the MLP (heads x d_k x d each)",
              "lower heads, d_k, d_v or mlp.hidden"),
             (self.state, "the states and Runge-Kutta stages (n x d each)", "lower n or d, or take a solver of "
@@ -151,34 +149,26 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
     solved with `stages` Runge-Kutta stages and `saves` outputs.
 
     Counted per step: the state, the stage input, the new state and one slope per stage
-    ($n d$ each); per attention term the queries, keys and values that are not the
-    tokens themselves (identity weights skip their products), the mixed values and the
-    term's output, and the logits with their exponentials ($n \\times n$ per head, one
-    for all heads with identity Q and K; $n \\times$ tile on the tiled path); the MLP's
-    hidden layer. Per record: the Gram matrix and the threshold graph, and the attention
-    maps when they are a metric."""
+    ($n d$ each); per term what it says it works in (`working_bytes`: attention's
+    queries, keys, values and logits, the MLP's hidden layer), or for a term that does
+    not say, what XLA's memory analysis of one compiled call of it finds (never less
+    than its output). Per record: the Gram matrix and the threshold graph, and the
+    attention maps when they are a metric."""
     field, y0, record = member
     n, d = y0.shape
     item = y0.dtype.itemsize
     state = item * n * d * (stages + 3)
     attention = pairwise = 0
     for term in field.terms:
-        if isinstance(term, SelfAttention):
-            heads, dk, dv = term.heads, term.query.shape[1], term.value.shape[1]
-            identity = [identity_multiple(w) for w in (term.query, term.key, term.value)]
-            shared = identity[0] and identity[1]
-            rows = heads * n * (dk * (2 - identity[0] - identity[1]) + dv * (1 - identity[2]))
-            mixed = n * d if shared and identity[2] else heads * n * dv
-            attention += item * (rows + mixed + n * d)
-            width = term.tile(n) or n
-            pairwise += 2 * item * n * width * (1 if shared else heads)
-        if isinstance(term, MLP):
-            attention += item * n * (2 * term.w1.shape[0] + d)
+        known = term.working_bytes(n, item)
+        tokens, pairs = known if known is not None else (measured_bytes(term, y0), 0)
+        attention += tokens
+        pairwise += pairs
     if isinstance(record, Recorder):
         width = resolve_block(n, record.block) or n
         pairwise += 2 * item * n * width
         if reading("attention", record.metrics):
-            heads = max([t.heads for t in field.terms if isinstance(t, SelfAttention)], default=1)
+            heads = max([getattr(t, "heads", 1) for t in field.terms], default=1)
             pairwise += item * heads * n * width
         saved = jax.eval_shape(lambda r, x, f: r(0.0, x, f), record, y0, field)
         per_save = sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree.leaves(saved))
@@ -190,6 +180,40 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
                       leaf.dtype, jax.dtypes.prng_key))
     return MemberFootprint(state=state, attention=attention, pairwise=pairwise, output=per_save * saves,
                            weights=weights)
+
+
+# What a term's call measured (by the term's structure): one compilation per kind of term.
+_MEASURED: dict = {}
+
+
+def measured_bytes(term, y0) -> int:
+    """The memory one call of `term` at the tokens `y0` (shapes suffice) works in, from
+    XLA's memory analysis of the compiled call: its temporaries and its output, never
+    less than the output's $n d$ numbers (a backend without the analysis gives that)."""
+    floor = int(np.prod(y0.shape)) * y0.dtype.itemsize
+    arrays, static = eqx.partition(term, eqx.is_array_like)
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), arrays)
+    key = (static, jax.tree.structure(shapes), tuple(jax.tree.leaves(shapes)), y0.shape, str(y0.dtype))
+    try:
+        hash(key)
+    except TypeError:  # a term with unhashable settings: measured, not remembered
+        key = None
+    if key is not None and key in _MEASURED:
+        return _MEASURED[key]
+
+    def call(arrays, x):
+        return eqx.combine(arrays, static)(jnp.zeros((), x.dtype), x)
+
+    x = jax.ShapeDtypeStruct(y0.shape, y0.dtype)
+    try:
+        analysis = jax.jit(call).lower(shapes, x).compile().memory_analysis()
+        measured = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+    except Exception:  # no memory analysis on this backend (or a term that cannot be lowered alone)
+        measured = 0
+    measured = max(measured, floor)
+    if key is not None:
+        _MEASURED[key] = measured
+    return measured
 
 
 # The working set a chunk of members may have on a CPU (`default_chunk`): the size the

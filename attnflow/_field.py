@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Literal
 
 import equinox as eqx
@@ -13,7 +15,7 @@ from ._errors import ConfigError
 from ._geometry import AbstractGeometry, Euclidean, Sphere
 from ._metrics import _labels
 from ._noise import BrownianNoise
-from ._terms import AbstractInteraction, SelfAttention, TokenNorm
+from ._terms import AbstractInteraction, TokenNorm
 
 SCHEMES = ("none", "sphere", "pre", "peri")
 
@@ -140,12 +142,12 @@ class VectorField(eqx.Module):
         if self.noise is not None and self.time_change is not None:
             raise ConfigError("noise is added in real time; a constant-speed time change has no real time to add "
                               "it in: leave out the noise or the time change.")
-        attention = [term for term in self.terms if isinstance(term, SelfAttention)]
         projected_sphere = self.scheme == "sphere" and self.tangent is not False
-        if any(term.exclude_coincident for term in attention) and not projected_sphere:
+        if any(getattr(term, "exclude_coincident", False) for term in self.terms) and not projected_sphere:
             raise ConfigError("attention that leaves out coincident tokens needs the tangent-projected sphere field "
                               "(scheme 'sphere' with tangent=True, or None and a solver other than euler_renorm).")
-        if any(term.scale_free for term in attention) and (self.time_change is None or len(self.terms) > 1):
+        if any(getattr(term, "scale_free", False) for term in self.terms) and (self.time_change is None
+                                                                                 or len(self.terms) > 1):
             raise ConfigError("scale-free unnormalized attention (logits shifted by their maximum) is exact only as "
                               "the one term of a field with a constant-speed time change.")
 
@@ -159,7 +161,8 @@ class VectorField(eqx.Module):
         at = self.piece_time
         if not self.terms:  # noise alone: F = 0
             return jnp.zeros_like(x)
-        return sum((term(t, h, at) for term in self.terms[1:]), self.terms[0](t, h, at))
+        values = [term(t, h, at) if takes_piece_time(term) else term(t, h) for term in self.terms]
+        return sum(values[1:], values[0])
 
     def __call__(self, t: ScalarLike, x: Float[Array, "n d"], args=None) -> Float[Array, "n d"]:
         f = self.raw(t, x)
@@ -173,7 +176,20 @@ class VectorField(eqx.Module):
         """The attention matrices of the first attention term, at the tokens it sees."""
         h = self.norm(x) if self.scheme in ("pre", "peri") else x
         for term in self.terms:
-            if isinstance(term, SelfAttention):
+            if hasattr(term, "weights"):  # a term with attention matrices
                 return term.weights(t, h, self.piece_time)
         raise ConfigError("attention metrics need an attention term in the vector field.")
+
+
+@functools.cache
+def _takes_piece_time(kind: type) -> bool:
+    parameters = list(inspect.signature(kind.__call__).parameters.values())[1:]  # after self
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+def takes_piece_time(term: AbstractInteraction) -> bool:
+    """Whether `term(t, x, at)` takes the piece-selection time `at` (a term whose
+    `__call__` is `(t, x)` is called without it)."""
+    return _takes_piece_time(type(term))
 

@@ -339,6 +339,8 @@ def _type(annotation: str, choices_of) -> tuple[str, tuple[str, ...]]:
 
 
 def _study_choices(annotation: str) -> tuple[str, ...] | None:
+    if annotation == "MetricName":  # a built-in metric, or a researcher's by its import path
+        return tuple(_config.Metric.__members__)
     kind = getattr(_config, annotation, None)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return tuple(kind.__members__)
@@ -463,15 +465,35 @@ def train_keys() -> tuple[Key, ...]:
 
 @functools.lru_cache(maxsize=None)
 def experiments() -> dict[str, str]:
-    """Every experiment (in the order of `attnflow.experiments.EXPERIMENTS`) and its line
-    (the `TITLE` of its module)."""
-    names = _constant(_RUNNER, "EXPERIMENTS", ())
-    return {name: _constant(_experiment_path(name), "TITLE", "") for name in names}
+    """Every shipped experiment (the names of conf/experiment/*.yaml, as
+    `attnflow.experiments.EXPERIMENTS` lists them) and its line (the `title` of its
+    class)."""
+    folder = config_source()[1].joinpath("experiment")
+    names = sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return {name: _title(_experiment_path(name), "title") for name in names}
 
 
 def _experiment_path(name: str) -> Path:
     modules = _constant(_RUNNER, "_MODULES", {})
     return _PACKAGE / "experiments" / f"{modules.get(name, name)}.py"
+
+
+def _title(path: Path, attribute: str) -> str:
+    """The `title` (or `paper`) of the experiment class of the module at `path`: a string
+    assigned in the body of its `Experiment` subclass (or, in a module of the earlier
+    form, the module's `TITLE` or `PAPER`)."""
+    tree = ast.parse(_source(path))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any(getattr(base, "id", "") == "Experiment" for base in node.bases):
+            for item in node.body:
+                targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
+                if any(getattr(target, "id", None) == attribute for target in targets) and item.value is not None:
+                    try:
+                        return ast.literal_eval(item.value)
+                    except ValueError:
+                        value = _constant(path, getattr(item.value, "id", ""), "")
+                        return value if isinstance(value, str) else ""
+    return _constant(path, attribute.upper(), "") or ""
 
 
 @dataclass(frozen=True)
@@ -497,7 +519,7 @@ def experiment(name: str) -> Experiment:
     options = {key[len("experiment.options."):]: note for key, note in notes.items()
                if key.startswith("experiment.options.")}
     rows = _source_rows(path, "Options", block.get("options") or {}, options)
-    return Experiment(name, _constant(path, "TITLE", ""), _constant(path, "PAPER", ""), values,
+    return Experiment(name, _title(path, "title"), _title(path, "paper"), values,
                       tuple(dataclasses.replace(row, name=f"experiment.options.{row.name}") for row in rows))
 
 

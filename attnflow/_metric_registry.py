@@ -11,10 +11,15 @@ cosines, the close pairs, the cluster labels), dense or tiled as the state says.
 This module imports neither JAX nor xarray: reading a config, checking it and sizing
 a run need only these entries. Adding a metric: one entry here, one method of
 `Pairs`, and its test.
+
+A researcher's own metric is a function of one member's tokens in their own module,
+registered with the decorator `metric` and named in `metrics` by its import path
+(`metrics=[energy,mymodule.spread]`): see `metric`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -131,12 +136,78 @@ PANELS = tuple(sorted(METRICS.values(), key=lambda m: m.panel))
 
 
 def reading(what: str, names) -> set[str]:
-    """The metrics among `names` that read `what` ("eps", "attention", "beta" or "cosines")."""
+    """The built-in metrics among `names` that read `what` ("eps", "attention", "beta" or
+    "cosines"; a researcher's metric, named by its import path, is not among them)."""
     key = {"eps": "reads_eps", "attention": "reads_attention", "beta": "reads_beta", "cosines": "cosines"}[what]
-    return {str(name) for name in names if getattr(METRICS[str(name)], key)}
+    return {str(name) for name in names if str(name) in METRICS and getattr(METRICS[str(name)], key)}
 
 
 def names_reading(what: str) -> str:
     """`a, b or c`: the metrics that read `what`, for a message."""
     names = sorted(reading(what, METRIC_NAMES), key=METRIC_NAMES.index)
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
+# The names a researcher's metric cannot take: the built-in metrics', the states' and the
+# run's bookkeeping variables, and the results' own dimensions.
+TAKEN = (*METRIC_NAMES, "x", "finite", "num_steps", "status", "failure_time", "beta", "member", "time", "token",
+         "dim")
+
+
+@dataclass(frozen=True)
+class UserMetric:
+    """A metric of a researcher's own module (see `metric`): the function, what its
+    variable in `results.nc` says it is, and the dimensions its value has beyond (beta,
+    member, time). Its variable is named after the function."""
+
+    function: Callable[..., Any]
+    long_name: str
+    units: str
+    dims: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.function.__name__
+
+    @property
+    def takes_context(self) -> bool:
+        """Whether the function takes the context of the record as its second argument."""
+        parameters = [p for p in inspect.signature(self.function).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return len(parameters) >= 2
+
+
+def metric(*, long_name: str, units: str = "1", dims: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    r"""Register a function as a metric that a run can record at every saved time.
+
+    The function takes one member's tokens, `f(x)` with `x` of shape `(n, d)`, or
+    `f(x, context)`, where `context` (`attnflow.MetricContext`) carries the time, beta,
+    the clustering threshold eps, the member's vector field and the run's config; it is
+    written for one member in `jax.numpy` (attnflow maps it over the ensemble) and
+    returns a scalar, or an array whose axes `dims` names. Named in `metrics` by its
+    import path, `metrics=[energy,mymodule.spread]`, it is recorded as the variable named
+    after the function, with `long_name` and `units` as its attributes:
+
+        @attnflow.metric(long_name="mean distance to the centroid", units="1")
+        def spread(x):
+            return jnp.mean(jnp.linalg.norm(x - x.mean(axis=0), axis=-1))
+
+    A name already taken (a built-in metric, `x`, `status`, ...) is refused when the run
+    is checked.
+    """
+    if not isinstance(long_name, str) or not long_name:
+        raise TypeError("attnflow.metric needs long_name, a description of what the metric is.")
+    if not (isinstance(dims, tuple) and all(isinstance(dim, str) and dim.isidentifier() for dim in dims)):
+        raise TypeError(f"attnflow.metric takes dims, a tuple of dimension names, got {dims!r}.")
+
+    def register(function: Callable) -> Callable:
+        function.__attnflow_metric__ = UserMetric(function, long_name, str(units), dims)
+        return function
+
+    return register
+
+
+def registered(function: Any) -> UserMetric | None:
+    """The registration of a user's metric (`metric`), or None for anything else."""
+    found = getattr(function, "__attnflow_metric__", None)
+    return found if isinstance(found, UserMetric) and found.function is function else None

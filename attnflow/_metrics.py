@@ -12,7 +12,9 @@ a positive number in tiles of that many tokens (memory $O(n \\cdot \\mathrm{bloc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -24,8 +26,8 @@ from jaxtyping import Array, Bool, Float, Int, Scalar, ScalarLike
 from . import _tiled
 from ._errors import ConfigError
 from ._geometry import Sphere
-from ._metric_registry import DEFAULT_METRICS, METRICS
-from ._terms import SelfAttention, _contract, sinkhorn_log
+from ._metric_registry import DEFAULT_METRICS, METRICS, UserMetric
+from ._terms import _contract, sinkhorn_log
 
 
 def gram(x: Float[Array, "n d"]) -> Float[Array, "n n"]:
@@ -243,7 +245,7 @@ def _attention_weights(field, t: ScalarLike, x: Float[Array, "n d"], rows) -> Ar
     tokens it sees (`VectorField.attention_weights`, restricted to some rows)."""
     h = field.norm(x) if field.scheme in ("pre", "peri") else x
     for term in field.terms:
-        if isinstance(term, SelfAttention):
+        if hasattr(term, "weights"):  # a term with attention matrices
             return term.weights(t, h, field.piece_time, rows=jnp.asarray(rows))
     raise ConfigError("attention metrics need an attention term in the vector field.")
 
@@ -360,6 +362,8 @@ class Recorder(eqx.Module):
     save_states: bool = eqx.field(static=True, default=False)
     rank_rtol: float | None = eqx.field(static=True, default=None)
     block: int | None = eqx.field(static=True, default=None)
+    custom: tuple[UserMetric, ...] = eqx.field(static=True, default=())
+    config: Any = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         unknown = [m for m in self.metrics if m not in METRICS]
@@ -382,6 +386,26 @@ class Recorder(eqx.Module):
                 raise ConfigError(f"{name} needs the whole {n} x {n} attention maps, which are not formed at "
                                   f"n = {n} (tiles of {tile}); drop the metric or set attention_block=0 (dense).")
             out[name] = getattr(pairs, name)()
+        for metric in self.custom:  # a researcher's own (`attnflow.metric`), by its name
+            if metric.takes_context:
+                context = MetricContext(t=t, beta=self.beta, eps=self.eps, field=field, config=self.config)
+                out[metric.name] = jnp.asarray(metric.function(x, context))
+            else:
+                out[metric.name] = jnp.asarray(metric.function(x))
         if self.save_states:
             out["x"] = x
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricContext:
+    """What a researcher's metric `f(x, context)` may read besides the tokens (see
+    `attnflow.metric`): the time `t` of the record, `beta`, the clustering threshold
+    `eps`, the member's vector field `field` (its terms, `field.attention_weights(t, x)`)
+    and the run's config `config` (an `attnflow.Config`; None outside a configured run)."""
+
+    t: Any
+    beta: Any
+    eps: Any
+    field: Any
+    config: Any

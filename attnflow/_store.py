@@ -292,20 +292,23 @@ def load_results(path: str | os.PathLike):
 _RUN_ADVICE = "remove it, choose another hydra.run.dir, or set overwrite=true to replace it"
 
 
-def stored_config(path: Path, advice: str = _RUN_ADVICE) -> str:
+def stored_config(path: Path, advice: str = _RUN_ADVICE, *, identity: bool = False) -> str:
     """The config YAML stored in a results file; raises `ConfigError` (ending with
-    `advice`, by default a run's) if the file is not a readable attnflow results file."""
+    `advice`, by default a run's) if the file is not a readable attnflow results file.
+    With `identity`, the run's identity as `attnflow._study.run_identity` writes it: the
+    config and the digest of the researcher's code it named (`code_digest`), if any."""
     import netCDF4  # lazy: start-up
 
     try:
         with netCDF4.Dataset(path) as f:  # only the attributes are read
             config = f.getncattr("config") if "config" in f.ncattrs() else None
+            digest = f.getncattr("code_digest") if "code_digest" in f.ncattrs() else None
     except (OSError, ValueError, RuntimeError) as error:
         raise ConfigError(f"{path} exists but is not a readable NetCDF file ({type(error).__name__}); "
                           f"{advice}.") from None
     if not isinstance(config, str):
         raise ConfigError(f"{path} is not an attnflow results file (it stores no config); {advice}.")
-    return config
+    return config + (f"code_digest: {digest}\n" if identity and isinstance(digest, str) else "")
 
 
 def read_config(source: str | os.PathLike, text: str | bytes | None = None) -> Any:
@@ -571,8 +574,8 @@ class RunDirectory:
         return self.path / "results.nc"
 
     def finished_config(self, overwrite: bool) -> str | None:
-        """The config stored by a finished run here, or None when there is none (or it
-        will be overwritten). A `results.nc` that is a folder is refused, and so is an
+        """The identity (config, and code digest) stored by a finished run here, or None
+        when there is none (or it will be overwritten). A `results.nc` that is a folder is refused, and so is an
         unreadable one unless `overwrite`."""
         path = self.results_path
         if path.is_dir():
@@ -581,10 +584,10 @@ class RunDirectory:
             return None
         if overwrite:
             try:
-                return stored_config(path)
+                return stored_config(path, identity=True)
             except ConfigError:
                 return None
-        return stored_config(path)
+        return stored_config(path, identity=True)
 
     def claim_pieces(self, configs: Mapping[str, str], overwrite: bool) -> str | None:
         """Check that the finished pieces here belong to this run, whose pieces folders

@@ -15,11 +15,13 @@ import numpy as np
 import yaml
 
 from ._build import Study, build_system, non_finite_advice, resolve_study
+from ._components import code_digest, user_metrics
 from ._cf import global_attributes, history_line, python_call, variable_attributes
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
 from ._errors import NonFiniteStateError, RunNote, SolverFailure
-from ._metric_registry import METRICS
+from ._metric_registry import METRICS, UserMetric
+from ._plugins import target_path
 from ._store import PieceStore, Results, in_background
 
 # The dimensions each saved value adds after (beta, member, time): the metrics' from
@@ -33,6 +35,15 @@ def config_yaml(cfg: Config) -> str:
     that do not change the results (`NOT_RESULT_KEYS`: `overwrite`, `plot`, `plotly_js`,
     `compilation_cache`)."""
     return yaml.safe_dump({k: v for k, v in to_container(cfg).items() if k not in NOT_RESULT_KEYS}, sort_keys=True)
+
+
+def run_identity(cfg: Config) -> str:
+    """What identifies a run's results and pieces: its config (`config_yaml`) and, when it
+    names code of the researcher's own (terms, metrics, an experiment), the digest of
+    that code's source, so that an edited term never resumes from, or skips to, the
+    results of the code before."""
+    digest = code_digest(cfg)
+    return config_yaml(cfg) + (f"code_digest: {digest}\n" if digest else "")
 
 
 def cache_directory() -> Path:
@@ -212,7 +223,7 @@ def solve_study(study: Study, plan: EnsemblePlan, *, pieces: str | os.PathLike |
     cfg = study.config
     store = None
     if pieces is not None:
-        identity = f"{config_yaml(cfg)}\npieces: {plan.pieces} of {plan.piece_size}\n"
+        identity = f"{run_identity(cfg)}\npieces: {plan.pieces} of {plan.piece_size}\n"
         store = PieceStore(Path(pieces), identity, discard=cfg.overwrite)
     outputs = [store.load(i, rows=plan.size_of(i)) if store is not None else None for i in range(plan.pieces)]
     for path in store.damaged if store is not None and on_damaged is not None else ():
@@ -254,7 +265,8 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
     stopped = np.asarray(result.result) != 0
     first_bad = np.argmin(valid, axis=-1)
     data_vars, encoding = {}, {}
-    kept = {m.value for m in cfg.metrics}
+    kept = {str(m) for m in cfg.metrics}
+    custom = {metric.name: metric for metric in user_metrics(cfg)}
     for name, value in result.stats.items():
         if name in METRICS and name not in kept:
             continue  # recorded for a check of the run's own (the Sinkhorn tolerance), not asked for
@@ -263,7 +275,8 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
             mask = valid.reshape(valid.shape + (1,) * (value.ndim - 3))
             value = np.where(mask, value.astype(np.float64), np.nan)
             encoding[name] = {"dtype": "int32", "_FillValue": INTEGER_FILL}
-        data_vars[name] = (("beta", "member", "time") + _DIMS.get(name, ()), value)
+        dims = custom[name].dims if name in custom else _DIMS.get(name, ())
+        data_vars[name] = (("beta", "member", "time") + dims, value)
     data_vars["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))
     data_vars["status"] = (("beta", "member"), np.where(failed, np.where(stopped, 2, 1), 0).astype(np.int8))
     data_vars["failure_time"] = (("beta", "member"), np.where(failed, np.asarray(result.ts)[first_bad], np.nan))
@@ -278,10 +291,11 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
                        variable_attributes("beta", {}, beta, coordinate=True)),
               "member": (("member",), np.arange(cfg.members), variable_attributes("member", {}, 0, coordinate=True)),
               "time": (("time",), np.asarray(result.ts, dtype=np.float64), time)}
-    described = {name: (dims, value, variable_attributes(name, _attributes(name), value))
+    described = {name: (dims, value, variable_attributes(name, _attributes(name, custom.get(name)), value))
                  for name, (dims, value) in data_vars.items()}
     config = config_yaml(cfg)
-    attrs = {"config": config, **global_attributes(title=_title(cfg), config=yaml.safe_load(config),
+    digest = code_digest(cfg)
+    attrs = {"config": config, **({"code_digest": digest} if digest else {}), **global_attributes(title=_title(cfg), config=yaml.safe_load(config),
                                                     history=history_line("attnflow.run(...)"))}
     if cfg.time_change.speed is not None:
         attrs["time_axis"] = time_axis(cfg.time_change.speed)
@@ -315,8 +329,11 @@ def time_axis(speed) -> str:
     return f"rescaled time s, not t: dX/ds = c F(X)/|F(X)| with c = {c} (time_change.speed)"
 
 
-def _attributes(name: str) -> dict:
-    """A variable's attributes beyond its long name and units: the flags of `status`."""
+def _attributes(name: str, custom: UserMetric | None = None) -> dict:
+    """A variable's attributes beyond its long name and units: the flags of `status`; a
+    researcher's metric's long name and units, and where it comes from."""
+    if custom is not None:
+        return {"long_name": custom.long_name, "units": custom.units, "metric": target_path(custom.function)}
     attrs = {}
     if name == "status":
         attrs.update(flag_values=np.array([0, 1, 2], np.int8), flag_meanings=STATUS_MEANINGS)

@@ -78,12 +78,32 @@ KINDS = ("sa", "usa", "sinkhorn", "hardmax")
 
 
 class AbstractInteraction(eqx.Module):
-    """A term $F(t, X)$ of the vector field, acting on all tokens at once."""
+    """A term $F(t, X)$ of the vector field, acting on all tokens at once.
+
+    Subclass it and write `__call__(self, t, x)`: the term's value for every token, `x`
+    of shape `(n, d)` (one system: ensembles come from `jax.vmap`). A term whose weights
+    are piecewise in time takes a third argument, `at`, the time at which their piece is
+    chosen (the fixed-step loop pins it to each step's midpoint); the field passes it
+    only to a term whose `__call__` takes it. The fields of a subclass are its settings:
+    built from a config (`+terms.NAME._target_=module.Class +terms.NAME.FIELD=value`),
+    a field named `beta`, `key` or `d` that the config leaves out receives the run's
+    beta, the member's random key or the dimension of the tokens.
+
+    `working_bytes(n, itemsize)` says how much memory one call works in, for the
+    ensemble planner; a term that does not say is measured (XLA's memory analysis of
+    one call, see `attnflow._ensemble.member_footprint`).
+    """
 
     @abc.abstractmethod
     def __call__(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, "n d"]:
         """The term's value for every token; `at` chooses the pieces of piecewise
         weight schedules (default `t`)."""
+
+    def working_bytes(self, n: int, itemsize: int) -> tuple[int, int] | None:
+        """The memory of one call beyond its input, in bytes: what grows like the tokens
+        (queries, hidden layers) and what grows like their pairs (logits); None when the
+        term does not say (it is then measured)."""
+        return None
 
 
 class Rotary(eqx.Module):
@@ -280,6 +300,19 @@ class SelfAttention(AbstractInteraction):
     def dim(self) -> int:
         return self.query.shape[-1]
 
+    def working_bytes(self, n: int, itemsize: int) -> tuple[int, int]:
+        """The queries, keys and values that are not the tokens themselves (identity
+        weights skip their products), the mixed values and the term's output, per token;
+        the logits and their exponentials ($n \\times n$ per head, one for all heads with
+        identity Q and K; $n \\times$ tile on the tiled path), per pair."""
+        heads, dk, dv, d = self.heads, self.query.shape[1], self.value.shape[1], self.dim
+        identity = [identity_multiple(w) for w in (self.query, self.key, self.value)]
+        shared = identity[0] and identity[1]
+        rows = heads * n * (dk * (2 - identity[0] - identity[1]) + dv * (1 - identity[2]))
+        mixed = n * d if shared and identity[2] else heads * n * dv
+        width = self.tile(n) or n
+        return itemsize * (rows + mixed + n * d), 2 * itemsize * n * width * (1 if shared else heads)
+
     def tile(self, n: int) -> int | None:
         """The tile size at `n` tokens (None: the logits are formed whole)."""
         if self.kind in ("sinkhorn", "hardmax"):
@@ -458,6 +491,10 @@ class MLP(AbstractInteraction):
         hidden, d = self.w1.shape
         if self.w2.shape != (d, hidden):
             raise ConfigError(f"W2 must have shape {(d, hidden)} to match W1 {self.w1.shape}, got {self.w2.shape}.")
+
+    def working_bytes(self, n: int, itemsize: int) -> tuple[int, int]:
+        """The hidden layer (twice: before and after the activation) and the output."""
+        return itemsize * n * (2 * self.w1.shape[0] + self.w2.shape[0]), 0
 
     def __call__(self, t, x, at=None):
         h = x @ self.w1(t, at).T

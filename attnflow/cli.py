@@ -220,7 +220,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
     if "jax" not in sys.modules:
         _tell("importing JAX")
     from ._build import resolve_study  # lazy: start-up (JAX), as the imports of the study below
-    from ._study import config_yaml, plan_study, solve_study
+    from ._study import plan_study, run_identity, solve_study
 
     _tell("checking and planning the run")
     experiment = None
@@ -235,7 +235,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
     with RunDirectory(out) as folder:
         _CURRENT["dir"] = folder.path
         stored = folder.finished_config(resolved.overwrite)
-        if stored is not None and stored == config_yaml(resolved):
+        if stored is not None and stored == run_identity(resolved):
             print(f"attnflow: {folder.results_path} already holds this run; skipping it.", flush=True)
             return
         if stored is not None and not resolved.overwrite:
@@ -243,7 +243,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                               "or set overwrite=true.")
         plan = plan_study(study) if experiment is None else None  # refuses what does not fit
         # Another run's unfinished pieces are refused like its results (or discarded with overwrite=true).
-        discarded = folder.claim_pieces({".": config_yaml(resolved)} if experiment is None else
+        discarded = folder.claim_pieces({".": run_identity(resolved)} if experiment is None else
                                         experiment.piece_configs(), resolved.overwrite)
         if discarded:
             print(f"attnflow: {discarded}", flush=True)

@@ -22,43 +22,36 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from .._build import Study, resolve_study
-from .._config import Config, _plain, compose, hydra_context, register_schema, to_container, typed_options
+from .._config import (
+    Config,
+    _plain,
+    compose,
+    config_source,
+    hydra_context,
+    register_schema,
+    to_container,
+    typed_options,
+)
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure
 from .._cf import describe, history_line, python_call
 from .._figures import save, style
 from .._store import PieceStore
-from .._study import config_yaml, plan_study, prepare_jax, solve_study
+from .._components import code_digest
+from .._study import config_yaml, plan_study, prepare_jax, run_identity, solve_study
 from ._animate import check_plotly_js
+from ._experiment import Experiment, NoOptions, _nothing, panel_configs
 
-# Every experiment: conf/experiment/NAME.yaml and attnflow/experiments/NAME.py (or the
-# module _MODULES names, where NAME is also a package of attnflow's).
-EXPERIMENTS = (
-    "single_cluster",
-    "metastability",
-    "phase_diagram",
-    "phase_diagram_random",
-    "circle",
-    "random_qk",
-    "bouncing",
-    "token_detection",
-    "causal",
-    "polytope",
-    "polynomial",
-    "normalization",
-    "flow_matching",
-    "checkpoint",
-    "lyapunov",
-    "lyapunov_polynomial",
-    "sensitivity",
-    "diffeqformer",
-    "adaptive_depth",
-    "long_context",
-    "noise_transition",
-    "hardmax_sinkhorn",
-    "meanfield_circle",
-    "many_heads",
-)
+def _shipped() -> tuple[str, ...]:
+    """The experiments attnflow ships: the names of its `conf/experiment/*.yaml` (the one
+    list of them; each names its module `attnflow.experiments.NAME`, or another with
+    `experiment._target_`)."""
+    folder = config_source()[1].joinpath("experiment")
+    return tuple(sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml")))
+
+
+EXPERIMENTS = _shipped()
+# The module of an experiment whose name is also a package of attnflow's.
 _MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
 
 if TYPE_CHECKING:
@@ -66,34 +59,88 @@ if TYPE_CHECKING:
 
 
 def experiment_module(name: str) -> ModuleType:
-    """The module of experiment `name` (its `analyse` and `draw`)."""
+    """The module of the shipped experiment `name`."""
     if name not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
     return importlib.import_module(f"{__package__}.{_MODULES.get(name, name)}")
 
 
-@dataclasses.dataclass
-class _NoOptions:
-    """The options of an experiment that takes none."""
+def experiment_class(name: str, target: str | None = None) -> type[Experiment]:
+    """The `Experiment` subclass of experiment `name`: the class `target` names (a config's
+    `experiment._target_`, `module.Class`: a researcher's own, from their config folder),
+    or the one the module of the shipped experiment `name` defines."""
+    if target is not None:
+        from .._plugins import import_target  # lazy: only a config that names code of its own
+
+        found = import_target(target, "experiment._target_")
+        if not (isinstance(found, type) and issubclass(found, Experiment)):
+            raise ConfigError(f"experiment._target_={target} is not a subclass of attnflow.experiments.Experiment.")
+        return found
+    module = experiment_module(name)
+    defined = [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, Experiment)
+               and value.__module__ == module.__name__ and not getattr(value, "__abstractmethods__", None)]
+    if len(defined) == 1:
+        return defined[0]
+    return _module_experiment(module)
 
 
-def option_schema(module: ModuleType) -> type:
-    """The dataclass of an experiment's options (`Options` in its module)."""
-    return getattr(module, "Options", _NoOptions)
+def _module_experiment(module: ModuleType) -> type[Experiment]:
+    """An experiment module of the earlier form (module-level `TITLE`, `Options`, `check(cfg,
+    options)`, `panels(base, options)`, `analyse(cfg, options, results[, on_piece, keep])`,
+    `draw(ds)`, ...) as an `Experiment` class, its options handed over as a mapping."""
+
+    class FromModule(Experiment):
+        title = getattr(module, "TITLE", "")
+        paper = getattr(module, "PAPER", None)
+        Options = getattr(module, "Options", NoOptions)
+        coordinates = getattr(module, "COORDINATES", {})
+        panel_keys = getattr(module, "PANEL_KEYS", ())
+
+        def _mapping(self) -> dict:
+            return dict(self.cfg.experiment.options)  # the typed options as plain containers
+
+        def check(self):
+            if hasattr(module, "check"):
+                module.check(self.cfg, self._mapping())
+
+        def panels(self, base):
+            if hasattr(module, "panels"):
+                return module.panels(base, self._mapping())
+            return super().panels(base)
+
+        def pieces(self):
+            return module.pieces(self.cfg, self._mapping()) if hasattr(module, "pieces") else 0
+
+        def analyse(self, results, *, on_piece=None, keep=None):
+            if hasattr(module, "pieces"):
+                return module.analyse(self.cfg, self._mapping(), results, on_piece=on_piece, keep=keep)
+            return module.analyse(self.cfg, self._mapping(), results)
+
+        draw = staticmethod(module.draw)
+        if hasattr(module, "write_files"):
+            write_files = staticmethod(module.write_files)
+
+    FromModule.__name__ = FromModule.__qualname__ = module.__name__.rpartition(".")[2]
+    return FromModule
 
 
-def default_options(module: ModuleType) -> dict:
+def option_schema(experiment: type | ModuleType) -> type:
+    """The dataclass of an experiment's options (its `Options`)."""
+    return getattr(experiment, "Options", NoOptions)
+
+
+def default_options(experiment: type | ModuleType) -> dict:
     """An experiment's options at their defaults, as plain containers."""
-    return typed_options(option_schema(module), {}, "experiment.options.")
+    return typed_options(option_schema(experiment), {}, "experiment.options.")
 
 
-def _options(module: ModuleType, name: str, given: Any) -> dict:
+def _options(experiment: type | ModuleType, name: str, given: Any) -> dict:
     """The experiment's options: its `Options` schema's defaults with `given` on top,
     typed by the schema. An unknown name is refused with the nearest one; a wrong type,
     a name outside a choice, a NaN or infinite number and a list that holds an entry
     twice in one sentence (`typed_options`; a field's `metadata` may allow infinity or
     repeats); ranges and combinations are checked by the experiment's `check`."""
-    schema = option_schema(module)
+    schema = option_schema(experiment)
     names = [f.name for f in dataclasses.fields(schema)]
     given = _plain(given) if given is not None else {}
     if not isinstance(given, Mapping):
@@ -106,6 +153,12 @@ def _options(module: ModuleType, name: str, given: Any) -> dict:
         raise ConfigError(f"unknown option experiment.options.{unknown[0]} of experiment {name}{guess}; "
                           f"it takes {takes}.")
     return typed_options(schema, given, "experiment.options.")
+
+
+def _instance(schema: type, options: Mapping) -> Any:
+    """The typed options (plain containers) as an instance of their dataclass, nested
+    dataclasses included."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), dict(options)))
 
 
 def experiment_options(name: str, given: Mapping | None = None) -> dict:
@@ -124,33 +177,18 @@ def experiment_options(name: str, given: Mapping | None = None) -> dict:
 
     **Returns:** the options by name.
     """
-    return _options(experiment_module(name), name, given)
-
-
-def panel_configs(base: dict, keys: tuple[str, ...]) -> dict[str, dict]:
-    """One config per combination of the list-valued `keys` of `base`, labelled
-    `key=value,...`; `{"main": base}` when none of them is a list."""
-    lists = [(key, base[key]) for key in keys if isinstance(base.get(key), list)]
-    if not lists:
-        return {"main": base}
-    for key, values in lists:
-        if not values:
-            raise ConfigError(f"{key} is an empty list; give at least one value (one panel each).")
-    panels = {}
-    for combination in itertools.product(*(values for _, values in lists)):
-        label = ",".join(f"{key}={value}" for (key, _), value in zip(lists, combination))
-        panels[label] = {**base, **{key: value for (key, _), value in zip(lists, combination)}}
-    return panels
+    return _options(experiment_class(name), name, given)
 
 
 @dataclasses.dataclass
 class ExperimentPlan:
-    """An experiment ready to solve: its config (every option filled in), its module,
-    and one validated, planned study per panel."""
+    """An experiment ready to solve: its config (every option filled in), the
+    experiment (an instance of its `Experiment` class, holding the typed options), and
+    one validated, planned study per panel."""
 
     cfg: Config
     options: dict
-    module: ModuleType
+    experiment: Experiment
     studies: dict[str, tuple[Study, EnsemblePlan]]  # by panel: the resolved study and its plan
 
     @property
@@ -159,17 +197,16 @@ class ExperimentPlan:
 
     @property
     def pieces(self) -> int:
-        """Units of progress: the studies' pieces, and the experiment's own (its `pieces`)."""
-        own = getattr(self.module, "pieces", None)
-        return sum(plan.pieces for _, plan in self.studies.values()) + (own(self.cfg, self.options) if own else 0)
+        """Units of progress: the studies' pieces, and the experiment's own (its `pieces()`)."""
+        return sum(plan.pieces for _, plan in self.studies.values()) + self.experiment.pieces()
 
     def piece_configs(self) -> dict[str, str]:
         """The config (YAML) of each pieces folder of the run, by its label under the
         run's pieces folder: one per panel, and `OWN_PIECES` for the experiment's own
         computation (`OwnPieces`) where it counts one."""
-        configs = {label: config_yaml(study.config) for label, (study, _) in self.studies.items()}
-        if getattr(self.module, "pieces", None) is not None:
-            configs[OWN_PIECES] = config_yaml(self.cfg)
+        configs = {label: run_identity(study.config) for label, (study, _) in self.studies.items()}
+        if self.experiment.pieces():
+            configs[OWN_PIECES] = run_identity(self.cfg)
         return configs
 
 
@@ -214,36 +251,30 @@ class OwnPieces:
         return out
 
 
-def check_experiment(cfg: Config) -> tuple[Config, dict, dict[str, Study]]:
+def check_experiment(cfg: Config) -> tuple[Config, Experiment, dict[str, Study]]:
     """Check an experiment config before anything is planned or computed: its options
-    typed by the module's `Options` (`_options`), the module's `check`, a panel key
-    that repeats a value, and every panel's study resolved (`resolve_study`: pure
-    checks, no program traced). Returns the config with every option filled in, the
-    options, and the resolved study of each panel; raises `ConfigError` (naming the
-    panel where there are several)."""
+    typed by the experiment's `Options` (`_options`), its `check`, a panel key that
+    repeats a value, and every panel's study resolved (`resolve_study`: pure checks, no
+    program traced). Returns the config with every option filled in, the experiment
+    (an instance of its class) and the resolved study of each panel; raises
+    `ConfigError` (naming the panel where there are several)."""
     if cfg.experiment is None:
         raise ConfigError("this config names no experiment; set experiment=NAME.")
-    module = experiment_module(cfg.experiment.name)
-    options = _options(module, cfg.experiment.name, cfg.experiment.options)
+    kind = experiment_class(cfg.experiment.name, cfg.experiment._target_)
+    options = _options(kind, cfg.experiment.name, cfg.experiment.options)
     cfg = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, options=options))
     prepare_jax(cfg)  # float64 and the compilation cache, before `check` may compute anything
-    check = getattr(module, "check", None)
-    if check is not None:
-        check(cfg, options)
+    experiment = kind(cfg, _instance(option_schema(kind), options))
+    experiment.check()
     base = to_container(cfg)
     base.pop("experiment")
-    make = getattr(module, "panels", None)
-    if make is None:
-        keys = getattr(module, "PANEL_KEYS", ())
-        for key in keys:
-            values = base.get(key) if isinstance(base.get(key), list) else []
-            # Panels are labelled by their value: a repeated one would be one panel reported twice.
-            twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
-            if twice is not None:
-                raise ConfigError(f"{key} holds {twice!r} twice; give each value once (each is a panel).")
-        configs = panel_configs(base, keys)
-    else:
-        configs = make(base, options)
+    for key in kind.panel_keys:
+        values = base.get(key) if isinstance(base.get(key), list) else []
+        # Panels are labelled by their value: a repeated one would be one panel reported twice.
+        twice = next((value for i, value in enumerate(values) if value in values[:i]), None)
+        if twice is not None:
+            raise ConfigError(f"{key} holds {twice!r} twice; give each value once (each is a panel).")
+    configs = experiment.panels(base)
     studies = {}
     for label, config in configs.items():
         try:
@@ -252,13 +283,13 @@ def check_experiment(cfg: Config) -> tuple[Config, dict, dict[str, Study]]:
             if len(configs) == 1:
                 raise
             raise ConfigError(f"panel {label} of experiment {cfg.experiment.name}: {error}") from None
-    return cfg, options, studies
+    return cfg, experiment, studies
 
 
 def plan_experiment(cfg: Config) -> ExperimentPlan:
     """Check every panel of an experiment config (`check_experiment`) and plan its
     studies; raises `ConfigError` (naming the panel) before anything is computed."""
-    cfg, options, studies = check_experiment(cfg)
+    cfg, experiment, studies = check_experiment(cfg)
     planned = {}
     for label, study in studies.items():
         try:
@@ -267,7 +298,7 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
             if len(studies) == 1:
                 raise
             raise ConfigError(f"panel {label} of experiment {cfg.experiment.name}: {error}") from None
-    return ExperimentPlan(cfg, options, experiment_module(cfg.experiment.name), planned)
+    return ExperimentPlan(cfg, cfg.experiment.options, experiment, planned)
 
 
 def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None = None,
@@ -293,16 +324,15 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
             if len(plan.studies) > 1:
                 error.args = (f"panel {label}: {error}",)
             raise
-    if getattr(plan.module, "pieces", None) is not None:
-        # An experiment that counts its own pieces reports them as it computes them, and
-        # keeps each finished one (`OwnPieces`) beside the panels' pieces.
-        keep = OwnPieces(None if pieces is None else Path(pieces) / OWN_PIECES, config_yaml(plan.cfg),
-                         on_resume=None if on_resume is None else lambda found: on_resume(
-                             OWN_PIECES, found, plan.module.pieces(plan.cfg, plan.options)),
-                         on_damaged=on_damaged)
-        ds = plan.module.analyse(plan.cfg, plan.options, results, on_piece=on_piece, keep=keep)
-    else:
-        ds = plan.module.analyse(plan.cfg, plan.options, results)
+    experiment = plan.experiment
+    # The experiment's own work is counted as it goes (`on_piece`), and each finished
+    # part kept (`OwnPieces`) beside the panels' pieces.
+    keep = OwnPieces(None if pieces is None or not experiment.pieces() else Path(pieces) / OWN_PIECES,
+                     run_identity(plan.cfg),
+                     on_resume=None if on_resume is None else lambda found: on_resume(OWN_PIECES, found,
+                                                                                       experiment.pieces()),
+                     on_damaged=on_damaged)
+    ds = experiment.analyse(results, on_piece=on_piece or _nothing, keep=keep)
     config = config_yaml(plan.cfg)
     # What the panels' runs note (a switch that never happens, a missed Sinkhorn
     # tolerance), each once, naming its panel where there are several.
@@ -319,17 +349,30 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
     )
     # The CF attributes (long names, units, the settings, what wrote the file): the
     # command line replaces `history` with its own command.
-    return describe(ds, title=f"attnflow experiment {plan.name}: {plan.module.TITLE}", config=yaml.safe_load(config),
+    if plan.cfg.experiment._target_ is not None:
+        ds.attrs["experiment_target"] = plan.cfg.experiment._target_
+    digest = code_digest(plan.cfg)
+    if digest:
+        ds.attrs["code_digest"] = digest
+    return describe(ds, title=f"attnflow experiment {plan.name}: {experiment.title}", config=yaml.safe_load(config),
                     history=history_line(history or "attnflow.solve_experiment(...)"),
-                    references=getattr(plan.module, "PAPER", None),
-                    coordinates=getattr(plan.module, "COORDINATES", None))
+                    references=experiment.paper, coordinates=dict(experiment.coordinates) or None)
 
 
-def _drawing_module(ds) -> ModuleType:
+def _drawing_class(ds) -> type[Experiment]:
+    """The class that draws an experiment's Dataset: a shipped experiment's, by its name.
+    A Dataset of a researcher's own experiment names its class (`experiment_target`),
+    which is never imported because a file names it: `attnflow plot DIR --config-dir CFG`
+    names it from the user's own config folder."""
     name = ds.attrs.get("experiment")
     if not name:
         raise ConfigError("this results file was not written by an experiment (it names none).")
-    return experiment_module(name)
+    target = ds.attrs.get("experiment_target")
+    if target is not None:
+        raise ConfigError(f"this results file was written by the experiment {name} of your own code ({target}), "
+                          "which attnflow imports only from a config folder you give: add --config-dir with the "
+                          "folder of its experiment/NAME.yaml.")
+    return experiment_class(name)
 
 
 def experiment_figures(ds) -> dict[str, Figure]:
@@ -337,23 +380,24 @@ def experiment_figures(ds) -> dict[str, Figure]:
     `matplotlib.figure.Figure` objects outside pyplot, drawn in attnflow's style
     without changing the backend or the rcParams. `draw_experiment` saves them."""
     with style():
-        return dict(_drawing_module(ds).draw(ds))
+        return dict(_drawing_class(ds).draw(ds))
 
 
-def draw_experiment(ds, folder: str | os.PathLike, *, plotly_js: str = "embed") -> list[Path]:
+def draw_experiment(ds, folder: str | os.PathLike, *, plotly_js: str = "embed",
+                    experiment: type[Experiment] | None = None) -> list[Path]:
     """Draw the figures of an experiment's Dataset (as read from its `results.nc`)
     into `folder`, each as NAME.png and NAME.pdf, with the experiment's other files
     (animations, interactive HTML views, tables); returns their paths. `plotly_js`:
     where the HTML views find plotly.js, `"embed"` (inside each page) or `"directory"`
-    (one plotly.min.js beside them)."""
+    (one plotly.min.js beside them). `experiment`: the class that draws it (by default
+    the shipped experiment the Dataset names)."""
     check_plotly_js(plotly_js)  # before anything is drawn
-    module = _drawing_module(ds)
+    kind = experiment or _drawing_class(ds)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with style():
-        paths = [path for name, fig in module.draw(ds).items() for path in save(fig, folder, name)]
-    write_files = getattr(module, "write_files", None)
-    return paths + (list(write_files(ds, folder, plotly_js=plotly_js)) if write_files else [])
+        paths = [path for name, fig in kind.draw(ds).items() for path in save(fig, folder, name)]
+    return paths + list(kind.write_files(ds, folder, plotly_js=plotly_js))
 
 
 def merge_overrides(base: dict, over: Mapping) -> dict:

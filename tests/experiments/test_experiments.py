@@ -58,7 +58,7 @@ def test_beta_from_linspace_is_an_evenly_spaced_list():
 
 
 def test_bad_experiment_input_is_one_sentence_before_any_computing():
-    with pytest.raises(ConfigError, match="unknown experiment 'nope'; choose one of single_cluster"):
+    with pytest.raises(ConfigError, match="unknown experiment 'nope'; choose one of adaptive_depth, bouncing"):
         compose_experiment("nope")
     cfg = compose_experiment("single_cluster", {**TINY, "experiment": {"options": {"colour": 1}}})
     with pytest.raises(ConfigError, match="unknown option experiment.options.colour of experiment single_cluster"):
