@@ -27,6 +27,7 @@ from ._errors import ConfigError
 # The terms attnflow ships beyond attention and the MLP, by the short name a config may
 # give as their `_target_` (`+terms.pull._target_=external_field`): one line per term.
 BUILTIN_TERMS = {
+    "external_field": "attnflow.terms.external_field.ExternalField",
 }
 
 
