@@ -50,6 +50,7 @@ from ._initial import (
     UniformCube as UniformCube,
     UniformSphere as UniformSphere,
 )
+from ._metric_registry import metric as metric
 from ._metrics import (
     cluster_count as cluster_count,
     cluster_labels as cluster_labels,
@@ -58,6 +59,7 @@ from ._metrics import (
     gram as gram,
     interaction_energy as interaction_energy,
     log_interaction_energy as log_interaction_energy,
+    MetricContext as MetricContext,
     sinkhorn_energy as sinkhorn_energy,
     normalized_energy as normalized_energy,
     numerical_rank as numerical_rank,
@@ -132,6 +134,7 @@ __all__ = [
     "MLP",
     "MeanFieldSolution",
     "Merges",
+    "MetricContext",
     "NonFiniteStateError",
     "Orthonormal",
     "PiecewiseConstant",
@@ -190,6 +193,7 @@ __all__ = [
     "lyapunov_spectrum",
     "meanfield_circle",
     "merges",
+    "metric",
     "normalized_energy",
     "numerical_rank",
     "order_parameter",

@@ -48,8 +48,9 @@ _TRAIN = _PACKAGE / "diffeqformer" / "_train.py"
 
 # The subcommands, each as its usage line says it (`attnflow plot` prints its own).
 SUBCOMMANDS = {
-    "plot": "attnflow plot DIR...: redraw the figures of every run in each DIR (a run, experiment run or sweep "
-            "directory, or a results.nc file) from its results.nc",
+    "plot": "attnflow plot DIR... [--config-dir CFG]: redraw the figures of every run in each DIR (a run, "
+            "experiment run or sweep directory, or a results.nc file) from its results.nc (CFG: the config folder of "
+            "an experiment of your own)",
     "report": "attnflow report DIR: one table (report.csv, report.nc) and one figure (report.png) across the runs in "
               "DIR (a sweep, run or experiment run directory, or a results.nc file), written into DIR",
     "train": "attnflow train [KEY=VALUE ...]: train a DiffEqFormer or its GPT baseline (defaults in conf/train.yaml); "

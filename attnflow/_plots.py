@@ -68,6 +68,14 @@ def _panels(ds: xr.Dataset) -> list[tuple[str, str, xr.DataArray, tuple[float, f
         series = metric.reduce(ds[name])
         if set(series.dims) <= {"beta", "member", "time"}:
             panels.append((name, metric.label, series, metric.limits, metric.reads_eps))
+    # A researcher's own metric (its variable says where it comes from, `metric`): drawn
+    # from the stored values and attributes alone, its code never imported.
+    for name, da in ds.data_vars.items():
+        if "metric" in da.attrs and set(da.dims) <= {"beta", "member", "time"} and "time" in da.dims:
+            label = str(da.attrs.get("long_name", name))
+            units = da.attrs.get("units")
+            label = "\n".join(wrap(label + (f" ({units})" if units not in (None, "1") else ""), 34))
+            panels.append((str(name), label, da, None, False))
     return panels
 
 
@@ -200,6 +208,12 @@ def _system(cfg: dict) -> str:
         parts.append("causal mask")
     if cfg.get("alibi") is not None:
         parts.append(f"ALiBi slope {_sequence(cfg['alibi'])}")
+    terms = cfg.get("terms")
+    for name, spec in (terms.items() if isinstance(terms, dict) else ()):
+        if isinstance(spec, dict):  # a term by name: its class and settings, as the config gave them
+            settings = ", ".join(f"{key} = {_sequence(value) if isinstance(value, list) else _number(value)}"
+                                 for key, value in spec.items() if key != "_target_")
+            parts.append(f"term {name}: {spec.get('_target_', '?')}" + (f" ({settings})" if settings else ""))
     mlp = cfg.get("mlp")
     if isinstance(mlp, dict) and mlp.get("enabled"):
         hidden = mlp.get("hidden") or f"4d = {4 * d if isinstance(d, int) else '?'}"

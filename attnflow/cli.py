@@ -302,7 +302,8 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                     with status(f"drawing the figures of {experiment.name}"):
                         from .experiments import draw_experiment  # lazy: start-up
 
-                        figures = draw_experiment(results, folder.path, plotly_js=resolved.plotly_js.value)
+                        figures = draw_experiment(results, folder.path, plotly_js=resolved.plotly_js.value,
+                                                  experiment=type(experiment.experiment))
             except StorageError as error:
                 raise ConfigError(f"{error}; the results are safe in {path}, and `attnflow plot {folder.path}` "
                                   "draws the figures once the folder can be written again.") from None
@@ -387,10 +388,14 @@ _GROUPS = ("init", "experiment")
 _MOST_JOBS = 10_000
 
 
-def _shipped(group: str) -> list[str]:
-    """The options of one of `_GROUPS`: the names of its YAML files."""
-    folder = config_source()[1].joinpath(group)
-    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+def _shipped(group: str, config_dir: str | None = None) -> list[str]:
+    """The options of one of `_GROUPS`: the names of its YAML files, attnflow's and those
+    of the user's own config folder (`--config-dir DIR`: `DIR/GROUP/NAME.yaml`)."""
+    folders = [config_source()[1].joinpath(group)]
+    if config_dir:
+        folders.append(Path(config_dir) / group)
+    return sorted({p.name[: -len(".yaml")] for folder in folders if folder.is_dir() for p in folder.iterdir()
+                   if p.name.endswith(".yaml")})
 
 
 def _check_command_line(arguments: list[str]) -> None:
@@ -398,7 +403,8 @@ def _check_command_line(arguments: list[str]) -> None:
     group option that is not a name (a path loads any YAML file on the machine, and Hydra
     runs the callbacks that file names), a key given twice (Hydra would keep the last),
     and a sweep too large to list. Raises `ConfigError` (or Hydra's parse error)."""
-    given = get_args_parser().parse_args(arguments).overrides
+    parsed = get_args_parser().parse_args(arguments)
+    given, config_dir = parsed.overrides, parsed.config_dir
     bare = next((arg for arg in given if "=" not in arg and not arg.startswith("~")), None)
     if bare is not None:
         # Hydra would say only "Error parsing override": a word alone is not a setting.
@@ -416,8 +422,8 @@ def _check_command_line(arguments: list[str]) -> None:
         if override.is_delete():
             continue  # a key left without its value is refused when the job starts
         if override.key_or_group in _GROUPS or "/" in override.key_or_group:
-            _check_group_options(override.key_or_group, override.value())
-        sizes.append(_sweep_size(override))
+            _check_group_options(override.key_or_group, override.value(), config_dir)
+        sizes.append(_sweep_size(override, config_dir))
     jobs = math.prod(sizes)
     if jobs > _MOST_JOBS:
         swept = " x ".join(str(size) for size in sizes if size != 1)
@@ -426,10 +432,11 @@ def _check_command_line(arguments: list[str]) -> None:
                           "list (one run computes every beta).")
 
 
-def _check_group_options(group: str, value) -> None:
+def _check_group_options(group: str, value, config_dir: str | None = None) -> None:
     """Each option a group override names (one, or a sweep's) is one of attnflow's own
-    (`_GROUPS`), or a plain name for Hydra's groups (hydra/launcher, ...)."""
-    names = _shipped(group) if group in _GROUPS else None
+    (`_GROUPS`) or of the user's config folder, or a plain name for Hydra's groups
+    (hydra/launcher, ...)."""
+    names = _shipped(group, config_dir) if group in _GROUPS else None
     if isinstance(value, Glob):
         return  # matched against the group's own options by Hydra
     for option in value.list if isinstance(value, ChoiceSweep) else [value]:
@@ -443,13 +450,13 @@ def _check_group_options(group: str, value) -> None:
             raise ConfigError(f"unknown {group} {shown}; choose one of {', '.join(names)}.")
 
 
-def _sweep_size(override) -> int:
+def _sweep_size(override, config_dir: str | None = None) -> int:
     """How many values an override sweeps over (1 for a plain value)."""
     value = override.value()
     if isinstance(value, ChoiceSweep):
         return len(value.list)
     if isinstance(value, Glob) and override.key_or_group in _GROUPS:
-        return len(value.filter(_shipped(override.key_or_group)))
+        return len(value.filter(_shipped(override.key_or_group, config_dir)))
     if isinstance(value, RangeSweep) and value.start is not None and value.stop is not None:
         if not value.step:
             raise ConfigError(f"{override.input_line} never ends: a range takes a step other than 0.")
@@ -533,6 +540,13 @@ def _command(name: str, args: list[str]) -> int:
         from .diffeqformer._train import main as train  # lazy: start-up
 
         return train(args)
+    config_dir = None
+    if name == "plot":
+        try:
+            args, config_dir = _config_dir_of(args)
+        except ConfigError as error:
+            _say(f"error: {error}")
+            return 2
     if not args or any(a in ("-h", "--help") for a in args) or (name == "report" and len(args) != 1):
         _say(f"usage: {_USAGE[name]}.")
         return 0 if any(a in ("-h", "--help") for a in args) else 2
@@ -544,7 +558,7 @@ def _command(name: str, args: list[str]) -> int:
         if name == "plot":
             for results in (path for paths in found for path in paths):
                 with status(f"drawing the figures of {results}"):
-                    drawn = _redraw(results)
+                    drawn = _redraw(results, config_dir)
                 for path in drawn:
                     print(f"attnflow: wrote {path}", flush=True)
         else:
@@ -565,15 +579,58 @@ def _command(name: str, args: list[str]) -> int:
     return 0
 
 
-def _redraw(results: Path) -> list[Path]:
-    """Redraw the figures of one results file beside it."""
+def _config_dir_of(args: list[str]) -> tuple[list[str], str | None]:
+    """`attnflow plot`'s arguments without `--config-dir DIR` (or `-cd DIR`,
+    `--config-dir=DIR`), and that folder."""
+    rest, folder = [], None
+    words = iter(args)
+    for word in words:
+        if word in ("--config-dir", "-cd"):
+            folder = next(words, None)
+            if folder is None:
+                raise ConfigError(f"{word} takes a folder: the config folder of your own experiment.")
+        elif word.startswith("--config-dir="):
+            folder = word.partition("=")[2]
+        else:
+            rest.append(word)
+    return rest, folder
+
+
+def _user_experiment(ds, config_dir: str | None):
+    """The class of a researcher's own experiment that drew `ds`, imported only from the
+    config folder the user gave (`--config-dir`): its `experiment/NAME.yaml` must name the
+    class the results name. None for a shipped experiment."""
+    target, name = ds.attrs.get("experiment_target"), ds.attrs.get("experiment")
+    if target is None:
+        return None
+    if config_dir is None:
+        return None  # the runner refuses it in one sentence, naming --config-dir
+    from ._store import read_config  # lazy: start-up
+    from .experiments import experiment_class  # lazy: start-up
+
+    path = Path(config_dir) / "experiment" / f"{name}.yaml"
+    try:
+        given = read_config(path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path} cannot be read ({type(error).__name__}); give the config folder of the "
+                          f"experiment {name}.") from None
+    named = (given.get("experiment") or {}).get("_target_") if isinstance(given, dict) else None
+    if named != target:
+        raise ConfigError(f"{path} names the class {named!r}, but the results were drawn by {target}; give the "
+                          "config folder of the experiment that wrote them.")
+    return experiment_class(name, named)
+
+
+def _redraw(results: Path, config_dir: str | None = None) -> list[Path]:
+    """Redraw the figures of one results file beside it (a researcher's own experiment
+    with the class its config folder names, `--config-dir`)."""
     stored_config(results, "give the results.nc of a finished run")  # one sentence for a file not attnflow's
     ds = load_results(results)
     if ds.attrs.get("experiment"):
         from .experiments import draw_experiment  # lazy: start-up
 
         try:
-            return draw_experiment(ds, results.parent)
+            return draw_experiment(ds, results.parent, experiment=_user_experiment(ds, config_dir))
         except KeyError as missing:  # a file that names an experiment but lacks what it draws
             raise ConfigError(f"{results} lacks {missing}, which the figures of experiment "
                               f"{ds.attrs['experiment']} need; was it written by attnflow?") from None

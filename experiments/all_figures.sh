@@ -13,7 +13,8 @@
 # n = 1e5 tokens: the cost grows like n^2).
 set -e
 cd "$(dirname "$0")/.."
-names="${*:-single_cluster metastability circle random_qk bouncing token_detection causal polytope polynomial normalization flow_matching checkpoint sensitivity lyapunov lyapunov_polynomial long_context diffeqformer adaptive_depth phase_diagram phase_diagram_random noise_transition meanfield_circle hardmax_sinkhorn many_heads}"
+# Every experiment attnflow ships: the names of conf/experiment/*.yaml (the one list of them).
+names="${*:-$(for f in conf/experiment/*.yaml; do basename "$f" .yaml; done)}"
 for name in $names; do
     echo "== $name"
     attnflow "experiment=$name" "hydra.run.dir=docs/figures/$name"

@@ -1,27 +1,16 @@
 """The figures of the self-attention-dynamics literature, one experiment each.
 
 An experiment is a config, `conf/experiment/NAME.yaml` (run as `attnflow
-experiment=NAME`, any key overridable on top), and a module `attnflow.experiments.NAME`
-that says what to compute beyond the core study and how to draw it. A module holds:
-
-- `TITLE` and `PAPER`: what the figure shows and what it reproduces;
-- `Options`: a dataclass of the experiment's own settings (`experiment.options.KEY=...`):
-  their types (choices as `choice(...)`) and defaults, which type and check what is given;
-  `check(cfg, options)` (optional) then tests ranges and combinations only;
-- `PANEL_KEYS` (optional): top-level keys that may hold a list, one panel per entry
-  (`d: [2, 8, 32, 128]` in the phase diagram; `d=8` draws one panel);
-- `panels(base, options) -> {label: config}` (optional): the studies to solve, each a
-  config mapping; by default one per combination of the panel keys;
-- `analyse(cfg, options, results) -> xarray.Dataset`: every panel's data and the
-  derived quantities (a curve, merge times, a trained surrogate), in one Dataset;
-- `draw(ds) -> {name: Figure}`: the figures, from that Dataset alone (drawn in the
-  shared style, saved as NAME.png and NAME.pdf);
-- `write_files(ds, folder, plotly_js) -> [paths]` (optional): the other files beside
-  them (animations, interactive HTML views, tables).
-- `COORDINATES` (optional): `{name: (long name, units)}` of the Dataset's own
-  coordinates (units None for text), for its CF attributes; every variable the Dataset
-  holds says what it is with a `description` (or `long_name`) attribute, and `units`
-  where it is not a pure number ("1", the default).
+experiment=NAME`, any key overridable on top; the names of these files are the list of
+experiments, `EXPERIMENTS`), and one subclass of `Experiment` in the module
+`attnflow.experiments.NAME` that says what to compute beyond the core studies and how to
+draw it: its `title` and `paper`, its `Options` (a dataclass, read as attributes), its
+`check`, `panels`, `pieces`, `analyse`, and its static `draw` and `write_files` (see
+`Experiment`). A researcher's own experiment is the same class in their own module, its
+YAML in their own config folder naming it (`experiment._target_: module.Class`), run as
+`attnflow --config-dir DIR experiment=NAME` (docs/extending.md). What several experiments
+share lives in the private modules beside them (`_common`, `_phase_diagrams`,
+`_random_laws`, `_spectra`, `_magnitudes`, `_text`, `_trained`), never in a sibling.
 
 `run_experiment(name, overrides)` runs one from Python; `experiment_figures(ds)` returns
 its figures; `draw_experiment(ds, folder)` writes them and the other files. The command
@@ -31,11 +20,13 @@ the GIF and the interactive HTML view of stored token states.
 """
 
 from ._animate import animate_states, animation, sphere_html
+from ._experiment import Experiment
 from ._runner import (
     EXPERIMENTS,
     ExperimentPlan,
     compose_experiment,
     draw_experiment,
+    experiment_class,
     experiment_figures,
     experiment_module,
     experiment_options,
@@ -46,12 +37,14 @@ from ._runner import (
 
 __all__ = [
     "EXPERIMENTS",
+    "Experiment",
     "animate_states",
     "animation",
     "sphere_html",
     "ExperimentPlan",
     "compose_experiment",
     "draw_experiment",
+    "experiment_class",
     "experiment_figures",
     "experiment_module",
     "experiment_options",

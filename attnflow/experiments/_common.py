@@ -77,9 +77,8 @@ def wireframe_sphere(ax, color: str = "0.85", zoom: float = 1.0, unit_limits: bo
 def check_member_option(options, members: int, *, optional: bool = False, what: str = "a member index") -> None:
     """`experiment.options.member` must index one of `members` (a whole number, never a
     boolean), or be null where `optional` (the experiment then picks one). `options`:
-    an experiment's typed options (or, from an experiment of the earlier form, their
-    mapping)."""
-    member = options["member"] if isinstance(options, Mapping) else options.member
+    an experiment's typed options."""
+    member = options.member
     if member is None and optional:
         return
     if isinstance(member, bool) or not isinstance(member, int) or not 0 <= member < members:

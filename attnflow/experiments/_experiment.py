@@ -64,12 +64,20 @@ def panel_configs(base: dict, keys: tuple[str, ...]) -> dict[str, dict]:
     return panels
 
 
-def _computed(compute: Callable[[], Mapping[str, Any]]) -> Mapping[str, Any]:
+# What `analyse` is handed: `on_piece()` counts one unit of the experiment's own work;
+# `keep(compute)` returns what `compute()` returns (a mapping of names to arrays), kept as
+# a piece of the run (see `attnflow.experiments._runner.OwnPieces`).
+Counter = Callable[[], None]
+Keeper = Callable[[Callable[[], Mapping[str, Any]]], Mapping[str, Any]]
+
+
+def computed(compute: Callable[[], Mapping[str, Any]]) -> Mapping[str, Any]:
+    """A `Keeper` that keeps nothing: `compute()`."""
     return compute()
 
 
-def _nothing() -> None:
-    return None
+def uncounted() -> None:
+    """A `Counter` that counts nothing."""
 
 
 class Experiment(abc.ABC):
@@ -113,12 +121,12 @@ class Experiment(abc.ABC):
         return 0
 
     @abc.abstractmethod
-    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Callable[[], None] = _nothing,
-                keep: Callable[[Callable[[], Mapping[str, Any]]], Mapping[str, Any]] = _computed) -> xr.Dataset:
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
         """Every panel's results (by label) and the derived quantities, in one Dataset
         whose variables say what they are (`description`, `units`). `keep(compute)`
         returns what `compute()` returns (a mapping of names to arrays), kept as a piece of
-        the run; `on_piece()` counts one unit of `pieces()`."""
+        the run; `on_piece()` counts one unit of `pieces()`. (Called directly, give
+        `on_piece=uncounted, keep=computed`.)"""
 
     @staticmethod
     @abc.abstractmethod

@@ -40,7 +40,7 @@ from .._store import PieceStore
 from .._components import code_digest
 from .._study import config_yaml, plan_study, prepare_jax, run_identity, solve_study
 from ._animate import check_plotly_js
-from ._experiment import Experiment, NoOptions, _nothing, panel_configs
+from ._experiment import Experiment, NoOptions, panel_configs, uncounted
 
 def _shipped() -> tuple[str, ...]:
     """The experiments attnflow ships: the names of its `conf/experiment/*.yaml` (the one
@@ -79,49 +79,10 @@ def experiment_class(name: str, target: str | None = None) -> type[Experiment]:
     module = experiment_module(name)
     defined = [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, Experiment)
                and value.__module__ == module.__name__ and not getattr(value, "__abstractmethods__", None)]
-    if len(defined) == 1:
-        return defined[0]
-    return _module_experiment(module)
-
-
-def _module_experiment(module: ModuleType) -> type[Experiment]:
-    """An experiment module of the earlier form (module-level `TITLE`, `Options`, `check(cfg,
-    options)`, `panels(base, options)`, `analyse(cfg, options, results[, on_piece, keep])`,
-    `draw(ds)`, ...) as an `Experiment` class, its options handed over as a mapping."""
-
-    class FromModule(Experiment):
-        title = getattr(module, "TITLE", "")
-        paper = getattr(module, "PAPER", None)
-        Options = getattr(module, "Options", NoOptions)
-        coordinates = getattr(module, "COORDINATES", {})
-        panel_keys = getattr(module, "PANEL_KEYS", ())
-
-        def _mapping(self) -> dict:
-            return dict(self.cfg.experiment.options)  # the typed options as plain containers
-
-        def check(self):
-            if hasattr(module, "check"):
-                module.check(self.cfg, self._mapping())
-
-        def panels(self, base):
-            if hasattr(module, "panels"):
-                return module.panels(base, self._mapping())
-            return super().panels(base)
-
-        def pieces(self):
-            return module.pieces(self.cfg, self._mapping()) if hasattr(module, "pieces") else 0
-
-        def analyse(self, results, *, on_piece=None, keep=None):
-            if hasattr(module, "pieces"):
-                return module.analyse(self.cfg, self._mapping(), results, on_piece=on_piece, keep=keep)
-            return module.analyse(self.cfg, self._mapping(), results)
-
-        draw = staticmethod(module.draw)
-        if hasattr(module, "write_files"):
-            write_files = staticmethod(module.write_files)
-
-    FromModule.__name__ = FromModule.__qualname__ = module.__name__.rpartition(".")[2]
-    return FromModule
+    if len(defined) != 1:
+        raise ConfigError(f"the module {module.__name__} defines {len(defined)} experiment classes; it must define "
+                          "exactly one subclass of attnflow.experiments.Experiment.")
+    return defined[0]
 
 
 def option_schema(experiment: type | ModuleType) -> type:
@@ -332,7 +293,7 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
                      on_resume=None if on_resume is None else lambda found: on_resume(OWN_PIECES, found,
                                                                                        experiment.pieces()),
                      on_damaged=on_damaged)
-    ds = experiment.analyse(results, on_piece=on_piece or _nothing, keep=keep)
+    ds = experiment.analyse(results, on_piece=on_piece or uncounted, keep=keep)
     config = config_yaml(plan.cfg)
     # What the panels' runs note (a switch that never happens, a missed Sinkhorn
     # tolerance), each once, naming its panel where there are several.

@@ -29,9 +29,8 @@ embedding distances and the last token's path through the layers are stored too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -45,10 +44,8 @@ from .._metrics import cluster_count, cosines, normalized_energy
 from .._progress import Progress
 from .._schedules import Identity
 from .._simulate import simulate
-from .._store import _write_atomically
 from .._terms import SelfAttention
 from ..checkpoints._flow import depth_flow, forward, run_depth
-from ..checkpoints._load import load_checkpoint, load_tokenizer
 from ..checkpoints.probes import (
     decode_head_vectors,
     distance_table,
@@ -59,29 +56,16 @@ from ..checkpoints.probes import (
 )
 from ..checkpoints.spectra import draw_spectra, head_spectra
 from ._common import caption, config_of, subplots, token_ticks
+from ._experiment import Counter, Experiment, Keeper
+from ._text import checkpoint_sentence, write_text
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "A trained transformer against its dynamics and the theory"
-PAPER = "DESIGN.md sec. 2, 7; Neural ODE Transformers (QK/OV spectra); Traveling Words (probes)"
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "run": ("the run through depth: dt=1/m (m steps per layer), adaptive, or theory", None),
-    "source": ("the states: the model or a run", None),
-    "bin": ("centre of a pair-cosine histogram bin", "1"),
-    "attention_source": ("the states of the attention maps: the model or the finest run", None),
-    "qk_rank": ("eigenvalue or singular value rank of a head QK matrix, largest first", "1"),
-    "ov_rank": ("eigenvalue or singular value rank of a head OV matrix, largest first", "1"),
-    "vector": ("the side of a singular vector: query or key of QK, input or output of OV", None),
-    "matrix": ("the head matrix: QK or OV", None),
-    "component": ("singular vector rank, largest singular value first", "1"),
-    "top": ("rank of a decoded token, closest first", "1"),
-    "rank": ("rank of a next-token candidate under the logit lens, likeliest first", "1"),
-    "axis": ("principal axis of the token path", None),
-    "word": ("read-out token of the cloud drawn beside the path", "1"),
-}
 Interpolation = choice("Interpolation", ("constant", "linear", "cubic"))
+
 
 @dataclass
 class Options:
@@ -90,51 +74,6 @@ class Options:
     adaptive: bool = True  # also an adaptive solve
     bins: int = 40  # of the cosine histograms
     probes: bool = True  # also the linear probes
-
-
-def check(cfg, options) -> None:
-    if not cfg.checkpoint:
-        raise ConfigError("experiment=checkpoint needs checkpoint=PATH (a model directory, a .gguf file, "
-                          "or minilm / smollm2).")
-    if not cfg.text or not str(cfg.text).strip():
-        raise ConfigError('experiment=checkpoint needs a sentence: text="...".')
-    steps = options["steps"]
-    if not steps or any(s < 1 for s in steps):
-        raise ConfigError(f"experiment.options.steps must be a list of positive whole numbers, got {steps!r}.")
-    if options["bins"] < 2:
-        raise ConfigError(f"experiment.options.bins must be a whole number >= 2, got {options['bins']!r}.")
-    if not isinstance(cfg.beta, (int, float)) or isinstance(cfg.beta, bool):
-        raise ConfigError(f"experiment=checkpoint takes one beta (the theory run's), got {cfg.beta!r}.")
-    checkpoint = _sentence(cfg)[0]  # a bad checkpoint, or a text it has no embedding rows or positions for, stops here
-    # The weights between layers are read by the runs of more than one step per layer and the adaptive solve (of
-    # pre-LN models) alone: one step per layer is the layer map.
-    adaptive = options["adaptive"] and checkpoint.arrangement != "post"
-    if options["interpolation"] != Interpolation.constant.value and max(steps) == 1 and not adaptive:
-        raise ConfigError(f"experiment.options.interpolation={options['interpolation']} does not apply with "
-                          f"experiment.options.steps={steps} and no adaptive solve (it interpolates the weights of "
-                          "runs of more than one step per layer); remove it or add such a run.")
-
-
-def panels(base, options) -> dict:
-    return {}  # nothing for the core study runner: everything happens in `analyse`
-
-
-@functools.lru_cache(maxsize=2)
-def _loaded(path: str, trust_pickle: bool, dtype: str):
-    checkpoint = load_checkpoint(path, trust_pickle=trust_pickle, dtype=dtype)
-    return checkpoint, load_tokenizer(path)
-
-
-def _sentence(cfg):
-    """The checkpoint, its tokenizer and the ids of `text`, checked against the model
-    (`Checkpoint.token_ids`): a token the embedding has no row for, or more tokens than
-    the model has positions, is one sentence naming it."""
-    checkpoint, tokenizer = _loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
-    ids = np.asarray(tokenizer.encode(str(cfg.text)))
-    if ids.size == 0:
-        raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
-    checkpoint.token_ids(ids, tokens=tokenizer.tokens)
-    return checkpoint, tokenizer, ids
 
 
 def _unit(x):
@@ -184,77 +123,6 @@ def _theory(x0, depth: int, beta: float, dt: float):
 
 def _label(steps: int) -> str:
     return "dt=1" if steps == 1 else f"dt=1/{steps}"
-
-
-def analyse(cfg, options, results) -> xr.Dataset:
-    checkpoint, tokenizer, ids = _sentence(cfg)
-    strings = tokenizer.tokens(ids)
-    model = forward(checkpoint, ids)
-    hidden = model.hidden
-    depth = checkpoint.depth
-
-    runs, states = [], []
-    layer_map = depth_flow(checkpoint)
-    flow = depth_flow(checkpoint, options["interpolation"])
-    adaptive = options["adaptive"] and checkpoint.arrangement != "post"
-    with Progress(f"{checkpoint.name or 'checkpoint'}: runs through depth", len(options["steps"]) + adaptive + 1,
-                  unit="runs") as bar:
-        for steps in options["steps"]:
-            runs.append(_label(steps))
-            states.append(jax.block_until_ready(run_depth(layer_map if steps == 1 else flow, hidden[0],
-                                                          steps_per_layer=steps)))
-            bar.advance()
-        if adaptive:
-            runs.append("adaptive")
-            states.append(jax.block_until_ready(run_depth(flow, hidden[0], adaptive=True)))
-            bar.advance()
-        runs.append("theory")
-        states.append(jax.block_until_ready(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt))))
-        bar.advance()
-    simulated = jnp.stack(states)
-
-    sources = ["model"] + runs
-    every = jnp.concatenate([hidden[None], simulated])
-    energy, hist, clusters, edges = _layer_metrics(every, options["bins"], float(cfg.eps))
-    cos = jnp.sum(_unit(every) * _unit(hidden)[None], axis=-1)
-    error = jnp.linalg.norm(simulated - hidden[None], axis=(-2, -1)) / jnp.linalg.norm(hidden, axis=(-2, -1))[None]
-    finest = [r for r in runs if r != "theory"][-1]
-    attention = jnp.stack([_attention(layer_map, hidden), _attention(layer_map, simulated[runs.index(finest)])])
-
-    ds = xr.Dataset(
-        {
-            "token_id": ("token", ids, {"description": "token ids of the sentence"}),
-            "hidden": (("depth", "token", "dim"), np.asarray(hidden, np.float32),
-                       {"description": "the model's residual stream: layer 0 the embedding output, layer k the "
-                                       "output of block k, before the final norm"}),
-            "final": (("token", "dim"), np.asarray(model.final, np.float32),
-                      {"description": "the final norm's output (the last hidden state where there is none)"}),
-            "simulated": (("run", "depth", "token", "dim"), np.asarray(simulated, np.float32),
-                          {"description": "states of the dynamics at integer depths: the checkpoint's field with "
-                                          "dt = 1/m (m steps per layer), adaptive, and the theory run"}),
-            "depth_error": (("run", "depth"), np.asarray(error),
-                            {"description": "|simulated - model| / |model| per layer (Frobenius)"}),
-            "cosine_distance": (("source", "depth", "token"), 1 - np.asarray(cos),
-                                {"description": "1 - cos(state, model state) per token"}),
-            "energy": (("source", "depth"), np.asarray(energy),
-                       {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
-            "pair_cosines": (("source", "depth", "bin"), np.asarray(hist),
-                             {"description": "histogram of the pair cosines cos(x_i, x_j), i < j (fractions)"}),
-            "clusters": (("source", "depth"), np.asarray(clusters),
-                         {"description": "cluster count: components of the graph cos(x_i, x_j) > 1 - eps"}),
-            "attention": (("attention_source", "layer", "head", "query", "key"), np.asarray(attention, np.float32),
-                          {"description": f"attention matrices of each layer at the states entering it: the model's "
-                                          f"and the {finest} run's"}),
-        },
-        coords={"depth": np.arange(depth + 1), "run": runs, "source": sources, "bin": 0.5 * (edges[1:] + edges[:-1]),
-                "attention_source": ["model", finest], "layer": np.arange(depth),
-                "token_string": ("token", np.asarray(strings, dtype=object))},
-        attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family, "arrangement": checkpoint.arrangement,
-               "model_name": checkpoint.name or str(cfg.checkpoint), "text": str(cfg.text)},
-    )
-    if options["probes"]:
-        ds = _probes(ds, checkpoint, tokenizer, hidden, ids)
-    return ds
 
 
 # What the token path's cloud of read-out tokens holds (`token_path` leaves them bare).
@@ -309,113 +177,6 @@ def current_layout(ds: xr.Dataset) -> xr.Dataset:
     return ds.set_coords("token_string") if "token_string" in ds.data_vars else ds
 
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    ds = current_layout(ds)
-    cfg = config_of(ds)
-    name = ds.attrs.get("model_name", "checkpoint")
-    sources = [str(s) for s in ds.source.values]
-    colors = _sources_colors(sources)
-    figures = {}
-
-    # 1. Across depth: energy, clusters, distance from the model.
-    fig, axes = subplots(1, 3, figsize=(12, 3.4))
-    for s in sources:
-        style = dict(color=colors[s], lw=2.0 if s == "model" else 1.2, ls="--" if s == "theory" else "-")
-        axes[0].plot(ds.depth, ds.energy.sel(source=s), label=s, **style)
-        axes[1].plot(ds.depth, ds.clusters.sel(source=s), **style)
-    # A log axis cannot show a distance of 0 (the layer map is the model to the last
-    # bit): zeros are left out, not clamped, and a run that is 0 at every layer is named
-    # in the panel instead of drawn.
-    exact = []
-    for r in ds.run.values:
-        values = ds.depth_error.sel(run=r).values[1:]
-        if not np.any(values > 0):
-            exact.append(str(r))
-            continue
-        axes[2].plot(ds.depth[1:], np.where(values > 0, values, np.nan), color=colors[str(r)],
-                     ls="--" if r == "theory" else "-", label=str(r))
-    axes[2].set_yscale("log")
-    zero = f"\n({', '.join(exact)}: exactly 0 at every layer, not drawn)" if exact else ""
-    axes[0].set(xlabel="layer (depth t)", ylabel="normalized energy", title="interaction energy")
-    axes[1].set(xlabel="layer (depth t)", ylabel="clusters", title=rf"cluster count ($\varepsilon$ = {cfg['eps']})")
-    axes[2].set(xlabel="layer (depth t)", ylabel=r"$|x_\mathrm{sim} - x_\mathrm{model}| \,/\, |x_\mathrm{model}|$", title="distance from the model" + zero)
-    fig.subplots_adjust(wspace=0.3)
-    axes[0].legend(ncol=2)
-    fig.suptitle(f"{name}: \"{ds.attrs['text']}\"", y=1.07 if exact else 0.98)
-    caption(fig, "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m steps "
-                 "per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the unsplit field; "
-                 "dashed red: the theory model $Q = K = V = I$ on the sphere from the same embedded tokens. "
-                 "Right: distances of exactly 0 are left out (a log axis has no 0).")
-    figures["depth"] = fig
-
-    # 2. Pair-cosine histograms across depth, model / finest run / theory side by side.
-    shown = ["model", str(ds.attention_source.values[-1]), "theory"]
-    fig, axes = subplots(1, 3, figsize=(12, 3.4), sharey=True)
-    top = float(ds.pair_cosines.max())
-    for ax, s in zip(axes, shown):
-        image = ax.pcolormesh(ds.depth, ds.bin, ds.pair_cosines.sel(source=s).T, shading="nearest", vmin=0, vmax=top)
-        ax.set(xlabel="layer (depth t)", title=s)
-    axes[0].set_ylabel("pair cosine")
-    fig.colorbar(image, ax=axes, label="fraction of pairs")
-    caption(fig, r"Histogram of $\cos(x_i, x_j)$ over token pairs at each layer: clustering moves the mass to 1.")
-    figures["pair_cosines"] = fig
-
-    # 3. Each token's cosine distance to the model, per run, across depth.
-    runs = [str(r) for r in ds.run.values]
-    fig, axes = subplots(1, len(runs), figsize=(2.6 * len(runs), 3.2), sharey=True, squeeze=False)
-    labels = [str(t) for t in ds.token_string.values]
-    for ax, r in zip(axes[0], runs):
-        image = ax.pcolormesh(ds.depth, np.arange(ds.sizes["token"]), ds.cosine_distance.sel(source=r).T,
-                              shading="nearest", vmin=0, vmax=1, cmap="magma")
-        ax.set(xlabel="layer (depth t)", title=r)
-    axes[0, 0].set_yticks(np.arange(len(labels)), labels if len(labels) <= 40 else None)
-    fig.colorbar(image, ax=axes[0], label="1 - cos(state, model)")
-    caption(fig, "Cosine distance of every token's simulated state to the model's, per layer: 0 where the dynamics "
-                 "follow the model.")
-    figures["cosine_distance"] = fig
-
-    # 4. Attention maps (head-averaged) at four blocks, model against the finest run.
-    blocks = np.unique(np.linspace(1, int(ds.layer.max()) + 1, 4).round().astype(int))
-    # The token strings label both axes of every map.
-    fig, axes = subplots(2, len(blocks), figsize=(3.2 * len(blocks) + 0.8, 6.6), layout="constrained",
-                         squeeze=False)
-    for row, s in enumerate(ds.attention_source.values):
-        for col, b in enumerate(blocks):
-            a = ds.attention.sel(attention_source=s, layer=b - 1).mean("head")
-            image = axes[row, col].imshow(a, vmin=0, vmax=1, cmap="magma")
-            axes[row, col].set_title(f"{s}, block {b}")
-            token_ticks(axes[row, col], labels, axes="x" if col else "xy")
-            if col:
-                axes[row, col].set_yticks([])
-        axes[row, 0].set_ylabel("query")
-    for ax in axes[-1]:
-        ax.set_xlabel("key")
-    fig.colorbar(image, ax=axes, label="attention weight (mean over heads)", shrink=0.8)
-    caption(fig, "Attention matrices averaged over heads (rows: queries, columns: keys), entering each block.")
-    figures["attention"] = fig
-
-    if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):
-        figures.update(draw_spectra(_unprefixed(ds, "spectra"), name="spectra"))
-        figures["token_path"] = draw_token_path(_unprefixed(ds, "path"))
-    return figures
-
-
-def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
-    """The tables beside the figures: the heads' decoded vectors and the embedding
-    distances."""
-    ds = current_layout(ds)
-    name = ds.attrs.get("model_name", "checkpoint")
-    written = []
-    if any(v.startswith("heads_") for v in ds.data_vars):
-        written += list(write_head_tables(_unprefixed(ds, "heads"), folder, "head_vectors"))
-    if "embedding_distances" in ds.attrs:
-        table = folder / "embedding_distances.md"
-        text = f"# Embedding distances of {name} (Traveling Words, Table 1)\n\n{ds.attrs['embedding_distances']}\n"
-        _write_atomically(table, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-        written.append(table)
-    return written
-
-
 def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
     names = [v for v in ds.data_vars if v.startswith(prefix + "_")]
     part = ds[names].rename({v: v[len(prefix) + 1:] for v in names})
@@ -424,3 +185,233 @@ def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
     old = {d: d[len(prefix) + 1:] for d in part.dims if str(d).startswith(prefix + "_")}
     part = part.rename(old) if old else part
     return part.rename(depth="layer") if "depth" in part.dims else part
+
+
+class Checkpoint(Experiment):
+    title = "A trained transformer against its dynamics and the theory"
+    paper = "DESIGN.md sec. 2, 7; Neural ODE Transformers (QK/OV spectra); Traveling Words (probes)"
+    Options = Options
+    # The long names and units of this experiment's own coordinates (units None: text).
+    coordinates = {
+        "run": ("the run through depth: dt=1/m (m steps per layer), adaptive, or theory", None),
+        "source": ("the states: the model or a run", None),
+        "bin": ("centre of a pair-cosine histogram bin", "1"),
+        "attention_source": ("the states of the attention maps: the model or the finest run", None),
+        "qk_rank": ("eigenvalue or singular value rank of a head QK matrix, largest first", "1"),
+        "ov_rank": ("eigenvalue or singular value rank of a head OV matrix, largest first", "1"),
+        "vector": ("the side of a singular vector: query or key of QK, input or output of OV", None),
+        "matrix": ("the head matrix: QK or OV", None),
+        "component": ("singular vector rank, largest singular value first", "1"),
+        "top": ("rank of a decoded token, closest first", "1"),
+        "rank": ("rank of a next-token candidate under the logit lens, likeliest first", "1"),
+        "axis": ("principal axis of the token path", None),
+        "word": ("read-out token of the cloud drawn beside the path", "1"),
+    }
+
+    def check(self) -> None:
+        cfg, options = self.cfg, self.options
+        if not cfg.checkpoint:
+            raise ConfigError("experiment=checkpoint needs checkpoint=PATH (a model directory, a .gguf file, "
+                              "or minilm / smollm2).")
+        if not cfg.text or not str(cfg.text).strip():
+            raise ConfigError('experiment=checkpoint needs a sentence: text="...".')
+        steps = options.steps
+        if not steps or any(s < 1 for s in steps):
+            raise ConfigError(f"experiment.options.steps must be a list of positive whole numbers, got {steps!r}.")
+        if options.bins < 2:
+            raise ConfigError(f"experiment.options.bins must be a whole number >= 2, got {options.bins!r}.")
+        if not isinstance(cfg.beta, (int, float)) or isinstance(cfg.beta, bool):
+            raise ConfigError(f"experiment=checkpoint takes one beta (the theory run's), got {cfg.beta!r}.")
+        # A bad checkpoint, or a text it has no embedding rows or positions for, stops here.
+        checkpoint = checkpoint_sentence(cfg)[0]
+        # The weights between layers are read by the runs of more than one step per layer and the adaptive solve (of
+        # pre-LN models) alone: one step per layer is the layer map.
+        adaptive = options.adaptive and checkpoint.arrangement != "post"
+        if options.interpolation != Interpolation.constant and max(steps) == 1 and not adaptive:
+            raise ConfigError(f"experiment.options.interpolation={options.interpolation} does not apply with "
+                              f"experiment.options.steps={steps} and no adaptive solve (it interpolates the weights of "
+                              "runs of more than one step per layer); remove it or add such a run.")
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        return {}  # nothing for the core study runner: everything happens in `analyse`
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        cfg, options = self.cfg, self.options
+        checkpoint, tokenizer, ids = checkpoint_sentence(cfg)
+        strings = tokenizer.tokens(ids)
+        model = forward(checkpoint, ids)
+        hidden = model.hidden
+        depth = checkpoint.depth
+
+        runs, states = [], []
+        layer_map = depth_flow(checkpoint)
+        flow = depth_flow(checkpoint, str(options.interpolation))
+        adaptive = options.adaptive and checkpoint.arrangement != "post"
+        with Progress(f"{checkpoint.name or 'checkpoint'}: runs through depth", len(options.steps) + adaptive + 1,
+                      unit="runs") as bar:
+            for steps in options.steps:
+                runs.append(_label(steps))
+                states.append(jax.block_until_ready(run_depth(layer_map if steps == 1 else flow, hidden[0],
+                                                              steps_per_layer=steps)))
+                bar.advance()
+            if adaptive:
+                runs.append("adaptive")
+                states.append(jax.block_until_ready(run_depth(flow, hidden[0], adaptive=True)))
+                bar.advance()
+            runs.append("theory")
+            states.append(jax.block_until_ready(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt))))
+            bar.advance()
+        simulated = jnp.stack(states)
+
+        sources = ["model"] + runs
+        every = jnp.concatenate([hidden[None], simulated])
+        energy, hist, clusters, edges = _layer_metrics(every, options.bins, float(cfg.eps))
+        cos = jnp.sum(_unit(every) * _unit(hidden)[None], axis=-1)
+        error = jnp.linalg.norm(simulated - hidden[None], axis=(-2, -1)) / jnp.linalg.norm(hidden, axis=(-2, -1))[None]
+        finest = [r for r in runs if r != "theory"][-1]
+        attention = jnp.stack([_attention(layer_map, hidden), _attention(layer_map, simulated[runs.index(finest)])])
+
+        ds = xr.Dataset(
+            {
+                "token_id": ("token", ids, {"description": "token ids of the sentence"}),
+                "hidden": (("depth", "token", "dim"), np.asarray(hidden, np.float32),
+                           {"description": "the model's residual stream: layer 0 the embedding output, layer k the "
+                                           "output of block k, before the final norm"}),
+                "final": (("token", "dim"), np.asarray(model.final, np.float32),
+                          {"description": "the final norm's output (the last hidden state where there is none)"}),
+                "simulated": (("run", "depth", "token", "dim"), np.asarray(simulated, np.float32),
+                              {"description": "states of the dynamics at integer depths: the checkpoint's field with "
+                                              "dt = 1/m (m steps per layer), adaptive, and the theory run"}),
+                "depth_error": (("run", "depth"), np.asarray(error),
+                                {"description": "|simulated - model| / |model| per layer (Frobenius)"}),
+                "cosine_distance": (("source", "depth", "token"), 1 - np.asarray(cos),
+                                    {"description": "1 - cos(state, model state) per token"}),
+                "energy": (("source", "depth"), np.asarray(energy),
+                           {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
+                "pair_cosines": (("source", "depth", "bin"), np.asarray(hist),
+                                 {"description": "histogram of the pair cosines cos(x_i, x_j), i < j (fractions)"}),
+                "clusters": (("source", "depth"), np.asarray(clusters),
+                             {"description": "cluster count: components of the graph cos(x_i, x_j) > 1 - eps"}),
+                "attention": (("attention_source", "layer", "head", "query", "key"), np.asarray(attention, np.float32),
+                              {"description": f"attention matrices of each layer at the states entering it: the "
+                                              f"model's and the {finest} run's"}),
+            },
+            coords={"depth": np.arange(depth + 1), "run": runs, "source": sources,
+                    "bin": 0.5 * (edges[1:] + edges[:-1]), "attention_source": ["model", finest],
+                    "layer": np.arange(depth),
+                    "token_string": ("token", np.asarray(strings, dtype=object))},
+            attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family,
+                   "arrangement": checkpoint.arrangement, "model_name": checkpoint.name or str(cfg.checkpoint),
+                   "text": str(cfg.text)},
+        )
+        if options.probes:
+            ds = _probes(ds, checkpoint, tokenizer, hidden, ids)
+        return ds
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        ds = current_layout(ds)
+        cfg = config_of(ds)
+        name = ds.attrs.get("model_name", "checkpoint")
+        sources = [str(s) for s in ds.source.values]
+        colors = _sources_colors(sources)
+        figures = {}
+
+        # 1. Across depth: energy, clusters, distance from the model.
+        fig, axes = subplots(1, 3, figsize=(12, 3.4))
+        for s in sources:
+            style = dict(color=colors[s], lw=2.0 if s == "model" else 1.2, ls="--" if s == "theory" else "-")
+            axes[0].plot(ds.depth, ds.energy.sel(source=s), label=s, **style)
+            axes[1].plot(ds.depth, ds.clusters.sel(source=s), **style)
+        # A log axis cannot show a distance of 0 (the layer map is the model to the last
+        # bit): zeros are left out, not clamped, and a run that is 0 at every layer is named
+        # in the panel instead of drawn.
+        exact = []
+        for r in ds.run.values:
+            values = ds.depth_error.sel(run=r).values[1:]
+            if not np.any(values > 0):
+                exact.append(str(r))
+                continue
+            axes[2].plot(ds.depth[1:], np.where(values > 0, values, np.nan), color=colors[str(r)],
+                         ls="--" if r == "theory" else "-", label=str(r))
+        axes[2].set_yscale("log")
+        zero = f"\n({', '.join(exact)}: exactly 0 at every layer, not drawn)" if exact else ""
+        axes[0].set(xlabel="layer (depth t)", ylabel="normalized energy", title="interaction energy")
+        axes[1].set(xlabel="layer (depth t)", ylabel="clusters", title=rf"cluster count ($\varepsilon$ = {cfg['eps']})")
+        axes[2].set(xlabel="layer (depth t)", ylabel=r"$|x_\mathrm{sim} - x_\mathrm{model}| \,/\, |x_\mathrm{model}|$",
+                    title="distance from the model" + zero)
+        fig.subplots_adjust(wspace=0.3)
+        axes[0].legend(ncol=2)
+        fig.suptitle(f"{name}: \"{ds.attrs['text']}\"", y=1.07 if exact else 0.98)
+        caption(fig, "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m "
+                     "steps per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the "
+                     "unsplit field; dashed red: the theory model $Q = K = V = I$ on the sphere from the same "
+                     "embedded tokens. Right: distances of exactly 0 are left out (a log axis has no 0).")
+        figures["depth"] = fig
+
+        # 2. Pair-cosine histograms across depth, model / finest run / theory side by side.
+        shown = ["model", str(ds.attention_source.values[-1]), "theory"]
+        fig, axes = subplots(1, 3, figsize=(12, 3.4), sharey=True)
+        top = float(ds.pair_cosines.max())
+        for ax, s in zip(axes, shown):
+            image = ax.pcolormesh(ds.depth, ds.bin, ds.pair_cosines.sel(source=s).T, shading="nearest", vmin=0,
+                                  vmax=top)
+            ax.set(xlabel="layer (depth t)", title=s)
+        axes[0].set_ylabel("pair cosine")
+        fig.colorbar(image, ax=axes, label="fraction of pairs")
+        caption(fig, r"Histogram of $\cos(x_i, x_j)$ over token pairs at each layer: clustering moves the mass to 1.")
+        figures["pair_cosines"] = fig
+
+        # 3. Each token's cosine distance to the model, per run, across depth.
+        runs = [str(r) for r in ds.run.values]
+        fig, axes = subplots(1, len(runs), figsize=(2.6 * len(runs), 3.2), sharey=True, squeeze=False)
+        labels = [str(t) for t in ds.token_string.values]
+        for ax, r in zip(axes[0], runs):
+            image = ax.pcolormesh(ds.depth, np.arange(ds.sizes["token"]), ds.cosine_distance.sel(source=r).T,
+                                  shading="nearest", vmin=0, vmax=1, cmap="magma")
+            ax.set(xlabel="layer (depth t)", title=r)
+        axes[0, 0].set_yticks(np.arange(len(labels)), labels if len(labels) <= 40 else None)
+        fig.colorbar(image, ax=axes[0], label="1 - cos(state, model)")
+        caption(fig, "Cosine distance of every token's simulated state to the model's, per layer: 0 where the dynamics "
+                     "follow the model.")
+        figures["cosine_distance"] = fig
+
+        # 4. Attention maps (head-averaged) at four blocks, model against the finest run.
+        blocks = np.unique(np.linspace(1, int(ds.layer.max()) + 1, 4).round().astype(int))
+        # The token strings label both axes of every map.
+        fig, axes = subplots(2, len(blocks), figsize=(3.2 * len(blocks) + 0.8, 6.6), layout="constrained",
+                             squeeze=False)
+        for row, s in enumerate(ds.attention_source.values):
+            for col, b in enumerate(blocks):
+                a = ds.attention.sel(attention_source=s, layer=b - 1).mean("head")
+                image = axes[row, col].imshow(a, vmin=0, vmax=1, cmap="magma")
+                axes[row, col].set_title(f"{s}, block {b}")
+                token_ticks(axes[row, col], labels, axes="x" if col else "xy")
+                if col:
+                    axes[row, col].set_yticks([])
+            axes[row, 0].set_ylabel("query")
+        for ax in axes[-1]:
+            ax.set_xlabel("key")
+        fig.colorbar(image, ax=axes, label="attention weight (mean over heads)", shrink=0.8)
+        caption(fig, "Attention matrices averaged over heads (rows: queries, columns: keys), entering each block.")
+        figures["attention"] = fig
+
+        if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):
+            figures.update(draw_spectra(_unprefixed(ds, "spectra"), name="spectra"))
+            figures["token_path"] = draw_token_path(_unprefixed(ds, "path"))
+        return figures
+
+    @staticmethod
+    def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+        """The tables beside the figures: the heads' decoded vectors and the embedding
+        distances."""
+        ds = current_layout(ds)
+        name = ds.attrs.get("model_name", "checkpoint")
+        written = []
+        if any(v.startswith("heads_") for v in ds.data_vars):
+            written += list(write_head_tables(_unprefixed(ds, "heads"), folder, "head_vectors"))
+        if "embedding_distances" in ds.attrs:
+            table = folder / "embedding_distances.md"
+            text = f"# Embedding distances of {name} (Traveling Words, Table 1)\n\n{ds.attrs['embedding_distances']}\n"
+            written.append(write_text(table, text))
+        return written

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -39,127 +39,137 @@ from .._errors import ConfigError
 from .._metrics import cluster_labels
 from ._animate import animation
 from ._common import caption, colormap, config_of, figure
+from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "Clusters on the circle: two at beta = 4, three at beta = 9"
-PAPER = "A mathematical perspective on Transformers, fig. 4"
+
 @dataclass
 class Options:
     snapshots: list[float] = field(default_factory=lambda: [0.0, 3.0, 10.0, 100.0])  # times drawn (the nearest saved)
 
 
-def check(cfg, options) -> None:
-    times = options["snapshots"]
-    if not times or any(not cfg.t0 <= t <= cfg.t1 for t in times):
-        raise ConfigError(f"experiment.options.snapshots must be a non-empty list of times in [t0, t1] = "
-                          f"[{cfg.t0:g}, {cfg.t1:g}], got {times!r}.")
-    # Each snapshot draws the saved time nearest it: two with the same nearest one would be one drawing.
-    saved = resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
-    nearest = [int(np.argmin(abs(saved - t))) for t in times]
-    for i, k in enumerate(nearest):
-        if k in nearest[:i]:
-            raise ConfigError(f"experiment.options.snapshots holds {times[nearest.index(k)]:g} and {times[i]:g}, both "
-                              f"nearest the saved time {saved[k]:.4g}: one drawing; give times nearest different "
-                              f"saved times (or save more, saves={cfg.saves}).")
+class Circle(Experiment):
+    title = "Clusters on the circle: two at beta = 4, three at beta = 9"
+    paper = "A mathematical perspective on Transformers, fig. 4"
+    Options = Options
 
+    def check(self) -> None:
+        cfg, times = self.cfg, self.options.snapshots
+        if not times or any(not cfg.t0 <= t <= cfg.t1 for t in times):
+            raise ConfigError(f"experiment.options.snapshots must be a non-empty list of times in [t0, t1] = "
+                              f"[{cfg.t0:g}, {cfg.t1:g}], got {times!r}.")
+        # Each snapshot draws the saved time nearest it: two with the same nearest one would be one drawing.
+        saved = resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
+        nearest = [int(np.argmin(abs(saved - t))) for t in times]
+        for i, k in enumerate(nearest):
+            if k in nearest[:i]:
+                raise ConfigError(f"experiment.options.snapshots holds {times[nearest.index(k)]:g} and {times[i]:g}, "
+                                  f"both nearest the saved time {saved[k]:.4g}: one drawing; give times nearest "
+                                  f"different saved times (or save more, saves={cfg.saves}).")
 
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    ds = results["main"]
-    if "beta" not in ds.dims:
-        ds = ds.expand_dims(beta=[float(cfg.beta)])
-    clusters = ds["clusters"].transpose("beta", "member", "time")
-    final = clusters.isel(time=-1)
-    median = final.median("member")
-    shown = [int(np.argmax(final.values[b] == np.round(median.values[b]))) for b in range(final.sizes["beta"])]
-    states = xr.concat([ds["x"].isel(beta=b, member=m) for b, m in enumerate(shown)], dim="beta")
-    angles = np.arctan2(states.values[..., 1], states.values[..., 0])
-    final_states = jnp.asarray(states.values[:, -1])
-    labels = np.asarray(jax.vmap(lambda x: cluster_labels(x, cfg.eps))(final_states))
-    # Number the clusters 0, 1, ... in order of their first token.
-    labels = np.stack([np.unique(row, return_inverse=True)[1].reshape(-1) for row in labels])
-    out = xr.Dataset(coords={"beta": ds["beta"], "time": ds["time"], "member": ds["member"]})
-    out["clusters"] = clusters.astype(np.int16).assign_attrs(
-        description=f"number of clusters (tokens joined when cos > 1 - {cfg.eps:g}) of every member")
-    out["final_clusters_median"] = median.assign_attrs(description="median over members of the final cluster count")
-    out["shown_member"] = xr.DataArray(shown, dims="beta", attrs={
-        "description": "the member drawn: the first whose final cluster count equals the median"})
-    out["angle"] = xr.DataArray(angles, dims=("beta", "time", "token"), attrs={
-        "description": "angles of the tokens of the member drawn (radians)", "units": "radian"})
-    out["final_cluster"] = xr.DataArray(labels, dims=("beta", "token"), attrs={
-        "description": "the cluster each token of the member drawn belongs to at the last time (0, 1, ...)"})
-    return out
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        cfg = self.cfg
+        ds = results["main"]
+        if "beta" not in ds.dims:
+            ds = ds.expand_dims(beta=[float(cfg.beta)])
+        clusters = ds["clusters"].transpose("beta", "member", "time")
+        final = clusters.isel(time=-1)
+        median = final.median("member")
+        shown = [int(np.argmax(final.values[b] == np.round(median.values[b]))) for b in range(final.sizes["beta"])]
+        states = xr.concat([ds["x"].isel(beta=b, member=m) for b, m in enumerate(shown)], dim="beta")
+        angles = np.arctan2(states.values[..., 1], states.values[..., 0])
+        final_states = jnp.asarray(states.values[:, -1])
+        labels = np.asarray(jax.vmap(lambda x: cluster_labels(x, cfg.eps))(final_states))
+        # Number the clusters 0, 1, ... in order of their first token.
+        labels = np.stack([np.unique(row, return_inverse=True)[1].reshape(-1) for row in labels])
+        out = xr.Dataset(coords={"beta": ds["beta"], "time": ds["time"], "member": ds["member"]})
+        out["clusters"] = clusters.astype(np.int16).assign_attrs(
+            description=f"number of clusters (tokens joined when cos > 1 - {cfg.eps:g}) of every member")
+        out["final_clusters_median"] = median.assign_attrs(
+            description="median over members of the final cluster count")
+        out["shown_member"] = xr.DataArray(shown, dims="beta", attrs={
+            "description": "the member drawn: the first whose final cluster count equals the median"})
+        out["angle"] = xr.DataArray(angles, dims=("beta", "time", "token"), attrs={
+            "description": "angles of the tokens of the member drawn (radians)", "units": "radian"})
+        out["final_cluster"] = xr.DataArray(labels, dims=("beta", "token"), attrs={
+            "description": "the cluster each token of the member drawn belongs to at the last time (0, 1, ...)"})
+        return out
 
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        times = ds["time"].values
+        wanted = [float(t) for t in cfg["experiment"]["options"]["snapshots"]]
+        picks = sorted({int(np.argmin(abs(times - t))) for t in wanted})
+        betas = ds["beta"].values
+        rows = len(betas)
+        fig = figure(figsize=(2.1 * len(picks) + 4.2, 2.2 * rows + 0.3), layout="constrained")
+        grid = fig.add_gridspec(rows, len(picks) + 2)
+        circle = np.linspace(0, 2 * np.pi, 200)
+        for b, beta in enumerate(betas):
+            angle = ds["angle"].isel(beta=b).values
+            colours = colormap("tab10")(ds["final_cluster"].isel(beta=b).values % 10)
+            for j, k in enumerate(picks):
+                ax = fig.add_subplot(grid[b, j])
+                ax.plot(np.cos(circle), np.sin(circle), color="0.8", linewidth=0.8)
+                ax.scatter(np.cos(angle[k]), np.sin(angle[k]), s=16, color=colours, alpha=0.7, edgecolor="none")
+                ax.set_aspect("equal")
+                ax.set_xlim(-1.2, 1.2)
+                ax.set_ylim(-1.2, 1.2)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                ax.grid(False)
+                for side in ("left", "bottom"):
+                    ax.spines[side].set_visible(False)
+                count = int(ds["clusters"].isel(beta=b, member=int(ds["shown_member"].values[b]), time=k))
+                ax.set_title(f"t = {times[k]:.3g}: {count} cluster{'s' if count != 1 else ''}", fontsize=8)
+                if j == 0:
+                    ax.text(-1.55, 0, rf"$\beta = {beta:g}$", rotation=90, ha="center", va="center", fontsize=10)
+        ax = fig.add_subplot(grid[:, len(picks):])
+        for b, beta in enumerate(betas):
+            counts = ds["clusters"].isel(beta=b).values.astype(float)  # (member, time)
+            counts[counts < 0] = np.nan
+            low, median, high = np.nanpercentile(counts, [10, 50, 90], axis=0)
+            positive = times > 0
+            ax.fill_between(times[positive], low[positive], high[positive], step="mid", alpha=0.25, color=f"C{b}")
+            ax.step(times[positive], median[positive], where="mid", color=f"C{b}", linewidth=1.8,
+                    label=rf"$\beta = {beta:g}$: median, 10-90%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_yticks([1, 2, 3, 5, 10, 20, 32])
+        ax.set_yticklabels(["1", "2", "3", "5", "10", "20", "32"])
+        ax.set_xlabel("time t")
+        ax.set_ylabel("number of clusters")
+        ax.set_title(f"cluster count over {ds.sizes['member']} members")
+        ax.legend(loc="upper right")
+        last = ds["clusters"].isel(time=-1).values
+        medians = ds["final_clusters_median"].values
+        final = ", ".join(rf"$\beta$ = {beta:g}: {medians[b]:g} ({np.mean(last[b] == medians[b]):.0%} of the members)"
+                          for b, beta in enumerate(betas))
+        caption(fig, (
+            f"Q = K = V = I softmax attention on the circle, n = {cfg['n']} tokens uniform at t = 0, "
+            f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {ds.sizes['member']} members per $\\beta$. "
+            f"Left: the tokens of one typical member (the first whose final count is the median) at the saved times "
+            f"nearest {', '.join(f'{t:g}' for t in wanted)}, coloured by the cluster they end in. Right: clusters "
+            f"(tokens joined when $\\cos > 1 - {cfg['eps']:g}$) over log time. Median count at t = {times[-1]:g}: "
+            f"{final}."),
+            width=150)
+        return {"circle": fig}
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    times = ds["time"].values
-    wanted = [float(t) for t in cfg["experiment"]["options"]["snapshots"]]
-    picks = sorted({int(np.argmin(abs(times - t))) for t in wanted})
-    betas = ds["beta"].values
-    rows = len(betas)
-    fig = figure(figsize=(2.1 * len(picks) + 4.2, 2.2 * rows + 0.3), layout="constrained")
-    grid = fig.add_gridspec(rows, len(picks) + 2)
-    circle = np.linspace(0, 2 * np.pi, 200)
-    for b, beta in enumerate(betas):
-        angle = ds["angle"].isel(beta=b).values
-        colours = colormap("tab10")(ds["final_cluster"].isel(beta=b).values % 10)
-        for j, k in enumerate(picks):
-            ax = fig.add_subplot(grid[b, j])
-            ax.plot(np.cos(circle), np.sin(circle), color="0.8", linewidth=0.8)
-            ax.scatter(np.cos(angle[k]), np.sin(angle[k]), s=16, color=colours, alpha=0.7, edgecolor="none")
-            ax.set_aspect("equal")
-            ax.set_xlim(-1.2, 1.2)
-            ax.set_ylim(-1.2, 1.2)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.grid(False)
-            for side in ("left", "bottom"):
-                ax.spines[side].set_visible(False)
-            count = int(ds["clusters"].isel(beta=b, member=int(ds["shown_member"].values[b]), time=k))
-            ax.set_title(f"t = {times[k]:.3g}: {count} cluster{'s' if count != 1 else ''}", fontsize=8)
-            if j == 0:
-                ax.text(-1.55, 0, rf"$\beta = {beta:g}$", rotation=90, ha="center", va="center", fontsize=10)
-    ax = fig.add_subplot(grid[:, len(picks):])
-    for b, beta in enumerate(betas):
-        counts = ds["clusters"].isel(beta=b).values.astype(float)  # (member, time)
-        counts[counts < 0] = np.nan
-        low, median, high = np.nanpercentile(counts, [10, 50, 90], axis=0)
-        positive = times > 0
-        ax.fill_between(times[positive], low[positive], high[positive], step="mid", alpha=0.25, color=f"C{b}")
-        ax.step(times[positive], median[positive], where="mid", color=f"C{b}", linewidth=1.8,
-                label=rf"$\beta = {beta:g}$: median, 10-90%")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_yticks([1, 2, 3, 5, 10, 20, 32])
-    ax.set_yticklabels(["1", "2", "3", "5", "10", "20", "32"])
-    ax.set_xlabel("time t")
-    ax.set_ylabel("number of clusters")
-    ax.set_title(f"cluster count over {ds.sizes['member']} members")
-    ax.legend(loc="upper right")
-    last = ds["clusters"].isel(time=-1).values
-    medians = ds["final_clusters_median"].values
-    final = ", ".join(rf"$\beta$ = {beta:g}: {medians[b]:g} ({np.mean(last[b] == medians[b]):.0%} of the members)"
-                      for b, beta in enumerate(betas))
-    caption(fig, (
-        f"Q = K = V = I softmax attention on the circle, n = {cfg['n']} tokens uniform at t = 0, "
-        f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {ds.sizes['member']} members per $\\beta$. Left: "
-        f"the tokens of one typical member (the first whose final count is the median) at the saved times nearest "
-        f"{', '.join(f'{t:g}' for t in wanted)}, coloured by the cluster they end in. Right: clusters (tokens joined when $\\cos > 1 - {cfg['eps']:g}$) "
-        f"over log time. Median count at t = {times[-1]:g}: {final}."), width=150)
-    return {"circle": fig}
-
-
-def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
-    """An animation of the member drawn, one per beta (the saved times are log-spaced,
-    so its frames are too)."""
-    cfg = config_of(ds)
-    times = ds["time"].values
-    paths = []
-    angle = ds["angle"].values  # (beta, time, token)
-    for b, beta in enumerate(ds["beta"].values):
-        x = np.stack([np.cos(angle[b]), np.sin(angle[b])], axis=-1)
-        paths.append(animation(x, times, Path(folder) / f"circle_beta{beta:g}.gif",
-                               title=rf"$\beta = {beta:g}$, n = {cfg['n']}, member {int(ds['shown_member'][b])}"))
-    return paths
+    @staticmethod
+    def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+        """An animation of the member drawn, one per beta (the saved times are log-spaced,
+        so its frames are too)."""
+        cfg = config_of(ds)
+        times = ds["time"].values
+        paths = []
+        angle = ds["angle"].values  # (beta, time, token)
+        for b, beta in enumerate(ds["beta"].values):
+            x = np.stack([np.cos(angle[b]), np.sin(angle[b])], axis=-1)
+            paths.append(animation(x, times, Path(folder) / f"circle_beta{beta:g}.gif",
+                                   title=rf"$\beta = {beta:g}$, n = {cfg['n']}, member {int(ds['shown_member'][b])}"))
+        return paths

@@ -80,7 +80,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,25 +97,24 @@ from .._metrics import cluster_count, cosines, normalized_energy
 from .._progress import Progress
 from .._schedules import AbstractSchedule, Scaled
 from .._simulate import simulate
-from .._store import _write_atomically
 from ..analysis.pair_exponents import token_sensitivity
 from ..checkpoints._flow import depth_flow, forward
 from ..checkpoints._load import load_checkpoint, load_tokenizer
 from ..checkpoints.spectra import head_spectra
-from ..diffeqformer._data import corpus_name, load_corpus
+from ..diffeqformer._data import load_corpus
 from ..diffeqformer._model import populate
-from ..diffeqformer._store import diffeqformer_config, load_diffeqformer, read_json, tokenizer_text
-from ..diffeqformer._train import read_state, train, train_config
+from ..diffeqformer._store import diffeqformer_config, load_diffeqformer, tokenizer_text
 from ._common import caption, colormap, figure, subplots
-from .sensitivity import _highlight, _layout, _scaled, _shown
+from ._experiment import Counter, Experiment, Keeper
+from ._text import FONT, highlight, layout, scaled, shown, write_text
+from ._trained import check_train_overrides, read_metrics, run_record, trained_run
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "A trained DiffEqFormer against its GPT baseline: losses, energy across training, spectral flow, " \
-        "sensitivity, clustering"
-PAPER = "Neural ODE Transformers, sec. 5.1, 5.2, app. C.8; A Survey of Continuous Time Dynamics of Transformers, " \
-        "sec. 5.4"
+
 @dataclass
 class Options:
     out: str = "runs/diffeqformer"  # the folder of the two training runs
@@ -126,87 +124,16 @@ class Options:
     spectra_steps: int = 90  # grid points of the DiffEqFormer's spectra
     cluster_horizon: float = 20.0  # T_c of the attention-only runs
     frozen_at: float = 0.5  # where the frozen weights are taken, a share of the depth
+
+
 MODELS = ("diffeqformer", "gpt")
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "model": ("the trained model: the DiffEqFormer or its GPT baseline", None),
-    "state": ("trained or untrained (the control at initialization)", None),
-    "eval_step": ("training step of a validation", "1"),
-    "snapshot_step": ("training step of a saved snapshot", "1"),
-    "t": ("depth-time t of the DiffEqFormer (its fine grid)", "1"),
-    "qk_rank": ("eigenvalue rank of a head's QK matrix, largest first", "1"),
-    "ov_rank": ("eigenvalue rank of a head's OV matrix, largest first", "1"),
-    "matrix": ("the head matrix: QK (Q_h^T K_h) or OV (O_h V_h)", None),
-    "interval": ("pair of neighbouring layers (l, l + 1)", "1"),
-    "fine_interval": ("pair of neighbouring points of the fine t grid", "1"),
-    "theory_weights": ("the attention weights of the clustering run: time-dependent or frozen", None),
-    "theory_drift": ("the drift biases of the clustering run: learned or none", None),
-    "theory_time": ("depth-time of the attention-only clustering run", "1"),
-    "weight": ("the attention weight matrix: Q, K, V or O", None),
-    "tau": ("share of the model's depth", "1"),
-}
 STATES = ("trained", "untrained")  # the final models, and their snapshots at step 0 (the control)
-REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
 CURVE_STEPS = (100, 300, 500, 1000)  # validation steps quoted in losses.md
 THEORY_SAVES = 61  # t = 0 and 60 log-spaced times up to the horizon
 THEORY_RTOL = 1e-5
 
 
 # --- the training runs ----------------------------------------------------------------
-
-
-def _stored_config(folder: Path) -> tuple[dict | None, int]:
-    """The settings and step of the latest state of the run in `folder` (None, -1 when
-    it holds none)."""
-    state = read_state(folder / "state")
-    return (None, -1) if state is None else (state["config"], state["step"])
-
-
-def finished(folder: str | Path) -> bool:
-    """Whether `folder` holds a finished training run: its latest state at its last
-    step and its final model written."""
-    stored, step = _stored_config(Path(folder))
-    return stored is not None and step >= int(stored.get("train_steps", math.inf)) and (Path(folder) / "model").is_dir()
-
-
-def trained_run(folder: str | Path, model: str, overrides: Mapping | None = None, **settings) -> Path:
-    """The finished training run of `model` in `folder`: read when it is there,
-    trained (or resumed) there first otherwise, by `attnflow.diffeqformer.train` with
-    the defaults of conf/train.yaml, `overrides` and `settings` on top. A finished run
-    whose settings disagree with a given one is refused (one sentence)."""
-    folder = Path(folder)
-    given = {**dict(overrides or {}), **settings, "model": model}
-    if finished(folder):
-        stored, _ = _stored_config(folder)
-        typed = train_config(given)  # the given settings, typed and checked
-        for key in given:
-            want = getattr(typed, key)
-            have = stored.get(key, want)
-            if key == "corpus":
-                want, have = corpus_name(want), corpus_name(have)
-            if have != want:
-                raise ConfigError(f"{folder} holds a finished {stored.get('model')} run with {key}={have!r}, not "
-                                  f"{want!r}; give another out= or the run's own settings.")
-        return folder
-    print(f"attnflow: training the {model} run in {folder} (it is missing or unfinished).", flush=True)
-    train(train_config({**given, "out": str(folder)}))
-    return folder
-
-
-def read_metrics(folder: str | Path) -> list[dict]:
-    """The lines of a run's `metrics.jsonl` (a line cut by an interruption is skipped)."""
-    lines = []
-    for line in (Path(folder) / "metrics.jsonl").read_text().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return lines
-
-
-def run_record(folder: str | Path) -> dict:
-    """A run's `train.json` (its settings, model sizes and corpus record)."""
-    return read_json(Path(folder) / "train.json")
 
 
 def snapshots(folder: str | Path) -> dict[int, Path]:
@@ -221,52 +148,9 @@ def snapshots(folder: str | Path) -> dict[int, Path]:
 # --- checks ------------------------------------------------------------------------------
 
 
-def _positive_int(options, name: str, least: int = 1) -> None:
-    value = options[name]
+def _positive_int(name: str, value: int, least: int = 1) -> None:
     if value < least:
         raise ConfigError(f"experiment.options.{name} must be a whole number of at least {least}, got {value!r}.")
-
-
-def check_train_overrides(name: str, overrides, option: str = "train") -> dict:
-    """`experiment.options.<option>`: a mapping of `attnflow train` settings, checked
-    by `train_config`; the settings the experiment chooses itself are refused."""
-    if not isinstance(overrides, Mapping):
-        raise ConfigError(f"experiment.options.{option} must be a mapping of attnflow train settings (e.g. "
-                          f"{{lr: 0.001}}), got {overrides!r}.")
-    chosen = sorted(set(overrides) & set(REFUSED))
-    if chosen:
-        raise ConfigError(f"experiment {name} sets {chosen[0]} itself; leave it out of experiment.options.{option}.")
-    try:
-        train_config(dict(overrides))  # unknown settings and bad values stop here
-    except ConfigError as error:
-        raise ConfigError(f"experiment.options.{option}: {error}") from None
-    return dict(overrides)
-
-
-def check(cfg, options) -> None:
-    if not options["out"]:
-        raise ConfigError(f"experiment.options.out must be a folder name, got {options['out']!r}.")
-    check_train_overrides("diffeqformer", options["train"])
-    sentence = options["sentence"]
-    if not sentence.strip():
-        raise ConfigError(f"experiment.options.sentence must be a non-empty text, got {sentence!r}.")
-    _positive_int(options, "tokens")
-    _positive_int(options, "spectra_steps", 2)
-    horizon = options["cluster_horizon"]
-    if not 0 < horizon < math.inf:
-        raise ConfigError(f"experiment.options.cluster_horizon must be a positive number, got {horizon!r}.")
-    at = options["frozen_at"]
-    if not 0 <= at <= 1:
-        raise ConfigError(f"experiment.options.frozen_at must be a share of the horizon in [0, 1], got {at!r}.")
-    if not 0 < cfg.eps < 2:
-        raise ConfigError(f"eps must be in (0, 2) (clusters: cos > 1 - eps), got {cfg.eps}.")
-    model = Path(options["out"]) / "diffeqformer" / "model"
-    if model.is_dir():  # a sentence longer than the context stops here when the model is there already
-        _sentence_ids(model, sentence)
-
-
-def panels(base, options) -> dict:
-    return {}  # nothing for the core study runner: everything happens in `analyse`
 
 
 def _sentence_ids(model_folder: Path, sentence: str) -> np.ndarray:
@@ -634,72 +518,6 @@ def _losses(folders: dict[str, Path]) -> xr.Dataset:
     return xr.concat(parts, dim="model", join="outer")
 
 
-def analyse(cfg, options, results) -> xr.Dataset:
-    out = Path(options["out"])
-    overrides = dict(options["train"])
-    folders = {name: trained_run(out / name, name, overrides) for name in MODELS}
-    model = load_diffeqformer(folders["diffeqformer"] / "model")
-    gpt = load_checkpoint(folders["gpt"] / "model")
-    tokenizer = load_tokenizer(folders["diffeqformer"] / "model")
-    ids = _sentence_ids(folders["diffeqformer"] / "model", options["sentence"])
-
-    # The untrained control: both runs' snapshots at step 0, the models as initialised.
-    untrained = {name: snapshots(folders[name]).get(0) for name in MODELS}
-    missing = [name for name, path in untrained.items() if path is None]
-    if missing:
-        raise ConfigError(f"the {missing[0]} run in {folders[missing[0]]} has no snapshot at step 0 (the untrained "
-                          "control); train it again into an empty out=.")
-    states = {"trained": (model, gpt),
-              "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"]))}
-
-    def both(compute, keep=()):
-        """`compute(dfq, gpt)` for the trained models and the untrained control, along
-        the dimension `state`; the variables in `keep` are the same for both."""
-        parts = [compute(*pair) for pair in states.values()]
-        names = [name for name in parts[0].data_vars if name not in keep]
-        return xr.concat(parts, dim=xr.DataArray(list(STATES), dims="state", name="state"), data_vars=names,
-                         coords="minimal", compat="equals", combine_attrs="override")
-
-    with Progress("DiffEqFormer analysis", 4, unit="stages") as bar:
-        stage = lambda text: print(f"attnflow: {text} ...", flush=True) if not bar.show else bar.describe(text)
-        stage("losses and the energy of the output states across training")
-        losses = _losses(folders)
-        training = xr.concat([training_statistics(folders[name], int(options["tokens"]), int(cfg.seed))
-                              .expand_dims(model=[name]) for name in MODELS], dim="model", join="outer")
-        bar.advance()
-        stage("QK/OV spectra across depth, trained and untrained")
-        spectra = both(lambda m, g: _spectra(m, g, int(options["spectra_steps"])))
-        bar.advance()
-        stage("token sensitivity of the sentence, trained and untrained")
-        sensitivity = both(lambda m, g: _sensitivity(m, g, ids, tokenizer), keep=("token_id",))
-        bar.advance()
-        stage("clustering under the attention, trained and untrained")
-        theory = both(lambda m, g: _theory(m, g, ids, float(options["cluster_horizon"]), float(options["frozen_at"]),
-                                           float(cfg.eps)))
-        bar.advance()
-
-    # Each variable keeps its own attributes (its description); the Dataset's are set below.
-    ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="override")
-    ds.attrs = {}
-    ds["energy"].attrs["description"] = ("normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j)) of the "
-                                         "output states (last layer, before the final norm), mean over sequences")
-    ds["energy_spread"].attrs["description"] = "standard deviation of that energy over the sequences"
-    ds["kl"].attrs["description"] = ("KL(p || unigram) of the next-token distributions, mean over positions and "
-                                     "sequences (nats)")
-    ds["sample_loss"].attrs["description"] = "cross-entropy on the same held-out sample (nats per token)"
-    ds["val_loss"].attrs["description"] = "validation loss of the run (metrics.jsonl)"
-    ds["train_loss"].attrs["description"] = "mean training loss since the previous validation (metrics.jsonl)"
-    records = {name: run_record(folders[name]) for name in MODELS}
-    ds.attrs.update(
-        out=str(out), sentence=options["sentence"], horizon=float(model.config.horizon),
-        dfq_steps=int(model.config.steps), gpt_layers=int(gpt.depth), spectra_steps=int(options["spectra_steps"]),
-        cluster_horizon=float(options["cluster_horizon"]), frozen_at=float(options["frozen_at"]),
-        eps=float(cfg.eps), sequences=int(training.attrs.get("sequences", 0)),
-        context=int(training.attrs.get("context", 0)),
-        corpus=str(records["diffeqformer"]["config"]["corpus"]),
-        train_steps=json.dumps({name: int(records[name]["config"]["train_steps"]) for name in MODELS}),
-    )
-    return ds
 
 
 # --- figures --------------------------------------------------------------------------------------
@@ -722,11 +540,6 @@ def single_cluster_time(clusters, times) -> float | None:
         return None
     above = np.nonzero(clusters != 1)[0]
     return float(times[0 if above.size == 0 else above[-1] + 1])
-
-
-def _write_text(path: Path, text: str) -> Path:
-    _write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    return path
 
 
 def _final(ds: xr.Dataset, name: str, model: str) -> tuple[int, float]:
@@ -807,7 +620,7 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
             top = [float(np.abs(part[f"{prefix}_{m}_eig_real"] + 1j * part[f"{prefix}_{m}_eig_imag"]).max())
                    for m in ("qk", "ov")]
             lines.append(f"| {LABELS[model]} | {state} | {top[0]:.4g} | {top[1]:.4g} |")
-    return [_write_text(folder / "losses.md", "\n".join(lines) + "\n")]
+    return [write_text(folder / "losses.md", "\n".join(lines) + "\n")]
 
 
 def _draw_losses(ds: xr.Dataset) -> Figure:
@@ -915,26 +728,26 @@ def _draw_sensitivity(ds: xr.Dataset) -> Figure:
     last = n - 1
     width = 10.0
     fig = figure(figsize=(width + 0.6, 1))
-    placed, lines = _layout(fig, tokens, width)
-    text_height = 0.45 + lines * 1.9 * 11.0 / 72
+    placed, lines = layout(fig, tokens, width)
+    text_height = 0.45 + lines * 1.9 * FONT / 72
     bars, gap = 2.2, 0.9  # inches: the bar charts, and the room of their rotated labels
     heights = [text_height, text_height, bars, gap, text_height, text_height, bars]
     fig.set_size_inches(width + 0.6, sum(heights) + 2.2)
     grid = fig.add_gridspec(len(heights), 1, height_ratios=heights, hspace=0.3, top=0.94, bottom=0.09)
     reds, blues = colormap("Reds"), colormap("Blues")
     positions = np.arange(n)
-    labels = [_shown(t)[0] for t in tokens]
+    labels = [shown(t)[0] for t in tokens]
     for block, model in enumerate(MODELS):
         part = ds.sel(model=model, state="trained")
         exponent, attention = part.exponent.values, part.sens_attention.values
         unit = "per unit t" if model == "diffeqformer" else "per layer"
-        nxt = _shown(str(part.prediction.values))[0]
+        nxt = shown(str(part.prediction.values))[0]
         row = 4 * block
-        _highlight(fig, fig.add_subplot(grid[row]), placed, 0.85 * _scaled(exponent, last), reds,
-                   f"{LABELS[model]}: Lyapunov sensitivity of the last token (its next word: {nxt!r})", last)
-        _highlight(fig, fig.add_subplot(grid[row + 1]), placed, 0.85 * _scaled(attention, last), blues,
-                   f"{LABELS[model]}: attention of the last token, mean over heads and "
-                   f"{'steps' if model == 'diffeqformer' else 'layers'}", last)
+        highlight(fig, fig.add_subplot(grid[row]), placed, 0.85 * scaled(exponent, last), reds,
+                  f"{LABELS[model]}: Lyapunov sensitivity of the last token (its next word: {nxt!r})", last)
+        highlight(fig, fig.add_subplot(grid[row + 1]), placed, 0.85 * scaled(attention, last), blues,
+                  f"{LABELS[model]}: attention of the last token, mean over heads and "
+                  f"{'steps' if model == 'diffeqformer' else 'layers'}", last)
         ax = fig.add_subplot(grid[row + 2])
         ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label=rf"$\lambda_{{ji}}$ ({unit})")
         ax.set_ylabel(rf"$\lambda$ ({unit})")
@@ -1018,12 +831,134 @@ def current_layout(ds: xr.Dataset) -> xr.Dataset:
     return xr.merge(parts, join="exact", combine_attrs="override")
 
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    ds = current_layout(ds)
-    return {"losses": _draw_losses(ds), "training_energy": _draw_training(ds), "spectra": _draw_spectra(ds),
-            "sensitivity": _draw_sensitivity(ds), "clustering": _draw_clustering(ds)}
+# --- the experiment ------------------------------------------------------------------------------------
 
 
-def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
-    """The tables of losses, roughness and spectra (losses.md)."""
-    return _tables(current_layout(ds), Path(folder))
+class DiffEqFormerVsGPT(Experiment):
+    title = ("A trained DiffEqFormer against its GPT baseline: losses, energy across training, spectral flow, "
+             "sensitivity, clustering")
+    paper = ("Neural ODE Transformers, sec. 5.1, 5.2, app. C.8; A Survey of Continuous Time Dynamics of "
+             "Transformers, sec. 5.4")
+    Options = Options
+    # The long names and units of this experiment's own coordinates (units None: text).
+    coordinates = {
+        "model": ("the trained model: the DiffEqFormer or its GPT baseline", None),
+        "state": ("trained or untrained (the control at initialization)", None),
+        "eval_step": ("training step of a validation", "1"),
+        "snapshot_step": ("training step of a saved snapshot", "1"),
+        "t": ("depth-time t of the DiffEqFormer (its fine grid)", "1"),
+        "qk_rank": ("eigenvalue rank of a head's QK matrix, largest first", "1"),
+        "ov_rank": ("eigenvalue rank of a head's OV matrix, largest first", "1"),
+        "matrix": ("the head matrix: QK (Q_h^T K_h) or OV (O_h V_h)", None),
+        "interval": ("pair of neighbouring layers (l, l + 1)", "1"),
+        "fine_interval": ("pair of neighbouring points of the fine t grid", "1"),
+        "theory_weights": ("the attention weights of the clustering run: time-dependent or frozen", None),
+        "theory_drift": ("the drift biases of the clustering run: learned or none", None),
+        "theory_time": ("depth-time of the attention-only clustering run", "1"),
+        "weight": ("the attention weight matrix: Q, K, V or O", None),
+        "tau": ("share of the model's depth", "1"),
+    }
+
+    def check(self) -> None:
+        options = self.options
+        if not options.out:
+            raise ConfigError(f"experiment.options.out must be a folder name, got {options.out!r}.")
+        check_train_overrides("diffeqformer", options.train)
+        sentence = options.sentence
+        if not sentence.strip():
+            raise ConfigError(f"experiment.options.sentence must be a non-empty text, got {sentence!r}.")
+        _positive_int("tokens", options.tokens)
+        _positive_int("spectra_steps", options.spectra_steps, 2)
+        horizon = options.cluster_horizon
+        if not 0 < horizon < math.inf:
+            raise ConfigError(f"experiment.options.cluster_horizon must be a positive number, got {horizon!r}.")
+        at = options.frozen_at
+        if not 0 <= at <= 1:
+            raise ConfigError(f"experiment.options.frozen_at must be a share of the horizon in [0, 1], got {at!r}.")
+        if not 0 < self.cfg.eps < 2:
+            raise ConfigError(f"eps must be in (0, 2) (clusters: cos > 1 - eps), got {self.cfg.eps}.")
+        model = Path(options.out) / "diffeqformer" / "model"
+        if model.is_dir():  # a sentence longer than the context stops here when the model is there already
+            _sentence_ids(model, sentence)
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        return {}  # nothing for the core study runner: everything happens in `analyse`
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        cfg, options = self.cfg, self.options
+        out = Path(options.out)
+        overrides = dict(options.train)
+        folders = {name: trained_run(out / name, name, overrides) for name in MODELS}
+        model = load_diffeqformer(folders["diffeqformer"] / "model")
+        gpt = load_checkpoint(folders["gpt"] / "model")
+        tokenizer = load_tokenizer(folders["diffeqformer"] / "model")
+        ids = _sentence_ids(folders["diffeqformer"] / "model", options.sentence)
+
+        # The untrained control: both runs' snapshots at step 0, the models as initialised.
+        untrained = {name: snapshots(folders[name]).get(0) for name in MODELS}
+        missing = [name for name, path in untrained.items() if path is None]
+        if missing:
+            raise ConfigError(f"the {missing[0]} run in {folders[missing[0]]} has no snapshot at step 0 (the untrained "
+                              "control); train it again into an empty out=.")
+        states = {"trained": (model, gpt),
+                  "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"]))}
+
+        def both(compute, same=()):
+            """`compute(dfq, gpt)` for the trained models and the untrained control, along
+            the dimension `state`; the variables in `same` are the same for both."""
+            parts = [compute(*pair) for pair in states.values()]
+            names = [name for name in parts[0].data_vars if name not in same]
+            return xr.concat(parts, dim=xr.DataArray(list(STATES), dims="state", name="state"), data_vars=names,
+                             coords="minimal", compat="equals", combine_attrs="override")
+
+        with Progress("DiffEqFormer analysis", 4, unit="stages") as bar:
+            stage = lambda text: print(f"attnflow: {text} ...", flush=True) if not bar.show else bar.describe(text)
+            stage("losses and the energy of the output states across training")
+            losses = _losses(folders)
+            training = xr.concat([training_statistics(folders[name], int(options.tokens), int(cfg.seed))
+                                  .expand_dims(model=[name]) for name in MODELS], dim="model", join="outer")
+            bar.advance()
+            stage("QK/OV spectra across depth, trained and untrained")
+            spectra = both(lambda m, g: _spectra(m, g, int(options.spectra_steps)))
+            bar.advance()
+            stage("token sensitivity of the sentence, trained and untrained")
+            sensitivity = both(lambda m, g: _sensitivity(m, g, ids, tokenizer), same=("token_id",))
+            bar.advance()
+            stage("clustering under the attention, trained and untrained")
+            theory = both(lambda m, g: _theory(m, g, ids, float(options.cluster_horizon), float(options.frozen_at),
+                                               float(cfg.eps)))
+            bar.advance()
+
+        # Each variable keeps its own attributes (its description); the Dataset's are set below.
+        ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="override")
+        ds.attrs = {}
+        ds["energy"].attrs["description"] = ("normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j)) of the "
+                                             "output states (last layer, before the final norm), mean over sequences")
+        ds["energy_spread"].attrs["description"] = "standard deviation of that energy over the sequences"
+        ds["kl"].attrs["description"] = ("KL(p || unigram) of the next-token distributions, mean over positions and "
+                                         "sequences (nats)")
+        ds["sample_loss"].attrs["description"] = "cross-entropy on the same held-out sample (nats per token)"
+        ds["val_loss"].attrs["description"] = "validation loss of the run (metrics.jsonl)"
+        ds["train_loss"].attrs["description"] = "mean training loss since the previous validation (metrics.jsonl)"
+        records = {name: run_record(folders[name]) for name in MODELS}
+        ds.attrs.update(
+            out=str(out), sentence=options.sentence, horizon=float(model.config.horizon),
+            dfq_steps=int(model.config.steps), gpt_layers=int(gpt.depth), spectra_steps=int(options.spectra_steps),
+            cluster_horizon=float(options.cluster_horizon), frozen_at=float(options.frozen_at),
+            eps=float(cfg.eps), sequences=int(training.attrs.get("sequences", 0)),
+            context=int(training.attrs.get("context", 0)),
+            corpus=str(records["diffeqformer"]["config"]["corpus"]),
+            train_steps=json.dumps({name: int(records[name]["config"]["train_steps"]) for name in MODELS}),
+        )
+        return ds
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        ds = current_layout(ds)
+        return {"losses": _draw_losses(ds), "training_energy": _draw_training(ds), "spectra": _draw_spectra(ds),
+                "sensitivity": _draw_sensitivity(ds), "clustering": _draw_clustering(ds)}
+
+    @staticmethod
+    def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:
+        """The tables of losses, roughness and spectra (losses.md)."""
+        return _tables(current_layout(ds), Path(folder))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -42,22 +42,12 @@ from .._schedules import Identity
 from .._simulate import simulate
 from .._terms import SelfAttention
 from ._common import caption, colormap, config_of, figure
+from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
-
-TITLE = "Softmax at growing beta, hardmax and Sinkhorn attention; the Frank-Wolfe cells of random k-gons"
-PAPER = "Sinkformers (Sander et al. 2022); Attention's forward pass and Frank-Wolfe (Alcalde et al. 2025)"
-
-COORDINATES = {
-    "case": ("the dynamics: softmax or sinkhorn at one beta, hardmax, or hardmax without self-attention", None),
-    "cosine": ("centre of a pair-cosine histogram bin", "1"),
-    "polygon": ("random k-gon (index)", "1"),
-    "vertex": ("vertex of a k-gon (counter-clockwise)", "1"),
-    "token": ("token of a k-gon's run: the vertices first, then the interior tokens", "1"),
-    "dim": ("coordinate of the plane", "1"),
-    "grid": ("time of the k-gon runs", "1"),
-}
 
 
 @dataclass
@@ -70,40 +60,6 @@ class Options:
 
 
 KGON_DT = 0.05  # the step of the k-gon runs
-
-
-def check(cfg, options) -> None:
-    if cfg.dynamics != "sa":
-        raise ConfigError(f"experiment hardmax_sinkhorn sets the dynamics of each panel itself: leave dynamics=sa, "
-                          f"got {cfg.dynamics}.")
-    if cfg.norm != "sphere" or not cfg.save_states:
-        raise ConfigError("experiment hardmax_sinkhorn needs norm=sphere and save_states=true (the pair cosines at t1).")
-    for key, low in (("bins", 2), ("polygons", 1), ("sides", 3), ("interior", 1)):
-        if not options[key] >= low:
-            raise ConfigError(f"experiment.options.{key} must be at least {low}, got {options[key]!r}.")
-    # The k-gon runs take round(kgon_t1 / KGON_DT) steps: another time would end them elsewhere (below half a
-    # step: at t = 0) without a word.
-    steps = options["kgon_t1"] / KGON_DT
-    if not (steps >= 1 - 1e-6 and abs(steps - round(steps)) <= 1e-6 * round(steps)):
-        raise ConfigError(f"experiment.options.kgon_t1 must be a positive multiple of the k-gon runs' step "
-                          f"{KGON_DT:g}, got {options['kgon_t1']!r}.")
-
-
-def panels(base: dict, options) -> dict[str, dict]:
-    """Softmax at the config's betas, Sinkhorn at the same betas (with its column error
-    recorded), hardmax with and without self-attention (beta does not enter: one run)."""
-    # The sinkhorn and hardmax keys go to their own panels only (elsewhere they take
-    # their defaults: a changed value is refused where it does not apply).
-    softmax = {key: value for key, value in base.items() if key not in ("sinkhorn", "hardmax")}
-    sinkhorn = copy.deepcopy(softmax)
-    sinkhorn.update(dynamics="sinkhorn", sinkhorn=copy.deepcopy(base["sinkhorn"]),
-                    metrics=list(base["metrics"]) + ["marginal_error"])
-    out = {"softmax": softmax, "sinkhorn": sinkhorn}
-    for label, own in (("hardmax", True), ("hardmax_no_self", False)):
-        hard = copy.deepcopy(softmax)
-        hard.update(dynamics="hardmax", beta=1.0, hardmax={**base["hardmax"], "self_attention": own})
-        out[label] = hard
-    return out
 
 
 def _pair_cosines(x: np.ndarray) -> np.ndarray:
@@ -136,45 +92,6 @@ def kgon_runs(seed: int, polygons: int, sides: int, interior: int, t1: float, sa
     return vertices, np.asarray(sol.stats["x"]), np.asarray(sol.ts[0])
 
 
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    edges = np.linspace(-1, 1, options["bins"] + 1)
-    cases, finals, initials, histograms, columns = [], [], [], [], []
-    first = {}
-    for label, ds in results.items():
-        if "beta" not in ds.dims:
-            ds = ds.expand_dims(beta=[float(ds["beta"])])
-        for b, beta in enumerate(ds["beta"].values):
-            part = ds.isel(beta=b)
-            name = label if label.startswith("hardmax") else f"{label} beta={beta:g}"
-            x = part["x"].transpose("member", "time", ...).values
-            first[name] = x[:, 0]
-            cases.append(name)
-            finals.append(part["clusters"].isel(time=-1).values)
-            initials.append(part["clusters"].isel(time=0).values)
-            cos = _pair_cosines(x[:, -1])
-            histograms.append(np.histogram(cos.ravel(), edges)[0] / cos.size)
-            columns.append(float(part["marginal_error"].max()) if "marginal_error" in part else np.nan)
-    x0 = list(first.values())
-    spread = max(float(np.max(np.abs(x - x0[0]))) for x in x0)
-    out = xr.Dataset(coords={"case": cases, "member": results["softmax"]["member"].values,
-                             "cosine": (edges[1:] + edges[:-1]) / 2})
-    out["final_clusters"] = xr.DataArray(np.stack(finals).astype(np.int32), dims=("case", "member"), attrs={
-        "description": f"clusters (cos > 1 - {cfg.eps:g}) of every member at t = {cfg.t1:g}"})
-    out["initial_clusters"] = xr.DataArray(np.stack(initials).astype(np.int32), dims=("case", "member"), attrs={
-        "description": "clusters of every member at t = t0"})
-    out["pair_cosine_histogram"] = xr.DataArray(np.stack(histograms), dims=("case", "cosine"), attrs={
-        "description": f"fraction of the pairs i < j of all members whose cosine at t = {cfg.t1:g} falls in the bin"})
-    out["sinkhorn_marginal_error"] = xr.DataArray(np.asarray(columns), dims="case", attrs={
-        "description": "largest column-sum error max_j |sum_i a_ij - 1| over the members and saved times (sinkhorn "
-                       "only, NaN otherwise)"})
-    out["initial_token_spread"] = xr.DataArray(spread, attrs={
-        "description": "largest difference between the initial tokens of any two cases (0: the same tokens)"})
-    vertices, states, times = kgon_runs(cfg.seed, options["polygons"], options["sides"], options["interior"],
-                                        options["kgon_t1"])
-    out = _kgon_results(out, vertices, states, times)
-    return out
-
-
 def _kgon_results(out: xr.Dataset, vertices: np.ndarray, states: np.ndarray, times: np.ndarray) -> xr.Dataset:
     # The attention flow dx/dt = a(X) X in the plane grows like e^t; e^{-t} x(t) follows the
     # Frank-Wolfe flow dy/dt = a(Y) Y - y (the argmax is unchanged by a common positive scale).
@@ -198,48 +115,137 @@ def _kgon_results(out: xr.Dataset, vertices: np.ndarray, states: np.ndarray, tim
     return out
 
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    cases = [str(c) for c in ds["case"].values]
-    fig = figure(figsize=(13, 8.2), layout="constrained")
-    grid = fig.add_gridspec(2, 6)
-    ax = fig.add_subplot(grid[0, :2])
-    counts = ds["final_clusters"].values
-    colours = [_colour(c, cases) for c in cases]
-    parts = ax.violinplot([row for row in counts], positions=range(len(cases)), showmedians=True, widths=0.8)
-    for body, colour in zip(parts["bodies"], colours):
-        body.set_color(colour)
-    ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels([c.replace(" beta=", "\n" r"$\beta$=").replace("_no_self", "\n" r"$j \neq i$")
-                        for c in cases], fontsize=6)
-    ax.set_yscale("log")
-    ax.set_ylabel(f"clusters at t = {cfg['t1']:g}")
-    ax.set_title(f"cluster count over {ds.sizes['member']} members")
-    ax = fig.add_subplot(grid[0, 2:])
-    centres = ds["cosine"].values
-    for c, colour in zip(cases, colours):
-        ax.step(centres, ds["pair_cosine_histogram"].sel(case=c).values, where="mid", color=colour,
-                linestyle="--" if c.startswith("sinkhorn") else "-", label=c)
-    ax.set_yscale("log")
-    ax.set_xlabel(r"$\cos(x_i, x_j)$ at $t_1$, pairs $i < j$")
-    ax.set_ylabel("fraction of pairs")
-    ax.set_title("pair cosines (softmax solid, Sinkhorn dashed)")
-    ax.legend(fontsize=6, ncol=2)
-    polygons = min(ds.sizes["polygon"], 6)
-    for p in range(polygons):
-        _draw_cells(fig.add_subplot(grid[1, p]), ds, p)
-    sink = ds["sinkhorn_marginal_error"].values
-    caption(fig, (
-        f"Top: Q = K = V = I on the circle, n = {cfg['n']}, the same {ds.sizes['member']} initial token sets under "
-        f"softmax and Sinkhorn attention ({cfg['sinkhorn']['iterations']} iterations; column-sum error at most "
-        f"{np.nanmax(sink):.1e}) at each beta, and hardmax with and without self-attention, {cfg['solver']} dt = "
-        f"{cfg['dt']} to t = {cfg['t1']:g}. Hardmax with self-attention is frozen (every token its own maximiser). "
-        f"Bottom: dominance cells of random {ds.sizes['vertex']}-gons (vertices on the unit circle) and the hardmax "
-        f"flow of interior tokens in the plane, rescaled (y = exp(-t) x, the Frank-Wolfe flow): each runs straight to "
-        f"the vertex v of its cell, y(t) = v + (y(0) - v) exp(-t) to {float(ds['kgon_line_error']):.0e}; the vertices "
-        f"move by "
-        f"{float(ds['kgon_vertex_motion']):.0e}."), width=190)
-    return {"hardmax_sinkhorn": fig}
+class HardmaxSinkhorn(Experiment):
+    title = "Softmax at growing beta, hardmax and Sinkhorn attention; the Frank-Wolfe cells of random k-gons"
+    paper = "Sinkformers (Sander et al. 2022); Attention's forward pass and Frank-Wolfe (Alcalde et al. 2025)"
+    Options = Options
+    coordinates = {
+        "case": ("the dynamics: softmax or sinkhorn at one beta, hardmax, or hardmax without self-attention", None),
+        "cosine": ("centre of a pair-cosine histogram bin", "1"),
+        "polygon": ("random k-gon (index)", "1"),
+        "vertex": ("vertex of a k-gon (counter-clockwise)", "1"),
+        "token": ("token of a k-gon's run: the vertices first, then the interior tokens", "1"),
+        "dim": ("coordinate of the plane", "1"),
+        "grid": ("time of the k-gon runs", "1"),
+    }
+
+    def check(self) -> None:
+        cfg, options = self.cfg, self.options
+        if cfg.dynamics != "sa":
+            raise ConfigError(f"experiment hardmax_sinkhorn sets the dynamics of each panel itself: leave dynamics=sa, "
+                              f"got {cfg.dynamics}.")
+        if cfg.norm != "sphere" or not cfg.save_states:
+            raise ConfigError("experiment hardmax_sinkhorn needs norm=sphere and save_states=true (the pair cosines at t1).")
+        for key, value, low in (("bins", options.bins, 2), ("polygons", options.polygons, 1),
+                                ("sides", options.sides, 3), ("interior", options.interior, 1)):
+            if not value >= low:
+                raise ConfigError(f"experiment.options.{key} must be at least {low}, got {value!r}.")
+        # The k-gon runs take round(kgon_t1 / KGON_DT) steps: another time would end them elsewhere (below half a
+        # step: at t = 0) without a word.
+        steps = options.kgon_t1 / KGON_DT
+        if not (steps >= 1 - 1e-6 and abs(steps - round(steps)) <= 1e-6 * round(steps)):
+            raise ConfigError(f"experiment.options.kgon_t1 must be a positive multiple of the k-gon runs' step "
+                              f"{KGON_DT:g}, got {options.kgon_t1!r}.")
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        """Softmax at the config's betas, Sinkhorn at the same betas (with its column error
+        recorded), hardmax with and without self-attention (beta does not enter: one run)."""
+        # The sinkhorn and hardmax keys go to their own panels only (elsewhere they take
+        # their defaults: a changed value is refused where it does not apply).
+        softmax = {key: value for key, value in base.items() if key not in ("sinkhorn", "hardmax")}
+        sinkhorn = copy.deepcopy(softmax)
+        sinkhorn.update(dynamics="sinkhorn", sinkhorn=copy.deepcopy(base["sinkhorn"]),
+                        metrics=list(base["metrics"]) + ["marginal_error"])
+        out = {"softmax": softmax, "sinkhorn": sinkhorn}
+        for label, own in (("hardmax", True), ("hardmax_no_self", False)):
+            hard = copy.deepcopy(softmax)
+            hard.update(dynamics="hardmax", beta=1.0, hardmax={**base["hardmax"], "self_attention": own})
+            out[label] = hard
+        return out
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        cfg, options = self.cfg, self.options
+        edges = np.linspace(-1, 1, options.bins + 1)
+        cases, finals, initials, histograms, columns = [], [], [], [], []
+        first = {}
+        for label, ds in results.items():
+            if "beta" not in ds.dims:
+                ds = ds.expand_dims(beta=[float(ds["beta"])])
+            for b, beta in enumerate(ds["beta"].values):
+                part = ds.isel(beta=b)
+                name = label if label.startswith("hardmax") else f"{label} beta={beta:g}"
+                x = part["x"].transpose("member", "time", ...).values
+                first[name] = x[:, 0]
+                cases.append(name)
+                finals.append(part["clusters"].isel(time=-1).values)
+                initials.append(part["clusters"].isel(time=0).values)
+                cos = _pair_cosines(x[:, -1])
+                histograms.append(np.histogram(cos.ravel(), edges)[0] / cos.size)
+                columns.append(float(part["marginal_error"].max()) if "marginal_error" in part else np.nan)
+        x0 = list(first.values())
+        spread = max(float(np.max(np.abs(x - x0[0]))) for x in x0)
+        out = xr.Dataset(coords={"case": cases, "member": results["softmax"]["member"].values,
+                                 "cosine": (edges[1:] + edges[:-1]) / 2})
+        out["final_clusters"] = xr.DataArray(np.stack(finals).astype(np.int32), dims=("case", "member"), attrs={
+            "description": f"clusters (cos > 1 - {cfg.eps:g}) of every member at t = {cfg.t1:g}"})
+        out["initial_clusters"] = xr.DataArray(np.stack(initials).astype(np.int32), dims=("case", "member"), attrs={
+            "description": "clusters of every member at t = t0"})
+        out["pair_cosine_histogram"] = xr.DataArray(np.stack(histograms), dims=("case", "cosine"), attrs={
+            "description": f"fraction of the pairs i < j of all members whose cosine at t = {cfg.t1:g} falls in the "
+                           "bin"})
+        out["sinkhorn_marginal_error"] = xr.DataArray(np.asarray(columns), dims="case", attrs={
+            "description": "largest column-sum error max_j |sum_i a_ij - 1| over the members and saved times (sinkhorn "
+                           "only, NaN otherwise)"})
+        out["initial_token_spread"] = xr.DataArray(spread, attrs={
+            "description": "largest difference between the initial tokens of any two cases (0: the same tokens)"})
+        vertices, states, times = kgon_runs(cfg.seed, options.polygons, options.sides, options.interior,
+                                            options.kgon_t1)
+        out = _kgon_results(out, vertices, states, times)
+        return out
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        cases = [str(c) for c in ds["case"].values]
+        fig = figure(figsize=(13, 8.2), layout="constrained")
+        grid = fig.add_gridspec(2, 6)
+        ax = fig.add_subplot(grid[0, :2])
+        counts = ds["final_clusters"].values
+        colours = [_colour(c, cases) for c in cases]
+        parts = ax.violinplot([row for row in counts], positions=range(len(cases)), showmedians=True, widths=0.8)
+        for body, colour in zip(parts["bodies"], colours):
+            body.set_color(colour)
+        ax.set_xticks(range(len(cases)))
+        ax.set_xticklabels([c.replace(" beta=", "\n" r"$\beta$=").replace("_no_self", "\n" r"$j \neq i$")
+                            for c in cases], fontsize=6)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"clusters at t = {cfg['t1']:g}")
+        ax.set_title(f"cluster count over {ds.sizes['member']} members")
+        ax = fig.add_subplot(grid[0, 2:])
+        centres = ds["cosine"].values
+        for c, colour in zip(cases, colours):
+            ax.step(centres, ds["pair_cosine_histogram"].sel(case=c).values, where="mid", color=colour,
+                    linestyle="--" if c.startswith("sinkhorn") else "-", label=c)
+        ax.set_yscale("log")
+        ax.set_xlabel(r"$\cos(x_i, x_j)$ at $t_1$, pairs $i < j$")
+        ax.set_ylabel("fraction of pairs")
+        ax.set_title("pair cosines (softmax solid, Sinkhorn dashed)")
+        ax.legend(fontsize=6, ncol=2)
+        polygons = min(ds.sizes["polygon"], 6)
+        for p in range(polygons):
+            _draw_cells(fig.add_subplot(grid[1, p]), ds, p)
+        sink = ds["sinkhorn_marginal_error"].values
+        caption(fig, (
+            f"Top: Q = K = V = I on the circle, n = {cfg['n']}, the same {ds.sizes['member']} initial token sets under "
+            f"softmax and Sinkhorn attention ({cfg['sinkhorn']['iterations']} iterations; column-sum error at most "
+            f"{np.nanmax(sink):.1e}) at each beta, and hardmax with and without self-attention, {cfg['solver']} dt = "
+            f"{cfg['dt']} to t = {cfg['t1']:g}. Hardmax with self-attention is frozen (every token its own maximiser). "
+            f"Bottom: dominance cells of random {ds.sizes['vertex']}-gons (vertices on the unit circle) and the "
+            f"hardmax flow of interior tokens in the plane, rescaled (y = exp(-t) x, the Frank-Wolfe flow): each runs "
+            f"straight to the vertex v of its cell, y(t) = v + (y(0) - v) exp(-t) to "
+            f"{float(ds['kgon_line_error']):.0e}; the vertices move by {float(ds['kgon_vertex_motion']):.0e}."),
+            width=190)
+        return {"hardmax_sinkhorn": fig}
 
 
 def _colour(case: str, cases: list[str]):

@@ -47,7 +47,7 @@ import dataclasses
 from dataclasses import dataclass, field
 import math
 import numbers
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -60,18 +60,13 @@ from .._errors import ConfigError
 from .._schedules import Identity
 from .._terms import SelfAttention
 from ._common import caption, colormap, config_of, counted, subplots
+from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "The long-context phase transition: output cosines of one attention layer at beta = gamma log n"
-PAPER = ("Chen, Lin, Polyanskiy, Rigollet, \"Critical attention scaling in long-context transformers\" (2025); "
-         "closed form at finite n: tests/README.md")
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "rho": ("cosine rho between any two input tokens (equiangular inputs)", "1"),
-    "gamma_critical": ("gamma as a multiple of the critical 1/(1 - rho), beta = gamma log n", "1"),
-}
 @dataclass
 class Options:
     rho: list[float] = field(default_factory=lambda: [0.5])  # pairwise correlation(s) of the input tokens, in (0, 1)
@@ -109,67 +104,11 @@ def _numbers(name: str, values, low: float, high: float | None) -> list[float]:
     return [float(v) for v in values]
 
 
-def sizes(options) -> np.ndarray:
-    """The token counts of the sweep: `n_count` integers log-spaced from `n_min` to `n_max`."""
-    top = options["n_max"] or default_n_max()
-    return np.unique(np.round(np.geomspace(options["n_min"], top, options["n_count"])).astype(np.int64))
-
-
-def check(cfg: Config, options) -> None:
-    _numbers("rho", options["rho"], 0.0, 1.0)
-    _numbers("gamma_critical", options["gamma_critical"], 0.0, None)
-    for name, minimum in (("n_min", 2), ("n_count", 1), ("rows", 2)):
-        if not _whole(options[name], minimum):
-            raise ConfigError(f"experiment.options.{name} of experiment long_context must be a whole number >= "
-                              f"{minimum}, got {options[name]!r}.")
-    top = options["n_max"]
-    if top is not None and not (_whole(top, 2) and top >= options["n_min"]):
-        raise ConfigError(f"experiment.options.n_max of experiment long_context must be null or a whole number "
-                          f"from n_min={options['n_min']} on, got {top!r}.")
-    if options["n_count"] == 1 and top is not None and top != options["n_min"]:
-        raise ConfigError(f"experiment.options.n_max={top} does not apply with experiment.options.n_count=1 (the "
-                          f"one n is n_min={options['n_min']}); remove it or raise n_count.")
-    # The sizes are rounded to whole numbers and merged where they meet: fewer than n_count would be run.
-    found = len(sizes(options))
-    if found < options["n_count"]:
-        raise ConfigError(f"experiment.options.n_count={options['n_count']} log-spaced sizes from "
-                          f"n_min={options['n_min']} to n_max={top or default_n_max()} round to {found} different n; "
-                          "lower n_count or widen the range.")
-    if options["rows"] > options["n_min"]:
-        raise ConfigError(f"experiment.options.rows={options['rows']} query tokens cannot be sampled from "
-                          f"n_min={options['n_min']} tokens; take rows <= n_min.")
-    if _whole(cfg.d, 3) and options["rows"] > cfg.d - 1:
-        raise ConfigError(f"experiment.options.rows={options['rows']} sampled tokens are made exactly equiangular "
-                          f"(orthonormal in u-perp), which needs rows <= d - 1 = {cfg.d - 1}; lower rows or raise d.")
-    if not (_whole(cfg.d, 3)):
-        raise ConfigError(f"experiment long_context needs d >= 3 (a direction u and the sphere of u-perp), "
-                          f"got d={cfg.d!r}.")
-    if cfg.attention_block is not None and not _whole(cfg.attention_block, 0):
-        raise ConfigError(f"attention_block must be null, 0 or a positive whole number, got {cfg.attention_block!r}.")
-    default = _default_config()
-    given = [f.name for f in dataclasses.fields(Config)
-             if f.name not in _READ_KEYS and getattr(cfg, f.name) != getattr(default, f.name)]
-    if given:
-        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
-                          "long_context (one Q = K = V = I softmax layer on its own tokens: it reads d, dtype, seed "
-                          "and attention_block, and n and beta come from its options); remove "
-                          f"{'it' if len(given) == 1 else 'them'}.")
-    itemsize = 4 if cfg.dtype.value == "float32" else 8
-    need = _COPIES * int(sizes(options)[-1]) * cfg.d * itemsize
-    memory = available_memory()
-    if need > memory:
-        raise ConfigError(f"the largest token set needs about {need / 2**30:.1f} GiB (n={sizes(options)[-1]}, "
-                          f"d={cfg.d}, {_COPIES} copies at once), more than the {memory / 2**30:.1f} GiB available; "
-                          "lower d or experiment.options.n_max.")
-
-
-def panels(base, options) -> dict:
-    return {}  # everything is computed in `analyse`: one SelfAttention program per n
-
-
-def pieces(cfg: Config, options) -> int:
-    """Units of work for the progress bar: one per (rho, n)."""
-    return len(options["rho"]) * len(sizes(options))
+def sizes(n_min: int, n_max: int | None, n_count: int) -> np.ndarray:
+    """The token counts of the sweep: `n_count` integers log-spaced from `n_min` to `n_max`
+    (None: `default_n_max()`)."""
+    top = n_max or default_n_max()
+    return np.unique(np.round(np.geomspace(n_min, top, n_count)).astype(np.int64))
 
 
 def equiangular_cosine(n, rho, beta):
@@ -245,21 +184,21 @@ def _measure(x, rows, betas, rho, block):
 _measure_jit = jax.jit(_measure, static_argnames=("block",))
 
 
-def long_context_dataset(cfg: Config, options, on_piece=None, keep=None) -> xr.Dataset:
+def long_context_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -> xr.Dataset:
     """The sweep: for every rho and n, tokens drawn once, then every gamma (dims `rho`,
     `n`, `gamma_critical`); `keep(compute)` keeps each finished (rho, n) as a piece of
     the run (`attnflow.experiments._runner.OwnPieces`; None: everything is computed)."""
     keep = keep or (lambda compute: compute())
     dtype = jnp.dtype(cfg.dtype.value)
-    rhos = np.asarray(options["rho"], np.float64)
-    ratios = np.asarray(options["gamma_critical"], np.float64)
-    ns = sizes(options)
+    rhos = np.asarray(options.rho, np.float64)
+    ratios = np.asarray(options.gamma_critical, np.float64)
+    ns = sizes(options.n_min, options.n_max, options.n_count)
     shape = (len(rhos), len(ns), len(ratios))
     out = {name: np.full(shape, np.nan) for name in ("cosine", "cosine_q10", "cosine_q90", "weight_factor")}
     spread = np.full(shape[:2], np.nan)
     key = jax.random.key(cfg.seed)
     def measure(a, rho, n) -> dict:  # a: the index of rho; n: a NumPy integer of the sizes
-        rows = sample_rows(int(n), options["rows"])
+        rows = sample_rows(int(n), options.rows)
         x = equiangular_tokens(jax.random.fold_in(jax.random.fold_in(key, a), int(n)), int(n), cfg.d, rho, dtype,
                                rows)
         betas = jnp.asarray(ratios / (1 - rho) * np.log(n), dtype)
@@ -311,45 +250,115 @@ def _dataset(cfg, rhos, ns, ratios, out, spread) -> xr.Dataset:
     return ds
 
 
-def analyse(cfg, options, results, on_piece=None, keep=None) -> xr.Dataset:
-    work = lambda advance: long_context_dataset(cfg, options, advance, keep)
-    return counted("long_context", pieces(cfg, options), work, on_piece)
+class LongContext(Experiment):
+    title = "The long-context phase transition: output cosines of one attention layer at beta = gamma log n"
+    paper = ("Chen, Lin, Polyanskiy, Rigollet, \"Critical attention scaling in long-context transformers\" (2025); "
+             "closed form at finite n: tests/README.md")
+    Options = Options
+    coordinates = {
+        "rho": ("cosine rho between any two input tokens (equiangular inputs)", "1"),
+        "gamma_critical": ("gamma as a multiple of the critical 1/(1 - rho), beta = gamma log n", "1"),
+    }
 
+    def check(self) -> None:
+        cfg, options = self.cfg, self.options
+        _numbers("rho", options.rho, 0.0, 1.0)
+        _numbers("gamma_critical", options.gamma_critical, 0.0, None)
+        for name, value, minimum in (("n_min", options.n_min, 2), ("n_count", options.n_count, 1),
+                                     ("rows", options.rows, 2)):
+            if not _whole(value, minimum):
+                raise ConfigError(f"experiment.options.{name} of experiment long_context must be a whole number >= "
+                                  f"{minimum}, got {value!r}.")
+        top = options.n_max
+        if top is not None and not (_whole(top, 2) and top >= options.n_min):
+            raise ConfigError(f"experiment.options.n_max of experiment long_context must be null or a whole number "
+                              f"from n_min={options.n_min} on, got {top!r}.")
+        if options.n_count == 1 and top is not None and top != options.n_min:
+            raise ConfigError(f"experiment.options.n_max={top} does not apply with experiment.options.n_count=1 (the "
+                              f"one n is n_min={options.n_min}); remove it or raise n_count.")
+        # The sizes are rounded to whole numbers and merged where they meet: fewer than n_count would be run.
+        ns = sizes(options.n_min, options.n_max, options.n_count)
+        found = len(ns)
+        if found < options.n_count:
+            raise ConfigError(f"experiment.options.n_count={options.n_count} log-spaced sizes from "
+                              f"n_min={options.n_min} to n_max={top or default_n_max()} round to {found} different n; "
+                              "lower n_count or widen the range.")
+        if options.rows > options.n_min:
+            raise ConfigError(f"experiment.options.rows={options.rows} query tokens cannot be sampled from "
+                              f"n_min={options.n_min} tokens; take rows <= n_min.")
+        if _whole(cfg.d, 3) and options.rows > cfg.d - 1:
+            raise ConfigError(f"experiment.options.rows={options.rows} sampled tokens are made exactly equiangular "
+                              f"(orthonormal in u-perp), which needs rows <= d - 1 = {cfg.d - 1}; lower rows or "
+                              "raise d.")
+        if not (_whole(cfg.d, 3)):
+            raise ConfigError(f"experiment long_context needs d >= 3 (a direction u and the sphere of u-perp), "
+                              f"got d={cfg.d!r}.")
+        if cfg.attention_block is not None and not _whole(cfg.attention_block, 0):
+            raise ConfigError(f"attention_block must be null, 0 or a positive whole number, "
+                              f"got {cfg.attention_block!r}.")
+        default = _default_config()
+        given = [f.name for f in dataclasses.fields(Config)
+                 if f.name not in _READ_KEYS and getattr(cfg, f.name) != getattr(default, f.name)]
+        if given:
+            raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
+                              "long_context (one Q = K = V = I softmax layer on its own tokens: it reads d, dtype, "
+                              "seed and attention_block, and n and beta come from its options); remove "
+                              f"{'it' if len(given) == 1 else 'them'}.")
+        itemsize = 4 if cfg.dtype.value == "float32" else 8
+        need = _COPIES * int(ns[-1]) * cfg.d * itemsize
+        memory = available_memory()
+        if need > memory:
+            raise ConfigError(f"the largest token set needs about {need / 2**30:.1f} GiB (n={ns[-1]}, "
+                              f"d={cfg.d}, {_COPIES} copies at once), more than the {memory / 2**30:.1f} GiB "
+                              "available; lower d or experiment.options.n_max.")
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    rhos = ds["rho"].values
-    fig, axes = subplots(len(rhos), 2, figsize=(11.0, 4.0 * len(rhos)), layout="constrained", squeeze=False)
-    ns = ds["n"].values
-    fine = np.geomspace(ns[0], ns[-1], 200)
-    cmap = colormap("viridis")
-    ratios = ds["gamma_critical"].values
-    for row, rho in enumerate(rhos):
-        part = ds.sel(rho=rho)
-        left, right = axes[row]
-        for k, ratio in enumerate(ratios):
-            color = cmap(k / max(len(ratios) - 1, 1))
-            one = part.sel(gamma_critical=ratio)
-            gamma = float(one["gamma"])
-            label = f"$\\gamma = {ratio:g} / (1 - \\rho)$ = {gamma:.3g}"
-            left.fill_between(ns, one["cosine_q10"], one["cosine_q90"], color=color, alpha=0.15, linewidth=0)
-            left.plot(ns, one["cosine"], "o", color=color, markersize=4, label=label)
-            exact = equiangular_cosine(fine, rho, gamma * np.log(fine))
-            left.plot(fine, exact, "-", color=color, linewidth=1)
-            left.axhline(float(one["limit"]), color=color, linestyle="--", linewidth=0.8)
-            right.loglog(ns, np.abs(one["cosine"] - one["limit"]), "o-", color=color, markersize=4, label=label)
-            right.loglog(fine, np.abs(exact - float(one["limit"])), ":", color=color, linewidth=1)
-        left.set_xscale("log")
-        left.set_xlabel("n (tokens)")
-        left.set_ylabel("cosine between two outputs")
-        left.set_title(f"(a) $\\rho$ = {rho:g}: measured (dots, 10-90% band), exact equiangular (lines), limits (dashed)",
-                       fontsize=9)
-        right.set_xlabel("n (tokens)")
-        right.set_ylabel("|cosine - limit|")
-        right.set_title(f"(b) $\\rho$ = {rho:g}: distance to the limit, measured (dots) and equiangular (dotted)")
-        right.legend(loc="lower left", fontsize=7)
-    caption(fig, _caption(ds, cfg), width=170)
-    return {"long_context": fig}
+    def panels(self, base: dict) -> dict[str, dict]:
+        return {}  # everything is computed in `analyse`: one SelfAttention program per n
+
+    def pieces(self) -> int:
+        """Units of work for the progress bar: one per (rho, n)."""
+        options = self.options
+        return len(options.rho) * len(sizes(options.n_min, options.n_max, options.n_count))
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        work = lambda advance: long_context_dataset(self.cfg, self.options, advance, keep)
+        return counted("long_context", self.pieces(), work, on_piece)
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        rhos = ds["rho"].values
+        fig, axes = subplots(len(rhos), 2, figsize=(11.0, 4.0 * len(rhos)), layout="constrained", squeeze=False)
+        ns = ds["n"].values
+        fine = np.geomspace(ns[0], ns[-1], 200)
+        cmap = colormap("viridis")
+        ratios = ds["gamma_critical"].values
+        for row, rho in enumerate(rhos):
+            part = ds.sel(rho=rho)
+            left, right = axes[row]
+            for k, ratio in enumerate(ratios):
+                color = cmap(k / max(len(ratios) - 1, 1))
+                one = part.sel(gamma_critical=ratio)
+                gamma = float(one["gamma"])
+                label = f"$\\gamma = {ratio:g} / (1 - \\rho)$ = {gamma:.3g}"
+                left.fill_between(ns, one["cosine_q10"], one["cosine_q90"], color=color, alpha=0.15, linewidth=0)
+                left.plot(ns, one["cosine"], "o", color=color, markersize=4, label=label)
+                exact = equiangular_cosine(fine, rho, gamma * np.log(fine))
+                left.plot(fine, exact, "-", color=color, linewidth=1)
+                left.axhline(float(one["limit"]), color=color, linestyle="--", linewidth=0.8)
+                right.loglog(ns, np.abs(one["cosine"] - one["limit"]), "o-", color=color, markersize=4, label=label)
+                right.loglog(fine, np.abs(exact - float(one["limit"])), ":", color=color, linewidth=1)
+            left.set_xscale("log")
+            left.set_xlabel("n (tokens)")
+            left.set_ylabel("cosine between two outputs")
+            left.set_title(f"(a) $\\rho$ = {rho:g}: measured (dots, 10-90% band), exact equiangular (lines), limits (dashed)",
+                           fontsize=9)
+            right.set_xlabel("n (tokens)")
+            right.set_ylabel("|cosine - limit|")
+            right.set_title(f"(b) $\\rho$ = {rho:g}: distance to the limit, measured (dots) and equiangular (dotted)")
+            right.legend(loc="lower left", fontsize=7)
+        caption(fig, _caption(ds, cfg), width=170)
+        return {"long_context": fig}
 
 
 def _caption(ds, cfg) -> str:

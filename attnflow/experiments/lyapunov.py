@@ -56,64 +56,41 @@ of a study (saves, metrics, save_states, ...) do not apply and are refused.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._build import Study, build_system, resolve_study
+from .._build import Study, resolve_study
 from .._config import Config, _default_config
 from .._errors import ConfigError
-from .._progress import Progress
 from .._solvers import tableau
-from .._store import in_background
-from ..analysis.spectrum import lyapunov_spectrum, rotation_orbit
+from ..analysis.spectrum import rotation_orbit
 from ._common import caption, colormap, config_of, member_summary, subplots
+from ._experiment import Counter, Experiment, Keeper
+from ._spectra import PERCENTILES, Spectra, check_qr_options, check_spectrum, ensemble_spectra, exponent_count
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
-PAPER = ("Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
-         "consensus spectrum: tests/README.md, section 11")
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "transverse": ("rank of a transverse Lyapunov exponent (the zeros a symmetry forces left out), largest first", "1"),
-}
+
 @dataclass
 class Options:
     k: int | None = None  # exponents kept (null: d, the d - 1 rotations and the first contracting one)
     reorthonormalize_every: int = 10  # steps between QR factorizations
 
+
 # Study keys about a study's saved output: they mean nothing to a spectrum.
 _OUTPUT_KEYS = ("saves", "save_spacing", "exact_times", "save_states", "metrics", "eps", "rank_rtol")
-# The initial deviation frame of a member is drawn from its key folded with this.
-_FRAME = 3
-
-
-def check_options(name: str, options) -> None:
-    k, every = options["k"], options["reorthonormalize_every"]
-    if k is not None and k < 1:
-        raise ConfigError(f"experiment.options.k of experiment {name} must be null or a whole number of "
-                          f"exponents >= 1, got {k!r}.")
-    if every < 1:
-        raise ConfigError(f"experiment.options.reorthonormalize_every of experiment {name} must be a whole "
-                          f"number of steps >= 1, got {every!r}.")
 
 
 def study_config(cfg: Config) -> Study:
     """The experiment's config as a checked, resolved single study (every key validated)."""
     return resolve_study(dataclasses.replace(cfg, experiment=None))
-
-
-def exponent_count(cfg: Config, options) -> int:
-    """The number of exponents kept: the option `k`, by default d."""
-    return int(options["k"]) if options["k"] is not None else int(cfg.d)
 
 
 def stability_limit(solver: str) -> float:
@@ -173,178 +150,11 @@ def consensus_spectrum(cfg: Config, beta: float, k: int) -> np.ndarray:
     return np.asarray(sorted(values, reverse=True)[:k])
 
 
-def check_spectrum(name: str, study: Study, k: int, every: int, option: str = "reorthonormalize_every") -> None:
-    """What `ensemble_spectra` needs of a resolved study, checked before any computing:
-    fixed steps, at least two QR intervals of `every` steps (the value of
-    `experiment.options.<option>`), and (tracing one member's spectrum, nothing
-    computed) k within range."""
-    cfg = study.config
-    if study.grid.adaptive:
-        raise ConfigError(f"experiment {name} follows the fixed step map of the solver (the QR method needs its "
-                          "tangent map); set adaptive=false and give dt.")
-    steps = study.grid.num_steps
-    if isinstance(every, int) and every >= 1 and steps % every:
-        divisors = [m for m in range(1, min(steps, 50) + 1) if steps % m == 0]
-        raise ConfigError(f"experiment.options.{option}={every} must be a whole number of steps dividing the {steps} "
-                          f"steps; for example one of {', '.join(map(str, divisors))}.")
-    if isinstance(every, int) and steps % every == 0 and steps // every < 2:
-        raise ConfigError(f"experiment.options.{option}={every} leaves one QR interval in the "
-                          f"{steps} steps; take at most {steps // 2} so that the late-window exponents exist.")
-    system = build_system(cfg)
-    dtype = jnp.dtype(cfg.dtype.value)
-    try:
-        jax.eval_shape(lambda key, beta: _one(system, key, beta, (cfg.t0, cfg.t1, cfg.dt), k, every,
-                                              cfg.solver.value), jax.random.key(0), jnp.zeros((), dtype))
-    except ConfigError as error:
-        # `lyapunov_spectrum` names its argument k, given here as experiment.options.k.
-        if str(error).startswith("k "):
-            raise ConfigError(f"experiment.options.{error}") from None
-        raise
-
-
-def check(cfg, options) -> None:
-    check_options("lyapunov", options)
-    resolved = study_config(cfg)
-    study = resolved.config
-    default = _default_config()
-    given = [key for key in _OUTPUT_KEYS if getattr(study, key) != getattr(default, key)]
-    if given:
-        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
-                          "lyapunov (it stores exponents, not a study's saved output); remove "
-                          f"{'it' if len(given) == 1 else 'them'}.")
-    check_spectrum("lyapunov", resolved, exponent_count(study, options), options["reorthonormalize_every"])
-    betas = resolved.betas.tolist()
-    limit = stability_limit(study.solver.value)
-    if study.solver.value == "euler_renorm":
-        # A step along the unprojected field, then the retraction: at consensus the
-        # differential modes are divided by 1 + c h, stable at any step.
-        betas = []
-    for beta in betas:
-        rate = consensus_rate(study, beta)
-        if rate is not None and rate * study.dt > limit:
-            raise ConfigError(
-                f"at beta={beta:g} the tokens contract at consensus at rate c = {rate:.4g}, too fast for "
-                f"{study.solver.value} with dt={study.dt:g} (stable while c dt <= {limit:.3g}); take dt below "
-                f"{limit / rate:.3g} or smaller betas.")
-
-
-def panels(base, options) -> dict:
-    return {}  # everything is computed in `analyse`: one compiled spectrum program
-
-
-def _one(system, key, beta, span, k, every, solver, quotient=None):
-    """One member's spectrum: its field and tokens from the config, its deviation frame
-    from its own key."""
-    t0, t1, dt = span
-    field, y0, _ = system(key, beta)
-    res = lyapunov_spectrum(field, y0, t0=t0, t1=t1, dt=dt, k=k, solver=solver, reorthonormalize_every=every,
-                            running=True, key=jax.random.fold_in(key, _FRAME), quotient=quotient)
-    return res.exponents, res.running
-
-
-@eqx.filter_jit
-def _piece(system, keys, betas, members, beta_index, span, k, every, solver, quotient=None):
-    """The pairs (keys[members[p]], betas[beta_index[p]]) of one piece, a vmap over them."""
-    return jax.vmap(lambda m, b: _one(system, keys[m], betas[b], span, k, every, solver, quotient))(
-        members, beta_index)
-
-
-@dataclasses.dataclass(frozen=True)
-class Spectra:
-    """Finite-time exponents of an ensemble (NumPy arrays, leading axes (beta, member)).
-
-    `exponents` over $[t_0, t_1]$; `running[..., m, :]` over $[t_0,$ `times[m]`$]$;
-    `late` over $[$`window`$, t_1]$, the second half of the QR times."""
-
-    betas: np.ndarray
-    times: np.ndarray
-    exponents: np.ndarray
-    running: np.ndarray
-    late: np.ndarray
-    window: float
-
-
-def local_exponents(spectra: Spectra, t0: float) -> np.ndarray:
-    """The exponents over each QR interval $[t_{m-1}, t_m]$: differences of the cumulative
-    log-stretches $S(t) = (t - t_0) \\lambda(t)$ over the interval's length (the local
-    rates of the deviation vectors, in the order of `exponents`)."""
-    times = np.concatenate([[t0], spectra.times])
-    sums = spectra.running * (times[1:] - t0)[:, None]
-    sums = np.concatenate([np.zeros_like(sums[..., :1, :]), sums], axis=-2)
-    return np.diff(sums, axis=-2) / np.diff(times)[:, None]
-
-
-def default_chunk(cfg: Config, k: int) -> int:
-    """Pairs solved at once: each one's working set (a state and its k tangent copies with
-    the n x n attention of each head) kept near 1 MiB in all: smaller and larger pieces
-    were both slower on a CPU (benchmarks/README.md)."""
-    item = 4 if cfg.dtype.value == "float32" else 8
-    return max(1, 2**20 // ((k + 1) * cfg.n * max(cfg.n, cfg.d) * item * cfg.heads))
-
-
-def ensemble_spectra(study: Study, k: int, every: int, quotient=None) -> Spectra:
-    """The k leading finite-time exponents of every (beta, member) of a resolved study:
-    member m has the key `split(key(seed), members)[m]` (the core studies'
-    members: the same weights and initial tokens), for every beta. `quotient` as for
-    `lyapunov_spectrum` (the transverse exponents)."""
-    cfg, betas = study.config, study.betas
-    dtype = jnp.dtype(cfg.dtype.value)
-    system = build_system(cfg)
-    keys = jax.random.split(jax.random.key(cfg.seed), cfg.members)
-    span = (cfg.t0, cfg.t1, cfg.dt)
-    count, members = len(betas), cfg.members
-    pairs = count * members
-    chunk = cfg.chunk_size or default_chunk(cfg, k)
-    pieces = math.ceil(pairs / chunk)
-    size = math.ceil(pairs / pieces)
-    beta_array = jnp.asarray(betas, dtype)
-    exponents, running = [], []
-    what = "Lyapunov spectra" if quotient is None else "transverse Lyapunov spectra"
-    with Progress(what, pairs, unit="members") as bar:
-        for i in range(pieces):
-            index = np.arange(i * size, (i + 1) * size) % pairs  # the last piece wraps around
-            out = in_background(lambda index=index: jax.device_get(_piece(
-                system, keys, beta_array, (index % members).astype(np.int32), (index // members).astype(np.int32),
-                span, k, every, cfg.solver.value, quotient)))
-            exponents.append(out[0])
-            running.append(out[1])
-            bar.advance(min(size, pairs - i * size))
-    exponents = np.concatenate(exponents)[:pairs].reshape(count, members, k).astype(np.float64)
-    running = np.concatenate(running)[:pairs].reshape(count, members, -1, k).astype(np.float64)
-    intervals = study.grid.num_steps // every
-    times = cfg.t0 + (cfg.t1 - cfg.t0) * np.arange(1, intervals + 1) / intervals
-    half = intervals // 2 - 1
-    # Cumulative log-stretches S(t) = (t - t0) lambda(t): their difference over
-    # [times[half], t1] is that window's exponent (a column follows one vector).
-    sums = running * (times - cfg.t0)[:, None]
-    late = (sums[..., -1, :] - sums[..., half, :]) / (times[-1] - times[half])
-    bad = ~np.isfinite(exponents).all(axis=-1)
-    if bad.any():
-        where = sorted({betas[b] for b in np.nonzero(bad)[0]})
-        raise ConfigError(
-            f"the exponents of {int(bad.sum())} of {pairs} (beta, member) pairs are not finite (at beta = "
-            f"{', '.join(f'{b:g}' for b in where[:5])}): the states or deviation vectors blew up; lower dt.")
-    return Spectra(np.asarray(betas), times, exponents, running, late, float(times[half]))
-
-
 def transverse_count(cfg: Config, k: int) -> int:
     """How many transverse exponents are kept: k, at most the n(d - 1) tangent directions
     (n d in R^d) less the d(d - 1)/2 rotations."""
     dimension = cfg.n * (cfg.d - 1) if cfg.norm == "sphere" else cfg.n * cfg.d
     return min(k, dimension - cfg.d * (cfg.d - 1) // 2)
-
-
-def analyse(cfg, options, results) -> xr.Dataset:
-    resolved = study_config(cfg)
-    study = resolved.config
-    k = exponent_count(study, options)
-    every = options["reorthonormalize_every"]
-    ds = spectrum_dataset(study, ensemble_spectra(resolved, k, every), k)
-    if rotation_equivariant(study) and transverse_count(study, k) >= 1:
-        count = transverse_count(study, k)
-        ds = ds.merge(transverse_dataset(study, ensemble_spectra(resolved, count, every, quotient=rotation_orbit),
-                                         count))
-    return ds
 
 
 def transverse_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
@@ -376,9 +186,6 @@ def transverse_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
                                               dims=("beta", "transverse")).assign_attrs(
         description="the transverse exponents at consensus in closed form: -c, every one (NaN without it)")
     return ds
-
-
-PERCENTILES = {"q10": "10th percentile", "median": "median", "q90": "90th percentile"}
 
 
 def spectrum_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
@@ -437,81 +244,133 @@ def _sample(values, count: int) -> list[int]:
     return sorted(set(np.linspace(0, size - 1, min(count, size)).round().astype(int).tolist()))
 
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    d = cfg["d"]
-    betas = ds["beta"].values
-    drawn = _drawn_exponents(ds, d)
-    colors = {drawn[0]: "C0", drawn[-1]: "C3"}
-    transverse = "transverse_exponents" in ds
-    fig, axes = subplots(1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4),
-                         layout="constrained")
-    window = float(ds["late_window"])
-    t1 = cfg["t1"]
-    has_theory = bool(np.isfinite(ds["consensus"].values).any())
-    # (a) the whole spectrum over the late window, its forced zeros named.
-    ax = axes[0]
-    for j in range(1, ds.sizes["exponent"] + 1):
-        if j not in drawn:
-            ax.plot(betas, ds["late_exponents_median"].sel(exponent=j), color="0.6", linewidth=0.8,
-                    label="others: median" if j == 2 else None)
-    for j in drawn:
-        _band(ax, betas, ds, "late_exponents", j, colors[j], f"$\\lambda_{{{j}}}$: median, 10-90%")
-        if has_theory:
-            ax.plot(betas, ds["consensus"].sel(exponent=j), color=colors[j], linestyle="--", linewidth=1,
-                    label=f"$\\lambda_{{{j}}}$ at consensus")
-    ax.axhline(0, color="k", linewidth=0.5)
-    ax.set_xlabel(r"$\beta$")
-    ax.set_ylabel("Lyapunov exponent")
-    forced = " ($\\lambda_1$ = 0 forced by rotations)" if transverse else ""
-    ax.set_title(f"(a) full spectrum over [{window:g}, {t1:g}]{forced}")
-    ax.legend(loc="lower left", fontsize=7)
-    if transverse:
-        # (b) the transverse exponents: what the symmetry does not fix.
-        ax = axes[1]
-        count = ds.sizes["transverse"]
-        last = min(d, count)
-        for j, color in ((1, "C2"), (last, "C4")) if last > 1 else ((1, "C2"),):
-            _band(ax, betas, ds, "late_transverse_exponents", j, color, f"transverse $\\lambda_{{{j}}}$: median, 10-90%",
-                  dim="transverse")
-        if np.isfinite(ds["transverse_consensus"].values).any():
-            ax.plot(betas, ds["transverse_consensus"].sel(transverse=1), color="k", linestyle="--", linewidth=1,
-                    label="every transverse exponent at consensus")
+class Lyapunov(Experiment):
+    title = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
+    paper = ("Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
+             "consensus spectrum: tests/README.md, section 11")
+    Options = Options
+    coordinates = {
+        "transverse": ("rank of a transverse Lyapunov exponent (the zeros a symmetry forces left out), largest "
+                       "first", "1"),
+    }
+
+    def check(self) -> None:
+        k, every = self.options.k, self.options.reorthonormalize_every
+        check_qr_options("lyapunov", k, every)
+        resolved = study_config(self.cfg)
+        study = resolved.config
+        default = _default_config()
+        given = [key for key in _OUTPUT_KEYS if getattr(study, key) != getattr(default, key)]
+        if given:
+            raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
+                              "lyapunov (it stores exponents, not a study's saved output); remove "
+                              f"{'it' if len(given) == 1 else 'them'}.")
+        check_spectrum("lyapunov", resolved, exponent_count(study, k), every)
+        betas = resolved.betas.tolist()
+        limit = stability_limit(study.solver.value)
+        if study.solver.value == "euler_renorm":
+            # A step along the unprojected field, then the retraction: at consensus the
+            # differential modes are divided by 1 + c h, stable at any step.
+            betas = []
+        for beta in betas:
+            rate = consensus_rate(study, beta)
+            if rate is not None and rate * study.dt > limit:
+                raise ConfigError(
+                    f"at beta={beta:g} the tokens contract at consensus at rate c = {rate:.4g}, too fast for "
+                    f"{study.solver.value} with dt={study.dt:g} (stable while c dt <= {limit:.3g}); take dt below "
+                    f"{limit / rate:.3g} or smaller betas.")
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        return {}  # everything is computed in `analyse`: one compiled spectrum program
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        resolved = study_config(self.cfg)
+        study = resolved.config
+        k = exponent_count(study, self.options.k)
+        every = self.options.reorthonormalize_every
+        ds = spectrum_dataset(study, ensemble_spectra(resolved, k, every), k)
+        if rotation_equivariant(study) and transverse_count(study, k) >= 1:
+            count = transverse_count(study, k)
+            ds = ds.merge(transverse_dataset(study, ensemble_spectra(resolved, count, every, quotient=rotation_orbit),
+                                             count))
+        return ds
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        d = cfg["d"]
+        betas = ds["beta"].values
+        drawn = _drawn_exponents(ds, d)
+        colors = {drawn[0]: "C0", drawn[-1]: "C3"}
+        transverse = "transverse_exponents" in ds
+        fig, axes = subplots(1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4),
+                             layout="constrained")
+        window = float(ds["late_window"])
+        t1 = cfg["t1"]
+        has_theory = bool(np.isfinite(ds["consensus"].values).any())
+        # (a) the whole spectrum over the late window, its forced zeros named.
+        ax = axes[0]
+        for j in range(1, ds.sizes["exponent"] + 1):
+            if j not in drawn:
+                ax.plot(betas, ds["late_exponents_median"].sel(exponent=j), color="0.6", linewidth=0.8,
+                        label="others: median" if j == 2 else None)
+        for j in drawn:
+            _band(ax, betas, ds, "late_exponents", j, colors[j], f"$\\lambda_{{{j}}}$: median, 10-90%")
+            if has_theory:
+                ax.plot(betas, ds["consensus"].sel(exponent=j), color=colors[j], linestyle="--", linewidth=1,
+                        label=f"$\\lambda_{{{j}}}$ at consensus")
         ax.axhline(0, color="k", linewidth=0.5)
         ax.set_xlabel(r"$\beta$")
         ax.set_ylabel("Lyapunov exponent")
-        ax.set_title(f"(b) transverse spectrum (rotations removed) over [{window:g}, {t1:g}]")
-        ax.legend(loc="lower right", fontsize=7)
-    if "consensus_fraction" in ds:
-        ax = axes[2] if transverse else axes[1]
-        ax.plot(betas, 100 * ds["consensus_fraction"].values, color="C1", marker="o", markersize=3)
-        ax.set_ylim(-3, 103)
-        ax.set_xlabel(r"$\beta$")
-        ax.set_ylabel("members at consensus over the late window (%)")
-        ax.set_title(f"({'c' if transverse else 'b'}) share of members at consensus")
-    else:
-        (axes[2] if transverse else axes[1]).set_visible(False)
-    # Last: the running estimates (the transverse ones where they exist).
-    ax = axes[-1]
-    t = ds["time"].values
-    chosen = _sample(betas, 4)
-    cmap = colormap("viridis")
-    name, dim, which = (("transverse_running", "transverse", [1]) if transverse else ("running", "exponent", drawn))
-    for c, b in enumerate(chosen):
-        color = cmap(c / max(len(chosen) - 1, 1))
-        for j, style in zip(which, ("-", "--")):
-            ax.plot(t, ds[f"{name}_median"].isel(beta=b).sel({dim: j}), color=color, linestyle=style,
-                    label=f"$\\beta$ = {betas[b]:.3g}" if j == which[0] else None)
-    ax.axhline(0, color="k", linestyle=":", linewidth=0.8)
-    ax.axvline(window, color="0.5", linewidth=0.6)
-    ax.set_xlabel("T")
-    ax.set_ylabel("exponent over [t0, T] (median over members)")
-    label = "transverse $\\lambda_1$" if transverse else f"$\\lambda_{{{drawn[0]}}}$ solid" + (
-        f", $\\lambda_{{{drawn[-1]}}}$ dashed" if len(drawn) > 1 else "")
-    ax.set_title(f"({'d' if transverse else 'c'}) running estimates: {label}")
-    ax.legend(loc="lower right")
-    caption(fig, _caption(ds, cfg, drawn), width=240 if transverse else 190)
-    return {"lyapunov": fig}
+        forced = " ($\\lambda_1$ = 0 forced by rotations)" if transverse else ""
+        ax.set_title(f"(a) full spectrum over [{window:g}, {t1:g}]{forced}")
+        ax.legend(loc="lower left", fontsize=7)
+        if transverse:
+            # (b) the transverse exponents: what the symmetry does not fix.
+            ax = axes[1]
+            count = ds.sizes["transverse"]
+            last = min(d, count)
+            for j, color in ((1, "C2"), (last, "C4")) if last > 1 else ((1, "C2"),):
+                _band(ax, betas, ds, "late_transverse_exponents", j, color, f"transverse $\\lambda_{{{j}}}$: median, 10-90%",
+                      dim="transverse")
+            if np.isfinite(ds["transverse_consensus"].values).any():
+                ax.plot(betas, ds["transverse_consensus"].sel(transverse=1), color="k", linestyle="--", linewidth=1,
+                        label="every transverse exponent at consensus")
+            ax.axhline(0, color="k", linewidth=0.5)
+            ax.set_xlabel(r"$\beta$")
+            ax.set_ylabel("Lyapunov exponent")
+            ax.set_title(f"(b) transverse spectrum (rotations removed) over [{window:g}, {t1:g}]")
+            ax.legend(loc="lower right", fontsize=7)
+        if "consensus_fraction" in ds:
+            ax = axes[2] if transverse else axes[1]
+            ax.plot(betas, 100 * ds["consensus_fraction"].values, color="C1", marker="o", markersize=3)
+            ax.set_ylim(-3, 103)
+            ax.set_xlabel(r"$\beta$")
+            ax.set_ylabel("members at consensus over the late window (%)")
+            ax.set_title(f"({'c' if transverse else 'b'}) share of members at consensus")
+        else:
+            (axes[2] if transverse else axes[1]).set_visible(False)
+        # Last: the running estimates (the transverse ones where they exist).
+        ax = axes[-1]
+        t = ds["time"].values
+        chosen = _sample(betas, 4)
+        cmap = colormap("viridis")
+        name, dim, which = (("transverse_running", "transverse", [1]) if transverse else ("running", "exponent", drawn))
+        for c, b in enumerate(chosen):
+            color = cmap(c / max(len(chosen) - 1, 1))
+            for j, style in zip(which, ("-", "--")):
+                ax.plot(t, ds[f"{name}_median"].isel(beta=b).sel({dim: j}), color=color, linestyle=style,
+                        label=f"$\\beta$ = {betas[b]:.3g}" if j == which[0] else None)
+        ax.axhline(0, color="k", linestyle=":", linewidth=0.8)
+        ax.axvline(window, color="0.5", linewidth=0.6)
+        ax.set_xlabel("T")
+        ax.set_ylabel("exponent over [t0, T] (median over members)")
+        label = "transverse $\\lambda_1$" if transverse else f"$\\lambda_{{{drawn[0]}}}$ solid" + (
+            f", $\\lambda_{{{drawn[-1]}}}$ dashed" if len(drawn) > 1 else "")
+        ax.set_title(f"({'d' if transverse else 'c'}) running estimates: {label}")
+        ax.legend(loc="lower right")
+        caption(fig, _caption(ds, cfg, drawn), width=240 if transverse else 190)
+        return {"lyapunov": fig}
 
 
 def _fixed(value: float) -> str:

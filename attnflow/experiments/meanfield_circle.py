@@ -64,18 +64,12 @@ from ..analysis.meanfield import (
     meanfield_circle,
 )
 from ._common import caption, colormap, config_of, counted, subplots
+from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+    from collections.abc import Callable, Mapping
 
-TITLE = "Particles against their mean-field limit on the circle: W1 falls like n^(-1/2)"
-PAPER = ("Geshkovski, Letrouit, Polyanskiy, Rigollet, \"A mathematical perspective on Transformers\" (2023), "
-         "arXiv:2312.10794: the continuity equation of the token density")
-COORDINATES = {
-    "theta": ("angle on the circle", "radian"),
-    "cluster": ("index of a cluster of the mean-field density (in order of angle)", "1"),
-    "particle": ("index of a particle of the largest n, member 0", "1"),
-}
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -107,79 +101,10 @@ def _real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check(cfg: Config, options) -> None:
-    name = "experiment.options"
-    if not (_real(options["sigma"]) and options["sigma"] >= 0):
-        raise ConfigError(f"{name}.sigma must be a number >= 0, got {options['sigma']!r}.")
-    if options["kind"] not in ("sa", "usa"):
-        raise ConfigError(f"{name}.kind must be 'sa' or 'usa', got {options['kind']!r}.")
-    if not (_real(options["beta"]) and options["beta"] > 0):
-        raise ConfigError(f"{name}.beta must be a positive number, got {options['beta']!r}.")
-    if not _whole(options["mode"], 1):
-        raise ConfigError(f"{name}.mode must be a whole number >= 1, got {options['mode']!r}.")
-    if not (_real(options["amplitude"]) and 0 <= options["amplitude"] < 1):
-        raise ConfigError(f"{name}.amplitude must lie in [0, 1) (a positive density), got {options['amplitude']!r}.")
-    ns = options["n"]
-    if not isinstance(ns, list) or len(ns) < 2 or not all(_whole(n, 2) for n in ns) or sorted(set(ns)) != ns:
-        raise ConfigError(f"{name}.n must be an increasing list of at least two whole numbers >= 2 (a slope is "
-                          f"fitted), got {ns!r}.")
-    members = options["members"]
-    if not (_whole(members, 2) or isinstance(members, list) and len(members) == len(ns)
-            and all(_whole(m, 2) for m in members)):
-        raise ConfigError(f"{name}.members must be a whole number >= 2 or a list of them, one per n "
-                          f"({len(ns)} here), got {members!r} (members=24 gives 24 draws at every n).")
-    times = options["times"]
-    if (not isinstance(times, list) or not times or not all(_real(t) for t in times) or times[0] != 0
-            or any(b <= a for a, b in zip(times, times[1:]))):
-        raise ConfigError(f"{name}.times must be an increasing list of times starting at 0, got {times!r}.")
-    if len(times) < 2:
-        # The initial draws alone: no step is taken, and dt and the PDE go unused.
-        raise ConfigError(f"{name}.times={times!r} compares the initial draws only, leaving {name}.dt unused; add "
-                          "a later time.")
-    if not (_real(options["dt"]) and options["dt"] > 0):
-        raise ConfigError(f"{name}.dt must be a positive number, got {options['dt']!r}.")
-    if any(abs(t / options["dt"] - round(t / options["dt"])) > 1e-9 for t in times):
-        raise ConfigError(f"every time of {name}.times must be a whole number of steps dt={options['dt']!r}, "
-                          f"got {times!r}.")
-    if not _whole(options["grid"], 4 * options["mode"] + 4):
-        raise ConfigError(f"{name}.grid must be a whole number >= 4 mode + 4 = {4 * options['mode'] + 4}, got "
-                          f"{options['grid']!r}.")
-    if options["kind"] == "usa" and options["beta"] > USA_LARGEST_BETA:
-        raise ConfigError(f"{name}.beta={options['beta']:g} with {name}.kind=usa overflows float64: unnormalised "
-                          f"attention multiplies by e^beta, held up to beta = {USA_LARGEST_BETA:g}; lower beta, or "
-                          "take kind=sa.")
-    check_kernel_table(options["beta"], options["grid"], name=f"{name}.beta")
-    if not (_real(options["gap"]) and 0 < options["gap"] < math.pi):
-        raise ConfigError(f"{name}.gap must lie in (0, pi) radians, got {options['gap']!r}.")
-    if not (_real(options["core"]) and 0 <= options["core"] < 1):
-        raise ConfigError(f"{name}.core must lie in [0, 1), got {options['core']!r}.")
-    if not (_real(options["min_mass"]) and 0 <= options["min_mass"] < 1):
-        raise ConfigError(f"{name}.min_mass must lie in [0, 1), got {options['min_mass']!r}.")
-    if cfg.dtype.value != "float64":
-        raise ConfigError("experiment meanfield_circle compares with a PDE solved in float64: keep dtype=float64.")
-    default = _default_config()
-    given = [f.name for f in dataclasses.fields(Config)
-             if f.name not in _READ_KEYS and getattr(cfg, f.name) != getattr(default, f.name)]
-    if given:
-        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
-                          "meanfield_circle (Q = K = V = I attention on the circle: it reads dtype, seed and "
-                          "attention_block, the rest comes from its options); remove "
-                          f"{'it' if len(given) == 1 else 'them'}.")
-
-
-def panels(base, options) -> dict:
-    return {}  # everything is computed in `analyse`: one particle program per n, and the PDE
-
-
-def draws(options) -> list[int]:
+def draws(options: Options) -> list[int]:
     """The number of independent draws of the particles at each n."""
-    members = options["members"]
-    return list(members) if isinstance(members, list) else [members] * len(options["n"])
-
-
-def pieces(cfg: Config, options) -> int:
-    """Units of work for the progress bar: the PDE, and one per n."""
-    return 1 + len(options["n"])
+    members = options.members
+    return list(members) if isinstance(members, list) else [members] * len(options.n)
 
 
 def initial_density(theta, mode: int, amplitude: float):
@@ -202,18 +127,18 @@ def sample_angles(key, n: int, mode: int, amplitude: float):
     return theta
 
 
-def _particles(options, n: int, block):
+def _particles(options: Options, n: int, block):
     """A compiled map from a key to the angles of the particles at the compared times."""
-    dt = float(options["dt"])
-    times = np.asarray(options["times"], np.float64)
+    dt = float(options.dt)
+    times = np.asarray(options.times, np.float64)
     eye = Identity(1, 2, "float64")
-    attention = SelfAttention(eye, eye, eye, None, jnp.asarray(options["beta"], jnp.float64), None, heads=1,
-                              kind=options["kind"], block=block, unit_rows=True)
+    attention = SelfAttention(eye, eye, eye, None, jnp.asarray(options.beta, jnp.float64), None, heads=1,
+                              kind=options.kind, block=block, unit_rows=True)
     steps = np.round(times / dt).astype(int)
-    sigma = float(options["sigma"])
+    sigma = float(options.sigma)
 
     def one(key):
-        theta = sample_angles(key, n, options["mode"], options["amplitude"])
+        theta = sample_angles(key, n, options.mode, options.amplitude)
         x0 = jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=-1)
         noise = None
         if sigma > 0 and steps[-1] > 0:  # the particle's own Brownian path, from a key apart from its draw
@@ -290,31 +215,31 @@ def _circular(a, b):
     return np.abs(np.angle(np.exp(1j * (np.asarray(a) - np.asarray(b)))))
 
 
-def _pde(options) -> dict[str, np.ndarray]:
+def _pde(options: Options) -> dict[str, np.ndarray]:
     """The mean-field density's solution at the compared times, as arrays (one piece)."""
-    theta = np.arange(options["grid"]) * (2 * np.pi / options["grid"])
-    rho0 = initial_density(theta, options["mode"], options["amplitude"])
-    pde = meanfield_circle(rho0, np.asarray(options["times"], np.float64), beta=options["beta"], kind=options["kind"],
-                           sigma=options["sigma"])
+    theta = np.arange(options.grid) * (2 * np.pi / options.grid)
+    rho0 = initial_density(theta, options.mode, options.amplitude)
+    pde = meanfield_circle(rho0, np.asarray(options.times, np.float64), beta=options.beta, kind=options.kind,
+                           sigma=options.sigma)
     return {name: np.asarray(getattr(pde, name)) for name in ("coefficients", "density", "mass", "min_density",
                                                               "steps")}
 
 
-def meanfield_dataset(cfg: Config, options, on_piece=None, keep=None) -> xr.Dataset:
+def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -> xr.Dataset:
     """The experiment's Dataset; `keep(compute)` keeps each finished part (the PDE, the
     particles at each n) as a piece of the run (`attnflow.experiments._runner.OwnPieces`;
     None: everything is computed)."""
     keep = keep or (lambda compute: compute())
-    times = np.asarray(options["times"], np.float64)
-    ns = np.asarray(options["n"], np.int64)
+    times = np.asarray(options.times, np.float64)
+    ns = np.asarray(options.n, np.int64)
     per_n = draws(options)
     members = max(per_n)
-    theta = np.arange(options["grid"]) * (2 * np.pi / options["grid"])
+    theta = np.arange(options.grid) * (2 * np.pi / options.grid)
     pde = keep(lambda: _pde(options))
     if on_piece is not None:
         on_piece()
     coefficients = np.asarray(pde["coefficients"])
-    peaks, peak_masses = density_clusters(np.asarray(pde["density"])[-1], options["min_mass"])
+    peaks, peak_masses = density_clusters(np.asarray(pde["density"])[-1], options.min_mass)
     w1 = np.full((ns.size, members, times.size), np.nan)
     mode = np.full((ns.size, members, times.size), np.nan)
     counts = np.full((ns.size, members), -1, np.int64)
@@ -328,11 +253,11 @@ def meanfield_dataset(cfg: Config, options, on_piece=None, keep=None) -> xr.Data
         particles = lambda keys=keys, n=n: {"angles": jax.device_get(_particles(options, int(n),
                                                                                cfg.attention_block)(keys))}
         angles = np.asarray(keep(particles)["angles"])
-        mode[a, :per_n[a]] = np.cos(options["mode"] * angles).mean(axis=-1)
+        mode[a, :per_n[a]] = np.cos(options.mode * angles).mean(axis=-1)
         for m in range(per_n[a]):
             for t in range(times.size):
                 w1[a, m, t] = circle_wasserstein(angles[m, t], coefficients[t])
-            where, mass = particle_clusters(angles[m, -1], options["gap"], options["min_mass"], options["core"])
+            where, mass = particle_clusters(angles[m, -1], options.gap, options.min_mass, options.core)
             counts[a, m] = where.size
             if where.size == peaks.size and where.size:
                 # Pair the clusters in order of angle, at the rotation that fits best.
@@ -360,7 +285,7 @@ def meanfield_dataset(cfg: Config, options, on_piece=None, keep=None) -> xr.Data
         "description": "least-squares slope of log mean W1 against log n"})
     ds["mode"] = xr.DataArray(mode, dims=("n", "member", "time"), attrs={
         "description": "the particles' coefficient of the perturbed mode m, the mean of cos(m theta_j)"})
-    ds["pde_mode"] = xr.DataArray(2 * np.pi * coefficients[:, options["mode"]].real, dims="time", attrs={
+    ds["pde_mode"] = xr.DataArray(2 * np.pi * coefficients[:, options.mode].real, dims="time", attrs={
         "description": "the density's coefficient of the perturbed mode m, the integral of rho cos(m theta)"})
     ds["density"] = xr.DataArray(np.asarray(pde["density"]), dims=("time", "theta"), attrs={
         "description": "the mean-field density rho(t, theta)", "units": "1/radian"})
@@ -383,63 +308,141 @@ def meanfield_dataset(cfg: Config, options, on_piece=None, keep=None) -> xr.Data
                        "at the last time (NaN where the counts differ)"})
     ds["angles"] = xr.DataArray(shown, dims=("time", "particle"), attrs={
         "description": "angles of the particles of the largest n, member 0", "units": "radian"})
-    ds["growth_rate"] = xr.DataArray(circle_growth_rate(options["mode"], options["beta"], options["kind"],
-                                                        options["sigma"]), attrs={
+    ds["growth_rate"] = xr.DataArray(circle_growth_rate(options.mode, options.beta, options.kind,
+                                                        options.sigma), attrs={
         "description": "linear growth rate of the perturbed mode at the uniform density (closed form)"})
     return ds
 
 
-def analyse(cfg, options, results, on_piece=None, keep=None) -> xr.Dataset:
-    work = lambda advance: meanfield_dataset(cfg, options, advance, keep)
-    return counted("meanfield_circle", pieces(cfg, options), work, on_piece)
+class MeanFieldCircle(Experiment):
+    title = "Particles against their mean-field limit on the circle: W1 falls like n^(-1/2)"
+    paper = ("Geshkovski, Letrouit, Polyanskiy, Rigollet, \"A mathematical perspective on Transformers\" (2023), "
+             "arXiv:2312.10794: the continuity equation of the token density")
+    Options = Options
+    coordinates = {
+        "theta": ("angle on the circle", "radian"),
+        "cluster": ("index of a cluster of the mean-field density (in order of angle)", "1"),
+        "particle": ("index of a particle of the largest n, member 0", "1"),
+    }
 
+    def check(self) -> None:
+        cfg, options = self.cfg, self.options
+        name = "experiment.options"
+        if not (_real(options.sigma) and options.sigma >= 0):
+            raise ConfigError(f"{name}.sigma must be a number >= 0, got {options.sigma!r}.")
+        if options.kind not in ("sa", "usa"):
+            raise ConfigError(f"{name}.kind must be 'sa' or 'usa', got {options.kind!r}.")
+        if not (_real(options.beta) and options.beta > 0):
+            raise ConfigError(f"{name}.beta must be a positive number, got {options.beta!r}.")
+        if not _whole(options.mode, 1):
+            raise ConfigError(f"{name}.mode must be a whole number >= 1, got {options.mode!r}.")
+        if not (_real(options.amplitude) and 0 <= options.amplitude < 1):
+            raise ConfigError(f"{name}.amplitude must lie in [0, 1) (a positive density), got {options.amplitude!r}.")
+        ns = options.n
+        if not isinstance(ns, list) or len(ns) < 2 or not all(_whole(n, 2) for n in ns) or sorted(set(ns)) != ns:
+            raise ConfigError(f"{name}.n must be an increasing list of at least two whole numbers >= 2 (a slope is "
+                              f"fitted), got {ns!r}.")
+        members = options.members
+        if not (_whole(members, 2) or isinstance(members, list) and len(members) == len(ns)
+                and all(_whole(m, 2) for m in members)):
+            raise ConfigError(f"{name}.members must be a whole number >= 2 or a list of them, one per n "
+                              f"({len(ns)} here), got {members!r} (members=24 gives 24 draws at every n).")
+        times = options.times
+        if (not isinstance(times, list) or not times or not all(_real(t) for t in times) or times[0] != 0
+                or any(b <= a for a, b in zip(times, times[1:]))):
+            raise ConfigError(f"{name}.times must be an increasing list of times starting at 0, got {times!r}.")
+        if len(times) < 2:
+            # The initial draws alone: no step is taken, and dt and the PDE go unused.
+            raise ConfigError(f"{name}.times={times!r} compares the initial draws only, leaving {name}.dt unused; add "
+                              "a later time.")
+        if not (_real(options.dt) and options.dt > 0):
+            raise ConfigError(f"{name}.dt must be a positive number, got {options.dt!r}.")
+        if any(abs(t / options.dt - round(t / options.dt)) > 1e-9 for t in times):
+            raise ConfigError(f"every time of {name}.times must be a whole number of steps dt={options.dt!r}, "
+                              f"got {times!r}.")
+        if not _whole(options.grid, 4 * options.mode + 4):
+            raise ConfigError(f"{name}.grid must be a whole number >= 4 mode + 4 = {4 * options.mode + 4}, got "
+                              f"{options.grid!r}.")
+        if options.kind == "usa" and options.beta > USA_LARGEST_BETA:
+            raise ConfigError(f"{name}.beta={options.beta:g} with {name}.kind=usa overflows float64: unnormalised "
+                              f"attention multiplies by e^beta, held up to beta = {USA_LARGEST_BETA:g}; lower beta, or "
+                              "take kind=sa.")
+        check_kernel_table(options.beta, options.grid, name=f"{name}.beta")
+        if not (_real(options.gap) and 0 < options.gap < math.pi):
+            raise ConfigError(f"{name}.gap must lie in (0, pi) radians, got {options.gap!r}.")
+        if not (_real(options.core) and 0 <= options.core < 1):
+            raise ConfigError(f"{name}.core must lie in [0, 1), got {options.core!r}.")
+        if not (_real(options.min_mass) and 0 <= options.min_mass < 1):
+            raise ConfigError(f"{name}.min_mass must lie in [0, 1), got {options.min_mass!r}.")
+        if cfg.dtype.value != "float64":
+            raise ConfigError("experiment meanfield_circle compares with a PDE solved in float64: keep dtype=float64.")
+        default = _default_config()
+        given = [f.name for f in dataclasses.fields(Config)
+                 if f.name not in _READ_KEYS and getattr(cfg, f.name) != getattr(default, f.name)]
+        if given:
+            raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
+                              "meanfield_circle (Q = K = V = I attention on the circle: it reads dtype, seed and "
+                              "attention_block, the rest comes from its options); remove "
+                              f"{'it' if len(given) == 1 else 'them'}.")
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    options = cfg["experiment"]["options"]
-    fig, (left, middle, right) = subplots(1, 3, figsize=(15.0, 4.4), layout="constrained")
-    times = ds["time"].values
-    ns = ds["n"].values
-    theta = ds["theta"].values
-    cmap = colormap("viridis")
-    bins = np.linspace(0, 2 * np.pi, 97)
-    for t, time in enumerate(times):
-        color = cmap(t / max(len(times) - 1, 1))
-        left.hist(ds["angles"].isel(time=t).values, bins=bins, density=True, histtype="step", alpha=0.5,
-                  linewidth=0.7, color=color)
-        left.plot(theta, ds["density"].isel(time=t).values, color=color, linewidth=1.4, label=f"t = {time:g}")
-    for peak in ds["peak"].values:
-        left.axvline(peak, color="0.4", linestyle=":", linewidth=0.8)
-    left.set_yscale("log")
-    left.set_ylim(1e-3, 1.5 * float(ds["density"].max()))
-    left.set_xlabel(r"angle $\theta$")
-    left.set_ylabel(r"density $\rho(t, \theta)$")
-    left.set_title(f"(a) the PDE (lines), n = {ns[-1]} particles (histograms)", fontsize=9)
-    left.legend(fontsize=7, loc="upper right")
-    for t, time in enumerate(times):
-        color = cmap(t / max(len(times) - 1, 1))
-        w1 = ds["w1"].isel(time=t).values
-        middle.loglog(ns, np.nanmean(w1, axis=1), "o-", color=color, markersize=4,
-                      label=f"t = {time:g}: slope {float(ds['slope'].isel(time=t)):.2f}")
-        middle.fill_between(ns, np.nanpercentile(w1, 10, axis=1), np.nanpercentile(w1, 90, axis=1), color=color,
-                            alpha=0.12, linewidth=0)
-    guide = ds["w1_mean"].isel(time=0).values[0] * np.sqrt(ns[0] / ns)
-    middle.loglog(ns, guide, "k--", linewidth=0.8, label=r"$\propto n^{-1/2}$")
-    middle.set_xlabel("n (tokens)")
-    middle.set_ylabel(r"$W_1$(particles, PDE)")
-    middle.set_title("(b) mean over the draws, 10-90% band", fontsize=9)
-    middle.legend(fontsize=7, loc="lower left")
-    peaks = ds["peak"].values
-    for a, n in enumerate(ns):
-        errors = ds["position_error"].isel(n=a).values
-        right.semilogy(np.full(errors.size, n) * np.exp(np.linspace(-0.08, 0.08, errors.size)), errors, "o",
-                       color="C0", alpha=0.5, markersize=4)
-    right.set_xscale("log")
-    right.set_xlabel("n (tokens)")
-    right.set_ylabel("largest cluster position error (radian)")
-    right.set_title(f"(c) clusters at t = {times[-1]:g}: {peaks.size} in the PDE", fontsize=9)
-    caption(fig, _caption(ds, options), width=190)
-    return {"meanfield_circle": fig}
+    def panels(self, base: dict) -> dict[str, dict]:
+        return {}  # everything is computed in `analyse`: one particle program per n, and the PDE
+
+    def pieces(self) -> int:
+        """Units of work for the progress bar: the PDE, and one per n."""
+        return 1 + len(self.options.n)
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        work = lambda advance: meanfield_dataset(self.cfg, self.options, advance, keep)
+        return counted("meanfield_circle", self.pieces(), work, on_piece)
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        options = cfg["experiment"]["options"]
+        fig, (left, middle, right) = subplots(1, 3, figsize=(15.0, 4.4), layout="constrained")
+        times = ds["time"].values
+        ns = ds["n"].values
+        theta = ds["theta"].values
+        cmap = colormap("viridis")
+        bins = np.linspace(0, 2 * np.pi, 97)
+        for t, time in enumerate(times):
+            color = cmap(t / max(len(times) - 1, 1))
+            left.hist(ds["angles"].isel(time=t).values, bins=bins, density=True, histtype="step", alpha=0.5,
+                      linewidth=0.7, color=color)
+            left.plot(theta, ds["density"].isel(time=t).values, color=color, linewidth=1.4, label=f"t = {time:g}")
+        for peak in ds["peak"].values:
+            left.axvline(peak, color="0.4", linestyle=":", linewidth=0.8)
+        left.set_yscale("log")
+        left.set_ylim(1e-3, 1.5 * float(ds["density"].max()))
+        left.set_xlabel(r"angle $\theta$")
+        left.set_ylabel(r"density $\rho(t, \theta)$")
+        left.set_title(f"(a) the PDE (lines), n = {ns[-1]} particles (histograms)", fontsize=9)
+        left.legend(fontsize=7, loc="upper right")
+        for t, time in enumerate(times):
+            color = cmap(t / max(len(times) - 1, 1))
+            w1 = ds["w1"].isel(time=t).values
+            middle.loglog(ns, np.nanmean(w1, axis=1), "o-", color=color, markersize=4,
+                          label=f"t = {time:g}: slope {float(ds['slope'].isel(time=t)):.2f}")
+            middle.fill_between(ns, np.nanpercentile(w1, 10, axis=1), np.nanpercentile(w1, 90, axis=1), color=color,
+                                alpha=0.12, linewidth=0)
+        guide = ds["w1_mean"].isel(time=0).values[0] * np.sqrt(ns[0] / ns)
+        middle.loglog(ns, guide, "k--", linewidth=0.8, label=r"$\propto n^{-1/2}$")
+        middle.set_xlabel("n (tokens)")
+        middle.set_ylabel(r"$W_1$(particles, PDE)")
+        middle.set_title("(b) mean over the draws, 10-90% band", fontsize=9)
+        middle.legend(fontsize=7, loc="lower left")
+        peaks = ds["peak"].values
+        for a, n in enumerate(ns):
+            errors = ds["position_error"].isel(n=a).values
+            right.semilogy(np.full(errors.size, n) * np.exp(np.linspace(-0.08, 0.08, errors.size)), errors, "o",
+                           color="C0", alpha=0.5, markersize=4)
+        right.set_xscale("log")
+        right.set_xlabel("n (tokens)")
+        right.set_ylabel("largest cluster position error (radian)")
+        right.set_title(f"(c) clusters at t = {times[-1]:g}: {peaks.size} in the PDE", fontsize=9)
+        caption(fig, _caption(ds, options), width=190)
+        return {"meanfield_circle": fig}
 
 
 def _draws(ds) -> str:

@@ -53,6 +53,7 @@ and the detected plateaus marked, and the table of the detected plateaus.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,15 +71,13 @@ from .._progress import Progress
 from .._store import read_config
 from ..analysis.plateaus import detect_metastability
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
+from ._experiment import Counter, Experiment, Keeper
 from ._runner import merge_overrides
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+    from collections.abc import Callable
 
-TITLE = ("Metastability: clusters that persist, then merge (log time); the energy staircase of the cluster "
-         "partitions (rescaled time)")
-PAPER = ("A Survey of Continuous Time Dynamics of Transformers, fig. 2 (theorem 4.7); "
-         "Dynamic metastability in the self-attention model (the energy staircase, its published code's setup)")
+    from matplotlib.figure import Figure
 
 
 def published_angles() -> list[float]:
@@ -114,56 +113,6 @@ class Options:
 SERIES = ("relative_energy", "clusters")
 # The partitions of the published staircase and their levels sum_q m_q^2 / n^2.
 STAIRCASE = {(2, 1, 1, 1): 7 / 25, (3, 1, 1): 11 / 25, (3, 2): 13 / 25, (5,): 1.0}
-
-
-def check(cfg, options) -> None:
-    """The detectors' settings and the drawn member, checked before anything is solved."""
-    for name in ("sphere_detector", "staircase_detector"):
-        settings = options[name]
-        tol = settings["tol"]
-        if not 0 <= tol < 1:
-            raise ConfigError(f"experiment.options.{name}.tol is a fraction of a series' range in [0, 1), got {tol!r}.")
-        for key in ("min_length", "hold_length"):
-            if not settings[key] >= 0:
-                raise ConfigError(f"experiment.options.{name}.{key} must be a number >= 0, got {settings[key]!r}.")
-    check_member_option(options, cfg.members, optional=True)
-    detector = options["staircase_detector"]
-    if options["staircase"] is None and detector != to_container(Options().staircase_detector):
-        raise ConfigError(f"experiment.options.staircase_detector={detector} does not apply with "
-                          "experiment.options.staircase=null (no staircase panel to detect on); remove it or give the "
-                          "staircase.")
-
-
-def panels(base: dict, options) -> dict[str, dict]:
-    """`sphere`: the experiment's keys, one beta; `staircase`: `experiment.options.staircase`
-    over the defaults. Both record the cluster count and the energy; the staircase also
-    the cluster sizes (its plateaus are read while the partition holds)."""
-    configs = {"sphere": base}
-    if options["staircase"] is not None:
-        plain = to_container(defaults())
-        plain.pop("experiment")
-        for key in ("overwrite", "plot", "compilation_cache"):  # how to run, as the command line says
-            plain[key] = base[key]
-        configs["staircase"] = merge_overrides(plain, options["staircase"])
-    if isinstance(base["beta"], (list, Mapping)):
-        raise ConfigError(f"panel sphere of experiment metastability takes one beta, got beta={base['beta']}.")
-    for label, config in configs.items():
-        # The detector refuses a shortest plateau that a steady drift could fill: say so now.
-        settings = options[f"{label}_detector"]
-        span = config["t1"] - config["t0"]
-        span, unit = (np.log10(span / config["dt"]), "decades of t") if label == "sphere" else (span, "of s")
-        # (a time that is not finite is the panel's study's to refuse, naming it)
-        if np.isfinite(span) and settings["min_length"] <= settings["tol"] * span:
-            raise ConfigError(f"experiment.options.{label}_detector.min_length={settings['min_length']:g} must exceed "
-                              f"tol x the span of the time axis ({settings['tol']:g} x {span:.3g} {unit}), or a "
-                              "steady drift would be cut into plateaus.")
-        metrics = set(config["metrics"])
-        needed = {"clusters", "cluster_sizes"} if label == "staircase" else {"clusters"}
-        if not needed <= metrics or not metrics & {"energy", "log_energy"}:
-            names = ", ".join(sorted(needed))
-            raise ConfigError(f"panel {label} of experiment metastability needs the metrics {names} and energy (or "
-                              f"log_energy), got {config['metrics']}.")
-    return configs
 
 
 def two_cluster_time(theta: float, mass: float, beta: float, eps: float) -> float:
@@ -269,16 +218,16 @@ def _relative(res: xr.Dataset) -> xr.DataArray:
                                              "E_beta / (e^beta / (2 beta)) = mean_ij exp(beta (<x_i, x_j> - 1))")
 
 
-def _sphere(res: xr.Dataset, options) -> xr.Dataset:
+def _sphere(res: xr.Dataset, settings: Detector, member: int | None) -> xr.Dataset:
     """Panel (a): its series over the members and saved times, the detected plateaus and
-    merges over log time, the drawn member's paths and the two-cluster predictions."""
+    merges over log time, `member`'s paths (None: `_representative`) and the two-cluster
+    predictions."""
     config = read_config(res.encoding.get("source", "this Dataset"), res.attrs["config"])
     beta, t0 = float(config["beta"]), float(config["t0"])
     res = res.assign(relative_energy=_relative(res))
-    settings = options["sphere_detector"]
-    found = detect_metastability(res, SERIES, tol=settings["tol"], min_length=settings["min_length"],
-                                 hold_length=settings["hold_length"], axis="log", origin=t0)
-    member = options["member"] if options["member"] is not None else _representative(found)
+    found = detect_metastability(res, SERIES, tol=settings.tol, min_length=settings.min_length,
+                                 hold_length=settings.hold_length, axis="log", origin=t0)
+    member = member if member is not None else _representative(found)
     dims = {"member": "member", "time": "sample", "cluster": "cluster"}
     part = xr.Dataset(coords={"member": res["member"].values})
     part["time"] = ("sample", res["time"].values, {"description": "saved times (log-spaced from t0 + dt)"})
@@ -304,11 +253,11 @@ def _sphere(res: xr.Dataset, options) -> xr.Dataset:
         "description": "time of the last 2 -> 1 merge predicted by the two-point-cluster reduction, started "
                        "mid-way through the two-cluster stretch (NaN: no such merge, or Q = K = V = I sphere "
                        "dynamics not in use)"})
-    part.attrs = {f"sphere_{key}": float(value) for key, value in settings.items()}
+    part.attrs = {f"sphere_{key}": float(value) for key, value in dataclasses.asdict(settings).items()}
     return part
 
 
-def _staircase(res: xr.Dataset, options) -> xr.Dataset:
+def _staircase(res: xr.Dataset, settings: Detector) -> xr.Dataset:
     """Panel (b): the normalized energy, cluster count, partition and angles over rescaled
     time for every beta (member 0: the published start is one given state), and the
     plateaus and merges detected on a linear axis; every name starts with `staircase_`."""
@@ -317,9 +266,8 @@ def _staircase(res: xr.Dataset, options) -> xr.Dataset:
     if "beta" not in res.dims:
         res = res.expand_dims("beta")
     res = res.assign(relative_energy=_relative(res))
-    settings = options["staircase_detector"]
-    found = detect_metastability(res, SERIES, sizes="cluster_sizes", tol=settings["tol"],
-                                 min_length=settings["min_length"], hold_length=settings["hold_length"],
+    found = detect_metastability(res, SERIES, sizes="cluster_sizes", tol=settings.tol,
+                                 min_length=settings.min_length, hold_length=settings.hold_length,
                                  axis="linear", origin=float(config["t0"]))
     rename = {"time": "staircase_sample", "plateau": "staircase_plateau", "merge": "staircase_merge",
               "cluster": "staircase_cluster", "token": "staircase_token"}
@@ -335,7 +283,7 @@ def _staircase(res: xr.Dataset, options) -> xr.Dataset:
                                     {"description": "angle of each token on the circle (rad)", "units": "radian"})
     for name, da in found.data_vars.items():
         part[f"staircase_{name}"] = (tuple(rename.get(d, d) for d in da.dims), da.values, da.attrs)
-    part.attrs = {f"staircase_{key}": float(value) for key, value in settings.items()}
+    part.attrs = {f"staircase_{key}": float(value) for key, value in dataclasses.asdict(settings).items()}
     return part
 
 
@@ -347,14 +295,115 @@ def _representative(found: xr.Dataset) -> int:
     return int(np.lexsort((-last, -counts))[0])
 
 
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    parts = [_sphere(results["sphere"], options)]
-    if "staircase" in results:
-        parts.append(_staircase(results["staircase"], options))
-    attrs = {key: value for part in parts for key, value in part.attrs.items()}
-    ds = xr.merge(parts, combine_attrs="override")  # each variable keeps its own description
-    ds.attrs = attrs
-    return ds
+class Metastability(Experiment):
+    title = ("Metastability: clusters that persist, then merge (log time); the energy staircase of the cluster "
+             "partitions (rescaled time)")
+    paper = ("A Survey of Continuous Time Dynamics of Transformers, fig. 2 (theorem 4.7); "
+             "Dynamic metastability in the self-attention model (the energy staircase, its published code's setup)")
+    Options = Options
+
+    def check(self) -> None:
+        """The detectors' settings and the drawn member, checked before anything is solved."""
+        options = self.options
+        for name, settings in (("sphere_detector", options.sphere_detector),
+                               ("staircase_detector", options.staircase_detector)):
+            tol = settings.tol
+            if not 0 <= tol < 1:
+                raise ConfigError(f"experiment.options.{name}.tol is a fraction of a series' range in [0, 1), "
+                                  f"got {tol!r}.")
+            for key, value in (("min_length", settings.min_length), ("hold_length", settings.hold_length)):
+                if not value >= 0:
+                    raise ConfigError(f"experiment.options.{name}.{key} must be a number >= 0, got {value!r}.")
+        check_member_option(options, self.cfg.members, optional=True)
+        detector = options.staircase_detector
+        if options.staircase is None and detector != Options().staircase_detector:
+            raise ConfigError(f"experiment.options.staircase_detector={dataclasses.asdict(detector)} does not apply "
+                              "with experiment.options.staircase=null (no staircase panel to detect on); remove it or "
+                              "give the staircase.")
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        """`sphere`: the experiment's keys, one beta; `staircase`: `experiment.options.staircase`
+        over the defaults. Both record the cluster count and the energy; the staircase also
+        the cluster sizes (its plateaus are read while the partition holds)."""
+        configs = {"sphere": base}
+        if self.options.staircase is not None:
+            plain = to_container(defaults())
+            plain.pop("experiment")
+            for key in ("overwrite", "plot", "compilation_cache"):  # how to run, as the command line says
+                plain[key] = base[key]
+            configs["staircase"] = merge_overrides(plain, self.options.staircase)
+        if isinstance(base["beta"], (list, Mapping)):
+            raise ConfigError(f"panel sphere of experiment metastability takes one beta, got beta={base['beta']}.")
+        detectors = {"sphere": self.options.sphere_detector, "staircase": self.options.staircase_detector}
+        for label, config in configs.items():
+            # The detector refuses a shortest plateau that a steady drift could fill: say so now.
+            settings = detectors[label]
+            span = config["t1"] - config["t0"]
+            span, unit = (np.log10(span / config["dt"]), "decades of t") if label == "sphere" else (span, "of s")
+            # (a time that is not finite is the panel's study's to refuse, naming it)
+            if np.isfinite(span) and settings.min_length <= settings.tol * span:
+                raise ConfigError(f"experiment.options.{label}_detector.min_length={settings.min_length:g} must exceed "
+                                  f"tol x the span of the time axis ({settings.tol:g} x {span:.3g} {unit}), or a "
+                                  "steady drift would be cut into plateaus.")
+            metrics = set(config["metrics"])
+            needed = {"clusters", "cluster_sizes"} if label == "staircase" else {"clusters"}
+            if not needed <= metrics or not metrics & {"energy", "log_energy"}:
+                names = ", ".join(sorted(needed))
+                raise ConfigError(f"panel {label} of experiment metastability needs the metrics {names} and energy (or "
+                                  f"log_energy), got {config['metrics']}.")
+        return configs
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        parts = [_sphere(results["sphere"], self.options.sphere_detector, self.options.member)]
+        if "staircase" in results:
+            parts.append(_staircase(results["staircase"], self.options.staircase_detector))
+        attrs = {key: value for part in parts for key, value in part.attrs.items()}
+        ds = xr.merge(parts, combine_attrs="override")  # each variable keeps its own description
+        ds.attrs = attrs
+        return ds
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        from matplotlib.lines import Line2D  # lazy: start-up
+        from matplotlib.patches import Patch  # lazy: start-up
+
+        staircase = "staircase_time" in ds
+        rows = 2 if staircase else 1
+        fig = figure(figsize=(13.5, 4.1 * rows))
+        grid = fig.add_gridspec(rows, 3, width_ratios=(1.0, 1.15, 1.15), wspace=0.3, hspace=0.45)
+        config = config_of(ds, "sphere")
+        member = int(ds["drawn_member"])
+        t = ds["time"].values
+        keep = np.isfinite(t) & (t > float(config["t0"]))
+        _paths(fig, grid[0, 0], ds, config, keep, "a")
+        ax = fig.add_subplot(grid[0, 1])
+        _series(ax, ds, "clusters", keep, step=True)
+        _marks(ax, ds, member, "clusters", t[keep], annotate=True)
+        ax.set_ylabel(f"clusters ($\\langle x_i, x_j \\rangle > 1 - {config['eps']:g}$)")
+        ax.set_yscale("log")
+        top = int(np.nanmax(np.where(ds["clusters"].values >= 0, ds["clusters"].values, np.nan)))
+        ticks = [k for k in (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128) if k <= top]
+        ax.set_yticks(ticks, [str(k) for k in ticks])
+        ax.minorticks_off()
+        ax.set_title(f"(a) cluster count: n = {config['n']}, d = {config['d']}, $\\beta$ = {config['beta']:g}")
+        ax2 = fig.add_subplot(grid[0, 2])
+        _series(ax2, ds, "relative_energy", keep, step=False)
+        _marks(ax2, ds, member, "relative_energy", t[keep], annotate=False)
+        ax2.set_ylabel(r"$E_\beta / E_\beta^{\max}$,  $E_\beta^{\max} = e^\beta/(2\beta)$")
+        ax2.set_title(f"(a) interaction energy relative to one cluster ({ds.sizes['member']} members)")
+        handles = [Line2D([], [], color="C0", linewidth=2, label=f"member {member}"),
+                   Line2D([], [], color="0.6", linewidth=0.6, label="other members"),
+                   Patch(color="C2", alpha=0.3, label="detected plateaus"),
+                   Line2D([], [], color="C3", linestyle="--", label="detected merges")]
+        predicted = ds["two_cluster_time"].values
+        if np.isfinite(predicted).any():
+            handles.append(Line2D([], [], color="k", linestyle=":", label="two-cluster reduction"))
+        ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+        notes = [_sphere_note(ds, config)]
+        if staircase:
+            notes.append(_staircase_row(fig, grid, ds, config_of(ds, "staircase")))
+        caption(fig, " ".join(notes), width=190)
+        return {"metastability": fig}
 
 
 # --- the figure -----------------------------------------------------------------
@@ -532,49 +581,6 @@ def _plateau_table(ds: xr.Dataset) -> tuple[list[list[str]], str]:
         rows.append(row)
         deviations.append(f"{worst:.1e} at $\\beta$ = {beta:g}")
     return rows, "; ".join(deviations)
-
-
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    from matplotlib.lines import Line2D  # lazy: start-up
-    from matplotlib.patches import Patch  # lazy: start-up
-
-    staircase = "staircase_time" in ds
-    rows = 2 if staircase else 1
-    fig = figure(figsize=(13.5, 4.1 * rows))
-    grid = fig.add_gridspec(rows, 3, width_ratios=(1.0, 1.15, 1.15), wspace=0.3, hspace=0.45)
-    config = config_of(ds, "sphere")
-    member = int(ds["drawn_member"])
-    t = ds["time"].values
-    keep = np.isfinite(t) & (t > float(config["t0"]))
-    _paths(fig, grid[0, 0], ds, config, keep, "a")
-    ax = fig.add_subplot(grid[0, 1])
-    _series(ax, ds, "clusters", keep, step=True)
-    _marks(ax, ds, member, "clusters", t[keep], annotate=True)
-    ax.set_ylabel(f"clusters ($\\langle x_i, x_j \\rangle > 1 - {config['eps']:g}$)")
-    ax.set_yscale("log")
-    top = int(np.nanmax(np.where(ds["clusters"].values >= 0, ds["clusters"].values, np.nan)))
-    ticks = [k for k in (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128) if k <= top]
-    ax.set_yticks(ticks, [str(k) for k in ticks])
-    ax.minorticks_off()
-    ax.set_title(f"(a) cluster count: n = {config['n']}, d = {config['d']}, $\\beta$ = {config['beta']:g}")
-    ax2 = fig.add_subplot(grid[0, 2])
-    _series(ax2, ds, "relative_energy", keep, step=False)
-    _marks(ax2, ds, member, "relative_energy", t[keep], annotate=False)
-    ax2.set_ylabel(r"$E_\beta / E_\beta^{\max}$,  $E_\beta^{\max} = e^\beta/(2\beta)$")
-    ax2.set_title(f"(a) interaction energy relative to one cluster ({ds.sizes['member']} members)")
-    handles = [Line2D([], [], color="C0", linewidth=2, label=f"member {member}"),
-               Line2D([], [], color="0.6", linewidth=0.6, label="other members"),
-               Patch(color="C2", alpha=0.3, label="detected plateaus"),
-               Line2D([], [], color="C3", linestyle="--", label="detected merges")]
-    predicted = ds["two_cluster_time"].values
-    if np.isfinite(predicted).any():
-        handles.append(Line2D([], [], color="k", linestyle=":", label="two-cluster reduction"))
-    ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
-    notes = [_sphere_note(ds, config)]
-    if staircase:
-        notes.append(_staircase_row(fig, grid, ds, config_of(ds, "staircase")))
-    caption(fig, " ".join(notes), width=190)
-    return {"metastability": fig}
 
 
 def _sphere_note(ds: xr.Dataset, config: Mapping) -> str:

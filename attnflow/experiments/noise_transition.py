@@ -30,7 +30,7 @@ panels' sigma (`meanfield_order`) and on a fine grid of sigma for the figure
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
@@ -39,20 +39,12 @@ from .._errors import ConfigError
 from .._noise import critical_sigma
 from ..analysis.meanfield import circle_stationary_order
 from ._common import caption, config_of, figure
+from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
-
-TITLE = "Noise-driven phase transition of unnormalized attention on the sphere"
-PAPER = ("A mathematical perspective on Transformers (noisy dynamics and the mean-field limit); "
-         "the linear stability threshold sigma_c of docs/model.md")
-
-COORDINATES = {
-    "n": ("number of tokens", "1"),
-    "ratio": ("noise strength over the predicted critical one, sigma / sigma_c", "1"),
-    "sigma": ("noise strength sigma", "1"),
-    "curve_sigma": ("noise strength sigma of the mean-field curve", "1"),
-}
 
 
 @dataclass
@@ -62,48 +54,6 @@ class Options:
         default_factory=lambda: [0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5])
     late: float = 0.33333  # the order parameter is averaged over the last `late` fraction of [t0, t1] (a third)
     disordered_from: float = 1.15  # the ratios above this fit the susceptibility (measured threshold)
-
-
-def check(cfg, options) -> None:
-    ratios = options["ratios"]
-    if not ratios or any(not isinstance(r, (int, float)) or r <= 0 for r in ratios) or sorted(ratios) != ratios:
-        raise ConfigError(f"experiment.options.ratios must be increasing positive numbers (sigma / sigma_c), "
-                          f"got {ratios!r}.")
-    # Each ratio is a panel labelled by its 6 significant digits: two ratios that share them would be one panel,
-    # read back for both.
-    labels = [f"{r:g}" for r in ratios]
-    same = next((r for r, label in zip(ratios, labels) if labels.count(label) > 1), None)
-    if same is not None:
-        others = [r for r, label in zip(ratios, labels) if label == f"{same:g}"]
-        raise ConfigError(f"experiment.options.ratios holds {' and '.join(map(repr, others))}, one panel "
-                          f"(ratio={same:g}); give ratios that differ in their first 6 significant digits.")
-    above = [r for r in ratios if r > options["disordered_from"]]
-    if len(above) < 2:
-        raise ConfigError(f"experiment.options.disordered_from={options['disordered_from']!r} leaves "
-                          f"{len(above)} of the ratios {ratios!r} above it; the measured threshold is a line fitted "
-                          f"on the ratios above it, so give at least two there.")
-    if not 0 < options["late"] <= 1:
-        raise ConfigError(f"experiment.options.late must be in (0, 1], got {options['late']!r}.")
-    if cfg.dynamics != "usa" or cfg.norm != "sphere" or cfg.mlp.enabled or not cfg.attention:
-        raise ConfigError("experiment noise_transition is the unnormalized attention of the sphere alone: keep "
-                          "dynamics=usa, norm=sphere, attention=true and mlp.enabled=false.")
-    if any(getattr(cfg.weights, m).kind != "identity" or getattr(cfg.weights, m).scale != 1 for m in "qkv"):
-        raise ConfigError("experiment noise_transition predicts sigma_c for Q = K = V = I: keep weights.q, k and v "
-                          "the identity.")
-    if isinstance(cfg.d, list) or isinstance(cfg.beta, list):
-        raise ConfigError("experiment noise_transition takes one d and one beta (its panels are n and sigma).")
-    sizes = options["sizes"]
-    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in sizes):
-        raise ConfigError(f"experiment.options.sizes must be a non-empty list of whole numbers n >= 2, got {sizes!r}.")
-
-
-def panels(base: dict, options: dict) -> dict[str, dict]:
-    sigma_c = critical_sigma(float(base["beta"]), int(base["d"]))
-    configs = {}
-    for n in options["sizes"]:
-        for ratio in options["ratios"]:
-            configs[f"n={n},ratio={ratio:g}"] = {**base, "n": n, "noise": {**base["noise"], "sigma": ratio * sigma_c}}
-    return configs
 
 
 def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]:
@@ -128,88 +78,144 @@ def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]
     }, curve
 
 
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    sizes, ratios = [int(n) for n in options["sizes"]], [float(r) for r in options["ratios"]]
-    sigma_c = critical_sigma(float(cfg.beta), int(cfg.d))
-    order = np.empty((len(sizes), len(ratios)))
-    error, square = np.empty_like(order), np.empty_like(order)
-    floor = np.empty(len(sizes))
-    for i, n in enumerate(sizes):
-        starts = []
-        for j, ratio in enumerate(ratios):
-            ds = results[f"n={n},ratio={ratio:g}"]
-            r = ds["order_parameter"].transpose("member", "time")
-            t = ds["time"].values
-            window = t >= cfg.t1 - options["late"] * (cfg.t1 - cfg.t0) - 1e-12
-            per_member = r.values[:, window].mean(axis=1)
-            order[i, j] = per_member.mean()
-            square[i, j] = (r.values[:, window] ** 2).mean()
-            error[i, j] = per_member.std(ddof=1) / np.sqrt(per_member.size) if per_member.size > 1 else np.nan
-            starts.append(r.values[:, 0])
-        floor[i] = np.concatenate(starts).mean()
-    sigma = np.asarray(ratios) * sigma_c
-    # 1/(n E|m|^2) = 1 - sigma_c^2/sigma^2 on the disordered side: a line in 1/sigma^2
-    # whose zero is the measured threshold.
-    fit = np.asarray(ratios) > options["disordered_from"]
-    measured = np.full(len(sizes), np.nan)
-    if fit.sum() >= 2:
+class NoiseTransition(Experiment):
+    title = "Noise-driven phase transition of unnormalized attention on the sphere"
+    paper = ("A mathematical perspective on Transformers (noisy dynamics and the mean-field limit); "
+             "the linear stability threshold sigma_c of docs/model.md")
+    Options = Options
+    coordinates = {
+        "n": ("number of tokens", "1"),
+        "ratio": ("noise strength over the predicted critical one, sigma / sigma_c", "1"),
+        "sigma": ("noise strength sigma", "1"),
+        "curve_sigma": ("noise strength sigma of the mean-field curve", "1"),
+    }
+
+    def check(self) -> None:
+        cfg, options = self.cfg, self.options
+        ratios = options.ratios
+        if not ratios or any(not isinstance(r, (int, float)) or r <= 0 for r in ratios) or sorted(ratios) != ratios:
+            raise ConfigError(f"experiment.options.ratios must be increasing positive numbers (sigma / sigma_c), "
+                              f"got {ratios!r}.")
+        # Each ratio is a panel labelled by its 6 significant digits: two ratios that share them would be one panel,
+        # read back for both.
+        labels = [f"{r:g}" for r in ratios]
+        same = next((r for r, label in zip(ratios, labels) if labels.count(label) > 1), None)
+        if same is not None:
+            others = [r for r, label in zip(ratios, labels) if label == f"{same:g}"]
+            raise ConfigError(f"experiment.options.ratios holds {' and '.join(map(repr, others))}, one panel "
+                              f"(ratio={same:g}); give ratios that differ in their first 6 significant digits.")
+        above = [r for r in ratios if r > options.disordered_from]
+        if len(above) < 2:
+            raise ConfigError(f"experiment.options.disordered_from={options.disordered_from!r} leaves "
+                              f"{len(above)} of the ratios {ratios!r} above it; the measured threshold is a line "
+                              f"fitted on the ratios above it, so give at least two there.")
+        if not 0 < options.late <= 1:
+            raise ConfigError(f"experiment.options.late must be in (0, 1], got {options.late!r}.")
+        if cfg.dynamics != "usa" or cfg.norm != "sphere" or cfg.mlp.enabled or not cfg.attention:
+            raise ConfigError("experiment noise_transition is the unnormalized attention of the sphere alone: keep "
+                              "dynamics=usa, norm=sphere, attention=true and mlp.enabled=false.")
+        if any(getattr(cfg.weights, m).kind != "identity" or getattr(cfg.weights, m).scale != 1 for m in "qkv"):
+            raise ConfigError("experiment noise_transition predicts sigma_c for Q = K = V = I: keep weights.q, k and v "
+                              "the identity.")
+        if isinstance(cfg.d, list) or isinstance(cfg.beta, list):
+            raise ConfigError("experiment noise_transition takes one d and one beta (its panels are n and sigma).")
+        sizes = options.sizes
+        if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in sizes):
+            raise ConfigError(f"experiment.options.sizes must be a non-empty list of whole numbers n >= 2, "
+                              f"got {sizes!r}.")
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        sigma_c = critical_sigma(float(base["beta"]), int(base["d"]))
+        configs = {}
+        for n in self.options.sizes:
+            for ratio in self.options.ratios:
+                configs[f"n={n},ratio={ratio:g}"] = {**base, "n": n,
+                                                     "noise": {**base["noise"], "sigma": ratio * sigma_c}}
+        return configs
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        cfg, options = self.cfg, self.options
+        sizes, ratios = [int(n) for n in options.sizes], [float(r) for r in options.ratios]
+        sigma_c = critical_sigma(float(cfg.beta), int(cfg.d))
+        order = np.empty((len(sizes), len(ratios)))
+        error, square = np.empty_like(order), np.empty_like(order)
+        floor = np.empty(len(sizes))
         for i, n in enumerate(sizes):
-            slope, intercept = np.polyfit(sigma[fit] ** -2.0, 1 / (n * square[i, fit]), 1)
-            measured[i] = np.sqrt(-slope / intercept) if slope < 0 < intercept else np.nan
-    predictions, curve = meanfield_predictions(float(cfg.beta), int(cfg.d), sigma)
-    return xr.Dataset(
-        {
-            **predictions,
-            "order": (("n", "ratio"), order, {
-                "description": "order parameter |mean_i x_i| averaged over the late window and the members",
-                "units": "1"}),
-            "order_square": (("n", "ratio"), square, {
-                "description": "|mean_i x_i|^2 averaged over the late window and the members", "units": "1"}),
-            "order_error": (("n", "ratio"), error, {
-                "description": "standard error over members of the late-window order parameter", "units": "1"}),
-            "floor": (("n",), floor, {
-                "description": "mean order parameter of the uniform initial tokens (the finite-n floor)",
-                "units": "1"}),
-            "measured_threshold": (("n",), measured, {
-                "description": "sigma_c fitted from the disordered side: the zero in 1/sigma^2 of the line "
-                               "1/(n E|m|^2) = 1 - sigma_c^2/sigma^2", "units": "1"}),
-            "critical_sigma": ((), sigma_c, {
-                "description": "predicted critical sigma_c = sqrt(2 A(beta)) of the mean-field equation",
-                "units": "1"}),
-        },
-        coords={"n": sizes, "ratio": ratios, "sigma": ("ratio", sigma), "curve_sigma": curve},
-    )
+            starts = []
+            for j, ratio in enumerate(ratios):
+                ds = results[f"n={n},ratio={ratio:g}"]
+                r = ds["order_parameter"].transpose("member", "time")
+                t = ds["time"].values
+                window = t >= cfg.t1 - options.late * (cfg.t1 - cfg.t0) - 1e-12
+                per_member = r.values[:, window].mean(axis=1)
+                order[i, j] = per_member.mean()
+                square[i, j] = (r.values[:, window] ** 2).mean()
+                error[i, j] = per_member.std(ddof=1) / np.sqrt(per_member.size) if per_member.size > 1 else np.nan
+                starts.append(r.values[:, 0])
+            floor[i] = np.concatenate(starts).mean()
+        sigma = np.asarray(ratios) * sigma_c
+        # 1/(n E|m|^2) = 1 - sigma_c^2/sigma^2 on the disordered side: a line in 1/sigma^2
+        # whose zero is the measured threshold.
+        fit = np.asarray(ratios) > options.disordered_from
+        measured = np.full(len(sizes), np.nan)
+        if fit.sum() >= 2:
+            for i, n in enumerate(sizes):
+                slope, intercept = np.polyfit(sigma[fit] ** -2.0, 1 / (n * square[i, fit]), 1)
+                measured[i] = np.sqrt(-slope / intercept) if slope < 0 < intercept else np.nan
+        predictions, curve = meanfield_predictions(float(cfg.beta), int(cfg.d), sigma)
+        return xr.Dataset(
+            {
+                **predictions,
+                "order": (("n", "ratio"), order, {
+                    "description": "order parameter |mean_i x_i| averaged over the late window and the members",
+                    "units": "1"}),
+                "order_square": (("n", "ratio"), square, {
+                    "description": "|mean_i x_i|^2 averaged over the late window and the members", "units": "1"}),
+                "order_error": (("n", "ratio"), error, {
+                    "description": "standard error over members of the late-window order parameter", "units": "1"}),
+                "floor": (("n",), floor, {
+                    "description": "mean order parameter of the uniform initial tokens (the finite-n floor)",
+                    "units": "1"}),
+                "measured_threshold": (("n",), measured, {
+                    "description": "sigma_c fitted from the disordered side: the zero in 1/sigma^2 of the line "
+                                   "1/(n E|m|^2) = 1 - sigma_c^2/sigma^2", "units": "1"}),
+                "critical_sigma": ((), sigma_c, {
+                    "description": "predicted critical sigma_c = sqrt(2 A(beta)) of the mean-field equation",
+                    "units": "1"}),
+            },
+            coords={"n": sizes, "ratio": ratios, "sigma": ("ratio", sigma), "curve_sigma": curve},
+        )
 
-
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    fig = figure(figsize=(7.0, 4.2))
-    ax = fig.add_subplot(1, 1, 1)
-    sigma, sigma_c = ds["sigma"].values, float(ds["critical_sigma"])
-    for i, n in enumerate(ds["n"].values):
-        line = ax.errorbar(sigma, ds["order"].values[i], yerr=ds["order_error"].values[i], marker="o",
-                           markersize=4, capsize=2, label=f"n = {n}")
-        ax.axhline(float(ds["floor"].values[i]), color=line[0].get_color(), linestyle=":", linewidth=0.9)
-    ax.axvline(sigma_c, color="k", linestyle="--", linewidth=1.2, label=rf"predicted $\sigma_c$ = {sigma_c:.3f}")
-    if "meanfield_curve" in ds:
-        ax.plot(ds["curve_sigma"].values, ds["meanfield_curve"].values, color="k", linewidth=1.4,
-                label=r"mean field, $n \to \infty$: stationary $|\int e^{i\theta}\rho|$")
-    ax.set_xlabel(r"noise $\sigma$")
-    ax.set_ylabel(r"stationary order parameter $|\frac{1}{n}\sum_i x_i|$")
-    ax.set_ylim(0, None)
-    ax.legend(loc="upper right")
-    measured = ", ".join(f"n = {n}: {m:.3f}" for n, m in zip(ds["n"].values, ds["measured_threshold"].values))
-    above = float(cfg["experiment"]["options"]["disordered_from"])
-    t1, late = cfg["t1"], cfg["experiment"]["options"]["late"]
-    solid = "; solid: the order parameter of its stationary density" if "meanfield_curve" in ds else ""
-    caption(fig, (
-        f"Unnormalized attention (USA) with Q = K = V = I on $S^{{{cfg['d'] - 1}}}$, $\\beta$ = {cfg['beta']}, "
-        f"plus the Brownian motion of the sphere of strength $\\sigma$; uniform tokens at t = 0, {cfg['solver']} "
-        f"with dt = {cfg['dt']} in {cfg['dtype']}, {cfg['members']} members per point. The order parameter is "
-        f"averaged over t in [{t1 - late * (t1 - cfg['t0']):.4g}, {t1:g}] and over members (bars: standard error); "
-        f"dotted: the floor of uniform tokens at each n. Dashed: the linear stability threshold of the uniform law "
-        f"of the mean-field equation{solid}. Measured threshold (the zero of $1/(n E|m|^2)$, linear in "
-        f"$1/\\sigma^2$, fitted "
-        f"for $\\sigma > {above:g}\\sigma_c$): {measured}."),
-        width=110)
-    return {"noise_transition": fig}
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        fig = figure(figsize=(7.0, 4.2))
+        ax = fig.add_subplot(1, 1, 1)
+        sigma, sigma_c = ds["sigma"].values, float(ds["critical_sigma"])
+        for i, n in enumerate(ds["n"].values):
+            line = ax.errorbar(sigma, ds["order"].values[i], yerr=ds["order_error"].values[i], marker="o",
+                               markersize=4, capsize=2, label=f"n = {n}")
+            ax.axhline(float(ds["floor"].values[i]), color=line[0].get_color(), linestyle=":", linewidth=0.9)
+        ax.axvline(sigma_c, color="k", linestyle="--", linewidth=1.2, label=rf"predicted $\sigma_c$ = {sigma_c:.3f}")
+        if "meanfield_curve" in ds:
+            ax.plot(ds["curve_sigma"].values, ds["meanfield_curve"].values, color="k", linewidth=1.4,
+                    label=r"mean field, $n \to \infty$: stationary $|\int e^{i\theta}\rho|$")
+        ax.set_xlabel(r"noise $\sigma$")
+        ax.set_ylabel(r"stationary order parameter $|\frac{1}{n}\sum_i x_i|$")
+        ax.set_ylim(0, None)
+        ax.legend(loc="upper right")
+        measured = ", ".join(f"n = {n}: {m:.3f}" for n, m in zip(ds["n"].values, ds["measured_threshold"].values))
+        above = float(cfg["experiment"]["options"]["disordered_from"])
+        t1, late = cfg["t1"], cfg["experiment"]["options"]["late"]
+        solid = "; solid: the order parameter of its stationary density" if "meanfield_curve" in ds else ""
+        caption(fig, (
+            f"Unnormalized attention (USA) with Q = K = V = I on $S^{{{cfg['d'] - 1}}}$, $\\beta$ = {cfg['beta']}, "
+            f"plus the Brownian motion of the sphere of strength $\\sigma$; uniform tokens at t = 0, {cfg['solver']} "
+            f"with dt = {cfg['dt']} in {cfg['dtype']}, {cfg['members']} members per point. The order parameter is "
+            f"averaged over t in [{t1 - late * (t1 - cfg['t0']):.4g}, {t1:g}] and over members (bars: standard error); "
+            f"dotted: the floor of uniform tokens at each n. Dashed: the linear stability threshold of the uniform law "
+            f"of the mean-field equation{solid}. Measured threshold (the zero of $1/(n E|m|^2)$, linear in "
+            f"$1/\\sigma^2$, fitted "
+            f"for $\\sigma > {above:g}\\sigma_c$): {measured}."),
+            width=110)
+        return {"noise_transition": fig}

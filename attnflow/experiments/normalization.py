@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
@@ -51,19 +51,15 @@ import xarray as xr
 from .._config import choice
 from .._errors import ConfigError
 from ._common import caption, check_member_option, config_of, subplots
+from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "Post-LN collapses exponentially, pre-LN polynomially"
-PAPER = ("post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
-         "same attention on the residual stream")
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "scheme": ("normalization scheme: post_ln or pre_ln", None),
-    "scheme_name": ("the normalization scheme in words", None),
-}
 PreNorm = choice("PreNorm", ("rms", "layer"))
+
 
 @dataclass
 class Options:
@@ -72,30 +68,9 @@ class Options:
     fit_from: float = 0.1  # the fits start once 1 - mean cosine is below this
     floor: float = 1.0e-24  # and stop once it is below this
     settle: float = 0.02  # rate and exponent: fitted where the local slope stays within this share of its final value
+
+
 SCHEMES = {"post_ln": "post-LN (sphere)", "pre_ln": "pre-LN (residual stream)"}
-
-
-def check(cfg, options) -> None:
-    check_member_option(options, cfg.members)
-    if not 0 < options["settle"] < 1:
-        raise ConfigError(f"experiment.options.settle must be a fraction in (0, 1), got {options['settle']!r}.")
-    if not (0 < float(options["floor"]) < float(options["fit_from"]) < 1):
-        raise ConfigError(f"experiment.options needs 0 < floor < fit_from < 1, got floor={options['floor']} and "
-                          f"fit_from={options['fit_from']}.")
-    if not cfg.save_states:
-        raise ConfigError("experiment normalization reads the cosines and norms from the states: keep "
-                          "save_states=true.")
-    if cfg.norm != "sphere":
-        raise ConfigError(f"experiment normalization sets the schemes itself (sphere, then pre); keep norm=sphere, "
-                          f"got norm={cfg.norm}.")
-
-
-def panels(base: dict, options) -> dict[str, dict]:
-    """Post-LN as configured (on the sphere) and pre-LN with a unit-gain normalization."""
-    pre = copy.deepcopy(base)
-    pre["norm"] = "pre"
-    pre["token_norm"].update(kind=options["pre_norm"], eps=0.0, gamma=float(base["d"]) ** -0.5, shift=None)
-    return {"post_ln": base, "pre_ln": pre}
 
 
 def collapse(x: np.ndarray) -> np.ndarray:
@@ -185,125 +160,161 @@ def norm_line(t: np.ndarray, norm: np.ndarray) -> tuple[float, float]:
     return float(c), float(-b / c)
 
 
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    labels = list(results)
-    first = results[labels[0]]
-    t = first["time"].values
-    fit_from, floor = float(options["fit_from"]), float(options["floor"])
-    series, norms, failed = [], [], []
-    for label in labels:
-        x = results[label]["x"].values  # (member, time, token, dim)
-        series.append(collapse(x))
-        norms.append(np.linalg.norm(x, axis=-1).mean(-1))
-        failed.append(int((results[label]["status"] != 0).sum()))
-    series = np.stack(series)  # (scheme, member, time)
-    with np.errstate(divide="ignore"):
-        gmean = np.exp(np.mean(np.log(series), axis=1))
-    ds = xr.Dataset(coords={"scheme": labels, "member": first["member"].values, "time": t})
-    ds = ds.assign_coords(scheme_name=("scheme", [SCHEMES.get(label, label) for label in labels]))
-    ds["collapse"] = xr.DataArray(series, dims=("scheme", "member", "time")).assign_attrs(
-        description="1 - mean cosine over pairs of distinct tokens")
-    ds["collapse_gmean"] = xr.DataArray(gmean, dims=("scheme", "time")).assign_attrs(
-        description="geometric mean over members of 1 - mean cosine")
-    ds["token_norm"] = xr.DataArray(np.stack(norms), dims=("scheme", "member", "time")).assign_attrs(
-        description="mean norm |x_i| of the tokens (the residual stream for pre-LN; 1 on the sphere)")
-    settle = float(options["settle"])
-    norms = np.stack(norms)  # (scheme, member, time)
-    lines = [norm_line(t, norms[k].mean(0)) for k in range(len(labels))]
-    member_lines = [[norm_line(t, norms[k, m]) for m in range(norms.shape[1])] for k in range(len(labels))]
-    fits = [fit_rates(t, gmean[k], fit_from, floor, lines[k][1], settle) for k in range(len(labels))]
-    member_fits = [[fit_rates(t, series[k, m], fit_from, floor, member_lines[k][m][1], settle)
-                    for m in range(series.shape[1])] for k in range(len(labels))]
-    ds["norm_growth"] = xr.DataArray([c for c, _ in lines], dims="scheme").assign_attrs(
-        description="c of |x| ~ c (t - t_0), mean token norm fitted on the second half of the run (0 on the sphere)")
-    ds["norm_origin"] = xr.DataArray([t0 for _, t0 in lines], dims="scheme").assign_attrs(
-        description="t_0 of |x| ~ c (t - t_0): where the residual stream's linear growth starts (0 on the sphere)")
-    ds["norm_origin_member"] = xr.DataArray([[t0 for _, t0 in row] for row in member_lines],
-                                            dims=("scheme", "member")).assign_attrs(
-        description="t_0 of |x| ~ c (t - t_0), per member")
-    for key, text in _FIT_DESCRIPTIONS.items():
-        ds[key] = xr.DataArray([f[key] for f in fits], dims="scheme").assign_attrs(
-            description=f"{text}, on the geometric mean over members")
-        ds[f"{key}_member"] = xr.DataArray([[f[key] for f in row] for row in member_fits],
-                                           dims=("scheme", "member")).assign_attrs(description=f"{text}, per member")
-    ds["failed_members"] = xr.DataArray(failed, dims="scheme").assign_attrs(
-        description="members whose solve failed, per scheme")
-    return ds
+class Normalization(Experiment):
+    title = "Post-LN collapses exponentially, pre-LN polynomially"
+    paper = ("post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
+             "same attention on the residual stream")
+    coordinates = {
+        "scheme": ("normalization scheme: post_ln or pre_ln", None),
+        "scheme_name": ("the normalization scheme in words", None),
+    }
+    Options = Options
 
+    def check(self) -> None:
+        cfg, options = self.cfg, self.options
+        check_member_option(options, cfg.members)
+        if not 0 < options.settle < 1:
+            raise ConfigError(f"experiment.options.settle must be a fraction in (0, 1), got {options.settle!r}.")
+        if not (0 < options.floor < options.fit_from < 1):
+            raise ConfigError(f"experiment.options needs 0 < floor < fit_from < 1, got floor={options.floor} and "
+                              f"fit_from={options.fit_from}.")
+        if not cfg.save_states:
+            raise ConfigError("experiment normalization reads the cosines and norms from the states: keep "
+                              "save_states=true.")
+        if cfg.norm != "sphere":
+            raise ConfigError(f"experiment normalization sets the schemes itself (sphere, then pre); keep norm=sphere, "
+                              f"got norm={cfg.norm}.")
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    options = cfg["experiment"]["options"]
-    member = int(options["member"])
-    t = ds["time"].values
-    positive = t > 0
-    fig, axes = subplots(1, 3, figsize=(14.0, 4.4), layout="constrained")
-    colors = {label: f"C{k}" for k, label in enumerate(ds["scheme"].values)}
-    for ax, kind in ((axes[0], "power"), (axes[1], "exp")):
+    def panels(self, base: dict) -> dict[str, dict]:
+        """Post-LN as configured (on the sphere) and pre-LN with a unit-gain normalization."""
+        pre = copy.deepcopy(base)
+        pre["norm"] = "pre"
+        pre["token_norm"].update(kind=str(self.options.pre_norm), eps=0.0, gamma=float(base["d"]) ** -0.5,
+                                 shift=None)
+        return {"post_ln": base, "pre_ln": pre}
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        labels = list(results)
+        first = results[labels[0]]
+        t = first["time"].values
+        fit_from, floor = self.options.fit_from, self.options.floor
+        series, norms, failed = [], [], []
+        for label in labels:
+            x = results[label]["x"].values  # (member, time, token, dim)
+            series.append(collapse(x))
+            norms.append(np.linalg.norm(x, axis=-1).mean(-1))
+            failed.append(int((results[label]["status"] != 0).sum()))
+        series = np.stack(series)  # (scheme, member, time)
+        with np.errstate(divide="ignore"):
+            gmean = np.exp(np.mean(np.log(series), axis=1))
+        ds = xr.Dataset(coords={"scheme": labels, "member": first["member"].values, "time": t})
+        ds = ds.assign_coords(scheme_name=("scheme", [SCHEMES.get(label, label) for label in labels]))
+        ds["collapse"] = xr.DataArray(series, dims=("scheme", "member", "time")).assign_attrs(
+            description="1 - mean cosine over pairs of distinct tokens")
+        ds["collapse_gmean"] = xr.DataArray(gmean, dims=("scheme", "time")).assign_attrs(
+            description="geometric mean over members of 1 - mean cosine")
+        ds["token_norm"] = xr.DataArray(np.stack(norms), dims=("scheme", "member", "time")).assign_attrs(
+            description="mean norm |x_i| of the tokens (the residual stream for pre-LN; 1 on the sphere)")
+        settle = self.options.settle
+        norms = np.stack(norms)  # (scheme, member, time)
+        lines = [norm_line(t, norms[k].mean(0)) for k in range(len(labels))]
+        member_lines = [[norm_line(t, norms[k, m]) for m in range(norms.shape[1])] for k in range(len(labels))]
+        fits = [fit_rates(t, gmean[k], fit_from, floor, lines[k][1], settle) for k in range(len(labels))]
+        member_fits = [[fit_rates(t, series[k, m], fit_from, floor, member_lines[k][m][1], settle)
+                        for m in range(series.shape[1])] for k in range(len(labels))]
+        ds["norm_growth"] = xr.DataArray([c for c, _ in lines], dims="scheme").assign_attrs(
+            description="c of |x| ~ c (t - t_0), mean token norm fitted on the second half of the run (0 on the "
+                        "sphere)")
+        ds["norm_origin"] = xr.DataArray([t0 for _, t0 in lines], dims="scheme").assign_attrs(
+            description="t_0 of |x| ~ c (t - t_0): where the residual stream's linear growth starts (0 on the sphere)")
+        ds["norm_origin_member"] = xr.DataArray([[t0 for _, t0 in row] for row in member_lines],
+                                                dims=("scheme", "member")).assign_attrs(
+            description="t_0 of |x| ~ c (t - t_0), per member")
+        for key, text in _FIT_DESCRIPTIONS.items():
+            ds[key] = xr.DataArray([f[key] for f in fits], dims="scheme").assign_attrs(
+                description=f"{text}, on the geometric mean over members")
+            ds[f"{key}_member"] = xr.DataArray([[f[key] for f in row] for row in member_fits],
+                                               dims=("scheme", "member")).assign_attrs(
+                description=f"{text}, per member")
+        ds["failed_members"] = xr.DataArray(failed, dims="scheme").assign_attrs(
+            description="members whose solve failed, per scheme")
+        return ds
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        options = cfg["experiment"]["options"]
+        member = int(options["member"])
+        t = ds["time"].values
+        positive = t > 0
+        fig, axes = subplots(1, 3, figsize=(14.0, 4.4), layout="constrained")
+        colors = {label: f"C{k}" for k, label in enumerate(ds["scheme"].values)}
+        for ax, kind in ((axes[0], "power"), (axes[1], "exp")):
+            for label in ds["scheme"].values:
+                part = ds.sel(scheme=label)
+                color = colors[label]
+                for m in ds["member"].values:
+                    ax.plot(t[positive], part["collapse"].sel(member=m).values[positive], color=color,
+                            linewidth=1.0 if m == member else 0.5, alpha=0.8 if m == member else 0.3)
+                r2 = {key: float(part[key]) for key in ("exp_r2", "power_r2")}
+                ax.plot(t[positive], part["collapse_gmean"].values[positive], color=color, linewidth=2,
+                        label=f"{part['scheme_name'].item()}: R$^2$ exp {r2['exp_r2']:.3f}, power {r2['power_r2']:.3f}")
+                start, end = float(part[f"{kind}_start"]), float(part["fit_end"])
+                better = (r2["power_r2"] > r2["exp_r2"]) == (kind == "power")
+                if np.isfinite(start) and better:  # each scheme's fit where its model is the one it follows
+                    window = np.geomspace(start, end, 50)
+                    if kind == "power":
+                        p, origin = float(part["power_exponent"]), float(part["norm_origin"])
+                        fit = np.exp(float(part["power_log_amplitude"])) * (window - origin) ** (-p)
+                        text = f"(t - {origin:.2g})$^{{-{p:.2f}}}$" if origin else f"t$^{{-{p:.2f}}}$"
+                    else:
+                        r = float(part["exp_rate"])
+                        fit = np.exp(float(part["exp_log_amplitude"]) - r * window)
+                        text = f"e$^{{-{r:.2f}t}}$"
+                    ax.plot(window, fit, color="k", linestyle="--", linewidth=1)
+                    ax.annotate(text, (window[-1], fit[-1]), textcoords="offset points", xytext=(4, 0), fontsize=8)
+            ax.set_yscale("log")
+            ax.set_xlabel("time t" + (" (log)" if kind == "power" else ""))
+            ax.set_ylabel(r"$1 - $ mean cosine over pairs")
+        axes[0].set_xscale("log")
+        axes[0].set_title("(a) log-log: a power law is a line (dashed: power-law fit)")
+        axes[1].set_title("(b) semilog: an exponential is a line (dashed: exponential fit)")
+        # The power law of pre-LN is one in t - t_0, the origin of the residual stream's growth.
+        axes[0].legend(loc="lower left")
+        ax = axes[2]
         for label in ds["scheme"].values:
             part = ds.sel(scheme=label)
-            color = colors[label]
-            for m in ds["member"].values:
-                ax.plot(t[positive], part["collapse"].sel(member=m).values[positive], color=color,
-                        linewidth=1.0 if m == member else 0.5, alpha=0.8 if m == member else 0.3)
-            r2 = {key: float(part[key]) for key in ("exp_r2", "power_r2")}
-            ax.plot(t[positive], part["collapse_gmean"].values[positive], color=color, linewidth=2,
-                    label=f"{part['scheme_name'].item()}: R$^2$ exp {r2['exp_r2']:.3f}, power {r2['power_r2']:.3f}")
-            start, end = float(part[f"{kind}_start"]), float(part["fit_end"])
-            better = (r2["power_r2"] > r2["exp_r2"]) == (kind == "power")
-            if np.isfinite(start) and better:  # each scheme's fit where its model is the one it follows
-                window = np.geomspace(start, end, 50)
-                if kind == "power":
-                    p, origin = float(part["power_exponent"]), float(part["norm_origin"])
-                    fit = np.exp(float(part["power_log_amplitude"])) * (window - origin) ** (-p)
-                    text = f"(t - {origin:.2g})$^{{-{p:.2f}}}$" if origin else f"t$^{{-{p:.2f}}}$"
-                else:
-                    r = float(part["exp_rate"])
-                    fit = np.exp(float(part["exp_log_amplitude"]) - r * window)
-                    text = f"e$^{{-{r:.2f}t}}$"
-                ax.plot(window, fit, color="k", linestyle="--", linewidth=1)
-                ax.annotate(text, (window[-1], fit[-1]), textcoords="offset points", xytext=(4, 0), fontsize=8)
+            ax.plot(t[positive], part["token_norm"].values[:, positive].T, color=colors[label], linewidth=0.8)
+            ax.plot([], [], color=colors[label], label=part["scheme_name"].item())
+        for label in ds["scheme"].values:
+            part = ds.sel(scheme=label)
+            c, origin = float(part["norm_growth"]), float(part["norm_origin"])
+            if c > 0:
+                late = c * (t - origin) >= 1.0
+                ax.plot(t[late], c * (t[late] - origin), color="k", linestyle=":", linewidth=1,
+                        label=f"|x| = {c:.2f} (t - {origin:.2g})")
+        ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("time t" + (" (log)" if kind == "power" else ""))
-        ax.set_ylabel(r"$1 - $ mean cosine over pairs")
-    axes[0].set_xscale("log")
-    axes[0].set_title("(a) log-log: a power law is a line (dashed: power-law fit)")
-    axes[1].set_title("(b) semilog: an exponential is a line (dashed: exponential fit)")
-    # The power law of pre-LN is one in t - t_0, the origin of the residual stream's growth.
-    axes[0].legend(loc="lower left")
-    ax = axes[2]
-    for label in ds["scheme"].values:
-        part = ds.sel(scheme=label)
-        ax.plot(t[positive], part["token_norm"].values[:, positive].T, color=colors[label], linewidth=0.8)
-        ax.plot([], [], color=colors[label], label=part["scheme_name"].item())
-    for label in ds["scheme"].values:
-        part = ds.sel(scheme=label)
-        c, origin = float(part["norm_growth"]), float(part["norm_origin"])
-        if c > 0:
-            late = c * (t - origin) >= 1.0
-            ax.plot(t[late], c * (t[late] - origin), color="k", linestyle=":", linewidth=1,
-                    label=f"|x| = {c:.2f} (t - {origin:.2g})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("time t (log)")
-    ax.set_ylabel(r"mean token norm $|x_i|$")
-    ax.set_title("(c) the pre-LN residual stream grows like t")
-    ax.legend(loc="upper left")
-    fits = {label: ds.sel(scheme=label) for label in ds["scheme"].values}
-    words = "; ".join(
-        f"{part['scheme_name'].item()}: exp rate {float(part['exp_rate']):.2f} (t in [{float(part['exp_start']):.3g}, "
-        f"{float(part['fit_end']):.3g}]), power exponent {float(part['power_exponent']):.2f} in t - "
-        f"{float(part['norm_origin']):.2g} (t in [{float(part['power_start']):.3g}, {float(part['fit_end']):.3g}]), "
-        f"$R^{{2}}$ over [{float(part['fit_start']):.3g}, {float(part['fit_end']):.3g}]: exp "
-        f"{float(part['exp_r2']):.4f}, power {float(part['power_r2']):.4f}" for part in fits.values())
-    caption(fig, (
-        f"Softmax attention with Ginibre Q, K, V drawn per member, n = {cfg['n']}, d = {cfg['d']}, $\\beta$ = "
-        f"sqrt(d) = {cfg['beta']:.3g}, {ds.sizes['member']} members (thin; member {member} darker; thick: geometric "
-        f"mean), unit initial tokens uniform on the sphere, {cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}. "
-        f"Post-LN keeps the tokens on the sphere; pre-LN feeds x/|x| ({options['pre_norm']} norm with gain "
-        f"d^(-1/2)) to attention and adds the update to the residual stream. 1 - mean cosine is computed as "
-        f"$\\frac{{1}}{{n - 1}} \\sum_i |u_i - \\bar u|^2$, exact far below 1e-16. Fits on the geometric mean, between 1 - cos "
-        f"= {options['fit_from']:g} and {options['floor']:g}; the rate and the exponent only where the local slope has "
-        f"settled (within {options.get('settle', 0.02):g} of its end value), the power law in t - t_0 with t_0 the "
-        f"origin of the fitted growth |x| = c (t - t_0): {words}."), width=175)
-    return {"normalization": fig}
+        ax.set_xlabel("time t (log)")
+        ax.set_ylabel(r"mean token norm $|x_i|$")
+        ax.set_title("(c) the pre-LN residual stream grows like t")
+        ax.legend(loc="upper left")
+        fits = {label: ds.sel(scheme=label) for label in ds["scheme"].values}
+        words = "; ".join(
+            f"{part['scheme_name'].item()}: exp rate {float(part['exp_rate']):.2f} (t in "
+            f"[{float(part['exp_start']):.3g}, {float(part['fit_end']):.3g}]), power exponent "
+            f"{float(part['power_exponent']):.2f} in t - {float(part['norm_origin']):.2g} (t in "
+            f"[{float(part['power_start']):.3g}, {float(part['fit_end']):.3g}]), "
+            f"$R^{{2}}$ over [{float(part['fit_start']):.3g}, {float(part['fit_end']):.3g}]: exp "
+            f"{float(part['exp_r2']):.4f}, power {float(part['power_r2']):.4f}" for part in fits.values())
+        caption(fig, (
+            f"Softmax attention with Ginibre Q, K, V drawn per member, n = {cfg['n']}, d = {cfg['d']}, $\\beta$ = "
+            f"sqrt(d) = {cfg['beta']:.3g}, {ds.sizes['member']} members (thin; member {member} darker; thick: "
+            f"geometric mean), unit initial tokens uniform on the sphere, {cfg['solver']} with dt = {cfg['dt']} in "
+            f"{cfg['dtype']}. Post-LN keeps the tokens on the sphere; pre-LN feeds x/|x| ({options['pre_norm']} norm "
+            f"with gain d^(-1/2)) to attention and adds the update to the residual stream. 1 - mean cosine is computed "
+            f"as $\\frac{{1}}{{n - 1}} \\sum_i |u_i - \\bar u|^2$, exact far below 1e-16. Fits on the geometric mean, "
+            f"between 1 - cos = {options['fit_from']:g} and {options['floor']:g}; the rate and the exponent only where "
+            f"the local slope has settled (within {options.get('settle', 0.02):g} of its end value), the power law in "
+            f"t - t_0 with t_0 the origin of the fitted growth |x| = c (t - t_0): {words}."), width=175)
+        return {"normalization": fig}

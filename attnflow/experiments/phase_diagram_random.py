@@ -38,54 +38,23 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import xarray as xr
 
 from .._config import choice
 from .._errors import ConfigError
 from ._common import caption, config_of
-from .phase_diagram import heatmaps, summarize
-from .phase_diagram import check as check_eps
+from ._experiment import Counter, Experiment, Keeper
+from ._phase_diagrams import check_eps, heatmaps, summarize
+from ._random_laws import PANELS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "Phase diagram of the pair density with random Q^T K and V (d = 128)"
-PAPER = "A mathematical perspective on Transformers, fig. 5"
 
-
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "panel_title": ("the random attention matrices of the panel, in words", None),
-}
-_IDENTITY = {"kind": "identity"}
-_PRODUCT = {"kind": "random", "law": "product"}
-_GOE = {"kind": "random", "law": "goe"}
-_WISHART = {"kind": "random", "law": "wishart"}
-
-
-def _tied(sign: float, form: str):
-    """V = sign B / sqrt(d) (sqrt(d + 1) for the GOE), transposed: the row-vector V of the
-    paper's code as it acts on column vectors."""
-    extra = 1 if form == "goe" else 0
-    return lambda d: {"kind": "tied", "sign": sign, "scale": 1.0 / math.sqrt(d + extra), "transpose": True}
-
-
-# label -> (its title, {weight: spec, or a function of d giving it})
-PANELS = {
-    "product_wishart": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = GG^\top/\sqrt{d}$",
-                        {"q": _IDENTITY, "k": _PRODUCT, "v": _WISHART}),
-    "goe_wishart": (r"$Q^\top K$ GOE, $V = GG^\top/\sqrt{d}$", {"q": _IDENTITY, "k": _GOE, "v": _WISHART}),
-    "v_plus_qtk": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = +Q^\top K/\sqrt{d}$",
-                   {"q": _IDENTITY, "k": _PRODUCT, "v": _tied(1.0, "product")}),
-    "v_minus_qtk": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = -Q^\top K/\sqrt{d}$",
-                    {"q": _IDENTITY, "k": _PRODUCT, "v": _tied(-1.0, "product")}),
-    "product_identity": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = I$", {"q": _IDENTITY, "k": _PRODUCT, "v": _IDENTITY}),
-    "product_ginibre": (r"$Q^\top K = G_1G_2/\sqrt{d}$, V Ginibre $N(0, 1/d)$",
-                        {"q": _IDENTITY, "k": _PRODUCT, "v": {"kind": "random", "law": "gaussian"}}),
-}
 Panel = choice("Panel", tuple(PANELS))
 
 
@@ -94,6 +63,8 @@ class Options:
     eps: float = 1e-3  # the equiangular curve is the time at which rho = 1 - eps
     panels: list[Panel] = field(  # which of PANELS to solve
         default_factory=lambda: [Panel.product_wishart, Panel.goe_wishart, Panel.v_plus_qtk, Panel.v_minus_qtk])
+
+
 # What the caption says of each law, in words.
 LAWS = ("Q = I and K = B, the bilinear form Q^T K drawn directly: product law B = G1 G2/sqrt(d) (logits of variance "
         "1 on unit tokens) or GOE (G + G^T)/sqrt(2); V Wishart G G^T/sqrt(d) or tied to B as +-B/sqrt(d) "
@@ -101,47 +72,53 @@ LAWS = ("Q = I and K = B, the bilinear form Q^T K drawn directly: product law B 
         "G, G1, G2 with N(0, 1) entries, drawn anew for every member and every beta")
 
 
-def check(cfg, options) -> None:
-    check_eps(cfg, options)
-    chosen = options["panels"]
-    if not chosen:
-        raise ConfigError(f"experiment.options.panels must be a non-empty list of {', '.join(PANELS)}, "
-                          f"got {chosen!r}.")
+class PhaseDiagramRandom(Experiment):
+    title = "Phase diagram of the pair density with random Q^T K and V (d = 128)"
+    paper = "A mathematical perspective on Transformers, fig. 5"
+    coordinates = {
+        "panel_title": ("the random attention matrices of the panel, in words", None),
+    }
+    Options = Options
 
+    def check(self) -> None:
+        check_eps(self.options.eps)
+        chosen = self.options.panels
+        if not chosen:
+            raise ConfigError(f"experiment.options.panels must be a non-empty list of {', '.join(PANELS)}, "
+                              f"got {chosen!r}.")
 
-def panels(base: dict, options: dict) -> dict[str, dict]:
-    configs = {}
-    for label in options["panels"]:
-        config = copy.deepcopy(base)
-        for name, spec in PANELS[label][1].items():
-            spec = spec(int(base["d"])) if callable(spec) else spec
-            config["weights"][name] = {**config["weights"][name], **spec}
-        config["weights"]["shared"] = False
-        config["weights"]["per_beta"] = True
-        configs[label] = config
-    return configs
+    def panels(self, base: dict) -> dict[str, dict]:
+        configs = {}
+        for label in map(str, self.options.panels):
+            config = copy.deepcopy(base)
+            for name, spec in PANELS[label][1].items():
+                spec = spec(int(base["d"])) if callable(spec) else spec
+                config["weights"][name] = {**config["weights"][name], **spec}
+            config["weights"]["shared"] = False
+            config["weights"]["per_beta"] = True
+            configs[label] = config
+        return configs
 
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        labels = list(results)
+        ds = summarize(self.cfg, self.options.eps, results, "panel", labels)
+        final = ds["pair_density_mean"].isel(time=-1, drop=True).assign_attrs(
+            description=f"mean pair density at t = {float(ds['time'][-1]):g}")
+        return ds.assign(final_pair_density=final).assign_coords(
+            panel_title=("panel", [PANELS[label][0] for label in labels]))
 
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    labels = list(results)
-    ds = summarize(cfg, options, results, "panel", labels)
-    final = ds["pair_density_mean"].isel(time=-1, drop=True).assign_attrs(
-        description=f"mean pair density at t = {float(ds['time'][-1]):g}")
-    return ds.assign(final_pair_density=final).assign_coords(
-        panel_title=("panel", [PANELS[label][0] for label in labels]))
-
-
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    labels = [str(p) for p in ds["panel"].values]
-    titles = [f"({chr(97 + k)}) {ds['panel_title'].values[k]}" for k in range(len(labels))]
-    fig = heatmaps(ds, "panel", titles)
-    beta = ds["beta"].values
-    caption(fig, (
-        f"{LAWS}. Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']} tokens uniform at t = 0, "
-        f"{cfg['members']} members per (panel, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
-        f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
-        f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - {cfg['eps']:g}$, averaged over "
-        f"members. Dashed: the equiangular curve of the Q = K = V = I model (n = {cfg['n']}, eps = "
-        f"{float(ds['equiangular_time'].attrs['eps']):g}), for comparison."), width=30 * min(len(labels), 4) + 20)
-    return {"phase_diagram_random": fig}
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        labels = [str(p) for p in ds["panel"].values]
+        titles = [f"({chr(97 + k)}) {ds['panel_title'].values[k]}" for k in range(len(labels))]
+        fig = heatmaps(ds, "panel", titles)
+        beta = ds["beta"].values
+        caption(fig, (
+            f"{LAWS}. Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']} tokens uniform at t = 0, "
+            f"{cfg['members']} members per (panel, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
+            f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
+            f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - {cfg['eps']:g}$, "
+            f"averaged over members. Dashed: the equiangular curve of the Q = K = V = I model (n = {cfg['n']}, eps = "
+            f"{float(ds['equiangular_time'].attrs['eps']):g}), for comparison."), width=30 * min(len(labels), 4) + 20)
+        return {"phase_diagram_random": fig}

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
@@ -57,18 +57,14 @@ import xarray as xr
 from .._config import choice, to_container
 from .._errors import ConfigError
 from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
+from ._experiment import Counter, Experiment, Keeper
+from ._magnitudes import SCHEDULES, coefficients, dispersion_index
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "Polynomial weight magnitudes: growing weights keep tokens dispersed"
-PAPER = "Neural ODE Transformers, app. C.8, fig. 14"
-
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "schedule": ("weight magnitude schedule: f0 to f5", None),
-    "formula": ("the schedule f(t) of the weight magnitude", None),
-}
 NORMALIZERS = ("softmax", "none")
 Normalizer = choice("Normalizer", NORMALIZERS)
 
@@ -79,64 +75,6 @@ class Options:
     normalizer: Normalizer = Normalizer.softmax  # softmax (what the figure uses) | none (the paper's equation)
 
 
-# name -> (formula, coefficients of f(t) = sum_k c_k t^k for a horizon T)
-SCHEDULES = {
-    "f0": ("1/2", lambda T: [0.5]),
-    "f1": ("(t/T)/2", lambda T: [0.0, 0.5 / T]),
-    "f2": ("(t/T)^2/2", lambda T: [0.0, 0.0, 0.5 / T**2]),
-    "f3": ("(t/T)^3/2", lambda T: [0.0, 0.0, 0.0, 0.5 / T**3]),
-    "f4": ("(t/T)^4/2", lambda T: [0.0, 0.0, 0.0, 0.0, 0.5 / T**4]),
-    "f5": ("(1-t/T)^2/2", lambda T: [0.5, -1.0 / T, 0.5 / T**2]),
-}
-_LENGTH = 5  # every panel's coefficients padded to this length: one compiled program
-
-
-def check(cfg, options) -> None:
-    check_drawn_member("polynomial", cfg, options, "measures the dispersion on the states", optional=True)
-    if cfg.dynamics != "sa":
-        raise ConfigError(f"experiment polynomial sets the attention itself from experiment.options.normalizer; keep "
-                          f"dynamics=sa, got dynamics={cfg.dynamics.value}.")
-    if cfg.t0 != 0:
-        raise ConfigError(f"experiment polynomial runs on [0, T] with T = t1; set t0=0, got t0={cfg.t0}.")
-    for name in "qkv":
-        if getattr(cfg.weights, name).poly is not None:
-            raise ConfigError(f"experiment polynomial sets weights.{name}.poly itself (one schedule per panel); "
-                              "leave it null.")
-
-
-def coefficients(name: str, horizon: float) -> list[float]:
-    """The coefficients $c_0, \\dots, c_4$ of schedule `name` over $[0, T]$, $T$ = `horizon`."""
-    values = SCHEDULES[name][1](float(horizon))
-    return values + [0.0] * (_LENGTH - len(values))
-
-
-def panels(base: dict, options) -> dict[str, dict]:
-    """One study per magnitude f_0 ... f_5, with the same factor on Q, K and V. With
-    normalizer `none` the attention is the paper's sum without a normaliser: attnflow's
-    unnormalized attention (exp(logit)/n) with V multiplied by n."""
-    configs = {}
-    for name in SCHEDULES:
-        config = copy.deepcopy(base)
-        for matrix in "qkv":
-            config["weights"][matrix]["poly"] = coefficients(name, base["t1"])
-        if options["normalizer"] == "none":
-            config["dynamics"] = "usa"
-            config["weights"]["v"]["scale"] = float(config["weights"]["v"]["scale"]) * base["n"]
-        configs[name] = config
-    return configs
-
-
-def dispersion_index(x: np.ndarray) -> np.ndarray:
-    """Mean nearest-neighbour distance over mean pairwise distance of tokens `x` (..., n, d)."""
-    n = x.shape[-2]
-    coordinates = np.ascontiguousarray(np.moveaxis(x, -1, 0))  # one contiguous (..., n) array per axis
-    squared = sum((c[..., :, None] - c[..., None, :]) ** 2 for c in coordinates)
-    distance = np.sqrt(squared)
-    mean_pair = distance.sum((-1, -2)) / (n * (n - 1))
-    distance[..., np.arange(n), np.arange(n)] = np.inf
-    return np.asarray(distance.min(-1).mean(-1) / mean_pair)
-
-
 def spread(x: np.ndarray) -> np.ndarray:
     """Mean distance of the tokens `x` (..., n, d) to their centroid."""
     return np.asarray(np.linalg.norm(x - x.mean(-2, keepdims=True), axis=-1).mean(-1))
@@ -145,61 +83,6 @@ def spread(x: np.ndarray) -> np.ndarray:
 def _geometric_mean(values: np.ndarray, axis: int) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.exp(np.nanmean(np.log(values), axis=axis))
-
-
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    names = list(results)
-    first = results[names[0]]
-    t = first["time"].values
-    members = first["member"].values
-    dispersion, size, paths, failed = [], [], [], []
-    for name in names:
-        x = results[name]["x"].values  # (member, time, token, dim)
-        index = dispersion_index(x)
-        dispersion.append(index / index[:, :1])
-        radius = spread(x)
-        size.append(radius / radius[:, :1])
-        paths.append(x)
-        failed.append(int((results[name]["status"] != 0).sum()))
-    dispersion, size = np.stack(dispersion), np.stack(size)  # (schedule, member, time)
-    member = options["member"]
-    if member is None:
-        # The most typical member: its final dispersions closest, in log, to the geometric means.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            logs = np.log(dispersion[:, :, -1])
-            distance = np.nansum((logs - np.nanmean(logs, axis=1, keepdims=True)) ** 2, axis=0)
-        member = int(np.argmin(distance))
-    paths = [x[member] for x in paths]
-    coords = {"schedule": names, "member": members, "time": t}
-    ds = xr.Dataset(coords=coords)
-    ds = ds.assign_coords(formula=("schedule", [SCHEDULES[name][0] for name in names]))
-    ds["dispersion"] = xr.DataArray(dispersion, dims=("schedule", "member", "time")).assign_attrs(
-        description="mean nearest-neighbour distance over mean pairwise distance of the tokens, divided by its "
-                    "value at t = 0 (1: as scattered as the initial cube; towards 0: tight clusters)")
-    ds["spread"] = xr.DataArray(size, dims=("schedule", "member", "time")).assign_attrs(
-        description="mean distance of the tokens to their centroid, divided by its value at t = 0")
-    for name, values in (("dispersion", dispersion), ("spread", size)):
-        ds[f"{name}_gmean"] = xr.DataArray(_geometric_mean(values, 1), dims=("schedule", "time")).assign_attrs(
-            description=f"geometric mean over members of {name}")
-        summary = member_summary(ds[name])
-        for key in ("q10", "median", "q90"):
-            ds[f"{name}_{key}"] = summary[f"{name}_{key}"]
-    final = ds["dispersion_gmean"].isel(time=-1)
-    ds["final_dispersion"] = final.drop_vars("time").assign_attrs(
-        description=f"geometric mean over members of the dispersion at T = {t[-1]:g}: the measure per schedule")
-    orders = [name for name in ("f1", "f2", "f3", "f4") if name in names]
-    ds["dispersion_grows_with_order"] = xr.DataArray(
-        int(np.all(np.diff(final.sel(schedule=orders).values) > 0))).assign_attrs(
-        description="1 when the final dispersion increases from f_1 to f_4 (the paper's claim), else 0")
-    ds["x_member"] = xr.DataArray(np.stack(paths), dims=("schedule", "time", "token", "dim")).assign_attrs(
-        description=f"states x(time, token, dim) of member {member} under each schedule")
-    ds["magnitude"] = xr.DataArray(
-        np.stack([np.polynomial.polynomial.polyval(t, coefficients(name, cfg.t1)) for name in names]),
-        dims=("schedule", "time")).assign_attrs(description="the magnitude f(t) of each schedule")
-    ds["drawn_member"] = xr.DataArray(member).assign_attrs(description="the member whose tokens are drawn")
-    ds["failed_members"] = xr.DataArray(failed, dims="schedule").assign_attrs(
-        description="members whose solve failed, per schedule")
-    return ds
 
 
 def options_of(cfg: dict) -> dict:
@@ -230,65 +113,156 @@ def _configuration(ax, x: np.ndarray, cmap) -> None:
     ax.tick_params(labelsize=6, pad=0)
 
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    member = int(ds["drawn_member"])
-    names = list(ds["schedule"].values)
-    formulas = {name: str(f) for name, f in zip(names, ds["formula"].values)}
-    t = ds["time"].values
-    fig = figure(figsize=(13.0, 10.5), layout="constrained")
-    rows = -(-len(names) // 3)
-    grid = fig.add_gridspec(rows + 1, 3, height_ratios=[1.0] * rows + [0.95])
-    cmap = colormap("viridis")
-    final = ds["final_dispersion"]
-    letters = "abcdefghijkl"
-    for k, name in enumerate(names):
-        ax = fig.add_subplot(grid[k // 3, k % 3], projection="3d")
-        _configuration(ax, ds["x_member"].sel(schedule=name).values, cmap)
-        own = float(ds["dispersion"].sel(schedule=name).isel(member=member, time=-1))
-        ax.set_title(f"({letters[k]}) f = {formulas[name]}: dispersion {own:.2g}", fontsize=9)
-    colors = {name: f"C{k}" for k, name in enumerate(names)}
-    ax = fig.add_subplot(grid[rows, 0])
-    for name in names:
-        ax.plot(t, ds["dispersion_gmean"].sel(schedule=name), color=colors[name], label=f"f = {formulas[name]}")
-    ax.set_yscale("log")
-    ax.set_xlabel("time t (layer x dt)")
-    ax.set_ylabel("dispersion / dispersion at t = 0")
-    ax.set_title(f"({letters[len(names)]}) dispersion, geometric mean of {ds.sizes['member']} members")
-    ax.legend(loc="lower left", ncol=2)
-    ax = fig.add_subplot(grid[rows, 1])
-    for name in names:
-        ax.plot(t, ds["spread_gmean"].sel(schedule=name), color=colors[name])
-    ax.set_yscale("log")
-    ax.set_xlabel("time t")
-    ax.set_ylabel("spread / spread at t = 0")
-    ax.set_title(f"({letters[len(names) + 1]}) spread, geometric mean (colours as in {letters[len(names)]})")
-    ax = fig.add_subplot(grid[rows, 2])
-    rng = np.random.default_rng(0)
-    values = ds["dispersion"].isel(time=-1)
-    for k, name in enumerate(names):
-        points = values.sel(schedule=name).values
-        ax.scatter(k + rng.uniform(-0.18, 0.18, points.size), points, s=6, color=colors[name], alpha=0.5,
-                   linewidth=0)
-        ax.scatter(k, float(final.sel(schedule=name)), s=70, marker="_", color="k", linewidth=2,
-                   label="geometric mean" if k == 0 else None)
-    ax.set_xticks(range(len(names)), [formulas[name] for name in names], rotation=30, fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel(f"dispersion at T = {t[-1]:g}")
-    ax.set_title(f"({letters[len(names) + 2]}) final dispersion, every member")
-    ax.legend(loc="lower right")
-    grows = bool(int(ds["dispersion_grows_with_order"]))
-    attention = ("Softmax attention" if options_of(cfg)["normalizer"] == "softmax"
-                 else "The paper's unnormalized attention $\\sum_j e^{\\mathrm{logit}_{ij}} V x_j$")
-    caption(fig, (
-        f"{attention} without token normalization, Q = K = A_0 f(t), V = V_0 f(t), A_0 and V_0 standard Gaussian "
-        f"(drawn per member), logits / sqrt(d); n = {cfg['n']}, d = {cfg['d']}, T = {cfg['t1']:g}, "
-        f"{cfg['solver']} with dt = {cfg['dt']} ({round(cfg['t1'] / cfg['dt'])} layers), tokens uniform in "
-        f"[{cfg['init']['low']:g}, {cfg['init']['high']:g}]^{cfg['d']}; {ds.sizes['member']} members, the same "
-        f"weights and tokens under every f. (a-f) member {member}'s tokens (its dispersion at T in the title), centred on their centroid and divided by "
-        f"their spread at every time (the shape of the configuration, whose size and place vary by orders of "
-        f"magnitude): paths and end points, coloured by the initial first coordinate. Dispersion = mean nearest-neighbour distance / mean pairwise distance, relative to t = 0 "
-        f"(small: clustered). The final dispersion {'increases' if grows else 'does not increase'} with the order "
-        f"of (t/T)^k, k = 1..4, and the constant f clusters; the spread instead shrinks with k, since a higher "
-        f"order integrates to a smaller total weight magnitude."), width=170)
-    return {"polynomial": fig}
+class Polynomial(Experiment):
+    title = "Polynomial weight magnitudes: growing weights keep tokens dispersed"
+    paper = "Neural ODE Transformers, app. C.8, fig. 14"
+    Options = Options
+    coordinates = {
+        "schedule": ("weight magnitude schedule: f0 to f5", None),
+        "formula": ("the schedule f(t) of the weight magnitude", None),
+    }
+
+    def check(self) -> None:
+        check_drawn_member("polynomial", self.cfg, self.options, "measures the dispersion on the states", optional=True)
+        if self.cfg.dynamics != "sa":
+            raise ConfigError(f"experiment polynomial sets the attention itself from experiment.options.normalizer; "
+                              f"keep dynamics=sa, got dynamics={self.cfg.dynamics.value}.")
+        if self.cfg.t0 != 0:
+            raise ConfigError(f"experiment polynomial runs on [0, T] with T = t1; set t0=0, got t0={self.cfg.t0}.")
+        for name in "qkv":
+            if getattr(self.cfg.weights, name).poly is not None:
+                raise ConfigError(f"experiment polynomial sets weights.{name}.poly itself (one schedule per panel); "
+                                  "leave it null.")
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        """One study per magnitude f_0 ... f_5, with the same factor on Q, K and V. With
+        normalizer `none` the attention is the paper's sum without a normaliser: attnflow's
+        unnormalized attention (exp(logit)/n) with V multiplied by n."""
+        configs = {}
+        for name in SCHEDULES:
+            config = copy.deepcopy(base)
+            for matrix in "qkv":
+                config["weights"][matrix]["poly"] = coefficients(name, base["t1"])
+            if self.options.normalizer == "none":
+                config["dynamics"] = "usa"
+                config["weights"]["v"]["scale"] = float(config["weights"]["v"]["scale"]) * base["n"]
+            configs[name] = config
+        return configs
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        names = list(results)
+        first = results[names[0]]
+        t = first["time"].values
+        members = first["member"].values
+        dispersion, size, paths, failed = [], [], [], []
+        for name in names:
+            x = results[name]["x"].values  # (member, time, token, dim)
+            index = dispersion_index(x)
+            dispersion.append(index / index[:, :1])
+            radius = spread(x)
+            size.append(radius / radius[:, :1])
+            paths.append(x)
+            failed.append(int((results[name]["status"] != 0).sum()))
+        dispersion, size = np.stack(dispersion), np.stack(size)  # (schedule, member, time)
+        member = self.options.member
+        if member is None:
+            # The most typical member: its final dispersions closest, in log, to the geometric means.
+            with np.errstate(divide="ignore", invalid="ignore"):
+                logs = np.log(dispersion[:, :, -1])
+                distance = np.nansum((logs - np.nanmean(logs, axis=1, keepdims=True)) ** 2, axis=0)
+            member = int(np.argmin(distance))
+        paths = [x[member] for x in paths]
+        coords = {"schedule": names, "member": members, "time": t}
+        ds = xr.Dataset(coords=coords)
+        ds = ds.assign_coords(formula=("schedule", [SCHEDULES[name][0] for name in names]))
+        ds["dispersion"] = xr.DataArray(dispersion, dims=("schedule", "member", "time")).assign_attrs(
+            description="mean nearest-neighbour distance over mean pairwise distance of the tokens, divided by its "
+                        "value at t = 0 (1: as scattered as the initial cube; towards 0: tight clusters)")
+        ds["spread"] = xr.DataArray(size, dims=("schedule", "member", "time")).assign_attrs(
+            description="mean distance of the tokens to their centroid, divided by its value at t = 0")
+        for name, values in (("dispersion", dispersion), ("spread", size)):
+            ds[f"{name}_gmean"] = xr.DataArray(_geometric_mean(values, 1), dims=("schedule", "time")).assign_attrs(
+                description=f"geometric mean over members of {name}")
+            summary = member_summary(ds[name])
+            for key in ("q10", "median", "q90"):
+                ds[f"{name}_{key}"] = summary[f"{name}_{key}"]
+        final = ds["dispersion_gmean"].isel(time=-1)
+        ds["final_dispersion"] = final.drop_vars("time").assign_attrs(
+            description=f"geometric mean over members of the dispersion at T = {t[-1]:g}: the measure per schedule")
+        orders = [name for name in ("f1", "f2", "f3", "f4") if name in names]
+        ds["dispersion_grows_with_order"] = xr.DataArray(
+            int(np.all(np.diff(final.sel(schedule=orders).values) > 0))).assign_attrs(
+            description="1 when the final dispersion increases from f_1 to f_4 (the paper's claim), else 0")
+        ds["x_member"] = xr.DataArray(np.stack(paths), dims=("schedule", "time", "token", "dim")).assign_attrs(
+            description=f"states x(time, token, dim) of member {member} under each schedule")
+        ds["magnitude"] = xr.DataArray(
+            np.stack([np.polynomial.polynomial.polyval(t, coefficients(name, self.cfg.t1)) for name in names]),
+            dims=("schedule", "time")).assign_attrs(description="the magnitude f(t) of each schedule")
+        ds["drawn_member"] = xr.DataArray(member).assign_attrs(description="the member whose tokens are drawn")
+        ds["failed_members"] = xr.DataArray(failed, dims="schedule").assign_attrs(
+            description="members whose solve failed, per schedule")
+        return ds
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        member = int(ds["drawn_member"])
+        names = list(ds["schedule"].values)
+        formulas = {name: str(f) for name, f in zip(names, ds["formula"].values)}
+        t = ds["time"].values
+        fig = figure(figsize=(13.0, 10.5), layout="constrained")
+        rows = -(-len(names) // 3)
+        grid = fig.add_gridspec(rows + 1, 3, height_ratios=[1.0] * rows + [0.95])
+        cmap = colormap("viridis")
+        final = ds["final_dispersion"]
+        letters = "abcdefghijkl"
+        for k, name in enumerate(names):
+            ax = fig.add_subplot(grid[k // 3, k % 3], projection="3d")
+            _configuration(ax, ds["x_member"].sel(schedule=name).values, cmap)
+            own = float(ds["dispersion"].sel(schedule=name).isel(member=member, time=-1))
+            ax.set_title(f"({letters[k]}) f = {formulas[name]}: dispersion {own:.2g}", fontsize=9)
+        colors = {name: f"C{k}" for k, name in enumerate(names)}
+        ax = fig.add_subplot(grid[rows, 0])
+        for name in names:
+            ax.plot(t, ds["dispersion_gmean"].sel(schedule=name), color=colors[name], label=f"f = {formulas[name]}")
+        ax.set_yscale("log")
+        ax.set_xlabel("time t (layer x dt)")
+        ax.set_ylabel("dispersion / dispersion at t = 0")
+        ax.set_title(f"({letters[len(names)]}) dispersion, geometric mean of {ds.sizes['member']} members")
+        ax.legend(loc="lower left", ncol=2)
+        ax = fig.add_subplot(grid[rows, 1])
+        for name in names:
+            ax.plot(t, ds["spread_gmean"].sel(schedule=name), color=colors[name])
+        ax.set_yscale("log")
+        ax.set_xlabel("time t")
+        ax.set_ylabel("spread / spread at t = 0")
+        ax.set_title(f"({letters[len(names) + 1]}) spread, geometric mean (colours as in {letters[len(names)]})")
+        ax = fig.add_subplot(grid[rows, 2])
+        rng = np.random.default_rng(0)
+        values = ds["dispersion"].isel(time=-1)
+        for k, name in enumerate(names):
+            points = values.sel(schedule=name).values
+            ax.scatter(k + rng.uniform(-0.18, 0.18, points.size), points, s=6, color=colors[name], alpha=0.5,
+                       linewidth=0)
+            ax.scatter(k, float(final.sel(schedule=name)), s=70, marker="_", color="k", linewidth=2,
+                       label="geometric mean" if k == 0 else None)
+        ax.set_xticks(range(len(names)), [formulas[name] for name in names], rotation=30, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"dispersion at T = {t[-1]:g}")
+        ax.set_title(f"({letters[len(names) + 2]}) final dispersion, every member")
+        ax.legend(loc="lower right")
+        grows = bool(int(ds["dispersion_grows_with_order"]))
+        attention = ("Softmax attention" if options_of(cfg)["normalizer"] == "softmax"
+                     else "The paper's unnormalized attention $\\sum_j e^{\\mathrm{logit}_{ij}} V x_j$")
+        caption(fig, (
+            f"{attention} without token normalization, Q = K = A_0 f(t), V = V_0 f(t), A_0 and V_0 standard Gaussian "
+            f"(drawn per member), logits / sqrt(d); n = {cfg['n']}, d = {cfg['d']}, T = {cfg['t1']:g}, "
+            f"{cfg['solver']} with dt = {cfg['dt']} ({round(cfg['t1'] / cfg['dt'])} layers), tokens uniform in "
+            f"[{cfg['init']['low']:g}, {cfg['init']['high']:g}]^{cfg['d']}; {ds.sizes['member']} members, the same "
+            f"weights and tokens under every f. (a-f) member {member}'s tokens (its dispersion at T in the title), centred on their centroid and divided by "
+            f"their spread at every time (the shape of the configuration, whose size and place vary by orders of "
+            f"magnitude): paths and end points, coloured by the initial first coordinate. Dispersion = mean nearest-neighbour distance / mean pairwise distance, relative to t = 0 "
+            f"(small: clustered). The final dispersion {'increases' if grows else 'does not increase'} with the order "
+            f"of (t/T)^k, k = 1..4, and the constant f clusters; the spread instead shrinks with k, since a higher "
+            f"order integrates to a smaller total weight magnitude."), width=170)
+        return {"polynomial": fig}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
@@ -37,53 +37,21 @@ from ._common import (
     stack_panels,
     subplots,
 )
+from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "Random Q, K with V = I still cluster; V = -I does not"
-PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, fig. 3"
+
 @dataclass
 class Options:
     member: int = 0  # the member whose tokens are drawn
     contrast: bool = True  # also run V negated
+
+
 _SERIES = ("clusters", "pair_density", "order_parameter")
-
-
-def check(cfg, options) -> None:
-    check_drawn_member("random_qk", cfg, options, "draws a member's tokens")
-    missing = [name for name in _SERIES if name not in cfg.metrics]
-    if missing:
-        raise ConfigError(f"experiment random_qk draws {', '.join(_SERIES)}: add {', '.join(missing)} to metrics.")
-
-
-def panels(base: dict, options: dict) -> dict[str, dict]:
-    """The study as configured (`V`) and, with `contrast`, the same with V negated (`-V`)."""
-    if not options["contrast"]:
-        return {"V": base}
-    negated = copy.deepcopy(base)
-    negated["weights"]["v"]["scale"] = -float(base["weights"]["v"]["scale"])
-    return {"V": base, "-V": negated}
-
-
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    member = int(options["member"])
-    parts = {}
-    for label, ds in results.items():
-        part = xr.merge([member_summary(ds[name]) for name in _SERIES])
-        final = ds["clusters"].isel(time=-1)
-        part["final_clusters"] = final.drop_vars("time").assign_attrs(
-            description=f"number of clusters (cos > 1 - {cfg.eps:g}) of every member at t = {cfg.t1:g}")
-        part["one_cluster_fraction"] = xr.DataArray(float((final == 1).mean())).assign_attrs(
-            description="fraction of the members in a single cluster at the final time")
-        part["failed_members"] = failed_members(ds, "members whose solve failed (left out of the statistics)")
-        part["x_member"] = ds["x"].isel(member=member).drop_vars("member").assign_attrs(
-            description=f"states x(time, token, dim) of member {member}")
-        parts[label] = part
-    signs = [1.0 if label == "V" else -1.0 for label in parts]
-    out = stack_panels(parts, dim="v_sign", coordinate=signs)
-    out["v_sign"].attrs["description"] = "+1: V as configured; -1: V negated (the contrast panel)"
-    return out
 
 
 def principal_plane(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -121,57 +89,96 @@ def _panel_names(cfg: dict) -> dict[float, str]:
     return {1.0: "V", -1.0: "-V"}
 
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    from matplotlib.cm import ScalarMappable  # lazy: start-up
-    from matplotlib.colors import Normalize  # lazy: start-up
+class RandomQK(Experiment):
+    title = "Random Q, K with V = I still cluster; V = -I does not"
+    paper = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2, fig. 3"
+    Options = Options
 
-    cfg = config_of(ds)
-    member = int(cfg["experiment"]["options"]["member"])
-    t = ds["time"].values
-    signs = list(ds["v_sign"].values)
-    fig, axes = subplots(2, 2, figsize=(9.5, 7.6), layout="constrained")
-    norm = Normalize(t[0], t[-1])
-    cmap = colormap("viridis")
-    names = _panel_names(cfg)
-    letters = iter("abcd")
-    for k, ax in enumerate(axes[0]):
-        if k >= len(signs):
-            ax.set_axis_off()
-            continue
-        part = ds.sel(v_sign=signs[k])
-        draw_paths(ax, part["x_member"].values, t, norm, cmap)
-        final = int(part["final_clusters"].values[member])
-        ax.set_title(f"({next(letters)}) {names[signs[k]]}: member {member}, {final} cluster"
-                     f"{'s' if final != 1 else ''} at t = {t[-1]:g}")
-    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes[0], label="time t", shrink=0.8)
-    colors = {1.0: "C0", -1.0: "C3"}
-    for ax, name, label in ((axes[1, 0], "clusters", "number of clusters"),
-                            (axes[1, 1], "pair_density", "pair density")):
-        for sign in signs:
-            part = ds.sel(v_sign=sign)
-            ax.fill_between(t, part[f"{name}_q10"], part[f"{name}_q90"], color=colors[sign], alpha=0.2, linewidth=0)
-            ax.plot(t, part[f"{name}_median"], color=colors[sign], label=f"{names[sign]}: median, 10-90%")
-            if name == "pair_density":
-                ax.plot(t, part[f"{name}_mean"], color=colors[sign], linestyle="--", linewidth=1,
-                        label=f"{names[sign]}: mean")
-        ax.set_xlabel("time t")
-        ax.set_ylabel(label)
-        ax.set_title(f"({next(letters)}) {label} over {int(ds.sizes['member'])} members")
-    axes[1, 0].set_yscale("log")
-    axes[1, 0].set_ylim(0.8, cfg["n"] * 1.25)
-    axes[1, 0].legend(loc="upper right")
-    axes[1, 1].set_ylim(-0.02, 1.02)
-    axes[1, 1].legend(loc="center right")
-    q = cfg["weights"]["q"]
-    redraw = (f"redrawn every {q['redraw_every']:g} time units" if q.get("redraw_every")
-              else "drawn once")
-    fractions = ", ".join(f"{names[s]}: {100 * float(ds['one_cluster_fraction'].sel(v_sign=s)):.0f}%"
-                          for s in signs)
-    caption(fig, (
-        f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, Q and K {q['law']} random "
-        f"({'per member' if not cfg['weights']['shared'] else 'shared by the members'}, {redraw}), "
-        f"{names[1.0]}{' (and its negative)' if len(signs) > 1 else ''}; {cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens. "
-        f"(a, b) one member's token paths on the principal plane of all its states (o start, * end). "
-        f"(c, d) the number of clusters and the fraction of pairs with $\\cos > 1 - {cfg['eps']:g}$. Members in one "
-        f"cluster at t = {t[-1]:g}: {fractions}."), width=130)
-    return {"random_qk": fig}
+    def check(self) -> None:
+        check_drawn_member("random_qk", self.cfg, self.options, "draws a member's tokens")
+        missing = [name for name in _SERIES if name not in self.cfg.metrics]
+        if missing:
+            raise ConfigError(f"experiment random_qk draws {', '.join(_SERIES)}: add {', '.join(missing)} to metrics.")
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        """The study as configured (`V`) and, with `contrast`, the same with V negated (`-V`)."""
+        if not self.options.contrast:
+            return {"V": base}
+        negated = copy.deepcopy(base)
+        negated["weights"]["v"]["scale"] = -float(base["weights"]["v"]["scale"])
+        return {"V": base, "-V": negated}
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        member = self.options.member
+        parts = {}
+        for label, ds in results.items():
+            part = xr.merge([member_summary(ds[name]) for name in _SERIES])
+            final = ds["clusters"].isel(time=-1)
+            part["final_clusters"] = final.drop_vars("time").assign_attrs(
+                description=f"number of clusters (cos > 1 - {self.cfg.eps:g}) of every member at t = {self.cfg.t1:g}")
+            part["one_cluster_fraction"] = xr.DataArray(float((final == 1).mean())).assign_attrs(
+                description="fraction of the members in a single cluster at the final time")
+            part["failed_members"] = failed_members(ds, "members whose solve failed (left out of the statistics)")
+            part["x_member"] = ds["x"].isel(member=member).drop_vars("member").assign_attrs(
+                description=f"states x(time, token, dim) of member {member}")
+            parts[label] = part
+        signs = [1.0 if label == "V" else -1.0 for label in parts]
+        out = stack_panels(parts, dim="v_sign", coordinate=signs)
+        out["v_sign"].attrs["description"] = "+1: V as configured; -1: V negated (the contrast panel)"
+        return out
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        from matplotlib.cm import ScalarMappable  # lazy: start-up
+        from matplotlib.colors import Normalize  # lazy: start-up
+
+        cfg = config_of(ds)
+        member = int(cfg["experiment"]["options"]["member"])
+        t = ds["time"].values
+        signs = list(ds["v_sign"].values)
+        fig, axes = subplots(2, 2, figsize=(9.5, 7.6), layout="constrained")
+        norm = Normalize(t[0], t[-1])
+        cmap = colormap("viridis")
+        names = _panel_names(cfg)
+        letters = iter("abcd")
+        for k, ax in enumerate(axes[0]):
+            if k >= len(signs):
+                ax.set_axis_off()
+                continue
+            part = ds.sel(v_sign=signs[k])
+            draw_paths(ax, part["x_member"].values, t, norm, cmap)
+            final = int(part["final_clusters"].values[member])
+            ax.set_title(f"({next(letters)}) {names[signs[k]]}: member {member}, {final} cluster"
+                         f"{'s' if final != 1 else ''} at t = {t[-1]:g}")
+        fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes[0], label="time t", shrink=0.8)
+        colors = {1.0: "C0", -1.0: "C3"}
+        for ax, name, label in ((axes[1, 0], "clusters", "number of clusters"),
+                                (axes[1, 1], "pair_density", "pair density")):
+            for sign in signs:
+                part = ds.sel(v_sign=sign)
+                ax.fill_between(t, part[f"{name}_q10"], part[f"{name}_q90"], color=colors[sign], alpha=0.2, linewidth=0)
+                ax.plot(t, part[f"{name}_median"], color=colors[sign], label=f"{names[sign]}: median, 10-90%")
+                if name == "pair_density":
+                    ax.plot(t, part[f"{name}_mean"], color=colors[sign], linestyle="--", linewidth=1,
+                            label=f"{names[sign]}: mean")
+            ax.set_xlabel("time t")
+            ax.set_ylabel(label)
+            ax.set_title(f"({next(letters)}) {label} over {int(ds.sizes['member'])} members")
+        axes[1, 0].set_yscale("log")
+        axes[1, 0].set_ylim(0.8, cfg["n"] * 1.25)
+        axes[1, 0].legend(loc="upper right")
+        axes[1, 1].set_ylim(-0.02, 1.02)
+        axes[1, 1].legend(loc="center right")
+        q = cfg["weights"]["q"]
+        redraw = (f"redrawn every {q['redraw_every']:g} time units" if q.get("redraw_every")
+                  else "drawn once")
+        fractions = ", ".join(f"{names[s]}: {100 * float(ds['one_cluster_fraction'].sel(v_sign=s)):.0f}%"
+                              for s in signs)
+        caption(fig, (
+            f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, Q and K "
+            f"{q['law']} random ({'per member' if not cfg['weights']['shared'] else 'shared by the members'}, "
+            f"{redraw}), {names[1.0]}{' (and its negative)' if len(signs) > 1 else ''}; {cfg['solver']} with dt = "
+            f"{cfg['dt']}, uniform initial tokens. (a, b) one member's token paths on the principal plane of all its "
+            f"states (o start, * end). (c, d) the number of clusters and the fraction of pairs with $\\cos > 1 - "
+            f"{cfg['eps']:g}$. Members in one cluster at t = {t[-1]:g}: {fractions}."), width=130)
+        return {"random_qk": fig}

@@ -20,7 +20,7 @@ whose state predicts the next token; the model's top prediction is stored too
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -32,53 +32,20 @@ from .._progress import Progress
 from ..analysis.pair_exponents import token_sensitivity
 from ..checkpoints._flow import depth_flow, forward
 from ._common import caption, colormap, config_of, figure, subplots, token_ticks
+from ._experiment import Counter, Experiment, Keeper
+from ._text import FONT, checkpoint_sentence, highlight, layout, scaled, shown
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-from .checkpoint import _sentence
+    from collections.abc import Callable, Mapping
 
-TITLE = "Token-pair Lyapunov sensitivity of a trained model beside its attention"
-PAPER = "Neural ODE Transformers, eq. 7, app. B, fig. 3"
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "output": ("position of the output token j", "1"),
-}
+    from matplotlib.figure import Figure
+
+
 @dataclass
 class Options:
     outputs: list[int] | None = field(default_factory=lambda: [-1])  # token positions (null: every token)
     steps: int = 1  # solver steps per layer
     solver: Solver = Solver.euler
-
-
-def check(cfg, options) -> None:
-    if not cfg.checkpoint:
-        raise ConfigError("experiment=sensitivity needs checkpoint=PATH (a model directory, a .gguf file, "
-                          "or minilm / smollm2).")
-    if not cfg.text or not str(cfg.text).strip():
-        raise ConfigError('experiment=sensitivity needs a sentence: text="...".')
-    steps = options["steps"]
-    if steps < 1:
-        raise ConfigError(f"experiment.options.steps must be a positive whole number of steps per layer, got {steps!r}.")
-    outputs = options["outputs"]
-    if outputs is not None and not outputs:
-        raise ConfigError(f"experiment.options.outputs must be a list of token positions (e.g. [-1], the last) "
-                          f"or null for every token, got {outputs!r}.")
-    n = _sentence(cfg)[2].size  # a bad checkpoint, or a text it cannot read, stops here
-    if outputs is not None and any(not -n <= o < n for o in outputs):
-        bad = next(o for o in outputs if not -n <= o < n)
-        raise ConfigError(f"experiment.options.outputs has position {bad} but the text has {n} tokens; "
-                          f"use positions from {-n} to {n - 1}.")
-    # A position counted from the end names the same token as one from the start: one output row each.
-    tokens = [o % n for o in outputs or []]
-    again = next((i for i, token in enumerate(tokens) if token in tokens[:i]), None)
-    if again is not None:
-        first = outputs[tokens.index(tokens[again])]
-        raise ConfigError(f"experiment.options.outputs names token {tokens[again]} of the {n} twice ({first} and "
-                          f"{outputs[again]}); give each position once.")
-
-
-def panels(base, options) -> dict:
-    return {}  # nothing for the core study runner: everything happens in `analyse`
 
 
 def _prediction(checkpoint, tokenizer, last_state) -> tuple[int, str]:
@@ -91,173 +58,155 @@ def _prediction(checkpoint, tokenizer, last_state) -> tuple[int, str]:
     return best, tokenizer.tokens([best])[0]
 
 
-def analyse(cfg, options, results) -> xr.Dataset:
-    checkpoint, tokenizer, ids = _sentence(cfg)
-    strings = tokenizer.tokens(ids)
-    model = forward(checkpoint, ids)
-    steps = int(options["steps"])
-    outputs = options["outputs"]
-    count = ids.size if outputs is None else (len(outputs) if isinstance(outputs, list) else 1)
-    # One compiled call for every output token (its outputs are static): the line shows
-    # the time spent on it.
-    with Progress(f"sensitivity of {count} output token{'s' if count > 1 else ''} over {checkpoint.depth} layers", 1,
-                  unit="solves") as bar:
-        result = jax.block_until_ready(token_sensitivity(depth_flow(checkpoint), model.hidden[0], dt=1.0 / steps,
-                                                         outputs=outputs, solver=options["solver"]))
-        bar.advance()
-    predicted, predicted_string = _prediction(checkpoint, tokenizer, model.hidden[-1][-1])
-    n = ids.size
-    return xr.Dataset(
-        {
-            "token_id": ("token", ids, {"description": "token ids of the sentence"}),
-            "exponent": (("output", "token"), np.asarray(result.exponents, np.float64),
-                         {"description": "lambda_ji = (1/L) log sigma_max(Y_ji(L)), Y_ji' = J_ji Y_ji, Y_ji(0) = I: "
-                                         "sensitivity of output token j to input token i (NaN: i hidden from j by "
-                                         "the causal mask)"}),
-            "attention": (("output", "token"), np.asarray(result.attention, np.float64),
-                          {"description": "attention of output j to token i, averaged over heads and layers"}),
-        },
-        coords={"token": np.arange(n), "output": np.asarray(result.outputs),
-                "token_string": ("token", np.asarray(strings, dtype=object), {"long_name": "the token as text"})},
-        attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family, "arrangement": checkpoint.arrangement,
-               "causal": int(checkpoint.causal), "model_name": checkpoint.name or str(cfg.checkpoint),
-               "text": str(cfg.text), "prediction_id": predicted, "prediction": predicted_string,
-               "depth": checkpoint.depth},
-    )
+class Sensitivity(Experiment):
+    title = "Token-pair Lyapunov sensitivity of a trained model beside its attention"
+    paper = "Neural ODE Transformers, eq. 7, app. B, fig. 3"
+    Options = Options
+    # The long names and units of this experiment's own coordinates (units None: text).
+    coordinates = {
+        "output": ("position of the output token j", "1"),
+    }
 
+    def check(self) -> None:
+        cfg, options = self.cfg, self.options
+        if not cfg.checkpoint:
+            raise ConfigError("experiment=sensitivity needs checkpoint=PATH (a model directory, a .gguf file, "
+                              "or minilm / smollm2).")
+        if not cfg.text or not str(cfg.text).strip():
+            raise ConfigError('experiment=sensitivity needs a sentence: text="...".')
+        steps = options.steps
+        if steps < 1:
+            raise ConfigError(f"experiment.options.steps must be a positive whole number of steps per layer, "
+                              f"got {steps!r}.")
+        outputs = options.outputs
+        if outputs is not None and not outputs:
+            raise ConfigError(f"experiment.options.outputs must be a list of token positions (e.g. [-1], the last) "
+                              f"or null for every token, got {outputs!r}.")
+        n = checkpoint_sentence(cfg)[2].size  # a bad checkpoint, or a text it cannot read, stops here
+        if outputs is not None and any(not -n <= o < n for o in outputs):
+            bad = next(o for o in outputs if not -n <= o < n)
+            raise ConfigError(f"experiment.options.outputs has position {bad} but the text has {n} tokens; "
+                              f"use positions from {-n} to {n - 1}.")
+        # A position counted from the end names the same token as one from the start: one output row each.
+        tokens = [o % n for o in outputs or []]
+        again = next((i for i, token in enumerate(tokens) if token in tokens[:i]), None)
+        if again is not None:
+            first = outputs[tokens.index(tokens[again])]
+            raise ConfigError(f"experiment.options.outputs names token {tokens[again]} of the {n} twice ({first} and "
+                              f"{outputs[again]}); give each position once.")
 
-# --- figures ---------------------------------------------------------------------------
+    def panels(self, base: dict) -> dict[str, dict]:
+        return {}  # nothing for the core study runner: everything happens in `analyse`
 
-_FONT = 11.0  # points, the highlighted sentence
-_PAD = 0.06   # inches of colour either side of a token
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        cfg = self.cfg
+        checkpoint, tokenizer, ids = checkpoint_sentence(cfg)
+        strings = tokenizer.tokens(ids)
+        model = forward(checkpoint, ids)
+        steps = int(self.options.steps)
+        outputs = self.options.outputs
+        count = ids.size if outputs is None else (len(outputs) if isinstance(outputs, list) else 1)
+        # One compiled call for every output token (its outputs are static): the line shows
+        # the time spent on it.
+        with Progress(f"sensitivity of {count} output token{'s' if count > 1 else ''} over {checkpoint.depth} "
+                      "layers", 1, unit="solves") as bar:
+            result = jax.block_until_ready(token_sensitivity(depth_flow(checkpoint), model.hidden[0], dt=1.0 / steps,
+                                                             outputs=outputs, solver=str(self.options.solver)))
+            bar.advance()
+        predicted, predicted_string = _prediction(checkpoint, tokenizer, model.hidden[-1][-1])
+        n = ids.size
+        return xr.Dataset(
+            {
+                "token_id": ("token", ids, {"description": "token ids of the sentence"}),
+                "exponent": (("output", "token"), np.asarray(result.exponents, np.float64),
+                             {"description": "lambda_ji = (1/L) log sigma_max(Y_ji(L)), Y_ji' = J_ji Y_ji, "
+                                             "Y_ji(0) = I: sensitivity of output token j to input token i (NaN: i "
+                                             "hidden from j by the causal mask)"}),
+                "attention": (("output", "token"), np.asarray(result.attention, np.float64),
+                              {"description": "attention of output j to token i, averaged over heads and layers"}),
+            },
+            coords={"token": np.arange(n), "output": np.asarray(result.outputs),
+                    "token_string": ("token", np.asarray(strings, dtype=object),
+                                     {"long_name": "the token as text"})},
+            attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family,
+                   "arrangement": checkpoint.arrangement, "causal": int(checkpoint.causal),
+                   "model_name": checkpoint.name or str(cfg.checkpoint), "text": str(cfg.text),
+                   "prediction_id": predicted, "prediction": predicted_string, "depth": checkpoint.depth},
+        )
 
-
-def _shown(token: str) -> tuple[str, bool]:
-    """A token as drawn (newlines and tabs made visible) and whether a word starts
-    there (a leading space: drawn as a gap before its box)."""
-    text = token.replace("\n", "\u21b5").replace("\t", "\u21e5")
-    starts = text.startswith(" ")
-    text = text.strip(" ") or "\u2423"
-    return text, starts
-
-
-def _layout(fig, tokens: list[str], width: float) -> tuple[list[tuple[str, float, int]], int]:
-    """Each token's text, left edge (inches) and line when the sentence is set in boxes
-    on lines of `width` inches; and the number of lines."""
-    from matplotlib.font_manager import FontProperties  # lazy: start-up
-
-    renderer = fig.canvas.get_renderer()
-    prop = FontProperties(size=_FONT)
-    placed, x, line = [], 0.0, 0
-    for token in tokens:
-        text, starts = _shown(token)
-        w = renderer.get_text_width_height_descent(text, prop, ismath=False)[0] / fig.dpi + 2 * _PAD
-        if x > 0:
-            x += 0.09 if starts else 0.015
-        if x > 0 and x + w > width:
-            x, line = 0.0, line + 1
-        placed.append((text, x + _PAD, line))
-        x += w
-    return placed, line + 1
-
-
-def _highlight(fig, ax, placed, values, cmap, title: str, mark: int) -> None:
-    """The sentence with each token's box coloured by `values` in [0, 1] (NaN: grey),
-    token `mark` outlined."""
-    from matplotlib.transforms import ScaledTranslation  # lazy: start-up
-
-    ax.set_axis_off()
-    ax.set_title(title, loc="left")
-    step = 1.9 * _FONT / 72
-    for index, ((text, x, line), value) in enumerate(zip(placed, values)):
-        hidden = not np.isfinite(value)
-        face = "0.92" if hidden else cmap(value)
-        at = ax.transAxes + ScaledTranslation(x, -(line + 0.6) * step, fig.dpi_scale_trans)
-        ax.text(0, 1, text, transform=at, fontsize=_FONT, va="center", ha="left", parse_math=False,
-                color="0.6" if hidden else ("white" if value > 0.6 else "black"),
-                bbox={"boxstyle": "square,pad=0.25", "facecolor": face,
-                      "edgecolor": "black" if index == mark else "none", "linewidth": 1.2})
-
-
-def _scaled(values: np.ndarray, skip: int) -> np.ndarray:
-    """Min-max scaled to [0, 1] over the finite entries other than `skip` (the output
-    token itself, whose own update dominates), clipped there; NaN stays NaN."""
-    finite = np.isfinite(values)
-    others = finite & (np.arange(values.size) != skip)
-    others = others if others.any() else finite
-    low, high = values[others].min(), values[others].max()
-    scaled = np.clip((values - low) / (high - low), 0, 1) if high > low else np.ones_like(values)
-    return np.where(finite, scaled, np.nan)
-
-
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    cfg = config_of(ds)
-    name = ds.attrs.get("model_name", "checkpoint")
-    tokens = [str(t) for t in ds.token_string.values]
-    n = len(tokens)
-    last = int(ds.output.values[-1])
-    exponent = ds.exponent.sel(output=last).values
-    attention = ds.attention.sel(output=last).values
-    if ds.attrs.get("causal"):
-        attention = np.where(np.arange(n) > last, np.nan, attention)
-    steps = cfg["experiment"]["options"]["steps"]
-    figures = {}
-
-    # 1. The sentence highlighted by sensitivity and by attention, and both as bars.
-    width = 10.0
-    fig = figure(figsize=(width + 0.6, 1))
-    placed, lines = _layout(fig, tokens, width)
-    text_height = 0.45 + lines * 1.9 * _FONT / 72
-    bars = 2.6
-    fig.set_size_inches(width + 0.6, 2 * text_height + bars + 0.6)
-    grid = fig.add_gridspec(3, 1, height_ratios=[text_height, text_height, bars], hspace=0.35, bottom=0.17)
-    reds, blues = colormap("Reds"), colormap("Blues")
-    predicted = ds.attrs.get("prediction", "")
-    target = f"token {last} ({_shown(tokens[last])[0]!r})"
-    _highlight(fig, fig.add_subplot(grid[0]), placed, 0.85 * _scaled(exponent, last), reds,
-               f"Lyapunov sensitivity of {target} to each token", last)
-    _highlight(fig, fig.add_subplot(grid[1]), placed, 0.85 * _scaled(attention, last), blues,
-               f"attention of {target}, mean over heads and layers", last)
-    ax = fig.add_subplot(grid[2])
-    positions = np.arange(n)
-    ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label="sensitivity $\\lambda_{ji}$")
-    ax.set_ylabel("$\\lambda_{ji}$ (per layer)")
-    twin = ax.twinx()
-    twin.bar(positions + 0.2, attention, width=0.4, color=blues(0.7), label="attention $\\bar a_{ji}$")
-    twin.set_ylabel("mean attention")
-    twin.grid(False)
-    ax.set_xticks(positions, [_shown(t)[0] for t in tokens], rotation=60, ha="right")
-    ax.legend(handles=ax.containers[:1] + twin.containers[:1], loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2,
-              frameon=False)
-    suffix = f"; the model's next word: {predicted!r}" if predicted else ""
-    fig.suptitle(f"{name}: sensitivity of {target}{suffix}", y=1.0)
-    caption(fig, r"Red: $\lambda_{ji} = \frac{1}{L} \log \sigma_{\max}(Y_{ji}(L))$ with $Y' = J_{ji} Y$, $Y(0) = I$ "
-                 f"along the model's own layer map ({'one step' if steps == 1 else f'{steps} steps'} per layer, "
-                 f"$L$ = {ds.attrs['depth']}), "
-                 "$J_{ji}$ the Jacobian of token $j$'s update with respect to token $i$; blue: the attention of token $j$ "
-                 "averaged over heads and layers. Each colour scale runs from the smallest to the largest value over the "
-                 "other tokens; token $j$ itself (outlined), whose own update dominates its sensitivity, is clipped to it"
-                 + ("; grey: hidden by the causal mask." if ds.attrs.get("causal") and last < n - 1 else "."))
-    figures["sentence"] = fig
-
-    # 2. The full maps, when every token was an output.
-    if ds.sizes["output"] == n and np.array_equal(ds.output.values, np.arange(n)):
-        fig, axes = subplots(1, 2, figsize=(12.5, 5.4), gridspec_kw={"wspace": 0.45})
-        labels = [_shown(t)[0] for t in tokens]
-        # The token strings label both axes of both maps (every k-th when there are many).
-        full_attention = ds.attention.values.copy()
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        cfg = config_of(ds)
+        name = ds.attrs.get("model_name", "checkpoint")
+        tokens = [str(t) for t in ds.token_string.values]
+        n = len(tokens)
+        last = int(ds.output.values[-1])
+        exponent = ds.exponent.sel(output=last).values
+        attention = ds.attention.sel(output=last).values
         if ds.attrs.get("causal"):
-            full_attention[np.triu_indices(n, 1)] = np.nan
-        for ax, values, cmap, title in ((axes[0], ds.exponent.values, "Reds", r"Lyapunov sensitivity $\lambda_{ji}$"),
-                                        (axes[1], full_attention, "Blues", "attention, mean over heads and layers")):
-            colours = colormap(cmap).with_extremes(bad="0.92")
-            image = ax.imshow(np.ma.masked_invalid(values), cmap=colours)
-            ax.set(title=title, xlabel="input token $i$", ylabel="output token $j$")
-            token_ticks(ax, labels, most=40)
-            fig.colorbar(image, ax=ax, shrink=0.8, label=r"$\lambda_{ji}$" if cmap == "Reds" else r"$\bar a_{ji}$")
-        fig.suptitle(f"{name}: \"{ds.attrs['text']}\"")
-        caption(fig, "Row $j$: how output token $j$ responds to each input token $i$, by the largest finite-time "
-                     "exponent of the pair's tangent equation (left) and by attention (right); grey: hidden by "
-                     "the causal mask.")
-        figures["maps"] = fig
-    return figures
+            attention = np.where(np.arange(n) > last, np.nan, attention)
+        steps = cfg["experiment"]["options"]["steps"]
+        figures = {}
+
+        # 1. The sentence highlighted by sensitivity and by attention, and both as bars.
+        width = 10.0
+        fig = figure(figsize=(width + 0.6, 1))
+        placed, lines = layout(fig, tokens, width)
+        text_height = 0.45 + lines * 1.9 * FONT / 72
+        bars = 2.6
+        fig.set_size_inches(width + 0.6, 2 * text_height + bars + 0.6)
+        grid = fig.add_gridspec(3, 1, height_ratios=[text_height, text_height, bars], hspace=0.35, bottom=0.17)
+        reds, blues = colormap("Reds"), colormap("Blues")
+        predicted = ds.attrs.get("prediction", "")
+        target = f"token {last} ({shown(tokens[last])[0]!r})"
+        highlight(fig, fig.add_subplot(grid[0]), placed, 0.85 * scaled(exponent, last), reds,
+                  f"Lyapunov sensitivity of {target} to each token", last)
+        highlight(fig, fig.add_subplot(grid[1]), placed, 0.85 * scaled(attention, last), blues,
+                  f"attention of {target}, mean over heads and layers", last)
+        ax = fig.add_subplot(grid[2])
+        positions = np.arange(n)
+        ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label="sensitivity $\\lambda_{ji}$")
+        ax.set_ylabel("$\\lambda_{ji}$ (per layer)")
+        twin = ax.twinx()
+        twin.bar(positions + 0.2, attention, width=0.4, color=blues(0.7), label="attention $\\bar a_{ji}$")
+        twin.set_ylabel("mean attention")
+        twin.grid(False)
+        ax.set_xticks(positions, [shown(t)[0] for t in tokens], rotation=60, ha="right")
+        ax.legend(handles=ax.containers[:1] + twin.containers[:1], loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2,
+                  frameon=False)
+        suffix = f"; the model's next word: {predicted!r}" if predicted else ""
+        fig.suptitle(f"{name}: sensitivity of {target}{suffix}", y=1.0)
+        caption(fig, r"Red: $\lambda_{ji} = \frac{1}{L} \log \sigma_{\max}(Y_{ji}(L))$ with $Y' = J_{ji} Y$, "
+                     r"$Y(0) = I$ "
+                     f"along the model's own layer map ({'one step' if steps == 1 else f'{steps} steps'} per layer, "
+                     f"$L$ = {ds.attrs['depth']}), "
+                     "$J_{ji}$ the Jacobian of token $j$'s update with respect to token $i$; blue: the attention of "
+                     "token $j$ averaged over heads and layers. Each colour scale runs from the smallest to the "
+                     "largest value over the other tokens; token $j$ itself (outlined), whose own update dominates "
+                     "its sensitivity, is clipped to it"
+                     + ("; grey: hidden by the causal mask." if ds.attrs.get("causal") and last < n - 1 else "."))
+        figures["sentence"] = fig
+
+        # 2. The full maps, when every token was an output.
+        if ds.sizes["output"] == n and np.array_equal(ds.output.values, np.arange(n)):
+            fig, axes = subplots(1, 2, figsize=(12.5, 5.4), gridspec_kw={"wspace": 0.45})
+            labels = [shown(t)[0] for t in tokens]
+            # The token strings label both axes of both maps (every k-th when there are many).
+            full_attention = ds.attention.values.copy()
+            if ds.attrs.get("causal"):
+                full_attention[np.triu_indices(n, 1)] = np.nan
+            for ax, values, cmap, title in ((axes[0], ds.exponent.values, "Reds",
+                                             r"Lyapunov sensitivity $\lambda_{ji}$"),
+                                            (axes[1], full_attention, "Blues",
+                                             "attention, mean over heads and layers")):
+                colours = colormap(cmap).with_extremes(bad="0.92")
+                image = ax.imshow(np.ma.masked_invalid(values), cmap=colours)
+                ax.set(title=title, xlabel="input token $i$", ylabel="output token $j$")
+                token_ticks(ax, labels, most=40)
+                fig.colorbar(image, ax=ax, shrink=0.8, label=r"$\lambda_{ji}$" if cmap == "Reds" else r"$\bar a_{ji}$")
+            fig.suptitle(f"{name}: \"{ds.attrs['text']}\"")
+            caption(fig, "Row $j$: how output token $j$ responds to each input token $i$, by the largest finite-time "
+                         "exponent of the pair's tangent equation (left) and by attention (right); grey: hidden by "
+                         "the causal mask.")
+            figures["maps"] = fig
+        return figures

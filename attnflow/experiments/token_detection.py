@@ -1,8 +1,5 @@
 """Token detection: a causal attention flow that answers "was a 0 in the sequence so far?".
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
 The construction of "A Survey of Continuous Time Dynamics of Transformers" (sec. 5.2.1,
 eq. 49-50, fig. 5). The vocabulary is 0-4 with one-hot embeddings e_0, ..., e_4 in
 d = 5: 0 is the special token, 1 and 2 are fillers, 3 means YES (a 0 came at or before
@@ -37,59 +34,29 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
 from ._common import caption, colormap, config_of, stack_panels, subplots
+from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from matplotlib.figure import Figure
 
-TITLE = "Token detection with a causal mask and a value matrix switching at t = 5"
-PAPER = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2.1, eq. 49-50, fig. 5"
-# The long names and units of this experiment's own coordinates (units None: text).
-COORDINATES = {
-    "vocabulary": ("vocabulary token (0: the detected token, 4: NO)", "1"),
-}
+
 @dataclass
 class Options:
     sequences: list[list[int]] = field(  # one panel each
         default_factory=lambda: [[1, 2, 0, 2, 1, 1, 2, 1], [1, 2, 1, 2, 2, 1, 2, 1]])
     readout_beta: float = 2.0  # p_i(k) = softmax_k(readout_beta <e_k, x_i>)
+
+
 ROLES = {0: "special", 1: "filler", 2: "filler", 3: "YES", 4: "NO"}
-
-
-def check(cfg, options) -> None:
-    sequences = options["sequences"]
-    if not (sequences and all(sequences)):
-        raise ConfigError("experiment.options.sequences must be a non-empty list of non-empty token lists.")
-    if len({len(s) for s in sequences}) != 1:
-        raise ConfigError(f"the sequences of experiment.options.sequences must have one length, got lengths "
-                          f"{[len(s) for s in sequences]}.")
-    for s in sequences:
-        if not all(0 <= k < cfg.d for k in s):
-            raise ConfigError(f"experiment.options.sequences holds {s}: tokens are whole numbers from 0 to "
-                              f"{cfg.d - 1} (one per embedding dimension, d = {cfg.d}).")
-    if cfg.init.kind != "given" or cfg.init.value is not None:
-        raise ConfigError("experiment token_detection builds init.value from experiment.options.sequences; "
-                          "give the tokens there, not as init.")
-    beta = options["readout_beta"]
-    if not beta > 0:
-        raise ConfigError(f"experiment.options.readout_beta must be a positive number, got {beta!r}.")
-
-
-def panels(base: dict, options: dict) -> dict[str, dict]:
-    """One study per sequence: its one-hot embeddings as the initial tokens."""
-    out = {}
-    for sequence in options["sequences"]:
-        config = copy.deepcopy(base)
-        config["n"] = len(sequence)
-        config["init"] = {"kind": "given", "value": np.eye(base["d"])[sequence].tolist()}
-        out["-".join(map(str, sequence))] = config
-    return out
 
 
 def readout(x: np.ndarray, beta: float) -> np.ndarray:
@@ -97,35 +64,6 @@ def readout(x: np.ndarray, beta: float) -> np.ndarray:
     logits = beta * x
     e = np.exp(logits - logits.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
-
-
-def analyse(cfg, options, results: dict[str, xr.Dataset]) -> xr.Dataset:
-    beta = float(options["readout_beta"])
-    switch = float(cfg.weights.v.switch_times[0]) if cfg.weights.v.switch_times else float(cfg.t0)
-    parts = {}
-    for (label, ds), sequence in zip(results.items(), options["sequences"]):
-        t = ds["time"].values
-        x = ds["x"].isel(member=0).values  # (time, token, dim)
-        p = readout(x, beta)
-        at_switch = int(np.argmin(np.abs(t - switch)))
-        zeros = [i for i, k in enumerate(sequence) if k == 0]
-        detected = np.flatnonzero(p[at_switch].argmax(-1) == 0)
-        parts[label] = xr.Dataset({
-            "sequence": (("token",), np.asarray(sequence), {"description": "the token at each position"}),
-            "x": (("time", "token", "dim"), x, {"description": "the tokens' states"}),
-            "probability": (("time", "token", "vocabulary"), p, {
-                "description": f"softmax over the vocabulary of {beta:g} <e_k, x_i>"}),
-            "zero_position": ((), zeros[0] + 1 if zeros else 0, {
-                "description": "first position (1-based) holding token 0; 0 when none does"}),
-            "detected_from": ((), int(detected[0]) + 1 if detected.size else 0, {
-                "description": f"first position (1-based) whose most probable token at t = {t[at_switch]:g} is 0"}),
-            "answer": (("token",), p[-1].argmax(-1), {
-                "description": f"most probable token of each position at t = {t[-1]:g}"}),
-        }, coords={"time": t, "token": np.arange(1, len(sequence) + 1), "vocabulary": np.arange(x.shape[-1])})
-    out = stack_panels(parts, dim="panel")
-    out["switch_time"] = xr.DataArray(switch).assign_attrs(description="the time at which V switches")
-    out["readout_beta"] = xr.DataArray(beta).assign_attrs(description="inverse temperature of the readout")
-    return out
 
 
 def _heatmap(ax, p: np.ndarray, sequence: np.ndarray, vmax: float):
@@ -141,48 +79,115 @@ def _heatmap(ax, p: np.ndarray, sequence: np.ndarray, vmax: float):
     return image
 
 
-def draw(ds: xr.Dataset) -> dict[str, Figure]:
-    if "position" in ds.dims:  # a file written before the dimension names were unified
-        ds = ds.rename(position="token")
-    cfg = config_of(ds)
-    t = ds["time"].values
-    switch = float(ds["switch_time"])
-    at_switch = int(np.argmin(np.abs(t - switch)))
-    labels = list(ds["panel"].values)
-    rows = len(labels)
-    fig, axes = subplots(rows, 4, figsize=(15.0, 3.3 * rows), layout="constrained", squeeze=False,
-                         gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
-    vmax = float(ds["probability"].max())
-    positions = ds["token"].values
-    colors = colormap("viridis")(np.linspace(0, 0.9, len(positions)))
-    letters = iter("abcdefghijklmnopqrstuvwxyz")
-    for r, label in enumerate(labels):
-        part = ds.sel(panel=label)
-        sequence = part["sequence"].values.astype(int)
-        p = part["probability"].values
-        zero = int(part["zero_position"])
-        where = f"0 at position {zero}" if zero else "no 0"
-        for c, (index, stage) in enumerate(((at_switch, "end of detection"), (-1, "end of prediction"))):
-            image = _heatmap(axes[r, c], p[index], sequence, vmax)
-            axes[r, c].set_title(f"({next(letters)}) {where}: t = {t[index]:g}, {stage}")
-        for c, (k, name) in enumerate(((0, "token 0 (special)"), (3, "token 3 (YES)")), start=2):
-            ax = axes[r, c]
-            for i, position in enumerate(positions):
-                ax.plot(t, p[:, i, k], color=colors[i], linewidth=1.2,
-                        label=f"{position}: '{sequence[i]}'")
-            ax.axvline(switch, color="k", linestyle="--", linewidth=1)
-            ax.set_xlabel("time t")
-            ax.set_ylabel(f"probability of {name}")
-            ax.set_ylim(0, vmax * 1.05)
-            ax.set_title(f"({next(letters)}) p(token {k}) over time, by position")
-        axes[r, 3].legend(title="position: 'token'", loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.colorbar(image, ax=axes[:, :2], label="probability", shrink=0.8)
-    caption(fig, (
-        f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$ with Q = K = 0 (uniform attention over the positions up to "
-        f"each one), one-hot initial tokens, V = 1_00 until t = {switch:g} (detection), then 1_30 + 1_41 + 1_42 "
-        f"until t = {t[-1]:g} (prediction); {cfg['solver']} with dt = {cfg['dt']}. Probabilities: softmax over "
-        f"the vocabulary of {float(ds['readout_beta']):g} $\\langle e_k, x_i \\rangle$. Token 0 is detected only from the position "
-        f"where it appears on (the causal mask); in stage 2 probability moves onto 3 (YES) from that position on, "
-        f"3 being the most probable answer from the next position on and more so further along the sequence; "
-        f"without a 0 every position answers 4 (NO). Dashed line: the switch of V."), width=170)
-    return {"token_detection": fig}
+class TokenDetection(Experiment):
+    title = "Token detection with a causal mask and a value matrix switching at t = 5"
+    paper = "A Survey of Continuous Time Dynamics of Transformers, sec. 5.2.1, eq. 49-50, fig. 5"
+    coordinates = {
+        "vocabulary": ("vocabulary token (0: the detected token, 4: NO)", "1"),
+    }
+    Options = Options
+
+    def check(self) -> None:
+        cfg = self.cfg
+        sequences = self.options.sequences
+        if not (sequences and all(sequences)):
+            raise ConfigError("experiment.options.sequences must be a non-empty list of non-empty token lists.")
+        if len({len(s) for s in sequences}) != 1:
+            raise ConfigError(f"the sequences of experiment.options.sequences must have one length, got lengths "
+                              f"{[len(s) for s in sequences]}.")
+        for s in sequences:
+            if not all(0 <= k < cfg.d for k in s):
+                raise ConfigError(f"experiment.options.sequences holds {s}: tokens are whole numbers from 0 to "
+                                  f"{cfg.d - 1} (one per embedding dimension, d = {cfg.d}).")
+        if cfg.init.kind != "given" or cfg.init.value is not None:
+            raise ConfigError("experiment token_detection builds init.value from experiment.options.sequences; "
+                              "give the tokens there, not as init.")
+        beta = self.options.readout_beta
+        if not beta > 0:
+            raise ConfigError(f"experiment.options.readout_beta must be a positive number, got {beta!r}.")
+
+    def panels(self, base: dict) -> dict[str, dict]:
+        """One study per sequence: its one-hot embeddings as the initial tokens."""
+        out = {}
+        for sequence in self.options.sequences:
+            config = copy.deepcopy(base)
+            config["n"] = len(sequence)
+            config["init"] = {"kind": "given", "value": np.eye(base["d"])[sequence].tolist()}
+            out["-".join(map(str, sequence))] = config
+        return out
+
+    def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
+        cfg = self.cfg
+        beta = self.options.readout_beta
+        switch = float(cfg.weights.v.switch_times[0]) if cfg.weights.v.switch_times else float(cfg.t0)
+        parts = {}
+        for (label, ds), sequence in zip(results.items(), self.options.sequences):
+            t = ds["time"].values
+            x = ds["x"].isel(member=0).values  # (time, token, dim)
+            p = readout(x, beta)
+            at_switch = int(np.argmin(np.abs(t - switch)))
+            zeros = [i for i, k in enumerate(sequence) if k == 0]
+            detected = np.flatnonzero(p[at_switch].argmax(-1) == 0)
+            parts[label] = xr.Dataset({
+                "sequence": (("token",), np.asarray(sequence), {"description": "the token at each position"}),
+                "x": (("time", "token", "dim"), x, {"description": "the tokens' states"}),
+                "probability": (("time", "token", "vocabulary"), p, {
+                    "description": f"softmax over the vocabulary of {beta:g} <e_k, x_i>"}),
+                "zero_position": ((), zeros[0] + 1 if zeros else 0, {
+                    "description": "first position (1-based) holding token 0; 0 when none does"}),
+                "detected_from": ((), int(detected[0]) + 1 if detected.size else 0, {
+                    "description": f"first position (1-based) whose most probable token at t = {t[at_switch]:g} is 0"}),
+                "answer": (("token",), p[-1].argmax(-1), {
+                    "description": f"most probable token of each position at t = {t[-1]:g}"}),
+            }, coords={"time": t, "token": np.arange(1, len(sequence) + 1), "vocabulary": np.arange(x.shape[-1])})
+        out = stack_panels(parts, dim="panel")
+        out["switch_time"] = xr.DataArray(switch).assign_attrs(description="the time at which V switches")
+        out["readout_beta"] = xr.DataArray(beta).assign_attrs(description="inverse temperature of the readout")
+        return out
+
+    @staticmethod
+    def draw(ds: xr.Dataset) -> dict[str, Figure]:
+        if "position" in ds.dims:  # a file written before the dimension names were unified
+            ds = ds.rename(position="token")
+        cfg = config_of(ds)
+        t = ds["time"].values
+        switch = float(ds["switch_time"])
+        at_switch = int(np.argmin(np.abs(t - switch)))
+        labels = list(ds["panel"].values)
+        rows = len(labels)
+        fig, axes = subplots(rows, 4, figsize=(15.0, 3.3 * rows), layout="constrained", squeeze=False,
+                             gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
+        vmax = float(ds["probability"].max())
+        positions = ds["token"].values
+        colors = colormap("viridis")(np.linspace(0, 0.9, len(positions)))
+        letters = iter("abcdefghijklmnopqrstuvwxyz")
+        for r, label in enumerate(labels):
+            part = ds.sel(panel=label)
+            sequence = part["sequence"].values.astype(int)
+            p = part["probability"].values
+            zero = int(part["zero_position"])
+            where = f"0 at position {zero}" if zero else "no 0"
+            for c, (index, stage) in enumerate(((at_switch, "end of detection"), (-1, "end of prediction"))):
+                image = _heatmap(axes[r, c], p[index], sequence, vmax)
+                axes[r, c].set_title(f"({next(letters)}) {where}: t = {t[index]:g}, {stage}")
+            for c, (k, name) in enumerate(((0, "token 0 (special)"), (3, "token 3 (YES)")), start=2):
+                ax = axes[r, c]
+                for i, position in enumerate(positions):
+                    ax.plot(t, p[:, i, k], color=colors[i], linewidth=1.2,
+                            label=f"{position}: '{sequence[i]}'")
+                ax.axvline(switch, color="k", linestyle="--", linewidth=1)
+                ax.set_xlabel("time t")
+                ax.set_ylabel(f"probability of {name}")
+                ax.set_ylim(0, vmax * 1.05)
+                ax.set_title(f"({next(letters)}) p(token {k}) over time, by position")
+            axes[r, 3].legend(title="position: 'token'", loc="center left", bbox_to_anchor=(1.02, 0.5))
+        fig.colorbar(image, ax=axes[:, :2], label="probability", shrink=0.8)
+        caption(fig, (
+            f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$ with Q = K = 0 (uniform attention over the positions "
+            f"up to each one), one-hot initial tokens, V = 1_00 until t = {switch:g} (detection), then 1_30 + 1_41 + "
+            f"1_42 until t = {t[-1]:g} (prediction); {cfg['solver']} with dt = {cfg['dt']}. Probabilities: softmax "
+            f"over the vocabulary of {float(ds['readout_beta']):g} $\\langle e_k, x_i \\rangle$. Token 0 is detected "
+            f"only from the position where it appears on (the causal mask); in stage 2 probability moves onto 3 (YES) "
+            f"from that position on, 3 being the most probable answer from the next position on and more so further "
+            f"along the sequence; without a 0 every position answers 4 (NO). Dashed line: the switch of V."), width=170)
+        return {"token_detection": fig}

@@ -187,13 +187,13 @@ def test_smollm2_logit_lens_and_embedding_distances(smollm2_depth):
     distance of 0.275 on average, and their mean norm is 3.2 against sqrt(d) = 24
     (Traveling Words, Table 1)."""
     from attnflow.checkpoints.probes import embedding_distances, token_path
-    from attnflow.experiments import checkpoint as experiment
+    from attnflow.experiments._text import loaded_checkpoint
 
     # The packaged SmolLM2 as `smollm2_depth` loaded it (`load_checkpoint("smollm2")` and
     # `load_tokenizer("smollm2")`, kept by the experiment): one dequantization of the
     # file and one compiled forward pass for the module.
     cfg = af.experiments.compose_experiment("checkpoint", {})
-    checkpoint, tokenizer = experiment._loaded(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
+    checkpoint, tokenizer = loaded_checkpoint(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
     assert "SmolLM2" in checkpoint.name and (checkpoint.depth, checkpoint.dim) == (30, 576), checkpoint.name
     ids = np.asarray(tokenizer.encode("The capital of France is"))
     path = token_path(checkpoint, forward(checkpoint, ids).hidden, tokenizer, position=-1, ids=ids)

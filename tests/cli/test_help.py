@@ -101,18 +101,19 @@ def test_help_of_an_experiment_shows_its_line_its_paper_and_its_options_with_the
 
 
 def test_what_the_help_reads_as_text_is_what_the_modules_say():
-    """The experiments' `Options`, `TITLE` and `PAPER`, their order, and `TrainConfig`,
+    """The experiments' `Options`, `title` and `paper`, their order, and `TrainConfig`,
     read from the modules' text, against the imported modules; every option has a
     meaning, and its default is what the experiment's YAML gives, typed by its schema."""
     from attnflow.diffeqformer import TrainConfig
     from attnflow.experiments import EXPERIMENTS, experiment_module
-    from attnflow.experiments._runner import option_schema
+    from attnflow.experiments._runner import experiment_class, option_schema
 
     assert tuple(_help.experiments()) == EXPERIMENTS
     for name in EXPERIMENTS:
         module = experiment_module(name)
         found = _help.experiment(name)
-        assert (found.title, found.paper) == (module.TITLE, module.PAPER), name
+        kind = experiment_class(name)  # a module of the earlier form too, its TITLE and PAPER
+        assert (found.title, found.paper) == (kind.title, kind.paper), name
         schema = option_schema(module)
         read = _help._fields(_help._experiment_path(name), "Options")
         assert [field.name for field in read] == [field.name for field in dataclasses.fields(schema)], name

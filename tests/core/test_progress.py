@@ -81,16 +81,16 @@ def test_the_analysis_of_an_experiment_and_an_animation_draw_their_lines(tmp_pat
     line counts the (beta, member) pairs (each piece's program replaced by zeros here:
     the count is what is tested); an animation counts its frames."""
     import attnflow as af
-    from attnflow.experiments import animation, lyapunov
+    from attnflow.experiments import _spectra, animation
 
     k, every, steps = 3, 5, 20
     zeros = lambda system, keys, betas, members, beta_index, *rest: (
         np.zeros((len(members), k)), np.zeros((len(members), steps // every, k)))
-    monkeypatch.setattr(lyapunov, "_piece", zeros)
+    monkeypatch.setattr(_spectra, "_piece", zeros)
     study = af.resolve_study({"n": 4, "beta": [0.5, 1.0], "members": 3, "t1": 2.0, "dt": 0.1, "chunk_size": 4})
     buffer, console = _console()
     with Progress("attnflow", 1, show=True, console=console) as outer:
-        lyapunov.ensemble_spectra(study, k, every)
+        _spectra.ensemble_spectra(study, k, every)
         x = np.random.default_rng(0).standard_normal((5, 4, 3))
         animation(x / np.linalg.norm(x, axis=-1, keepdims=True), np.linspace(0, 1, 5), tmp_path / "a.gif",
                   frames=5)

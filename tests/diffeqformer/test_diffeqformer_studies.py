@@ -38,6 +38,7 @@ from attnflow.experiments import (
     run_experiment,
 )
 from attnflow.experiments import diffeqformer_vs_gpt as study
+from attnflow.experiments._trained import finished, read_metrics, trained_run
 
 # Both tiny runs train on the copying task (no tokenizer to train, and the fine-tuning
 # runs below have the shapes of the pretraining ones), to its optimum ln(8)/2 = 1.04:
@@ -74,14 +75,14 @@ def adaptive(runs):
 def test_the_experiment_trains_missing_runs_and_reads_their_losses(runs):
     out, ds = runs
     for name in study.MODELS:
-        assert study.finished(out / name)
-        lines = study.read_metrics(out / name)
+        assert finished(out / name)
+        lines = read_metrics(out / name)
         assert int(ds.val_loss.sel(model=name).dropna("eval_step").eval_step[-1]) == TRAIN["train_steps"]
         assert float(ds.val_loss.sel(model=name, eval_step=lines[-1]["step"])) == lines[-1]["val_loss"]
     # A finished run is read as it is, and one with other settings is refused in one sentence.
-    assert study.trained_run(out / "gpt", "gpt", TRAIN) == out / "gpt"
+    assert trained_run(out / "gpt", "gpt", TRAIN) == out / "gpt"
     with pytest.raises(ConfigError, match=r"dim=16, not 32") as error:
-        study.trained_run(out / "diffeqformer", "diffeqformer", {**TRAIN, "dim": 32})
+        trained_run(out / "diffeqformer", "diffeqformer", {**TRAIN, "dim": 32})
     assert "\n" not in str(error.value)
 
 
@@ -95,7 +96,7 @@ def test_on_the_copying_task_both_models_reach_the_best_possible_loss(runs):
     out, ds = runs
     best = np.log(TRAIN["vocab"]) / 2
     for name in study.MODELS:
-        lines = study.read_metrics(out / name)
+        lines = read_metrics(out / name)
         assert abs(lines[0]["val_loss"] - 2 * best) < 0.05, name
         assert best - 0.01 < lines[-1]["val_loss"] < best + 0.06, name
 
@@ -290,10 +291,10 @@ def test_adaptive_depth_zero_shot_and_fine_tuning(runs, adaptive):
     out, zero, tuned = adaptive
     # At the trained number of steps, the zero-shot loss on the pretraining corpus is
     # the training run's own last validation (the same held-out batches).
-    last = study.read_metrics(out / "diffeqformer")[-1]["val_loss"]
+    last = read_metrics(out / "diffeqformer")[-1]["val_loss"]
     np.testing.assert_allclose(float(zero.zero_shot.sel(eval_corpus="pretraining", steps=TRAIN["steps"])), last,
                                rtol=1e-5)
-    gpt_last = study.read_metrics(out / "gpt")[-1]["val_loss"]
+    gpt_last = read_metrics(out / "gpt")[-1]["val_loss"]
     np.testing.assert_allclose(float(zero.gpt_zero_shot.sel(eval_corpus="pretraining")), gpt_last, rtol=1e-5)
     assert np.all(np.isfinite(zero.zero_shot)) and zero.sizes["tuning"] == 0
     np.testing.assert_allclose(tuned.zero_shot.sel(steps=1), zero.zero_shot.sel(steps=1), rtol=1e-6)
@@ -314,19 +315,22 @@ def test_adaptive_depth_zero_shot_and_fine_tuning(runs, adaptive):
     folder = (out / "finetune" / "induction-8steps-batch8-eval_batches2-eval_every250-lr0.003-save_every500-warmup0.0"
               / "diffeqformer-s1-full")
     assert json.loads((folder / "train.json").read_text())["config"]["init"] == str(out / "diffeqformer")
-    assert study.finished(folder)
+    assert finished(folder)
 
 
 def test_fine_tuning_with_other_settings_gets_its_own_folder():
     """A second adaptive_depth run with another learning rate (docs/gallery/adaptive_depth.md,
     its third command) fine-tunes in a folder of its own, not in the first run's folder,
     which would refuse it as a run with other settings."""
-    from attnflow.experiments.adaptive_depth import finetune_folder
+    from attnflow.experiments.adaptive_depth import Options, finetune_folder
 
-    options = {"out": None, "pretrained": "runs/d/diffeqformer", "corpus": "reference-b", "finetune_steps": 200}
-    assert finetune_folder({**options, "train": {}}) == Path("runs/d/finetune/reference-b-200steps")
-    assert finetune_folder({**options, "train": {"lr": 0.001}}) == Path("runs/d/finetune/reference-b-200steps-lr0.001")
-    assert finetune_folder({**options, "train": {"seed": 1, "batch": 8}}).name == "reference-b-200steps-batch8-seed1"
+    def folder(**train):
+        return finetune_folder(Options(pretrained="runs/d/diffeqformer", corpus="reference-b", finetune_steps=200,
+                                       train=train))
+
+    assert folder() == Path("runs/d/finetune/reference-b-200steps")
+    assert folder(lr=0.001) == Path("runs/d/finetune/reference-b-200steps-lr0.001")
+    assert folder(seed=1, batch=8).name == "reference-b-200steps-batch8-seed1"
 
 
 def test_both_redraw_from_their_results_file(runs, adaptive, tmp_path):

@@ -5,6 +5,12 @@ writer follows.
 - A fenced block (```LANG ... ```, or ~~~) whose language is `python` (or `py`) runs as
   Python; `bash` (or `sh`, `shell`) runs as the commands below. Blocks of any other
   language (`text`, `yaml`, `console`, `mermaid`, none) are not run.
+- A block with a title, ```LANG title="PATH"``` (mkdocs-material shows PATH above it),
+  is a file the reader writes: its content is written to PATH in the page's folder
+  (folders made as needed) when its turn comes, whatever its language, and nothing of
+  it runs. The page's later commands find it there (`PYTHONPATH=. attnflow ...` imports
+  a module written so; Python blocks run with the page's folder on the import path, as
+  `python` started in that folder has).
 - `<!-- not run: REASON -->` on the last non-blank line before a block's fence keeps the
   block out of the run; the test reports it as a skip with REASON. The reason is
   required, and a marker with no block after it is an error.
@@ -38,6 +44,7 @@ SHELL = ("bash", "sh", "shell")
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*(?P<kind>not run|slow)\b\s*(?::\s*(?P<reason>.*?))?\s*-->\s*$")
 _TEST = re.compile(r"#\s*test:\s?(?P<code>.*)$")
+_TITLE = re.compile(r"""\btitle=["'](?P<path>[^"']+)["']""")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # (first words of a command) that make an install line: not run.
 _INSTALL = (("python3", "-m", "venv"), ("python", "-m", "venv"), ("pip", "install"), ("pip3", "install"),
@@ -63,6 +70,7 @@ class Block:
     lines: tuple[str, ...]
     skip: str | None = None
     slow: str | None = None
+    file: str | None = None  # the path a titled block is written to
 
     @property
     def where(self) -> str:
@@ -70,10 +78,12 @@ class Block:
 
     @property
     def runs(self) -> bool:
-        return self.skip is None and self.language in PYTHON + SHELL
+        return self.skip is None and (self.file is not None or self.language in PYTHON + SHELL)
 
     @property
     def kind(self) -> str:
+        if self.file is not None:
+            return "file"
         return "python" if self.language in PYTHON else "shell" if self.language in SHELL else "other"
 
 
@@ -125,7 +135,8 @@ def parse_page(text: str, path: str) -> list[Block]:
         content = tuple(_dedent(body, indent) for body in lines[i + 1:end])
         skip = marker[1] if marker and marker[2] == "not run" else None
         slow = marker[1] if marker and marker[2] == "slow" else None
-        blocks.append(Block(path, i + 1, language, content, skip, slow))
+        title = _TITLE.search(info)
+        blocks.append(Block(path, i + 1, language, content, skip, slow, title.group("path") if title else None))
         marker = None
         i = end + 1
     if marker is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import os
 import signal
 import sys
 import traceback
@@ -109,6 +110,11 @@ class Page:
 
     def _run(self, block: Block, monkeypatch, capsys) -> bool:
         with _as_a_user(self, monkeypatch):
+            if block.kind == "file":
+                path = self.cwd / block.file
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("\n".join(block.lines) + "\n", encoding="utf-8")
+                return True
             if block.kind == "python":
                 self._python(block)
                 return True
@@ -165,6 +171,9 @@ def _attnflow(command: Command, monkeypatch, capsys) -> tuple[int, str]:
         patch.setenv("HYDRA_FULL_ERROR", "0")  # main sets it; restored afterwards
         for name, value in command.env:
             patch.setenv(name, value)
+            if name == "PYTHONPATH":  # what a new process would put on its import path
+                for entry in reversed(value.split(os.pathsep)):
+                    patch.syspath_prepend(str(Path(entry or ".").resolve()))
         for name, empty in (("_FAILED", []), ("_JOBS", []), ("_CURRENT", {})):
             patch.setattr(cli, name, empty)
         previous = signal.getsignal(signal.SIGTERM)
@@ -188,6 +197,7 @@ def _as_a_user(page: Page, monkeypatch):
     """JAX as a user's process has it, in the page's folder; every setting restored."""
     saved = {name: getattr(jax.config, name) for name in _JAX_SETTINGS}
     monkeypatch.chdir(page.cwd)
+    monkeypatch.syspath_prepend(str(page.cwd))  # `python` started in the page's folder imports from it
     try:
         for name, value in _USER_JAX.items():
             jax.config.update(name, value)

@@ -11,7 +11,6 @@ import pytest
 import attnflow as af
 from attnflow.experiments import draw_experiment, run_experiment
 from attnflow.experiments import long_context as lc
-from attnflow.experiments._runner import default_options
 
 
 def _exactly_equiangular(n, rho):
@@ -123,9 +122,10 @@ def test_the_experiment_writes_results_and_redraws(reduced, tmp_path):
 
 
 def test_the_top_of_the_range_follows_the_backend():
-    top = lc.sizes(default_options(lc))[-1]
+    options = lc.Options()
+    top = lc.sizes(options.n_min, options.n_max, options.n_count)[-1]
     assert top == (10**6 if jax.default_backend() == "gpu" else 10**5)
-    assert list(lc.sizes({**default_options(lc), "n_max": 1000, "n_count": 3})) == [100, 316, 1000]
+    assert list(lc.sizes(options.n_min, 1000, 3)) == [100, 316, 1000]
 
 
 @pytest.mark.parametrize("overrides, message", [

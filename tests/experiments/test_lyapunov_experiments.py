@@ -20,7 +20,7 @@ from attnflow.experiments import (
     plan_experiment,
     run_experiment,
 )
-from attnflow.experiments.polynomial import coefficients
+from attnflow.experiments._magnitudes import coefficients
 
 H = 0.1  # the step of the reduced lyapunov runs
 
