@@ -35,7 +35,7 @@ from ._initial import (
     UniformSphere,
 )
 from ._metric_registry import METRIC_NAMES, METRICS, Sizes, names_reading, reading
-from ._components import build_terms, check_terms, code_digest, term_data, user_metrics
+from ._components import build_terms, check_terms, checking_dtype, code_digest, term_data, user_metrics
 from ._metrics import MetricContext, Recorder, attention_rows
 from ._noise import BrownianNoise, brownian_noise, tree_depth
 from ._random_matrices import SQUARE_LAWS, draw_matrix
@@ -605,7 +605,7 @@ def _per_save_bytes(cfg: Config) -> int:
 def _user_metric_bytes(cfg: Config) -> int:
     """Bytes of one saved value of the researcher's metrics the config names, from the
     shapes they return (checked against the dimensions they declare)."""
-    dtype = jnp.dtype(cfg.dtype.value)
+    dtype = checking_dtype(cfg)
     tokens = jax.ShapeDtypeStruct((cfg.n, cfg.d), dtype)
     total = 0
     for metric in user_metrics(cfg):
@@ -621,7 +621,7 @@ def _user_metric_bytes(cfg: Config) -> int:
             raise ConfigError(f"metric {metric.name} returns {getattr(shape, 'shape', type(shape).__name__)} on one "
                               f"member's tokens, but declares the dimensions {metric.dims}; give dims= one name per "
                               "axis of what it returns.")
-        total += int(np.prod(shape.shape)) * shape.dtype.itemsize
+        total += int(np.prod(shape.shape)) * jnp.dtype(cfg.dtype.value).itemsize
     return total
 
 

@@ -125,7 +125,7 @@ def check_terms(cfg: Config, beta: float) -> None:
     """Every term of the config built once, as a member would build it: a class that is
     not a term, an unknown or missing setting, or a term that refuses its settings is one
     sentence naming `terms.NAME`."""
-    dtype = jnp.dtype(cfg.dtype.value)
+    dtype = checking_dtype(cfg)
     for name, spec in (cfg.terms or {}).items():
         kind = term_class(name, spec)
         fields = _settings(name, spec, kind)
@@ -160,6 +160,13 @@ def _get(cfg: Config, path: str) -> Any:
     for part in path.split("."):
         node = node[part] if isinstance(node, dict) else getattr(node, part)
     return node
+
+
+def checking_dtype(cfg: Config):
+    """The dtype a config's terms and metrics are checked in: the run's, or float32 for a
+    float64 run checked before the process has switched float64 on (shapes and refusals
+    do not depend on it)."""
+    return jnp.dtype(cfg.dtype.value) if cfg.dtype == "float32" or jax.config.jax_enable_x64 else jnp.float32
 
 
 def user_metrics(cfg: Config) -> tuple[UserMetric, ...]:
