@@ -4,12 +4,15 @@ ensemble summary that keeps a file small, and reading configs back. The figure s
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import xarray as xr
 
+from .._config import _default_config
 from .._errors import ConfigError
 from .._progress import Progress
 from .._store import read_config
@@ -93,6 +96,27 @@ def check_drawn_member(name: str, cfg, options, why: str, *, optional: bool = Fa
     check_member_option(options, cfg.members, optional=optional)
     if not cfg.save_states:
         raise ConfigError(f"experiment {name} {why}: keep save_states=true.")
+
+
+def whole_number(value, minimum: int = 1) -> bool:
+    """Whether an option is a whole number (never a boolean) of at least `minimum`."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+
+
+def finite_number(value) -> bool:
+    """Whether an option is a finite number (never a boolean)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def refuse_given(cfg, keys, experiment: str, why: str) -> None:
+    """Refuse the config keys among `keys` that `cfg` gives other values than the defaults
+    of `conf/`: settings the experiment does not read. `why` says, in parentheses in the
+    sentence, what it reads instead."""
+    default = _default_config()
+    given = [key for key in keys if getattr(cfg, key) != getattr(default, key)]
+    if given:
+        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
+                          f"{experiment} ({why}); remove {'it' if len(given) == 1 else 'them'}.")
 
 
 def failed_members(ds: xr.Dataset, description: str = "members whose solve failed") -> xr.DataArray:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
-import itertools
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -40,7 +39,8 @@ from .._store import PieceStore
 from .._components import code_digest
 from .._study import config_yaml, plan_study, prepare_jax, run_identity, solve_study
 from ._animate import check_plotly_js
-from ._experiment import Experiment, NoOptions, panel_configs, uncounted
+from ._experiment import Experiment, NoOptions, uncounted
+
 
 def _shipped() -> tuple[str, ...]:
     """The experiments attnflow ships: the names of its `conf/experiment/*.yaml` (the one

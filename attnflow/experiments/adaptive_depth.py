@@ -32,7 +32,6 @@ of option `pretrain` on top of conf/train.yaml).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,14 +48,12 @@ from ..checkpoints._load import load_checkpoint
 from ..diffeqformer._data import corpus_name, load_corpus
 from ..diffeqformer._store import load_diffeqformer, tokenizer_text
 from ..diffeqformer._train import train, train_config, validation_loss
-from ._common import caption, colormap, subplots
+from ._common import caption, colormap, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 from ._text import write_text
 from ._trained import check_train_overrides, read_metrics, run_record, trained_run
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 METHODS = ("full", "lora")
@@ -77,10 +74,6 @@ class Options:
     pretrain: dict[str, Any] = field(default_factory=dict)  # and of the pretraining runs, when missing
 EVALUATION = ("seed", "batch", "eval_batches", "solver")  # the settings that choose the held-out batches
 FINETUNE_CHOSEN = ("steps", "corpus", "train_steps")  # set per fine-tuning run by the experiment
-
-
-def _whole(value, least: int = 1) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
 
 
 def finetune_folder(options: Options) -> Path:
@@ -189,7 +182,7 @@ class AdaptiveDepth(Experiment):
         if options.out == "":
             raise ConfigError("experiment.options.out must be a folder or null, got ''.")
         steps = options.steps
-        if not steps or not all(_whole(s) for s in steps) or len(set(steps)) != len(steps):
+        if not steps or not all(whole_number(s) for s in steps) or len(set(steps)) != len(steps):
             raise ConfigError(f"experiment.options.steps must be a list of different positive whole numbers of "
                               f"solver steps, got {steps!r}.")
         methods = [str(method) for method in options.methods]
@@ -197,7 +190,7 @@ class AdaptiveDepth(Experiment):
             raise ConfigError(f"experiment.options.methods must be a list of fine-tuning methods from "
                               f"{', '.join(METHODS)} (or [] for zero-shot only), got {methods!r}.")
         for name in ("lora_rank", "finetune_steps"):
-            if not _whole(getattr(options, name)):
+            if not whole_number(getattr(options, name)):
                 raise ConfigError(f"experiment.options.{name} must be a positive whole number, "
                                   f"got {getattr(options, name)!r}.")
         # Settings of fine-tuning runs that no run reads would still be stored with the results.

@@ -21,7 +21,7 @@ end (near 0: the tokens gathered somewhere else).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -31,8 +31,6 @@ from ._common import caption, check_drawn_member, config_of, colormap, failed_me
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -60,8 +60,6 @@ from ._experiment import Counter, Experiment, Keeper
 from ._text import checkpoint_sentence, write_text
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 Interpolation = choice("Interpolation", ("constant", "linear", "cubic"))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +42,6 @@ from ._common import caption, colormap, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

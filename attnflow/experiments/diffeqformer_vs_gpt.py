@@ -110,8 +110,6 @@ from ._text import FONT, highlight, layout, scaled, shown, write_text
 from ._trained import check_train_overrides, read_metrics, run_record, trained_run
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 
@@ -516,8 +514,6 @@ def _losses(folders: dict[str, Path]) -> xr.Dataset:
         parts.append(xr.Dataset({"val_loss": ("eval_step", val), "train_loss": ("eval_step", train)},
                                 coords={"eval_step": steps}).expand_dims(model=[name]))
     return xr.concat(parts, dim="model", join="outer")
-
-
 
 
 # --- figures --------------------------------------------------------------------------------------

@@ -47,24 +47,22 @@ import dataclasses
 from dataclasses import dataclass, field
 import math
 import numbers
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._config import NOT_RESULT_KEYS, Config, _default_config
+from .._config import NOT_RESULT_KEYS, Config
 from .._ensemble import available_memory
 from .._errors import ConfigError
 from .._schedules import Identity
 from .._terms import SelfAttention
-from ._common import caption, colormap, config_of, counted, subplots
+from ._common import caption, colormap, config_of, counted, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 @dataclass
@@ -85,10 +83,6 @@ _COPIES = 5
 def default_n_max() -> int:
     """The top of the n range on this backend: 1e6 on a GPU, 1e5 elsewhere."""
     return 10**6 if jax.default_backend() == "gpu" else 10**5
-
-
-def _whole(value, minimum: int) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
 
 
 def _numbers(name: str, values, low: float, high: float | None) -> list[float]:
@@ -266,11 +260,11 @@ class LongContext(Experiment):
         _numbers("gamma_critical", options.gamma_critical, 0.0, None)
         for name, value, minimum in (("n_min", options.n_min, 2), ("n_count", options.n_count, 1),
                                      ("rows", options.rows, 2)):
-            if not _whole(value, minimum):
+            if not whole_number(value, minimum):
                 raise ConfigError(f"experiment.options.{name} of experiment long_context must be a whole number >= "
                                   f"{minimum}, got {value!r}.")
         top = options.n_max
-        if top is not None and not (_whole(top, 2) and top >= options.n_min):
+        if top is not None and not (whole_number(top, 2) and top >= options.n_min):
             raise ConfigError(f"experiment.options.n_max of experiment long_context must be null or a whole number "
                               f"from n_min={options.n_min} on, got {top!r}.")
         if options.n_count == 1 and top is not None and top != options.n_min:
@@ -286,24 +280,19 @@ class LongContext(Experiment):
         if options.rows > options.n_min:
             raise ConfigError(f"experiment.options.rows={options.rows} query tokens cannot be sampled from "
                               f"n_min={options.n_min} tokens; take rows <= n_min.")
-        if _whole(cfg.d, 3) and options.rows > cfg.d - 1:
+        if whole_number(cfg.d, 3) and options.rows > cfg.d - 1:
             raise ConfigError(f"experiment.options.rows={options.rows} sampled tokens are made exactly equiangular "
                               f"(orthonormal in u-perp), which needs rows <= d - 1 = {cfg.d - 1}; lower rows or "
                               "raise d.")
-        if not (_whole(cfg.d, 3)):
+        if not (whole_number(cfg.d, 3)):
             raise ConfigError(f"experiment long_context needs d >= 3 (a direction u and the sphere of u-perp), "
                               f"got d={cfg.d!r}.")
-        if cfg.attention_block is not None and not _whole(cfg.attention_block, 0):
+        if cfg.attention_block is not None and not whole_number(cfg.attention_block, 0):
             raise ConfigError(f"attention_block must be null, 0 or a positive whole number, "
                               f"got {cfg.attention_block!r}.")
-        default = _default_config()
-        given = [f.name for f in dataclasses.fields(Config)
-                 if f.name not in _READ_KEYS and getattr(cfg, f.name) != getattr(default, f.name)]
-        if given:
-            raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
-                              "long_context (one Q = K = V = I softmax layer on its own tokens: it reads d, dtype, "
-                              "seed and attention_block, and n and beta come from its options); remove "
-                              f"{'it' if len(given) == 1 else 'them'}.")
+        refuse_given(cfg, [f.name for f in dataclasses.fields(Config) if f.name not in _READ_KEYS], "long_context",
+                     "one Q = K = V = I softmax layer on its own tokens: it reads d, dtype, seed and attention_block, "
+                     "and n and beta come from its options")
         itemsize = 4 if cfg.dtype.value == "float32" else 8
         need = _COPIES * int(ns[-1]) * cfg.d * itemsize
         memory = available_memory()

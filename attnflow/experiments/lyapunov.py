@@ -58,23 +58,21 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._build import Study, resolve_study
-from .._config import Config, _default_config
+from .._config import Config
 from .._errors import ConfigError
 from .._solvers import tableau
 from ..analysis.spectrum import rotation_orbit
-from ._common import caption, colormap, config_of, member_summary, subplots
+from ._common import caption, colormap, config_of, member_summary, refuse_given, subplots
 from ._experiment import Counter, Experiment, Keeper
 from ._spectra import PERCENTILES, Spectra, check_qr_options, check_spectrum, ensemble_spectra, exponent_count
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 
@@ -259,12 +257,7 @@ class Lyapunov(Experiment):
         check_qr_options("lyapunov", k, every)
         resolved = study_config(self.cfg)
         study = resolved.config
-        default = _default_config()
-        given = [key for key in _OUTPUT_KEYS if getattr(study, key) != getattr(default, key)]
-        if given:
-            raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
-                              "lyapunov (it stores exponents, not a study's saved output); remove "
-                              f"{'it' if len(given) == 1 else 'them'}.")
+        refuse_given(study, _OUTPUT_KEYS, "lyapunov", "it stores exponents, not a study's saved output")
         check_spectrum("lyapunov", resolved, exponent_count(study, k), every)
         betas = resolved.betas.tolist()
         limit = stability_limit(study.solver.value)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -61,8 +61,6 @@ from ._magnitudes import SCHEDULES, coefficients, dispersion_index
 from ._spectra import PERCENTILES, check_qr_options, check_spectrum, ensemble_spectra, exponent_count, local_exponents
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 Schedule = choice("Schedule", tuple(SCHEDULES))

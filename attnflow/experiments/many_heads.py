@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -44,8 +44,6 @@ from ._experiment import Counter, Experiment, Keeper
 from ._random_laws import PANELS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

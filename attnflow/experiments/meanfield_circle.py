@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._config import NOT_RESULT_KEYS, Config, _default_config
+from .._config import NOT_RESULT_KEYS, Config
 from .._errors import ConfigError
 from .._field import VectorField
 from .._noise import brownian_noise, tree_depth
@@ -63,12 +62,10 @@ from ..analysis.meanfield import (
     circle_wasserstein,
     meanfield_circle,
 )
-from ._common import caption, colormap, config_of, counted, subplots
+from ._common import caption, colormap, config_of, counted, finite_number, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 
@@ -91,14 +88,6 @@ class Options:
 
 # The config keys the experiment reads; any other key given is refused.
 _READ_KEYS = ("dtype", "seed", "attention_block", "experiment", *NOT_RESULT_KEYS)
-
-
-def _whole(value, minimum: int) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
-
-
-def _real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def draws(options: Options) -> list[int]:
@@ -328,39 +317,39 @@ class MeanFieldCircle(Experiment):
     def check(self) -> None:
         cfg, options = self.cfg, self.options
         name = "experiment.options"
-        if not (_real(options.sigma) and options.sigma >= 0):
+        if not (finite_number(options.sigma) and options.sigma >= 0):
             raise ConfigError(f"{name}.sigma must be a number >= 0, got {options.sigma!r}.")
         if options.kind not in ("sa", "usa"):
             raise ConfigError(f"{name}.kind must be 'sa' or 'usa', got {options.kind!r}.")
-        if not (_real(options.beta) and options.beta > 0):
+        if not (finite_number(options.beta) and options.beta > 0):
             raise ConfigError(f"{name}.beta must be a positive number, got {options.beta!r}.")
-        if not _whole(options.mode, 1):
+        if not whole_number(options.mode, 1):
             raise ConfigError(f"{name}.mode must be a whole number >= 1, got {options.mode!r}.")
-        if not (_real(options.amplitude) and 0 <= options.amplitude < 1):
+        if not (finite_number(options.amplitude) and 0 <= options.amplitude < 1):
             raise ConfigError(f"{name}.amplitude must lie in [0, 1) (a positive density), got {options.amplitude!r}.")
         ns = options.n
-        if not isinstance(ns, list) or len(ns) < 2 or not all(_whole(n, 2) for n in ns) or sorted(set(ns)) != ns:
+        if not isinstance(ns, list) or len(ns) < 2 or not all(whole_number(n, 2) for n in ns) or sorted(set(ns)) != ns:
             raise ConfigError(f"{name}.n must be an increasing list of at least two whole numbers >= 2 (a slope is "
                               f"fitted), got {ns!r}.")
         members = options.members
-        if not (_whole(members, 2) or isinstance(members, list) and len(members) == len(ns)
-                and all(_whole(m, 2) for m in members)):
+        if not (whole_number(members, 2) or isinstance(members, list) and len(members) == len(ns)
+                and all(whole_number(m, 2) for m in members)):
             raise ConfigError(f"{name}.members must be a whole number >= 2 or a list of them, one per n "
                               f"({len(ns)} here), got {members!r} (members=24 gives 24 draws at every n).")
         times = options.times
-        if (not isinstance(times, list) or not times or not all(_real(t) for t in times) or times[0] != 0
+        if (not isinstance(times, list) or not times or not all(finite_number(t) for t in times) or times[0] != 0
                 or any(b <= a for a, b in zip(times, times[1:]))):
             raise ConfigError(f"{name}.times must be an increasing list of times starting at 0, got {times!r}.")
         if len(times) < 2:
             # The initial draws alone: no step is taken, and dt and the PDE go unused.
             raise ConfigError(f"{name}.times={times!r} compares the initial draws only, leaving {name}.dt unused; add "
                               "a later time.")
-        if not (_real(options.dt) and options.dt > 0):
+        if not (finite_number(options.dt) and options.dt > 0):
             raise ConfigError(f"{name}.dt must be a positive number, got {options.dt!r}.")
         if any(abs(t / options.dt - round(t / options.dt)) > 1e-9 for t in times):
             raise ConfigError(f"every time of {name}.times must be a whole number of steps dt={options.dt!r}, "
                               f"got {times!r}.")
-        if not _whole(options.grid, 4 * options.mode + 4):
+        if not whole_number(options.grid, 4 * options.mode + 4):
             raise ConfigError(f"{name}.grid must be a whole number >= 4 mode + 4 = {4 * options.mode + 4}, got "
                               f"{options.grid!r}.")
         if options.kind == "usa" and options.beta > USA_LARGEST_BETA:
@@ -368,22 +357,17 @@ class MeanFieldCircle(Experiment):
                               f"attention multiplies by e^beta, held up to beta = {USA_LARGEST_BETA:g}; lower beta, or "
                               "take kind=sa.")
         check_kernel_table(options.beta, options.grid, name=f"{name}.beta")
-        if not (_real(options.gap) and 0 < options.gap < math.pi):
+        if not (finite_number(options.gap) and 0 < options.gap < math.pi):
             raise ConfigError(f"{name}.gap must lie in (0, pi) radians, got {options.gap!r}.")
-        if not (_real(options.core) and 0 <= options.core < 1):
+        if not (finite_number(options.core) and 0 <= options.core < 1):
             raise ConfigError(f"{name}.core must lie in [0, 1), got {options.core!r}.")
-        if not (_real(options.min_mass) and 0 <= options.min_mass < 1):
+        if not (finite_number(options.min_mass) and 0 <= options.min_mass < 1):
             raise ConfigError(f"{name}.min_mass must lie in [0, 1), got {options.min_mass!r}.")
         if cfg.dtype.value != "float64":
             raise ConfigError("experiment meanfield_circle compares with a PDE solved in float64: keep dtype=float64.")
-        default = _default_config()
-        given = [f.name for f in dataclasses.fields(Config)
-                 if f.name not in _READ_KEYS and getattr(cfg, f.name) != getattr(default, f.name)]
-        if given:
-            raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
-                              "meanfield_circle (Q = K = V = I attention on the circle: it reads dtype, seed and "
-                              "attention_block, the rest comes from its options); remove "
-                              f"{'it' if len(given) == 1 else 'them'}.")
+        refuse_given(cfg, [f.name for f in dataclasses.fields(Config) if f.name not in _READ_KEYS],
+                     "meanfield_circle", "Q = K = V = I attention on the circle: it reads dtype, seed and "
+                     "attention_block, the rest comes from its options")
 
     def panels(self, base: dict) -> dict[str, dict]:
         return {}  # everything is computed in `analyse`: one particle program per n, and the PDE

@@ -75,8 +75,6 @@ from ._experiment import Counter, Experiment, Keeper
 from ._runner import merge_overrides
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from matplotlib.figure import Figure
 
 

@@ -30,7 +30,7 @@ panels' sigma (`meanfield_order`) and on a fine grid of sigma for the figure
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -42,8 +42,6 @@ from ._common import caption, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

@@ -24,7 +24,7 @@ The members' pair densities themselves are not kept: the figure needs their mean
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import xarray as xr
 
@@ -33,8 +33,6 @@ from ._experiment import Counter, Experiment, Keeper
 from ._phase_diagrams import check_eps, heatmaps, summarize
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import xarray as xr
 
@@ -50,8 +50,6 @@ from ._phase_diagrams import check_eps, heatmaps, summarize
 from ._random_laws import PANELS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

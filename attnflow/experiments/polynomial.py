@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -61,8 +61,6 @@ from ._experiment import Counter, Experiment, Keeper
 from ._magnitudes import SCHEDULES, coefficients, dispersion_index
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 NORMALIZERS = ("softmax", "none")

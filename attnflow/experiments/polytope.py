@@ -55,8 +55,6 @@ from ._common import caption, check_drawn_member, colormap, config_of, figure, m
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

@@ -20,7 +20,7 @@ whose state predicts the next token; the model's top prediction is stored too
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -36,8 +36,6 @@ from ._experiment import Counter, Experiment, Keeper
 from ._text import FONT, checkpoint_sentence, highlight, layout, scaled, shown
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -24,8 +24,6 @@ from ._common import caption, check_drawn_member, colormap, config_of, figure, w
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -44,8 +44,6 @@ from ._common import caption, colormap, config_of, stack_panels, subplots
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from matplotlib.figure import Figure
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
+
 import warnings
 from pathlib import Path
 

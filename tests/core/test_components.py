@@ -15,17 +15,16 @@ user's own folder on PYTHONPATH would be: nothing of it is in the package.
 from __future__ import annotations
 
 import importlib
-import subprocess
+
 import sys
 import textwrap
-from pathlib import Path
+
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
-from commands import ATTNFLOW, command, load  # noqa: F401 (command: a fixture)
 
 import attnflow as af
 from attnflow._ensemble import member_footprint

@@ -21,7 +21,8 @@ from attnflow.experiments import (
     plan_experiment,
     run_experiment,
 )
-from attnflow.experiments._runner import experiment_class, panel_configs
+from attnflow.experiments._experiment import panel_configs
+from attnflow.experiments._runner import experiment_class
 
 CONF = config_source()[1].joinpath("experiment")  # the shipped configs, installed or not
 TINY = {"members": 2, "t1": 1.0, "dt": 0.1, "saves": 3, "compilation_cache": False}

@@ -68,7 +68,6 @@ UNUSED = {
     ("long_context", "n_count"): ({"n_min": 100, "n_max": 103, "n_count": 7}, {}),  # 4 different n
     ("noise_transition", "ratios"): ({"ratios": [0.8, 0.8000001, 1.2, 1.5]}, {}),  # one panel, ratio=0.8
     ("noise_transition", "disordered_from"): ({"disordered_from": 2.0}, {}),  # nothing to fit the threshold on
-    ("meanfield_circle", "times"): ({"times": [0.0]}, {}),  # no step taken: dt and the PDE unused
     ("hardmax_sinkhorn", "polygons"): ({"polygons": 0}, {}),  # the k-gon settings all unused
     ("hardmax_sinkhorn", "kgon_t1"): ({"kgon_t1": 0.01}, {}),  # round(0.01 / 0.05) = 0 steps
     ("meanfield_circle", "times"): ({"times": [0.0]}, {}),  # nothing compared, dt unused
