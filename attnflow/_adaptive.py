@@ -100,9 +100,9 @@ def diffrax_solver(name: str) -> dfx.AbstractSolver:
     """The diffrax solver of a name that has an error estimate (all but the Euler schemes)."""
     if name not in SOLVERS:
         raise ConfigError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}.")
-    if name.startswith("euler"):
+    if not SOLVERS[name].adaptive:
         raise no_error_estimate(f"solver {name!r}")
-    cls = RK4 if name == "rk4" else getattr(dfx, SOLVERS[name][2])
+    cls = RK4 if name == "rk4" else getattr(dfx, SOLVERS[name].diffrax)
     return cls()
 
 

@@ -18,57 +18,27 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, PRNGKeyArray, ScalarLike, UInt32
+from jaxtyping import ArrayLike, PRNGKeyArray, ScalarLike, UInt32
 
-from ._config import Config, MatrixConfig, _default_config, compose, to_container
+from ._checks import array as _array
+from ._checks import as_floats as _floats
+from ._checks import number as _number
+from ._components import build_terms, check_terms, checking_dtype, code_digest, term_data, user_metrics
+from ._config import Config, _default_config, compose, to_container
 from ._errors import ConfigError
 from ._field import Collisions, ConstantSpeed, VectorField
 from ._geometry import Euclidean, Sphere
 from ._grid import TimeGrid, save_steps, save_times, step_count, time_grid
-from ._initial import (
-    AbstractInitialCondition,
-    GaussianMixture,
-    Given,
-    Orthonormal,
-    SphericalCaps,
-    UniformCube,
-    UniformSphere,
-)
+from ._initial import AbstractInitialCondition
 from ._metric_registry import METRIC_NAMES, METRICS, Sizes, names_reading, reading
-from ._components import build_terms, check_terms, checking_dtype, code_digest, term_data, user_metrics
 from ._metrics import MetricContext, Recorder, attention_rows
 from ._noise import BrownianNoise, brownian_noise, tree_depth
-from ._random_matrices import SQUARE_LAWS, draw_matrix
+from ._schedules import AbstractSchedule, Constant, factored
 from ._solvers import SOLVERS, no_error_estimate
-from ._schedules import AbstractSchedule, Constant, Identity, PiecewiseConstant, PiecewiseSchedule, Scaled
-from ._schedules import identity_multiple
-from ._terms import MLP, SelfAttention, TokenNorm
+from ._terms import TokenNorm
 from ._tiled import INDEX_LIMIT, check_tiles, resolve_block
+from .system import PARTS
 
-
-
-def _number(name: str, value: Any, *, positive=False, minimum=None) -> None:
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}.")
-    if positive and value <= 0:
-        raise ConfigError(f"{name} must be positive, got {value!r}.")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value!r}.")
-
-
-def _array(name: str, value: Any, dtype: str) -> np.ndarray:
-    """A user array given as nested lists; ragged, non-numeric or non-finite input, and
-    values that the run's dtype cannot hold, are refused."""
-    try:
-        array = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a rectangular array of numbers (nested lists of equal length).") from None
-    if not np.isfinite(array).all():
-        raise ConfigError(f"{name} must hold finite numbers only, got a NaN or an infinity.")
-    largest = float(np.finfo(dtype).max)
-    if array.size and np.abs(array).max() > largest:
-        raise ConfigError(f"{name} holds {np.abs(array).max():.3g}, beyond the largest {dtype} ({largest:.3g}).")
-    return array
 
 
 def betas_of(cfg: Config) -> tuple[list[float], bool]:
@@ -90,68 +60,37 @@ def _not_applicable(cfg: Config, base: Config) -> None:
     def changed(getter) -> bool:
         return getter(cfg) != getter(base)
 
+    # (why, keys): "with SETTING" or "to SETTING", and the keys with their getters.
     rules: list[tuple[str, list[tuple[str, Any]]]] = []
-    if not cfg.attention:
-        rules.append(("attention=false", [
-            ("dynamics", lambda c: c.dynamics), ("causal", lambda c: c.causal), ("alibi", lambda c: c.alibi),
-            ("heads", lambda c: c.heads), ("heads_combine", lambda c: c.heads_combine), ("d_k", lambda c: c.d_k),
-            ("d_v", lambda c: c.d_v),
-            *[(f"weights.{m}", lambda c, m=m: getattr(c.weights, m)) for m in "qkvo"],
-        ]))
-    for kind, keys in (("sinkhorn", ("iterations", "tol")), ("hardmax", ("ties", "self_attention"))):
-        if cfg.dynamics != kind:
-            rules.append((f"dynamics={cfg.dynamics}", [
-                (f"{kind}.{k}", lambda c, kind=kind, k=k: getattr(getattr(c, kind), k)) for k in keys
-            ]))
-    if not cfg.mlp.enabled:
-        rules.append(("mlp.enabled=false", [
-            (f"mlp.{k}", lambda c, k=k: getattr(c.mlp, k)) for k in ("hidden", "activation", "scale", "bias")
-        ]))
+    for part in PARTS.values():
+        rules += part.unused(cfg)
     if cfg.norm not in ("pre", "peri"):
-        rules.append((f"norm={cfg.norm} (token_norm is the N of pre and peri)", [
+        rules.append((f"with norm={cfg.norm} (token_norm is the N of pre and peri)", [
             (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in ("kind", "eps", "gamma", "shift")
         ]))
     elif cfg.token_norm.kind != "layer":
         unused = ("eps", "gamma", "shift") if cfg.token_norm.kind == "sphere" else ("shift",)
-        rules.append((f"token_norm.kind={cfg.token_norm.kind}", [
+        rules.append((f"with token_norm.kind={cfg.token_norm.kind}", [
             (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in unused
         ]))
     if cfg.noise.sigma == 0:
-        rules.append(("noise.sigma=0", [(f"noise.{k}", lambda c, k=k: getattr(c.noise, k)) for k in ("kind", "depth", "switch_times", "factors", "poly")]))
+        rules.append(("with noise.sigma=0", [(f"noise.{k}", lambda c, k=k: getattr(c.noise, k)) for k in ("kind", "depth", "switch_times", "factors", "poly")]))
     if not cfg.adaptive:
-        rules.append(("adaptive=false (fixed steps take (t1 - t0)/dt steps)", [
+        rules.append(("with adaptive=false (fixed steps take (t1 - t0)/dt steps)", [
             (k, lambda c, k=k: getattr(c, k)) for k in ("rtol", "atol", "max_steps")
         ]))
     if cfg.rank_rtol is not None and "attention_rank" not in cfg.metrics:
-        rules.append(("metrics without attention_rank", [("rank_rtol", lambda c: c.rank_rtol)]))
+        rules.append(("with metrics without attention_rank", [("rank_rtol", lambda c: c.rank_rtol)]))
     if not reading("eps", cfg.metrics):
-        rules.append((f"metrics without {names_reading('eps')}", [("eps", lambda c: c.eps)]))
-    random_weights = cfg.mlp.enabled or (cfg.attention and any(getattr(cfg.weights, m).kind == "random" for m in "qkvo"))
-    if not random_weights:
-        rules.append(("no random weights", [("weights.shared", lambda c: c.weights.shared),
+        rules.append((f"with metrics without {names_reading('eps')}", [("eps", lambda c: c.eps)]))
+    if not any(part.draws_weights(cfg) for part in PARTS.values()):
+        rules.append(("with no random weights", [("weights.shared", lambda c: c.weights.shared),
                                             ("weights.per_beta", lambda c: c.weights.per_beta)]))
-    if cfg.attention:
-        for m in "qkvo":
-            spec, default = getattr(cfg.weights, m), getattr(base.weights, m)
-            uses = {
-                "identity": ("scale",),
-                "matrix": ("value", "scale", "transpose"),
-                "random": ("law", "scale", "redraw_every", "transpose"),
-                "tied": ("sign", "scale", "transpose"),
-                "none": (),
-            }[spec.kind]
-            unused = [k for k in ("law", "scale", "value", "sign", "redraw_every", "transpose") if k not in uses]
-            if spec.kind == "none":
-                unused += ["switch_times", "factors", "poly"]
-            given = [k for k in unused if getattr(spec, k) != getattr(default, k)]
-            if given:
-                keys = " and ".join(f"weights.{m}.{k}" for k in given)
-                raise ConfigError(f"{keys} {'does' if len(given) == 1 else 'do'} not apply to weights.{m}.kind={spec.kind}.")
     for reason, keys in rules:
         given = [name for name, getter in keys if changed(getter)]
         if given:
             names = " and ".join(given)
-            raise ConfigError(f"{names} {'does' if len(given) == 1 else 'do'} not apply with {reason}; remove "
+            raise ConfigError(f"{names} {'does' if len(given) == 1 else 'do'} not apply {reason}; remove "
                               f"{'it' if len(given) == 1 else 'them'} or change that setting.")
 
 
@@ -236,7 +175,7 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         _number("dt", cfg.dt, positive=True)
     else:
         steps = step_count(cfg.t0, cfg.t1, cfg.dt)  # the one rule of fixed-step grids
-    if cfg.adaptive and cfg.solver.startswith("euler"):
+    if cfg.adaptive and not SOLVERS[cfg.solver.value].adaptive:
         raise no_error_estimate(f"solver {str(cfg.solver)!r}")
     cfg = _check_time_change(cfg, betas)
     for key in ("rtol", "atol", "eps"):
@@ -245,8 +184,6 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         raise ConfigError(f"tokens on the sphere need d >= 2, got d={d}.")
     metrics = set(cfg.metrics)
     user_metrics(cfg)  # an unknown name, or a function not registered with attnflow.metric, in one sentence
-    if not cfg.attention and reading("attention", metrics):
-        raise ConfigError("the attention metrics need attention=true.")
     for key in ("d_k", "d_v", "chunk_size"):
         if getattr(cfg, key) is not None:
             _number(key, getattr(cfg, key), minimum=1)
@@ -260,12 +197,6 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     if cfg.rank_rtol is not None:
         _number("rank_rtol", cfg.rank_rtol, positive=True)
     _number("max_output_gib", cfg.max_output_gib, positive=True)
-    if cfg.alibi is not None:
-        slopes = cfg.alibi if isinstance(cfg.alibi, list) else [cfg.alibi] * cfg.heads
-        if len(slopes) != cfg.heads:
-            raise ConfigError(f"alibi needs one slope or one per head ({cfg.heads}), got {len(slopes)}.")
-        for s in slopes:
-            _number("an alibi slope", s, minimum=0)
     if cfg.norm in ("pre", "peri"):
         tn = cfg.token_norm
         _number("token_norm.eps", tn.eps, minimum=0)
@@ -274,15 +205,13 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
             if value is not None and _array(f"token_norm.{key}", value, cfg.dtype).shape not in ((), (d,)):
                 raise ConfigError(f"token_norm.{key} must be a number or {d} numbers (one per dimension).")
     _check_noise(cfg)
-    if not cfg.attention and not cfg.mlp.enabled and cfg.noise.sigma == 0 and not cfg.terms:
-        raise ConfigError("attention=false and mlp.enabled=false leave no dynamics; switch one on (or the noise, "
-                          "noise.sigma > 0, or a term of terms).")
-    _check_normalisation(cfg, betas)
-    _check_init(cfg)
-    if cfg.attention:
-        _check_weights(cfg)
-    if cfg.mlp.enabled and cfg.mlp.hidden is not None:
-        _number("mlp.hidden", cfg.mlp.hidden, minimum=1)
+    if not any(part.enabled(cfg) for part in PARTS.values()) and cfg.noise.sigma == 0 and not cfg.terms:
+        offs = " and ".join(f"{part.switch}=false" for part in PARTS.values() if part.switch)
+        raise ConfigError(f"{offs} leave no dynamics; switch one on (or the noise, noise.sigma > 0, or a term of "
+                          "terms).")
+    for part in PARTS.values():
+        part.check(cfg, betas)
+    cfg.init.check(cfg)
     _not_applicable(cfg, base)
     _check_sizes(cfg, len(betas), steps)
     check_terms(cfg, betas[0])
@@ -307,9 +236,7 @@ def _switches_outside(cfg: Config) -> tuple[str, ...]:
     switches there. Not an error: a sweep of t1 (`-m t1=3,10`) with a switch at 5 must
     still run its short job."""
     schedules = [("noise", cfg.noise)] if cfg.noise.sigma != 0 else []
-    if cfg.attention:
-        schedules += [(f"weights.{m}", getattr(cfg.weights, m)) for m in "qkvo"
-                      if getattr(cfg.weights, m).kind != "none"]
+    schedules += [schedule for part in PARTS.values() for schedule in part.schedules(cfg)]
     notes = []
     for path, spec in schedules:
         outside = [t for t in spec.switch_times if not cfg.t0 < t < cfg.t1]
@@ -319,35 +246,6 @@ def _switches_outside(cfg: Config) -> tuple[str, ...]:
                          f"({cfg.t0:g}, {cfg.t1:g}), so the run never switches there and the factors of the pieces "
                          "it skips are unused.")
     return tuple(notes)
-
-
-def _check_normalisation(cfg: Config, betas: list[float]) -> None:
-    """The settings of sinkhorn and hardmax attention, and what they cannot be combined with."""
-    if cfg.dynamics == "sinkhorn":
-        _number("sinkhorn.iterations", cfg.sinkhorn.iterations, minimum=1)
-        _number("sinkhorn.tol", cfg.sinkhorn.tol, positive=True)
-        if cfg.sinkhorn.iterations > INDEX_LIMIT:
-            raise ConfigError(f"sinkhorn.iterations={cfg.sinkhorn.iterations} is more than the int32 loop counter "
-                              f"of the alternations can count (2^31 - 1 = {INDEX_LIMIT}); lower it.")
-        if cfg.causal:
-            raise ConfigError("dynamics=sinkhorn cannot be causal: a lower-triangular doubly stochastic matrix is "
-                              "the identity.")
-    if cfg.dynamics == "hardmax":
-        _number("hardmax.ties", cfg.hardmax.ties, minimum=0)
-        if cfg.alibi is not None:
-            raise ConfigError("dynamics=hardmax takes the argmax of <Q x_i, K x_j> alone: alibi does not apply.")
-        if not cfg.hardmax.self_attention and cfg.n < 2:
-            raise ConfigError("hardmax.self_attention=false needs n >= 2 tokens (a token needs another to attend to).")
-        # beta does not enter the argmax: every beta of a list would solve the same
-        # flow, which reads as agreeing replicates, unless something reads beta itself.
-        reads_beta = reading("beta", cfg.metrics) or any(m.takes_context for m in user_metrics(cfg))
-        if len(set(betas)) > 1 and not reads_beta and cfg.time_change.speed != "log_beta":
-            raise ConfigError(f"dynamics=hardmax does not read beta, so beta={_floats(cfg.beta)} would solve one "
-                              f"flow {len(set(betas))} times over; give one beta, or record a metric that reads "
-                              f"beta ({names_reading('beta')}).")
-    if cfg.dynamics in ("sinkhorn", "hardmax") and cfg.attention_block:
-        raise ConfigError(f"dynamics={cfg.dynamics} normalises the whole n x n logits and is not tiled: set "
-                          f"attention_block to null or 0, got {cfg.attention_block}.")
 
 
 def _check_time_change(cfg: Config, betas: list[float]) -> Config:
@@ -432,8 +330,7 @@ def non_finite_advice(cfg: Config) -> str:
         remedies.append("an adaptive solver")
     if cfg.dtype == "float32":
         remedies.append("float64")
-    if cfg.attention and cfg.dynamics != "hardmax":
-        remedies.append("a smaller beta")
+    remedies += [remedy for part in PARTS.values() if part.enabled(cfg) for remedy in part.remedies(cfg)]
     if cfg.noise.sigma != 0:
         remedies.append("a smaller noise.sigma")
     if cfg.adaptive:
@@ -441,135 +338,13 @@ def non_finite_advice(cfg: Config) -> str:
     return "use " + (", ".join(remedies[:-1]) + " or " + remedies[-1] if len(remedies) > 1 else remedies[0])
 
 
-def _floats(value: Any) -> Any:
-    """Nested lists of numbers as floats (so that `beta=[1,2]` and `[1.0, 2.0]` are one
-    config); None stays None."""
-    if value is None:
-        return None
-    return np.asarray(value, dtype=np.float64).tolist()
-
-
 def _numbers_as_floats(cfg: Config) -> Config:
     """The untyped (number-or-list) entries of a validated config, as floats."""
-    init = cfg.init
-    for name in ("centres", "value"):
-        if hasattr(init, name):
-            init = dataclasses.replace(init, **{name: _floats(getattr(init, name))})
-    weights = cfg.weights
-    for m in "qkvo":
-        spec = getattr(weights, m)
-        weights = dataclasses.replace(weights, **{m: dataclasses.replace(spec, value=_floats(spec.value))})
+    for part in PARTS.values():
+        cfg = part.as_floats(cfg)
     token_norm = dataclasses.replace(cfg.token_norm, gamma=_floats(cfg.token_norm.gamma),
                                      shift=_floats(cfg.token_norm.shift))
-    return dataclasses.replace(cfg, beta=_floats(cfg.beta), alibi=_floats(cfg.alibi), init=init, weights=weights,
-                               token_norm=token_norm)
-
-
-def _cosine_metrics(cfg: Config) -> bool:
-    return bool(reading("cosines", cfg.metrics)) or cfg.norm == "sphere"
-
-
-def _check_init(cfg: Config) -> None:
-    init, n, d = cfg.init, cfg.n, cfg.d
-    if init.kind == "orthonormal" and n > d:
-        raise ConfigError(f"the orthonormal initial condition needs n <= d, got n={n} > d={d}.")
-    if init.kind in ("caps", "mixture"):
-        _number("init.k", init.k, minimum=1)
-        if init.k > n:
-            # More groups than tokens: some are empty, and their centres are drawn for nothing.
-            raise ConfigError(f"init.k={init.k} {init.kind} for n={n} tokens leaves some of them empty; give "
-                              f"init.k <= n.")
-        if init.centres is not None:
-            centres = _array("init.centres", init.centres, cfg.dtype)
-            if centres.shape != (init.k, d):
-                raise ConfigError(f"init.centres must have shape (k={init.k}, d={d}), got {centres.shape}.")
-            if init.kind == "caps" and (np.linalg.norm(centres, axis=-1) == 0).any():
-                raise ConfigError("init.centres has a zero row, which gives a cap no direction; give unit vectors.")
-    if init.kind == "caps":
-        _number("init.radius", init.radius, minimum=0)
-    if init.kind == "mixture":
-        _number("init.sigma", init.sigma, minimum=0)
-        _number("init.spread", init.spread, minimum=0)
-    if init.kind == "cube":
-        _number("init.low", init.low)
-        _number("init.high", init.high)
-        if init.high <= init.low:
-            raise ConfigError(f"init.low must be below init.high, got low={init.low} and high={init.high}.")
-    if init.kind == "given":
-        value = _array("init.value", init.value, cfg.dtype)
-        if value.shape != (n, d):
-            raise ConfigError(f"init.value must have shape (n={n}, d={d}), got {value.shape}.")
-        zero = np.flatnonzero(np.linalg.norm(value, axis=-1) == 0)
-        if zero.size and (_cosine_metrics(cfg) or cfg.norm in ("pre", "peri")):
-            raise ConfigError(f"init.value row {zero[0]} is zero, which has no direction on the sphere and no "
-                              "cosine with the other tokens; move it off the origin.")
-
-
-def _check_weights(cfg: Config) -> None:
-    heads, d = cfg.heads, cfg.d
-    dk, dv = cfg.d_k or d, cfg.d_v or d
-    shapes = {"q": (dk, d), "k": (dk, d), "v": (dv, d), "o": (d, dv)}
-    for name in "qkvo":
-        spec = getattr(cfg.weights, name)
-        rows, cols = shapes[name]
-        if spec.kind == "none" and name != "o":
-            raise ConfigError(f"weights.{name} cannot be 'none'; use 'identity' for the identity.")
-        if spec.kind == "identity" and rows != cols:
-            raise ConfigError(f"weights.{name} cannot be the identity with shape {(rows, cols)}.")
-        if spec.kind == "none" and dv != d:
-            raise ConfigError(f"weights.o must be given when d_v={dv} differs from d={d}.")
-        if spec.kind == "tied":
-            if name != "v":
-                raise ConfigError(f"only weights.v can be tied (to +-Q^T K), not weights.{name}.")
-            if dv != d:
-                raise ConfigError("V tied to +-Q^T K needs d_v = d.")
-        _number(f"weights.{name}.scale", spec.scale)
-        _number(f"weights.{name}.sign", spec.sign)
-        if spec.kind == "random" and spec.law in SQUARE_LAWS and rows != cols:
-            raise ConfigError(f"the {spec.law} law needs square matrices, weights.{name} is {(rows, cols)}.")
-        if spec.transpose and rows != cols:
-            raise ConfigError(f"weights.{name}.transpose needs a square matrix, weights.{name} is {(rows, cols)}.")
-        per_piece = False
-        if spec.kind == "matrix":
-            if spec.value is None:
-                raise ConfigError(f"weights.{name}.kind=matrix needs weights.{name}.value (a nested list).")
-            shape = _array(f"weights.{name}.value", spec.value, cfg.dtype).shape
-            per_piece = _matrix_per_piece(len(spec.switch_times), heads, shape)
-            pieces = len(spec.switch_times) + 1
-            allowed = [(rows, cols), (heads, rows, cols)]
-            if pieces > 1:
-                allowed += ([(pieces, rows, cols)] if heads == 1 else []) + [(pieces, heads, rows, cols)]
-            if shape not in allowed:
-                one_per_piece = (f", or one matrix per piece of weights.{name}.switch_times: "
-                                 f"{' or '.join(map(str, allowed[2:]))}") if pieces > 1 else ""
-                raise ConfigError(
-                    f"weights.{name}.value must have shape {(rows, cols)} or {(heads, rows, cols)}{one_per_piece}, "
-                    f"got {shape}."
-                )
-            scaled = np.abs(_array(f"weights.{name}.value", spec.value, cfg.dtype)).max() * abs(spec.scale)
-            if scaled > float(np.finfo(cfg.dtype).max):
-                raise ConfigError(f"weights.{name}.value times weights.{name}.scale overflows {cfg.dtype}.")
-        times, factors = list(spec.switch_times), list(spec.factors)
-        for value in times + factors + list(spec.poly or []):
-            _number(f"every entry of weights.{name}.switch_times, .factors and .poly", value)
-        if (times or factors) and not (per_piece and not factors):
-            if len(factors) != len(times) + 1:
-                raise ConfigError(
-                    f"weights.{name} has {len(times)} switch_times and needs {len(times) + 1} factors, got {len(factors)}."
-                )
-            if any(b <= a for a, b in zip(times, times[1:])):
-                raise ConfigError(f"weights.{name}.switch_times must increase, got {times}.")
-        if spec.redraw_every is not None:
-            _number(f"weights.{name}.redraw_every", spec.redraw_every, positive=True)
-            if (cfg.t1 - cfg.t0) / spec.redraw_every > 10_000:
-                raise ConfigError(f"weights.{name}.redraw_every is too small: more than 10000 redraws over [t0, t1].")
-
-
-def _matrix_per_piece(switches: int, heads: int, shape: tuple[int, ...]) -> bool:
-    """Whether a kind=matrix value of this shape holds one matrix per piece of its
-    switch times (`(pieces, rows, cols)` with one head, or `(pieces, heads, rows, cols)`)
-    rather than one matrix (per head) for all times."""
-    return switches > 0 and (len(shape) == 4 or (len(shape) == 3 and heads == 1)) and shape[0] == switches + 1
+    return dataclasses.replace(cfg, beta=_floats(cfg.beta), init=cfg.init.as_floats(), token_norm=token_norm)
 
 
 def _check_sizes(cfg: Config, betas: int, steps: int | None) -> None:
@@ -649,98 +424,12 @@ class _Values:
         return self.data[path] if path in self.data else _get(self.cfg, path)
 
 
-def _schedule(name: str, get: _Values, key: PRNGKeyArray, shape, dtype) -> AbstractSchedule | None:
-    spec: MatrixConfig = getattr(get.cfg.weights, name)
-    cfg = get.cfg
-    heads = shape[0]
-    kind = spec.kind
-    scale = get(f"weights.{name}.scale")
-    if kind == "none":
-        return None
-    if kind == "identity":
-        base: AbstractSchedule = Identity(heads, shape[-1], jnp.dtype(dtype).name)
-        if not (isinstance(scale, (int, float)) and scale == 1):
-            base = Scaled(jnp.reshape(jnp.asarray(scale, dtype), (1,)), base)
-    elif kind == "matrix":
-        value = scale * jnp.asarray(get(f"weights.{name}.value"), dtype)
-        if _matrix_per_piece(len(spec.switch_times), heads, value.shape):
-            times = jnp.asarray(get(f"weights.{name}.switch_times"), dtype)
-            base = PiecewiseConstant(times, value.reshape((value.shape[0],) + tuple(shape)))
-        else:
-            base = Constant(jnp.broadcast_to(value, shape))
-    elif kind == "random" and spec.redraw_every is not None:
-        period = spec.redraw_every
-        count = int(math.ceil((cfg.t1 - cfg.t0) / period))
-        times = jnp.asarray(cfg.t0 + period * np.arange(1, count + 1), dtype)
-        values = draw_matrix(spec.law.value, key, (count + 1,) + tuple(shape), scale, dtype)
-        base = PiecewiseConstant(times, values)
-    elif kind == "random":
-        base = Constant(draw_matrix(spec.law.value, key, tuple(shape), scale, dtype))
-    else:
-        raise AssertionError(kind)  # 'tied' is resolved by the caller
-    return _modulate(name, get, base, dtype)
-
-
-def _modulate(name: str, get: _Values, base: AbstractSchedule, dtype) -> AbstractSchedule:
-    spec: MatrixConfig = getattr(get.cfg.weights, name)
-    base = _factored(f"weights.{name}", spec, get, base, dtype)
-    if spec.transpose:
-        base = _Transposed(base)
-    return base
-
-
-def _factored(path: str, spec: Any, get: _Values, base: AbstractSchedule, dtype) -> AbstractSchedule:
-    """`base` times the piecewise-constant factors of `path.switch_times`/`path.factors` and
-    the polynomial `path.poly` (the convention of `weights.*` and `noise`)."""
-    factors = jnp.asarray(get(f"{path}.factors"), dtype).reshape(-1)
-    if len(spec.switch_times) and factors.shape[0]:
-        # (Switch times without factors: a kind=matrix value with one matrix per piece,
-        # already piecewise.)
-        times = jnp.asarray(get(f"{path}.switch_times"), dtype)
-        base = PiecewiseSchedule(times, tuple(Scaled(factors[i : i + 1], base) for i in range(factors.shape[0])))
-    elif factors.shape[0]:
-        base = Scaled(factors[:1], base)
-    if spec.poly is not None:
-        base = Scaled(jnp.asarray(get(f"{path}.poly"), dtype).reshape(-1), base)
-    return base
-
-
 def _noise_schedule(get: _Values, dtype) -> AbstractSchedule | None:
     r"""The factor $s(t)$ of the noise strength, $\sigma(t) = \sigma\, s(t)$ (None: constant)."""
     spec = get.cfg.noise
     if not spec.factors and spec.poly is None:
         return None
-    return _factored("noise", spec, get, Constant(jnp.ones((), dtype)), dtype)
-
-
-class _Transposed(AbstractSchedule):
-    """$W(t)^\top$ per head: the matrix a code that multiplies row vectors ($x W$) applies
-    to column vectors."""
-
-    base: AbstractSchedule
-
-    def __call__(self, t, at=None):
-        return jnp.swapaxes(self.base(t, at), -1, -2)
-
-    @property
-    def shape(self):
-        return self.base.shape[:-2] + self.base.shape[:-3:-1]
-
-
-class _QtK(AbstractSchedule):
-    """$V(t) = s\\, Q(t)^T K(t)$ per head, for V tied to the attention matrix."""
-
-    query: AbstractSchedule
-    key: AbstractSchedule
-    sign: Array
-
-    def __call__(self, t, at=None):
-        q, k = self.query(t, at), self.key(t, at)
-        return self.sign * jnp.einsum("hkd,hke->hde", q, k)
-
-    @property
-    def shape(self):
-        return (self.query.shape[0], self.query.shape[-1], self.query.shape[-1])
+    return factored("noise", spec, get, Constant(jnp.ones((), dtype)), dtype)
 
 
 def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: Mapping[str, ArrayLike] | None = None,
@@ -749,9 +438,7 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
     `data` may give (traced) values for the config's numeric entries, by dotted path;
     `noise` is the member's Brownian noise, when the config has some."""
     get = _Values(cfg, data)
-    d, heads = cfg.d, cfg.heads
-    dk, dv = cfg.d_k or d, cfg.d_v or d
-    kq, kk, kv, ko, km = jax.random.split(key, 5)
+    d = cfg.d
     time_change = collisions = None
     if cfg.time_change.speed == "log_beta":
         time_change = ConstantSpeed(jnp.log(jnp.asarray(beta, dtype)))
@@ -759,51 +446,7 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
         time_change = ConstantSpeed(jnp.asarray(get("time_change.speed"), dtype))
     if cfg.time_change.collisions is not None:
         collisions = Collisions(jnp.asarray(get("time_change.collisions"), dtype))
-    terms = []
-    if cfg.attention:
-        q = _schedule("q", get, kq, (heads, dk, d), dtype)
-        k = _schedule("k", get, kk, (heads, dk, d), dtype)
-        if cfg.weights.v.kind == "tied":
-            sign = jnp.asarray(get("weights.v.sign"), dtype) * jnp.asarray(get("weights.v.scale"), dtype)
-            tied: AbstractSchedule = _QtK(q, k, sign)
-            if isinstance(q, Constant) and isinstance(k, Constant):
-                tied = Constant(tied(0.0))  # fixed Q and K: Q^T K formed once, not at every step
-            v = _modulate("v", get, tied, dtype)
-        else:
-            v = _schedule("v", get, kv, (heads, dv, d), dtype)
-        o = _schedule("o", get, ko, (heads, d, dv), dtype)
-        alibi = None if cfg.alibi is None else jnp.broadcast_to(jnp.asarray(get("alibi"), dtype), (heads,))
-        # Under the time change, the attention's exact forms that keep it finite at any beta
-        # and its clusters still (SelfAttention), where they are exact and the logits whole.
-        exact = time_change is not None and resolve_block(cfg.n, cfg.attention_block) is None
-        terms.append(
-            SelfAttention(q, k, v, o, jnp.asarray(beta, dtype), alibi, heads=heads,
-                          kind=cfg.dynamics.value, causal=bool(cfg.causal), block=cfg.attention_block,
-                          sinkhorn_iterations=int(cfg.sinkhorn.iterations), hardmax_ties=float(cfg.hardmax.ties),
-                          hardmax_self=bool(cfg.hardmax.self_attention),
-                          unit_rows=_unit_rows(cfg), combine=cfg.heads_combine.value,
-                          scale_free=exact and cfg.dynamics == "usa" and not cfg.mlp.enabled,
-                          exclude_coincident=exact and cfg.dynamics in ("sa", "usa") and cfg.norm == "sphere"
-                          and SOLVERS[cfg.solver.value][0]
-                          and identity_multiple(v) and o is None)
-        )
-    mlp = cfg.mlp
-    if mlp.enabled:
-        hidden = mlp.hidden or 4 * d
-        k1, k2, k3, k4, k5 = jax.random.split(km, 5)
-        scale = get("mlp.scale")
-        const = lambda k, shape: Constant(draw_matrix("gaussian", k, shape, scale, dtype))
-        gated = mlp.activation == "swiglu"
-        terms.append(
-            MLP(
-                w1=const(k1, (hidden, d)),
-                w2=const(k2, (d, hidden)),
-                b1=const(k3, (hidden,)) if mlp.bias else None,
-                b2=const(k4, (d,)) if mlp.bias else None,
-                gate=const(k5, (hidden, d)) if gated else None,
-                activation=mlp.activation.value,
-            )
-        )
+    terms = [part.build(cfg, get, key, beta, dtype) for part in PARTS.values() if part.enabled(cfg)]
     terms += build_terms(cfg, get, key, beta, dtype)
     norm = None
     if cfg.norm in ("pre", "peri"):
@@ -814,42 +457,19 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
     # projects the field for every solver but euler_renorm (the unprojected scheme).
     geometry = Sphere() if cfg.norm == "sphere" else Euclidean()
     return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm, time_change=time_change,
-                       collisions=collisions, geometry=geometry, tangent=SOLVERS[cfg.solver.value][0], noise=noise)
-
-
-def _unit_rows(cfg: Config) -> bool:
-    """Whether the attention term sees unit tokens: the states on the sphere (retracted
-    after every step; a Runge-Kutta stage is off the sphere by O(dt^2)), or normalized by
-    the sphere token norm first."""
-    return cfg.norm == "sphere" or (cfg.norm in ("pre", "peri") and cfg.token_norm.kind == "sphere")
+                       collisions=collisions, geometry=geometry, tangent=SOLVERS[cfg.solver.value].projected, noise=noise)
 
 
 def build_init(cfg: Config, dtype, data: Mapping[str, ArrayLike] | None = None) -> AbstractInitialCondition:
     """The initial-condition law of a validated config (`data` as for `build_field`)."""
     get = _Values(cfg, data)
-    kind = cfg.init.kind
-    array = lambda name: jnp.asarray(get(f"init.{name}"), dtype)
-    centres = None if getattr(cfg.init, "centres", None) is None else array("centres")
-    if kind == "uniform":
-        # Off the sphere too, "uniform" means unit vectors with uniform directions.
-        return UniformSphere()
-    if kind == "orthonormal":
-        return Orthonormal()
-    if kind == "caps":
-        return SphericalCaps(int(cfg.init.k), array("radius"), centres)
-    if kind == "mixture":
-        return GaussianMixture(int(cfg.init.k), array("sigma"), array("spread"), centres)
-    if kind == "cube":
-        return UniformCube(array("low"), array("high"))
-    return Given(array("value"))
+    return cfg.init.build(lambda name: get(f"init.{name}"), dtype)
 
 
 # Config values that are data (traced): a new value reuses the compiled program. The
 # rest (sizes, choices, counts) is structure, static and part of what is compiled.
 _DATA_PATHS = (
-    "eps", "alibi", "mlp.scale", "token_norm.gamma", "token_norm.shift",
-    *(f"weights.{m}.{k}" for m in "qkvo" for k in ("scale", "value", "sign", "switch_times", "factors", "poly")),
-    "init.radius", "init.sigma", "init.spread", "init.centres", "init.low", "init.high", "init.value",
+    "eps", "token_norm.gamma", "token_norm.shift",
     "time_change.speed", "time_change.collisions", "noise.sigma", "noise.switch_times", "noise.factors",
     "noise.poly",
 )
@@ -865,7 +485,8 @@ def _data(cfg: Config) -> dict[str, np.ndarray]:
     """The numeric values of a config that enter the field as arrays. A weight scale of
     exactly 1 stays structure: the identity is then applied without a product."""
     values = {}
-    for path in _DATA_PATHS:
+    parts = [path for part in PARTS.values() for path in part.data]
+    for path in (*_DATA_PATHS, *parts, *(f"init.{name}" for name in type(cfg.init).data)):
         value = _get(cfg, path)
         if isinstance(value, str):  # a choice (time_change.speed=log_beta) is structure
             continue
@@ -954,8 +575,7 @@ class ConfiguredSystem(eqx.Module):
             metrics=recorded_metrics(cfg),
             save_states=bool(cfg.save_states),
             rank_rtol=cfg.rank_rtol,
-            # Sinkhorn attention is never tiled, so neither are its metrics.
-            block=0 if cfg.dynamics == "sinkhorn" and cfg.attention_block is None else cfg.attention_block,
+            block=_metric_block(cfg),
             custom=custom,
             config=cfg if any(metric.takes_context for metric in custom) else None,
         )
@@ -963,13 +583,24 @@ class ConfiguredSystem(eqx.Module):
 
 
 def recorded_metrics(cfg: Config) -> tuple[str, ...]:
-    """The metrics a run records: the config's, and the column error of Sinkhorn
-    attention in every Sinkhorn run, whose `sinkhorn.tol` is checked against it (it is
-    kept in the results only when the config asks for it)."""
+    """The metrics a run records: the config's, and those its parts check the run
+    against (`Part.recorded_metrics`: the column error of Sinkhorn attention, kept in the
+    results only when the config asks for it)."""
     metrics = tuple(str(m) for m in cfg.metrics if str(m) in METRICS)
-    if cfg.dynamics == "sinkhorn" and "marginal_error" not in metrics:
-        metrics += ("marginal_error",)
+    for part in PARTS.values():
+        if part.enabled(cfg):
+            metrics += tuple(m for m in part.recorded_metrics(cfg) if m not in metrics)
     return metrics
+
+
+def _metric_block(cfg: Config) -> int | None:
+    """The tiles the metrics form the attention maps in: `attention_block`, unless a part
+    forms its maps whole (`Part.metric_block`)."""
+    block = cfg.attention_block
+    for part in PARTS.values():
+        if part.enabled(cfg):
+            block = part.metric_block(cfg, block)
+    return block
 
 
 def build_system(cfg: Config | Mapping) -> ConfiguredSystem:

@@ -32,12 +32,15 @@ from omegaconf import errors as oc_errors
 
 from ._errors import ConfigError
 from ._metric_registry import METRIC_NAMES
+from ._methods import SOLVERS
+from .initial import INITS
+from .weights import KINDS as WEIGHT_KINDS
+from .initial import InitialCondition as InitConfig  # the schema's name for the base of every init kind
 
-# The choices come from the modules that implement them (one source of truth); they are
-# spelled out here, not imported, so that reading a config does not import JAX. The
-# metrics' names come from their JAX-free registry.
+# The choices come from the components that implement them, read without JAX (the
+# solvers' table, the kinds of initial condition and weight matrix, the metrics'
+# registry); the noise kinds and the schemes are spelt out here.
 NOISE_KINDS = ("projected", "ambient")
-SOLVER_NAMES = ("euler", "euler_renorm", "heun", "midpoint", "ralston", "bosh3", "rk4", "tsit5", "dopri5", "dopri8")
 SCHEME_NAMES = ("none", "sphere", "pre", "peri")
 
 
@@ -62,11 +65,11 @@ _choice = choice
 Dynamics = _choice("Dynamics", ("sa", "usa", "sinkhorn", "hardmax"))
 Scheme = _choice("Scheme", SCHEME_NAMES)
 NormKind = _choice("NormKind", ("sphere", "rms", "layer"))
-MatrixKind = _choice("MatrixKind", ("identity", "matrix", "random", "tied", "none"))
+MatrixKind = _choice("MatrixKind", tuple(WEIGHT_KINDS))  # one file each, attnflow/weights/
 Law = _choice("Law", ("gaussian", "product", "goe", "wishart", "orthogonal"))
 Activation = _choice("Activation", ("gelu", "gelu_tanh", "relu", "silu", "swiglu"))
 DType = _choice("DType", ("float32", "float64"))
-Solver = _choice("Solver", SOLVER_NAMES)
+Solver = _choice("Solver", tuple(SOLVERS))  # one line each, attnflow/_solvers.py
 Spacing = _choice("Spacing", ("linear", "log"))
 Metric = _choice("Metric", METRIC_NAMES)
 # A metric of the `metrics` list: one of `METRIC_NAMES`, or the import path of a function
@@ -164,53 +167,6 @@ class NoiseConfig:
 
 
 @dataclass
-class InitConfig:
-    """An initial condition; `kind` names the option of the `init` group."""
-
-    kind: str = MISSING
-
-
-@dataclass
-class UniformInit(InitConfig):
-    kind: str = "uniform"
-
-
-@dataclass
-class OrthonormalInit(InitConfig):
-    kind: str = "orthonormal"
-
-
-@dataclass
-class CapsInit(InitConfig):
-    kind: str = "caps"
-    k: int = MISSING
-    radius: float = MISSING
-    centres: Any = MISSING
-
-
-@dataclass
-class MixtureInit(InitConfig):
-    kind: str = "mixture"
-    k: int = MISSING
-    sigma: float = MISSING
-    spread: float = MISSING
-    centres: Any = MISSING
-
-
-@dataclass
-class CubeInit(InitConfig):
-    kind: str = "cube"
-    low: float = MISSING
-    high: float = MISSING
-
-
-@dataclass
-class GivenInit(InitConfig):
-    kind: str = "given"
-    value: Any = MISSING
-
-
-@dataclass
 class ExperimentConfig:
     """Set by `experiment=NAME`: which experiment draws the figures, and its own options
     (checked by the experiment's code, `attnflow.experiments`)."""
@@ -218,16 +174,6 @@ class ExperimentConfig:
     name: str = MISSING
     options: Any = None  # a mapping of the experiment's options
     _target_: str | None = None  # the experiment's class, module.Class (a researcher's own, from their config folder)
-
-
-INITS: dict[str, type[InitConfig]] = {
-    "uniform": UniformInit,
-    "orthonormal": OrthonormalInit,
-    "caps": CapsInit,
-    "mixture": MixtureInit,
-    "cube": CubeInit,
-    "given": GivenInit,
-}
 
 
 @dataclass
@@ -328,6 +274,13 @@ def linspace(start: Any, stop: Any, num: Any) -> list[float]:
 
 
 OmegaConf.register_new_resolver("linspace", linspace, replace=True)
+
+
+def _hints(schema: type) -> dict[str, Any]:
+    """The types of a schema's keys: its dataclass fields (a class variable, such as an
+    initial condition's `data`, is not a key)."""
+    names = {field.name for field in dataclasses.fields(schema)}
+    return {name: kind for name, kind in typing.get_type_hints(schema).items() if name in names}
 
 
 def register_schema() -> None:
@@ -471,7 +424,7 @@ def read_boolean(value: Any) -> bool | None:
 def _check_given(given: Mapping, schema: type, prefix: str) -> None:
     """What OmegaConf would let through: a group (a nested dataclass of the schema) must
     be a mapping, a boolean a boolean or one of its words, and an untyped key no mapping."""
-    hints = typing.get_type_hints(schema)
+    hints = _hints(schema)
     for key, value in given.items():
         kind = hints.get(key)
         if dataclasses.is_dataclass(kind) and kind is not InitConfig:
@@ -531,7 +484,7 @@ def _check_values(typed: Mapping, schema: type, prefix: str) -> None:
     unless its `metadata` says `repeats`. Nested options (a dataclass) are checked key
     by key; a mapping (`dict[str, Any]`) holds the settings of another part of attnflow
     (a training, a study) and is checked by that part's own schema."""
-    hints = typing.get_type_hints(schema)
+    hints = _hints(schema)
     for option in dataclasses.fields(schema):
         key, value, kind = f"{prefix}{option.name}", typed.get(option.name), hints[option.name]
         if _is_optional(kind):
@@ -580,7 +533,7 @@ def _frozen(value: Any) -> Any:
 
 def _check_complete(given: Mapping, schema: type, prefix: str) -> None:
     """Every key of `schema` (and of its groups) has a value in `given`."""
-    for key, kind in typing.get_type_hints(schema).items():
+    for key, kind in _hints(schema).items():
         value = given.get(key, MISSING)
         if isinstance(value, str) and value == MISSING:
             raise ConfigError(f"{prefix}{key} has no value; give it one.")
@@ -629,7 +582,7 @@ def _schema_at(path: list[str], init_kind: str | None, root: type | None = None)
             kind = INITS.get(init_kind or "", InitConfig)
         if not (dataclasses.is_dataclass(kind) and isinstance(kind, type)):
             return None
-        hints = typing.get_type_hints(kind)
+        hints = _hints(kind)
         if part not in hints:
             return None
         kind = hints[part]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
@@ -25,6 +25,10 @@ import yaml
 
 from ._figures import figure, wrap
 from ._metric_registry import PANELS
+from ._words import number_text as _number
+from ._words import sequence_text as _sequence
+from .initial import INITS, InitialCondition
+from .system import PARTS
 from ._store import _write_atomically, read_config
 
 if TYPE_CHECKING:
@@ -108,116 +112,30 @@ def _ensemble_statistics(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return mean, low, high
 
 
-def _number(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    return f"{value:g}"
-
-
-def _sequence(values: Any) -> str:
-    return "[" + ", ".join(_number(v) for v in np.atleast_1d(values).tolist()) + "]"
-
-
-def _polynomial(coefficients: Any) -> str:
-    terms = []
-    for k, c in enumerate(np.atleast_1d(coefficients).tolist()):
-        if c == 0:
-            continue
-        power = "" if k == 0 else (" $t$" if k == 1 else f" $t^{{{k}}}$")
-        terms.append(f"{_number(c)}{power}")
-    return " + ".join(terms).replace("+ -", "- ") or "0"
-
-
 def _initial_condition(cfg: dict) -> str:
     init = cfg.get("init")
     if not isinstance(init, dict):
         return str(init) if init is not None else "not recorded"
-    parameters = []
-    for key, value in init.items():
-        if key == "kind" or value is None:
-            continue
-        # Arrays (given tokens, given centres) are named, not printed.
-        if isinstance(value, (list, tuple)):
-            parameters.append(f"{key} given")
-        else:
-            parameters.append(f"{key} = {_number(value)}")
-    kind = init.get("kind", "?")
-    return f"{kind} ({', '.join(parameters)})" if parameters else str(kind)
-
-
-def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:
-    """One of Q, K, V, O as the weight schedule builds it."""
-    if not isinstance(spec, dict):
-        return f"{name} {spec}"
-    kind = spec.get("kind", "?")
-    if kind == "none":
-        return f"no {name}"
-    if kind == "identity":
-        text = f"{name} = I"
-    elif kind == "matrix":
-        text = f"{name} = given matrix"
-    elif kind == "tied":
-        scale = spec.get("scale", 1)
-        factor = "" if scale == 1 else f"{_number(scale)} "
-        text = f"{name} = {'-' if spec.get('sign', 1) < 0 else ''}{factor}" r"$Q^\top K$"
-    elif kind == "random":
-        law, scale = spec.get("law", "?"), spec.get("scale")
-        drawn = ("shared" if shared else "per member") + (" and beta" if per_beta and not shared else
-                                                            ", per beta" if per_beta else "")
-        text = f"{name} random ({law}, scale {_number(scale)}, {drawn})"
-        if spec.get("redraw_every") is not None:
-            text += f", redrawn every {_number(spec['redraw_every'])}"
-    else:
-        text = f"{name} {kind}"
-    if spec.get("transpose") and kind in ("matrix", "random", "tied"):
-        text += " transposed"
-    if spec.get("switch_times"):
-        text += f" × factors {_sequence(spec.get('factors', []))} switching at t = {_sequence(spec['switch_times'])}"
-    if spec.get("poly") is not None:
-        text += f" × $f(t)$ = {_polynomial(spec['poly'])}"
-    return text
-
-
-def _weights(cfg: dict) -> str:
-    weights = cfg.get("weights")
-    if not isinstance(weights, dict):
-        return "Weights: not recorded"
-    shared, per_beta = bool(weights.get("shared", True)), bool(weights.get("per_beta", False))
-    matrices = [_matrix(name, weights.get(key, {}), shared, per_beta) for name, key in zip("QKVO", "qkvo")
-                if key in weights]
-    return "Weights: " + "; ".join(matrices)
+    return INITS.get(init.get("kind"), InitialCondition).describe(init)
 
 
 def _system(cfg: dict) -> str:
+    """The caption's sentence on the system: its size and scheme, then what each part of
+    the field (`attnflow.system.PARTS`) and each term of `terms` says of itself."""
     n, d = cfg.get("n", "?"), cfg.get("d", "?")
-    dynamics = {"sa": "SA (softmax attention)", "usa": "USA (unnormalized attention, 1/n)"}
-    parts = [
-        f"Dynamics {dynamics.get(cfg.get('dynamics'), cfg.get('dynamics', '?'))}",
-        f"norm = {cfg.get('norm', '?')}",
-        f"n = {n} tokens, d = {d}",
-    ]
+    size = f"n = {n} tokens, d = {d}"
     token_norm = cfg.get("token_norm")
+    scheme = f"norm = {cfg.get('norm', '?')}"
     if cfg.get("norm") in ("pre", "peri") and isinstance(token_norm, dict):
-        parts[-2] += f" ({token_norm.get('kind', '?')} norm)"
-    heads = cfg.get("heads", 1)
-    if heads != 1 or cfg.get("d_k") is not None or cfg.get("d_v") is not None:
-        parts.append(f"{heads} heads, $d_k$ = {cfg.get('d_k') or d}, $d_v$ = {cfg.get('d_v') or d}")
-    if cfg.get("attention") is False:
-        parts.append("attention off")
-    if cfg.get("causal"):
-        parts.append("causal mask")
-    if cfg.get("alibi") is not None:
-        parts.append(f"ALiBi slope {_sequence(cfg['alibi'])}")
+        scheme += f" ({token_norm.get('kind', '?')} norm)"
+    parts = [phrase for part in PARTS.values() for phrase in part.describe(cfg)]
+    parts[1:1] = [scheme, size]
     terms = cfg.get("terms")
     for name, spec in (terms.items() if isinstance(terms, dict) else ()):
         if isinstance(spec, dict):  # a term by name: its class and settings, as the config gave them
             settings = ", ".join(f"{key} = {_sequence(value) if isinstance(value, list) else _number(value)}"
                                  for key, value in spec.items() if key != "_target_")
             parts.append(f"term {name}: {spec.get('_target_', '?')}" + (f" ({settings})" if settings else ""))
-    mlp = cfg.get("mlp")
-    if isinstance(mlp, dict) and mlp.get("enabled"):
-        hidden = mlp.get("hidden") or f"4d = {4 * d if isinstance(d, int) else '?'}"
-        parts.append(f"MLP ({mlp.get('activation', '?')}, hidden {hidden}, scale {_number(mlp.get('scale'))})")
     return "; ".join(parts)
 
 
@@ -236,19 +154,13 @@ def _solver(cfg: dict, saves: int | None) -> str:
 
 
 def _switches(cfg: dict, first: float, last: float) -> dict[float, str]:
-    """The times in [first, last] at which a weight matrix switches (its `switch_times`:
-    factors or matrices piecewise in time), each with the matrices that switch then
-    ("V", "Q, K"). Periodic redraws (`redraw_every`) are said in the caption, not marked."""
-    weights = cfg.get("weights")
+    """The times in [first, last] at which a part of the field switches (a weight
+    matrix's `switch_times`), each with what switches then ("V", "Q, K")."""
     found: dict[float, list[str]] = {}
-    if isinstance(weights, dict):
-        for name, key in zip("QKVO", "qkvo"):
-            spec = weights.get(key)
-            if not isinstance(spec, dict) or spec.get("kind") == "none":
-                continue
-            for at in np.atleast_1d(spec.get("switch_times") or []).astype(float).tolist():
-                if first <= at <= last and name not in found.setdefault(at, []):
-                    found[at].append(name)
+    for part in PARTS.values():
+        for at, names in part.switches(cfg).items():
+            if first <= at <= last:
+                found.setdefault(at, []).extend(name for name in names if name not in found.get(at, []))
     return {at: ", ".join(names) for at, names in sorted(found.items())}
 
 
@@ -285,7 +197,7 @@ def _caption(ds: xr.Dataset, cfg: dict, panels: list) -> list[str]:
         paragraphs.append(legend)
     paragraphs += [
         f"Initial condition: {_initial_condition(cfg)}. {_system(cfg)}.",
-        f"{_weights(cfg)}.",
+        *(f"{paragraph}." for paragraph in (part.paragraph(cfg) for part in PARTS.values()) if paragraph),
         f"{_solver(cfg, ds.sizes.get('time'))}.",
     ]
     failures = _failures(ds, panels)

@@ -14,6 +14,8 @@ starts there, whatever the last bits of the floating-point times.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -229,3 +231,50 @@ def switch_times(tree) -> Array | None:
     found = [leaf.times for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, piecewise))
              if isinstance(leaf, piecewise)]
     return jnp.concatenate(found) if found else None
+
+
+class Transposed(AbstractSchedule):
+    """$W(t)^\top$ per head: the matrix a code that multiplies row vectors ($x W$) applies
+    to column vectors."""
+
+    base: AbstractSchedule
+
+    def __call__(self, t, at=None):
+        return jnp.swapaxes(self.base(t, at), -1, -2)
+
+    @property
+    def shape(self):
+        return self.base.shape[:-2] + self.base.shape[:-3:-1]
+
+
+class QtK(AbstractSchedule):
+    """$V(t) = s\\, Q(t)^T K(t)$ per head, for V tied to the attention matrix."""
+
+    query: AbstractSchedule
+    key: AbstractSchedule
+    sign: Array
+
+    def __call__(self, t, at=None):
+        q, k = self.query(t, at), self.key(t, at)
+        return self.sign * jnp.einsum("hkd,hke->hde", q, k)
+
+    @property
+    def shape(self):
+        return (self.query.shape[0], self.query.shape[-1], self.query.shape[-1])
+
+
+def factored(path: str, spec: Any, get: Callable[[str], Any], base: AbstractSchedule, dtype) -> AbstractSchedule:
+    """`base` times the piecewise-constant factors of `path.switch_times`/`path.factors` and
+    the polynomial `path.poly` (the convention of `weights.*` and `noise`); `get(path)` reads a
+    setting (traced where it is data) and `spec` is the config node at `path`."""
+    factors = jnp.asarray(get(f"{path}.factors"), dtype).reshape(-1)
+    if len(spec.switch_times) and factors.shape[0]:
+        # (Switch times without factors: a kind=matrix value with one matrix per piece,
+        # already piecewise.)
+        times = jnp.asarray(get(f"{path}.switch_times"), dtype)
+        base = PiecewiseSchedule(times, tuple(Scaled(factors[i : i + 1], base) for i in range(factors.shape[0])))
+    elif factors.shape[0]:
+        base = Scaled(factors[:1], base)
+    if spec.poly is not None:
+        base = Scaled(jnp.asarray(get(f"{path}.poly"), dtype).reshape(-1), base)
+    return base

@@ -96,7 +96,7 @@ def stepped_field(field: VectorField, solver) -> VectorField:
     solver (`tangent=None`) is projected by every solver but `euler_renorm`, which
     steps along the unprojected field (the scheme of public phase-diagram code); a field
     that says `tangent=True` or `False` is stepped as it says."""
-    if field.tangent is None and isinstance(solver, str) and not SOLVERS[solver][0]:
+    if field.tangent is None and isinstance(solver, str) and not SOLVERS[solver].projected:
         return dataclasses.replace(field, tangent=False)
     return field
 

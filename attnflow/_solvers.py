@@ -17,6 +17,7 @@ from typing import NamedTuple
 from jaxtyping import Array, Float, ScalarLike
 
 from ._errors import ConfigError
+from ._methods import ADAPTIVE, SOLVERS
 
 
 class Tableau(NamedTuple):
@@ -26,22 +27,6 @@ class Tableau(NamedTuple):
     a: tuple[tuple[float, ...], ...]
     b: tuple[float, ...]
     c: tuple[float, ...]
-
-
-# name -> (whether the sphere field is tangent-projected, order, diffrax class name)
-SOLVERS: dict[str, tuple[bool, int, str | None]] = {
-    "euler": (True, 1, None),
-    "euler_renorm": (False, 1, None),
-    "heun": (True, 2, "Heun"),
-    "midpoint": (True, 2, "Midpoint"),
-    "ralston": (True, 2, "Ralston"),
-    "bosh3": (True, 3, "Bosh3"),
-    "rk4": (True, 4, None),
-    "tsit5": (True, 5, "Tsit5"),
-    "dopri5": (True, 5, "Dopri5"),
-    "dopri8": (True, 8, "Dopri8"),
-}
-ADAPTIVE = tuple(name for name in SOLVERS if not name.startswith("euler"))
 
 
 def no_error_estimate(what: str) -> ConfigError:
@@ -87,7 +72,7 @@ def tableau(name: str) -> Tableau:
         return _EULER
     if name == "rk4":
         return _RK4
-    return _from_diffrax(SOLVERS[name][2])
+    return _from_diffrax(SOLVERS[name].diffrax)
 
 
 def tableau_of(solver) -> Tableau:

@@ -39,10 +39,12 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._errors import CheckpointError, ConfigError
 from .._terms import Rotary, TokenNorm
+from ._families import HF_FAMILIES
 
-# The families of the loaders, and "diffeqformer": a neural-ODE transformer populated at
-# a number of steps (attnflow.diffeqformer), saved in attnflow's own format.
-FAMILIES = ("gpt2", "gpt_neox", "bert", "llama", "diffeqformer")
+# The families of the loaders (`_families.py`), and "diffeqformer": a neural-ODE
+# transformer populated at a number of steps (attnflow.diffeqformer), saved in attnflow's
+# own format.
+FAMILIES = (*HF_FAMILIES, "diffeqformer")
 ARRANGEMENTS = ("sequential", "parallel", "post")
 
 

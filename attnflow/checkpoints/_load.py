@@ -13,18 +13,17 @@ Nothing is ever fetched from the network.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from .._errors import CheckpointError
 from .._progress import status
-from . import bert, gpt2, llama, native, neox
+from . import native
 from ._canonical import Checkpoint
+from ._families import HF_FAMILIES
 from ._files import check_dtype, check_memory, read_config, read_tensors
 from ._locate import resolve
 from ._tokenizer import Tokenizer, byte_level_bpe, from_file, wordpiece
-
-FAMILIES = {"gpt2": gpt2, "gpt_neox": neox, "bert": bert, "llama": llama}
-
 
 def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None) -> Checkpoint:
     """A checkpoint in canonical form, from a Hugging Face folder, a `.gguf` file, or
@@ -48,14 +47,15 @@ def _load(path: Path, name, trust_pickle: bool, dtype) -> Checkpoint:
     folder = path if path.is_dir() else path.parent
     config = read_config(folder)
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or (model_type != native.MODEL_TYPE and model_type not in FAMILIES):
+    if not isinstance(model_type, str) or (model_type != native.MODEL_TYPE and model_type not in HF_FAMILIES):
         raise CheckpointError(f"{folder / 'config.json'} has model_type {model_type!r}; attnflow reads "
-                              f"{', '.join(FAMILIES)}, its own format (attnflow) and llama GGUF files.")
+                              f"{', '.join(HF_FAMILIES)}, its own format (attnflow) and llama GGUF files.")
     tensors = read_tensors(path, trust_pickle=trust_pickle and model_type != native.MODEL_TYPE)
     check_memory(tensors, dtype, path)
     if model_type == native.MODEL_TYPE:
         return native.from_native(config, tensors, name=name, dtype=dtype)
-    return FAMILIES[model_type].from_hf(config, tensors, name=name, dtype=dtype)
+    family = importlib.import_module(f"{__package__}.{HF_FAMILIES[model_type]}")
+    return family.from_hf(config, tensors, name=name, dtype=dtype)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -1,0 +1,30 @@
+"""The initial conditions a config names with `init=KIND`, one file each: its typed
+settings (a dataclass the schema composes, the defaults in `conf/init/KIND.yaml`), their
+check, its description and the law it builds (`InitialCondition`). Adding one is its
+file, its YAML and one line in `KINDS`. Nothing here imports JAX."""
+
+from __future__ import annotations
+
+import importlib
+
+from ._kind import InitialCondition
+
+# init=KIND -> the module.Class of its settings: one line per initial condition.
+KINDS = {
+    "uniform": "uniform.Uniform",
+    "orthonormal": "orthonormal.Orthonormal",
+    "caps": "caps.Caps",
+    "mixture": "mixture.Mixture",
+    "cube": "cube.Cube",
+    "given": "given.Given",
+}
+
+
+def _load(path: str) -> type[InitialCondition]:
+    module, name = path.split(".")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+INITS: dict[str, type[InitialCondition]] = {kind: _load(path) for kind, path in KINDS.items()}
+
+__all__ = ["INITS", "KINDS", "InitialCondition"]

@@ -1,0 +1,38 @@
+"""`k` spherical caps of geodesic radius `radius`, token i in cap i mod k; the caps'
+centres given (`centres`, k unit vectors) or drawn uniformly on the sphere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from omegaconf import MISSING
+
+from .._checks import number
+from .._errors import ConfigError
+from ._kind import InitialCondition
+from ._groups import check_groups
+
+
+@dataclass
+class Caps(InitialCondition):
+    kind: str = "caps"
+    k: int = MISSING
+    radius: float = MISSING
+    centres: Any = MISSING
+    data: ClassVar[tuple[str, ...]] = ("radius", "centres")
+
+    def check(self, cfg):
+        centres = check_groups(self, cfg)
+        if centres is not None and (np.linalg.norm(centres, axis=-1) == 0).any():
+            raise ConfigError("init.centres has a zero row, which gives a cap no direction; give unit vectors.")
+        number("init.radius", self.radius, minimum=0)
+
+    def build(self, get, dtype):
+        import jax.numpy as jnp  # the law (JAX); the settings above are read without it
+
+        from .._initial import SphericalCaps
+
+        centres = None if self.centres is None else jnp.asarray(get("centres"), dtype)
+        return SphericalCaps(int(self.k), jnp.asarray(get("radius"), dtype), centres)

@@ -1,0 +1,34 @@
+r"""Tokens i.i.d. uniform in the cube $[\mathrm{low}, \mathrm{high}]^d$ (off the sphere: the
+`none`, `pre` and `peri` schemes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from omegaconf import MISSING
+
+from .._checks import number
+from .._errors import ConfigError
+from ._kind import InitialCondition
+
+
+@dataclass
+class Cube(InitialCondition):
+    kind: str = "cube"
+    low: float = MISSING
+    high: float = MISSING
+    data: ClassVar[tuple[str, ...]] = ("low", "high")
+
+    def check(self, cfg):
+        number("init.low", self.low)
+        number("init.high", self.high)
+        if self.high <= self.low:
+            raise ConfigError(f"init.low must be below init.high, got low={self.low} and high={self.high}.")
+
+    def build(self, get, dtype):
+        import jax.numpy as jnp  # the law (JAX); the settings above are read without it
+
+        from .._initial import UniformCube
+
+        return UniformCube(jnp.asarray(get("low"), dtype), jnp.asarray(get("high"), dtype))

@@ -1,0 +1,22 @@
+r"""The equiangular start $x_i = e_i$: every inner product 0 (needs $n \le d$)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._errors import ConfigError
+from ._kind import InitialCondition
+
+
+@dataclass
+class Orthonormal(InitialCondition):
+    kind: str = "orthonormal"
+
+    def check(self, cfg):
+        if cfg.n > cfg.d:
+            raise ConfigError(f"the orthonormal initial condition needs n <= d, got n={cfg.n} > d={cfg.d}.")
+
+    def build(self, get, dtype):
+        from .._initial import Orthonormal as Law  # the law (JAX); the settings above are read without it
+
+        return Law()

@@ -1,0 +1,18 @@
+"""Tokens with i.i.d. uniform directions on the sphere $S^{d-1}$ (unit vectors, whatever
+the scheme): the start of most theorems."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._kind import InitialCondition
+
+
+@dataclass
+class Uniform(InitialCondition):
+    kind: str = "uniform"
+
+    def build(self, get, dtype):
+        from .._initial import UniformSphere  # the law (JAX); the settings above are read without it
+
+        return UniformSphere()

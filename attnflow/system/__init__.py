@@ -1,0 +1,27 @@
+"""The terms of the vector field that the study's own keys switch on (`attention`,
+`mlp.enabled`), one file each: the keys they own, their checks, their description in a
+caption and how each member's term is built (`Part`). Adding one is its file and one
+line in `PARTS`; `_build`, the captions and the checks iterate over `PARTS`. Nothing
+here imports JAX."""
+
+from __future__ import annotations
+
+import importlib
+
+from ._part import Part
+
+# name -> module.Class: one line per part, in the order of the field's terms.
+_PATHS = {
+    "attention": "attention.Attention",
+    "mlp": "mlp.MLP",
+}
+
+
+def _load(path: str) -> type[Part]:
+    module, name = path.split(".")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+PARTS: dict[str, type[Part]] = {name: _load(path) for name, path in _PATHS.items()}
+
+__all__ = ["PARTS", "Part"]
