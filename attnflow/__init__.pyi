@@ -4,116 +4,254 @@
 __version__: str
 """attnflow's version, from the installed package's metadata."""
 
-from ._adaptive import Retracted as Retracted, RK4 as RK4
+from ._adaptive import RK4 as RK4
+from ._adaptive import Retracted as Retracted
+from ._build import (
+    ConfiguredSystem as ConfiguredSystem,
+)
+from ._build import (
+    Study as Study,
+)
 from ._build import (
     build_field as build_field,
+)
+from ._build import (
     build_init as build_init,
+)
+from ._build import (
     build_system as build_system,
-    ConfiguredSystem as ConfiguredSystem,
+)
+from ._build import (
     resolve_study as resolve_study,
-    Study as Study,
+)
+from ._build import (
     validate_config as validate_config,
 )
-from ._config import compose as compose, Config as Config
-from ._ensemble import EnsembleResult as EnsembleResult, solve_ensemble as solve_ensemble
+from ._config import Config as Config
+from ._config import compose as compose
+from ._ensemble import EnsembleResult as EnsembleResult
+from ._ensemble import solve_ensemble as solve_ensemble
 from ._errors import (
     CheckpointError as CheckpointError,
+)
+from ._errors import (
     ConfigError as ConfigError,
+)
+from ._errors import (
     NonFiniteStateError as NonFiniteStateError,
+)
+from ._errors import (
     RunNote as RunNote,
+)
+from ._errors import (
     SolverFailure as SolverFailure,
+)
+from ._errors import (
     StorageError as StorageError,
 )
 from ._field import VectorField as VectorField
-from ._noise import (
-    BrownianNoise as BrownianNoise,
-    attention_mode as attention_mode,
-    brownian_noise as brownian_noise,
-    critical_sigma as critical_sigma,
-    first_mode_rate as first_mode_rate,
+from ._geometry import AbstractGeometry as AbstractGeometry
+from ._geometry import Euclidean as Euclidean
+from ._geometry import Sphere as Sphere
+from ._grid import (
+    TimeGrid as TimeGrid,
 )
-from ._geometry import AbstractGeometry as AbstractGeometry, Euclidean as Euclidean, Sphere as Sphere
 from ._grid import (
     grid_times as grid_times,
+)
+from ._grid import (
     save_steps as save_steps,
+)
+from ._grid import (
     save_times as save_times,
+)
+from ._grid import (
     step_count as step_count,
+)
+from ._grid import (
     time_grid as time_grid,
-    TimeGrid as TimeGrid,
 )
 from ._initial import (
     AbstractInitialCondition as AbstractInitialCondition,
+)
+from ._initial import (
     GaussianMixture as GaussianMixture,
+)
+from ._initial import (
     Given as Given,
+)
+from ._initial import (
     Orthonormal as Orthonormal,
+)
+from ._initial import (
     SphericalCaps as SphericalCaps,
+)
+from ._initial import (
     UniformCube as UniformCube,
+)
+from ._initial import (
     UniformSphere as UniformSphere,
 )
 from ._metric_registry import metric as metric
 from ._metrics import (
-    cluster_count as cluster_count,
-    cluster_labels as cluster_labels,
-    cluster_sizes as cluster_sizes,
-    cosines as cosines,
-    gram as gram,
-    interaction_energy as interaction_energy,
-    log_interaction_energy as log_interaction_energy,
     MetricContext as MetricContext,
-    sinkhorn_energy as sinkhorn_energy,
-    normalized_energy as normalized_energy,
-    numerical_rank as numerical_rank,
-    order_parameter as order_parameter,
-    pair_density as pair_density,
+)
+from ._metrics import (
     Recorder as Recorder,
 )
-from ._plots import plot_summary as plot_summary, summary_figure as summary_figure
+from ._metrics import (
+    cluster_count as cluster_count,
+)
+from ._metrics import (
+    cluster_labels as cluster_labels,
+)
+from ._metrics import (
+    cluster_sizes as cluster_sizes,
+)
+from ._metrics import (
+    cosines as cosines,
+)
+from ._metrics import (
+    gram as gram,
+)
+from ._metrics import (
+    interaction_energy as interaction_energy,
+)
+from ._metrics import (
+    log_interaction_energy as log_interaction_energy,
+)
+from ._metrics import (
+    normalized_energy as normalized_energy,
+)
+from ._metrics import (
+    numerical_rank as numerical_rank,
+)
+from ._metrics import (
+    order_parameter as order_parameter,
+)
+from ._metrics import (
+    pair_density as pair_density,
+)
+from ._metrics import (
+    sinkhorn_energy as sinkhorn_energy,
+)
+from ._noise import (
+    BrownianNoise as BrownianNoise,
+)
+from ._noise import (
+    attention_mode as attention_mode,
+)
+from ._noise import (
+    brownian_noise as brownian_noise,
+)
+from ._noise import (
+    critical_sigma as critical_sigma,
+)
+from ._noise import (
+    first_mode_rate as first_mode_rate,
+)
+from ._plots import plot_summary as plot_summary
+from ._plots import summary_figure as summary_figure
 from ._random_matrices import draw_matrix as draw_matrix
 from ._schedules import (
     AbstractSchedule as AbstractSchedule,
+)
+from ._schedules import (
     Constant as Constant,
+)
+from ._schedules import (
     Identity as Identity,
+)
+from ._schedules import (
     Interpolated as Interpolated,
+)
+from ._schedules import (
     PiecewiseConstant as PiecewiseConstant,
+)
+from ._schedules import (
     PiecewiseSchedule as PiecewiseSchedule,
+)
+from ._schedules import (
     Scaled as Scaled,
 )
-from ._simulate import simulate as simulate, Solution as Solution
-from ._solvers import SOLVERS as SOLVERS, Tableau as Tableau, tableau as tableau
-from ._store import load_results as load_results, Results as Results, write_results as write_results
+from ._simulate import Solution as Solution
+from ._simulate import simulate as simulate
+from ._solvers import SOLVERS as SOLVERS
+from ._solvers import Tableau as Tableau
+from ._solvers import tableau as tableau
+from ._store import Results as Results
+from ._store import load_results as load_results
+from ._store import write_results as write_results
 from ._study import run as run
 from ._terms import (
-    AbstractInteraction as AbstractInteraction,
     MLP as MLP,
+)
+from ._terms import (
+    AbstractInteraction as AbstractInteraction,
+)
+from ._terms import (
     Rotary as Rotary,
+)
+from ._terms import (
     SelfAttention as SelfAttention,
+)
+from ._terms import (
     TokenNorm as TokenNorm,
+)
+from ._terms import (
     hardmax_weights as hardmax_weights,
+)
+from ._terms import (
     sinkhorn_log as sinkhorn_log,
 )
-from .experiments import (
-    draw_experiment as draw_experiment,
-    experiment_figures as experiment_figures,
-    run_experiment as run_experiment,
-)
-from .analysis.equiangular import equiangular_rate as equiangular_rate, equiangular_time as equiangular_time
+from .analysis.equiangular import equiangular_rate as equiangular_rate
+from .analysis.equiangular import equiangular_time as equiangular_time
 from .analysis.meanfield import (
-    circle_growth_rate as circle_growth_rate,
-    circle_stationary_order as circle_stationary_order,
-    circle_wasserstein as circle_wasserstein,
-    meanfield_circle as meanfield_circle,
     MeanFieldSolution as MeanFieldSolution,
 )
-from .analysis.pair_exponents import Sensitivity as Sensitivity, token_sensitivity as token_sensitivity
+from .analysis.meanfield import (
+    circle_growth_rate as circle_growth_rate,
+)
+from .analysis.meanfield import (
+    circle_stationary_order as circle_stationary_order,
+)
+from .analysis.meanfield import (
+    circle_wasserstein as circle_wasserstein,
+)
+from .analysis.meanfield import (
+    meanfield_circle as meanfield_circle,
+)
+from .analysis.pair_exponents import Sensitivity as Sensitivity
+from .analysis.pair_exponents import token_sensitivity as token_sensitivity
+from .analysis.plateaus import (
+    Merges as Merges,
+)
+from .analysis.plateaus import (
+    Plateaus as Plateaus,
+)
 from .analysis.plateaus import (
     detect_metastability as detect_metastability,
-    Merges as Merges,
+)
+from .analysis.plateaus import (
     merges as merges,
+)
+from .analysis.plateaus import (
     partition_level as partition_level,
-    Plateaus as Plateaus,
+)
+from .analysis.plateaus import (
     plateaus as plateaus,
 )
-from .analysis.spectrum import lyapunov_spectrum as lyapunov_spectrum, rotation_orbit as rotation_orbit
+from .analysis.spectrum import lyapunov_spectrum as lyapunov_spectrum
+from .analysis.spectrum import rotation_orbit as rotation_orbit
+from .experiments import (
+    draw_experiment as draw_experiment,
+)
+from .experiments import (
+    experiment_figures as experiment_figures,
+)
+from .experiments import (
+    run_experiment as run_experiment,
+)
 
 __all__ = [
     "AbstractGeometry",

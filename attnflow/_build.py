@@ -40,7 +40,6 @@ from ._tiled import INDEX_LIMIT, check_tiles, resolve_block
 from .system import PARTS
 
 
-
 def betas_of(cfg: Config) -> tuple[list[float], bool]:
     """The list of betas and whether the config gave a list (a `beta` dimension)."""
     beta = cfg.beta
@@ -65,33 +64,59 @@ def _not_applicable(cfg: Config, base: Config) -> None:
     for part in PARTS.values():
         rules += part.unused(cfg)
     if cfg.norm not in ("pre", "peri"):
-        rules.append((f"with norm={cfg.norm} (token_norm is the N of pre and peri)", [
-            (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in ("kind", "eps", "gamma", "shift")
-        ]))
+        rules.append(
+            (
+                f"with norm={cfg.norm} (token_norm is the N of pre and peri)",
+                [
+                    (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k))
+                    for k in ("kind", "eps", "gamma", "shift")
+                ],
+            )
+        )
     elif cfg.token_norm.kind != "layer":
         unused = ("eps", "gamma", "shift") if cfg.token_norm.kind == "sphere" else ("shift",)
-        rules.append((f"with token_norm.kind={cfg.token_norm.kind}", [
-            (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in unused
-        ]))
+        rules.append(
+            (
+                f"with token_norm.kind={cfg.token_norm.kind}",
+                [(f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k)) for k in unused],
+            )
+        )
     if cfg.noise.sigma == 0:
-        rules.append(("with noise.sigma=0", [(f"noise.{k}", lambda c, k=k: getattr(c.noise, k)) for k in ("kind", "depth", "switch_times", "factors", "poly")]))
+        rules.append(
+            (
+                "with noise.sigma=0",
+                [
+                    (f"noise.{k}", lambda c, k=k: getattr(c.noise, k))
+                    for k in ("kind", "depth", "switch_times", "factors", "poly")
+                ],
+            )
+        )
     if not cfg.adaptive:
-        rules.append(("with adaptive=false (fixed steps take (t1 - t0)/dt steps)", [
-            (k, lambda c, k=k: getattr(c, k)) for k in ("rtol", "atol", "max_steps")
-        ]))
+        rules.append(
+            (
+                "with adaptive=false (fixed steps take (t1 - t0)/dt steps)",
+                [(k, lambda c, k=k: getattr(c, k)) for k in ("rtol", "atol", "max_steps")],
+            )
+        )
     if cfg.rank_rtol is not None and "attention_rank" not in cfg.metrics:
         rules.append(("with metrics without attention_rank", [("rank_rtol", lambda c: c.rank_rtol)]))
     if not reading("eps", cfg.metrics):
         rules.append((f"with metrics without {names_reading('eps')}", [("eps", lambda c: c.eps)]))
     if not any(part.draws_weights(cfg) for part in PARTS.values()):
-        rules.append(("with no random weights", [("weights.shared", lambda c: c.weights.shared),
-                                            ("weights.per_beta", lambda c: c.weights.per_beta)]))
+        rules.append(
+            (
+                "with no random weights",
+                [("weights.shared", lambda c: c.weights.shared), ("weights.per_beta", lambda c: c.weights.per_beta)],
+            )
+        )
     for reason, keys in rules:
         given = [name for name, getter in keys if changed(getter)]
         if given:
             names = " and ".join(given)
-            raise ConfigError(f"{names} {'does' if len(given) == 1 else 'do'} not apply {reason}; remove "
-                              f"{'it' if len(given) == 1 else 'them'} or change that setting.")
+            raise ConfigError(
+                f"{names} {'does' if len(given) == 1 else 'do'} not apply {reason}; remove "
+                f"{'it' if len(given) == 1 else 'them'} or change that setting."
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,17 +171,23 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     base = _default_config()
     d = cfg.d
     if isinstance(d, (list, tuple)):
-        raise ConfigError(f"d={list(d)} is a list: a study takes one dimension (a list of them, one panel each, "
-                          "is for experiments such as experiment=phase_diagram).")
+        raise ConfigError(
+            f"d={list(d)} is a list: a study takes one dimension (a list of them, one panel each, "
+            "is for experiments such as experiment=phase_diagram)."
+        )
     if not (isinstance(d, int) and not isinstance(d, bool)):
         raise ConfigError(f"d must be a whole number, got {d!r}.")
     if cfg.experiment is not None:
-        raise ConfigError(f"experiment={cfg.experiment.name} is run by attnflow.run_experiment (or the command "
-                          "line), not as a single study.")
+        raise ConfigError(
+            f"experiment={cfg.experiment.name} is run by attnflow.run_experiment (or the command "
+            "line), not as a single study."
+        )
     given = [key for key in ("checkpoint", "text") if getattr(cfg, key) is not None]
     if given:
-        raise ConfigError(f"{given[0]} is read by the experiments on trained models only (experiment=checkpoint, "
-                          "experiment=sensitivity); add one of them or remove it.")
+        raise ConfigError(
+            f"{given[0]} is read by the experiments on trained models only (experiment=checkpoint, "
+            "experiment=sensitivity); add one of them or remove it."
+        )
     for key in ("n", "d", "members", "heads", "saves", "max_steps"):
         _number(key, getattr(cfg, key), minimum=1)
     _number("seed", cfg.seed, minimum=0)
@@ -191,9 +222,11 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         _number("attention_block", cfg.attention_block, minimum=0)
     dense_only = [m for m in METRIC_NAMES if m in metrics and not METRICS[m].tiled]
     if dense_only and resolve_block(cfg.n, cfg.attention_block) is not None:
-        raise ConfigError(f"{dense_only[0]} needs the whole n x n attention maps, which are formed in tiles at "
-                          f"n={cfg.n} with attention_block={cfg.attention_block}; drop the metric or set "
-                          "attention_block=0 (dense).")
+        raise ConfigError(
+            f"{dense_only[0]} needs the whole n x n attention maps, which are formed in tiles at "
+            f"n={cfg.n} with attention_block={cfg.attention_block}; drop the metric or set "
+            "attention_block=0 (dense)."
+        )
     if cfg.rank_rtol is not None:
         _number("rank_rtol", cfg.rank_rtol, positive=True)
     _number("max_output_gib", cfg.max_output_gib, positive=True)
@@ -207,8 +240,9 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     _check_noise(cfg)
     if not any(part.enabled(cfg) for part in PARTS.values()) and cfg.noise.sigma == 0 and not cfg.terms:
         offs = " and ".join(f"{part.switch}=false" for part in PARTS.values() if part.switch)
-        raise ConfigError(f"{offs} leave no dynamics; switch one on (or the noise, noise.sigma > 0, or a term of "
-                          "terms).")
+        raise ConfigError(
+            f"{offs} leave no dynamics; switch one on (or the noise, noise.sigma > 0, or a term of terms)."
+        )
     for part in PARTS.values():
         part.check(cfg, betas)
     cfg.init.check(cfg)
@@ -226,8 +260,9 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         times = save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
         grid = time_grid(t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, adaptive=cfg.adaptive, ts=times, num_steps=steps)
     else:
-        grid = time_grid(t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, save_steps=save_steps(steps, cfg.saves, cfg.save_spacing),
-                         num_steps=steps)
+        grid = time_grid(
+            t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, save_steps=save_steps(steps, cfg.saves, cfg.save_spacing), num_steps=steps
+        )
     return Study(cfg, np.asarray(betas, np.float64), beta_is_list, grid, size, _switches_outside(cfg))
 
 
@@ -242,9 +277,11 @@ def _switches_outside(cfg: Config) -> tuple[str, ...]:
         outside = [t for t in spec.switch_times if not cfg.t0 < t < cfg.t1]
         if outside:
             shown = ", ".join(f"{t:g}" for t in outside)
-            notes.append(f"{path}.switch_times holds {shown}, outside the run's interval (t0, t1) = "
-                         f"({cfg.t0:g}, {cfg.t1:g}), so the run never switches there and the factors of the pieces "
-                         "it skips are unused.")
+            notes.append(
+                f"{path}.switch_times holds {shown}, outside the run's interval (t0, t1) = "
+                f"({cfg.t0:g}, {cfg.t1:g}), so the run never switches there and the factors of the pieces "
+                "it skips are unused."
+            )
     return tuple(notes)
 
 
@@ -254,8 +291,9 @@ def _check_time_change(cfg: Config, betas: list[float]) -> Config:
     if speed == "log_beta":
         low = [b for b in betas if b <= 1]
         if low:
-            raise ConfigError(f"time_change.speed=log_beta needs every beta above 1 (a positive speed log beta), "
-                              f"got beta={low[0]:g}.")
+            raise ConfigError(
+                f"time_change.speed=log_beta needs every beta above 1 (a positive speed log beta), got beta={low[0]:g}."
+            )
     elif speed is not None:
         if isinstance(speed, str):
             raise ConfigError(f"time_change.speed must be null, a positive number or log_beta, got {speed!r}.")
@@ -263,12 +301,16 @@ def _check_time_change(cfg: Config, betas: list[float]) -> Config:
     if collisions is not None:
         _number("time_change.collisions", collisions, positive=True)
         if cfg.adaptive:
-            raise ConfigError("time_change.collisions merges tokens after each fixed step; adaptive runs have no "
-                              "such steps: set adaptive=false or collisions=null.")
+            raise ConfigError(
+                "time_change.collisions merges tokens after each fixed step; adaptive runs have no "
+                "such steps: set adaptive=false or collisions=null."
+            )
         if resolve_block(cfg.n, cfg.attention_block) is not None:
-            raise ConfigError(f"time_change.collisions forms all n^2 distances, which n={cfg.n} with "
-                              f"attention_block={cfg.attention_block} keeps to tiles; set attention_block=0 or "
-                              "collisions=null.")
+            raise ConfigError(
+                f"time_change.collisions forms all n^2 distances, which n={cfg.n} with "
+                f"attention_block={cfg.attention_block} keeps to tiles; set attention_block=0 or "
+                "collisions=null."
+            )
     if speed in (None, "log_beta"):
         return cfg
     return dataclasses.replace(cfg, time_change=dataclasses.replace(cfg.time_change, speed=float(speed)))
@@ -286,17 +328,23 @@ def _check_noise(cfg: Config) -> None:
     for value in times + factors + list(noise.poly or []):
         _number("every entry of noise.switch_times, .factors and .poly", value)
     if (times or factors) and len(factors) != len(times) + 1:
-        raise ConfigError(f"noise has {len(times)} switch_times and needs {len(times) + 1} factors, got {len(factors)}.")
+        raise ConfigError(
+            f"noise has {len(times)} switch_times and needs {len(times) + 1} factors, got {len(factors)}."
+        )
     if any(b <= a for a, b in zip(times, times[1:])):
         raise ConfigError(f"noise.switch_times must increase, got {times}.")
     if noise.sigma == 0:
         return
     if cfg.adaptive:
-        raise ConfigError("noise.sigma > 0 is stepped with fixed steps (the step size of an SDE path is not "
-                          "controlled here): set adaptive=false.")
+        raise ConfigError(
+            "noise.sigma > 0 is stepped with fixed steps (the step size of an SDE path is not "
+            "controlled here): set adaptive=false."
+        )
     if cfg.time_change.speed is not None:
-        raise ConfigError("noise is added in real time, which a constant-speed time change replaces: set "
-                          "time_change.speed=null or noise.sigma=0.")
+        raise ConfigError(
+            "noise is added in real time, which a constant-speed time change replaces: set "
+            "time_change.speed=null or noise.sigma=0."
+        )
     if cfg.exact_times:
         raise ConfigError("a noisy path has no smooth interpolant between grid steps: set exact_times=false.")
     least = tree_depth(cfg.t0, cfg.t1, cfg.dt)
@@ -305,10 +353,12 @@ def _check_noise(cfg: Config) -> None:
         # it are a smooth, far weaker path (a quadratic variation 0.12 instead of 1 at
         # depth 1 and dt = 1/64), not Brownian noise.
         span = cfg.t1 - cfg.t0
-        raise ConfigError(f"noise.depth={noise.depth} resolves the Brownian path to (t1 - t0)/2^{noise.depth} = "
-                          f"{span * 2.0 ** -noise.depth:.4g}, coarser than the step dt={cfg.dt:g}, so the noise "
-                          f"would be smoothed away; give noise.depth >= {least} (the least that resolves dt) or "
-                          "null (that least depth).")
+        raise ConfigError(
+            f"noise.depth={noise.depth} resolves the Brownian path to (t1 - t0)/2^{noise.depth} = "
+            f"{span * 2.0**-noise.depth:.4g}, coarser than the step dt={cfg.dt:g}, so the noise "
+            f"would be smoothed away; give noise.depth >= {least} (the least that resolves dt) or "
+            "null (that least depth)."
+        )
     # The strength times its largest factor, squared by the retraction's norm (and by the
     # energy of flat space): past the square root of the dtype's largest number a step
     # overflows at once.
@@ -317,9 +367,11 @@ def _check_noise(cfg: Config) -> None:
     if noise.sigma * factor >= largest:
         strength = f"noise.sigma={noise.sigma:g}" + (f" times its factor {factor:g}" if factor != 1 else "")
         wider = " (or dtype=float64)" if cfg.dtype == "float32" else ""
-        raise ConfigError(f"{strength} is too large for {cfg.dtype}: a step squares the strength, which overflows "
-                          f"from sqrt({float(np.finfo(cfg.dtype.value).max):.3g}) = {largest:.3g} on; give a "
-                          f"smaller noise.sigma{wider}.")
+        raise ConfigError(
+            f"{strength} is too large for {cfg.dtype}: a step squares the strength, which overflows "
+            f"from sqrt({float(np.finfo(cfg.dtype.value).max):.3g}) = {largest:.3g} on; give a "
+            f"smaller noise.sigma{wider}."
+        )
 
 
 def non_finite_advice(cfg: Config) -> str:
@@ -342,8 +394,9 @@ def _numbers_as_floats(cfg: Config) -> Config:
     """The untyped (number-or-list) entries of a validated config, as floats."""
     for part in PARTS.values():
         cfg = part.as_floats(cfg)
-    token_norm = dataclasses.replace(cfg.token_norm, gamma=_floats(cfg.token_norm.gamma),
-                                     shift=_floats(cfg.token_norm.shift))
+    token_norm = dataclasses.replace(
+        cfg.token_norm, gamma=_floats(cfg.token_norm.gamma), shift=_floats(cfg.token_norm.shift)
+    )
     return dataclasses.replace(cfg, beta=_floats(cfg.beta), init=cfg.init.as_floats(), token_norm=token_norm)
 
 
@@ -356,8 +409,10 @@ def _check_sizes(cfg: Config, betas: int, steps: int | None) -> None:
     if cfg.n > INDEX_LIMIT:
         raise ConfigError(f"n={cfg.n} tokens are {index}; lower n.")
     if betas * cfg.members > INDEX_LIMIT:
-        raise ConfigError(f"{betas} beta{'s' if betas > 1 else ''} x {cfg.members} members make "
-                          f"{betas * cfg.members} solves, {index}; lower members.")
+        raise ConfigError(
+            f"{betas} beta{'s' if betas > 1 else ''} x {cfg.members} members make "
+            f"{betas * cfg.members} solves, {index}; lower members."
+        )
     if steps is not None:
         if steps > INDEX_LIMIT:
             raise ConfigError(f"(t1 - t0)/dt = {steps} steps are {counter}; raise dt or shorten [t0, t1].")
@@ -384,18 +439,21 @@ def _user_metric_bytes(cfg: Config) -> int:
     tokens = jax.ShapeDtypeStruct((cfg.n, cfg.d), dtype)
     total = 0
     for metric in user_metrics(cfg):
-        context = MetricContext(t=jnp.zeros((), dtype), beta=jnp.ones((), dtype), eps=jnp.ones((), dtype), field=None,
-                                config=cfg)
-        call = (lambda x, m=metric: m.function(x, context)) if metric.takes_context else metric.function
+        context = MetricContext(
+            t=jnp.zeros((), dtype), beta=jnp.ones((), dtype), eps=jnp.ones((), dtype), field=None, config=cfg
+        )
+        call = (lambda x, m=metric, c=context: m.function(x, c)) if metric.takes_context else metric.function
         try:
             shape = jax.eval_shape(call, tokens)
         except Exception:  # it reads the field, which is built later: sized when the run is planned
             total += dtype.itemsize
             continue
         if not hasattr(shape, "shape") or len(shape.shape) != len(metric.dims):
-            raise ConfigError(f"metric {metric.name} returns {getattr(shape, 'shape', type(shape).__name__)} on one "
-                              f"member's tokens, but declares the dimensions {metric.dims}; give dims= one name per "
-                              "axis of what it returns.")
+            raise ConfigError(
+                f"metric {metric.name} returns {getattr(shape, 'shape', type(shape).__name__)} on one "
+                f"member's tokens, but declares the dimensions {metric.dims}; give dims= one name per "
+                "axis of what it returns."
+            )
         total += int(np.prod(shape.shape)) * jnp.dtype(cfg.dtype.value).itemsize
     return total
 
@@ -432,8 +490,14 @@ def _noise_schedule(get: _Values, dtype) -> AbstractSchedule | None:
     return factored("noise", spec, get, Constant(jnp.ones((), dtype)), dtype)
 
 
-def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: Mapping[str, ArrayLike] | None = None,
-                noise: BrownianNoise | None = None) -> VectorField:
+def build_field(
+    cfg: Config,
+    key: PRNGKeyArray,
+    beta: ScalarLike,
+    dtype,
+    data: Mapping[str, ArrayLike] | None = None,
+    noise: BrownianNoise | None = None,
+) -> VectorField:
     """The vector field of a validated config; random weights are drawn from `key`.
     `data` may give (traced) values for the config's numeric entries, by dotted path;
     `noise` is the member's Brownian noise, when the config has some."""
@@ -451,13 +515,24 @@ def build_field(cfg: Config, key: PRNGKeyArray, beta: ScalarLike, dtype, data: M
     norm = None
     if cfg.norm in ("pre", "peri"):
         tn = cfg.token_norm
-        per_dim = lambda path: None if _get(cfg, path) is None else jnp.broadcast_to(jnp.asarray(get(path), dtype), (d,))
+        per_dim = lambda path: (
+            None if _get(cfg, path) is None else jnp.broadcast_to(jnp.asarray(get(path), dtype), (d,))
+        )
         norm = TokenNorm(tn.kind.value, per_dim("token_norm.gamma"), per_dim("token_norm.shift"), eps=float(tn.eps))
     # The geometry and the tangent projection are the config's: the sphere scheme
     # projects the field for every solver but euler_renorm (the unprojected scheme).
     geometry = Sphere() if cfg.norm == "sphere" else Euclidean()
-    return VectorField(tuple(terms), scheme=cfg.norm.value, norm=norm, out_norm=norm, time_change=time_change,
-                       collisions=collisions, geometry=geometry, tangent=SOLVERS[cfg.solver.value].projected, noise=noise)
+    return VectorField(
+        tuple(terms),
+        scheme=cfg.norm.value,
+        norm=norm,
+        out_norm=norm,
+        time_change=time_change,
+        collisions=collisions,
+        geometry=geometry,
+        tangent=SOLVERS[cfg.solver.value].projected,
+        noise=noise,
+    )
 
 
 def build_init(cfg: Config, dtype, data: Mapping[str, ArrayLike] | None = None) -> AbstractInitialCondition:
@@ -469,8 +544,14 @@ def build_init(cfg: Config, dtype, data: Mapping[str, ArrayLike] | None = None) 
 # Config values that are data (traced): a new value reuses the compiled program. The
 # rest (sizes, choices, counts) is structure, static and part of what is compiled.
 _DATA_PATHS = (
-    "eps", "token_norm.gamma", "token_norm.shift",
-    "time_change.speed", "time_change.collisions", "noise.sigma", "noise.switch_times", "noise.factors",
+    "eps",
+    "token_norm.gamma",
+    "token_norm.shift",
+    "time_change.speed",
+    "time_change.collisions",
+    "noise.sigma",
+    "noise.switch_times",
+    "noise.factors",
     "noise.poly",
 )
 
@@ -562,10 +643,17 @@ class ConfiguredSystem(eqx.Module):
         if cfg.noise.sigma != 0:
             # The member's own Brownian path (the same at every beta), from a key apart from
             # those of its tokens and weights.
-            noise = brownian_noise(jax.random.fold_in(key, 2), _Values(cfg, self.values)("noise.sigma"),
-                                   (cfg.n, cfg.d), t0=cfg.t0, t1=cfg.t1, kind=cfg.noise.kind.value,
-                                   depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth), dtype=dtype,
-                                   schedule=_noise_schedule(_Values(cfg, self.values), dtype))
+            noise = brownian_noise(
+                jax.random.fold_in(key, 2),
+                _Values(cfg, self.values)("noise.sigma"),
+                (cfg.n, cfg.d),
+                t0=cfg.t0,
+                t1=cfg.t1,
+                kind=cfg.noise.kind.value,
+                depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth),
+                dtype=dtype,
+                schedule=_noise_schedule(_Values(cfg, self.values), dtype),
+            )
         field = build_field(cfg, k_weights, beta, dtype, self.values, noise=noise)
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         custom = user_metrics(cfg)
@@ -610,8 +698,10 @@ def build_system(cfg: Config | Mapping) -> ConfiguredSystem:
     validated."""
     if not isinstance(cfg, Config):
         if not isinstance(cfg, Mapping):
-            raise ConfigError(f"build_system takes a config: a mapping of keys to values, or a Config from "
-                              f"validate_config, got {type(cfg).__name__}.")
+            raise ConfigError(
+                f"build_system takes a config: a mapping of keys to values, or a Config from "
+                f"validate_config, got {type(cfg).__name__}."
+            )
         cfg = validate_config(cfg)
     static = dataclasses.replace(cfg, beta=0.0, seed=0, members=1)
     data = _data(static)

@@ -130,8 +130,14 @@ def _is_text(values: np.ndarray) -> bool:
     return values.dtype.kind in "OSU"
 
 
-def variable_attributes(name: str, attrs: Mapping, values, *, coordinate: bool = False,
-                        known: Mapping[str, tuple[str, str | None]] | None = None) -> dict:
+def variable_attributes(
+    name: str,
+    attrs: Mapping,
+    values,
+    *,
+    coordinate: bool = False,
+    known: Mapping[str, tuple[str, str | None]] | None = None,
+) -> dict:
     """A variable's attributes with its `long_name` and `units` filled in: a
     `description` becomes the `long_name` (replacing one it had); otherwise the names
     known here (the shared coordinates, the metrics, a study's bookkeeping) give both. Numbers without units
@@ -157,8 +163,13 @@ def global_attributes(*, title: str, config: Mapping, history: str, references: 
     `Conventions`, `title`, `source`, `attnflow_version`, `history` (`history_line`)
     and, when given, `references` (the paper a figure reproduces)."""
     attrs = scalar_settings(config)
-    attrs.update(Conventions=CONVENTIONS, title=title, source=f"attnflow {attnflow_version()}",
-                 attnflow_version=attnflow_version(), history=history)
+    attrs.update(
+        Conventions=CONVENTIONS,
+        title=title,
+        source=f"attnflow {attnflow_version()}",
+        attnflow_version=attnflow_version(),
+        history=history,
+    )
     if references:
         attrs["references"] = references
     return attrs
@@ -174,8 +185,15 @@ def undescribed(ds) -> list[str]:
     return missing
 
 
-def describe(ds, *, title: str, config: Mapping, history: str, references: str | None = None,
-             coordinates: Mapping[str, tuple[str, str | None]] | None = None):
+def describe(
+    ds,
+    *,
+    title: str,
+    config: Mapping,
+    history: str,
+    references: str | None = None,
+    coordinates: Mapping[str, tuple[str, str | None]] | None = None,
+):
     """Give `ds` (an xarray Dataset, changed in place and returned) the CF attributes:
     `long_name` and `units` on every variable and coordinate, and the global attributes
     (`global_attributes`; the Dataset's own attributes are kept, the scalar settings
@@ -186,14 +204,21 @@ def describe(ds, *, title: str, config: Mapping, history: str, references: str |
     """
     for name in [*ds.coords, *ds.data_vars]:
         attrs = ds[name].attrs
-        filled = variable_attributes(str(name), attrs, ds[name].values, coordinate=name in ds.coords,
-                                     known=coordinates if name in ds.coords else None)
+        filled = variable_attributes(
+            str(name),
+            attrs,
+            ds[name].values,
+            coordinate=name in ds.coords,
+            known=coordinates if name in ds.coords else None,
+        )
         attrs.clear()
         attrs.update(filled)
     missing = undescribed(ds)
     if missing:
-        raise UndescribedError(f"the results variables {', '.join(missing)} have no long_name or description; "
-                               "every variable attnflow writes says what it is.")
+        raise UndescribedError(
+            f"the results variables {', '.join(missing)} have no long_name or description; "
+            "every variable attnflow writes says what it is."
+        )
     own = dict(ds.attrs)
     ds.attrs = {**global_attributes(title=title, config=config, history=history, references=references), **own}
     ds.attrs.update(Conventions=CONVENTIONS, history=history)

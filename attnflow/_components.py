@@ -19,7 +19,6 @@ A metric is a name of `metrics` that is the import path of a function registered
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import zlib
 from typing import Any
 
@@ -28,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._config import Config
-from ._errors import ConfigError
+from ._errors import ConfigError, did_you_mean
 from ._field import takes_piece_time
 from ._metric_registry import METRIC_NAMES, TAKEN, UserMetric, registered
 from ._plugins import import_target, source_digest
@@ -57,18 +56,24 @@ def _is_data(value: Any) -> bool:
 def term_class(name: str, spec: Any) -> type[AbstractInteraction]:
     """The class `terms.NAME._target_` names, checked to be a term."""
     if not isinstance(spec, dict):
-        raise ConfigError(f"terms.{name} must be a mapping with _target_ (module.Class) and the term's settings, "
-                          f"got {spec!r}.")
+        raise ConfigError(
+            f"terms.{name} must be a mapping with _target_ (module.Class) and the term's settings, got {spec!r}."
+        )
     if "_target_" not in spec:
-        raise ConfigError(f"terms.{name} names no class: give +terms.{name}._target_=module.Class (a subclass of "
-                          "attnflow.AbstractInteraction).")
+        raise ConfigError(
+            f"terms.{name} names no class: give +terms.{name}._target_=module.Class (a subclass of "
+            "attnflow.AbstractInteraction)."
+        )
     kind = import_target(spec["_target_"], f"terms.{name}._target_")
     if not (isinstance(kind, type) and issubclass(kind, AbstractInteraction)):
-        raise ConfigError(f"terms.{name}._target_={spec['_target_']} is not a subclass of "
-                          "attnflow.AbstractInteraction.")
+        raise ConfigError(
+            f"terms.{name}._target_={spec['_target_']} is not a subclass of attnflow.AbstractInteraction."
+        )
     if getattr(kind, "__abstractmethods__", None):
-        raise ConfigError(f"terms.{name}._target_={spec['_target_']} is abstract: it lacks "
-                          f"{', '.join(sorted(kind.__abstractmethods__))}.")
+        raise ConfigError(
+            f"terms.{name}._target_={spec['_target_']} is abstract: it lacks "
+            f"{', '.join(sorted(kind.__abstractmethods__))}."
+        )
     return kind
 
 
@@ -77,10 +82,10 @@ def _settings(name: str, spec: dict, kind: type) -> dict[str, dataclasses.Field]
     fields = {field.name: field for field in dataclasses.fields(kind) if field.init}
     for key in spec:
         if key != "_target_" and key not in fields:
-            near = difflib.get_close_matches(str(key), list(fields), n=1)
-            guess = f" (did you mean terms.{name}.{near[0]}?)" if near else ""
-            raise ConfigError(f"unknown setting terms.{name}.{key}{guess}; {spec['_target_']} takes "
-                              f"{', '.join(fields) or 'none'}.")
+            guess = did_you_mean(key, fields, f"terms.{name}.")
+            raise ConfigError(
+                f"unknown setting terms.{name}.{key}{guess}; {spec['_target_']} takes {', '.join(fields) or 'none'}."
+            )
     return fields
 
 
@@ -108,8 +113,9 @@ def build_terms(cfg: Config, get, key, beta, dtype) -> list[AbstractInteraction]
             if field.name in spec:
                 path = f"terms.{name}.{field.name}"
                 value = spec[field.name]
-                arguments[field.name] = (jnp.asarray(get(path), dtype)
-                                         if not _is_static(field) and _is_data(value) else value)
+                arguments[field.name] = (
+                    jnp.asarray(get(path), dtype) if not _is_static(field) and _is_data(value) else value
+                )
             elif field.name == "beta":
                 arguments["beta"] = jnp.asarray(beta, dtype)
             elif field.name == "key":
@@ -129,30 +135,45 @@ def check_terms(cfg: Config, beta: float) -> None:
     for name, spec in (cfg.terms or {}).items():
         kind = term_class(name, spec)
         fields = _settings(name, spec, kind)
-        missing = [f.name for f in fields.values() if f.name not in spec and f.name not in SUPPLIED
-                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in fields.values()
+            if f.name not in spec
+            and f.name not in SUPPLIED
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
-            raise ConfigError(f"terms.{name} ({spec['_target_']}) needs {' and '.join(missing)}: give "
-                              f"+terms.{name}.{missing[0]}=VALUE.")
+            raise ConfigError(
+                f"terms.{name} ({spec['_target_']}) needs {' and '.join(missing)}: give "
+                f"+terms.{name}.{missing[0]}=VALUE."
+            )
         for key, value in spec.items():
             if key != "_target_" and _is_data(value) and not np.isfinite(np.asarray(value, np.float64)).all():
                 raise ConfigError(f"terms.{name}.{key} must hold finite numbers, got {value!r}.")
         single = dataclasses.replace(cfg, terms={name: spec})
         try:
-            (term,) = build_terms(single, lambda path: _get(single, path), jax.random.key(0), beta, dtype)
+            (term,) = build_terms(single, lambda path, c=single: _get(c, path), jax.random.key(0), beta, dtype)
             tokens = jax.ShapeDtypeStruct((cfg.n, cfg.d), dtype)
-            call = (lambda x: term(jnp.zeros((), dtype), x, None)) if takes_piece_time(term) else \
-                (lambda x: term(jnp.zeros((), dtype), x))
+            call = (
+                (lambda x, f=term: f(jnp.zeros((), dtype), x, None))
+                if takes_piece_time(term)
+                else (lambda x, f=term: f(jnp.zeros((), dtype), x))
+            )
             check = jax.eval_shape(call, tokens)
         except ConfigError as error:
             raise ConfigError(f"terms.{name}: {error}") from None
         except Exception as error:  # the user's class refused its settings, or failed on the tokens
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise ConfigError(f"terms.{name} ({spec['_target_']}) raised {type(error).__name__} when built or "
-                              f"called on {cfg.n} tokens of dimension {cfg.d}{': ' + first if first else ''}.") from None
+            raise ConfigError(
+                f"terms.{name} ({spec['_target_']}) raised {type(error).__name__} when built or "
+                f"called on {cfg.n} tokens of dimension {cfg.d}{': ' + first if first else ''}."
+            ) from None
         if check.shape != (cfg.n, cfg.d):
-            raise ConfigError(f"terms.{name} ({spec['_target_']}) returns shape {check.shape}; a term returns one "
-                              f"vector per token, shape (n, d) = ({cfg.n}, {cfg.d}).")
+            raise ConfigError(
+                f"terms.{name} ({spec['_target_']}) returns shape {check.shape}; a term returns one "
+                f"vector per token, shape (n, d) = ({cfg.n}, {cfg.d})."
+            )
 
 
 def _get(cfg: Config, path: str) -> Any:
@@ -179,19 +200,24 @@ def user_metrics(cfg: Config) -> tuple[UserMetric, ...]:
         if name in METRIC_NAMES:
             continue
         if "." not in name:
-            near = difflib.get_close_matches(name, METRIC_NAMES, n=1)
-            guess = f" (did you mean {near[0]}?)" if near else ""
-            raise ConfigError(f"unknown metric {name!r}{guess}; metrics takes {', '.join(METRIC_NAMES)}, or the "
-                              "import path of a function registered with @attnflow.metric (module.function).")
+            guess = did_you_mean(name, METRIC_NAMES)
+            raise ConfigError(
+                f"unknown metric {name!r}{guess}; metrics takes {', '.join(METRIC_NAMES)}, or the "
+                "import path of a function registered with @attnflow.metric (module.function)."
+            )
         function = import_target(name, "metrics")
         metric = registered(function)
         if metric is None:
-            raise ConfigError(f"metrics names {name}, which is not registered as a metric: decorate it with "
-                              "@attnflow.metric(long_name=...).")
+            raise ConfigError(
+                f"metrics names {name}, which is not registered as a metric: decorate it with "
+                "@attnflow.metric(long_name=...)."
+            )
         if metric.name in TAKEN or metric.name in [m.name for m in found]:
-            raise ConfigError(f"metrics names {name}, whose variable {metric.name!r} is already taken (by a "
-                              f"{'metric of the run' if metric.name not in TAKEN else 'variable of every run'}); "
-                              "rename the function.")
+            raise ConfigError(
+                f"metrics names {name}, whose variable {metric.name!r} is already taken (by a "
+                f"{'metric of the run' if metric.name not in TAKEN else 'variable of every run'}); "
+                "rename the function."
+            )
         found.append(metric)
     return tuple(found)
 

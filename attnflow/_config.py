@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import enum
 import functools
 import importlib.resources
@@ -30,12 +29,12 @@ import numpy as np
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
-from ._errors import ConfigError
-from ._metric_registry import METRIC_NAMES
+from ._errors import ConfigError, did_you_mean
 from ._methods import SOLVERS
+from ._metric_registry import METRIC_NAMES
 from .initial import INITS
-from .weights import KINDS as WEIGHT_KINDS
 from .initial import InitialCondition as InitConfig  # the schema's name for the base of every init kind
+from .weights import KINDS as WEIGHT_KINDS
 
 # The choices come from the components that implement them, read without JAX (the
 # solvers' table, the kinds of initial condition and weight matrix, the metrics'
@@ -98,7 +97,9 @@ class MatrixConfig:
     kind: MatrixKind = MISSING
     law: Law = MISSING
     scale: float = MISSING
-    value: Any = MISSING  # (rows, cols) or (heads, rows, cols) nested lists, for kind=matrix; or one per piece of switch_times
+    value: Any = (
+        MISSING  # (rows, cols) or (heads, rows, cols) nested lists, for kind=matrix; or one per piece of switch_times
+    )
     sign: float = MISSING  # V = sign Q^T K, for kind=tied
     transpose: bool = MISSING  # use W^T: a code that multiplies row vectors, x W, applies W^T to columns
     switch_times: list[float] = MISSING
@@ -228,8 +229,8 @@ class Config:
     compilation_cache: bool = MISSING
     matmul_precision: MatmulPrecision = MISSING  # float32 products on a GPU or TPU (see prepare_jax)
     experiment: ExperimentConfig | None = MISSING
-    # experiments on trained models only (checkpoint, sensitivity): the trained model, the sentence, and whether a pickle
-    # file may be read
+    # experiments on trained models only (checkpoint, sensitivity): the trained model, the sentence, and whether a
+    # pickle file may be read
     checkpoint: str | None = MISSING
     text: str | None = MISSING
     trust_pickle: bool = MISSING
@@ -256,7 +257,7 @@ def hydra_context(job_name: str = "app"):
 
     source, folder = config_source()
     if source.startswith("pkg://"):
-        return initialize_config_module(source[len("pkg://"):], version_base=None, job_name=job_name)
+        return initialize_config_module(source[len("pkg://") :], version_base=None, job_name=job_name)
     return initialize_config_dir(str(folder), version_base=None, job_name=job_name)
 
 
@@ -302,11 +303,13 @@ def register_schema() -> None:
 _SCHEMA_OF: dict[type, type] = {}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _keys_of(schema: type) -> type:
     """A dataclass with the keys and defaults of `schema` and no types."""
-    fields = [(f.name, Any, dataclasses.field(default=MISSING if f.default is dataclasses.MISSING else f.default))
-              for f in dataclasses.fields(schema)]
+    fields = [
+        (f.name, Any, dataclasses.field(default=MISSING if f.default is dataclasses.MISSING else f.default))
+        for f in dataclasses.fields(schema)
+    ]
     keys = dataclasses.make_dataclass(schema.__name__, fields)
     _SCHEMA_OF[keys] = schema
     return keys
@@ -326,7 +329,7 @@ def _values(*parts: str):
     return node
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _root_defaults():
     root_text = config_source()[1].joinpath("config.yaml").read_text()
     entries = OmegaConf.create(root_text).get("defaults", [])
@@ -335,7 +338,7 @@ def _root_defaults():
     return base, init_kind
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _init_defaults(kind: str):
     return OmegaConf.merge(OmegaConf.structured(INITS[kind]), _values("init", f"{kind}.yaml"))
 
@@ -448,14 +451,15 @@ def typed_options(schema: type, given: Mapping, prefix: str) -> dict:
     names = [f.name for f in dataclasses.fields(schema)]
     unknown = [key for key in given if key not in names]
     if unknown:
-        near = difflib.get_close_matches(str(unknown[0]), names, n=1)
-        guess = f" (did you mean {prefix}{near[0]}?)" if near else ""
-        raise ConfigError(f"unknown option {prefix}{unknown[0]}{guess}; {prefix.rstrip('.')} takes "
-                          f"{', '.join(names) or 'none'}.")
+        guess = did_you_mean(unknown[0], names, prefix)
+        raise ConfigError(
+            f"unknown option {prefix}{unknown[0]}{guess}; {prefix.rstrip('.')} takes {', '.join(names) or 'none'}."
+        )
     _check_given(given, schema, prefix)
     try:
-        typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(schema), dict(given)), resolve=True,
-                                       enum_to_str=True)
+        typed = OmegaConf.to_container(
+            OmegaConf.merge(OmegaConf.structured(schema), dict(given)), resolve=True, enum_to_str=True
+        )
     except oc_errors.OmegaConfBaseException as error:
         full_key = str(getattr(error, "full_key", "") or "")
         path = _split(full_key)
@@ -463,14 +467,16 @@ def typed_options(schema: type, given: Mapping, prefix: str) -> dict:
             group = f"{prefix}{'.'.join(path[:-1])}"
             parent = _schema_at(path[:-1], None, root=schema)
             names = [f.name for f in dataclasses.fields(parent)] if dataclasses.is_dataclass(parent) else []
-            near = difflib.get_close_matches(path[-1], names, n=1)
-            guess = f" (did you mean {group}.{near[0]}?)" if near else ""
-            raise ConfigError(f"unknown config key {prefix}{full_key}{guess}; {group} takes "
-                              f"{', '.join(names) or 'none'}.") from None
+            guess = did_you_mean(path[-1], names, f"{group}.")
+            raise ConfigError(
+                f"unknown config key {prefix}{full_key}{guess}; {group} takes {', '.join(names) or 'none'}."
+            ) from None
         kind = _schema_at(path, None, root=schema) if full_key else None
         if kind is None:
             raise ConfigError(f"invalid {prefix.rstrip('.')}: {explain(error)}") from None
-        raise ConfigError(f"{prefix}{full_key} must be {_describe(kind)}, got {getattr(error, 'value', None)!r}.") from None
+        raise ConfigError(
+            f"{prefix}{full_key} must be {_describe(kind)}, got {getattr(error, 'value', None)!r}."
+        ) from None
     _check_values(typed, schema, prefix)
     return typed
 
@@ -508,8 +514,9 @@ def _check_values(typed: Mapping, schema: type, prefix: str) -> None:
                 if hashable in seen:
                     count = frozen.count(hashable)
                     shown = entry if isinstance(entry, str) else repr(entry)
-                    raise ConfigError(f"{key} holds {shown} {'twice' if count == 2 else f'{count} times'}; give "
-                                      "each value once.")
+                    raise ConfigError(
+                        f"{key} holds {shown} {'twice' if count == 2 else f'{count} times'}; give each value once."
+                    )
                 seen.add(hashable)
 
 
@@ -555,7 +562,7 @@ def to_container(cfg: Any) -> Any:
     return cfg
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _default_config() -> Config:
     return compose({})
 
@@ -647,8 +654,7 @@ def explain(error: Exception, init_kind: str | None = None) -> str:
                 return f"{group} holds no keys by default; add one with +{full_key}=VALUE."
         else:
             return f"unknown config key {full_key}."
-        near = difflib.get_close_matches(path[-1], names, n=1)
-        key = f"{full_key} (did you mean {group + '.' if group else ''}{near[0]}?)" if near else full_key
+        key = full_key + did_you_mean(path[-1], names, f"{group}." if group else "")
         where = f"{group} ({init_kind})" if parent in INITS.values() else group
         allowed = ", ".join(names) or "none"
         if group:
@@ -664,8 +670,10 @@ def explain(error: Exception, init_kind: str | None = None) -> str:
             return f"{full_key} cannot be {'a mapping' if error.object_type is list else 'a list'}."
         kind = _schema_at(path, init_kind)
         if path[:1] == ["metrics"]:  # names: the built-in ones, or a researcher's by its import path
-            return (f"metrics must be a list of names among {', '.join(METRIC_NAMES)} (or module.function of a "
-                    f"metric of your own), got {value!r}.")
+            return (
+                f"metrics must be a list of names among {', '.join(METRIC_NAMES)} (or module.function of a "
+                f"metric of your own), got {value!r}."
+            )
         if kind is not None:
             return f"{full_key} must be {_describe(kind)}, got {value!r}."
     first = str(getattr(error, "msg", None) or error).splitlines()[0].strip().rstrip(".")

@@ -73,8 +73,7 @@ def _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, 
     if mesh is None:
         return solve(members, beta_index)
     spec = PartitionSpec(mesh.axis_names[0])
-    return jax.shard_map(solve, mesh=mesh, in_specs=(spec, spec), out_specs=spec,
-                         check_vma=False)(members, beta_index)
+    return jax.shard_map(solve, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)(members, beta_index)
 
 
 def available_memory(device: jax.Device | None = None) -> int:
@@ -123,18 +122,34 @@ class MemberFootprint(eqx.Module):
         of an attention term): for a refusal that names the setting responsible."""
         many = heads > 1
         parts = [
-            (self.pairwise, f"the n x n attention logits{f' of each of its {heads} heads' if many else ''} and the "
-             "Gram matrix of the statistics (n x attention_block in tiles)",
-             f"lower {'heads or n' if many else 'n'}, drop the attention metric, or let the attention go through "
-             "tiles (attention_block=null or a smaller tile size)"),
-            (self.attention, "the terms' arrays per token (the heads' queries, keys and values, the MLP's hidden "
-             "layer, a term's own)", "lower heads, d_k, d_v or mlp.hidden, or the memory of a term of your own"),
-            (self.weights, "the weight matrices of the heads and the MLP (heads x d_k x d each)",
-             "lower heads, d_k, d_v or mlp.hidden"),
-            (self.state, "the states and Runge-Kutta stages (n x d each)", "lower n or d, or take a solver of "
-             "fewer stages"),
-            (self.output, "the statistics recorded at each saved time", "lower saves, or drop save_states and the "
-             "attention metric"),
+            (
+                self.pairwise,
+                f"the n x n attention logits{f' of each of its {heads} heads' if many else ''} and the "
+                "Gram matrix of the statistics (n x attention_block in tiles)",
+                f"lower {'heads or n' if many else 'n'}, drop the attention metric, or let the attention go through "
+                "tiles (attention_block=null or a smaller tile size)",
+            ),
+            (
+                self.attention,
+                "the terms' arrays per token (the heads' queries, keys and values, the MLP's hidden "
+                "layer, a term's own)",
+                "lower heads, d_k, d_v or mlp.hidden, or the memory of a term of your own",
+            ),
+            (
+                self.weights,
+                "the weight matrices of the heads and the MLP (heads x d_k x d each)",
+                "lower heads, d_k, d_v or mlp.hidden",
+            ),
+            (
+                self.state,
+                "the states and Runge-Kutta stages (n x d each)",
+                "lower n or d, or take a solver of fewer stages",
+            ),
+            (
+                self.output,
+                "the statistics recorded at each saved time",
+                "lower saves, or drop save_states and the attention metric",
+            ),
         ]
         _, what, remedy = max(parts, key=lambda part: part[0])
         return what, remedy
@@ -175,11 +190,16 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
     else:
         per_save = n * d * item
     # The member's own arrays: its weights (drawn per member unless shared) and schedules.
-    weights = sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in jax.tree.leaves(field)
-                  if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and not jax.dtypes.issubdtype(
-                      leaf.dtype, jax.dtypes.prng_key))
-    return MemberFootprint(state=state, attention=attention, pairwise=pairwise, output=per_save * saves,
-                           weights=weights)
+    weights = sum(
+        int(np.prod(leaf.shape)) * leaf.dtype.itemsize
+        for leaf in jax.tree.leaves(field)
+        if hasattr(leaf, "shape")
+        and hasattr(leaf, "dtype")
+        and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    )
+    return MemberFootprint(
+        state=state, attention=attention, pairwise=pairwise, output=per_save * saves, weights=weights
+    )
 
 
 # What a term's call measured (by the term's structure): one compilation per kind of term.
@@ -247,8 +267,21 @@ class EnsemblePlan:
     `ConfigError`) an ensemble whose one member, or whose output, exceeds the memory.
     """
 
-    def __init__(self, system, keys, betas, grid: TimeGrid, *, solver="tsit5", rtol=1e-6, atol=1e-8,
-                 max_steps=100_000, chunk_size=None, devices=None, memory: int | None = None):
+    def __init__(
+        self,
+        system,
+        keys,
+        betas,
+        grid: TimeGrid,
+        *,
+        solver="tsit5",
+        rtol=1e-6,
+        atol=1e-8,
+        max_steps=100_000,
+        chunk_size=None,
+        devices=None,
+        memory: int | None = None,
+    ):
         self.system = system
         self.keys = keys
         self.dtype = np.dtype(betas.dtype if hasattr(betas, "dtype") else jnp.asarray(betas).dtype)
@@ -275,8 +308,9 @@ class EnsemblePlan:
         memory = available_memory(devices[0]) if memory is None else memory
         self.footprint = footprint
         platform = devices[0].platform
-        self.piece_size, self.pieces = _pieces(member, footprint, self.pairs, len(devices), chunk_size, memory,
-                                               platform)
+        self.piece_size, self.pieces = _pieces(
+            member, footprint, self.pairs, len(devices), chunk_size, memory, platform
+        )
         self._program = None  # the exported piece program, once looked up
         self._export_tried = False
         self._timing = None  # the file of its measured solve time, beside it in the cache
@@ -357,16 +391,18 @@ class EnsemblePlan:
             out = self._outputs(entry.compiled(*args), i)
             self._measured(time.perf_counter() - start)
             return out
-        return self._outputs(_solve_pairs(self.system, self.keys, self.betas, members, beta_index, *times,
-                                          self.options, self.mesh), i)
+        return self._outputs(
+            _solve_pairs(self.system, self.keys, self.betas, members, beta_index, *times, self.options, self.mesh), i
+        )
 
     def _outputs(self, outputs, i: int) -> dict[str, np.ndarray]:
         """A piece's outputs as NumPy arrays (waiting for them), without its padding."""
         stats, result, steps, reached = outputs
         size = self.size_of(i)
         out = {f"stats/{name}": np.asarray(value)[:size] for name, value in stats.items()}
-        out.update(result=np.asarray(result)[:size], num_steps=np.asarray(steps)[:size],
-                   reached=np.asarray(reached)[:size])
+        out.update(
+            result=np.asarray(result)[:size], num_steps=np.asarray(steps)[:size], reached=np.asarray(reached)[:size]
+        )
         return out
 
     def _exported(self, members, beta_index, times):
@@ -422,7 +458,7 @@ class EnsemblePlan:
         joined = {name: np.concatenate([o[name] for o in outputs]) for name in outputs[0]}
         n_beta = self.betas.shape[0]
         shape = lambda a: a.reshape((n_beta, -1) + a.shape[1:])
-        stats = {name[len("stats/"):]: shape(v) for name, v in joined.items() if name.startswith("stats/")}
+        stats = {name[len("stats/") :]: shape(v) for name, v in joined.items() if name.startswith("stats/")}
         finite = stats.pop("finite")
         valid = np.logical_and.accumulate(finite & shape(joined["reached"]), axis=-1)
         for name, value in stats.items():
@@ -430,8 +466,13 @@ class EnsemblePlan:
             fill = np.nan if np.issubdtype(value.dtype, np.floating) else INTEGER_FILL
             if not mask.all():
                 stats[name] = np.where(mask, value, np.asarray(fill).astype(value.dtype))
-        return EnsembleResult(ts=self.grid.times, stats=stats, result=shape(joined["result"]),
-                              num_steps=shape(joined["num_steps"]), valid=valid)
+        return EnsembleResult(
+            ts=self.grid.times,
+            stats=stats,
+            result=shape(joined["result"]),
+            num_steps=shape(joined["num_steps"]),
+            valid=valid,
+        )
 
 
 # The exported piece programs of this process, by key, the most recently used last: a
@@ -497,15 +538,26 @@ def _source_hash(root: Path = _PACKAGE) -> str:
 def _program_key(static, treedef, options, shapes) -> str:
     """What an exported piece program depends on: the system's structure, the solve
     options, the shapes and dtypes of its arguments, and the versions of the code."""
-    parts = [repr(static), repr(treedef), repr(sorted(options.items())), repr(shapes), _source_hash(),
-             jax.__version__, version("jaxlib"), eqx.__version__, version("diffrax"),  # diffrax: its tableaus
-             str(jax.config.jax_default_prng_impl), str(jax.config.jax_enable_x64),
-             str(jax.config.jax_default_matmul_precision)]  # in the traced products
+    parts = [
+        repr(static),
+        repr(treedef),
+        repr(sorted(options.items())),
+        repr(shapes),
+        _source_hash(),
+        jax.__version__,
+        version("jaxlib"),
+        eqx.__version__,
+        version("diffrax"),  # diffrax: its tableaus
+        str(jax.config.jax_default_prng_impl),
+        str(jax.config.jax_enable_x64),
+        str(jax.config.jax_default_matmul_precision),
+    ]  # in the traced products
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 
-def _pieces(member, footprint: MemberFootprint, pairs: int, devices: int, chunk_size, memory: int,
-            platform: str = "cpu"):
+def _pieces(
+    member, footprint: MemberFootprint, pairs: int, devices: int, chunk_size, memory: int, platform: str = "cpu"
+):
     """(piece size, number of pieces): the chunk (members solved at once per device) is
     `default_chunk`'s or the user's, shrunk to half the memory; pieces are balanced."""
     field, y0, _ = member
@@ -572,8 +624,18 @@ def solve_ensemble(
     member's first bad state are masked (see `EnsembleResult`).
     """
     grid = time_grid(t1=t1, t0=t0, dt=dt, adaptive=adaptive, ts=ts, save_every=save_every, save_steps=save_steps)
-    plan = EnsemblePlan(system, keys, betas, grid, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps,
-                        chunk_size=chunk_size, devices=devices)
+    plan = EnsemblePlan(
+        system,
+        keys,
+        betas,
+        grid,
+        solver=solver,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        chunk_size=chunk_size,
+        devices=devices,
+    )
     out = plan.assemble([plan.solve(i) for i in range(plan.pieces)])
     if check:
         check_ensemble(out, np.asarray(plan.betas))

@@ -1,5 +1,17 @@
 """The errors attnflow raises for people: one sentence, what was wrong, what is allowed."""
 
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(name: object, names: Iterable[object], prefix: str = "") -> str:
+    """ " (did you mean PREFIXNAME?)" for the known name nearest to a misspelt `name`, or
+    "" when none is near: the one suggestion of every refusal of an unknown name."""
+    near = difflib.get_close_matches(str(name), [str(n) for n in names], n=1)
+    return f" (did you mean {prefix}{near[0]}?)" if near else ""
+
 
 class ConfigError(ValueError):
     """An impossible or unknown configuration value, caught before any work starts."""

@@ -132,26 +132,37 @@ class VectorField(eqx.Module):
             raise ConfigError("the 'peri' scheme needs an output normalization `out_norm`.")
         expected = Sphere if self.scheme == "sphere" else Euclidean
         if not isinstance(self.geometry, expected):
-            raise ConfigError(f"the {self.scheme!r} scheme lives on the geometry {expected.__name__}(), "
-                              f"got {type(self.geometry).__name__}.")
+            raise ConfigError(
+                f"the {self.scheme!r} scheme lives on the geometry {expected.__name__}(), "
+                f"got {type(self.geometry).__name__}."
+            )
         if self.tangent not in (True, False, None):
-            raise ConfigError(f"tangent must be True (project the field), False (leave the projection out) or None "
-                              f"(the solver's convention), got {self.tangent!r}.")
+            raise ConfigError(
+                f"tangent must be True (project the field), False (leave the projection out) or None "
+                f"(the solver's convention), got {self.tangent!r}."
+            )
         if not self.terms and self.noise is None:
             raise ConfigError("the vector field has no terms: switch on attention, the MLP or both.")
         if self.noise is not None and self.time_change is not None:
-            raise ConfigError("noise is added in real time; a constant-speed time change has no real time to add "
-                              "it in: leave out the noise or the time change.")
+            raise ConfigError(
+                "noise is added in real time; a constant-speed time change has no real time to add "
+                "it in: leave out the noise or the time change."
+            )
         projected_sphere = self.scheme == "sphere" and self.tangent is not False
         if any(getattr(term, "exclude_coincident", False) for term in self.terms) and not projected_sphere:
-            raise ConfigError("attention that leaves out coincident tokens needs the tangent-projected sphere field "
-                              "(scheme 'sphere' with tangent=True, or None and a solver other than euler_renorm).")
-        if any(getattr(term, "scale_free", False) for term in self.terms) and (self.time_change is None
-                                                                                 or len(self.terms) > 1):
-            raise ConfigError("scale-free unnormalized attention (logits shifted by their maximum) is exact only as "
-                              "the one term of a field with a constant-speed time change.")
+            raise ConfigError(
+                "attention that leaves out coincident tokens needs the tangent-projected sphere field "
+                "(scheme 'sphere' with tangent=True, or None and a solver other than euler_renorm)."
+            )
+        if any(getattr(term, "scale_free", False) for term in self.terms) and (
+            self.time_change is None or len(self.terms) > 1
+        ):
+            raise ConfigError(
+                "scale-free unnormalized attention (logits shifted by their maximum) is exact only as "
+                "the one term of a field with a constant-speed time change."
+            )
 
-    def pinned(self, at: ScalarLike) -> "VectorField":
+    def pinned(self, at: ScalarLike) -> VectorField:
         """The same field with its schedules' pieces chosen at time `at`."""
         return dataclasses.replace(self, piece_time=jnp.asarray(at))
 
@@ -192,4 +203,3 @@ def takes_piece_time(term: AbstractInteraction) -> bool:
     """Whether `term(t, x, at)` takes the piece-selection time `at` (a term whose
     `__call__` is `(t, x)` is called without it)."""
     return _takes_piece_time(type(term))
-

@@ -80,8 +80,9 @@ def every_steps(num_steps: int, every: int) -> np.ndarray:
     return np.unique(np.append(np.arange(0, num_steps, every), num_steps))
 
 
-def save_times(t0: ScalarLike, t1: ScalarLike, saves: int, spacing: str = "linear",
-               first: ScalarLike | None = None) -> np.ndarray:
+def save_times(
+    t0: ScalarLike, t1: ScalarLike, saves: int, spacing: str = "linear", first: ScalarLike | None = None
+) -> np.ndarray:
     """Exactly `saves` output times from `t0` to `t1` (for adaptive runs and
     `exact_times`): equally spaced, or $t_0$ and then geometric from $t_0 +$ `first`."""
     if saves == 1:
@@ -144,8 +145,17 @@ class TimeGrid:
         return grid_times(self.t0, self.t1, self.num_steps, at=self.marks)
 
 
-def time_grid(*, t1: ScalarLike, t0: ScalarLike = 0.0, dt: ScalarLike | None = None, adaptive: bool = False,
-              ts=None, save_every: int | None = None, save_steps=None, num_steps: int | None = None) -> TimeGrid:
+def time_grid(
+    *,
+    t1: ScalarLike,
+    t0: ScalarLike = 0.0,
+    dt: ScalarLike | None = None,
+    adaptive: bool = False,
+    ts=None,
+    save_every: int | None = None,
+    save_steps=None,
+    num_steps: int | None = None,
+) -> TimeGrid:
     """The `TimeGrid` of `simulate`'s and `solve_ensemble`'s time arguments: output at the
     grid steps `save_steps`, or every `save_every` fixed steps and at `t1` (by default at
     $t_0$ and $t_1$), or at the times `ts`. `num_steps`, when the caller has counted

@@ -49,12 +49,12 @@ _TRAIN = _PACKAGE / "diffeqformer" / "_train.py"
 # The subcommands, each as its usage line says it (`attnflow plot` prints its own).
 SUBCOMMANDS = {
     "plot": "attnflow plot DIR... [--config-dir CFG]: redraw the figures of every run in each DIR (a run, "
-            "experiment run or sweep directory, or a results.nc file) from its results.nc (CFG: the config folder of "
-            "an experiment of your own)",
+    "experiment run or sweep directory, or a results.nc file) from its results.nc (CFG: the config folder of "
+    "an experiment of your own)",
     "report": "attnflow report DIR: one table (report.csv, report.nc) and one figure (report.png) across the runs in "
-              "DIR (a sweep, run or experiment run directory, or a results.nc file), written into DIR",
+    "DIR (a sweep, run or experiment run directory, or a results.nc file), written into DIR",
     "train": "attnflow train [KEY=VALUE ...]: train a DiffEqFormer or its GPT baseline (defaults in conf/train.yaml); "
-             "the same command, or out=DIR alone, resumes an interrupted run",
+    "the same command, or out=DIR alone, resumes an interrupted run",
 }
 
 _USAGE = (
@@ -70,13 +70,15 @@ _FLAGS = (
     ("--version", "attnflow's version"),
     ("--multirun, -m", "sweep the comma-separated values (KEY=A,B) and ranges (KEY=range(0,4))"),
     ("--cfg job", "print the composed config and stop (--resolve: with ${...} resolved)"),
-    ("--shell-completion, -sc", "tab completion of keys, groups and choices: eval \"$(attnflow -sc install=bash)\""),
+    ("--shell-completion, -sc", 'tab completion of keys, groups and choices: eval "$(attnflow -sc install=bash)"'),
     ("--hydra-help", "Hydra's own flags and config groups (hydra.run.dir, hydra/launcher=...)"),
 )
 
 # What `attnflow --shell-completion` without a subcommand says.
-COMPLETION_USAGE = ('turn on tab completion with `eval "$(attnflow -sc install=bash)"` (bash or zsh; put it in '
-                    "~/.bashrc to keep it), or `attnflow -sc install=fish | source` in fish.")
+COMPLETION_USAGE = (
+    'turn on tab completion with `eval "$(attnflow -sc install=bash)"` (bash or zsh; put it in '
+    "~/.bashrc to keep it), or `attnflow -sc install=fish | source` in fish."
+)
 
 
 def version() -> str:
@@ -116,7 +118,7 @@ def yaml_comments(text: str) -> dict[str, str]:
         start = _comment_start(line)
         if line[:start].strip() == "" and start >= 0:
             if last is not None and start == last[1]:
-                notes[last[0]] += " " + line[start + 1:].strip()
+                notes[last[0]] += " " + line[start + 1 :].strip()
                 continue
             last = None
             continue
@@ -133,7 +135,7 @@ def yaml_comments(text: str) -> dict[str, str]:
         path = ".".join([key for _, key in stack] + [match["key"].strip("'\"")])
         stack.append((indent, match["key"].strip("'\"")))
         if start >= 0:
-            notes[path] = line[start + 1:].strip()
+            notes[path] = line[start + 1 :].strip()
             last = (path, start)
         else:
             last = None
@@ -148,18 +150,26 @@ class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):
     """YAML as OmegaConf reads it (`1e-3` is a number, a date stays a string), by libyaml."""
 
 
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"""^(?:
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:
      [-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
     |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X), list("-+0123456789."))
-_Loader.yaml_implicit_resolvers = {key: [(tag, pattern) for tag, pattern in resolvers
-                                         if tag != "tag:yaml.org,2002:timestamp"]
-                                   for key, resolvers in _Loader.yaml_implicit_resolvers.items()}
+    |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+_Loader.yaml_implicit_resolvers = {
+    key: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for key, resolvers in _Loader.yaml_implicit_resolvers.items()
+}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _conf_values(*parts: str) -> dict:
     """A YAML file of `conf/` as plain containers, `${...}` left as written."""
     return yaml.load(_conf_text(*parts), Loader=_Loader) or {}
@@ -174,7 +184,7 @@ def _default_init() -> str:
 # --- dataclasses and constants read from a module's text ------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source(path: Path) -> str:
     return path.read_text()
 
@@ -377,8 +387,14 @@ def _walk(schema: type, values: Mapping, notes: Mapping[str, str], prefix: str) 
             yield from _merged(group, {name: values.get(name) or {} for name in names}, notes, prefix, label)
             continue
         type_, choices = _type(field.type, _study_choices)
-        yield Key(prefix + field.name, type_, values.get(field.name), notes.get(prefix + field.name, ""), choices,
-                  (prefix + field.name,))
+        yield Key(
+            prefix + field.name,
+            type_,
+            values.get(field.name),
+            notes.get(prefix + field.name, ""),
+            choices,
+            (prefix + field.name,),
+        )
 
 
 def _merged(group: type, values: dict[str, Mapping], notes: Mapping[str, str], prefix: str, label: str):
@@ -407,7 +423,9 @@ def _init_rows() -> Iterator[Key]:
         notes = yaml_comments(_conf_text("init", f"{kind}.yaml"))
         for field in dataclasses.fields(cls):
             if field.name != "kind":
-                rows.setdefault(field.name, []).append((kind, field, kinds[kind].get(field.name), notes.get(field.name)))
+                rows.setdefault(field.name, []).append(
+                    (kind, field, kinds[kind].get(field.name), notes.get(field.name))
+                )
     for name, entries in rows.items():
         notes = {note or "" for *_, note in entries}
         if len(notes) == 1:
@@ -417,15 +435,21 @@ def _init_rows() -> Iterator[Key]:
         default = entries[0][2]
         others = [f"{kind}: {show(value)}" for kind, _, value, _ in entries[1:] if value != default]
         type_, choices = _type(entries[0][1].type, _study_choices)
-        yield Key(f"init.{name}", type_, default, meaning + (f" ({', '.join(others)})" if others else ""),
-                  choices, (f"init.{name}",))
+        yield Key(
+            f"init.{name}",
+            type_,
+            default,
+            meaning + (f" ({', '.join(others)})" if others else ""),
+            choices,
+            (f"init.{name}",),
+        )
 
 
 def _experiment_rows(notes: Mapping[str, str]) -> Iterator[Key]:
     yield Key("experiment", "choice", None, notes.get("experiment", ""), tuple(experiments()), ("experiment",))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def config_keys() -> tuple[Key, ...]:
     """One row per key of the study (`attnflow KEY=VALUE`), in the schema's order."""
     values = _conf_values("config.yaml")
@@ -446,25 +470,27 @@ def _source_rows(path: Path, schema: str, values: Mapping, notes: Mapping[str, s
         value = values.get(field.name, field.default) if isinstance(values, Mapping) else field.default
         nested = _fields(path, field.annotation) if re.fullmatch(r"\w+", field.annotation) else []
         if nested:
-            rows.extend(_source_rows(path, field.annotation, value if isinstance(value, Mapping) else {},
-                                     notes, f"{name}."))
+            rows.extend(
+                _source_rows(path, field.annotation, value if isinstance(value, Mapping) else {}, notes, f"{name}.")
+            )
             continue
         type_, choices = _type(field.annotation, _module_choices(path))
         rows.append(Key(name, type_, value, notes.get(name) or field.comment, choices, (name,)))
     return rows
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def train_keys() -> tuple[Key, ...]:
     """One row per setting of `attnflow train` (`TrainConfig`, conf/train.yaml)."""
-    return tuple(_source_rows(_TRAIN, "TrainConfig", _conf_values("train.yaml"),
-                              yaml_comments(_conf_text("train.yaml"))))
+    return tuple(
+        _source_rows(_TRAIN, "TrainConfig", _conf_values("train.yaml"), yaml_comments(_conf_text("train.yaml")))
+    )
 
 
 # --- experiments --------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def experiments() -> dict[str, str]:
     """Every shipped experiment (the names of conf/experiment/*.yaml, as
     `attnflow.experiments.EXPERIMENTS` lists them) and its line (the `title` of its
@@ -509,7 +535,7 @@ class Experiment:
     options: tuple[Key, ...]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def experiment(name: str) -> Experiment:
     """Experiment `name` (one of `experiments()`)."""
     path = _experiment_path(name)
@@ -517,11 +543,17 @@ def experiment(name: str) -> Experiment:
     notes = yaml_comments(_conf_text("experiment", f"{name}.yaml"))
     block = values.pop("experiment", None) or {}
     values.pop("defaults", None)
-    options = {key[len("experiment.options."):]: note for key, note in notes.items()
-               if key.startswith("experiment.options.")}
+    options = {
+        key[len("experiment.options.") :]: note for key, note in notes.items() if key.startswith("experiment.options.")
+    }
     rows = _source_rows(path, "Options", block.get("options") or {}, options)
-    return Experiment(name, _title(path, "title"), _title(path, "paper"), values,
-                      tuple(dataclasses.replace(row, name=f"experiment.options.{row.name}") for row in rows))
+    return Experiment(
+        name,
+        _title(path, "title"),
+        _title(path, "paper"),
+        values,
+        tuple(dataclasses.replace(row, name=f"experiment.options.{row.name}") for row in rows),
+    )
 
 
 # --- completion ---------------------------------------------------------------------
@@ -555,7 +587,7 @@ def complete(word: str, line: Sequence[str] = ()) -> list[str] | None:
             head, element = "", partial
             if row.type.startswith("list"):  # the element being typed: `[full,lo` -> `[full,lora`
                 cut = max(partial.rfind("["), partial.rfind(","))
-                head, element = ("[", partial) if cut < 0 else (partial[: cut + 1], partial[cut + 1:])
+                head, element = ("[", partial) if cut < 0 else (partial[: cut + 1], partial[cut + 1 :])
             start = word[: len(word) - len(partial)] + head
             return [f"{start}{name}" for name in names if name.startswith(element)]
     return None
@@ -601,8 +633,9 @@ def _table(rows: list[tuple[str, str]], width: int, left: int = 34) -> str:
     column too wide starts the second on the next line)."""
     out = []
     for first, second in rows:
-        wrapped = textwrap.wrap(second, max(20, width - left - 2), break_on_hyphens=False,
-                                break_long_words=False) or [""]
+        wrapped = textwrap.wrap(second, max(20, width - left - 2), break_on_hyphens=False, break_long_words=False) or [
+            ""
+        ]
         if len(first) + 2 > left:
             out.append(f"  {first}")
             out.extend(" " * (left + 2) + line for line in wrapped)
@@ -614,8 +647,13 @@ def _table(rows: list[tuple[str, str]], width: int, left: int = 34) -> str:
 
 def _key_table(rows: tuple[Key, ...], width: int, prefix: str = "") -> str:
     """One row per key: `KEY=DEFAULT (TYPE) MEANING` (`prefix` left out of the names)."""
-    return _table([(f"{row.name.removeprefix(prefix)}={_short(show(row.default), 40)}", f"({row.type}) {_meaning(row)}")
-                   for row in rows], width)
+    return _table(
+        [
+            (f"{row.name.removeprefix(prefix)}={_short(show(row.default), 40)}", f"({row.type}) {_meaning(row)}")
+            for row in rows
+        ],
+        width,
+    )
 
 
 def header() -> str:
@@ -626,15 +664,17 @@ def main_help(width: int | None = None) -> str:
     """The page of `attnflow --help`."""
     width = width or _width()
     inits = [(f"init={kind}", _conf_text("init", f"{kind}.yaml").splitlines()[0].lstrip("# ")) for kind in INITS]
-    return "\n\n".join([
-        "Usage:\n" + _table(list(_USAGE), width, 44),
-        "Flags:\n" + _table(list(_FLAGS), width, 26),
-        "Experiments (attnflow experiment=NAME; its options: attnflow experiment=NAME --help):\n"
-        + _table(list(experiments().items()), width, 22),
-        "Initial tokens (init=KIND, default " + _default_init() + "):\n" + _table(inits, width, 22),
-        "Keys (KEY=DEFAULT (TYPE) MEANING; lists as [a,b], nothing as null; every key can be given, e.g. "
-        "attnflow n=64 beta=[1,4] solver=rk4):\n" + _key_table(config_keys(), width),
-    ])
+    return "\n\n".join(
+        [
+            "Usage:\n" + _table(list(_USAGE), width, 44),
+            "Flags:\n" + _table(list(_FLAGS), width, 26),
+            "Experiments (attnflow experiment=NAME; its options: attnflow experiment=NAME --help):\n"
+            + _table(list(experiments().items()), width, 22),
+            "Initial tokens (init=KIND, default " + _default_init() + "):\n" + _table(inits, width, 22),
+            "Keys (KEY=DEFAULT (TYPE) MEANING; lists as [a,b], nothing as null; every key can be given, e.g. "
+            "attnflow n=64 beta=[1,4] solver=rk4):\n" + _key_table(config_keys(), width),
+        ]
+    )
 
 
 def experiment_help(name: str, width: int | None = None) -> str:
@@ -643,23 +683,30 @@ def experiment_help(name: str, width: int | None = None) -> str:
     found = experiment(name)
     sets = ", ".join(f"{key}={_short(show(value), 40)}" for key, value in found.sets.items())
     options = _key_table(found.options, width, "experiment.options.") if found.options else "  none"
-    return "\n\n".join([
-        f"experiment={name}: {found.title}.",
-        textwrap.fill(f"Reproduces: {found.paper}.", width),
-        textwrap.fill(f"Sets (over the defaults; any key given on the command line wins): {sets}.", width,
-                      break_on_hyphens=False),
-        f"Options (given as experiment.options.KEY=VALUE):\n{options}",
-        "Every key: attnflow --help.",
-    ])
+    return "\n\n".join(
+        [
+            f"experiment={name}: {found.title}.",
+            textwrap.fill(f"Reproduces: {found.paper}.", width),
+            textwrap.fill(
+                f"Sets (over the defaults; any key given on the command line wins): {sets}.",
+                width,
+                break_on_hyphens=False,
+            ),
+            f"Options (given as experiment.options.KEY=VALUE):\n{options}",
+            "Every key: attnflow --help.",
+        ]
+    )
 
 
 def train_help(width: int | None = None) -> str:
     """The page of `attnflow train --help`."""
     width = width or _width()
-    return "\n\n".join([
-        f"usage: {SUBCOMMANDS['train']}.",
-        "Settings (KEY=DEFAULT (TYPE) MEANING):\n" + _key_table(train_keys(), width),
-    ])
+    return "\n\n".join(
+        [
+            f"usage: {SUBCOMMANDS['train']}.",
+            "Settings (KEY=DEFAULT (TYPE) MEANING):\n" + _key_table(train_keys(), width),
+        ]
+    )
 
 
 def page(root: Any = None) -> str:
@@ -674,10 +721,15 @@ def hydra_help(experiment_name: str | None = None) -> str:
     but without composing the config: Hydra lists every config group for the template's
     `$APP_CONFIG_GROUPS` whether the template shows them or not, which takes most of its
     `--help`'s time."""
-    node = OmegaConf.create({"hydra": {"help": _conf_values("hydra", "help", "attnflow.yaml")},
-                             "experiment": {"name": experiment_name} if experiment_name else None})
-    return string.Template(node.hydra.help.template).substitute(FLAGS_HELP="", HYDRA_CONFIG_GROUPS="",
-                                                                APP_CONFIG_GROUPS="", CONFIG="")
+    node = OmegaConf.create(
+        {
+            "hydra": {"help": _conf_values("hydra", "help", "attnflow.yaml")},
+            "experiment": {"name": experiment_name} if experiment_name else None,
+        }
+    )
+    return string.Template(node.hydra.help.template).substitute(
+        FLAGS_HELP="", HYDRA_CONFIG_GROUPS="", APP_CONFIG_GROUPS="", CONFIG=""
+    )
 
 
 def register_resolver() -> None:
@@ -721,30 +773,58 @@ def reference_markdown() -> str:
     """The docs page "The command line and every config key", in Markdown: the usage,
     the flags, the experiments, the initial conditions, every key of a study, every
     setting of `attnflow train`, and every experiment's options."""
-    lines = ["# The command line and every config key", "",
-             "This page is generated from the config schema and the comments of the YAML files; "
-             "`attnflow --help` prints the same.", "", "## Usage", "", "| command | what it does |", "|---|---|"]
+    lines = [
+        "# The command line and every config key",
+        "",
+        "This page is generated from the config schema and the comments of the YAML files; "
+        "`attnflow --help` prints the same.",
+        "",
+        "## Usage",
+        "",
+        "| command | what it does |",
+        "|---|---|",
+    ]
     lines += [f"| {_code(command)} | {_cell(what)} |" for command, what in _USAGE]
     lines += ["", "## Flags", "", "| flag | meaning |", "|---|---|"]
     lines += [f"| {_code(flag)} | {_cell(what)} |" for flag, what in _FLAGS]
-    lines += ["", "## Experiments", "", "`attnflow experiment=NAME` (its options below).", "",
-              "| experiment | what it shows |", "|---|---|"]
-    lines += [f"| [`{name}`](#{name}) | {_cell(title)} |"
-              for name, title in experiments().items()]
+    lines += [
+        "",
+        "## Experiments",
+        "",
+        "`attnflow experiment=NAME` (its options below).",
+        "",
+        "| experiment | what it shows |",
+        "|---|---|",
+    ]
+    lines += [f"| [`{name}`](#{name}) | {_cell(title)} |" for name, title in experiments().items()]
     lines += ["", "## Initial tokens", "", "| init | tokens |", "|---|---|"]
-    lines += [f"| `{kind}` | {_cell(_conf_text('init', f'{kind}.yaml').splitlines()[0].lstrip('# '))} |"
-              for kind in INITS]
+    lines += [
+        f"| `{kind}` | {_cell(_conf_text('init', f'{kind}.yaml').splitlines()[0].lstrip('# '))} |" for kind in INITS
+    ]
     lines += ["", "## Keys of a study", "", "`attnflow KEY=VALUE ...`; the defaults are in `conf/config.yaml`.", ""]
     lines += _markdown_keys(config_keys())
-    lines += ["", "## Settings of `attnflow train`", "", "`attnflow train KEY=VALUE ...`; the defaults are in "
-              "`conf/train.yaml`.", ""]
+    lines += [
+        "",
+        "## Settings of `attnflow train`",
+        "",
+        "`attnflow train KEY=VALUE ...`; the defaults are in `conf/train.yaml`.",
+        "",
+    ]
     lines += _markdown_keys(train_keys())
     lines += ["", "## The options of each experiment", ""]
     for name in experiments():
         found = experiment(name)
         sets = ", ".join(_code(f"{key}={_short(show(value), 60)}") for key, value in found.sets.items())
-        lines += [f"### {name}", "", f"`attnflow experiment={name}`", "",
-                  f"{_cell(found.title)}. Reproduces: {_cell(found.paper)}.", "", f"Sets: {sets}.", ""]
+        lines += [
+            f"### {name}",
+            "",
+            f"`attnflow experiment={name}`",
+            "",
+            f"{_cell(found.title)}. Reproduces: {_cell(found.paper)}.",
+            "",
+            f"Sets: {sets}.",
+            "",
+        ]
         lines += _markdown_keys(found.options) if found.options else ["No options."]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

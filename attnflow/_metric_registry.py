@@ -94,41 +94,126 @@ _EPS = r"\varepsilon"
 _ENERGY = r"$E_\beta = \sum_{ij} e^{\beta\langle x_i, x_j\rangle} / (2\beta n^2)$"
 
 # In the config's order (its list of choices); `panel` orders the summary figure.
-METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("energy", "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)", "1",
-           "interaction energy\n" + _ENERGY, (), lambda s: s.itemsize, reads_beta=True, panel=3),
-    Metric("log_energy", "log of the interaction energy (finite for any beta)", "1",
-           "log interaction energy " r"$\log E_\beta$" "\n" + _ENERGY, (), lambda s: s.itemsize, reads_beta=True,
-           panel=2),
-    Metric("normalized_energy", "mean_ij exp(cos(x_i, x_j))", "1",
-           "normalized energy\n" r"$\sum_{ij} e^{\cos(x_i, x_j)} / n^2$", (), lambda s: s.itemsize,
-           cosines=True, panel=4),
-    Metric("pair_density", "fraction of pairs i != j with cos(x_i, x_j) > 1 - eps", "1",
-           "pair density\n" rf"$P(\cos(x_i, x_j) > 1 - {_EPS})$", (), lambda s: s.itemsize,
-           reads_eps=True, cosines=True, limits=(0.0, 1.0), panel=0),
-    Metric("clusters", "connected components of the graph cos(x_i, x_j) > 1 - eps", "1",
-           "clusters\n" rf"components of $\cos > 1 - {_EPS}$", (), lambda s: 4,
-           reads_eps=True, cosines=True, panel=1),
-    Metric("cluster_sizes", "cluster sizes, largest first, zero-padded", "1",
-           "largest cluster\n" r"$|C_{\max}| / n$", ("cluster",), lambda s: 4 * s.n,
-           reads_eps=True, cosines=True, reduce=_largest_cluster, limits=(0.0, 1.0),
-           reduced_name="largest_cluster", panel=6),
-    Metric("order_parameter", "|mean_i x_i / |x_i||", "1",
-           "order parameter\n" r"$\|\frac{1}{n}\sum_i \hat x_i\|$,  $\hat x = x / \|x\|$", (),
-           lambda s: s.itemsize, cosines=True, limits=(0.0, 1.0), panel=5),
-    Metric("attention", "attention matrices a_ij of each head", "1",
-           "attention concentration\n" r"$\sum_i \max_j a_{ij} / n$, mean over heads", ("head", "query", "key"),
-           lambda s: s.heads * (s.n if s.rows is None else s.rows) * s.n * s.itemsize,
-           reads_attention=True, reduce=_concentration, limits=(0.0, 1.0),
-           reduced_name="attention_concentration", panel=8),
-    Metric("marginal_error", "max over heads and keys j of |sum_i a_ij - 1|: the column-sum error of the "
-           "attention matrices (0: doubly stochastic)", "1",
-           "column marginal error\n" r"$\max_j |\sum_i a_{ij} - 1|$", (), lambda s: s.itemsize,
-           reads_attention=True, tiled=False, panel=9),
-    Metric("attention_rank", "numerical rank of each head's attention matrix", "1",
-           "attention rank\n" r"numerical rank of $(a_{ij})$, mean over heads", ("head",), lambda s: 4 * s.heads,
-           reads_attention=True, tiled=False, reduce=_mean_rank, panel=7),
-)}
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(
+            "energy",
+            "interaction energy E_beta = sum_ij exp(beta <x_i,x_j>) / (2 beta n^2)",
+            "1",
+            "interaction energy\n" + _ENERGY,
+            (),
+            lambda s: s.itemsize,
+            reads_beta=True,
+            panel=3,
+        ),
+        Metric(
+            "log_energy",
+            "log of the interaction energy (finite for any beta)",
+            "1",
+            "log interaction energy " r"$\log E_\beta$" "\n" + _ENERGY,
+            (),
+            lambda s: s.itemsize,
+            reads_beta=True,
+            panel=2,
+        ),
+        Metric(
+            "normalized_energy",
+            "mean_ij exp(cos(x_i, x_j))",
+            "1",
+            "normalized energy\n" r"$\sum_{ij} e^{\cos(x_i, x_j)} / n^2$",
+            (),
+            lambda s: s.itemsize,
+            cosines=True,
+            panel=4,
+        ),
+        Metric(
+            "pair_density",
+            "fraction of pairs i != j with cos(x_i, x_j) > 1 - eps",
+            "1",
+            "pair density\n" rf"$P(\cos(x_i, x_j) > 1 - {_EPS})$",
+            (),
+            lambda s: s.itemsize,
+            reads_eps=True,
+            cosines=True,
+            limits=(0.0, 1.0),
+            panel=0,
+        ),
+        Metric(
+            "clusters",
+            "connected components of the graph cos(x_i, x_j) > 1 - eps",
+            "1",
+            "clusters\n" rf"components of $\cos > 1 - {_EPS}$",
+            (),
+            lambda s: 4,
+            reads_eps=True,
+            cosines=True,
+            panel=1,
+        ),
+        Metric(
+            "cluster_sizes",
+            "cluster sizes, largest first, zero-padded",
+            "1",
+            "largest cluster\n" r"$|C_{\max}| / n$",
+            ("cluster",),
+            lambda s: 4 * s.n,
+            reads_eps=True,
+            cosines=True,
+            reduce=_largest_cluster,
+            limits=(0.0, 1.0),
+            reduced_name="largest_cluster",
+            panel=6,
+        ),
+        Metric(
+            "order_parameter",
+            "|mean_i x_i / |x_i||",
+            "1",
+            "order parameter\n" r"$\|\frac{1}{n}\sum_i \hat x_i\|$,  $\hat x = x / \|x\|$",
+            (),
+            lambda s: s.itemsize,
+            cosines=True,
+            limits=(0.0, 1.0),
+            panel=5,
+        ),
+        Metric(
+            "attention",
+            "attention matrices a_ij of each head",
+            "1",
+            "attention concentration\n" r"$\sum_i \max_j a_{ij} / n$, mean over heads",
+            ("head", "query", "key"),
+            lambda s: s.heads * (s.n if s.rows is None else s.rows) * s.n * s.itemsize,
+            reads_attention=True,
+            reduce=_concentration,
+            limits=(0.0, 1.0),
+            reduced_name="attention_concentration",
+            panel=8,
+        ),
+        Metric(
+            "marginal_error",
+            "max over heads and keys j of |sum_i a_ij - 1|: the column-sum error of the "
+            "attention matrices (0: doubly stochastic)",
+            "1",
+            "column marginal error\n" r"$\max_j |\sum_i a_{ij} - 1|$",
+            (),
+            lambda s: s.itemsize,
+            reads_attention=True,
+            tiled=False,
+            panel=9,
+        ),
+        Metric(
+            "attention_rank",
+            "numerical rank of each head's attention matrix",
+            "1",
+            "attention rank\n" r"numerical rank of $(a_{ij})$, mean over heads",
+            ("head",),
+            lambda s: 4 * s.heads,
+            reads_attention=True,
+            tiled=False,
+            reduce=_mean_rank,
+            panel=7,
+        ),
+    )
+}
 METRIC_NAMES = tuple(METRICS)
 DEFAULT_METRICS = ("energy", "log_energy", "pair_density", "clusters", "order_parameter")
 # The summary figure's panels, in their order.
@@ -150,8 +235,7 @@ def names_reading(what: str) -> str:
 
 # The names a researcher's metric cannot take: the built-in metrics', the states' and the
 # run's bookkeeping variables, and the results' own dimensions.
-TAKEN = (*METRIC_NAMES, "x", "finite", "num_steps", "status", "failure_time", "beta", "member", "time", "token",
-         "dim")
+TAKEN = (*METRIC_NAMES, "x", "finite", "num_steps", "status", "failure_time", "beta", "member", "time", "token", "dim")
 
 
 @dataclass(frozen=True)
@@ -172,8 +256,11 @@ class UserMetric:
     @property
     def takes_context(self) -> bool:
         """Whether the function takes the context of the record as its second argument."""
-        parameters = [p for p in inspect.signature(self.function).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        parameters = [
+            p
+            for p in inspect.signature(self.function).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         return len(parameters) >= 2
 
 

@@ -54,7 +54,8 @@ def _log_energy_tiled(x: Float[Array, "n d"], beta: ScalarLike, tile: int) -> Sc
 
 def log_interaction_energy(x: Float[Array, "n d"], beta: ScalarLike, block: int | None = None) -> Scalar:
     """$\\log E_\\beta$ with $E_\\beta = \\frac{1}{2\\beta n^2}\\sum_{ij} e^{\\beta\\langle x_i, x_j\\rangle}$
-    ("A Survey of Continuous Time Dynamics of Transformers", eq. 29), by a log-sum-exp so that $\\beta = 10^4$ does not overflow."""
+    ("A Survey of Continuous Time Dynamics of Transformers", eq. 29), by a log-sum-exp so that
+    $\\beta = 10^4$ does not overflow."""
     tile = _tiled.resolve_block(x.shape[0], block)
     return _log_energy(gram(x), beta) if tile is None else _log_energy_tiled(x, beta, tile)
 
@@ -199,8 +200,9 @@ def order_parameter(x: Float[Array, "n d"]) -> Scalar:
 RANK_METHODS = ("pivoted_qr", "svd")
 
 
-def numerical_rank(a: Float[Array, "n n"], rtol: ScalarLike | None = None, *,
-                   method: str = "pivoted_qr") -> Int[Array, ""]:
+def numerical_rank(
+    a: Float[Array, "n n"], rtol: ScalarLike | None = None, *, method: str = "pivoted_qr"
+) -> Int[Array, ""]:
     """The numerical rank of `a`: how many of its singular values exceed `rtol * s_max`
     (NumPy's default `rtol = n * eps`).
 
@@ -377,14 +379,15 @@ class Recorder(eqx.Module):
         out: dict[str, Array] = {"finite": jnp.isfinite(jnp.sum(x * x))}
         n = x.shape[0]
         tile = _tiled.resolve_block(n, self.block)
-        pairs = Pairs(t, x, field, beta=self.beta, eps=self.eps, tile=tile, block=self.block,
-                      rank_rtol=self.rank_rtol)
+        pairs = Pairs(t, x, field, beta=self.beta, eps=self.eps, tile=tile, block=self.block, rank_rtol=self.rank_rtol)
         for name in METRICS:  # the registry's order, whatever the config's
             if name not in self.metrics:
                 continue
             if tile is not None and not METRICS[name].tiled:
-                raise ConfigError(f"{name} needs the whole {n} x {n} attention maps, which are not formed at "
-                                  f"n = {n} (tiles of {tile}); drop the metric or set attention_block=0 (dense).")
+                raise ConfigError(
+                    f"{name} needs the whole {n} x {n} attention maps, which are not formed at "
+                    f"n = {n} (tiles of {tile}); drop the metric or set attention_block=0 (dense)."
+                )
             out[name] = getattr(pairs, name)()
         for metric in self.custom:  # a researcher's own (`attnflow.metric`), by its name
             if metric.takes_context:

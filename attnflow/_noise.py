@@ -53,8 +53,14 @@ class BrownianNoise(eqx.Module):
         if self.kind not in NOISE_KINDS:
             raise ConfigError(f"unknown noise kind {self.kind!r}; choose one of {', '.join(NOISE_KINDS)}.")
 
-    def increment(self, geometry: AbstractGeometry, t: ScalarLike, h: ScalarLike,
-                  x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, "n d"]:
+    def increment(
+        self,
+        geometry: AbstractGeometry,
+        t: ScalarLike,
+        h: ScalarLike,
+        x: Float[Array, "n d"],
+        at: ScalarLike | None = None,
+    ) -> Float[Array, "n d"]:
         r"""$\sigma(t) \Delta W$ over $[t, t + h]$ at the state `x` of the step's start (projected
         to its tangent space for `projected`), the schedule's piece chosen at `at` (the
         field's `piece_time`; default the step's midpoint). Times are clipped to the tree's
@@ -82,9 +88,18 @@ def tree_depth(t0: float, t1: float, dt: float, depth: int | None = None) -> int
     return max(1, math.ceil(math.log2((t1 - t0) / dt) - 1e-9))
 
 
-def brownian_noise(key: PRNGKeyArray, sigma: ScalarLike, shape: tuple[int, ...], *, t0: float, t1: float,
-                   kind: str = "projected", depth: int = 16, dtype=jnp.float32,
-                   schedule: AbstractSchedule | None = None) -> BrownianNoise:
+def brownian_noise(
+    key: PRNGKeyArray,
+    sigma: ScalarLike,
+    shape: tuple[int, ...],
+    *,
+    t0: float,
+    t1: float,
+    kind: str = "projected",
+    depth: int = 16,
+    dtype=jnp.float32,
+    schedule: AbstractSchedule | None = None,
+) -> BrownianNoise:
     r"""$\sigma\,dW$ with the Brownian path of `key` on $[t_0, t_1]$, resolved to
     $(t_1 - t_0) 2^{-\text{depth}}$ (a step of that size or coarser on the dyadic grid sees
     the path exactly); `shape` is the state's, `(n, d)`; `schedule` a scalar factor $s(t)$ of
@@ -93,8 +108,9 @@ def brownian_noise(key: PRNGKeyArray, sigma: ScalarLike, shape: tuple[int, ...],
 
     if not 1 <= int(depth) <= 40:
         raise ConfigError(f"noise.depth must be a whole number from 1 to 40, got {depth!r}.")
-    tree = diffrax.VirtualBrownianTree(t0, t1, tol=(t1 - t0) * 2.0 ** -int(depth),
-                                       shape=jax.ShapeDtypeStruct(shape, dtype), key=key)
+    tree = diffrax.VirtualBrownianTree(
+        t0, t1, tol=(t1 - t0) * 2.0 ** -int(depth), shape=jax.ShapeDtypeStruct(shape, dtype), key=key
+    )
     if schedule is not None and schedule.shape != ():
         raise ConfigError(f"a noise schedule is a scalar factor of sigma, got values of shape {schedule.shape}.")
     return BrownianNoise(jnp.asarray(sigma, dtype), tree, schedule, kind)

@@ -25,11 +25,11 @@ import yaml
 
 from ._figures import figure, wrap
 from ._metric_registry import PANELS
+from ._store import _write_atomically, read_config
 from ._words import number_text as _number
 from ._words import sequence_text as _sequence
 from .initial import INITS, InitialCondition
 from .system import PARTS
-from ._store import _write_atomically, read_config
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -131,10 +131,13 @@ def _system(cfg: dict) -> str:
     parts = [phrase for part in PARTS.values() for phrase in part.describe(cfg)]
     parts[1:1] = [scheme, size]
     terms = cfg.get("terms")
-    for name, spec in (terms.items() if isinstance(terms, dict) else ()):
+    for name, spec in terms.items() if isinstance(terms, dict) else ():
         if isinstance(spec, dict):  # a term by name: its class and settings, as the config gave them
-            settings = ", ".join(f"{key} = {_sequence(value) if isinstance(value, list) else _number(value)}"
-                                 for key, value in spec.items() if key != "_target_")
+            settings = ", ".join(
+                f"{key} = {_sequence(value) if isinstance(value, list) else _number(value)}"
+                for key, value in spec.items()
+                if key != "_target_"
+            )
             parts.append(f"term {name}: {spec.get('_target_', '?')}" + (f" ({settings})" if settings else ""))
     return "; ".join(parts)
 
@@ -192,8 +195,10 @@ def _caption(ds: xr.Dataset, cfg: dict, panels: list) -> list[str]:
         legend = f"Lines: ensemble means over {members} members; bands: 10–90 % of members."
         if any(uses_eps for *_, uses_eps in panels):
             eps = _number(cfg.get("eps", "?"))
-            legend += (r" Clustering threshold: a pair is close when $\cos(x_i, x_j) > 1 - \varepsilon$, "
-                       rf"$\varepsilon$ = {eps}.")
+            legend += (
+                r" Clustering threshold: a pair is close when $\cos(x_i, x_j) > 1 - \varepsilon$, "
+                rf"$\varepsilon$ = {eps}."
+            )
         paragraphs.append(legend)
     paragraphs += [
         f"Initial condition: {_initial_condition(cfg)}. {_system(cfg)}.",
@@ -251,9 +256,7 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
     grid = fig.add_gridspec(rows, columns)
     if title:
         fig.suptitle(title, fontsize=11, y=1 - 0.08 / height, va="top")
-    fig.text(
-        0.01, (caption_height - 0.1) / height, "\n".join(caption), fontsize=8, va="top", ha="left", gid="caption"
-    )
+    fig.text(0.01, (caption_height - 0.1) / height, "\n".join(caption), fontsize=8, va="top", ha="left", gid="caption")
 
     if not panels:
         ax = fig.add_subplot(grid[0, 0])
@@ -282,8 +285,11 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
     # A run at constant speed (time_change) records the rescaled time s.
     rescaled = (cfg.get("time_change") or {}).get("speed") is not None
     name = "s" if rescaled else "t"
-    xlabel = ((name if t0 == 0 else f"{name} − {name}0 ({name}0 = {t0:g})") + (" (rescaled time)" if rescaled else "")
-              + (", log scale" if log_time else ""))
+    xlabel = (
+        (name if t0 == 0 else f"{name} − {name}0 ({name}0 = {t0:g})")
+        + (" (rescaled time)" if rescaled else "")
+        + (", log scale" if log_time else "")
+    )
     marker = "o" if abscissa.size == 1 else None
     # Weight switches are times t of the run: a rescaled time s does not show them.
     switches = {} if rescaled else _switches(cfg, float(time.min()), float(time.max()))
@@ -299,9 +305,18 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
             ax.fill_between(abscissa, low, high, color=color, alpha=0.2, linewidth=0)
         for at, names in switches.items():
             ax.axvline(at - t0, color="0.3", linestyle="--", linewidth=0.9, gid="weight_switch")
-            ax.text(at - t0, 0.98, f" {names} switch{'es' if ',' not in names else ''} ",
-                    transform=blended_transform_factory(ax.transData, ax.transAxes), rotation=90, ha="right",
-                    va="top", fontsize=7, color="0.3", gid="weight_switch")
+            ax.text(
+                at - t0,
+                0.98,
+                f" {names} switch{'es' if ',' not in names else ''} ",
+                transform=blended_transform_factory(ax.transData, ax.transAxes),
+                rotation=90,
+                ha="right",
+                va="top",
+                fontsize=7,
+                color="0.3",
+                gid="weight_switch",
+            )
         if not finite:
             ax.text(0.5, 0.5, "no finite values", transform=ax.transAxes, ha="center", va="center", color="0.4")
         if log_time and abscissa.size:

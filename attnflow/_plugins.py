@@ -14,7 +14,6 @@ The terms attnflow ships beyond attention and the MLP are named by a short name 
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib
 import inspect
@@ -22,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError
+from ._errors import ConfigError, did_you_mean
 
 # The terms attnflow ships beyond attention and the MLP, by the short name a config may
 # give as their `_target_` (`+terms.pull._target_=external_field`): one line per term.
@@ -47,16 +46,17 @@ def import_target(path: Any, key: str) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         missing = error.name or module_name
-        raise ConfigError(f"{key}={path}: no module named {missing!r} can be imported; put the folder that holds "
-                          "it on PYTHONPATH.") from None
+        raise ConfigError(
+            f"{key}={path}: no module named {missing!r} can be imported; put the folder that holds it on PYTHONPATH."
+        ) from None
     except Exception as error:  # the user's module failed while it was imported
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise ConfigError(f"{key}={path}: importing {module_name} raised {type(error).__name__}"
-                          f"{': ' + first if first else ''}.") from None
+        raise ConfigError(
+            f"{key}={path}: importing {module_name} raised {type(error).__name__}{': ' + first if first else ''}."
+        ) from None
     if not hasattr(module, attribute):
         names = [name for name in vars(module) if not name.startswith("_")]
-        near = difflib.get_close_matches(attribute, names, n=1)
-        guess = f" (did you mean {module_name}.{near[0]}?)" if near else ""
+        guess = did_you_mean(attribute, names, f"{module_name}.")
         raise ConfigError(f"{key}={path}: module {module_name} has no {attribute}{guess}.")
     return getattr(module, attribute)
 

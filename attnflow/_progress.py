@@ -85,8 +85,17 @@ class Progress(AbstractContextManager):
     _drawn: ClassVar[list[Progress]] = []  # the drawn lines of this process, outermost first
     muted: ClassVar[bool] = False
 
-    def __init__(self, description: str, total: int | float | None, *, unit: str = "pieces", covered: bool = False,
-                 show: bool | None = None, console=None, rate: str | None = None):
+    def __init__(
+        self,
+        description: str,
+        total: int | float | None,
+        *,
+        unit: str = "pieces",
+        covered: bool = False,
+        show: bool | None = None,
+        console=None,
+        rate: str | None = None,
+    ):
         self.description = description
         self.covered = covered
         if total is None:
@@ -126,12 +135,18 @@ class Progress(AbstractContextManager):
                 # A display opened by a status line goes when it ends; a bar's stays.
                 # The rate is estimated from every finished unit after the first (the
                 # first one also compiles), however long each takes.
-                self._bar = Bar(*_columns(), console=console, transient=self.total is None, refresh_per_second=4,
-                                speed_estimate_period=10 * 365 * 86400)
+                self._bar = Bar(
+                    *_columns(),
+                    console=console,
+                    transient=self.total is None,
+                    refresh_per_second=4,
+                    speed_estimate_period=10 * 365 * 86400,
+                )
                 self._bar.__enter__()
                 self._owner = True
-            self._task = self._bar.add_task(self.description, total=self.total, unit=self.unit,
-                                            covered=self.covered, rate=self.rate)
+            self._task = self._bar.add_task(
+                self.description, total=self.total, unit=self.unit, covered=self.covered, rate=self.rate
+            )
             Progress._drawn.append(self)
         return self
 

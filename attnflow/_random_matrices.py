@@ -68,7 +68,8 @@ _SAMPLERS = {"gaussian": gaussian, "product": product, "goe": goe, "wishart": wi
 SQUARE_LAWS = ("product", "goe", "wishart", "orthogonal")
 
 
-def draw_matrix(law: str, key: PRNGKeyArray, shape: tuple[int, ...], scale: ScalarLike = 1.0,
-                dtype=jnp.float32) -> Array:
+def draw_matrix(
+    law: str, key: PRNGKeyArray, shape: tuple[int, ...], scale: ScalarLike = 1.0, dtype=jnp.float32
+) -> Array:
     """Draw one array of `shape` (leading axes are heads) from the named `law`, times `scale`."""
     return jnp.asarray(scale, dtype) * _SAMPLERS[law](key, shape, dtype)

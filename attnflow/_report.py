@@ -174,15 +174,24 @@ def _rows(ds: xr.Dataset, run: str, flat: dict[str, Any]) -> list[dict[str, Any]
     scalars."""
     finals = {name: _squeeze(da, {"beta", "member"}).load() for name, da in _finals(ds).items()}
     per_member = {
-        str(name): _squeeze(da, {"beta", "member"}).load() for name, da in ds.data_vars.items()
-        if "member" in da.dims and "time" not in da.dims and name not in _BOOKKEEPING
-        and np.issubdtype(da.dtype, np.number) and _squeezable(da, {"beta", "member"})
+        str(name): _squeeze(da, {"beta", "member"}).load()
+        for name, da in ds.data_vars.items()
+        if "member" in da.dims
+        and "time" not in da.dims
+        and name not in _BOOKKEEPING
+        and np.issubdtype(da.dtype, np.number)
+        and _squeezable(da, {"beta", "member"})
     }
-    scalars = {str(name): float(da.values) for name, da in ds.data_vars.items()
-               if da.ndim == 0 and np.issubdtype(da.dtype, np.number)}
-    status = (_squeeze(ds["status"], {"beta", "member"}).load()
-              if "status" in ds and "member" in ds["status"].dims and _squeezable(ds["status"], {"beta", "member"})
-              else None)
+    scalars = {
+        str(name): float(da.values)
+        for name, da in ds.data_vars.items()
+        if da.ndim == 0 and np.issubdtype(da.dtype, np.number)
+    }
+    status = (
+        _squeeze(ds["status"], {"beta", "member"}).load()
+        if "status" in ds and "member" in ds["status"].dims and _squeezable(ds["status"], {"beta", "member"})
+        else None
+    )
     if "beta" in ds.dims:
         betas = [float(b) for b in ds["beta"].values]
     elif "beta" in ds.coords and ds["beta"].ndim == 0:
@@ -193,6 +202,7 @@ def _rows(ds: xr.Dataset, run: str, flat: dict[str, Any]) -> list[dict[str, Any]
     final_time = float(ds["time"].values[-1]) if "time" in ds.coords and ds["time"].size else np.nan
     rows = []
     for position, beta in enumerate(betas):
+
         def at_beta(da: xr.DataArray, position: int = position) -> xr.DataArray:
             return da.isel(beta=position) if "beta" in da.dims else da
 
@@ -220,15 +230,22 @@ def results_files(path: str | Path, command: str) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise ConfigError(f"{path} does not exist; give a run or sweep directory, or a results.nc file, to "
-                          f"{command}.")
+        raise ConfigError(f"{path} does not exist; give a run or sweep directory, or a results.nc file, to {command}.")
     # Hidden folders hold a launcher's or a run's bookkeeping (.submitit/, .hydra/,
     # .attnflow-pieces/), never a run.
-    files = sorted((p for p in path.rglob("results.nc") if p.is_file()
-                    and not any(part.startswith(".") for part in p.relative_to(path).parts[:-1])), key=_natural)
+    files = sorted(
+        (
+            p
+            for p in path.rglob("results.nc")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts[:-1])
+        ),
+        key=_natural,
+    )
     if not files:
-        raise ConfigError(f"{path} holds no results.nc (looked in it and in its folders at any depth, hidden "
-                          f"ones aside); nothing to {command}.")
+        raise ConfigError(
+            f"{path} holds no results.nc (looked in it and in its folders at any depth, hidden "
+            f"ones aside); nothing to {command}."
+        )
     return files
 
 
@@ -246,8 +263,7 @@ def _read(folder: Path) -> list[_Run]:
         except yaml.YAMLError:  # its config is not plain YAML
             text = None
         if text is None:
-            raise ConfigError(f"{path} is not a readable attnflow results file; remove it or move it out of "
-                              f"{folder}.")
+            raise ConfigError(f"{path} is not a readable attnflow results file; remove it or move it out of {folder}.")
         flat = _flatten(config if isinstance(config, dict) else {})
         run = str(path.parent.relative_to(folder)) if path.parent != folder else "."
         # Lazily, uncached: a variable's values are read when the rows need them, and
@@ -287,8 +303,11 @@ def _table(folder: Path):
     experiments = any("experiment" in row for row in rows)
     for job, overrides, reason in failed:
         beta = overrides.get("beta")
-        row = {"run": job, "beta": float(beta) if isinstance(beta, (int, float)) and not isinstance(beta, bool)
-               else np.nan, "note": f"job {job} failed: {reason}"}
+        row = {
+            "run": job,
+            "beta": float(beta) if isinstance(beta, (int, float)) and not isinstance(beta, bool) else np.nan,
+            "note": f"job {job} failed: {reason}",
+        }
         if experiments and isinstance(overrides.get("experiment"), str):
             row["experiment"] = overrides["experiment"]
         row.update({key: _cell(overrides[key]) for key in swept if key in overrides})
@@ -338,8 +357,7 @@ def report_figure(table, swept: list[str], title: str):
     else:
         x_key, groups = "run", []
     x_values = list(dict.fromkeys(table[x_key].tolist()))
-    numeric = all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                  for v in x_values)
+    numeric = all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in x_values)
     positions = {v: (float(v) if numeric else i) for i, v in enumerate(x_values)}
     lines = list(dict.fromkeys(tuple(row) for row in table[groups].itertuples(index=False))) if groups else [()]
     colors = colormap("viridis")(np.linspace(0.0, 0.9, max(len(lines), 1)))
@@ -351,7 +369,7 @@ def report_figure(table, swept: list[str], title: str):
     rows = max(-(-len(metrics) // 3), 1)
     columns = max(-(-len(metrics) // rows), 1)
     fig, axes = subplots(rows, columns, figsize=(3.8 * columns + 2.2, 2.9 * rows + 0.9), squeeze=False)
-    for ax in axes.flat[len(metrics):]:
+    for ax in axes.flat[len(metrics) :]:
         ax.set_axis_off()
     for ax, name in zip(axes.flat, metrics):
         for index, (color, line) in enumerate(zip(colors, lines)):
@@ -363,26 +381,46 @@ def report_figure(table, swept: list[str], title: str):
             mean, low, high = (chosen[f"{name}_{s}"].to_numpy(dtype=float)[order] for s in ("mean", "q10", "q90"))
             label = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in zip(groups, line))
             width = max(2.2 - 0.5 * index, 0.8)
-            style = {"marker": markers[index % len(markers)], "markersize": max(6.0 - 1.2 * index, 2.5),
-                     "markerfacecolor": "none" if index % 2 else color}
+            style = {
+                "marker": markers[index % len(markers)],
+                "markersize": max(6.0 - 1.2 * index, 2.5),
+                "markerfacecolor": "none" if index % 2 else color,
+            }
             if numeric:
-                ax.plot(xs[order], mean, linestyle=styles[index % len(styles)], linewidth=width, color=color,
-                        label=label or "mean", **style)
+                ax.plot(
+                    xs[order],
+                    mean,
+                    linestyle=styles[index % len(styles)],
+                    linewidth=width,
+                    color=color,
+                    label=label or "mean",
+                    **style,
+                )
                 ax.fill_between(xs[order], low, high, color=color, alpha=0.18, linewidth=0)
             else:
                 # Categories (a solver, a schedule) are not joined by lines; the lines'
                 # points are set side by side so that none hides another.
                 shift = 0.25 * (index - (len(lines) - 1) / 2) / max(len(lines), 1)
-                ax.errorbar(xs[order] + shift, mean, yerr=[mean - low, high - mean], fmt="none", color=color,
-                            capsize=2, linewidth=1)
+                ax.errorbar(
+                    xs[order] + shift,
+                    mean,
+                    yerr=[mean - low, high - mean],
+                    fmt="none",
+                    color=color,
+                    capsize=2,
+                    linewidth=1,
+                )
                 ax.plot(xs[order] + shift, mean, linestyle="none", color=color, label=label or "mean", **style)
         ax.set_xlabel(x_key)
         ax.set_ylabel(_label(name), fontsize=8)
         if numeric and min(x_values) > 0 and max(x_values) >= 20 * min(x_values):
             ax.set_xscale("log")  # d = 2 ... 128, members = 16 ... 2048
         if not numeric or len(x_values) <= 8:
-            ax.set_xticks(list(positions.values()), [f"{v:g}" if numeric else str(v) for v in x_values],
-                          rotation=20 if not numeric and len(x_values) > 3 else 0)
+            ax.set_xticks(
+                list(positions.values()),
+                [f"{v:g}" if numeric else str(v) for v in x_values],
+                rotation=20 if not numeric and len(x_values) > 3 else 0,
+            )
             ax.minorticks_off()
         if not numeric:
             ax.set_xlim(-0.6, len(x_values) - 0.4)
@@ -391,20 +429,27 @@ def report_figure(table, swept: list[str], title: str):
     fig.suptitle(title, fontsize=10)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if groups and handles:
-        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.93), frameon=False,
-                   title=f"{', '.join(groups)}\nmean over members\n({'band' if numeric else 'bars'}: 10-90 %)",
-                   title_fontsize=8)
+        fig.legend(
+            handles,
+            labels,
+            loc="upper left",
+            bbox_to_anchor=(1.0, 0.93),
+            frameon=False,
+            title=f"{', '.join(groups)}\nmean over members\n({'band' if numeric else 'bars'}: 10-90 %)",
+            title_fontsize=8,
+        )
     fig.tight_layout()
     runs = table["run"].nunique()
     times = ", ".join(f"{t:g}" for t in sorted(set(table["final_time"].dropna())))
     others = [name for name in metrics if name not in table.attrs.get("series", metrics)]
-    text = (f"{runs} run{'s' if runs > 1 else ''}; one point per run and beta: the mean over members of each "
-            f"metric at the run's final saved time (t = {times})"
-            + (f" ({', '.join(others)}: per member, as stored)" if others else "")
-            + f", failed members left out; {'shaded' if numeric else 'bars'}: 10-90 % of the members. "
-            f"Swept: {', '.join(swept) or 'nothing but beta'}.")
-    fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, int(14 * fig.get_figwidth()))), ha="left", va="top",
-             fontsize=8)
+    text = (
+        f"{runs} run{'s' if runs > 1 else ''}; one point per run and beta: the mean over members of each "
+        f"metric at the run's final saved time (t = {times})"
+        + (f" ({', '.join(others)}: per member, as stored)" if others else "")
+        + f", failed members left out; {'shaded' if numeric else 'bars'}: 10-90 % of the members. "
+        f"Swept: {', '.join(swept) or 'nothing but beta'}."
+    )
+    fig.text(0.01, -0.01, "\n".join(textwrap.wrap(text, int(14 * fig.get_figwidth()))), ha="left", va="top", fontsize=8)
     return fig
 
 
@@ -430,8 +475,9 @@ def _failed_jobs(folder: Path) -> list[tuple[str, dict[str, Any], str]]:
         try:
             with open(error, "rb") as file:
                 text = file.read(_REASON_BYTES + 1)
-            reason = text[:_REASON_BYTES].decode(errors="replace").strip() + (" ..." if len(text) > _REASON_BYTES
-                                                                                else "")
+            reason = text[:_REASON_BYTES].decode(errors="replace").strip() + (
+                " ..." if len(text) > _REASON_BYTES else ""
+            )
         except OSError:
             reason = "failed"
         failed.append((str(job.relative_to(folder)), overrides, reason))
@@ -448,8 +494,10 @@ def _variable(column) -> np.ndarray:
     def missing(cell: Any) -> bool:
         return cell is None or (isinstance(cell, float) and np.isnan(cell))
 
-    if all(missing(cell) or (isinstance(cell, (int, float, np.integer, np.floating)) and not isinstance(cell, bool))
-           for cell in cells):
+    if all(
+        missing(cell) or (isinstance(cell, (int, float, np.integer, np.floating)) and not isinstance(cell, bool))
+        for cell in cells
+    ):
         return np.asarray([np.nan if missing(cell) else cell for cell in cells], dtype=float)
     return np.asarray(["" if missing(cell) else str(cell) for cell in cells], dtype=object)
 
@@ -459,23 +507,40 @@ def report_dataset(table, swept: list[str]) -> xr.Dataset:
     Dataset along the dimension `row`: the run's folder (`run`), each swept key (named
     by `dimension_name`, the key in its `config_key`) and beta as coordinates along
     `row`, every other column as a variable along `row`."""
-    coords = {"run": ("row", _variable(table["run"].astype(str)),
-                      {"long_name": "the run's folder under the report's folder (a failed job's, for its row)"})}
+    coords = {
+        "run": (
+            "row",
+            _variable(table["run"].astype(str)),
+            {"long_name": "the run's folder under the report's folder (a failed job's, for its row)"},
+        )
+    }
     for key in swept:
-        coords[dimension_name(key)] = ("row", _variable(table[key]),
-                                       {"long_name": f"the swept config key {key}", "config_key": key})
-    coords["beta"] = ("row", table["beta"].to_numpy(dtype=float),
-                      {"long_name": "inverse temperature beta of the attention", "units": "1"})
+        coords[dimension_name(key)] = (
+            "row",
+            _variable(table[key]),
+            {"long_name": f"the swept config key {key}", "config_key": key},
+        )
+    coords["beta"] = (
+        "row",
+        table["beta"].to_numpy(dtype=float),
+        {"long_name": "inverse temperature beta of the attention", "units": "1"},
+    )
     data = {}
     for name in table.columns:
         if name in ("run", "beta", *swept):
             continue
         values = _variable(table[name])
         base, _, statistic = str(name).rpartition("_")
-        what = {"mean": "mean over members", "q10": "10th percentile over members",
-                "q90": "90th percentile over members"}.get(statistic)
-        attrs = {"long_name": f"{what} of {base} at the final saved time" if what is not None
-                 else str(name).replace("_", " ")}
+        what = {
+            "mean": "mean over members",
+            "q10": "10th percentile over members",
+            "q90": "90th percentile over members",
+        }.get(statistic)
+        attrs = {
+            "long_name": f"{what} of {base} at the final saved time"
+            if what is not None
+            else str(name).replace("_", " ")
+        }
         if name == "experiment":
             attrs["long_name"] = "the experiment of the run"
         elif name == "note":
@@ -484,12 +549,15 @@ def report_dataset(table, swept: list[str]) -> xr.Dataset:
             attrs["units"] = "1"
         data[str(name)] = ("row", values, attrs)
     ds = xr.Dataset(data, coords=coords)
-    ds.attrs = {"Conventions": CONVENTIONS, "title": "attnflow report",
-                "swept_keys": ", ".join(swept),
-                "description": "one row per run and beta, and one per failed job (the rows of report.csv, in "
-                               "its order): the member mean and 10/90 % percentiles of each metric at the final "
-                               "saved time; select rows by their values, e.g. "
-                               "ds.where((ds.d == 8) & (ds.solver == 'rk4'), drop=True)"}
+    ds.attrs = {
+        "Conventions": CONVENTIONS,
+        "title": "attnflow report",
+        "swept_keys": ", ".join(swept),
+        "description": "one row per run and beta, and one per failed job (the rows of report.csv, in "
+        "its order): the member mean and 10/90 % percentiles of each metric at the final "
+        "saved time; select rows by their values, e.g. "
+        "ds.where((ds.d == 8) & (ds.solver == 'rk4'), drop=True)",
+    }
     return ds
 
 
@@ -501,15 +569,21 @@ def _reported(table, swept: list[str]) -> str:
     failed = len(table) - len(finished)
     per_run = finished.groupby("run").size()
     low, high = (int(per_run.min()), int(per_run.max())) if len(per_run) else (0, 0)
-    shape = (f"{runs} run{'s' if runs != 1 else ''} x {low} beta{'s' if low != 1 else ''}" if low == high
-             else f"{runs} runs, {low} to {high} betas each")
+    shape = (
+        f"{runs} run{'s' if runs != 1 else ''} x {low} beta{'s' if low != 1 else ''}"
+        if low == high
+        else f"{runs} runs, {low} to {high} betas each"
+    )
     if failed:
         shape += f", {failed} failed job{'s' if failed != 1 else ''}"
-    named = ", ".join(swept[:_NAMED_KEYS]) + (f" and {len(swept) - _NAMED_KEYS} more"
-                                              if len(swept) > _NAMED_KEYS else "")
+    named = ", ".join(swept[:_NAMED_KEYS]) + (
+        f" and {len(swept) - _NAMED_KEYS} more" if len(swept) > _NAMED_KEYS else ""
+    )
     keys = f"swept key{'s' if len(swept) != 1 else ''} {named}" if swept else "nothing swept"
-    return (f"reported {runs} run{'s' if runs != 1 else ''} in {len(table)} row{'s' if len(table) != 1 else ''} "
-            f"({shape}; {keys})")
+    return (
+        f"reported {runs} run{'s' if runs != 1 else ''} in {len(table)} row{'s' if len(table) != 1 else ''} "
+        f"({shape}; {keys})"
+    )
 
 
 def report(folder: str | Path) -> tuple[list[Path], str]:
@@ -528,8 +602,11 @@ def report(folder: str | Path) -> tuple[list[Path], str]:
     finished = table[table["note"] == ""]
     finished.attrs = dict(table.attrs)
     runs = finished["run"].nunique()
-    fig = report_figure(finished, swept, f"attnflow report: {runs} run{'s' if runs > 1 else ''}"
-                        + (f", swept: {', '.join(swept)}" if swept else ""))
+    fig = report_figure(
+        finished,
+        swept,
+        f"attnflow report: {runs} run{'s' if runs > 1 else ''}" + (f", swept: {', '.join(swept)}" if swept else ""),
+    )
     with style():
         png = _write_atomically(folder / "report.png", lambda tmp: fig.savefig(tmp, format="png"))
     return [csv, nc, png], _reported(table, swept)

@@ -132,8 +132,7 @@ class Interpolated(AbstractSchedule):
         slopes = jnp.gradient(values, times, axis=0)
         m0, m1 = slopes[k] * width, slopes[k + 1] * width
         s2, s3 = s * s, s * s * s
-        return ((2 * s3 - 3 * s2 + 1) * w0 + (s3 - 2 * s2 + s) * m0
-                + (-2 * s3 + 3 * s2) * w1 + (s3 - s2) * m1)
+        return (2 * s3 - 3 * s2 + 1) * w0 + (s3 - 2 * s2 + s) * m0 + (-2 * s3 + 3 * s2) * w1 + (s3 - s2) * m1
 
     @property
     def shape(self):
@@ -228,8 +227,11 @@ def switch_times(tree) -> Array | None:
     """Every switch time of the piecewise schedules inside `tree` (a vector field, a
     term), concatenated; None when there is none."""
     piecewise = (PiecewiseConstant, PiecewiseSchedule)
-    found = [leaf.times for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, piecewise))
-             if isinstance(leaf, piecewise)]
+    found = [
+        leaf.times
+        for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, piecewise))
+        if isinstance(leaf, piecewise)
+    ]
     return jnp.concatenate(found) if found else None
 
 

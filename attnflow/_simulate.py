@@ -107,17 +107,24 @@ def _check_split(field, split, retractions) -> None:
     if not isinstance(field, VectorField):
         raise ConfigError("split and retractions cut a VectorField into its terms; a plain callable has none.")
     if field.noise is not None:
-        raise ConfigError("a split step advances the terms one by one, and the noise belongs to none of them: "
-                          "leave out split and retractions for a noisy field.")
+        raise ConfigError(
+            "a split step advances the terms one by one, and the noise belongs to none of them: "
+            "leave out split and retractions for a noisy field."
+        )
     if split not in SPLITS:
-        raise ConfigError(f"unknown splitting {split!r}; choose one of {', '.join(SPLITS)} (retractions run after "
-                          "the sub-steps of a split).")
+        raise ConfigError(
+            f"unknown splitting {split!r}; choose one of {', '.join(SPLITS)} (retractions run after "
+            "the sub-steps of a split)."
+        )
     if field.time_change is not None:
-        raise ConfigError("a split step advances each term on its own, which a constant-speed time change of "
-                          "the whole field does not allow; leave out split or the time change.")
+        raise ConfigError(
+            "a split step advances each term on its own, which a constant-speed time change of "
+            "the whole field does not allow; leave out split or the time change."
+        )
     if retractions is not None and len(retractions) != len(field.terms):
-        raise ConfigError(f"give one retraction (or None) per term: {len(field.terms)} terms, "
-                          f"{len(retractions)} retractions.")
+        raise ConfigError(
+            f"give one retraction (or None) per term: {len(field.terms)} terms, {len(retractions)} retractions."
+        )
 
 
 class StepMap(eqx.Module):
@@ -169,8 +176,9 @@ class DepthDynamics(Protocol):
     def depth(self) -> int: ...
 
 
-def step_map(field: VectorField | Callable, solver, dt: ScalarLike, *, split: str | None = None,
-             retractions=None, args=None) -> StepMap:
+def step_map(
+    field: VectorField | Callable, solver, dt: ScalarLike, *, split: str | None = None, retractions=None, args=None
+) -> StepMap:
     """The fixed-step map $\\Phi_h$ that `simulate` applies, as a callable `step(t, y)`:
     the one place where a field is stepped. `solver` is a name or a diffrax explicit
     Runge-Kutta solver (see `simulate`), `dt` the step $h$ (may be traced); `split` and
@@ -183,8 +191,9 @@ def step_map(field: VectorField | Callable, solver, dt: ScalarLike, *, split: st
     if isinstance(field, VectorField):
         field = stepped_field(field, solver)
     elif not callable(field):
-        raise ConfigError(f"field must be an attnflow VectorField or a callable f(t, y, args), "
-                          f"got {type(field).__name__}.")
+        raise ConfigError(
+            f"field must be an attnflow VectorField or a callable f(t, y, args), got {type(field).__name__}."
+        )
     _check_split(field, split, retractions)
     table = tableau(solver) if isinstance(solver, str) else tableau_of(solver)
     return StepMap(field, table, dt, split, None if retractions is None else tuple(retractions), args)
@@ -243,6 +252,7 @@ def _record_at_marks(step: StepMap, y0, t0, num_steps: int, marks, record):
     y = advance(y0, 0, k) if k else y0
     parts = []
     for gap, count in runs:
+
         def segment(y, k, gap=gap):
             return advance(y, k, gap), stats_at(k, y)
 
@@ -385,11 +395,15 @@ def simulate(
     if (split is not None or retractions is not None) and (adaptive or ts is not None):
         raise ConfigError("split steps are fixed steps recorded on the grid: leave out adaptive and ts.")
     if adaptive and field.collisions is not None:
-        raise ConfigError("collisions merge tokens after each fixed step; an adaptive run has no such steps: "
-                          "use fixed steps (adaptive=false) or leave out the collisions.")
+        raise ConfigError(
+            "collisions merge tokens after each fixed step; an adaptive run has no such steps: "
+            "use fixed steps (adaptive=false) or leave out the collisions."
+        )
     if field.noise is not None and (adaptive or ts is not None):
-        raise ConfigError("a noisy field is stepped with fixed steps recorded on the grid (an SDE path has no "
-                          "smooth interpolant): leave out adaptive and ts.")
+        raise ConfigError(
+            "a noisy field is stepped with fixed steps recorded on the grid (an SDE path has no "
+            "smooth interpolant): leave out adaptive and ts."
+        )
     if adaptive:
         return _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps)
 
@@ -417,8 +431,13 @@ def simulate(
         out_ts = jnp.asarray(ts, dtype)
         pins = t0_ + (jnp.asarray(ks, dtype) + 0.5) * h
         stats = jax.vmap(lambda t, x, at: record(t, x, field.pinned(at)))(out_ts, xs, pins)
-    return Solution(ts=out_ts, stats=stats, result=jnp.asarray(0, jnp.int32), num_steps=jnp.asarray(num_steps),
-                    reached=jnp.ones(out_ts.shape, bool))
+    return Solution(
+        ts=out_ts,
+        stats=stats,
+        result=jnp.asarray(0, jnp.int32),
+        num_steps=jnp.asarray(num_steps),
+        reached=jnp.ones(out_ts.shape, bool),
+    )
 
 
 def _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps) -> Solution:
@@ -429,8 +448,19 @@ def _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, ma
     ts = jnp.stack([jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)]) if ts is None else jnp.asarray(ts, dtype)
     jumps = switch_times(field)
     stats, result, steps, reached = solve_adaptive(
-        field, solver, y0, t0=t0, t1=t1, dt=dt, ts=ts, record=record, rtol=rtol, atol=atol,
-        max_steps=max_steps, jump_ts=None if jumps is None else jumps.astype(dtype),
+        field,
+        solver,
+        y0,
+        t0=t0,
+        t1=t1,
+        dt=dt,
+        ts=ts,
+        record=record,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        jump_ts=None if jumps is None else jumps.astype(dtype),
     )
-    return Solution(ts=ts, stats=stats, result=jnp.asarray(result, jnp.int32), num_steps=jnp.asarray(steps),
-                    reached=reached)
+    return Solution(
+        ts=ts, stats=stats, result=jnp.asarray(result, jnp.int32), num_steps=jnp.asarray(steps), reached=reached
+    )

@@ -31,7 +31,10 @@ class Tableau(NamedTuple):
 
 def no_error_estimate(what: str) -> ConfigError:
     """The error for adaptive stepping asked of a solver that cannot estimate its error."""
-    return ConfigError(f"{what} has no error estimate, so it cannot adapt its step (adaptive=true); use one of {', '.join(ADAPTIVE)}.")
+    return ConfigError(
+        f"{what} has no error estimate, so it cannot adapt its step (adaptive=true); use one of {', '.join(ADAPTIVE)}."
+    )
+
 
 _EULER = Tableau(a=((),), b=(1.0,), c=(0.0,))
 # The classical fourth-order method (Kutta 1901).
@@ -42,8 +45,8 @@ def _needed(a: tuple, b: tuple) -> int:
     """How many leading stages the step uses: a trailing stage with $b_i = 0$ that no
     later stage reads only serves first-same-as-last reuse, which fixed steps skip."""
     stages = len(b)
-    while stages > 1 and b[stages - 1] == 0 and all(
-        len(row) <= stages - 1 or row[stages - 1] == 0 for row in a[stages:]
+    while (
+        stages > 1 and b[stages - 1] == 0 and all(len(row) <= stages - 1 or row[stages - 1] == 0 for row in a[stages:])
     ):
         stages -= 1
     return stages

@@ -187,8 +187,9 @@ def _interrupts_deferred():
         yield
         return
     caught = []
-    previous = {s: signal.signal(s, lambda number, frame: caught.append(number))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        s: signal.signal(s, lambda number, frame: caught.append(number)) for s in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:
@@ -204,6 +205,7 @@ def _write_atomically(path: str | os.PathLike, write: Callable[[Path], None]) ->
     that way removes, when its write returns, the file it was writing: the interrupt
     may come before the writer (re)creates it, after `replacing` has cleaned up."""
     with replacing(path) as tmp:
+
         def work():
             try:
                 write(tmp)
@@ -304,8 +306,9 @@ def stored_config(path: Path, advice: str = _RUN_ADVICE, *, identity: bool = Fal
             config = f.getncattr("config") if "config" in f.ncattrs() else None
             digest = f.getncattr("code_digest") if "code_digest" in f.ncattrs() else None
     except (OSError, ValueError, RuntimeError) as error:
-        raise ConfigError(f"{path} exists but is not a readable NetCDF file ({type(error).__name__}); "
-                          f"{advice}.") from None
+        raise ConfigError(
+            f"{path} exists but is not a readable NetCDF file ({type(error).__name__}); {advice}."
+        ) from None
     if not isinstance(config, str):
         raise ConfigError(f"{path} is not an attnflow results file (it stores no config); {advice}.")
     return config + (f"code_digest: {digest}\n" if identity and isinstance(digest, str) else "")
@@ -328,16 +331,19 @@ def read_config(source: str | os.PathLike, text: str | bytes | None = None) -> A
         with open(source, "rb") as file:
             text = file.read(CONFIG_BYTES + 1)
     if len(text) > CONFIG_BYTES:
-        raise ConfigError(f"{source} holds a config of more than {CONFIG_BYTES // 2**20} MiB, larger than any "
-                          "attnflow writes; it is not attnflow's.")
+        raise ConfigError(
+            f"{source} holds a config of more than {CONFIG_BYTES // 2**20} MiB, larger than any "
+            "attnflow writes; it is not attnflow's."
+        )
     counted = 0  # entries (scalars, lists, mappings) with every alias expanded, so far
     opened: list[tuple[str | None, int]] = []  # the open lists and mappings: anchor, count at their start
     sizes: dict[str, int] = {}  # the expanded entries of each anchored node
     for event in yaml.parse(text, Loader=_YAML_LOADER):
         if isinstance(event, yaml.AliasEvent):
             if any(anchor == event.anchor for anchor, _ in opened):
-                raise ConfigError(f"{source} holds a config that contains itself (a recursive YAML alias); it is "
-                                  "not attnflow's.")
+                raise ConfigError(
+                    f"{source} holds a config that contains itself (a recursive YAML alias); it is not attnflow's."
+                )
             counted += sizes.get(event.anchor, 1)  # an unknown anchor: the loader names it below
         elif isinstance(event, yaml.ScalarEvent):
             counted += 1
@@ -347,15 +353,18 @@ def read_config(source: str | os.PathLike, text: str | bytes | None = None) -> A
             opened.append((event.anchor, counted))
             counted += 1
             if len(opened) > CONFIG_DEPTH:
-                raise ConfigError(f"{source} holds a config nested deeper than {CONFIG_DEPTH} levels; it is not "
-                                  "attnflow's.")
+                raise ConfigError(
+                    f"{source} holds a config nested deeper than {CONFIG_DEPTH} levels; it is not attnflow's."
+                )
         elif isinstance(event, yaml.CollectionEndEvent):
             anchor, start = opened.pop()
             if anchor is not None:
                 sizes[anchor] = counted - start
         if counted > CONFIG_ENTRIES:
-            raise ConfigError(f"{source} holds a config that expands beyond {CONFIG_ENTRIES} entries (a YAML "
-                              "alias bomb?); it is not attnflow's.")
+            raise ConfigError(
+                f"{source} holds a config that expands beyond {CONFIG_ENTRIES} entries (a YAML "
+                "alias bomb?); it is not attnflow's."
+            )
     return yaml.load(text, Loader=_YAML_LOADER)
 
 
@@ -377,8 +386,10 @@ class PieceStore:
         if self.folder.is_dir() and _text(marker) != identity:
             foreign = _foreign(self.folder, _planned(identity))
             if foreign is not None and not discard:
-                raise ConfigError(f"{self.folder} holds {foreign}; run that config again to resume them, give "
-                                  "another pieces folder, or set overwrite=true to discard them.")
+                raise ConfigError(
+                    f"{self.folder} holds {foreign}; run that config again to resume them, give "
+                    "another pieces folder, or set overwrite=true to discard them."
+                )
             _clear(self.folder)
         _make_folder(self.folder)
         for stale in self.folder.glob(f"*{_TMP_SUFFIX}"):
@@ -491,8 +502,10 @@ def _foreign(folder: Path, config: dict | None) -> str | None:
         return f"{pieces} of another run"
     shown = changes[:3]
     more = f" and {len(changes) - 3} more settings" if len(changes) > 3 else ""
-    return (f"{pieces} of a run with {', '.join(f'{key}={a}' for key, a, _ in shown)}{more} (this one has "
-            f"{', '.join(f'{key}={b}' for key, _, b in shown)})")
+    return (
+        f"{pieces} of a run with {', '.join(f'{key}={a}' for key, a, _ in shown)}{more} (this one has "
+        f"{', '.join(f'{key}={b}' for key, _, b in shown)})"
+    )
 
 
 def _differences(there: Mapping, here: Mapping, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -534,12 +547,13 @@ class RunDirectory:
         self.setting = setting
         self._fd: int | None = None
 
-    def __enter__(self) -> "RunDirectory":
+    def __enter__(self) -> RunDirectory:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise ConfigError(f"cannot create the run directory {self.path} ({error.strerror}); "
-                              f"choose another {self.setting}.") from None
+            raise ConfigError(
+                f"cannot create the run directory {self.path} ({error.strerror}); choose another {self.setting}."
+            ) from None
         if not self.path.is_dir():
             raise ConfigError(f"the run directory {self.path} is not a directory; choose another {self.setting}.")
         self._fd = os.open(self.path, os.O_RDONLY)
@@ -549,8 +563,10 @@ class RunDirectory:
             os.close(self._fd)
             self._fd = None
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ConfigError(f"another attnflow run is working in {self.path}; wait for it to finish or "
-                                  f"choose another {self.setting}.") from None
+                raise ConfigError(
+                    f"another attnflow run is working in {self.path}; wait for it to finish or "
+                    f"choose another {self.setting}."
+                ) from None
             raise
         try:
             probe = _temporary(self.path / "probe")
@@ -558,8 +574,9 @@ class RunDirectory:
             probe.unlink()
         except OSError as error:
             self.__exit__(None, None, None)
-            raise ConfigError(f"cannot write in the run directory {self.path} ({error.strerror}); "
-                              f"choose another {self.setting}.") from None
+            raise ConfigError(
+                f"cannot write in the run directory {self.path} ({error.strerror}); choose another {self.setting}."
+            ) from None
         for stale in self.path.glob(f".*{_TMP_SUFFIX}"):
             _remove(stale)
         return self
@@ -604,16 +621,20 @@ class RunDirectory:
                 foreign = _foreign(store, wanted[label])
             else:
                 count = len(list(store.glob("piece-*.npz")))
-                foreign = (f"{count} finished piece{'s' if count > 1 else ''} of "
-                           f"{'a study' if label == '.' else f'panel {label}'}, which this run does not have")
+                foreign = (
+                    f"{count} finished piece{'s' if count > 1 else ''} of "
+                    f"{'a study' if label == '.' else f'panel {label}'}, which this run does not have"
+                )
             if foreign is not None:
                 found.append((store, foreign))
         if not found:
             return None
         description = found[0][1] + (f", and more in {len(found) - 1} other folders" if len(found) > 1 else "")
         if not overwrite:
-            raise ConfigError(f"{root} holds {description}; run that config again to resume them, choose another "
-                              "hydra.run.dir, or set overwrite=true to discard them.")
+            raise ConfigError(
+                f"{root} holds {description}; run that config again to resume them, choose another "
+                "hydra.run.dir, or set overwrite=true to discard them."
+            )
         for store, _ in found:
             _clear(store)
         return f"discarding {description} in {root} (overwrite=true)."

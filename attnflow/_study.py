@@ -15,8 +15,8 @@ import numpy as np
 import yaml
 
 from ._build import Study, build_system, non_finite_advice, resolve_study
-from ._components import code_digest, user_metrics
 from ._cf import global_attributes, history_line, python_call, variable_attributes
+from ._components import code_digest, user_metrics
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
 from ._errors import NonFiniteStateError, RunNote, SolverFailure
@@ -92,9 +92,13 @@ def use_compilation_cache() -> None:
         if problem is not None:
             if folder not in _REFUSED_FOLDERS:
                 _REFUSED_FOLDERS.add(folder)
-                warnings.warn(f"the compilation cache cannot be kept in {folder} ({problem}), so this run compiles "
-                              "without it; set ATTNFLOW_CACHE_DIR to a folder that can be written to keep compiled "
-                              "programs.", RunNote, stacklevel=2)
+                warnings.warn(
+                    f"the compilation cache cannot be kept in {folder} ({problem}), so this run compiles "
+                    "without it; set ATTNFLOW_CACHE_DIR to a folder that can be written to keep compiled "
+                    "programs.",
+                    RunNote,
+                    stacklevel=2,
+                )
             return
         jax.config.update("jax_compilation_cache_dir", str(folder))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -144,8 +148,12 @@ def _repair_damaged_entries() -> None:
             if folder not in _REPAIRED_FOLDERS:
                 _REPAIRED_FOLDERS.add(folder)
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                warnings.warn(f"a damaged entry of the compilation cache in {folder} ({reason}) was removed; its "
-                              "program is compiled again and kept anew.", RunNote, stacklevel=2)
+                warnings.warn(
+                    f"a damaged entry of the compilation cache in {folder} ({reason}) was removed; its "
+                    "program is compiled again and kept anew.",
+                    RunNote,
+                    stacklevel=2,
+                )
             return None, None
 
     guarded.repairs_damaged_entries = True
@@ -213,8 +221,15 @@ def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | N
     return results.to_xarray()
 
 
-def solve_study(study: Study, plan: EnsemblePlan, *, pieces: str | os.PathLike | None = None, on_resume=None,
-                on_piece=None, on_damaged=None):
+def solve_study(
+    study: Study,
+    plan: EnsemblePlan,
+    *,
+    pieces: str | os.PathLike | None = None,
+    on_resume=None,
+    on_piece=None,
+    on_damaged=None,
+):
     """Solve a planned study (see `run`, which plans, calls this and returns the
     `Results` as an xarray Dataset). `on_resume(found, total)` is told how many
     finished pieces were found, `on_piece()` of each piece finished (found or solved),
@@ -234,7 +249,7 @@ def solve_study(study: Study, plan: EnsemblePlan, *, pieces: str | os.PathLike |
     for i in range(plan.pieces):
         out = outputs[i]
         if out is None:
-            out = in_background(lambda: plan.solve(i))
+            out = in_background(lambda i=i: plan.solve(i))
             if store is not None:
                 store.save(i, out)
             outputs[i] = out
@@ -287,16 +302,24 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
     time = variable_attributes("time", {}, 0.0, coordinate=True)
     if cfg.time_change.speed is not None:
         time["long_name"] = time_axis(cfg.time_change.speed)
-    coords = {"beta": (("beta",) if beta_is_list else (), beta,
-                       variable_attributes("beta", {}, beta, coordinate=True)),
-              "member": (("member",), np.arange(cfg.members), variable_attributes("member", {}, 0, coordinate=True)),
-              "time": (("time",), np.asarray(result.ts, dtype=np.float64), time)}
-    described = {name: (dims, value, variable_attributes(name, _attributes(name, custom.get(name)), value))
-                 for name, (dims, value) in data_vars.items()}
+    coords = {
+        "beta": (("beta",) if beta_is_list else (), beta, variable_attributes("beta", {}, beta, coordinate=True)),
+        "member": (("member",), np.arange(cfg.members), variable_attributes("member", {}, 0, coordinate=True)),
+        "time": (("time",), np.asarray(result.ts, dtype=np.float64), time),
+    }
+    described = {
+        name: (dims, value, variable_attributes(name, _attributes(name, custom.get(name)), value))
+        for name, (dims, value) in data_vars.items()
+    }
     config = config_yaml(cfg)
     digest = code_digest(cfg)
-    attrs = {"config": config, **({"code_digest": digest} if digest else {}), **global_attributes(title=_title(cfg), config=yaml.safe_load(config),
-                                                    history=history_line("attnflow.run(...)"))}
+    attrs = {
+        "config": config,
+        **({"code_digest": digest} if digest else {}),
+        **global_attributes(
+            title=_title(cfg), config=yaml.safe_load(config), history=history_line("attnflow.run(...)")
+        ),
+    }
     if cfg.time_change.speed is not None:
         attrs["time_axis"] = time_axis(cfg.time_change.speed)
     notes = list(study.notes)
@@ -308,9 +331,11 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
         attrs["sinkhorn_marginal_error"] = worst
         attrs["sinkhorn_within_tol"] = int(worst <= cfg.sinkhorn.tol)
         if not worst <= cfg.sinkhorn.tol:
-            notes.append(f"Sinkhorn attention missed sinkhorn.tol={cfg.sinkhorn.tol:g}: its largest column error "
-                         f"is {worst:.3g} after sinkhorn.iterations={cfg.sinkhorn.iterations}; raise the "
-                         "iterations or the tolerance.")
+            notes.append(
+                f"Sinkhorn attention missed sinkhorn.tol={cfg.sinkhorn.tol:g}: its largest column error "
+                f"is {worst:.3g} after sinkhorn.iterations={cfg.sinkhorn.iterations}; raise the "
+                "iterations or the tolerance."
+            )
     if notes:
         attrs["notes"] = "\n".join(notes)
     return Results(coords=coords, data_vars=described, attrs=attrs, encoding=encoding)
@@ -318,8 +343,10 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
 
 def _title(cfg: Config) -> str:
     """What a study is, in one line (the `title` of its results file)."""
-    return (f"attnflow study: {cfg.dynamics.value.upper()} dynamics, norm={cfg.norm.value}, n={cfg.n}, d={cfg.d}, "
-            f"{cfg.members} members, {cfg.solver.value} dt={cfg.dt:g}")
+    return (
+        f"attnflow study: {cfg.dynamics.value.upper()} dynamics, norm={cfg.norm.value}, n={cfg.n}, d={cfg.d}, "
+        f"{cfg.members} members, {cfg.solver.value} dt={cfg.dt:g}"
+    )
 
 
 def time_axis(speed) -> str:

@@ -18,6 +18,7 @@ from . import _tiled
 from ._errors import ConfigError
 from ._schedules import AbstractSchedule, identity_factor, identity_multiple
 
+
 def _contract(a: Array, b: Array) -> Array:
     """`a @ b.T` over the last axis of both, batched (and broadcast) over leading axes."""
     return jnp.einsum("...ik,...jk->...ij", a, b)
@@ -120,10 +121,13 @@ class Rotary(eqx.Module):
 
     def __check_init__(self):
         if self.dims <= 0 or self.dims % 2:
-            raise ConfigError(f"rotary positions rotate pairs of entries: dims must be even and positive, got {self.dims}.")
+            raise ConfigError(
+                f"rotary positions rotate pairs of entries: dims must be even and positive, got {self.dims}."
+            )
 
-    def __call__(self, x: Float[Array, "... n k"], positions: Int[Array, " n"] | None = None
-                 ) -> Float[Array, "... n k"]:
+    def __call__(
+        self, x: Float[Array, "... n k"], positions: Int[Array, " n"] | None = None
+    ) -> Float[Array, "... n k"]:
         """Rotate every row of `x`; row i is at position `positions[i]` (default i)."""
         n, k = x.shape[-2:]
         if self.dims > k:
@@ -133,7 +137,7 @@ class Rotary(eqx.Module):
         positions = jnp.arange(n) if positions is None else positions
         angle = positions.astype(x.dtype)[:, None] * inv[None, :]
         cos, sin = (jax.lax.broadcast_to_rank(f(angle), x.ndim) for f in (jnp.cos, jnp.sin))
-        u, v, rest = x[..., :half], x[..., half: self.dims], x[..., self.dims:]
+        u, v, rest = x[..., :half], x[..., half : self.dims], x[..., self.dims :]
         return jnp.concatenate([u * cos - v * sin, v * cos + u * sin, rest], axis=-1)
 
 
@@ -244,16 +248,23 @@ class SelfAttention(AbstractInteraction):
         if self.combine not in COMBINES:
             raise ConfigError(f"heads are combined by 'sum' or 'mean', got {self.combine!r}.")
         if self.kind not in KINDS:
-            raise ConfigError(f"attention kind must be 'sa' (softmax), 'usa' (unnormalized), 'sinkhorn' (doubly "
-                              f"stochastic) or 'hardmax' (beta -> infinity), got {self.kind!r}.")
+            raise ConfigError(
+                f"attention kind must be 'sa' (softmax), 'usa' (unnormalized), 'sinkhorn' (doubly "
+                f"stochastic) or 'hardmax' (beta -> infinity), got {self.kind!r}."
+            )
         whole = self.kind in ("sinkhorn", "hardmax")
         if whole and self.block:
-            raise ConfigError(f"{self.kind} attention normalises the whole n x n logits and is not tiled: set the "
-                              f"attention block to null or 0, got {self.block}.")
+            raise ConfigError(
+                f"{self.kind} attention normalises the whole n x n logits and is not tiled: set the "
+                f"attention block to null or 0, got {self.block}."
+            )
         if self.kind == "sinkhorn" and self.causal:
-            raise ConfigError("sinkhorn attention cannot be causal: a lower-triangular doubly stochastic matrix is "
-                              "the identity.")
-        if self.kind == "sinkhorn" and not (isinstance(self.sinkhorn_iterations, int) and self.sinkhorn_iterations >= 1):
+            raise ConfigError(
+                "sinkhorn attention cannot be causal: a lower-triangular doubly stochastic matrix is the identity."
+            )
+        if self.kind == "sinkhorn" and not (
+            isinstance(self.sinkhorn_iterations, int) and self.sinkhorn_iterations >= 1
+        ):
             raise ConfigError(f"sinkhorn iterations must be a whole number >= 1, got {self.sinkhorn_iterations!r}.")
         if self.kind == "hardmax" and self.alibi is not None:
             raise ConfigError("hardmax attention takes the argmax of <Q x_i, K x_j> alone: ALiBi does not apply.")
@@ -262,21 +273,29 @@ class SelfAttention(AbstractInteraction):
         if whole and (self.scale_free or self.exclude_coincident):
             raise ConfigError("scale_free and exclude_coincident apply to softmax and unnormalized attention only.")
         if self.scale_free and self.kind != "usa":
-            raise ConfigError("scale_free shifts the logits of unnormalized attention (kind 'usa'); softmax "
-                              "attention is scale-free already.")
-        if self.exclude_coincident and not (identity_multiple(self.value) and self.output is None and
-                                            self.value_bias is None and self.output_bias is None):
-            raise ConfigError("exclude_coincident leaves the tangent field unchanged only with V a multiple of the "
-                              "identity, no output matrix and no biases.")
+            raise ConfigError(
+                "scale_free shifts the logits of unnormalized attention (kind 'usa'); softmax "
+                "attention is scale-free already."
+            )
+        if self.exclude_coincident and not (
+            identity_multiple(self.value)
+            and self.output is None
+            and self.value_bias is None
+            and self.output_bias is None
+        ):
+            raise ConfigError(
+                "exclude_coincident leaves the tangent field unchanged only with V a multiple of the "
+                "identity, no output matrix and no biases."
+            )
         if self.block is not None and not (isinstance(self.block, int) and self.block >= 0):
-            raise ConfigError(f"the attention block must be None (chosen by size), 0 (dense) or a positive number "
-                              f"of tokens per tile, got {self.block!r}.")
+            raise ConfigError(
+                f"the attention block must be None (chosen by size), 0 (dense) or a positive number "
+                f"of tokens per tile, got {self.block!r}."
+            )
         for name in ("query", "key", "value"):
             shape = getattr(self, name).shape
             if len(shape) != 3 or shape[0] != self.heads:
-                raise ConfigError(
-                    f"the {name} schedule must return shape (heads={self.heads}, rows, d), got {shape}."
-                )
+                raise ConfigError(f"the {name} schedule must return shape (heads={self.heads}, rows, d), got {shape}.")
         (_, dk, d), (_, dk2, d2), (_, dv, d3) = self.query.shape, self.key.shape, self.value.shape
         if dk != dk2 or len({d, d2, d3}) != 1:
             raise ConfigError(
@@ -290,8 +309,12 @@ class SelfAttention(AbstractInteraction):
             raise ConfigError(f"the output schedule must return shape {(self.heads, d, dv)}, got {self.output.shape}.")
         if self.alibi is not None and self.alibi.shape != (self.heads,):
             raise ConfigError(f"alibi needs one slope per head, shape ({self.heads},), got {self.alibi.shape}.")
-        for name, want in (("query_bias", (self.heads, dk)), ("key_bias", (self.heads, dk)),
-                           ("value_bias", (self.heads, dv)), ("output_bias", (d,))):
+        for name, want in (
+            ("query_bias", (self.heads, dk)),
+            ("key_bias", (self.heads, dk)),
+            ("value_bias", (self.heads, dv)),
+            ("output_bias", (d,)),
+        ):
             bias = getattr(self, name)
             if bias is not None and bias.shape != want:
                 raise ConfigError(f"the {name} schedule must return shape {want}, got {bias.shape}.")
@@ -331,8 +354,14 @@ class SelfAttention(AbstractInteraction):
     def _row_max(self, q: Array, k: Array) -> Array | None:
         """$|\\beta|\\,|q_i| \\max_j |k_j|$ where it is the row maximum of unit tokens (see the
         class), else None: the maximum is then searched for."""
-        known = (self.unit_rows and self.kind == "sa" and identity_multiple(self.query)
-                 and identity_multiple(self.key) and self.query_bias is None and self.key_bias is None)
+        known = (
+            self.unit_rows
+            and self.kind == "sa"
+            and identity_multiple(self.query)
+            and identity_multiple(self.key)
+            and self.query_bias is None
+            and self.key_bias is None
+        )
         if not known:
             return None
         norm = lambda a: jnp.sqrt(jnp.sum(a * a, axis=-1))
@@ -343,8 +372,15 @@ class SelfAttention(AbstractInteraction):
         (see `_tiled.symmetric_attention`): identity-multiple Q and K without biases (both
         rotated alike, if at all), no causal mask, all rows, and for softmax attention the
         known maximum."""
-        return (rows is None and not self.causal and identity_multiple(self.query) and identity_multiple(self.key)
-                and self.query_bias is None and self.key_bias is None and (self.kind == "usa" or top is not None))
+        return (
+            rows is None
+            and not self.causal
+            and identity_multiple(self.query)
+            and identity_multiple(self.key)
+            and self.query_bias is None
+            and self.key_bias is None
+            and (self.kind == "usa" or top is not None)
+        )
 
     def _mask(self, scores: Array, n: int, rows: Array | None) -> Array:
         """ALiBi and the causal mask added to `scores` `(..., m, n)` of queries at `rows`."""
@@ -361,8 +397,9 @@ class SelfAttention(AbstractInteraction):
             scores = jnp.where(jax.lax.broadcast_to_rank(index[None, :] <= at[:, None], scores.ndim), scores, -jnp.inf)
         return scores
 
-    def logits(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None,
-               rows: Int[Array, " m"] | None = None) -> Array:
+    def logits(
+        self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None, rows: Int[Array, " m"] | None = None
+    ) -> Array:
         """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked, for
         the query tokens `rows` (default all) against all keys.
 
@@ -371,8 +408,9 @@ class SelfAttention(AbstractInteraction):
         q, k = self._queries_keys(t, x, at, rows)
         return self._mask(self.beta * _contract(q, k), x.shape[0], rows)
 
-    def weights(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None,
-                rows: Int[Array, " m"] | None = None) -> Float[Array, "heads m n"]:
+    def weights(
+        self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None, rows: Int[Array, " m"] | None = None
+    ) -> Float[Array, "heads m n"]:
         """The attention matrices $a^h_{ij}(t)$ of every head, for the query tokens `rows`
         (default all; formed whole: $m \\times n$ per head)."""
         if self.kind in ("sinkhorn", "hardmax"):
@@ -426,13 +464,25 @@ class SelfAttention(AbstractInteraction):
         if self.kind in ("sinkhorn", "hardmax"):
             mixed = _mix(self._normalised(t, x, at, rows), values)
         elif tile is not None and (self.scale_free or self.exclude_coincident):
-            raise ConfigError(f"scale_free and exclude_coincident attention form the logits whole; at n={n} they "
-                              "would be tiled: set the attention block to 0.")
+            raise ConfigError(
+                f"scale_free and exclude_coincident attention form the logits whole; at n={n} they "
+                "would be tiled: set the attention block to 0."
+            )
         elif tile is not None:
             top = self._row_max(q, k)
-            mixed = _tiled.attention_heads(q, k, values, self.beta, self.alibi, block=tile, kind=self.kind,
-                                           causal=self.causal, positions=rows, row_max=top,
-                                           symmetric=self._symmetric(rows, top))
+            mixed = _tiled.attention_heads(
+                q,
+                k,
+                values,
+                self.beta,
+                self.alibi,
+                block=tile,
+                kind=self.kind,
+                causal=self.causal,
+                positions=rows,
+                row_max=top,
+                symmetric=self._symmetric(rows, top),
+            )
         else:
             scores = self._mask(self.beta * _contract(q, k), n, rows)
             if self.kind == "sa":

@@ -118,8 +118,12 @@ def fold_tiles(fold: Callable, init: Callable, rows, cols, block: int, *, skip: 
             col_tile, col_index = col
             if skip is None:
                 return fold(carry, row_tile, col_tile, row_index, col_index), None
-            out = lax.cond(skip(row_tile, row_index, col_index), lambda c: c,
-                           lambda c: fold(c, row_tile, col_tile, row_index, col_index), carry)
+            out = lax.cond(
+                skip(row_tile, row_index, col_index),
+                lambda c: c,
+                lambda c: fold(c, row_tile, col_tile, row_index, col_index),
+                carry,
+            )
             return out, None
 
         carry, _ = lax.scan(step, init(row_tile), (col_tiles, col_indices))
@@ -135,10 +139,19 @@ def products(a: Float[Array, "m k"], b: Float[Array, "n k"]) -> Float[Array, "m 
     return jnp.einsum("ik,jk->ij", a, b)
 
 
-def attention(q: Float[Array, "m dk"], k: Float[Array, "n dk"], v: Float[Array, "n dv"], beta: ScalarLike, *,
-              block: int, kind: str = "sa", causal: bool = False, slope: ScalarLike | None = None,
-              positions: Int[Array, " m"] | None = None, row_max: Float[Array, " m"] | None = None
-              ) -> Float[Array, "m dv"]:
+def attention(
+    q: Float[Array, "m dk"],
+    k: Float[Array, "n dk"],
+    v: Float[Array, "n dv"],
+    beta: ScalarLike,
+    *,
+    block: int,
+    kind: str = "sa",
+    causal: bool = False,
+    slope: ScalarLike | None = None,
+    positions: Int[Array, " m"] | None = None,
+    row_max: Float[Array, " m"] | None = None,
+) -> Float[Array, "m dv"]:
     """$\\sum_j a_{ij} v_j$ for one head, the logits $\\ell_{ij} = \\beta\\langle q_i, k_j\\rangle
     - \\lambda|p_i - j|$ (with $-\\infty$ for $j > p_i$ when `causal`) formed one tile at a time.
 
@@ -309,9 +322,17 @@ def _symmetric(q, k, v, beta, slope, shift, *, block: int, kind: str):
     return acc[:, :-1] / acc[:, -1:] if normalized else acc / n
 
 
-def symmetric_attention(q: Float[Array, "n dk"], k: Float[Array, "n dk"], v: Float[Array, "n dv"], beta: ScalarLike,
-                        *, block: int, kind: str = "sa", slope: ScalarLike | None = None,
-                        shift: ScalarLike | None = None) -> Float[Array, "n dv"]:
+def symmetric_attention(
+    q: Float[Array, "n dk"],
+    k: Float[Array, "n dk"],
+    v: Float[Array, "n dv"],
+    beta: ScalarLike,
+    *,
+    block: int,
+    kind: str = "sa",
+    slope: ScalarLike | None = None,
+    shift: ScalarLike | None = None,
+) -> Float[Array, "n dv"]:
     """`attention` of all n tokens when the logits are symmetric, $\\ell_{ij} = \\ell_{ji}$:
     `k` a multiple of `q` (identity-multiple Q and K, rotated alike or not), no causal mask
     (ALiBi is symmetric). Each pair of tiles is exponentiated once for both its rows and its
@@ -336,9 +357,20 @@ def symmetric_attention(q: Float[Array, "n dk"], k: Float[Array, "n dk"], v: Flo
     return fast(q, k, v, jnp.asarray(beta, q.dtype), slope, shift)
 
 
-def attention_heads(q: Array, k: Array, v: Array, beta: ScalarLike, slopes: Array | None, *, block: int,
-                    kind: str = "sa", causal: bool = False, positions: Int[Array, " m"] | None = None,
-                    row_max: Array | None = None, symmetric: bool = False) -> Array:
+def attention_heads(
+    q: Array,
+    k: Array,
+    v: Array,
+    beta: ScalarLike,
+    slopes: Array | None,
+    *,
+    block: int,
+    kind: str = "sa",
+    causal: bool = False,
+    positions: Int[Array, " m"] | None = None,
+    row_max: Array | None = None,
+    symmetric: bool = False,
+) -> Array:
     """`attention` for every head: `q` `(heads, m, dk)` or `(m, dk)` when every head
     shares it, likewise `k`, `v` (`(heads, n, ...)` or `(n, ...)`), `slopes` `(heads,)` and
     `row_max` `(heads, m)` or `(m,)`. Returns `(heads, m, dv)`, or `(m, dv)` when no operand
@@ -352,8 +384,9 @@ def attention_heads(q: Array, k: Array, v: Array, beta: ScalarLike, slopes: Arra
         if symmetric:
             shift = None if top is None else jnp.max(top)
             return symmetric_attention(q, k, v, beta, block=block, kind=kind, slope=slope, shift=shift)
-        return attention(q, k, v, beta, block=block, kind=kind, causal=causal, slope=slope, positions=positions,
-                         row_max=top)
+        return attention(
+            q, k, v, beta, block=block, kind=kind, causal=causal, slope=slope, positions=positions, row_max=top
+        )
 
     if all(axis is None for axis in axes):
         return one(*operands)

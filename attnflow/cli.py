@@ -138,9 +138,12 @@ class _SweepRecord(Callback):
             with contextlib.suppress(OSError, ValueError, RecursionError), open(path, "rb") as file:
                 record = file.read(limit + 1)
                 outcome = json.loads(record) if len(record) <= limit else None
-                if (isinstance(outcome, dict) and type(outcome.get("num")) is int
-                        and isinstance(outcome.get("job"), str)
-                        and isinstance(outcome.get("error"), (str, type(None)))):
+                if (
+                    isinstance(outcome, dict)
+                    and type(outcome.get("num")) is int
+                    and isinstance(outcome.get("job"), str)
+                    and isinstance(outcome.get("error"), (str, type(None)))
+                ):
                     outcomes.append(outcome)
         outcomes.sort(key=lambda outcome: outcome["num"])
         _JOBS[:] = [outcome["job"] for outcome in outcomes]
@@ -159,11 +162,16 @@ class _SweepRecord(Callback):
 
 def _record_outcome(hydra_cfg, error: str | None) -> None:
     """A sweep job's outcome (None: finished or already there), for `_SweepRecord`."""
-    outcome = {"num": int(hydra_cfg.job.num), "job": _job_label(hydra_cfg), "error": error,
-               "stderr": _stderr_identity()}
+    outcome = {
+        "num": int(hydra_cfg.job.num),
+        "job": _job_label(hydra_cfg),
+        "error": error,
+        "stderr": _stderr_identity(),
+    }
     with contextlib.suppress(OSError):
-        RunDirectory(Path(str(hydra_cfg.sweep.dir))).write_text(f"{_OUTCOMES}/{outcome['num']}.json",
-                                                                json.dumps(outcome))
+        RunDirectory(Path(str(hydra_cfg.sweep.dir))).write_text(
+            f"{_OUTCOMES}/{outcome['num']}.json", json.dumps(outcome)
+        )
 
 
 def _stderr_identity() -> list[int] | None:
@@ -200,8 +208,11 @@ def _job(cfg) -> None:
         # A full disk: nothing finished is lost, and the same command resumes.
         pieces = out / RunDirectory.PIECES
         kept = finished_pieces(pieces)
-        kept = (f"the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}, and the same "
-                "command resumes" if kept else "nothing was finished yet, and the same command starts again")
+        kept = (
+            f"the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}, and the same command resumes"
+            if kept
+            else "nothing was finished yet, and the same command starts again"
+        )
         error = f"{failure}; {kept} once {out} can be written again."
         _tell(None)
         _record_failure(error, hydra_cfg, out)
@@ -239,12 +250,14 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
             print(f"attnflow: {folder.results_path} already holds this run; skipping it.", flush=True)
             return
         if stored is not None and not resolved.overwrite:
-            raise ConfigError(f"{folder.results_path} holds a different run; choose another hydra.run.dir "
-                              "or set overwrite=true.")
+            raise ConfigError(
+                f"{folder.results_path} holds a different run; choose another hydra.run.dir or set overwrite=true."
+            )
         plan = plan_study(study) if experiment is None else None  # refuses what does not fit
         # Another run's unfinished pieces are refused like its results (or discarded with overwrite=true).
-        discarded = folder.claim_pieces({".": run_identity(resolved)} if experiment is None else
-                                        experiment.piece_configs(), resolved.overwrite)
+        discarded = folder.claim_pieces(
+            {".": run_identity(resolved)} if experiment is None else experiment.piece_configs(), resolved.overwrite
+        )
         if discarded:
             print(f"attnflow: {discarded}", flush=True)
         _write_record(folder, cfg, hydra_cfg)
@@ -255,22 +268,30 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         try:
             with Progress(name, total) as progress:
                 if experiment is None:
-                    results = solve_study(study, plan, pieces=pieces, on_piece=progress.advance,
-                                          on_resume=lambda found, total: _resuming(found, total, pieces),
-                                          on_damaged=_damaged)
+                    results = solve_study(
+                        study,
+                        plan,
+                        pieces=pieces,
+                        on_piece=progress.advance,
+                        on_resume=lambda found, total: _resuming(found, total, pieces),
+                        on_damaged=_damaged,
+                    )
                 else:
                     from .experiments import solve_experiment  # lazy: start-up
 
-                    results = solve_experiment(experiment, pieces=pieces, on_piece=progress.advance,
-                                               on_resume=lambda label, found, total: _resuming(
-                                                   found, total, pieces / label), on_damaged=_damaged)
+                    results = solve_experiment(
+                        experiment,
+                        pieces=pieces,
+                        on_piece=progress.advance,
+                        on_resume=lambda label, found, total: _resuming(found, total, pieces / label),
+                        on_damaged=_damaged,
+                    )
         except (NonFiniteStateError, SolverFailure) as error:
             if getattr(error, "results", None) is None:
                 # An experiment's own computation failed (its mean-field PDE): no study's
                 # statistics to keep, but its finished pieces stay for the next run.
                 kept = finished_pieces(pieces)
-                kept = (f"; the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}"
-                        if kept else "")
+                kept = f"; the {kept} finished piece{'s are' if kept > 1 else ' is'} kept in {pieces}" if kept else ""
                 raise ConfigError(f"{str(error).rstrip('.')}{kept}.") from None
             # Nothing computed is lost: the statistics, missing from each failed
             # solve's first bad output on, go to a file that cannot be mistaken for
@@ -296,17 +317,24 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                     with status("drawing summary.png"):
                         from ._plots import plot_summary  # lazy: start-up
 
-                        figures = [plot_summary(results.to_xarray(), folder.path / "summary.png",
-                                                title=_title(resolved))]
+                        figures = [
+                            plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))
+                        ]
                 else:
                     with status(f"drawing the figures of {experiment.name}"):
                         from .experiments import draw_experiment  # lazy: start-up
 
-                        figures = draw_experiment(results, folder.path, plotly_js=resolved.plotly_js.value,
-                                                  experiment=type(experiment.experiment))
+                        figures = draw_experiment(
+                            results,
+                            folder.path,
+                            plotly_js=resolved.plotly_js.value,
+                            experiment=type(experiment.experiment),
+                        )
             except StorageError as error:
-                raise ConfigError(f"{error}; the results are safe in {path}, and `attnflow plot {folder.path}` "
-                                  "draws the figures once the folder can be written again.") from None
+                raise ConfigError(
+                    f"{error}; the results are safe in {path}, and `attnflow plot {folder.path}` "
+                    "draws the figures once the folder can be written again."
+                ) from None
             for figure in figures:
                 print(f"attnflow: wrote {figure}", flush=True)
 
@@ -317,8 +345,10 @@ def _history(hydra_cfg) -> str:
 
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return history_line(command_line())
-    return history_line(" ".join(["attnflow", *_overrides(hydra_cfg)]) + f" ({_job_label(hydra_cfg).split(' (')[0]} "
-                        f"of {command_line()})")
+    return history_line(
+        " ".join(["attnflow", *_overrides(hydra_cfg)]) + f" ({_job_label(hydra_cfg).split(' (')[0]} "
+        f"of {command_line()})"
+    )
 
 
 def _resuming(found: int, total: int, pieces: Path) -> None:
@@ -363,7 +393,7 @@ def _discard_refused(out: Path) -> None:
         if any(p.name not in _HYDRA_FILES and p.suffix != ".log" for p in out.iterdir()):
             return
         shutil.rmtree(out)
-        for parent in created[created.index(out) + 1:]:
+        for parent in created[created.index(out) + 1 :]:
             parent.rmdir()  # only while empty (OSError otherwise: the rest is kept)
 
 
@@ -394,8 +424,15 @@ def _shipped(group: str, config_dir: str | None = None) -> list[str]:
     folders = [config_source()[1].joinpath(group)]
     if config_dir:
         folders.append(Path(config_dir) / group)
-    return sorted({p.name[: -len(".yaml")] for folder in folders if folder.is_dir() for p in folder.iterdir()
-                   if p.name.endswith(".yaml")})
+    return sorted(
+        {
+            p.name[: -len(".yaml")]
+            for folder in folders
+            if folder.is_dir()
+            for p in folder.iterdir()
+            if p.name.endswith(".yaml")
+        }
+    )
 
 
 def _check_command_line(arguments: list[str]) -> None:
@@ -408,16 +445,20 @@ def _check_command_line(arguments: list[str]) -> None:
     bare = next((arg for arg in given if "=" not in arg and not arg.startswith("~")), None)
     if bare is not None:
         # Hydra would say only "Error parsing override": a word alone is not a setting.
-        raise ConfigError(f"attnflow takes settings as key=value (e.g. n=32 beta=4), experiment=NAME or a command "
-                          f"({', '.join(_USAGE)}, help), got {bare!r}; `attnflow --help` lists them.")
+        raise ConfigError(
+            f"attnflow takes settings as key=value (e.g. n=32 beta=4), experiment=NAME or a command "
+            f"({', '.join(_USAGE)}, help), got {bare!r}; `attnflow --help` lists them."
+        )
     overrides = OverridesParser.create().parse_overrides(given)
     given: dict[tuple, str] = {}
     sizes = []
     for override in overrides:
         key = (override.key_or_group, override.package)
         if key in given:
-            raise ConfigError(f"{override.get_key_element().lstrip('~+')} is given twice ({given[key]}, "
-                              f"{override.input_line}); give it once.")
+            raise ConfigError(
+                f"{override.get_key_element().lstrip('~+')} is given twice ({given[key]}, "
+                f"{override.input_line}); give it once."
+            )
         given[key] = override.input_line
         if override.is_delete():
             continue  # a key left without its value is refused when the job starts
@@ -427,9 +468,11 @@ def _check_command_line(arguments: list[str]) -> None:
     jobs = math.prod(sizes)
     if jobs > _MOST_JOBS:
         swept = " x ".join(str(size) for size in sizes if size != 1)
-        raise ConfigError(f"this sweep has {jobs} jobs ({swept}); one command runs at most {_MOST_JOBS}, as Hydra "
-                          "lists and composes every job before the first one starts: split it, or give beta as a "
-                          "list (one run computes every beta).")
+        raise ConfigError(
+            f"this sweep has {jobs} jobs ({swept}); one command runs at most {_MOST_JOBS}, as Hydra "
+            "lists and composes every job before the first one starts: split it, or give beta as a "
+            "list (one run computes every beta)."
+        )
 
 
 def _check_group_options(group: str, value, config_dir: str | None = None) -> None:
@@ -443,8 +486,9 @@ def _check_group_options(group: str, value, config_dir: str | None = None) -> No
         option = None if option is None else str(option)
         if names is None:
             if option is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", option):
-                raise ConfigError(f"unknown {group} {option!r}: a config group takes the name of one of its options, "
-                                  "never a path.")
+                raise ConfigError(
+                    f"unknown {group} {option!r}: a config group takes the name of one of its options, never a path."
+                )
         elif option not in names and not (option is None and group == "experiment"):
             shown = "null" if option is None else repr(option)
             raise ConfigError(f"unknown {group} {shown}; choose one of {', '.join(names)}.")
@@ -470,8 +514,10 @@ def _sentence(error: BaseException) -> str:
         group, _, option = error.missing_cfg_file.rpartition("/")
         options = ", ".join(o for o in (error.options or []) if not o.startswith("attnflow_schema"))
         if group == "hydra/launcher":
-            return (f"unknown hydra/launcher {option!r}; choose one of {options} (joblib comes with "
-                    'pip install "attnflow[joblib]", submitit_local and submitit_slurm with "attnflow[slurm]").')
+            return (
+                f"unknown hydra/launcher {option!r}; choose one of {options} (joblib comes with "
+                'pip install "attnflow[joblib]", submitit_local and submitit_slurm with "attnflow[slurm]").'
+            )
         if group:
             return f"unknown {group} {option!r}; choose one of {options}."
         return f"cannot find the config {error.missing_cfg_file!r}."
@@ -480,8 +526,10 @@ def _sentence(error: BaseException) -> str:
         key, _, value = first.rpartition(": ")[2].partition("=")
         if key.isascii() and not value.isascii():
             # Hydra reads unquoted values in ASCII only.
-            return (f"cannot parse the command line ({first}); a value with other characters goes in quotes that "
-                    f"reach attnflow, e.g. \"{key}='{value}'\".")
+            return (
+                f"cannot parse the command line ({first}); a value with other characters goes in quotes that "
+                f"reach attnflow, e.g. \"{key}='{value}'\"."
+            )
         return f"cannot parse the command line ({first})."
     cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
     if isinstance(cause, OmegaConfBaseException):
@@ -502,16 +550,25 @@ def _interrupted() -> None:
     kept = finished_pieces(folder / RunDirectory.PIECES) if folder else 0
     sweep = _CURRENT.get("sweep")
     # Without its folder, the same command would start over in a new timestamped one.
-    resume = (f"hydra.sweep.dir={shlex.quote(str(Path(sweep).absolute()))}" if sweep is not None else
-              f"hydra.run.dir={shlex.quote(str(Path(folder).absolute()))}" if folder else None)
+    resume = (
+        f"hydra.sweep.dir={shlex.quote(str(Path(sweep).absolute()))}"
+        if sweep is not None
+        else f"hydra.run.dir={shlex.quote(str(Path(folder).absolute()))}"
+        if folder
+        else None
+    )
     if kept:
-        _say(f"interrupted; {kept} finished piece{'s are' if kept > 1 else ' is'} kept in "
-             f"{folder / RunDirectory.PIECES}; the same command with {resume} resumes from there.")
+        _say(
+            f"interrupted; {kept} finished piece{'s are' if kept > 1 else ' is'} kept in "
+            f"{folder / RunDirectory.PIECES}; the same command with {resume} resumes from there."
+        )
     elif sweep is not None:
         # Between jobs, or the jobs ran in other processes (a parallel launcher, whose
         # workers stop with this one): their finished pieces are where they were.
-        _say(f"interrupted; the finished jobs and pieces are kept in {sweep}; the same command with {resume} "
-             "resumes from there, skipping the finished jobs.")
+        _say(
+            f"interrupted; the finished jobs and pieces are kept in {sweep}; the same command with {resume} "
+            "resumes from there, skipping the finished jobs."
+        )
     else:
         _say("interrupted; no results were written.")
         if _CURRENT.get("created"):
@@ -612,12 +669,15 @@ def _user_experiment(ds, config_dir: str | None):
     try:
         given = read_config(path)
     except (OSError, ValueError) as error:
-        raise ConfigError(f"{path} cannot be read ({type(error).__name__}); give the config folder of the "
-                          f"experiment {name}.") from None
+        raise ConfigError(
+            f"{path} cannot be read ({type(error).__name__}); give the config folder of the experiment {name}."
+        ) from None
     named = (given.get("experiment") or {}).get("_target_") if isinstance(given, dict) else None
     if named != target:
-        raise ConfigError(f"{path} names the class {named!r}, but the results were drawn by {target}; give the "
-                          "config folder of the experiment that wrote them.")
+        raise ConfigError(
+            f"{path} names the class {named!r}, but the results were drawn by {target}; give the "
+            "config folder of the experiment that wrote them."
+        )
     return experiment_class(name, named)
 
 
@@ -632,8 +692,10 @@ def _redraw(results: Path, config_dir: str | None = None) -> list[Path]:
         try:
             return draw_experiment(ds, results.parent, experiment=_user_experiment(ds, config_dir))
         except KeyError as missing:  # a file that names an experiment but lacks what it draws
-            raise ConfigError(f"{results} lacks {missing}, which the figures of experiment "
-                              f"{ds.attrs['experiment']} need; was it written by attnflow?") from None
+            raise ConfigError(
+                f"{results} lacks {missing}, which the figures of experiment "
+                f"{ds.attrs['experiment']} need; was it written by attnflow?"
+            ) from None
     from ._plots import plot_summary  # lazy: start-up
 
     return [plot_summary(ds, results.parent / "summary.png")]
@@ -660,15 +722,20 @@ def _without_hydra(args: list[str]) -> int | None:
             return _without_hydra([topic[0], "--help"]) if topic[0] == "train" else _command(topic[0], ["--help"])
         if len(topic) == 1 and topic[0].removeprefix("experiment=") in _help.experiments():
             return _without_hydra([f"experiment={topic[0].removeprefix('experiment=')}", "--help"])
-        _say(f"error: attnflow help takes plot, report, train or an experiment ({', '.join(_help.experiments())}), "
-             f"got {' '.join(topic)!r}.")
+        _say(
+            f"error: attnflow help takes plot, report, train or an experiment ({', '.join(_help.experiments())}), "
+            f"got {' '.join(topic)!r}."
+        )
         return 2
     if args[:1] == ["train"] and any(a in _HELP_FLAGS for a in args[1:]):
         print(_help.train_help(), flush=True)
         return 0
     overrides = [a for a in args if a not in _HELP_FLAGS]
-    if len(overrides) < len(args) and args[:1] not in ([name] for name in _USAGE) and (
-            overrides == [] or (len(overrides) == 1 and overrides[0].startswith("experiment="))):
+    if (
+        len(overrides) < len(args)
+        and args[:1] not in ([name] for name in _USAGE)
+        and (overrides == [] or (len(overrides) == 1 and overrides[0].startswith("experiment=")))
+    ):
         try:
             _check_command_line(overrides)  # an experiment that is not one
         except (ConfigError, HydraException) as error:
@@ -752,8 +819,10 @@ def main() -> None:
         # A job's process died (killed for memory, or by the scheduler's time limit):
         # the launcher gives up on the jobs it had not run yet.
         first = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
-        _say(f"error: a job's process ended before its job did ({first}); the finished jobs are kept in "
-             f"{_CURRENT.get('sweep', 'the sweep folder')} and the same command runs the others.")
+        _say(
+            f"error: a job's process ended before its job did ({first}); the finished jobs are kept in "
+            f"{_CURRENT.get('sweep', 'the sweep folder')} and the same command runs the others."
+        )
         sys.exit(2)
     finally:
         _tell(None)

@@ -18,11 +18,26 @@ ATTNFLOW = Path(sys.executable).with_name("attnflow")
 if not ATTNFLOW.exists():
     ATTNFLOW = Path(shutil.which("attnflow") or ATTNFLOW)
 
+def environment(**extra: str) -> dict:
+    """The environment a command runs in: this one on the CPU, without HYDRA_FULL_ERROR
+    (it would turn the one-line errors into tracebacks), with `extra` on top."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+def one_sentence(error: pytest.ExceptionInfo) -> str:
+    """The message of a raised error, checked to be one sentence: one line, ending with a
+    full stop, short."""
+    message = str(error.value)
+    assert "\n" not in message and message.endswith(".") and len(message) < 400, message
+    return message
+
+
 def attnflow(*args: str, cwd: Path, module: bool = False, env: dict | None = None,
              umask: int | None = None) -> subprocess.CompletedProcess:
     """Run the command (the console script, or `python -m attnflow.cli`) on the CPU."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
-    env.pop("HYDRA_FULL_ERROR", None)  # it would turn the one-line error into a traceback
+    env = environment(**(env or {}))
     command = [sys.executable, "-m", "attnflow.cli"] if module else [str(ATTNFLOW)]
     assert module or ATTNFLOW.exists(), f"the attnflow console script is not installed next to {sys.executable}"
     return subprocess.run(command + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=300,

@@ -86,3 +86,10 @@ def published_staircase(angles, betas, steps: int, step: float = 1e-5) -> np.nda
             gap, weight = pairs(theta)
         energy[:, k] = np.mean(weight, axis=(1, 2))
     return energy
+
+
+def rk4_rate(rate, h):
+    """The exponent of $\\dot v = \\lambda v$ under RK4 steps of size h: $\\log |R(h\\lambda)| / h$,
+    $R(z) = 1 + z + z^2/2 + z^3/6 + z^4/24$."""
+    z = rate * h
+    return np.log(np.abs(1 + z + z**2 / 2 + z**3 / 6 + z**4 / 24)) / h

@@ -34,7 +34,8 @@ and their difference is $e^{\\beta\\rho}\\big(1 + (n-2)\\rho - (n-1)\\rho^2\\big
 so
 
 $$
-\\dot\\rho = \\frac{2\\, e^{\\beta\\rho}\\,(1 - \\rho)\\,\\big(1 + (n-1)\\rho\\big)}{e^{\\beta} + (n-1)\\, e^{\\beta\\rho}},
+\\dot\\rho = \\frac{2\\, e^{\\beta\\rho}\\,(1 - \\rho)\\,\\big(1 + (n-1)\\rho\\big)}{e^{\\beta} + (n-1)\\,
+e^{\\beta\\rho}},
 \\qquad \\rho(0) = 0 .
 $$
 
@@ -74,8 +75,9 @@ from .._simulate import step_map
 
 
 def equiangular_rate(rho: ArrayLike, beta: ArrayLike, n: int) -> Array:
-    """$\\dot\\rho$ of the equiangular model: $2 e^{\\beta\\rho}(1-\\rho)(1+(n-1)\\rho) / (e^\\beta + (n-1)e^{\\beta\\rho})$,
-    written with $e^{\\beta(1-\\rho)}$ so that it does not overflow at large beta."""
+    """$\\dot\\rho$ of the equiangular model:
+    $2 e^{\\beta\\rho}(1-\\rho)(1+(n-1)\\rho) / (e^\\beta + (n-1)e^{\\beta\\rho})$, written with
+    $e^{\\beta(1-\\rho)}$ so that it does not overflow at large beta."""
     rho = jnp.asarray(rho)
     return 2 * (1 - rho) * (1 + (n - 1) * rho) / (jnp.exp(beta * (1 - rho)) + (n - 1))
 
@@ -96,8 +98,9 @@ def _times(beta: Float[Array, " b"], n: Float[Array, ""], end: Float[Array, ""])
     def one(b):
         # u = end s^2: steps crowd near u = 0, where the integrand varies on the scale 1/n.
         step = step_map(lambda s, t, args: 2 * end * s * _dt_du(end * s * s, b, n), "rk4", h)
-        t, _ = jax.lax.scan(lambda t, k: (step(k * h, t), None), jnp.zeros((), beta.dtype),
-                            jnp.arange(_STEPS, dtype=beta.dtype))
+        t, _ = jax.lax.scan(
+            lambda t, k: (step(k * h, t), None), jnp.zeros((), beta.dtype), jnp.arange(_STEPS, dtype=beta.dtype)
+        )
         return t
 
     return jax.vmap(one)(beta)

@@ -115,10 +115,12 @@ def check_kernel_table(beta: float, grid: int, name: str = "beta") -> None:
     not fit in half of the available memory; `name` is the setting that gave beta."""
     need, memory = kernel_table_bytes(beta, grid), available_memory()
     if need > memory // 2:
-        raise ConfigError(f"{name}={beta:g} needs {need / 2**30:.1f} GiB for the kernel's Fourier coefficients on "
-                          f"the circle ({40 * np.sqrt(beta):.3g} quadrature points for each of {(grid - 1) // 3 + 1} "
-                          f"modes), more than half of the {memory / 2**30:.1f} GiB available; lower {name} (the "
-                          f"clusters of beta={beta:g} are far narrower than {grid} grid points resolve anyway).")
+        raise ConfigError(
+            f"{name}={beta:g} needs {need / 2**30:.1f} GiB for the kernel's Fourier coefficients on "
+            f"the circle ({40 * np.sqrt(beta):.3g} quadrature points for each of {(grid - 1) // 3 + 1} "
+            f"modes), more than half of the {memory / 2**30:.1f} GiB available; lower {name} (the "
+            f"clusters of beta={beta:g} are far narrower than {grid} grid points resolve anyway)."
+        )
 
 
 def _kernel_coefficients(beta: float, modes: int):
@@ -151,7 +153,8 @@ def _rhs(grid: int, modes: int):
         rho = to_grid(c)
         # Softmax divides by Z, unnormalised attention by 1: data, so both kinds share one program.
         v = to_grid(c * jax.lax.complex(jnp.zeros_like(field), field)) / (
-            softmax * to_grid(c * normalizer.astype(c.dtype)) + (1 - softmax))
+            softmax * to_grid(c * normalizer.astype(c.dtype)) + (1 - softmax)
+        )
         flux = from_grid(rho * v)
         dc = flux * jax.lax.complex(jnp.zeros_like(k), -k) - (0.5 * sigma**2 * k**2).astype(c.dtype) * c
         return jnp.concatenate([dc.real, dc.imag])
@@ -163,9 +166,17 @@ def _rhs(grid: int, modes: int):
 def _solve(y0, ts, field, normalizer, softmax, sigma, *, grid, modes, solver, rtol, atol, max_steps):
     term = diffrax.ODETerm(_rhs(grid, modes))
     solution = diffrax.diffeqsolve(
-        term, SOLVERS[solver](), ts[0], ts[-1], None, y0, args=(field, normalizer, softmax, sigma),
-        saveat=diffrax.SaveAt(ts=ts), stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
-        max_steps=max_steps, throw=False,
+        term,
+        SOLVERS[solver](),
+        ts[0],
+        ts[-1],
+        None,
+        y0,
+        args=(field, normalizer, softmax, sigma),
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
+        max_steps=max_steps,
+        throw=False,
     )
     c = jax.lax.complex(solution.ys[:, : modes + 1], solution.ys[:, modes + 1 :])
     density = jnp.fft.irfft(c, n=grid, axis=-1) * grid
@@ -209,13 +220,13 @@ def meanfield_circle(
     **Returns:** a `MeanFieldSolution`.
     """
     if not jax.config.read("jax_enable_x64"):
-        raise ConfigError("meanfield_circle computes in float64: call jax.config.update('jax_enable_x64', True) "
-                          "first.")
+        raise ConfigError("meanfield_circle computes in float64: call jax.config.update('jax_enable_x64', True) first.")
     rho = np.asarray(density, np.float64)
     ts = np.asarray(ts, np.float64)
     if rho.ndim != 1 or rho.size < 7 or not np.all(np.isfinite(rho)):
-        raise ConfigError(f"the initial density must be a finite 1-d array on at least 7 grid points, got shape "
-                          f"{rho.shape}.")
+        raise ConfigError(
+            f"the initial density must be a finite 1-d array on at least 7 grid points, got shape {rho.shape}."
+        )
     if ts.ndim != 1 or ts.size < 1 or not np.all(np.isfinite(ts)) or np.any(np.diff(ts) <= 0):
         raise ConfigError(f"ts must be a non-empty increasing 1-d array of finite times, got {ts!r}.")
     if kind not in ("sa", "usa"):
@@ -223,8 +234,10 @@ def meanfield_circle(
     if not (np.isfinite(beta) and beta >= 0) or not (np.isfinite(sigma) and sigma >= 0):
         raise ConfigError(f"beta and sigma must be finite and >= 0, got beta={beta!r}, sigma={sigma!r}.")
     if kind == "usa" and beta > USA_LARGEST_BETA:
-        raise ConfigError(f"unnormalised attention multiplies by e^beta, which float64 holds up to beta = "
-                          f"{USA_LARGEST_BETA:g}, got beta={beta:g}; lower beta, or take kind='sa'.")
+        raise ConfigError(
+            f"unnormalised attention multiplies by e^beta, which float64 holds up to beta = "
+            f"{USA_LARGEST_BETA:g}, got beta={beta:g}; lower beta, or take kind='sa'."
+        )
     if solver not in SOLVERS:
         raise ConfigError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}.")
     grid = rho.size
@@ -236,25 +249,42 @@ def meanfield_circle(
     if kind == "usa":
         field = field * np.exp(beta)  # the e^beta that softmax divides out
     softmax = jnp.asarray(1.0 if kind == "sa" else 0.0)
-    c, rho_t, steps, ok = _solve(y0, jnp.asarray(ts), field, normalizer, softmax, jnp.asarray(sigma, jnp.float64),
-                                 grid=grid, modes=modes, solver=solver, rtol=jnp.asarray(float(rtol)),
-                                 atol=jnp.asarray(float(atol)), max_steps=max_steps)
+    c, rho_t, steps, ok = _solve(
+        y0,
+        jnp.asarray(ts),
+        field,
+        normalizer,
+        softmax,
+        jnp.asarray(sigma, jnp.float64),
+        grid=grid,
+        modes=modes,
+        solver=solver,
+        rtol=jnp.asarray(float(rtol)),
+        atol=jnp.asarray(float(atol)),
+        max_steps=max_steps,
+    )
     if not bool(ok):
-        raise SolverFailure(f"the {solver} solver stopped before t = {ts[-1]:g} (at most {max_steps} steps): raise "
-                            "max_steps, or stop before the clusters are narrower than the grid resolves.")
+        raise SolverFailure(
+            f"the {solver} solver stopped before t = {ts[-1]:g} (at most {max_steps} steps): raise "
+            "max_steps, or stop before the clusters are narrower than the grid resolves."
+        )
     minimum = jnp.min(rho_t, axis=1)
     mean = float(c0[0].real)
     low = float(jnp.min(minimum))
     if low < -tolerance * mean:
         at = ts[int(np.argmax(np.asarray(minimum) < -tolerance * mean))]
-        warnings.warn(f"the mean-field density goes negative from t = {at:g} on (minimum {low:.3g}, mean {mean:.3g}): "
-                      f"its clusters are narrower than {grid} grid points resolve, so read it only before then.",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"the mean-field density goes negative from t = {at:g} on (minimum {low:.3g}, mean {mean:.3g}): "
+            f"its clusters are narrower than {grid} grid points resolve, so read it only before then.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return MeanFieldSolution(jnp.asarray(ts), c, rho_t, 2 * jnp.pi * c[:, 0].real, minimum, steps)
 
 
-def circle_growth_rate(k: ArrayLike, beta: ArrayLike, kind: Literal["sa", "usa"] = "sa",
-                       sigma: ArrayLike = 0.0) -> np.ndarray | float:
+def circle_growth_rate(
+    k: ArrayLike, beta: ArrayLike, kind: Literal["sa", "usa"] = "sa", sigma: ArrayLike = 0.0
+) -> np.ndarray | float:
     r"""The linear growth rate of mode $k \ge 1$ of a small perturbation of the uniform
     density $1/2\pi$ (mass 1) under the continuity equation of `meanfield_circle`:
 
@@ -271,8 +301,9 @@ def circle_growth_rate(k: ArrayLike, beta: ArrayLike, kind: Literal["sa", "usa"]
     return drift - 0.5 * sigma**2 * k**2
 
 
-def circle_stationary_order(beta: float, sigma: float, *, points: int = 512, tol: float = 1e-12,
-                            max_iterations: int = 200_000) -> float:
+def circle_stationary_order(
+    beta: float, sigma: float, *, points: int = 512, tol: float = 1e-12, max_iterations: int = 200_000
+) -> float:
     r"""The order parameter $r = |\int e^{i\theta}\rho(\theta)\,d\theta|$ of the ordered
     stationary density of noisy unnormalised attention (`"usa"`, Q = K = V = I) on the
     circle: the mean-field limit of the stationary $|\frac1n\sum_i x_i|$ below the
@@ -297,9 +328,11 @@ def circle_stationary_order(beta: float, sigma: float, *, points: int = 512, tol
     """
     beta, sigma = float(beta), float(sigma)
     if not (0 < beta <= USA_LARGEST_BETA and sigma > 0):
-        raise ConfigError(f"circle_stationary_order needs 0 < beta <= {USA_LARGEST_BETA:g} (e^beta in float64) and "
-                          "sigma > 0, "
-                          f"got beta={beta!r}, sigma={sigma!r}.")
+        raise ConfigError(
+            f"circle_stationary_order needs 0 < beta <= {USA_LARGEST_BETA:g} (e^beta in float64) and "
+            "sigma > 0, "
+            f"got beta={beta!r}, sigma={sigma!r}."
+        )
     sigma_c = critical_sigma(beta, 2)
     if sigma >= sigma_c * (1 - 1e-9):  # within rounding of sigma_c counts as sigma_c
         return 0.0
@@ -315,9 +348,11 @@ def circle_stationary_order(beta: float, sigma: float, *, points: int = 512, tol
         rho = 0.5 * (rho + image)
         if moved < tol:
             return float(np.abs(np.mean(rho * np.exp(1j * theta))) * 2 * np.pi)
-    raise SolverFailure(f"the stationary density at beta={beta:g}, sigma={sigma:g} did not converge in "
-                        f"{max_iterations} iterations; sigma is too close to the critical {sigma_c:.6g}, or raise "
-                        "max_iterations.")
+    raise SolverFailure(
+        f"the stationary density at beta={beta:g}, sigma={sigma:g} did not converge in "
+        f"{max_iterations} iterations; sigma is too close to the critical {sigma_c:.6g}, or raise "
+        "max_iterations."
+    )
 
 
 def _circle_cdf(coefficients: Complex[ArrayLike, " modes"], points: int) -> np.ndarray:
@@ -333,8 +368,9 @@ def _circle_cdf(coefficients: Complex[ArrayLike, " modes"], points: int) -> np.n
     return c[0].real * theta + periodic - periodic[0]
 
 
-def circle_wasserstein(angles: Float[ArrayLike, " n"], coefficients: Complex[ArrayLike, " modes"],
-                       points: int = 8192) -> float:
+def circle_wasserstein(
+    angles: Float[ArrayLike, " n"], coefficients: Complex[ArrayLike, " modes"], points: int = 8192
+) -> float:
     r"""The Wasserstein-1 distance on the circle between the empirical measure of
     `angles` (each of mass $1/n$) and the density with Fourier coefficients
     `coefficients` (mass 1):

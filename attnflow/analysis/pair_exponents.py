@@ -105,8 +105,9 @@ def _attention(step: StepMap, t, x: Float[Array, "n d"]) -> Float[Array, "n n"]:
     return jnp.mean(step.field.pinned(t + step.dt / 2).attention_weights(t, x), axis=0)
 
 
-def _tangent_maps(step: StepMap, t, x: Float[Array, "n d"], outputs: Int[Array, " m"]) -> tuple[
-        Float[Array, "n d"], Float[Array, "m n d d"]]:
+def _tangent_maps(
+    step: StepMap, t, x: Float[Array, "n d"], outputs: Int[Array, " m"]
+) -> tuple[Float[Array, "n d"], Float[Array, "m n d d"]]:
     r"""$\Phi_h(t, X)$ and the one-step tangent maps $M_{ji} = I_d + B_{ji}$ of the
     outputs $j$ against every token $i$, $B$ the Jacobian blocks of the increment
     $\Phi_h(X) - X$; by reverse mode, $d$ pullbacks per output."""
@@ -174,11 +175,14 @@ def _output_positions(outputs, n: int) -> tuple[int, ...]:
         return tuple(range(n))
     if isinstance(outputs, numbers.Integral):
         outputs = [outputs]
-    given = list(np.asarray(outputs).reshape(-1).tolist()) if isinstance(outputs, (Sequence, np.ndarray, jax.Array)) \
-        else []
+    given = (
+        list(np.asarray(outputs).reshape(-1).tolist()) if isinstance(outputs, (Sequence, np.ndarray, jax.Array)) else []
+    )
     if not given or any(not isinstance(o, numbers.Integral) or isinstance(o, bool) or not -n <= o < n for o in given):
-        raise ConfigError(f"outputs must be token positions from {-n} to {n - 1} (negative ones count from the end) "
-                          f"or None for all {n} tokens, got {outputs!r}.")
+        raise ConfigError(
+            f"outputs must be token positions from {-n} to {n - 1} (negative ones count from the end) "
+            f"or None for all {n} tokens, got {outputs!r}."
+        )
     return tuple(int(o) % n for o in given)
 
 
@@ -232,8 +236,9 @@ def token_sensitivity(
     if t1 is None or dt is None:
         raise ConfigError("token_sensitivity needs the final time t1 and the step dt (a DepthFlow has its own).")
     if not callable(flow):
-        raise ConfigError(f"flow must be a VectorField, a DepthFlow or a callable f(t, x, args), "
-                          f"got {type(flow).__name__}.")
+        raise ConfigError(
+            f"flow must be a VectorField, a DepthFlow or a callable f(t, x, args), got {type(flow).__name__}."
+        )
     num_steps = step_count(t0, t1, dt)
     dtype = x0.dtype
     t0_ = jnp.asarray(t0, dtype)
@@ -243,11 +248,14 @@ def token_sensitivity(
     n = x0.shape[0]
     positions = _output_positions(outputs, n)
     every = normalize_every
-    if not (isinstance(every, numbers.Integral) and not isinstance(every, bool) and every >= 1
-            and num_steps % every == 0):
+    if not (
+        isinstance(every, numbers.Integral) and not isinstance(every, bool) and every >= 1 and num_steps % every == 0
+    ):
         divisors = [k for k in range(1, min(num_steps, 50) + 1) if num_steps % k == 0]
-        raise ConfigError(f"normalize_every must be a positive whole number of steps dividing the {num_steps} steps, "
-                          f"got {every!r}; for example one of {', '.join(map(str, divisors))}.")
+        raise ConfigError(
+            f"normalize_every must be a positive whole number of steps dividing the {num_steps} steps, "
+            f"got {every!r}; for example one of {', '.join(map(str, divisors))}."
+        )
     exponents, attention = _sensitivity(step, x0, t0_, num_steps, int(every), positions)
     times = t0_ + h * every * jnp.arange(1, num_steps // every + 1, dtype=dtype)
     return Sensitivity(exponents=exponents, attention=attention, outputs=jnp.asarray(positions, jnp.int32), times=times)

@@ -122,8 +122,9 @@ def _axis(axis: str) -> None:
         raise ValueError(f"axis must be one of {', '.join(AXES)}, got {axis!r}.")
 
 
-def _check(t: ArrayLike, series: ArrayLike, tol: ScalarLike | None, length: ScalarLike,
-           name: str, axis: str) -> tuple[np.ndarray, np.ndarray]:
+def _check(
+    t: ArrayLike, series: ArrayLike, tol: ScalarLike | None, length: ScalarLike, name: str, axis: str
+) -> tuple[np.ndarray, np.ndarray]:
     _axis(axis)
     t = np.asarray(t, dtype=np.float64)
     values = np.asarray(series, dtype=np.float64)
@@ -191,8 +192,16 @@ def _runs(sizes: np.ndarray | None, count: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in zip(starts, stops) if valid[a]]
 
 
-def plateaus(t: ArrayLike, series: ArrayLike, *, sizes: ArrayLike | None = None, tol: ScalarLike = DEFAULT_TOL,
-             min_length: ScalarLike = DEFAULT_MIN_LENGTH, axis: str = "log", origin: ScalarLike = 0.0) -> Plateaus:
+def plateaus(
+    t: ArrayLike,
+    series: ArrayLike,
+    *,
+    sizes: ArrayLike | None = None,
+    tol: ScalarLike = DEFAULT_TOL,
+    min_length: ScalarLike = DEFAULT_MIN_LENGTH,
+    axis: str = "log",
+    origin: ScalarLike = 0.0,
+) -> Plateaus:
     """The plateaus of `series`: within each stretch where the partition `sizes` (shape
     `(times, clusters)`, each row the cluster sizes at one time, largest first; None: no
     partition) holds, the maximal windows whose values span at most `tol` times the range
@@ -205,14 +214,17 @@ def plateaus(t: ArrayLike, series: ArrayLike, *, sizes: ArrayLike | None = None,
     if sizes is not None:
         sizes = np.asarray(sizes, dtype=np.float64)
         if sizes.ndim != 2 or sizes.shape[0] != t.size:
-            raise ValueError(f"sizes must have one row of cluster sizes per time, shape ({t.size}, clusters), "
-                             f"got {sizes.shape}.")
+            raise ValueError(
+                f"sizes must have one row of cluster sizes per time, shape ({t.size}, clusters), got {sizes.shape}."
+            )
     index, position = _kept(t, values, float(origin), axis)
     if index.size > 1 and tol > 0 and min_length <= tol * (position[-1] - position[0]):
         unit = "decades" if axis == "log" else "units of time"
-        raise ValueError(f"min_length={min_length:g} must exceed tol times the span of the {axis} axis "
-                         f"({tol:g} x {position[-1] - position[0]:.4g} {unit}), or a series drifting at a constant "
-                         "rate would be cut into plateaus.")
+        raise ValueError(
+            f"min_length={min_length:g} must exceed tol times the span of the {axis} axis "
+            f"({tol:g} x {position[-1] - position[0]:.4g} {unit}), or a series drifting at a constant "
+            "rate would be cut into plateaus."
+        )
     kept = values[index]
     found: list[tuple[int, int]] = []
     if index.size:
@@ -244,8 +256,9 @@ def plateaus(t: ArrayLike, series: ArrayLike, *, sizes: ArrayLike | None = None,
     return Plateaus(first, last, t[first], t[last], level, partition, partition_levels)
 
 
-def _holding_runs(t: np.ndarray, values: np.ndarray, hold_length: float, origin: float,
-                  axis: str) -> list[tuple[int, float]]:
+def _holding_runs(
+    t: np.ndarray, values: np.ndarray, hold_length: float, origin: float, axis: str
+) -> list[tuple[int, float]]:
     """The runs of one value that hold at least `hold_length`, neighbours of one value
     joined: (index of the run's first sample, value)."""
     index, position = _kept(t, values, origin, axis)
@@ -261,8 +274,14 @@ def _holding_runs(t: np.ndarray, values: np.ndarray, hold_length: float, origin:
     return runs
 
 
-def merges(t: ArrayLike, clusters: ArrayLike, *, hold_length: ScalarLike = DEFAULT_HOLD_LENGTH, axis: str = "log",
-           origin: ScalarLike = 0.0) -> Merges:
+def merges(
+    t: ArrayLike,
+    clusters: ArrayLike,
+    *,
+    hold_length: ScalarLike = DEFAULT_HOLD_LENGTH,
+    axis: str = "log",
+    origin: ScalarLike = 0.0,
+) -> Merges:
     """The merges of a cluster-count series: the steps down between runs of one count
     that each hold at least `hold_length` on the `axis` (decades of $t -$ `origin`, or
     units of $t$), timed at the first sample of the lower count (see the module
@@ -271,8 +290,12 @@ def merges(t: ArrayLike, clusters: ArrayLike, *, hold_length: ScalarLike = DEFAU
     runs = _holding_runs(t, values, float(hold_length), float(origin), axis)
     steps = [(start, high, low) for (_, high), (start, low) in pairwise(runs) if low < high]
     index = np.array([start for start, _, _ in steps], dtype=np.int64)
-    return Merges(index, t[index], np.array([high for _, high, _ in steps], dtype=np.int64),
-                  np.array([low for _, _, low in steps], dtype=np.int64))
+    return Merges(
+        index,
+        t[index],
+        np.array([high for _, high, _ in steps], dtype=np.int64),
+        np.array([low for _, _, low in steps], dtype=np.int64),
+    )
 
 
 def _origin(ds: xr.Dataset) -> float:
@@ -292,10 +315,18 @@ def _padded(rows: list[np.ndarray], size: int, fill, dtype) -> np.ndarray:
     return out
 
 
-def detect_metastability(ds: xr.Dataset, series: Sequence[str] | None = None, *, clusters: str | None = "clusters",
-                         sizes: str | None = "cluster_sizes", tol: ScalarLike = DEFAULT_TOL,
-                         min_length: ScalarLike = DEFAULT_MIN_LENGTH, hold_length: ScalarLike = DEFAULT_HOLD_LENGTH,
-                         axis: str = "log", origin: ScalarLike | None = None) -> xr.Dataset:
+def detect_metastability(
+    ds: xr.Dataset,
+    series: Sequence[str] | None = None,
+    *,
+    clusters: str | None = "clusters",
+    sizes: str | None = "cluster_sizes",
+    tol: ScalarLike = DEFAULT_TOL,
+    min_length: ScalarLike = DEFAULT_MIN_LENGTH,
+    hold_length: ScalarLike = DEFAULT_HOLD_LENGTH,
+    axis: str = "log",
+    origin: ScalarLike | None = None,
+) -> xr.Dataset:
     """Plateaus of each variable in `series` and merges of the variable `clusters`, for
     every series along `time` of a results Dataset (every member, beta, ...).
 
@@ -335,10 +366,12 @@ def detect_metastability(ds: xr.Dataset, series: Sequence[str] | None = None, *,
     def rows_of(name: str, extra: tuple[str, ...] = ()) -> np.ndarray:
         da = ds[name]
         if "time" not in da.dims or set(da.dims) != {*rest, "time", *extra}:
-            raise ValueError(f"{name} has dimensions {da.dims}; the series read together need the same ones, "
-                             f"{(*rest, 'time', *extra)}.")
+            raise ValueError(
+                f"{name} has dimensions {da.dims}; the series read together need the same ones, "
+                f"{(*rest, 'time', *extra)}."
+            )
         values = da.transpose(*rest, "time", *extra).values
-        return values.reshape((-1, t.size) + values.shape[len(rest) + 1:])
+        return values.reshape((-1, t.size) + values.shape[len(rest) + 1 :])
 
     partitions = [None] * int(np.prod([ds.sizes[d] for d in rest], dtype=np.int64))
     if sizes is not None:
@@ -346,8 +379,10 @@ def detect_metastability(ds: xr.Dataset, series: Sequence[str] | None = None, *,
     sizes_found: dict[str, int] = {}
     out = {}
     for name in series:
-        found = [plateaus(t, row, sizes=part, tol=tol, min_length=min_length, axis=axis, origin=origin)
-                 for row, part in zip(rows_of(name), partitions)]
+        found = [
+            plateaus(t, row, sizes=part, tol=tol, min_length=min_length, axis=axis, origin=origin)
+            for row, part in zip(rows_of(name), partitions)
+        ]
         sizes_found["plateau"] = max([sizes_found.get("plateau", 0)] + [len(p.first) for p in found])
         out[name] = found
     merged = None
@@ -357,41 +392,67 @@ def detect_metastability(ds: xr.Dataset, series: Sequence[str] | None = None, *,
     shape = tuple(ds.sizes[d] for d in rest)
     variables = {}
     unit = "decades" if axis == "log" else "units of time"
-    where = (f"over {axis} time from t0 = {origin:g} (tol {tol:g} of the range, at least {min_length:g} {unit}"
-             + (f", while the partition of {sizes} holds)" if sizes is not None else ")"))
+    where = f"over {axis} time from t0 = {origin:g} (tol {tol:g} of the range, at least {min_length:g} {unit}" + (
+        f", while the partition of {sizes} holds)" if sizes is not None else ")"
+    )
     for name, found in out.items():
         size = sizes_found["plateau"]
         for field, what in (("start", "first time"), ("end", "last time"), ("level", "median value")):
             values = _padded([getattr(p, field) for p in found], size, np.nan, np.float64)
-            variables[f"{name}_plateau_{field}"] = (rest + ("plateau",), values.reshape(shape + (size,)),
-                                                    {"description": f"{what} of each plateau of {name} {where}; "
-                                                                    "NaN pads"})
-        variables[f"{name}_plateau_count"] = (rest, np.array([len(p.first) for p in found]).reshape(shape),
-                                              {"description": f"number of plateaus of {name} {where}"})
+            variables[f"{name}_plateau_{field}"] = (
+                rest + ("plateau",),
+                values.reshape(shape + (size,)),
+                {"description": f"{what} of each plateau of {name} {where}; NaN pads"},
+            )
+        variables[f"{name}_plateau_count"] = (
+            rest,
+            np.array([len(p.first) for p in found]).reshape(shape),
+            {"description": f"number of plateaus of {name} {where}"},
+        )
         if sizes is not None:
             clusters_dim = ds.sizes["cluster"]
             parts = _padded([p.partition for p in found], size, -1, np.int64)
             variables[f"{name}_plateau_partition"] = (
-                rest + ("plateau", "cluster"), parts.reshape(shape + (size, clusters_dim)),
-                {"description": f"cluster sizes (largest first, zero-padded) during each plateau of {name}; -1 pads"})
+                rest + ("plateau", "cluster"),
+                parts.reshape(shape + (size, clusters_dim)),
+                {"description": f"cluster sizes (largest first, zero-padded) during each plateau of {name}; -1 pads"},
+            )
             variables[f"{name}_plateau_partition_level"] = (
                 rest + ("plateau",),
                 _padded([p.partition_level for p in found], size, np.nan, np.float64).reshape(shape + (size,)),
-                {"description": f"sum_q m_q^2 / n^2 of the partition of each plateau of {name} (the level of point "
-                                "clusters far apart); NaN pads"})
+                {
+                    "description": f"sum_q m_q^2 / n^2 of the partition of each plateau of {name} (the level of point "
+                    "clusters far apart); NaN pads"
+                },
+            )
     if merged is not None:
         size = sizes_found["merge"]
         held = f"between counts of {clusters} that hold at least {hold_length:g} {unit} of the {axis} time axis"
-        variables["merge_time"] = (rest + ("merge",), _padded([m.time for m in merged], size, np.nan,
-                                                              np.float64).reshape(shape + (size,)),
-                                   {"description": f"first time of the lower count of each merge {held}; NaN pads"})
+        variables["merge_time"] = (
+            rest + ("merge",),
+            _padded([m.time for m in merged], size, np.nan, np.float64).reshape(shape + (size,)),
+            {"description": f"first time of the lower count of each merge {held}; NaN pads"},
+        )
         for field, key, what in (("before", "merge_from", "before"), ("after", "merge_to", "after")):
-            variables[key] = (rest + ("merge",), _padded([getattr(m, field) for m in merged], size, -1,
-                                                         np.int64).reshape(shape + (size,)),
-                              {"description": f"cluster count {what} each merge {held}; -1 pads"})
-        variables["merge_count"] = (rest, np.array([len(m.index) for m in merged]).reshape(shape),
-                                    {"description": f"number of merges {held}"})
+            variables[key] = (
+                rest + ("merge",),
+                _padded([getattr(m, field) for m in merged], size, -1, np.int64).reshape(shape + (size,)),
+                {"description": f"cluster count {what} each merge {held}; -1 pads"},
+            )
+        variables["merge_count"] = (
+            rest,
+            np.array([len(m.index) for m in merged]).reshape(shape),
+            {"description": f"number of merges {held}"},
+        )
     coords = {**coords, **{dim: np.arange(size) for dim, size in sizes_found.items()}}
-    return xr.Dataset(variables, coords=coords,
-                      attrs={"tol": float(tol), "min_length": float(min_length), "hold_length": float(hold_length),
-                             "axis": axis, "origin": float(origin)})
+    return xr.Dataset(
+        variables,
+        coords=coords,
+        attrs={
+            "tol": float(tol),
+            "min_length": float(min_length),
+            "hold_length": float(hold_length),
+            "axis": axis,
+            "origin": float(origin),
+        },
+    )

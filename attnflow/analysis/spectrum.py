@@ -172,14 +172,18 @@ def lyapunov_spectrum(
 
     on_sphere = not isinstance(geometry, Euclidean)
     dimension = y0.shape[0] * (y0.shape[1] - 1) if on_sphere else y0.size
-    where = f"the tangent space has dimension n(d - 1) = {dimension}" if on_sphere else f"the state has {dimension} entries"
+    where = (
+        f"the tangent space has dimension n(d - 1) = {dimension}" if on_sphere else f"the state has {dimension} entries"
+    )
     if quotient is not None:
         if not callable(quotient):
             raise ConfigError(f"quotient must be a function of the state (such as rotation_orbit), got {quotient!r}.")
         spanning = jax.eval_shape(quotient, y0)
         if spanning.shape[1:] != y0.shape:
-            raise ConfigError(f"quotient must return vectors of the state's shape, (m, "
-                              f"{', '.join(map(str, y0.shape))}), got shape {spanning.shape}.")
+            raise ConfigError(
+                f"quotient must return vectors of the state's shape, (m, "
+                f"{', '.join(map(str, y0.shape))}), got shape {spanning.shape}."
+            )
         dimension -= spanning.shape[0]
         where += f", less the {spanning.shape[0]} orbit directions of the quotient"
     k = dimension if k is None else k

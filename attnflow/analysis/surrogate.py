@@ -55,8 +55,9 @@ class FlowMatchingField(AbstractInteraction):
         return jax.vmap(self.mlp)(jnp.concatenate([x, s], axis=-1))
 
 
-def flow_matching_loss(field: FlowMatchingField, s: Float[Array, " pairs"], x0: Float[Array, "pairs d"],
-                       x1: Float[Array, "pairs d"]) -> Float[Array, ""]:
+def flow_matching_loss(
+    field: FlowMatchingField, s: Float[Array, " pairs"], x0: Float[Array, "pairs d"], x1: Float[Array, "pairs d"]
+) -> Float[Array, ""]:
     """$\\frac{1}{P}\\sum_p |v(s_p, (1 - s_p) x_{0p} + s_p x_{1p}) - (x_{1p} - x_{0p})|^2$."""
     xs = (1 - s[:, None]) * x0 + s[:, None] * x1
     v = jax.vmap(lambda si, xi: field(si, xi[None])[0])(s, xs)
@@ -114,12 +115,28 @@ def fit_flow_matching(
     else:
         test_x0, test_x1 = test
     test_s = jax.random.uniform(k_test, (test_x0.shape[0],), x0.dtype)
-    return _fit(field, x0, x1, test_s, test_x0, test_x1, k_fit, int(steps), int(batch_size),
-                jnp.asarray(learning_rate, x0.dtype))
+    return _fit(
+        field,
+        x0,
+        x1,
+        test_s,
+        test_x0,
+        test_x1,
+        k_fit,
+        int(steps),
+        int(batch_size),
+        jnp.asarray(learning_rate, x0.dtype),
+    )
 
 
-def push_forward(field: FlowMatchingField, x0: Float[Array, "members n d"], s: Float[np.ndarray, " times"], *,
-                 steps: int, solver: str = "rk4") -> Float[Array, "members times n d"]:
+def push_forward(
+    field: FlowMatchingField,
+    x0: Float[Array, "members n d"],
+    s: Float[np.ndarray, " times"],
+    *,
+    steps: int,
+    solver: str = "rk4",
+) -> Float[Array, "members times n d"]:
     """The tokens `x0` carried by the surrogate's flow $\\dot x = v(s, x)$ from $s = 0$
     to $1$ in `steps` fixed steps of `solver` (the core's `simulate`, in flat space),
     recorded at the times `s` (on the step grid, or interpolated between its steps)."""
@@ -150,6 +167,7 @@ def sinkhorn_distance(x: Float[Array, "points d"], y: Float[Array, "others d"], 
 
     # ott-jax's Sinkhorn mixes its int iteration count with floats and broadcasts by rank.
     with jax.numpy_dtype_promotion("standard"), jax.numpy_rank_promotion("allow"):
-        value, _ = sinkhorn_divergence(PointCloud, x, y, epsilon=epsilon,
-                                       solve_kwargs={"threshold": 1e-4, "max_iterations": 5000})
+        value, _ = sinkhorn_divergence(
+            PointCloud, x, y, epsilon=epsilon, solve_kwargs={"threshold": 1e-4, "max_iterations": 5000}
+        )
     return jnp.sqrt(jnp.maximum(value, 0.0))

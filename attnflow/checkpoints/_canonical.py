@@ -48,7 +48,6 @@ FAMILIES = (*HF_FAMILIES, "diffeqformer")
 ARRANGEMENTS = ("sequential", "parallel", "post")
 
 
-
 class Attention(eqx.Module):
     """Per-head attention weights of every layer (see the module docstring)."""
 
@@ -98,7 +97,7 @@ class Blocks(eqx.Module):
     def depth(self) -> int:
         return self.attention.query.shape[0]
 
-    def layer(self, index: int) -> "Blocks":
+    def layer(self, index: int) -> Blocks:
         """Layer `index` alone (its arrays without the layer axis)."""
         return jax.tree.map(lambda a: a[index], self)
 
@@ -177,12 +176,14 @@ class Checkpoint(eqx.Module):
         if len(shape) != 1 or shape[0] == 0:
             raise ConfigError(f"token ids must be a non-empty 1-D sequence, got shape {tuple(shape)}.")
         if self.positions is not None and shape[0] > self.positions.shape[0]:
-            raise ConfigError(f"{shape[0]} tokens exceed the {self.positions.shape[0]} positions of {model}; "
-                              f"shorten the text.")
+            raise ConfigError(
+                f"{shape[0]} tokens exceed the {self.positions.shape[0]} positions of {model}; shorten the text."
+            )
         types = 1 if self.token_types is None else self.token_types.shape[0]
         if not isinstance(token_type, (int, np.integer)) or isinstance(token_type, bool) or not 0 <= token_type < types:
-            raise ConfigError(f"token type {token_type!r} is not one of the {types} token types of {model} "
-                              f"(0 to {types - 1}).")
+            raise ConfigError(
+                f"token type {token_type!r} is not one of the {types} token types of {model} (0 to {types - 1})."
+            )
         return rows_of(ids, vocab, f"the embedding of {model}", tokens)
 
     def embed_tokens(self, ids: Int[ArrayLike, " n"], token_type: int = 0) -> Float[Array, "n d"]:

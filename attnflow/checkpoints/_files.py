@@ -71,21 +71,27 @@ class SafetensorsTensors(Mapping):
             try:
                 self._handles[path] = safe_open(str(path), framework="numpy")
             except (SafetensorError, OSError, ValueError) as error:
-                raise CheckpointError(f"{path} is truncated or not a safetensors file ({_first_line(error)}).") from None
+                raise CheckpointError(
+                    f"{path} is truncated or not a safetensors file ({_first_line(error)})."
+                ) from None
         stored = {path: set(handle.keys()) for path, handle in self._handles.items()}
         for name, path in self._where.items():
             if name not in stored[path]:
-                raise CheckpointError(f"tensor {name} listed in {index or 'the shard index'} is missing from {path.name}.")
+                raise CheckpointError(
+                    f"tensor {name} listed in {index or 'the shard index'} is missing from {path.name}."
+                )
 
     @classmethod
-    def of_files(cls, paths: list[Path]) -> "SafetensorsTensors":
+    def of_files(cls, paths: list[Path]) -> SafetensorsTensors:
         """All tensors of whole files (no index)."""
         where = {}
         for path in paths:
             try:
                 names = safe_open(str(path), framework="numpy").keys()
             except (SafetensorError, OSError, ValueError) as error:
-                raise CheckpointError(f"{path} is truncated or not a safetensors file ({_first_line(error)}).") from None
+                raise CheckpointError(
+                    f"{path} is truncated or not a safetensors file ({_first_line(error)})."
+                ) from None
             where.update({name: path for name in names})
         return cls(where)
 
@@ -161,8 +167,9 @@ def _shard(folder: Path, index: Path, name) -> Path:
     except (OSError, RuntimeError):  # a loop of symbolic links
         inside = False
     if not inside:
-        raise CheckpointError(f"shard {name} listed in {index} leads outside the checkpoint folder {folder}; "
-                              f"shards are files inside it.")
+        raise CheckpointError(
+            f"shard {name} listed in {index} leads outside the checkpoint folder {folder}; shards are files inside it."
+        )
     return folder / name
 
 
@@ -178,7 +185,9 @@ def read_tensors(path: Path, *, trust_pickle: bool = False) -> Mapping[str, np.n
             return SafetensorsTensors.of_files([path])
         if path.suffix in PICKLE_SUFFIXES:
             return _read_pickles([path], trust_pickle)
-        raise CheckpointError(f"{path} is not a weights file attnflow reads (.safetensors, .gguf, or a trusted pickle).")
+        raise CheckpointError(
+            f"{path} is not a weights file attnflow reads (.safetensors, .gguf, or a trusted pickle)."
+        )
     if (path / SAFETENSORS_INDEX).is_file():
         return SafetensorsTensors(_indexed(path, SAFETENSORS_INDEX), index=path / SAFETENSORS_INDEX)
     if (path / SAFETENSORS).is_file():
@@ -191,7 +200,9 @@ def read_tensors(path: Path, *, trust_pickle: bool = False) -> Mapping[str, np.n
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
     if pickles:
         return _read_pickles(pickles, trust_pickle)
-    raise CheckpointError(f"checkpoint folder {path} has no weights (model.safetensors, a shard index, or a pickle file).")
+    raise CheckpointError(
+        f"checkpoint folder {path} has no weights (model.safetensors, a shard index, or a pickle file)."
+    )
 
 
 def _read_pickles(paths: list[Path], trust: bool) -> dict[str, np.ndarray]:
@@ -201,14 +212,18 @@ def _read_pickles(paths: list[Path], trust: bool) -> dict[str, np.ndarray]:
     try:
         import torch  # optional: not a dependency of attnflow, and only pickles need it
     except ImportError:
-        raise CheckpointError(f"{paths[0]} is a pickle file and reading it needs torch, which is not installed.") from None
+        raise CheckpointError(
+            f"{paths[0]} is a pickle file and reading it needs torch, which is not installed."
+        ) from None
     tensors = {}
     for path in paths:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
-            raise CheckpointError(f"{path} holds objects other than tensors, which could run code when loaded; "
-                                  f"attnflow reads pickles of tensors only, even when trusted.") from None
+            raise CheckpointError(
+                f"{path} holds objects other than tensors, which could run code when loaded; "
+                f"attnflow reads pickles of tensors only, even when trusted."
+            ) from None
         except Exception as error:  # torch raises many types for corrupt pickles
             raise CheckpointError(f"{path} could not be read as a PyTorch state dict ({_first_line(error)}).") from None
         if isinstance(state, Mapping) and "state_dict" in state and isinstance(state["state_dict"], Mapping):
@@ -218,8 +233,9 @@ def _read_pickles(paths: list[Path], trust: bool) -> dict[str, np.ndarray]:
         for name, value in state.items():
             if isinstance(value, torch.Tensor):
                 value = value.detach()
-                tensors[name] = (value.float() if value.is_floating_point() and value.dtype != torch.float64
-                                 else value).numpy()
+                tensors[name] = (
+                    value.float() if value.is_floating_point() and value.dtype != torch.float64 else value
+                ).numpy()
     if not tensors:
         raise CheckpointError(f"{paths[0]} holds no tensors.")
     return tensors
@@ -237,8 +253,10 @@ class WeightTable:
         self.tensors, self.family = tensors, family
         names = [name for name in tensors if name == anchor or name.endswith("." + anchor)]
         if not names:
-            raise CheckpointError(f"the {family} checkpoint has no tensor named {anchor} (with any prefix); "
-                                  f"is config.json's model_type right?")
+            raise CheckpointError(
+                f"the {family} checkpoint has no tensor named {anchor} (with any prefix); "
+                f"is config.json's model_type right?"
+            )
         self.prefix = min(names, key=len)[: -len(anchor)]
 
     def _source(self, name: str) -> str:
@@ -262,11 +280,15 @@ class WeightTable:
             raise CheckpointError(f"the {self.family} checkpoint has no tensor {self.prefix + name}.")
         array = self.tensors[full]
         if not np.issubdtype(array.dtype, np.floating):
-            raise CheckpointError(f"tensor {full}{self._source(full)} holds {array.dtype} values, not floating-point "
-                                  f"weights (attnflow does not read quantized safetensors).")
+            raise CheckpointError(
+                f"tensor {full}{self._source(full)} holds {array.dtype} values, not floating-point "
+                f"weights (attnflow does not read quantized safetensors)."
+            )
         if tuple(array.shape) != tuple(shape):
-            raise CheckpointError(f"tensor {full}{self._source(full)} has shape {tuple(array.shape)} but config.json "
-                                  f"implies {tuple(shape)}.")
+            raise CheckpointError(
+                f"tensor {full}{self._source(full)} has shape {tuple(array.shape)} but config.json "
+                f"implies {tuple(shape)}."
+            )
         return array
 
     def first(self, names: tuple[str, ...], shape: tuple[int, ...]) -> np.ndarray:
@@ -302,9 +324,11 @@ def check_memory(tensors: Mapping, dtype, where: Path) -> None:
     size = elements() * dtype.itemsize
     free = _ensemble.available_memory()
     if 2 * size > free:
-        raise CheckpointError(f"the weights of {where} take {_ensemble._gib(size)} as {dtype.name} and "
-                              f"loading them needs about {_ensemble._gib(2 * size)}, more than the "
-                              f"{_ensemble._gib(free)} available.")
+        raise CheckpointError(
+            f"the weights of {where} take {_ensemble._gib(size)} as {dtype.name} and "
+            f"loading them needs about {_ensemble._gib(2 * size)}, more than the "
+            f"{_ensemble._gib(free)} available."
+        )
 
 
 _REQUIRED = object()
@@ -372,27 +396,39 @@ def rope_settings(config: Mapping, fraction: float = 1.0) -> tuple[float, float]
         raise CheckpointError(f"config.json's {key} must be an object of rotary settings, got {params!r}.")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
-        raise CheckpointError(f"config.json asks for rope_type {kind!r}; attnflow's rotary positions are the plain "
-                              f"(default) RoPE only.")
+        raise CheckpointError(
+            f"config.json asks for rope_type {kind!r}; attnflow's rotary positions are the plain (default) RoPE only."
+        )
     base = params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
-    fraction = params.get("partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct", fraction)))
+    fraction = params.get(
+        "partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct", fraction))
+    )
     if not _is_number(base) or not base > 0:
         raise CheckpointError(f"config.json's rotary base (rope_theta) must be a number > 0, got {base!r}.")
     if not _is_number(fraction) or not 0 <= fraction <= 1:
-        raise CheckpointError(f"config.json's rotary fraction (partial_rotary_factor) must be a number from 0 to 1, "
-                              f"got {fraction!r}.")
+        raise CheckpointError(
+            f"config.json's rotary fraction (partial_rotary_factor) must be a number from 0 to 1, got {fraction!r}."
+        )
     return float(base), float(fraction)
 
 
-ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-               "relu": "relu", "silu": "silu", "swish": "silu"}
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
 
 
 def activation(name: str) -> str:
     """attnflow's name for a transformers activation (`hidden_act`, `activation_function`)."""
     if name not in ACTIVATIONS:
-        raise CheckpointError(f"config.json's activation {name!r} is not one attnflow has "
-                              f"({', '.join(sorted(ACTIVATIONS))}).")
+        raise CheckpointError(
+            f"config.json's activation {name!r} is not one attnflow has ({', '.join(sorted(ACTIVATIONS))})."
+        )
     return ACTIVATIONS[name]
 
 
@@ -404,8 +440,12 @@ def as_array(value: np.ndarray | None, dtype) -> jax.Array | None:
 def stacked_norm(kind: str, gammas: list[np.ndarray], shifts: list[np.ndarray] | None, eps: float, dtype) -> TokenNorm:
     """The `TokenNorm`s of all layers (one gain `(d,)` and shift or None per layer),
     stacked: gains `(L, d)`, shifts `(L, d)` or None."""
-    return stack_layers([TokenNorm(kind, gamma=as_array(gamma, dtype), shift=as_array(shift, dtype), eps=float(eps))
-                         for gamma, shift in zip(gammas, shifts or [None] * len(gammas))])
+    return stack_layers(
+        [
+            TokenNorm(kind, gamma=as_array(gamma, dtype), shift=as_array(shift, dtype), eps=float(eps))
+            for gamma, shift in zip(gammas, shifts or [None] * len(gammas))
+        ]
+    )
 
 
 def layer_norm_blocks(parts: Mapping[str, list], heads: int, mlp_activation: str, eps: float, dtype) -> Blocks:
@@ -414,8 +454,17 @@ def layer_norm_blocks(parts: Mapping[str, list], heads: int, mlp_activation: str
     family has no such bias) and `g1 s1 g2 s2` (the two norms' gains and shifts)."""
     a = {key: None if value[0] is None else as_array(np.stack(value), dtype) for key, value in parts.items()}
     return Blocks(
-        attention=Attention(query=a["q"], key=a["k"], value=a["v"], output=a["o"], query_bias=a["bq"],
-                            key_bias=a["bk"], value_bias=a["bv"], output_bias=a["bo"], kv_heads=heads),
+        attention=Attention(
+            query=a["q"],
+            key=a["k"],
+            value=a["v"],
+            output=a["o"],
+            query_bias=a["bq"],
+            key_bias=a["bk"],
+            value_bias=a["bv"],
+            output_bias=a["bo"],
+            kv_heads=heads,
+        ),
         mlp=FeedForward(w1=a["w1"], w2=a["w2"], b1=a["b1"], b2=a["b2"], activation=mlp_activation),
         attn_norm=stacked_norm("layer", parts["g1"], parts["s1"], eps, dtype),
         mlp_norm=stacked_norm("layer", parts["g2"], parts["s2"], eps, dtype),

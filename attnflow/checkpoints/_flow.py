@@ -117,22 +117,34 @@ def depth_flow(checkpoint: Checkpoint, interpolation: Literal["constant", "linea
         raise CheckpointError("a gated MLP after a normalization with a shift cannot be folded (no gate bias).")
     s = lambda a: _schedule(a, interpolation)
     attention = SelfAttention(
-        query=s(query), key=s(key), value=s(value), output=s(att.output),
-        beta=jnp.asarray(1 / np.sqrt(checkpoint.head_dim), query.dtype), alibi=None,
-        heads=checkpoint.heads, causal=checkpoint.causal,
-        query_bias=s(query_bias), key_bias=s(key_bias), value_bias=s(value_bias), output_bias=s(att.output_bias),
+        query=s(query),
+        key=s(key),
+        value=s(value),
+        output=s(att.output),
+        beta=jnp.asarray(1 / np.sqrt(checkpoint.head_dim), query.dtype),
+        alibi=None,
+        heads=checkpoint.heads,
+        causal=checkpoint.causal,
+        query_bias=s(query_bias),
+        key_bias=s(key_bias),
+        value_bias=s(value_bias),
+        output_bias=s(att.output_bias),
         rotary=checkpoint.rotary,
     )
     mlp = MLP(w1=s(w1), w2=s(ff.w2), b1=s(b1), b2=s(ff.b2), gate=s(gate), activation=ff.activation)
     if post:
         field = VectorField(terms=(attention, mlp), scheme="none")
         layers = lambda a: _schedule(a, "constant")
-        retractions = tuple(PostNorm(TokenNorm(n.kind, eps=n.eps), layers(n.gamma), layers(n.shift))
-                            for n in (blocks.attn_norm, blocks.mlp_norm))
+        retractions = tuple(
+            PostNorm(TokenNorm(n.kind, eps=n.eps), layers(n.gamma), layers(n.shift))
+            for n in (blocks.attn_norm, blocks.mlp_norm)
+        )
     else:
         if (blocks.attn_norm.kind, blocks.attn_norm.eps) != (blocks.mlp_norm.kind, blocks.mlp_norm.eps):
             raise CheckpointError("attention and MLP normalizations of a pre-LN model must share kind and epsilon.")
-        field = VectorField(terms=(attention, mlp), scheme="pre", norm=TokenNorm(blocks.attn_norm.kind, eps=blocks.attn_norm.eps))
+        field = VectorField(
+            terms=(attention, mlp), scheme="pre", norm=TokenNorm(blocks.attn_norm.kind, eps=blocks.attn_norm.eps)
+        )
         retractions = None
     return DepthFlow(field=field, retractions=retractions, arrangement=checkpoint.arrangement, depth=checkpoint.depth)
 
@@ -140,16 +152,36 @@ def depth_flow(checkpoint: Checkpoint, interpolation: Literal["constant", "linea
 @eqx.filter_jit
 def _fixed(flow: DepthFlow, x0, steps_per_layer: int, split: str | None, solver: str):
     num_steps = flow.depth * steps_per_layer
-    solution = simulate(flow.field, x0, t0=0.0, t1=float(flow.depth), dt=1.0 / steps_per_layer,
-                        num_steps=num_steps, solver=solver, save_steps=np.arange(0, num_steps + 1, steps_per_layer),
-                        split=split, retractions=flow.retractions)
+    solution = simulate(
+        flow.field,
+        x0,
+        t0=0.0,
+        t1=float(flow.depth),
+        dt=1.0 / steps_per_layer,
+        num_steps=num_steps,
+        solver=solver,
+        save_steps=np.arange(0, num_steps + 1, steps_per_layer),
+        split=split,
+        retractions=flow.retractions,
+    )
     return solution.xs
 
 
 @eqx.filter_jit
 def _adaptive(flow: DepthFlow, x0, solver: str, rtol: float, atol: float, max_steps: int):
-    solution = simulate(flow.field, x0, t0=0.0, t1=float(flow.depth), dt=0.1, solver=solver, adaptive=True,
-                        ts=jnp.arange(flow.depth + 1, dtype=x0.dtype), rtol=rtol, atol=atol, max_steps=max_steps)
+    solution = simulate(
+        flow.field,
+        x0,
+        t0=0.0,
+        t1=float(flow.depth),
+        dt=0.1,
+        solver=solver,
+        adaptive=True,
+        ts=jnp.arange(flow.depth + 1, dtype=x0.dtype),
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+    )
     return solution.xs, solution.result, solution.num_steps
 
 
@@ -175,8 +207,10 @@ def run_depth(
     """
     if adaptive:
         if flow.arrangement == "post":
-            raise ConfigError("a post-LN model's layer map normalizes after every sub-step and has no unsplit "
-                              "vector field to solve adaptively; refine it with steps_per_layer instead.")
+            raise ConfigError(
+                "a post-LN model's layer map normalizes after every sub-step and has no unsplit "
+                "vector field to solve adaptively; refine it with steps_per_layer instead."
+            )
         xs, result, _ = _adaptive(flow, x0, "tsit5" if solver == "euler" else solver, rtol, atol, max_steps)
         if int(result) != 0:
             raise ConfigError(f"the adaptive solve stopped before depth {flow.depth}; raise max_steps or loosen rtol.")

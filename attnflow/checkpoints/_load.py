@@ -25,6 +25,7 @@ from ._files import check_dtype, check_memory, read_config, read_tensors
 from ._locate import resolve
 from ._tokenizer import Tokenizer, byte_level_bpe, from_file, wordpiece
 
+
 def load_checkpoint(path: str | Path, *, trust_pickle: bool = False, dtype=None) -> Checkpoint:
     """A checkpoint in canonical form, from a Hugging Face folder, a `.gguf` file, or
     the name of an installed model. `trust_pickle` allows PyTorch pickle files (they
@@ -48,8 +49,10 @@ def _load(path: Path, name, trust_pickle: bool, dtype) -> Checkpoint:
     config = read_config(folder)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or (model_type != native.MODEL_TYPE and model_type not in HF_FAMILIES):
-        raise CheckpointError(f"{folder / 'config.json'} has model_type {model_type!r}; attnflow reads "
-                              f"{', '.join(HF_FAMILIES)}, its own format (attnflow) and llama GGUF files.")
+        raise CheckpointError(
+            f"{folder / 'config.json'} has model_type {model_type!r}; attnflow reads "
+            f"{', '.join(HF_FAMILIES)}, its own format (attnflow) and llama GGUF files."
+        )
     tensors = read_tensors(path, trust_pickle=trust_pickle and model_type != native.MODEL_TYPE)
     check_memory(tensors, dtype, path)
     if model_type == native.MODEL_TYPE:

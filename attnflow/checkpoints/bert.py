@@ -15,11 +15,22 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._canonical import Checkpoint
-from ._files import (WeightTable, activation, as_array, count, epsilon, flag, head_width, heads_in, heads_out,
-                     layer_norm_blocks, setting)
 from .._errors import CheckpointError
 from .._terms import TokenNorm
+from ._canonical import Checkpoint
+from ._files import (
+    WeightTable,
+    activation,
+    as_array,
+    count,
+    epsilon,
+    flag,
+    head_width,
+    heads_in,
+    heads_out,
+    layer_norm_blocks,
+    setting,
+)
 
 
 def _norm(w: WeightTable, at: str, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,14 +48,17 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     head_width(d, heads)
     kind = setting(config, "position_embedding_type", default="absolute")
     if kind != "absolute":
-        raise CheckpointError(f"config.json asks for position_embedding_type {kind!r}; attnflow reads BERT "
-                              f"models with absolute positions only.")
+        raise CheckpointError(
+            f"config.json asks for position_embedding_type {kind!r}; attnflow reads BERT "
+            f"models with absolute positions only."
+        )
     if flag(config, "is_decoder", default=False):
         raise CheckpointError("config.json makes this BERT a decoder (is_decoder); attnflow reads BERT encoders.")
     w = WeightTable(tensors, "embeddings.word_embeddings.weight", "bert")
 
-    parts = {key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2",
-                                 "g1", "s1", "g2", "s2")}
+    parts = {
+        key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2", "g1", "s1", "g2", "s2")
+    }
     for l in range(depth):
         at = f"encoder.layer.{l}."
         g1, s1 = _norm(w, at + "attention.output.LayerNorm", d)
@@ -58,9 +72,14 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
             "bv": w.get(at + "attention.self.value.bias", (d,)).reshape(heads, -1),
             "o": heads_out(w.get(at + "attention.output.dense.weight", (d, d)), heads),
             "bo": w.get(at + "attention.output.dense.bias", (d,)),
-            "w1": w.get(at + "intermediate.dense.weight", (hidden, d)), "b1": w.get(at + "intermediate.dense.bias", (hidden,)),
-            "w2": w.get(at + "output.dense.weight", (d, hidden)), "b2": w.get(at + "output.dense.bias", (d,)),
-            "g1": g1, "s1": s1, "g2": g2, "s2": s2,
+            "w1": w.get(at + "intermediate.dense.weight", (hidden, d)),
+            "b1": w.get(at + "intermediate.dense.bias", (hidden,)),
+            "w2": w.get(at + "output.dense.weight", (d, hidden)),
+            "b2": w.get(at + "output.dense.bias", (d,)),
+            "g1": g1,
+            "s1": s1,
+            "g2": g2,
+            "s2": s2,
         }
         for key, value in values.items():
             parts[key].append(value)
@@ -68,7 +87,10 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     blocks = layer_norm_blocks(parts, heads, activation(setting(config, "hidden_act", default="gelu")), eps, dtype)
     gamma, shift = _norm(w, "embeddings.LayerNorm", d)
     return Checkpoint(
-        family="bert", arrangement="post", causal=False, blocks=blocks,
+        family="bert",
+        arrangement="post",
+        causal=False,
+        blocks=blocks,
         embed=as_array(w.get("embeddings.word_embeddings.weight", (vocab, d)), dtype),
         positions=as_array(w.get("embeddings.position_embeddings.weight", (places, d)), dtype),
         token_types=as_array(w.get("embeddings.token_type_embeddings.weight", (types, d)), dtype),

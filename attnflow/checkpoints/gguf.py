@@ -45,13 +45,33 @@ ARCHITECTURE = "llama"
 # llama.cpp's pre-tokenizer names (`tokenizer.ggml.pre`) and the regular expression
 # each stands for (llama-vocab.cpp). `None` is GPT-2's own regex, applied by the
 # byte-level pre-tokenizer; "digits" splits every digit off first, then applies it.
-_GPT2_SPLITS = {"default": None, "gpt-2": None, "gpt2": None, "mpt": None, "olmo": None, "jais": None,
-                "smollm": "digits", "starcoder": "digits", "refact": "digits", "codeshell": "digits",
-                "command-r": "digits", "exaone": "digits"}
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZERS = {**_GPT2_SPLITS, "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
-                  "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "falcon3": _LLAMA3_SPLIT}
+_GPT2_SPLITS = {
+    "default": None,
+    "gpt-2": None,
+    "gpt2": None,
+    "mpt": None,
+    "olmo": None,
+    "jais": None,
+    "smollm": "digits",
+    "starcoder": "digits",
+    "refact": "digits",
+    "codeshell": "digits",
+    "command-r": "digits",
+    "exaone": "digits",
+}
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZERS = {
+    **_GPT2_SPLITS,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "dbrx": _LLAMA3_SPLIT,
+    "falcon3": _LLAMA3_SPLIT,
+}
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types
 
 
@@ -108,8 +128,9 @@ def _open(path: str | os.PathLike):
         reader = _read(str(path.resolve()), (stat.st_mtime_ns, stat.st_size))
     except (ValueError, IndexError, KeyError, TypeError, OSError, UnicodeDecodeError) as error:
         detail = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"{path} is a truncated or corrupt GGUF file of {stat.st_size} bytes "
-                              f"(reading it failed with: {detail}).") from None
+        raise CheckpointError(
+            f"{path} is a truncated or corrupt GGUF file of {stat.st_size} bytes (reading it failed with: {detail})."
+        ) from None
     return path, reader
 
 
@@ -134,41 +155,61 @@ def _config(path: Path, reader, tensors: dict) -> dict:
     settings that `llama.from_hf` reads."""
     arch = _meta(path, reader, "general.architecture")
     if arch != ARCHITECTURE:
-        raise CheckpointError(f"{path} holds a {arch!r} model; attnflow reads GGUF files of the "
-                              f"{ARCHITECTURE!r} architecture only.")
+        raise CheckpointError(
+            f"{path} holds a {arch!r} model; attnflow reads GGUF files of the {ARCHITECTURE!r} architecture only."
+        )
     m = lambda key, default=_REQUIRED: _meta(path, reader, f"{ARCHITECTURE}.{key}", default)
     size = lambda key, default=_REQUIRED: whole(m(key, default), f"{path}'s metadata {ARCHITECTURE}.{key}")
     dim, heads = size("embedding_length"), size("attention.head_count")
     kv_heads = size("attention.head_count_kv", heads)
     head_dim = size("attention.key_length", dim // heads)
     if size("attention.value_length", head_dim) != head_dim or heads % kv_heads:
-        raise CheckpointError(f"{path} states inconsistent attention heads ({heads} query, {kv_heads} key/value "
-                              f"heads).")
+        raise CheckpointError(
+            f"{path} states inconsistent attention heads ({heads} query, {kv_heads} key/value heads)."
+        )
     # llama.cpp's converter permutes whole heads, which matches rotate-half only when all of it rotates
     rope_dims = size("rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise CheckpointError(f"{path} rotates {rope_dims} of {head_dim} head entries; attnflow reads llama GGUF "
-                              f"files with full rotary only.")
+        raise CheckpointError(
+            f"{path} rotates {rope_dims} of {head_dim} head entries; attnflow reads llama GGUF "
+            f"files with full rotary only."
+        )
     scaling = m("rope.scaling.type", "none")
     if scaling != "none" or "rope_freqs.weight" in tensors:
         raise CheckpointError(f"{path} uses rotary frequency scaling ({scaling}), which attnflow does not model.")
     vocab = m("vocab_size", None)
     if vocab is None:
         vocab = len(_meta(path, reader, "tokenizer.ggml.tokens"))
-    return dict(model_type="llama", num_hidden_layers=size("block_count"),
-                vocab_size=whole(vocab, f"{path}'s vocabulary size"), hidden_size=dim, num_attention_heads=heads,
-                num_key_value_heads=kv_heads, head_dim=head_dim,
-                intermediate_size=size("feed_forward_length"), hidden_act="silu",
-                rms_norm_eps=float(m("attention.layer_norm_rms_epsilon")),
-                rope_theta=float(m("rope.freq_base", 10000.0)),
-                attention_bias="blk.0.attn_q.bias" in tensors, tie_word_embeddings="output.weight" not in tensors)
+    return dict(
+        model_type="llama",
+        num_hidden_layers=size("block_count"),
+        vocab_size=whole(vocab, f"{path}'s vocabulary size"),
+        hidden_size=dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=size("feed_forward_length"),
+        hidden_act="silu",
+        rms_norm_eps=float(m("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(m("rope.freq_base", 10000.0)),
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        tie_word_embeddings="output.weight" not in tensors,
+    )
 
 
 # llama.cpp's tensor names (gguf-py's tensor_mapping) and the Hugging Face Llama names
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+_BLOCK = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
 
 
 def _hf_name(name: str) -> str | None:
@@ -189,10 +230,20 @@ def _shape(name: str, c: dict) -> tuple[int, ...] | None:
     stem, _, suffix = name.rpartition(".")
     d, hidden, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
-    shape = {"token_embd": (vocab, d), "output": (vocab, d), "output_norm": (d,), "attn_norm": (d,),
-             "ffn_norm": (d,),
-             "attn_q": (q, d), "attn_k": (kv, d), "attn_v": (kv, d), "attn_output": (d, q),
-             "ffn_gate": (hidden, d), "ffn_up": (hidden, d), "ffn_down": (d, hidden)}.get(stem.rpartition(".")[2])
+    shape = {
+        "token_embd": (vocab, d),
+        "output": (vocab, d),
+        "output_norm": (d,),
+        "attn_norm": (d,),
+        "ffn_norm": (d,),
+        "attn_q": (q, d),
+        "attn_k": (kv, d),
+        "attn_v": (kv, d),
+        "attn_output": (d, q),
+        "ffn_gate": (hidden, d),
+        "ffn_up": (hidden, d),
+        "ffn_down": (d, hidden),
+    }.get(stem.rpartition(".")[2])
     return shape if shape is None or suffix == "weight" else shape[:1]
 
 
@@ -242,8 +293,7 @@ def load_gguf(path: str | os.PathLike, dtype=None) -> Checkpoint:
         listed = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists ne, fastest axis first
         expected = _shape(name, config)
         if expected is not None and listed != expected:
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {listed}, but the metadata implies "
-                                  f"{expected}.")
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {listed}, but the metadata implies {expected}.")
     for name in ("token_embd.weight", "output_norm.weight"):
         if name not in tensors:
             raise CheckpointError(f"{path} has no tensor {name!r}.")
@@ -262,10 +312,15 @@ def _pre_tokenizer(split: str | None):
     if split is None:
         return pre_tokenizers.ByteLevel(add_prefix_space=False)  # with GPT-2's regex
     if split == "digits":
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def _backend(path: Path, reader) -> BackendTokenizer:
@@ -276,27 +331,32 @@ def _backend(path: Path, reader) -> BackendTokenizer:
     m = lambda key, default=_REQUIRED: _meta(path, reader, f"tokenizer.ggml.{key}", default)
     kind = m("model")
     if kind != "gpt2":
-        raise CheckpointError(f"{path} has a {kind!r} vocabulary; attnflow builds byte-level BPE ('gpt2') "
-                              f"GGUF tokenizers only.")
+        raise CheckpointError(
+            f"{path} has a {kind!r} vocabulary; attnflow builds byte-level BPE ('gpt2') GGUF tokenizers only."
+        )
     pre = m("pre", "default")
     if pre not in PRE_TOKENIZERS:
-        raise CheckpointError(f"{path} names the pre-tokenizer {pre!r}; attnflow knows "
-                              f"{', '.join(sorted(PRE_TOKENIZERS))}.")
+        raise CheckpointError(
+            f"{path} names the pre-tokenizer {pre!r}; attnflow knows {', '.join(sorted(PRE_TOKENIZERS))}."
+        )
     tokens, merges = list(m("tokens")), [tuple(merge.split(" ", 1)) for merge in m("merges")]
     types = list(m("token_type", [1] * len(tokens)))
     backend = BackendTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
     backend.pre_tokenizer = _pre_tokenizer(PRE_TOKENIZERS[pre])
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
-                                for t, kind in zip(tokens, types) if kind == _CONTROL])
-    backend.add_tokens([AddedToken(t, normalized=False, special=False)
-                        for t, kind in zip(tokens, types) if kind == _USER_DEFINED])
+    backend.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, types) if kind == _CONTROL]
+    )
+    backend.add_tokens(
+        [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, types) if kind == _USER_DEFINED]
+    )
     bos = int(m("bos_token_id")) if m("add_bos_token", False) else None
     eos = int(m("eos_token_id")) if m("add_eos_token", False) else None
     for key, i in (("bos_token_id", bos), ("eos_token_id", eos)):
         if i is not None and not 0 <= i < len(tokens):
-            raise CheckpointError(f"{path}'s tokenizer.ggml.{key} is {i}, outside its vocabulary of "
-                                  f"{len(tokens)} tokens.")
+            raise CheckpointError(
+                f"{path}'s tokenizer.ggml.{key} is {i}, outside its vocabulary of {len(tokens)} tokens."
+            )
     if bos is not None or eos is not None:
         single = ([] if bos is None else [tokens[bos]]) + ["$A"] + ([] if eos is None else [tokens[eos]])
         ends = {(tokens[i], i) for i in (bos, eos) if i is not None}

@@ -13,10 +13,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._canonical import Checkpoint
-from ._files import (WeightTable, activation, as_array, count, epsilon, flag, head_width, layer_norm_blocks,
-                     setting)
 from .._terms import TokenNorm
+from ._canonical import Checkpoint
+from ._files import WeightTable, activation, as_array, count, epsilon, flag, head_width, layer_norm_blocks, setting
 
 
 def split_attention(weight: np.ndarray, bias: np.ndarray | None, heads: int):
@@ -46,31 +45,53 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     if flag(config, "scale_attn_by_inverse_layer_idx", default=False):
         scale = scale / np.arange(1, depth + 1)
 
-    parts = {key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2",
-                                 "g1", "s1", "g2", "s2")}
+    parts = {
+        key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2", "g1", "s1", "g2", "s2")
+    }
     for l in range(depth):
         at = f"h.{l}."
-        (q, k, v), (bq, bk, bv) = split_attention(w.get(at + "attn.c_attn.weight", (d, 3 * d)),
-                                                  w.get(at + "attn.c_attn.bias", (3 * d,)), heads)
+        (q, k, v), (bq, bk, bv) = split_attention(
+            w.get(at + "attn.c_attn.weight", (d, 3 * d)), w.get(at + "attn.c_attn.bias", (3 * d,)), heads
+        )
         values = {
-            "q": q * scale[l], "k": k, "v": v, "bq": bq * scale[l], "bk": bk, "bv": bv,
+            "q": q * scale[l],
+            "k": k,
+            "v": v,
+            "bq": bq * scale[l],
+            "bk": bk,
+            "bv": bv,
             "o": w.get(at + "attn.c_proj.weight", (d, d)).reshape(heads, d // heads, d).transpose(0, 2, 1),
             "bo": w.get(at + "attn.c_proj.bias", (d,)),
-            "w1": w.get(at + "mlp.c_fc.weight", (d, hidden)).T, "b1": w.get(at + "mlp.c_fc.bias", (hidden,)),
-            "w2": w.get(at + "mlp.c_proj.weight", (hidden, d)).T, "b2": w.get(at + "mlp.c_proj.bias", (d,)),
-            "g1": w.get(at + "ln_1.weight", (d,)), "s1": w.get(at + "ln_1.bias", (d,)),
-            "g2": w.get(at + "ln_2.weight", (d,)), "s2": w.get(at + "ln_2.bias", (d,)),
+            "w1": w.get(at + "mlp.c_fc.weight", (d, hidden)).T,
+            "b1": w.get(at + "mlp.c_fc.bias", (hidden,)),
+            "w2": w.get(at + "mlp.c_proj.weight", (hidden, d)).T,
+            "b2": w.get(at + "mlp.c_proj.bias", (d,)),
+            "g1": w.get(at + "ln_1.weight", (d,)),
+            "s1": w.get(at + "ln_1.bias", (d,)),
+            "g2": w.get(at + "ln_2.weight", (d,)),
+            "s2": w.get(at + "ln_2.bias", (d,)),
         }
         for key, value in values.items():
             parts[key].append(value)
 
-    blocks = layer_norm_blocks(parts, heads, activation(setting(config, "activation_function", default="gelu_new")), eps, dtype)
+    blocks = layer_norm_blocks(
+        parts, heads, activation(setting(config, "activation_function", default="gelu_new")), eps, dtype
+    )
     embed = w.get("wte.weight", (vocab, d))
     unembed = w.get("lm_head.weight", (vocab, d)) if w.has("lm_head.weight") else embed
     return Checkpoint(
-        family="gpt2", arrangement="sequential", causal=True, blocks=blocks,
-        embed=as_array(embed, dtype), positions=as_array(w.get("wpe.weight", (places, d)), dtype),
-        final_norm=TokenNorm("layer", gamma=as_array(w.get("ln_f.weight", (d,)), dtype),
-                             shift=as_array(w.get("ln_f.bias", (d,)), dtype), eps=eps),
-        unembed=as_array(unembed, dtype), name=name,
+        family="gpt2",
+        arrangement="sequential",
+        causal=True,
+        blocks=blocks,
+        embed=as_array(embed, dtype),
+        positions=as_array(w.get("wpe.weight", (places, d)), dtype),
+        final_norm=TokenNorm(
+            "layer",
+            gamma=as_array(w.get("ln_f.weight", (d,)), dtype),
+            shift=as_array(w.get("ln_f.bias", (d,)), dtype),
+            eps=eps,
+        ),
+        unembed=as_array(unembed, dtype),
+        name=name,
     )

@@ -16,11 +16,21 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._canonical import Attention, Blocks, Checkpoint, FeedForward
-from ._files import (WeightTable, as_array, count, epsilon, flag, heads_in, heads_out, rope_settings, setting,
-                     stacked_norm)
 from .._errors import CheckpointError
 from .._terms import Rotary, TokenNorm
+from ._canonical import Attention, Blocks, Checkpoint, FeedForward
+from ._files import (
+    WeightTable,
+    as_array,
+    count,
+    epsilon,
+    flag,
+    heads_in,
+    heads_out,
+    rope_settings,
+    setting,
+    stacked_norm,
+)
 
 
 def repeat_kv(stack: np.ndarray, groups: int) -> np.ndarray:
@@ -40,9 +50,13 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     if heads % kv_heads:
         raise CheckpointError(f"config.json has {heads} query heads, not a multiple of its {kv_heads} key/value heads.")
     if setting(config, "hidden_act", default="silu") != "silu":
-        raise CheckpointError(f"config.json's hidden_act {config['hidden_act']!r} is not silu, the SwiGLU attnflow reads.")
+        raise CheckpointError(
+            f"config.json's hidden_act {config['hidden_act']!r} is not silu, the SwiGLU attnflow reads."
+        )
     if flag(config, "mlp_bias", default=False):
-        raise CheckpointError("config.json sets mlp_bias, a bias on the SwiGLU gate that the canonical MLP does not have.")
+        raise CheckpointError(
+            "config.json sets mlp_bias, a bias on the SwiGLU gate that the canonical MLP does not have."
+        )
     bias = flag(config, "attention_bias", default=False)
     groups = heads // kv_heads
     w = WeightTable(tensors, "embed_tokens.weight", "llama")
@@ -83,14 +97,29 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     else:  # a bare LlamaModel, saved without its LM head
         unembed = None
     blocks = Blocks(
-        attention=Attention(query=a["q"], key=a["k"], value=a["v"], output=a["o"], query_bias=a["bq"],
-                            key_bias=a["bk"], value_bias=a["bv"], output_bias=a["bo"], kv_heads=kv_heads),
+        attention=Attention(
+            query=a["q"],
+            key=a["k"],
+            value=a["v"],
+            output=a["o"],
+            query_bias=a["bq"],
+            key_bias=a["bk"],
+            value_bias=a["bv"],
+            output_bias=a["bo"],
+            kv_heads=kv_heads,
+        ),
         mlp=FeedForward(w1=a["w1"], w2=a["w2"], gate=a["gate"], activation="swiglu"),
         attn_norm=stacked_norm("rms", parts["g1"], None, eps, dtype),
         mlp_norm=stacked_norm("rms", parts["g2"], None, eps, dtype),
     )
     return Checkpoint(
-        family="llama", arrangement="sequential", causal=True, blocks=blocks, embed=as_array(embed, dtype),
+        family="llama",
+        arrangement="sequential",
+        causal=True,
+        blocks=blocks,
+        embed=as_array(embed, dtype),
         final_norm=TokenNorm("rms", gamma=as_array(w.get("norm.weight", (d,)), dtype), eps=eps),
-        unembed=as_array(unembed, dtype), rotary=Rotary(dims, base) if dims else None, name=name,
+        unembed=as_array(unembed, dtype),
+        rotary=Rotary(dims, base) if dims else None,
+        name=name,
     )

@@ -66,8 +66,13 @@ def _arrays(checkpoint: Checkpoint) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(np.asarray(value)) for name, value in out.items() if value is not None}
 
 
-def save_checkpoint(checkpoint: Checkpoint, folder: str | os.PathLike, *, tokenizer_json: str | None = None,
-                    extra: Mapping | None = None) -> Path:
+def save_checkpoint(
+    checkpoint: Checkpoint,
+    folder: str | os.PathLike,
+    *,
+    tokenizer_json: str | None = None,
+    extra: Mapping | None = None,
+) -> Path:
     """Write `checkpoint` into `folder` (created if needed) in attnflow's format; returns
     the folder. `tokenizer_json` is a `tokenizers` JSON string saved beside it; `extra`
     settings are kept in `config.json` under `"extra"`. Each file is written under a
@@ -94,13 +99,15 @@ def save_checkpoint(checkpoint: Checkpoint, folder: str | os.PathLike, *, tokeni
         "activation": blocks.mlp.activation,
         "norms": {name: _norm_settings(getattr(blocks, name)) for name in _BLOCK_NORMS}
         | {name: _norm_settings(getattr(checkpoint, name)) for name in _OTHER_NORMS},
-        "rotary": None if checkpoint.rotary is None else {"dims": checkpoint.rotary.dims,
-                                                           "base": float(checkpoint.rotary.base)},
+        "rotary": None
+        if checkpoint.rotary is None
+        else {"dims": checkpoint.rotary.dims, "base": float(checkpoint.rotary.base)},
         "extra": dict(extra or {}),
     }
     arrays = _arrays(checkpoint)
-    _write_atomically(folder / "model.safetensors",
-                      lambda p: save_file(arrays, str(p), metadata={"format": "attnflow"}))
+    _write_atomically(
+        folder / "model.safetensors", lambda p: save_file(arrays, str(p), metadata={"format": "attnflow"})
+    )
     _write_atomically(folder / "config.json", lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
     if tokenizer_json is not None:
         _write_atomically(folder / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
@@ -118,8 +125,9 @@ def from_native(config: Mapping, tensors: Mapping[str, np.ndarray], *, name: str
         if key not in config:
             raise CheckpointError(f"the config.json of the {where} has no {key!r} setting.")
     if config["family"] not in FAMILIES or config["arrangement"] not in ARRANGEMENTS:
-        raise CheckpointError(f"the {where} names an unknown family {config['family']!r} or arrangement "
-                              f"{config['arrangement']!r}.")
+        raise CheckpointError(
+            f"the {where} names an unknown family {config['family']!r} or arrangement {config['arrangement']!r}."
+        )
     L, d, H, k = (whole(config[key], f"config.json's {key}") for key in ("layers", "dim", "heads", "head_dim"))
     if not isinstance(config["causal"], bool):
         raise CheckpointError(f"config.json's causal must be true or false, got {config['causal']!r}.")
@@ -132,23 +140,31 @@ def from_native(config: Mapping, tensors: Mapping[str, np.ndarray], *, name: str
             return None
         value = np.asarray(tensors[key])
         if shape is not None and value.shape != shape:
-            raise CheckpointError(f"tensor {key} of the {where} has shape {value.shape}, but its config.json "
-                                  f"implies {shape}.")
+            raise CheckpointError(
+                f"tensor {key} of the {where} has shape {value.shape}, but its config.json implies {shape}."
+            )
         return cast(value)
 
     hidden = np.asarray(tensors["blocks.mlp.w1"]).shape[1] if "blocks.mlp.w1" in tensors else None
     v = np.asarray(tensors["blocks.attention.value"]).shape[2] if "blocks.attention.value" in tensors else k
     attention = Attention(
-        query=get("blocks.attention.query", (L, H, k, d), True), key=get("blocks.attention.key", (L, H, k, d), True),
-        value=get("blocks.attention.value", (L, H, v, d), True), output=get("blocks.attention.output", (L, H, d, v), True),
-        query_bias=get("blocks.attention.query_bias", (L, H, k)), key_bias=get("blocks.attention.key_bias", (L, H, k)),
-        value_bias=get("blocks.attention.value_bias", (L, H, v)), output_bias=get("blocks.attention.output_bias", (L, d)),
+        query=get("blocks.attention.query", (L, H, k, d), True),
+        key=get("blocks.attention.key", (L, H, k, d), True),
+        value=get("blocks.attention.value", (L, H, v, d), True),
+        output=get("blocks.attention.output", (L, H, d, v), True),
+        query_bias=get("blocks.attention.query_bias", (L, H, k)),
+        key_bias=get("blocks.attention.key_bias", (L, H, k)),
+        value_bias=get("blocks.attention.value_bias", (L, H, v)),
+        output_bias=get("blocks.attention.output_bias", (L, d)),
         kv_heads=int(config.get("kv_heads", 0)),
     )
     mlp = FeedForward(
-        w1=get("blocks.mlp.w1", (L, hidden, d), True), w2=get("blocks.mlp.w2", (L, d, hidden), True),
-        b1=get("blocks.mlp.b1", (L, hidden)), b2=get("blocks.mlp.b2", (L, d)),
-        gate=get("blocks.mlp.gate", (L, hidden, d)), activation=str(config["activation"]),
+        w1=get("blocks.mlp.w1", (L, hidden, d), True),
+        w2=get("blocks.mlp.w2", (L, d, hidden), True),
+        b1=get("blocks.mlp.b1", (L, hidden)),
+        b2=get("blocks.mlp.b2", (L, d)),
+        gate=get("blocks.mlp.gate", (L, hidden, d)),
+        activation=str(config["activation"]),
     )
     norms = config["norms"]
 
@@ -162,11 +178,16 @@ def from_native(config: Mapping, tensors: Mapping[str, np.ndarray], *, name: str
         if len(shape) == 1:
             return one(gamma, shift)
         # A stacked norm (one per layer): built layer by layer, then stacked, as the loaders do.
-        return stack_layers([one(None if gamma is None else gamma[l], None if shift is None else shift[l])
-                             for l in range(shape[0])])
+        return stack_layers(
+            [one(None if gamma is None else gamma[l], None if shift is None else shift[l]) for l in range(shape[0])]
+        )
 
-    blocks = Blocks(attention=attention, mlp=mlp, attn_norm=norm("attn_norm", (L, d), "blocks."),
-                    mlp_norm=norm("mlp_norm", (L, d), "blocks."))
+    blocks = Blocks(
+        attention=attention,
+        mlp=mlp,
+        attn_norm=norm("attn_norm", (L, d), "blocks."),
+        mlp_norm=norm("mlp_norm", (L, d), "blocks."),
+    )
     if blocks.attn_norm is None or blocks.mlp_norm is None:
         raise CheckpointError(f"the config.json of the {where} gives no settings for the block normalizations.")
     embed = get("embed", None, True)
@@ -174,9 +195,15 @@ def from_native(config: Mapping, tensors: Mapping[str, np.ndarray], *, name: str
         raise CheckpointError(f"tensor embed of the {where} has shape {embed.shape}, not (vocab, {d}).")
     rotary = config.get("rotary")
     return Checkpoint(
-        family=config["family"], arrangement=config["arrangement"], causal=bool(config["causal"]), blocks=blocks,
-        embed=embed, positions=get("positions", None), token_types=get("token_types", None),
-        embed_norm=norm("embed_norm", (d,)), final_norm=norm("final_norm", (d,)),
+        family=config["family"],
+        arrangement=config["arrangement"],
+        causal=bool(config["causal"]),
+        blocks=blocks,
+        embed=embed,
+        positions=get("positions", None),
+        token_types=get("token_types", None),
+        embed_norm=norm("embed_norm", (d,)),
+        final_norm=norm("final_norm", (d,)),
         unembed=get("unembed", embed.shape),
         rotary=None if rotary is None else Rotary(int(rotary["dims"]), float(rotary["base"])),
         name=str(config.get("name") or name),

@@ -15,11 +15,22 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._canonical import Checkpoint
-from ._files import (WeightTable, activation, as_array, count, epsilon, flag, head_width, heads_out, layer_norm_blocks,
-                     rope_settings, setting)
 from .._errors import CheckpointError
 from .._terms import Rotary, TokenNorm
+from ._canonical import Checkpoint
+from ._files import (
+    WeightTable,
+    activation,
+    as_array,
+    count,
+    epsilon,
+    flag,
+    head_width,
+    heads_out,
+    layer_norm_blocks,
+    rope_settings,
+    setting,
+)
 
 
 def split_query_key_value(weight: np.ndarray, bias: np.ndarray | None, heads: int):
@@ -41,20 +52,31 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     bias = flag(config, "attention_bias", default=True)
     w = WeightTable(tensors, "embed_in.weight", "gpt_neox")
 
-    parts = {key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2",
-                                 "g1", "s1", "g2", "s2")}
+    parts = {
+        key: [] for key in ("q", "k", "v", "bq", "bk", "bv", "o", "bo", "w1", "b1", "w2", "b2", "g1", "s1", "g2", "s2")
+    }
     for l in range(depth):
         at = f"layers.{l}."
         (q, k, v), (bq, bk, bv) = split_query_key_value(
             w.get(at + "attention.query_key_value.weight", (3 * d, d)),
-            w.get(at + "attention.query_key_value.bias", (3 * d,)) if bias else None, heads)
+            w.get(at + "attention.query_key_value.bias", (3 * d,)) if bias else None,
+            heads,
+        )
         values = {
-            "q": q, "k": k, "v": v, "bq": bq, "bk": bk, "bv": bv,
+            "q": q,
+            "k": k,
+            "v": v,
+            "bq": bq,
+            "bk": bk,
+            "bv": bv,
             "o": heads_out(w.get(at + "attention.dense.weight", (d, d)), heads),
             "bo": w.get(at + "attention.dense.bias", (d,)) if bias else None,
-            "w1": w.get(at + "mlp.dense_h_to_4h.weight", (hidden, d)), "b1": w.get(at + "mlp.dense_h_to_4h.bias", (hidden,)),
-            "w2": w.get(at + "mlp.dense_4h_to_h.weight", (d, hidden)), "b2": w.get(at + "mlp.dense_4h_to_h.bias", (d,)),
-            "g1": w.get(at + "input_layernorm.weight", (d,)), "s1": w.get(at + "input_layernorm.bias", (d,)),
+            "w1": w.get(at + "mlp.dense_h_to_4h.weight", (hidden, d)),
+            "b1": w.get(at + "mlp.dense_h_to_4h.bias", (hidden,)),
+            "w2": w.get(at + "mlp.dense_4h_to_h.weight", (d, hidden)),
+            "b2": w.get(at + "mlp.dense_4h_to_h.bias", (d,)),
+            "g1": w.get(at + "input_layernorm.weight", (d,)),
+            "s1": w.get(at + "input_layernorm.bias", (d,)),
             "g2": w.get(at + "post_attention_layernorm.weight", (d,)),
             "s2": w.get(at + "post_attention_layernorm.bias", (d,)),
         }
@@ -64,8 +86,10 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     base, fraction = rope_settings(config, fraction=0.25)  # transformers' GPT-NeoX default
     dims = int(head_dim * fraction)
     if dims % 2:
-        raise CheckpointError(f"config.json rotates {dims} entries of each head (rotary_pct {fraction}), "
-                              f"an odd number, which rotary positions cannot pair.")
+        raise CheckpointError(
+            f"config.json rotates {dims} entries of each head (rotary_pct {fraction}), "
+            f"an odd number, which rotary positions cannot pair."
+        )
     embed = w.get("embed_in.weight", (vocab, d))
     if w.has("embed_out.weight"):
         unembed = w.get("embed_out.weight", (vocab, d))
@@ -76,9 +100,18 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     blocks = layer_norm_blocks(parts, heads, activation(setting(config, "hidden_act", default="gelu")), eps, dtype)
     parallel = flag(config, "use_parallel_residual", default=True)
     return Checkpoint(
-        family="gpt_neox", arrangement="parallel" if parallel else "sequential", causal=True, blocks=blocks,
+        family="gpt_neox",
+        arrangement="parallel" if parallel else "sequential",
+        causal=True,
+        blocks=blocks,
         embed=as_array(embed, dtype),
-        final_norm=TokenNorm("layer", gamma=as_array(w.get("final_layer_norm.weight", (d,)), dtype),
-                             shift=as_array(w.get("final_layer_norm.bias", (d,)), dtype), eps=eps),
-        unembed=as_array(unembed, dtype), rotary=Rotary(dims, base) if dims else None, name=name,
+        final_norm=TokenNorm(
+            "layer",
+            gamma=as_array(w.get("final_layer_norm.weight", (d,)), dtype),
+            shift=as_array(w.get("final_layer_norm.bias", (d,)), dtype),
+            eps=eps,
+        ),
+        unembed=as_array(unembed, dtype),
+        rotary=Rotary(dims, base) if dims else None,
+        name=name,
     )

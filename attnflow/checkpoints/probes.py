@@ -106,7 +106,9 @@ def _readout_norm(checkpoint: Checkpoint) -> TokenNorm | None:
     return checkpoint.final_norm
 
 
-def normalized_embeddings(checkpoint: Checkpoint, at: int | str = "final", gain: bool = True) -> Float[Array, "vocab d"]:
+def normalized_embeddings(
+    checkpoint: Checkpoint, at: int | str = "final", gain: bool = True
+) -> Float[Array, "vocab d"]:
     r"""The token embeddings $W_E$ mapped onto the model's sphere, row by row.
 
     `at="final"`: through the output normalization (`final_norm`, or BERT's last
@@ -133,8 +135,12 @@ def _distances(a: Float[Array, "vocab d"], b: Float[Array, "vocab d"]) -> dict[s
     l2 = jnp.linalg.norm(a - b, axis=-1)
     cos = jnp.sum(a * b, axis=-1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
     cosine = jnp.maximum(1 - cos, 0)  # rounding can leave 1 - cos a hair below zero
-    return {"l2_mean": float(l2.mean()), "l2_std": float(l2.std()),
-            "cosine_mean": float(cosine.mean()), "cosine_std": float(cosine.std())}
+    return {
+        "l2_mean": float(l2.mean()),
+        "l2_std": float(l2.std()),
+        "cosine_mean": float(cosine.mean()),
+        "cosine_std": float(cosine.std()),
+    }
 
 
 def embedding_distances(checkpoint: Checkpoint) -> dict[str, dict[str, float]]:
@@ -166,13 +172,19 @@ def embedding_distances(checkpoint: Checkpoint) -> dict[str, dict[str, float]]:
 
 def distance_table(distances: dict[str, dict[str, float]]) -> str:
     """`embedding_distances` as a markdown table in the layout of the paper's Table 1."""
-    names = {"original": "Original", "centered": "Centered", "scaled": "Scaled by sqrt(d)",
-             "centered_scaled": "Centered + scaled by sqrt(d)"}
+    names = {
+        "original": "Original",
+        "centered": "Centered",
+        "scaled": "Scaled by sqrt(d)",
+        "centered_scaled": "Centered + scaled by sqrt(d)",
+    }
     rows = ["| setting | mean l2 distance (sd) | mean cosine distance (sd) |", "|---|---|---|"]
     for key in SETTINGS:
         row = distances[key]
-        rows.append(f"| {names[key]} | {row['l2_mean']:.3f} ({row['l2_std']:.3f}) | "
-                    f"{row['cosine_mean']:.3f} ({row['cosine_std']:.3f}) |")
+        rows.append(
+            f"| {names[key]} | {row['l2_mean']:.3f} ({row['l2_std']:.3f}) | "
+            f"{row['cosine_mean']:.3f} ({row['cosine_std']:.3f}) |"
+        )
     norms = distances.get("norms")
     if norms:
         rows.append("")
@@ -189,7 +201,9 @@ def readout_matrix(checkpoint: Checkpoint) -> Float[Array, "vocab d"]:
     return checkpoint.embed if checkpoint.unembed is None else checkpoint.unembed
 
 
-def logit_lens(checkpoint: Checkpoint, hidden: Float[Array | np.ndarray, "layers n d"]) -> Float[Array, "layers n vocab"]:
+def logit_lens(
+    checkpoint: Checkpoint, hidden: Float[Array | np.ndarray, "layers n d"]
+) -> Float[Array, "layers n vocab"]:
     """Every layer's residual states read as next-token logits: the final norm, then the
     read-out matrix (`readout_matrix`). At the last layer this is `checkpoint.logits`.
     For BERT (no final norm, no LM head) the states, already normalized by their block,
@@ -240,7 +254,7 @@ def _decoded(checkpoint: Checkpoint, chosen: Int[Array, " layers"], qk: tuple, o
         norm, queries, keys, outputs, inputs = layer  # (H, k, d) each
         normalized = norm(embed)
         reads = jnp.einsum("vd,hcd->hcv", normalized, jnp.concatenate([queries, keys, inputs], axis=1))
-        q, kk, inp = reads[:, :k], reads[:, k: 2 * k], reads[:, 2 * k:]
+        q, kk, inp = reads[:, :k], reads[:, k : 2 * k], reads[:, 2 * k :]
         out = jnp.einsum("vd,hcd->hcv", readout, outputs)
         s_qk, s_ov = _oriented(q), _oriented(out)
         signed = jnp.stack([q * s_qk[..., None], kk * s_qk[..., None], inp * s_ov[..., None], out * s_ov[..., None]])
@@ -250,8 +264,9 @@ def _decoded(checkpoint: Checkpoint, chosen: Int[Array, " layers"], qk: tuple, o
     return jax.lax.map(one_layer, per_layer)
 
 
-def decode_head_vectors(checkpoint: Checkpoint, tokenizer=None, k: int = 4, top: int = 5,
-                        layers: list[int] | None = None) -> xr.Dataset:
+def decode_head_vectors(
+    checkpoint: Checkpoint, tokenizer=None, k: int = 4, top: int = 5, layers: list[int] | None = None
+) -> xr.Dataset:
     r"""The `k` leading singular vectors of every head's $W_{QK}$ and $W_{OV}$ decoded
     into their `top` closest tokens by dot product (Traveling Words, section 3.3).
 
@@ -288,15 +303,26 @@ def decode_head_vectors(checkpoint: Checkpoint, tokenizer=None, k: int = 4, top:
             "token_id": (dims, ids, {"description": "ids of the closest tokens to each singular vector"}),
             "token": (dims, _strings_like(tokenizer, ids), {"description": "their strings"}),
             "score": (dims, scores, {"description": "dot product of the token vector with the unit singular vector"}),
-            "singular": (("matrix", "layer", "head", "component"), singular,
-                         {"description": "singular value of the pair"}),
+            "singular": (
+                ("matrix", "layer", "head", "component"),
+                singular,
+                {"description": "singular value of the pair"},
+            ),
         },
-        coords={"vector": list(VECTORS), "matrix": ["qk", "ov"], "layer": chosen,
-                "head": np.arange(checkpoint.heads), "component": np.arange(k), "top": np.arange(top)},
-        attrs={"model": checkpoint.name or checkpoint.family,
-               "description": "singular vectors of W_QK = Q^T K (query/key sides, read through the layer's "
-                              "input norm) and W_OV = O V (input side through the input norm, output side "
-                              "against the read-out matrix) decoded into tokens"},
+        coords={
+            "vector": list(VECTORS),
+            "matrix": ["qk", "ov"],
+            "layer": chosen,
+            "head": np.arange(checkpoint.heads),
+            "component": np.arange(k),
+            "top": np.arange(top),
+        },
+        attrs={
+            "model": checkpoint.name or checkpoint.family,
+            "description": "singular vectors of W_QK = Q^T K (query/key sides, read through the layer's "
+            "input norm) and W_OV = O V (input side through the input norm, output side "
+            "against the read-out matrix) decoded into tokens",
+        },
     )
 
 
@@ -309,15 +335,20 @@ def head_table(ds: xr.Dataset, layer: int, head: int) -> str:
     table: one row per singular pair, its QK query -> key tokens and OV input -> output
     tokens with their singular values."""
     part = ds.sel(layer=layer, head=head)
-    rows = [f"#### layer {layer}, head {head}", "",
-            "| k | sigma QK | QK query tokens | QK key tokens | sigma OV | OV input tokens | OV output tokens |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        f"#### layer {layer}, head {head}",
+        "",
+        "| k | sigma QK | QK query tokens | QK key tokens | sigma OV | OV input tokens | OV output tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
     tokens = part["token"]
     for c in part["component"].values:
         cells = {v: _cell(tokens.sel(vector=v, component=c).values) for v in VECTORS}
-        rows.append(f"| {c} | {float(part['singular'].sel(matrix='qk', component=c)):.3g} | {cells['qk_query']} | "
-                    f"{cells['qk_key']} | {float(part['singular'].sel(matrix='ov', component=c)):.3g} | "
-                    f"{cells['ov_input']} | {cells['ov_output']} |")
+        rows.append(
+            f"| {c} | {float(part['singular'].sel(matrix='qk', component=c)):.3g} | {cells['qk_query']} | "
+            f"{cells['qk_key']} | {float(part['singular'].sel(matrix='ov', component=c)):.3g} | "
+            f"{cells['ov_input']} | {cells['ov_output']} |"
+        )
     return "\n".join(rows)
 
 
@@ -339,9 +370,19 @@ def write_head_tables(ds: xr.Dataset, folder: Path, name: str = "head_vectors") 
     layers, heads, vectors, components = (ds[key].values for key in ("layer", "head", "vector", "component"))
     for l, h, v, c, r in np.ndindex(ids.shape):  # (layer, head, vector, component, top)
         matrix = 0 if vectors[v].startswith("qk") else 1
-        writer.writerow([int(layers[l]), int(heads[h]), vectors[v], int(components[c]),
-                         f"{float(singular[matrix, l, h, c]):.6g}", r, int(ids[l, h, v, c, r]),
-                         tokens[l, h, v, c, r], f"{float(scores[l, h, v, c, r]):.6g}"])
+        writer.writerow(
+            [
+                int(layers[l]),
+                int(heads[h]),
+                vectors[v],
+                int(components[c]),
+                f"{float(singular[matrix, l, h, c]):.6g}",
+                r,
+                int(ids[l, h, v, c, r]),
+                tokens[l, h, v, c, r],
+                f"{float(scores[l, h, v, c, r]):.6g}",
+            ]
+        )
     paths = []
     for suffix, content in (("md", "\n".join(sections)), ("csv", text.getvalue())):
         path = folder / f"{name}.{suffix}"
@@ -368,8 +409,16 @@ def _read_position(checkpoint: Checkpoint, states: Float[Array, "layers d"], top
     return logits, best_logits, best, probabilities, states if norm is None else norm(states)
 
 
-def token_path(checkpoint: Checkpoint, hidden: Float[Array | np.ndarray, "layers n d"], tokenizer=None, position: int = -1,
-               top: int = 5, *, ids: Int[Array | np.ndarray, " n"] | None = None, cloud: int = 2000) -> xr.Dataset:
+def token_path(
+    checkpoint: Checkpoint,
+    hidden: Float[Array | np.ndarray, "layers n d"],
+    tokenizer=None,
+    position: int = -1,
+    top: int = 5,
+    *,
+    ids: Int[Array | np.ndarray, " n"] | None = None,
+    cloud: int = 2000,
+) -> xr.Dataset:
     r"""The path of the token at `position` through the layers, read as words
     (Traveling Words, section 3.4).
 
@@ -394,16 +443,20 @@ def token_path(checkpoint: Checkpoint, hidden: Float[Array | np.ndarray, "layers
     vocab = readout.shape[0]
     top = int(min(top, vocab))
     logits, best_logits, best, best_probabilities, read = (
-        np.asarray(a) for a in _read_position(checkpoint, hidden[:, position], top))
+        np.asarray(a) for a in _read_position(checkpoint, hidden[:, position], top)
+    )
     path = _unit(read)
     extra = []
-    attrs = {"model": checkpoint.name or checkpoint.family, "position": position,
-             "readout": "unembedding" if checkpoint.unembed is not None else "token embeddings (no LM head)"}
+    attrs = {
+        "model": checkpoint.name or checkpoint.family,
+        "position": position,
+        "readout": "unembedding" if checkpoint.unembed is not None else "token embeddings (no LM head)",
+    }
     data = {}
     if ids is not None:
         ids = np.asarray(ids)
         attrs["token_id"] = int(ids[position])
-        attrs["token"] = _token_strings(tokenizer, ids[position: position + 1])[0]
+        attrs["token"] = _token_strings(tokenizer, ids[position : position + 1])[0]
         extra.append(int(ids[position]))
         if position + 1 < ids.shape[0]:
             following = int(ids[position + 1])
@@ -412,10 +465,16 @@ def token_path(checkpoint: Checkpoint, hidden: Float[Array | np.ndarray, "layers
             extra.append(following)
             shifted = logits - logits.max(-1, keepdims=True)
             log_partition = np.log(np.exp(shifted).sum(-1))
-            data["next_probability"] = (("layer",), np.exp(shifted[:, following] - log_partition),
-                                        {"description": "probability of the actual next token"})
-            data["next_rank"] = (("layer",), np.sum(logits > logits[:, following:following + 1], axis=-1),
-                                 {"description": "rank of the actual next token (0 = top candidate)"})
+            data["next_probability"] = (
+                ("layer",),
+                np.exp(shifted[:, following] - log_partition),
+                {"description": "probability of the actual next token"},
+            )
+            data["next_rank"] = (
+                ("layer",),
+                np.sum(logits > logits[:, following : following + 1], axis=-1),
+                {"description": "rank of the actual next token (0 = top candidate)"},
+            )
     candidates = np.unique(np.concatenate([best.ravel(), np.asarray(extra, dtype=int)]))
     words = np.unique(np.concatenate([np.arange(min(cloud, vocab)), candidates]))
     # Principal axes of the path and its candidates (small: numpy, no compilation).
@@ -426,22 +485,36 @@ def token_path(checkpoint: Checkpoint, hidden: Float[Array | np.ndarray, "layers
     share = (spread**2 / np.sum(spread**2))[:3]
     attrs["explained_variance"] = [float(s) for s in share]
     best_np = np.asarray(best)
-    data.update({
-        "candidate_id": (("layer", "rank"), best_np, {"description": "top next-token candidates of each layer"}),
-        "candidate_token": (("layer", "rank"), _strings_like(tokenizer, best_np), {"description": "their strings"}),
-        "candidate_probability": (("layer", "rank"), best_probabilities,
-                                  {"description": "their probabilities under the logit lens"}),
-        "candidate_logit": (("layer", "rank"), best_logits, {"description": "their logits"}),
-        "path": (("layer", "axis"), (path - centre) @ axes.T,
-                 {"description": "the token's read state (unit vector) on the three principal axes"}),
-        "cloud": (("word", "axis"), (_unit(readout[words]) - centre) @ axes.T,
-                  {"description": "read-out token vectors (unit) on the same axes"}),
-        "cloud_id": (("word",), words),
-        "cloud_token": (("word",), _strings_like(tokenizer, words)),
-        "cloud_is_candidate": (("word",), np.isin(words, candidates)),
-    })
-    return xr.Dataset(data, coords={"layer": np.arange(hidden.shape[0]), "rank": np.arange(top),
-                                    "axis": ["pc1", "pc2", "pc3"]}, attrs=attrs)
+    data.update(
+        {
+            "candidate_id": (("layer", "rank"), best_np, {"description": "top next-token candidates of each layer"}),
+            "candidate_token": (("layer", "rank"), _strings_like(tokenizer, best_np), {"description": "their strings"}),
+            "candidate_probability": (
+                ("layer", "rank"),
+                best_probabilities,
+                {"description": "their probabilities under the logit lens"},
+            ),
+            "candidate_logit": (("layer", "rank"), best_logits, {"description": "their logits"}),
+            "path": (
+                ("layer", "axis"),
+                (path - centre) @ axes.T,
+                {"description": "the token's read state (unit vector) on the three principal axes"},
+            ),
+            "cloud": (
+                ("word", "axis"),
+                (_unit(readout[words]) - centre) @ axes.T,
+                {"description": "read-out token vectors (unit) on the same axes"},
+            ),
+            "cloud_id": (("word",), words),
+            "cloud_token": (("word",), _strings_like(tokenizer, words)),
+            "cloud_is_candidate": (("word",), np.isin(words, candidates)),
+        }
+    )
+    return xr.Dataset(
+        data,
+        coords={"layer": np.arange(hidden.shape[0]), "rank": np.arange(top), "axis": ["pc1", "pc2", "pc3"]},
+        attrs=attrs,
+    )
 
 
 @styled
@@ -477,7 +550,11 @@ def draw_token_path(ds: xr.Dataset, folder: Path | None = None, name: str = "tok
     ax.set_ylabel(f"PC2 ({100 * share[1]:.0f}%)")
     ax.set_zlabel(f"PC3 ({100 * share[2]:.0f}%)")
     token = ds.attrs.get("token")
-    title = f"token {token!r} at position {ds.attrs['position']}" if token is not None else f"position {ds.attrs['position']}"
+    title = (
+        f"token {token!r} at position {ds.attrs['position']}"
+        if token is not None
+        else f"position {ds.attrs['position']}"
+    )
     ax.set_title(f"(a) {title}: its path among the token vectors")
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer", shrink=0.6)
 
@@ -493,15 +570,19 @@ def draw_token_path(ds: xr.Dataset, folder: Path | None = None, name: str = "tok
             entry += f"  | next #{int(ds['next_rank'].values[layer])}"
         lines.append(f"{int(layer):>3}  {entry}")
     size = max(5.0, min(8.0, 260.0 / max(len(lines), 1)))
-    text.text(0, 1, "\n".join(lines), family="monospace", fontsize=size, va="top", ha="left",
-              transform=text.transAxes)
+    text.text(0, 1, "\n".join(lines), family="monospace", fontsize=size, va="top", ha="left", transform=text.transAxes)
     text.set_title("(b) top candidates per layer (probability)", loc="left")
     next_token = ds.attrs.get("next_token")
-    caption(fig, (
-        f"{ds.attrs.get('model', '')}: each layer's residual state of one token read through the final norm and the "
-        f"{ds.attrs['readout']} (logit lens). The 3-D axes are the principal axes of the read states and their "
-        f"candidates' vectors (all as unit vectors); grey: other token vectors."
-        + (f" Actual next token: {next_token!r}." if next_token is not None else "")), width=140)
+    caption(
+        fig,
+        (
+            f"{ds.attrs.get('model', '')}: each layer's residual state of one token read through the final norm and "
+            f"the {ds.attrs['readout']} (logit lens). The 3-D axes are the principal axes of the read states and their "
+            f"candidates' vectors (all as unit vectors); grey: other token vectors."
+            + (f" Actual next token: {next_token!r}." if next_token is not None else "")
+        ),
+        width=140,
+    )
     if folder is not None:
         Path(folder).mkdir(parents=True, exist_ok=True)
         save(fig, folder, name)

@@ -105,14 +105,19 @@ def thin_qr(a: Float[Array, "*batch d r"]) -> tuple[Float[Array, "*batch d r"], 
 
 
 @jax.jit
-def _core_svd(qa: Float[Array, "*batch d r"], ra: Float[Array, "*batch r r"], qb: Float[Array, "*batch d r"],
-              rb: Float[Array, "*batch r r"]):
+def _core_svd(
+    qa: Float[Array, "*batch d r"],
+    ra: Float[Array, "*batch r r"],
+    qb: Float[Array, "*batch d r"],
+    rb: Float[Array, "*batch r r"],
+):
     u, s, vt = jnp.linalg.svd(ra @ _swap(rb))
     return qa @ u, s, qb @ _swap(vt)
 
 
-def low_rank_svd(a: Float[Array, "*batch d r"], b: Float[Array, "*batch d r"]) -> tuple[
-        Float[Array, "*batch d r"], Float[Array, "*batch r"], Float[Array, "*batch d r"]]:
+def low_rank_svd(
+    a: Float[Array, "*batch d r"], b: Float[Array, "*batch d r"]
+) -> tuple[Float[Array, "*batch d r"], Float[Array, "*batch r"], Float[Array, "*batch d r"]]:
     r"""`(left, singular, right)` of $M = A B^\top$ ($d \times d$, rank $\le r$): with thin
     QR factors $A = U_A R_A$, $B = U_B R_B$ (both factored in one batch), the SVD of the
     $r \times r$ core $R_A R_B^\top = u\, s\, v^\top$ gives $M = (U_A u)\, s\, (U_B v)^\top$."""
@@ -152,13 +157,23 @@ def _summaries(prefix: str, spectrum: LowRankSpectrum, trace: np.ndarray, what: 
     dims = ("layer", "head")
     return {
         f"{prefix}_radius": (dims, modulus[..., 0], {"description": f"spectral radius max|lambda| of {what}"}),
-        f"{prefix}_positive_fraction": (dims, fraction, {
-            "description": f"share of the eigenvalue mass sum|lambda| of {what} carried by eigenvalues with "
-                           "positive real part"}),
+        f"{prefix}_positive_fraction": (
+            dims,
+            fraction,
+            {
+                "description": f"share of the eigenvalue mass sum|lambda| of {what} carried by eigenvalues with "
+                "positive real part"
+            },
+        ),
         f"{prefix}_trace": (dims, np.asarray(trace), {"description": f"trace of {what} (sum of its eigenvalues)"}),
-        f"{prefix}_frobenius": (dims, np.sqrt((singular**2).sum(-1)), {
-            "description": f"Frobenius norm of {what}, sqrt(sum sigma^2); for x, y ~ N(0, I) the variance of "
-                           "x^T M y is its square"}),
+        f"{prefix}_frobenius": (
+            dims,
+            np.sqrt((singular**2).sum(-1)),
+            {
+                "description": f"Frobenius norm of {what}, sqrt(sum sigma^2); for x, y ~ N(0, I) the variance of "
+                "x^T M y is its square"
+            },
+        ),
         f"{prefix}_operator_norm": (dims, singular[..., 0], {"description": f"largest singular value of {what}"}),
     }
 
@@ -187,23 +202,47 @@ def head_spectra(checkpoint: Checkpoint) -> xr.Dataset:
     dims_qk, dims_ov = ("layer", "head", "qk_rank"), ("layer", "head", "ov_rank")
     qk_what, ov_what = "W_QK = Q_h^T K_h", "W_OV = O_h V_h"
     data = {
-        "qk_eig_real": (dims_qk, np.asarray(qk.eigenvalues.real), {"description": f"real parts of the eigenvalues of {qk_what}"}),
-        "qk_eig_imag": (dims_qk, np.asarray(qk.eigenvalues.imag), {"description": f"imaginary parts of the eigenvalues of {qk_what}"}),
+        "qk_eig_real": (
+            dims_qk,
+            np.asarray(qk.eigenvalues.real),
+            {"description": f"real parts of the eigenvalues of {qk_what}"},
+        ),
+        "qk_eig_imag": (
+            dims_qk,
+            np.asarray(qk.eigenvalues.imag),
+            {"description": f"imaginary parts of the eigenvalues of {qk_what}"},
+        ),
         "qk_singular": (dims_qk, np.asarray(qk.singular), {"description": f"singular values of {qk_what}"}),
-        "ov_eig_real": (dims_ov, np.asarray(ov.eigenvalues.real), {"description": f"real parts of the eigenvalues of {ov_what}"}),
-        "ov_eig_imag": (dims_ov, np.asarray(ov.eigenvalues.imag), {"description": f"imaginary parts of the eigenvalues of {ov_what}"}),
+        "ov_eig_real": (
+            dims_ov,
+            np.asarray(ov.eigenvalues.real),
+            {"description": f"real parts of the eigenvalues of {ov_what}"},
+        ),
+        "ov_eig_imag": (
+            dims_ov,
+            np.asarray(ov.eigenvalues.imag),
+            {"description": f"imaginary parts of the eigenvalues of {ov_what}"},
+        ),
         "ov_singular": (dims_ov, np.asarray(ov.singular), {"description": f"singular values of {ov_what}"}),
         **_summaries("qk", qk, qk_trace, qk_what),
         **_summaries("ov", ov, ov_trace, ov_what),
     }
     return xr.Dataset(
         data,
-        coords={"layer": np.arange(depth), "head": np.arange(heads),
-                "qk_rank": np.arange(qk.singular.shape[-1]), "ov_rank": np.arange(ov.singular.shape[-1])},
-        attrs={"model": checkpoint.name or checkpoint.family, "family": checkpoint.family,
-               "beta": 1.0 / float(np.sqrt(checkpoint.head_dim)), "dim": checkpoint.dim,
-               "description": "spectra of the per-head query-key and output-value matrices across depth "
-                              "(layer = 0-based block index; biases left out; rotary at offset zero)"},
+        coords={
+            "layer": np.arange(depth),
+            "head": np.arange(heads),
+            "qk_rank": np.arange(qk.singular.shape[-1]),
+            "ov_rank": np.arange(ov.singular.shape[-1]),
+        },
+        attrs={
+            "model": checkpoint.name or checkpoint.family,
+            "family": checkpoint.family,
+            "beta": 1.0 / float(np.sqrt(checkpoint.head_dim)),
+            "dim": checkpoint.dim,
+            "description": "spectra of the per-head query-key and output-value matrices across depth "
+            "(layer = 0-based block index; biases left out; rotary at offset zero)",
+        },
     )
 
 
@@ -282,24 +321,38 @@ def draw_spectra(ds: xr.Dataset, folder: Path | None = None, name: str = "spectr
         _singular_curves(axes[2, column], ds, prefix, norm, cmap)
         axes[2, column].set_title(f"({next(letters)}) singular values of {titles[prefix]}")
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, label="layer", shrink=0.5)
-    caption(fig, (
-        f"{model}: {ds.sizes['layer']} layers x {ds.sizes['head']} heads. (a, b) every non-zero eigenvalue of each "
-        f"head's query-key and output-value matrix; (c, d) their real parts per layer (positive: similar tokens "
-        f"attend to / attract each other, negative: repel); (e, f) the singular values of each head, one curve per "
-        f"head. Colour: layer. QK is unscaled (logits are $\\beta\\, x^\\top W_{{QK}}\\, y$, $\\beta$ = {ds.attrs.get('beta', float('nan')):.3g})."),
-        width=120)
+    caption(
+        fig,
+        (
+            f"{model}: {ds.sizes['layer']} layers x {ds.sizes['head']} heads. (a, b) every non-zero eigenvalue of each "
+            f"head's query-key and output-value matrix; (c, d) their real parts per layer (positive: similar tokens "
+            f"attend to / attract each other, negative: repel); (e, f) the singular values of each head, one curve per "
+            "head. Colour: layer. QK is unscaled (logits are $\\beta\\, x^\\top W_{QK}\\, y$, $\\beta$ = "
+            f"{ds.attrs.get('beta', float('nan')):.3g})."
+        ),
+        width=120,
+    )
     figures = {name: fig}
 
     fig, axes = subplots(2, 2, figsize=(9.5, 6.5), layout="constrained")
-    panels = (("radius", r"spectral radius $\max|\lambda|$"),
-              ("positive_fraction", r"share of $|\lambda|$ with $\mathrm{Re}\,\lambda > 0$"),
-              ("trace", "trace"), ("frobenius", "Frobenius norm"))
+    panels = (
+        ("radius", r"spectral radius $\max|\lambda|$"),
+        ("positive_fraction", r"share of $|\lambda|$ with $\mathrm{Re}\,\lambda > 0$"),
+        ("trace", "trace"),
+        ("frobenius", "Frobenius norm"),
+    )
     for ax, (letter, (key, label)) in zip(axes.ravel(), zip("abcd", panels)):
         for prefix, color in (("qk", "C0"), ("ov", "C3")):
             values = ds[f"{prefix}_{key}"].values
             ax.fill_between(layers, np.nanmin(values, 1), np.nanmax(values, 1), color=color, alpha=0.15, linewidth=0)
-            ax.plot(layers, np.nanmedian(values, 1), color=color, marker="o", markersize=3,
-                    label=f"{prefix.upper()}: median over heads, min-max")
+            ax.plot(
+                layers,
+                np.nanmedian(values, 1),
+                color=color,
+                marker="o",
+                markersize=3,
+                label=f"{prefix.upper()}: median over heads, min-max",
+            )
         ax.set_xlabel("layer")
         ax.set_title(f"({letter}) {label}")
     axes[0, 0].legend(loc="best")

@@ -1,33 +1,72 @@
 """The public names of `attnflow.diffeqformer`, for editors and type checkers; at run time
 `lazy_loader` reads this stub and imports each name's module on first use."""
 
-from ._data import CORPORA as CORPORA, Corpus as Corpus, load_corpus as load_corpus, reference_text as reference_text
+from ._data import CORPORA as CORPORA
+from ._data import Corpus as Corpus
+from ._data import load_corpus as load_corpus
+from ._data import reference_text as reference_text
 from ._model import (
     Adapter as Adapter,
-    checkpoint_logits as checkpoint_logits,
+)
+from ._model import (
     DiffEqFormer as DiffEqFormer,
+)
+from ._model import (
     DiffEqFormerConfig as DiffEqFormerConfig,
-    gpt as gpt,
+)
+from ._model import (
     LoRA as LoRA,
-    lora as lora,
-    populate as populate,
+)
+from ._model import (
     ScaledColumns as ScaledColumns,
+)
+from ._model import (
     ShiftedBias as ShiftedBias,
+)
+from ._model import (
     Sinusoidal as Sinusoidal,
+)
+from ._model import (
     TimeWeight as TimeWeight,
+)
+from ._model import (
+    checkpoint_logits as checkpoint_logits,
+)
+from ._model import (
+    gpt as gpt,
+)
+from ._model import (
+    lora as lora,
+)
+from ._model import (
+    populate as populate,
 )
 from ._store import (
     diffeqformer_config as diffeqformer_config,
+)
+from ._store import (
     load_diffeqformer as load_diffeqformer,
+)
+from ._store import (
     save_diffeqformer as save_diffeqformer,
+)
+from ._store import (
     save_model as save_model,
 )
 from ._train import (
-    main as main,
-    train as train,
-    train_config as train_config,
     TrainConfig as TrainConfig,
+)
+from ._train import (
     TrainResult as TrainResult,
+)
+from ._train import (
+    main as main,
+)
+from ._train import (
+    train as train,
+)
+from ._train import (
+    train_config as train_config,
 )
 
 __all__ = [

@@ -55,8 +55,10 @@ def reference_topics() -> dict[str, str]:
     try:
         from pydoc_data.topics import topics  # lazy: a large module, read for the reference corpora only
     except ImportError:  # some distributions ship Python without it
-        raise ConfigError("the reference corpora are the language reference in the standard library's pydoc_data, "
-                          "which this Python lacks; use corpus=induction or a Python that has it.") from None
+        raise ConfigError(
+            "the reference corpora are the language reference in the standard library's pydoc_data, "
+            "which this Python lacks; use corpus=induction or a Python that has it."
+        ) from None
     return dict(topics)
 
 
@@ -89,8 +91,13 @@ def reference_tokenizer(vocab: int) -> str:
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab < len(alphabet) + 1:
         raise ConfigError(f"a byte-level BPE needs a vocab of at least {len(alphabet) + 1} tokens, got {vocab}.")
-    trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, initial_alphabet=alphabet,
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        min_frequency=2,
+        initial_alphabet=alphabet,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
     backend.train_from_iterator([reference_text("reference-a")], trainer=trainer)
     return backend.to_str()
 
@@ -139,15 +146,16 @@ def _induction(key, size: int, context: int, vocab: int):
 
 def _split(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Training and validation tokens: every `VALIDATION_EVERY`-th chunk is held out."""
-    chunks = [tokens[i: i + CHUNK] for i in range(0, tokens.shape[0], CHUNK)]
+    chunks = [tokens[i : i + CHUNK] for i in range(0, tokens.shape[0], CHUNK)]
     held = [c for i, c in enumerate(chunks) if i % VALIDATION_EVERY == VALIDATION_EVERY - 1]
     kept = [c for i, c in enumerate(chunks) if i % VALIDATION_EVERY != VALIDATION_EVERY - 1]
     empty = np.zeros(0, tokens.dtype)
     return np.concatenate(kept) if kept else empty, np.concatenate(held) if held else empty
 
 
-def load_corpus(name: str, *, vocab: int, context: int, tokenizer_json: str | None = None
-                ) -> tuple[Corpus, str, dict[str, Any]]:
+def load_corpus(
+    name: str, *, vocab: int, context: int, tokenizer_json: str | None = None
+) -> tuple[Corpus, str, dict[str, Any]]:
     """The corpus `name`, the tokenizer that encodes it (`tokenizers` JSON: the one
     given, or a new one of `vocab` tokens) and a record of what it is (`info`)."""
     name = corpus_name(name)
@@ -165,12 +173,21 @@ def load_corpus(name: str, *, vocab: int, context: int, tokenizer_json: str | No
     tokens = np.asarray(backend.encode(text).ids, np.int32)
     train, validation = _split(tokens)
     if min(train.shape[0], validation.shape[0]) <= context:
-        raise ConfigError(f"the {name} corpus has too few tokens ({train.shape[0]} for training, "
-                          f"{validation.shape[0]} held out) for windows of context={context}.")
+        raise ConfigError(
+            f"the {name} corpus has too few tokens ({train.shape[0]} for training, "
+            f"{validation.shape[0]} held out) for windows of context={context}."
+        )
     info = {
-        "corpus": name, "source": "pydoc_data.topics (the Python language reference)",
-        "python": platform.python_version(), "topics": len(reference_parts()[name]), "characters": len(text),
-        "sha256": _sha256(text), "tokens": int(tokens.shape[0]), "train_tokens": int(train.shape[0]),
-        "validation_tokens": int(validation.shape[0]), "vocab": vocab, "tokenizer_sha256": _sha256(tokenizer_json),
+        "corpus": name,
+        "source": "pydoc_data.topics (the Python language reference)",
+        "python": platform.python_version(),
+        "topics": len(reference_parts()[name]),
+        "characters": len(text),
+        "sha256": _sha256(text),
+        "tokens": int(tokens.shape[0]),
+        "train_tokens": int(train.shape[0]),
+        "validation_tokens": int(validation.shape[0]),
+        "vocab": vocab,
+        "tokenizer_sha256": _sha256(tokenizer_json),
     }
     return Corpus(jnp.asarray(train), jnp.asarray(validation), name, vocab), tokenizer_json, info

@@ -104,7 +104,7 @@ class DiffEqFormerConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "DiffEqFormerConfig":
+    def from_json(cls, data: dict[str, Any]) -> DiffEqFormerConfig:
         """The config of `to_json`; unknown or missing settings raise ConfigError. A
         record without `time_scale` was written before that setting existed, when the
         embedding read $t$ unscaled: it is read with `time_scale` 1."""
@@ -112,7 +112,9 @@ class DiffEqFormerConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"unknown DiffEqFormer setting {unknown[0]!r}; known ones are {', '.join(sorted(names))}.")
+            raise ConfigError(
+                f"unknown DiffEqFormer setting {unknown[0]!r}; known ones are {', '.join(sorted(names))}."
+            )
         if "vocab" not in data:
             raise ConfigError("a DiffEqFormer config needs its vocab size.")
         return cls(**data)
@@ -170,8 +172,17 @@ class TimeWeight(AbstractSchedule):
     proj_weight: Float[Array, "... d_emb"]
     proj_bias: Array
 
-    def __init__(self, center: Array, d_emb: int, frequencies: int, *, std: float, time_scale: float = TIME_SCALE,
-                 key: PRNGKeyArray | None = None, noise: Array | None = None):
+    def __init__(
+        self,
+        center: Array,
+        d_emb: int,
+        frequencies: int,
+        *,
+        std: float,
+        time_scale: float = TIME_SCALE,
+        key: PRNGKeyArray | None = None,
+        noise: Array | None = None,
+    ):
         """`center`: the constant $C$ (its shape is the schedule's); `std`: the standard
         deviation of the entries of $P z(0)$; `time_scale`: the embedding's factor on
         $t$. The standard normal numbers come from `key`, or are given as `noise`
@@ -301,12 +312,21 @@ class DiffEqFormer(eqx.Module):
         # name: (shape, constant part C, standard deviation of the time-dependent part at
         # t = 0). Matrices are all time-dependent with GPT-2's initial law; biases are
         # time-dependent and tiny; LayerNorm gains and shifts start constant (1 and 0).
-        weights = {"query": ((H, k, d), 0.0, INIT_STD), "key": ((H, k, d), 0.0, INIT_STD),
-                   "value": ((H, k, d), 0.0, INIT_STD), "output": ((H, d, k), 0.0, residual),
-                   "output_bias": ((d,), 0.0, BIAS_STD), "w1": ((c.hidden, d), 0.0, INIT_STD),
-                   "b1": ((c.hidden,), 0.0, BIAS_STD), "w2": ((d, c.hidden), 0.0, residual),
-                   "b2": ((d,), 0.0, BIAS_STD), "attn_gain": ((d,), 1.0, 0.0), "attn_shift": ((d,), 0.0, 0.0),
-                   "mlp_gain": ((d,), 1.0, 0.0), "mlp_shift": ((d,), 0.0, 0.0)}
+        weights = {
+            "query": ((H, k, d), 0.0, INIT_STD),
+            "key": ((H, k, d), 0.0, INIT_STD),
+            "value": ((H, k, d), 0.0, INIT_STD),
+            "output": ((H, d, k), 0.0, residual),
+            "output_bias": ((d,), 0.0, BIAS_STD),
+            "w1": ((c.hidden, d), 0.0, INIT_STD),
+            "b1": ((c.hidden,), 0.0, BIAS_STD),
+            "w2": ((d, c.hidden), 0.0, residual),
+            "b2": ((d,), 0.0, BIAS_STD),
+            "attn_gain": ((d,), 1.0, 0.0),
+            "attn_shift": ((d,), 0.0, 0.0),
+            "mlp_gain": ((d,), 1.0, 0.0),
+            "mlp_shift": ((d,), 0.0, 0.0),
+        }
         # Every random number of the initialisation from one draw: one random-number
         # program to compile (seconds each on a small CPU) instead of one per array.
         pieces = [((c.vocab, d), INIT_STD), ((c.context, d), INIT_STD)]
@@ -315,11 +335,21 @@ class DiffEqFormer(eqx.Module):
         self.config = c
         self.embed, self.positions = next(draws), next(draws)
         for name, (shape, constant, std) in weights.items():
-            setattr(self, name, TimeWeight(jnp.full(shape, constant, dtype), c.d_emb, c.frequencies, std=std,
-                                           time_scale=c.time_scale, noise=next(draws)))
+            setattr(
+                self,
+                name,
+                TimeWeight(
+                    jnp.full(shape, constant, dtype),
+                    c.d_emb,
+                    c.frequencies,
+                    std=std,
+                    time_scale=c.time_scale,
+                    noise=next(draws),
+                ),
+            )
         self.final_norm = TokenNorm("layer", jnp.ones(d, dtype), jnp.zeros(d, dtype), eps=c.eps)
 
-    def with_steps(self, steps: int) -> "DiffEqFormer":
+    def with_steps(self, steps: int) -> DiffEqFormer:
         """The same model solved by default with `steps` steps (fine-tuning at another
         depth, section 6.2): its weights unchanged, only its config's `steps`."""
         config = dataclasses.replace(self.config, steps=int(steps))
@@ -337,14 +367,26 @@ class DiffEqFormer(eqx.Module):
         $W(\\gamma \\odot n + s) + b = (W \\operatorname{diag}\\gamma)\\, n + (W s + b)$."""
         c = self.config
         attention = SelfAttention(
-            query=ScaledColumns(self.query, self.attn_gain), key=ScaledColumns(self.key, self.attn_gain),
-            value=ScaledColumns(self.value, self.attn_gain), output=self.output,
-            beta=jnp.asarray(1 / math.sqrt(c.head_dim), c.dtype), alibi=None, heads=c.heads, causal=True,
-            query_bias=ShiftedBias(self.query, self.attn_shift), key_bias=ShiftedBias(self.key, self.attn_shift),
-            value_bias=ShiftedBias(self.value, self.attn_shift), output_bias=self.output_bias,
+            query=ScaledColumns(self.query, self.attn_gain),
+            key=ScaledColumns(self.key, self.attn_gain),
+            value=ScaledColumns(self.value, self.attn_gain),
+            output=self.output,
+            beta=jnp.asarray(1 / math.sqrt(c.head_dim), c.dtype),
+            alibi=None,
+            heads=c.heads,
+            causal=True,
+            query_bias=ShiftedBias(self.query, self.attn_shift),
+            key_bias=ShiftedBias(self.key, self.attn_shift),
+            value_bias=ShiftedBias(self.value, self.attn_shift),
+            output_bias=self.output_bias,
         )
-        mlp = MLP(w1=ScaledColumns(self.w1, self.mlp_gain), w2=self.w2,
-                  b1=ShiftedBias(self.w1, self.mlp_shift, self.b1), b2=self.b2, activation="gelu")
+        mlp = MLP(
+            w1=ScaledColumns(self.w1, self.mlp_gain),
+            w2=self.w2,
+            b1=ShiftedBias(self.w1, self.mlp_shift, self.b1),
+            b2=self.b2,
+            activation="gelu",
+        )
         return VectorField(terms=(attention, mlp), scheme="pre", norm=TokenNorm("layer", eps=c.eps))
 
     def embed_tokens(self, ids: Int[ArrayLike, " n"]) -> Float[Array, "n d"]:
@@ -354,8 +396,9 @@ class DiffEqFormer(eqx.Module):
         ids = rows_of(ids, self.config.vocab, "the DiffEqFormer's embedding")
         return self.embed[ids] + self.positions[: ids.shape[0]]
 
-    def states(self, ids: Int[ArrayLike, " n"], steps: int | None = None, solver: str = "euler",
-               save_steps=None) -> Float[Array, "saved n d"]:
+    def states(
+        self, ids: Int[ArrayLike, " n"], steps: int | None = None, solver: str = "euler", save_steps=None
+    ) -> Float[Array, "saved n d"]:
         """The residual stream $X(t_k)$ at the grid steps `save_steps` (default: every
         step $k = 0, \\dots, N$) of a fixed-step solve with $N$ = `steps` (default
         the config's) steps of size $T/N$."""
@@ -365,11 +408,14 @@ class DiffEqFormer(eqx.Module):
             save_steps = np.arange(steps + 1)
         x0 = self.embed_tokens(jnp.asarray(ids))
         horizon = self.config.horizon
-        solution = simulate(self.field(), x0, t1=horizon, dt=horizon / steps, num_steps=steps, solver=solver,
-                            save_steps=save_steps)
+        solution = simulate(
+            self.field(), x0, t1=horizon, dt=horizon / steps, num_steps=steps, solver=solver, save_steps=save_steps
+        )
         return solution.xs
 
-    def __call__(self, ids: Int[ArrayLike, " n"], steps: int | None = None, solver: str = "euler") -> Float[Array, "n vocab"]:
+    def __call__(
+        self, ids: Int[ArrayLike, " n"], steps: int | None = None, solver: str = "euler"
+    ) -> Float[Array, "n vocab"]:
         """Next-token logits: $X(T)$ by `steps` solver steps, the final LayerNorm, the
         tied unembedding. One sequence; batches by `jax.vmap`."""
         steps = self.config.steps if steps is None else int(steps)
@@ -416,15 +462,33 @@ def _populated(model: DiffEqFormer, steps: int) -> Checkpoint:
     def at(weight: TimeWeight) -> Array:
         return jax.vmap(weight)(times)
 
-    attention = Attention(query=at(model.query), key=at(model.key), value=at(model.value),
-                          output=h * at(model.output), output_bias=h * at(model.output_bias), kv_heads=c.heads)
+    attention = Attention(
+        query=at(model.query),
+        key=at(model.key),
+        value=at(model.value),
+        output=h * at(model.output),
+        output_bias=h * at(model.output_bias),
+        kv_heads=c.heads,
+    )
     mlp = FeedForward(w1=at(model.w1), w2=h * at(model.w2), b1=at(model.b1), b2=h * at(model.b2), activation="gelu")
     norms = lambda gain, shift: jax.vmap(lambda t: TokenNorm("layer", gain(t), shift(t), eps=c.eps))(times)
-    blocks = Blocks(attention=attention, mlp=mlp, attn_norm=norms(model.attn_gain, model.attn_shift),
-                    mlp_norm=norms(model.mlp_gain, model.mlp_shift))
-    return Checkpoint(family="diffeqformer", arrangement="parallel", causal=True, blocks=blocks, embed=model.embed,
-                      positions=model.positions, final_norm=model.final_norm, unembed=model.embed,
-                      name=f"diffeqformer-{steps}")
+    blocks = Blocks(
+        attention=attention,
+        mlp=mlp,
+        attn_norm=norms(model.attn_gain, model.attn_shift),
+        mlp_norm=norms(model.mlp_gain, model.mlp_shift),
+    )
+    return Checkpoint(
+        family="diffeqformer",
+        arrangement="parallel",
+        causal=True,
+        blocks=blocks,
+        embed=model.embed,
+        positions=model.positions,
+        final_norm=model.final_norm,
+        unembed=model.embed,
+        name=f"diffeqformer-{steps}",
+    )
 
 
 def gpt(key: PRNGKeyArray, config: DiffEqFormerConfig) -> Checkpoint:
@@ -437,18 +501,38 @@ def gpt(key: PRNGKeyArray, config: DiffEqFormerConfig) -> Checkpoint:
     residual = _residual_std(c)
     zeros = lambda *shape: jnp.zeros(shape, dtype)
     ones = lambda *shape: jnp.ones(shape, dtype)
-    shapes = [((L, H, k, d), INIT_STD)] * 3 + [((L, H, d, k), residual), ((L, c.hidden, d), INIT_STD),
-                                               ((L, d, c.hidden), residual), ((c.vocab, d), INIT_STD),
-                                               ((c.context, d), INIT_STD)]
+    shapes = [((L, H, k, d), INIT_STD)] * 3 + [
+        ((L, H, d, k), residual),
+        ((L, c.hidden, d), INIT_STD),
+        ((L, d, c.hidden), residual),
+        ((c.vocab, d), INIT_STD),
+        ((c.context, d), INIT_STD),
+    ]
     query, key_, value, output, w1, w2, embed, positions = _normals(key, shapes, dtype)
-    attention = Attention(query=query, key=key_, value=value, output=output, query_bias=zeros(L, H, k),
-                          key_bias=zeros(L, H, k), value_bias=zeros(L, H, k), output_bias=zeros(L, d), kv_heads=H)
+    attention = Attention(
+        query=query,
+        key=key_,
+        value=value,
+        output=output,
+        query_bias=zeros(L, H, k),
+        key_bias=zeros(L, H, k),
+        value_bias=zeros(L, H, k),
+        output_bias=zeros(L, d),
+        kv_heads=H,
+    )
     mlp = FeedForward(w1=w1, b1=zeros(L, c.hidden), w2=w2, b2=zeros(L, d), activation="gelu")
     norm = lambda: stack_layers([TokenNorm("layer", ones(d), zeros(d), eps=c.eps)] * L)
-    return Checkpoint(family="gpt2", arrangement="sequential", causal=True,
-                      blocks=Blocks(attention=attention, mlp=mlp, attn_norm=norm(), mlp_norm=norm()),
-                      embed=embed, positions=positions,
-                      final_norm=TokenNorm("layer", ones(d), zeros(d), eps=c.eps), unembed=embed, name="gpt")
+    return Checkpoint(
+        family="gpt2",
+        arrangement="sequential",
+        causal=True,
+        blocks=Blocks(attention=attention, mlp=mlp, attn_norm=norm(), mlp_norm=norm()),
+        embed=embed,
+        positions=positions,
+        final_norm=TokenNorm("layer", ones(d), zeros(d), eps=c.eps),
+        unembed=embed,
+        name="gpt",
+    )
 
 
 def checkpoint_logits(checkpoint: Checkpoint, ids: Int[ArrayLike, " n"]) -> Float[Array, "n vocab"]:
@@ -505,10 +589,17 @@ def lora(checkpoint: Checkpoint, rank: int, *, key: PRNGKeyArray) -> LoRA:
         raise ConfigError(f"the LoRA rank must be a positive integer, got {rank}.")
     att, ff = checkpoint.blocks.attention, checkpoint.blocks.mlp
     L, H, k, d = att.query.shape
-    shapes = {"query": (H * k, d), "key": (H * k, d), "value": (H * k, d), "output": (d, H * k),
-              "w1": ff.w1.shape[1:], "w2": ff.w2.shape[1:]}
+    shapes = {
+        "query": (H * k, d),
+        "key": (H * k, d),
+        "value": (H * k, d),
+        "output": (d, H * k),
+        "w1": ff.w1.shape[1:],
+        "w2": ff.w2.shape[1:],
+    }
     dtype = att.query.dtype
     draws = _normals(key, [((L, rows, rank), 1 / math.sqrt(rank)) for rows, _ in shapes.values()], dtype)
-    adapters = {name: Adapter(a=a, b=jnp.zeros((L, rank, cols), dtype))
-                for a, (name, (_, cols)) in zip(draws, shapes.items())}
+    adapters = {
+        name: Adapter(a=a, b=jnp.zeros((L, rank, cols), dtype)) for a, (name, (_, cols)) in zip(draws, shapes.items())
+    }
     return LoRA(base=checkpoint, adapters=adapters)

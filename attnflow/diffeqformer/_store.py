@@ -66,8 +66,10 @@ def fill(template, arrays: Mapping[str, np.ndarray], where: str):
             raise CheckpointError(f"{where} has no array {name}; it was written by another model or version.")
         value = np.asarray(arrays[name])
         if value.shape != tuple(leaf.shape) or value.dtype != leaf.dtype:
-            raise CheckpointError(f"array {name} in {where} has shape {value.shape} and dtype {value.dtype}, "
-                                  f"but the model needs {tuple(leaf.shape)} and {leaf.dtype}.")
+            raise CheckpointError(
+                f"array {name} in {where} has shape {value.shape} and dtype {value.dtype}, "
+                f"but the model needs {tuple(leaf.shape)} and {leaf.dtype}."
+            )
         leaves.append(jnp.asarray(value))
         used.add(name)
     unknown = sorted(set(arrays) - used)
@@ -108,18 +110,31 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def save_diffeqformer(model: DiffEqFormer, folder: str | os.PathLike, *, tokenizer_json: str | None = None,
-                      extra: Mapping[str, Any] | None = None) -> Path:
+def save_diffeqformer(
+    model: DiffEqFormer,
+    folder: str | os.PathLike,
+    *,
+    tokenizer_json: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
     """Write `model` into `folder` (replaced atomically): its config and arrays, its
     populated canonical form at `model.config.steps` steps, and the tokenizer."""
     folder = Path(folder)
-    record = {"model_type": "diffeqformer", "format_version": FORMAT_VERSION, "config": model.config.to_json(),
-              "extra": dict(extra or {})}
+    record = {
+        "model_type": "diffeqformer",
+        "format_version": FORMAT_VERSION,
+        "config": model.config.to_json(),
+        "extra": dict(extra or {}),
+    }
     with replacing(folder, folder=True) as partial:
         write_arrays(arrays_by_name(model), partial / WEIGHTS_FILE)
         (partial / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        save_checkpoint(populate(model), partial, tokenizer_json=tokenizer_json,
-                        extra={"diffeqformer": model.config.to_json(), **dict(extra or {})})
+        save_checkpoint(
+            populate(model),
+            partial,
+            tokenizer_json=tokenizer_json,
+            extra={"diffeqformer": model.config.to_json(), **dict(extra or {})},
+        )
     return folder
 
 
@@ -129,15 +144,21 @@ def diffeqformer_config(folder: str | os.PathLike) -> DiffEqFormerConfig:
     if not folder.is_dir():
         raise CheckpointError(f"DiffEqFormer folder {folder} does not exist.")
     if not (folder / CONFIG_FILE).is_file():
-        raise CheckpointError(f"{folder} has no {CONFIG_FILE}: it is not a DiffEqFormer folder "
-                              "(write one with `attnflow train` or save_diffeqformer).")
+        raise CheckpointError(
+            f"{folder} has no {CONFIG_FILE}: it is not a DiffEqFormer folder "
+            "(write one with `attnflow train` or save_diffeqformer)."
+        )
     record = read_json(folder / CONFIG_FILE)
     if record.get("format_version") != FORMAT_VERSION or not isinstance(record.get("config"), dict):
-        raise CheckpointError(f"{folder / CONFIG_FILE} is not a DiffEqFormer config of format version {FORMAT_VERSION}.")
+        raise CheckpointError(
+            f"{folder / CONFIG_FILE} is not a DiffEqFormer config of format version {FORMAT_VERSION}."
+        )
     try:
         return DiffEqFormerConfig.from_json(record["config"])
     except (ConfigError, TypeError) as error:
-        raise CheckpointError(f"{folder / CONFIG_FILE} holds an impossible config ({str(error).rstrip('.')}).") from None
+        raise CheckpointError(
+            f"{folder / CONFIG_FILE} holds an impossible config ({str(error).rstrip('.')})."
+        ) from None
 
 
 def load_diffeqformer(folder: str | os.PathLike) -> DiffEqFormer:
@@ -156,8 +177,9 @@ def tokenizer_text(folder: str | os.PathLike) -> str:
     return path.read_text()
 
 
-def save_model(model, folder: str | os.PathLike, *, tokenizer_json: str | None = None,
-               extra: Mapping[str, Any] | None = None) -> Path:
+def save_model(
+    model, folder: str | os.PathLike, *, tokenizer_json: str | None = None, extra: Mapping[str, Any] | None = None
+) -> Path:
     """Write any trained model into a model folder: a DiffEqFormer as above; a
     checkpoint (the GPT baseline, its unembedding tied) or a LoRA-adapted checkpoint
     (merged) in attnflow's checkpoint format, atomically."""

@@ -34,7 +34,6 @@ refuses a mistyped or unknown one before loading JAX.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
 import math
@@ -44,7 +43,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from hydra import compose
 from hydra.core.config_store import ConfigStore
@@ -55,7 +54,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from .._config import _keys_of, config_source, hydra_context, read_boolean
-from .._errors import CheckpointError, ConfigError, NonFiniteStateError
+from .._errors import CheckpointError, ConfigError, NonFiniteStateError, did_you_mean
 from .._progress import Progress
 from .._store import RunDirectory
 
@@ -95,13 +94,13 @@ class TrainConfig:
     min_lr: float = MISSING
     weight_decay: float = MISSING
     b1: float = MISSING
-    b2: Optional[float] = MISSING
+    b2: float | None = MISSING
     clip: float = MISSING
     eval_every: int = MISSING
     eval_batches: int = MISSING
     save_every: int = MISSING
-    out: Optional[str] = MISSING
-    init: Optional[str] = MISSING
+    out: str | None = MISSING
+    init: str | None = MISSING
     lora_rank: int = MISSING
     compilation_cache: bool = MISSING
 
@@ -131,8 +130,7 @@ def _types() -> dict[str, str]:
 
 def _unknown(name: str) -> str:
     names = list(_types())
-    near = difflib.get_close_matches(name, names, n=1)
-    hint = f" (did you mean {near[0]}?)" if near else ""
+    hint = did_you_mean(name, names)
     return f"unknown setting {name!r} for attnflow train{hint}; the settings are {', '.join(names)}."
 
 
@@ -162,8 +160,10 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     bare = next((arg for arg in args if "=" not in arg and not arg.startswith(("-", "~"))), None)
     if bare is not None:
         # Hydra would say only "Error parsing override": a word alone is not a setting.
-        raise ConfigError(f"attnflow train takes settings as key=value (e.g. steps=200 corpus=induction), got "
-                          f"{bare!r}; `attnflow train --help` lists them.")
+        raise ConfigError(
+            f"attnflow train takes settings as key=value (e.g. steps=200 corpus=induction), got "
+            f"{bare!r}; `attnflow train --help` lists them."
+        )
     try:
         overrides = OverridesParser.create().parse_overrides(list(args))
     except HydraException as error:
@@ -181,8 +181,10 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         if override.is_delete():
             raise ConfigError(f"attnflow train cannot delete a setting ({override.input_line}); give {name} a value.")
         if override.is_sweep_override():
-            raise ConfigError(f"attnflow train runs one training, not a sweep ({override.input_line}); give {name} "
-                              "one value per command.")
+            raise ConfigError(
+                f"attnflow train runs one training, not a sweep ({override.input_line}); give {name} "
+                "one value per command."
+            )
         if name in seen:
             raise ConfigError(f"{name} is given twice ({seen[name]}, {override.input_line}); give it once.")
         seen[name] = override.input_line
@@ -247,8 +249,19 @@ def _defaults_file() -> Path:
 def _kind(key: str) -> str:
     """What a setting's type accepts, in words."""
     kind = _types().get(key, "")
-    words = next((w for t, w in (("int", "a whole number"), ("float", "a number"), ("bool", "true or false"),
-                                 ("str", "a word or path")) if t in kind), "of another type")
+    words = next(
+        (
+            w
+            for t, w in (
+                ("int", "a whole number"),
+                ("float", "a number"),
+                ("bool", "true or false"),
+                ("str", "a word or path"),
+            )
+            if t in kind
+        ),
+        "of another type",
+    )
     return words + (" or null" if "Optional" in kind else "")
 
 
@@ -287,8 +300,9 @@ def read_state(folder: Path) -> dict | None:
     config = dict(ADDED, **state["config"])
     for key, value in config.items():
         if key not in _types() or key in NOT_RESULT_KEYS:
-            raise CheckpointError(f"{path} holds an unknown setting {key!r}; it was not written by this attnflow "
-                                  "train.")
+            raise CheckpointError(
+                f"{path} holds an unknown setting {key!r}; it was not written by this attnflow train."
+            )
         if not _of_kind(key, value):
             raise CheckpointError(f"{path} holds {key}={value!r}, which is not {_kind(key)}.")
         if value is not None and "float" in _types()[key]:
@@ -300,8 +314,9 @@ def read_state(folder: Path) -> dict | None:
         raise CheckpointError(f"{path} holds settings attnflow train refuses ({str(error).rstrip('.')}).") from None
     step, elapsed = state.get("step"), state.get("elapsed", 0.0)
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= cfg.train_steps:
-        raise CheckpointError(f"{path} holds step={step!r}, not a whole number from 0 to train_steps="
-                              f"{cfg.train_steps}.")
+        raise CheckpointError(
+            f"{path} holds step={step!r}, not a whole number from 0 to train_steps={cfg.train_steps}."
+        )
     if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not 0 <= elapsed < math.inf:
         raise CheckpointError(f"{path} holds elapsed={elapsed!r}, not a number of seconds.")
     return dict(state, config=config)
@@ -318,8 +333,21 @@ def check(cfg: TrainConfig) -> None:
     corpus_name(cfg.corpus)
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}.")
-    positive = ("vocab", "dim", "heads", "hidden", "context", "d_emb", "frequencies", "steps", "batch", "train_steps",
-                "eval_every", "eval_batches", "save_every")
+    positive = (
+        "vocab",
+        "dim",
+        "heads",
+        "hidden",
+        "context",
+        "d_emb",
+        "frequencies",
+        "steps",
+        "batch",
+        "train_steps",
+        "eval_every",
+        "eval_batches",
+        "save_every",
+    )
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be a positive integer, got {getattr(cfg, name)}.")
@@ -339,8 +367,10 @@ def check(cfg: TrainConfig) -> None:
     if not 0 <= cfg.warmup < 1 or not 0 <= cfg.min_lr <= 1:
         raise ConfigError(f"warmup must be in [0, 1) and min_lr in [0, 1] (shares), got {cfg.warmup} and {cfg.min_lr}.")
     if not 0 <= cfg.weight_decay < math.inf or not 0 < cfg.clip < math.inf:
-        raise ConfigError(f"weight_decay must be a finite number at least 0 and clip a finite positive number, got "
-                          f"{cfg.weight_decay} and {cfg.clip}.")
+        raise ConfigError(
+            f"weight_decay must be a finite number at least 0 and clip a finite positive number, got "
+            f"{cfg.weight_decay} and {cfg.clip}."
+        )
     for name in ("b1", "b2"):
         value = getattr(cfg, name)
         if value is not None and not 0 <= value < 1:
@@ -447,7 +477,8 @@ def _too_large(cfg: TrainConfig, need: int, memory: int, what: str) -> ConfigErr
     return ConfigError(
         f"training would take {what} {_gib(need)}, more than the {_gib(memory)} available; lower batch or context "
         f"(the {cfg.batch} x {cfg.heads} x {cfg.context} x {cfg.context} attention scores of a stage), steps, or "
-        "vocab, dim, hidden, d_emb or frequencies (parameters).")
+        "vocab, dim, hidden, d_emb or frequencies (parameters)."
+    )
 
 
 def check_memory(cfg: TrainConfig, memory: int | None = None) -> bool:
@@ -512,8 +543,10 @@ def _adopt(cfg: TrainConfig, found: Mapping[str, int], defaults: TrainConfig, fo
     for name, value in found.items():
         mine = getattr(cfg, name)
         if mine != value and mine != getattr(defaults, name):
-            raise ConfigError(f"{name}={mine} disagrees with the model in {folder} ({name}={value}); leave it out "
-                              "when starting from init.")
+            raise ConfigError(
+                f"{name}={mine} disagrees with the model in {folder} ({name}={value}); leave it out "
+                "when starting from init."
+            )
     return dataclasses.replace(cfg, **found)
 
 
@@ -538,8 +571,10 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
         tokenizer_json = tokenizer_text(folder)
         if cfg.model == "diffeqformer":
             if not (folder / CONFIG_FILE).is_file():
-                raise ConfigError(f"init={cfg.init} holds no DiffEqFormer ({CONFIG_FILE} is missing); "
-                                  "with model=gpt it may be a GPT baseline.")
+                raise ConfigError(
+                    f"init={cfg.init} holds no DiffEqFormer ({CONFIG_FILE} is missing); "
+                    "with model=gpt it may be a GPT baseline."
+                )
             found = diffeqformer_config(folder)
             cfg = _adopt(cfg, {name: getattr(found, name) for name in ARCHITECTURE}, defaults, folder)
             base = load_diffeqformer(folder).with_steps(cfg.steps)
@@ -548,22 +583,40 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
             if checkpoint.family != "gpt2" or checkpoint.positions is None:
                 raise ConfigError(f"init={cfg.init} is not a GPT baseline written by attnflow train.")
             if cfg.steps != checkpoint.depth:
-                raise ConfigError(f"the GPT baseline in {folder} has {checkpoint.depth} layers; give steps="
-                                  f"{checkpoint.depth} (only the DiffEqFormer changes its number of steps).")
-            found = {"vocab": int(checkpoint.embed.shape[0]), "dim": checkpoint.dim, "heads": checkpoint.heads,
-                     "hidden": int(checkpoint.blocks.mlp.w1.shape[1]), "context": int(checkpoint.positions.shape[0])}
+                raise ConfigError(
+                    f"the GPT baseline in {folder} has {checkpoint.depth} layers; give steps="
+                    f"{checkpoint.depth} (only the DiffEqFormer changes its number of steps)."
+                )
+            found = {
+                "vocab": int(checkpoint.embed.shape[0]),
+                "dim": checkpoint.dim,
+                "heads": checkpoint.heads,
+                "hidden": int(checkpoint.blocks.mlp.w1.shape[1]),
+                "context": int(checkpoint.positions.shape[0]),
+            }
             cfg = _adopt(cfg, found, defaults, folder)
             base = checkpoint
         check_memory(cfg)  # with the architecture of init
-    corpus, tokenizer_json, info = load_corpus(cfg.corpus, vocab=cfg.vocab, context=cfg.context,
-                                               tokenizer_json=tokenizer_json)
+    corpus, tokenizer_json, info = load_corpus(
+        cfg.corpus, vocab=cfg.vocab, context=cfg.context, tokenizer_json=tokenizer_json
+    )
     if cfg.init is None:
         cfg = dataclasses.replace(cfg, vocab=corpus.vocab)
     elif corpus.vocab != cfg.vocab:
         raise ConfigError(f"the tokenizer of init={cfg.init} has {corpus.vocab} tokens but its model {cfg.vocab}.")
-    model_config = DiffEqFormerConfig(vocab=cfg.vocab, dim=cfg.dim, heads=cfg.heads, hidden=cfg.hidden,
-                                      context=cfg.context, d_emb=cfg.d_emb, frequencies=cfg.frequencies,
-                                      time_scale=cfg.time_scale, steps=cfg.steps, horizon=cfg.horizon, dtype=cfg.dtype)
+    model_config = DiffEqFormerConfig(
+        vocab=cfg.vocab,
+        dim=cfg.dim,
+        heads=cfg.heads,
+        hidden=cfg.hidden,
+        context=cfg.context,
+        d_emb=cfg.d_emb,
+        frequencies=cfg.frequencies,
+        time_scale=cfg.time_scale,
+        steps=cfg.steps,
+        horizon=cfg.horizon,
+        dtype=cfg.dtype,
+    )
     if base is None:
         base = DiffEqFormer(model_config, key=init_key) if cfg.model == "diffeqformer" else gpt(init_key, model_config)
     if cfg.lora_rank:
@@ -619,21 +672,27 @@ def _gpt_mask(params):
     import jax
 
     mask = jax.tree.map(lambda a: False, params)
-    paths = [lambda m: m.blocks.attention.query, lambda m: m.blocks.attention.key, lambda m: m.blocks.attention.value,
-             lambda m: m.blocks.attention.output, lambda m: m.blocks.mlp.w1, lambda m: m.blocks.mlp.w2,
-             lambda m: m.embed, lambda m: m.positions]
+    paths = [
+        lambda m: m.blocks.attention.query,
+        lambda m: m.blocks.attention.key,
+        lambda m: m.blocks.attention.value,
+        lambda m: m.blocks.attention.output,
+        lambda m: m.blocks.mlp.w1,
+        lambda m: m.blocks.mlp.w2,
+        lambda m: m.embed,
+        lambda m: m.positions,
+    ]
     for where in paths:
         if where(params) is not None:
             mask = eqx.tree_at(where, mask, True)
     return mask
 
 
-def optimizer(cfg: TrainConfig) -> "Optimizer":
+def optimizer(cfg: TrainConfig) -> Optimizer:
     """AdamW with the schedule: linear warmup over `warmup * train_steps` steps to `lr`,
     cosine decay to `min_lr * lr` at `train_steps`; gradients clipped first. The same
     object for the same settings."""
-    return _optimizer(cfg.lr, cfg.warmup, cfg.train_steps, cfg.min_lr, cfg.clip, cfg.b1, cfg.adam_b2,
-                      cfg.weight_decay)
+    return _optimizer(cfg.lr, cfg.warmup, cfg.train_steps, cfg.min_lr, cfg.clip, cfg.b1, cfg.adam_b2, cfg.weight_decay)
 
 
 class Optimizer(NamedTuple):
@@ -661,8 +720,7 @@ def _optimizer(lr, warmup, train_steps, min_lr, clip, b1, b2, weight_decay) -> O
     import optax
 
     warmup = max(1, round(warmup * train_steps)) if warmup > 0 else 0
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(train_steps, warmup + 1),
-                                                  end_value=min_lr * lr)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(train_steps, warmup + 1), end_value=min_lr * lr)
     return Optimizer((clip, b1, b2, weight_decay), schedule)
 
 
@@ -687,8 +745,9 @@ def _transformation(program: tuple, rate: Callable):
     import optax
 
     clip, b1, b2, weight_decay = program
-    return optax.chain(optax.clip_by_global_norm(clip),
-                       optax.adamw(rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask))
+    return optax.chain(
+        optax.clip_by_global_norm(clip), optax.adamw(rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask)
+    )
 
 
 def _schedule_count(opt_state):
@@ -751,7 +810,9 @@ def _step_program(program: tuple, batch: int, context: int, solver: str):
     @eqx.filter_jit
     def step(params, static, opt_state, corpus, key, rate):
         inputs, targets = corpus.batch(key, batch, context)
-        value, grads = eqx.filter_value_and_grad(lambda p: loss(eqx.combine(p, static), inputs, targets, solver))(params)
+        value, grads = eqx.filter_value_and_grad(lambda p: loss(eqx.combine(p, static), inputs, targets, solver))(
+            params
+        )
         with jax.numpy_dtype_promotion("standard"):  # optax's count is int32
             updates, opt_state = _transformation(program, lambda count: rate).update(grads, opt_state, params)
         return eqx.apply_updates(params, updates), opt_state, value
@@ -809,8 +870,7 @@ class RunFolder:
 
                 old = read_json(begun).get("config")
                 if not isinstance(old, dict):
-                    raise CheckpointError(f"{begun} holds no settings (its config is not a mapping); start a new "
-                                          "out=.")
+                    raise CheckpointError(f"{begun} holds no settings (its config is not a mapping); start a new out=.")
                 self._same(old, cfg)
             elif self.path.exists() and any(self.path.iterdir()):
                 raise ConfigError(f"out={self.path} exists and holds no training run; choose another out=.")
@@ -823,8 +883,10 @@ class RunFolder:
         differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         if differ:
             k = differ[0]
-            raise ConfigError(f"out={self.path} holds a run with {k}={old.get(k)!r}, not {new.get(k)!r}; give the same "
-                              "settings (or out= alone) to resume it, or another out= for a new run.")
+            raise ConfigError(
+                f"out={self.path} holds a run with {k}={old.get(k)!r}, not {new.get(k)!r}; give the same "
+                "settings (or out= alone) to resume it, or another out= for a new run."
+            )
 
     def keep_metrics_until(self, step: int) -> list[dict]:
         """The metric lines up to `step` (those of a later, unsaved stretch dropped)."""
@@ -857,8 +919,9 @@ def save_state(folder: Path, module, opt_state, step: int, elapsed: float, recor
     arrays |= {f"optimizer/{k}": v for k, v in arrays_by_name(opt_state).items()}
     with replacing(folder, folder=True) as partial:
         write_arrays(arrays, partial / "state.safetensors")
-        (partial / "state.json").write_text(json.dumps(dict(record, step=step, elapsed=elapsed,
-                                                            format_version=STATE_VERSION), indent=2) + "\n")
+        (partial / "state.json").write_text(
+            json.dumps(dict(record, step=step, elapsed=elapsed, format_version=STATE_VERSION), indent=2) + "\n"
+        )
 
 
 def load_state(folder: Path, module, opt_state):
@@ -867,7 +930,7 @@ def load_state(folder: Path, module, opt_state):
 
     arrays = read_arrays(folder / "state.safetensors")
     where = str(folder / "state.safetensors")
-    part = lambda prefix: {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    part = lambda prefix: {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
     unknown = sorted(k for k in arrays if not k.startswith(("model/", "optimizer/")))
     if unknown:
         raise CheckpointError(f"{where} holds an array {unknown[0]} of no model or optimizer.")
@@ -905,16 +968,19 @@ def _prepare_jax(cfg: TrainConfig) -> None:
     import jax
 
     if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
-        raise ConfigError("dtype=float64 needs JAX's 64-bit mode; the attnflow command switches it on, a library "
-                          "caller sets jax.config.update('jax_enable_x64', True) first.")
+        raise ConfigError(
+            "dtype=float64 needs JAX's 64-bit mode; the attnflow command switches it on, a library "
+            "caller sets jax.config.update('jax_enable_x64', True) first."
+        )
     if cfg.compilation_cache:
         from .._study import use_compilation_cache
 
         use_compilation_cache()
 
 
-def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = None,
-          show: bool | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig, *, on_step: Callable[[int, dict], None] | None = None, show: bool | None = None
+) -> TrainResult:
     """Train as `cfg` says, into the run folder `cfg.folder`, resuming from its latest
     state when it holds this run. `on_step(step, info)` is called after every step
     (`info`: the step's loss, and the validation loss on validation steps); `show`
@@ -955,8 +1021,10 @@ def _stop_unless_finite(losses: list, first: int, params, run: RunFolder, saved:
         return
     step = first + (int(np.argmin(finite)) if not finite.all() else len(losses) - 1)
     kept = f"the state of step {saved} in {run.state} is kept" if saved is not None else "no state was saved"
-    raise NonFiniteStateError(f"training diverged at step {step} (its loss or weights became NaN or infinite); "
-                              f"{kept}; lower lr, raise warmup or lower clip, and start a new out=.")
+    raise NonFiniteStateError(
+        f"training diverged at step {step} (its loss or weights became NaN or infinite); "
+        f"{kept}; lower lr, raise warmup or lower clip, and start a new out=."
+    )
 
 
 def _all_finite(leaves) -> bool:
@@ -1030,7 +1098,9 @@ def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
         with Progress(f"train {cfg.model}", cfg.train_steps, unit="steps", show=show) as bar:
             bar.advance(start)
             while step < cfg.train_steps:
-                params, opt_state, value = step_fn(params, static, opt_state, corpus, jax.random.fold_in(data_key, step))
+                params, opt_state, value = step_fn(
+                    params, static, opt_state, corpus, jax.random.fold_in(data_key, step)
+                )
                 step += 1
                 recent.append(value)
                 unsaved.append(value)
@@ -1045,22 +1115,36 @@ def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
                     train_loss = float(jnp.mean(jnp.stack(recent)))
                     now = time.perf_counter()
                     rate = tokens / max(now - mark, 1e-9)
-                    entry = {"step": step, "train_loss": train_loss, "val_loss": validation,
-                             "time": round(elapsed + now - clock, 3), "tokens_per_second": round(rate, 1)}
+                    entry = {
+                        "step": step,
+                        "train_loss": train_loss,
+                        "val_loss": validation,
+                        "time": round(elapsed + now - clock, 3),
+                        "tokens_per_second": round(rate, 1),
+                    }
                     run.log(entry)
                     metrics.append(entry)
                     info["val_loss"] = validation
                     recent, mark, tokens = [], now, 0
-                    bar.describe(f"train {cfg.model}: loss {train_loss:.3f}, validation {validation:.3f}, "
-                                 f"{rate:,.0f} tokens/s")
+                    bar.describe(
+                        f"train {cfg.model}: loss {train_loss:.3f}, validation {validation:.3f}, {rate:,.0f} tokens/s"
+                    )
                     if not bar.show:
-                        _say(f"step {step}/{cfg.train_steps}: train loss {train_loss:.4f}, validation "
-                             f"{validation:.4f}, {rate:,.0f} tokens/s")
+                        _say(
+                            f"step {step}/{cfg.train_steps}: train loss {train_loss:.4f}, validation "
+                            f"{validation:.4f}, {rate:,.0f} tokens/s"
+                        )
                 if step in snapshots:
                     snapshot(step, params)
                 if step % cfg.save_every == 0 or step == cfg.train_steps:
-                    save_state(run.state, eqx.combine(params, static), opt_state, step,
-                               elapsed + time.perf_counter() - clock, record)
+                    save_state(
+                        run.state,
+                        eqx.combine(params, static),
+                        opt_state,
+                        step,
+                        elapsed + time.perf_counter() - clock,
+                        record,
+                    )
                     saved, unsaved = step, []
                 bar.advance()
                 if on_step is not None:
@@ -1068,13 +1152,20 @@ def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
         model = _tied(eqx.combine(params, static))
         save_model(model, run.model, tokenizer_json=s.tokenizer_json, extra=extra(step))
     except KeyboardInterrupt:
-        kept = (f"the state of step {saved} in {run.state} is intact, and `attnflow train out={run.path}` resumes "
-                "from it" if saved is not None else "no state was saved yet")
+        kept = (
+            f"the state of step {saved} in {run.state} is intact, and `attnflow train out={run.path}` resumes from it"
+            if saved is not None
+            else "no state was saved yet"
+        )
         print(f"attnflow: interrupted at step {step}; {kept}.", file=sys.stderr, flush=True)
         raise
     except OSError as error:
-        kept = (f"the state of step {saved} is kept, and `attnflow train out={run.path}` resumes from it once it "
-                "can be written" if saved is not None else "no state was saved yet")
+        kept = (
+            f"the state of step {saved} is kept, and `attnflow train out={run.path}` resumes from it once it "
+            "can be written"
+            if saved is not None
+            else "no state was saved yet"
+        )
         raise ConfigError(f"cannot write in {run.path} ({error.strerror or error}); {kept}.") from None
     _say(f"wrote {run.model} (step {step}, validation loss {metrics[-1]['val_loss']:.4f}).")
     return TrainResult(run.path, model, step, metrics)
@@ -1082,12 +1173,46 @@ def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
 
 # --- the command ---------------------------------------------------------------------------
 
-USAGE = ("attnflow train [KEY=VALUE ...]: train a DiffEqFormer (model=diffeqformer) or its GPT baseline "
-         "(model=gpt); defaults in conf/train.yaml; `attnflow train out=DIR` resumes an interrupted run")
+USAGE = (
+    "attnflow train [KEY=VALUE ...]: train a DiffEqFormer (model=diffeqformer) or its GPT baseline "
+    "(model=gpt); defaults in conf/train.yaml; `attnflow train out=DIR` resumes an interrupted run; "
+    "`attnflow train --cfg job [KEY=VALUE ...]` prints the composed settings"
+)
+
+
+def _config_flags(args: list[str]) -> tuple[list[str], str | None]:
+    """The settings without Hydra's `--cfg`/`-c` flag (and `--resolve`, which changes
+    nothing here: the settings hold no interpolations once composed), and which part of
+    the config it asks for: `job` and `all` print the settings (attnflow train has no
+    Hydra run folder of its own: it writes to `out`); `hydra` is refused in one
+    sentence."""
+    rest, shown = [], None
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        if arg in ("--cfg", "-c") or arg.startswith("--cfg="):
+            value = arg.split("=", 1)[1] if "=" in arg else (args[position + 1] if position + 1 < len(args) else None)
+            position += 1 if "=" in arg else 2
+            if value not in ("job", "all", "hydra"):
+                raise ConfigError(f"--cfg takes job, hydra or all, got {value!r}.")
+            if value == "hydra":
+                raise ConfigError(
+                    "attnflow train has no Hydra settings of its own (it writes to out=DIR); "
+                    "`attnflow train --cfg job` prints its settings."
+                )
+            shown = value
+            continue
+        if arg == "--resolve":
+            position += 1
+            continue
+        rest.append(arg)
+        position += 1
+    return rest, shown
 
 
 def main(args: Sequence[str]) -> int:
-    """`attnflow train [KEY=VALUE ...]`: 0 when done; 2 for bad settings, a run that
+    """`attnflow train [KEY=VALUE ...]` (`--cfg job` prints the composed settings and
+    runs nothing): 0 when done; 2 for bad settings, a run that
     does not fit in memory, a folder in use or that cannot be written, or a loss that
     turns NaN (one sentence each); 1 for an unreadable init or state; 130 on Ctrl-C (the
     latest state kept)."""
@@ -1095,7 +1220,12 @@ def main(args: Sequence[str]) -> int:
         print(f"usage: {USAGE}.\nsettings and their defaults:\n{_defaults_file().read_text()}", flush=True)
         return 0
     try:
-        cfg = train_config(list(args))
+        args, shown = _config_flags(list(args))
+        cfg = train_config(args)
+        if shown is not None:
+            # As every Hydra app answers `--cfg job`: the composed settings, nothing run.
+            print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="", flush=True)
+            return 0
         if cfg.dtype == "float64":
             import jax
 

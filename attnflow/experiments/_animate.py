@@ -27,8 +27,7 @@ from .._progress import Progress
 from .._store import _write_atomically
 
 # The tab10 colors of the matplotlib figures, so a token has one color everywhere.
-_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 # The HTML stores every trail up to every shown instant (about n F^2 / 2 points for F
 # instants): F is capped so that this stays near 2e5 points (a few MB at most).
 _HTML_POINTS = 200_000
@@ -81,8 +80,14 @@ def _check(x: np.ndarray, times: np.ndarray, dims: tuple[int, ...]) -> None:
         raise ConfigError(f"{times.size} times were given for {x.shape[0]} saved states; give one time per state.")
 
 
-def sphere_html(x: Float[np.ndarray, "time token 3"], times: Float[np.ndarray, " time"], path: str | os.PathLike,
-                title: str = "token paths on the sphere", *, plotly_js: str = "embed") -> Path:
+def sphere_html(
+    x: Float[np.ndarray, "time token 3"],
+    times: Float[np.ndarray, " time"],
+    path: str | os.PathLike,
+    title: str = "token paths on the sphere",
+    *,
+    plotly_js: str = "embed",
+) -> Path:
     """An interactive 3-D figure of token paths on $S^2$, written as one HTML file.
 
     Each token is a marker at the chosen time with its path so far behind it; a slider
@@ -116,48 +121,90 @@ def sphere_html(x: Float[np.ndarray, "time token 3"], times: Float[np.ndarray, "
         points = np.concatenate([path, gap]).transpose(1, 0, 2).reshape(-1, 3).astype(np.float32)
         token = np.repeat(np.arange(n), path.shape[0] + 1).astype(np.float32)
         line = {"color": token, "colorscale": scale, "cmin": 0, "cmax": max(n - 1, 1), "width": 4}
-        return go.Scatter3d(x=points[:, 0], y=points[:, 1], z=points[:, 2], mode="lines", name="paths", line=line,
-                            hoverinfo="skip", showlegend=False)
+        return go.Scatter3d(
+            x=points[:, 0],
+            y=points[:, 1],
+            z=points[:, 2],
+            mode="lines",
+            name="paths",
+            line=line,
+            hoverinfo="skip",
+            showlegend=False,
+        )
 
     def markers(k: int) -> go.Scatter3d:
         now = x[shown[k]].astype(np.float32)
         marker = {"size": 5, "color": colors, "line": {"width": 0.5, "color": "black"}}
-        return go.Scatter3d(x=now[:, 0], y=now[:, 1], z=now[:, 2], mode="markers", name="tokens", marker=marker,
-                            text=[f"token {i}" for i in range(n)],
-                            hovertemplate="%{text}<br>(%{x:.3f}, %{y:.3f}, %{z:.3f})<extra></extra>",
-                            showlegend=False)
+        return go.Scatter3d(
+            x=now[:, 0],
+            y=now[:, 1],
+            z=now[:, 2],
+            mode="markers",
+            name="tokens",
+            marker=marker,
+            text=[f"token {i}" for i in range(n)],
+            hovertemplate="%{text}<br>(%{x:.3f}, %{y:.3f}, %{z:.3f})<extra></extra>",
+            showlegend=False,
+        )
 
     data = []
     if sphere:
         u, v = np.mgrid[0 : 2 * np.pi : 48j, 0 : np.pi : 24j]
-        data.append(go.Surface(x=np.cos(u) * np.sin(v), y=np.sin(u) * np.sin(v), z=np.cos(v), opacity=0.15,
-                               colorscale=[[0, "#b0b0b0"], [1, "#b0b0b0"]], showscale=False, hoverinfo="skip",
-                               name="unit sphere"))
+        data.append(
+            go.Surface(
+                x=np.cos(u) * np.sin(v),
+                y=np.sin(u) * np.sin(v),
+                z=np.cos(v),
+                opacity=0.15,
+                colorscale=[[0, "#b0b0b0"], [1, "#b0b0b0"]],
+                showscale=False,
+                hoverinfo="skip",
+                name="unit sphere",
+            )
+        )
     moving = [len(data), len(data) + 1]  # the frames replace these traces only
     data += [trails(0), markers(0)]
     frames = [go.Frame(data=[trails(k), markers(k)], traces=moving, name=str(k)) for k in range(len(shown))]
     still = {"duration": 0}
     step = {"mode": "immediate", "frame": {**still, "redraw": True}, "transition": still}
     slider = {
-        "active": 0, "x": 0.1, "len": 0.88, "y": 0.02,
+        "active": 0,
+        "x": 0.1,
+        "len": 0.88,
+        "y": 0.02,
         "currentvalue": {"prefix": "t = ", "font": {"size": 13}},
-        "steps": [{"method": "animate", "label": f"{times[i]:.3g}", "args": [[str(k)], step]}
-                  for k, i in enumerate(shown)],
+        "steps": [
+            {"method": "animate", "label": f"{times[i]:.3g}", "args": [[str(k)], step]} for k, i in enumerate(shown)
+        ],
     }
     run = {"mode": "immediate", "fromcurrent": True, "frame": {"duration": 60, "redraw": True}, "transition": still}
     play = {
-        "type": "buttons", "direction": "left", "x": 0.0, "y": 0.02, "xanchor": "left", "yanchor": "top",
+        "type": "buttons",
+        "direction": "left",
+        "x": 0.0,
+        "y": 0.02,
+        "xanchor": "left",
+        "yanchor": "top",
         "showactive": False,
-        "buttons": [{"label": "play", "method": "animate", "args": [None, run]},
-                    {"label": "pause", "method": "animate", "args": [[None], step]}],
+        "buttons": [
+            {"label": "play", "method": "animate", "args": [None, run]},
+            {"label": "pause", "method": "animate", "args": [[None], step]},
+        ],
     }
     axis = {"range": [-extent, extent], "showbackground": False, "zeroline": False}
     fig = go.Figure(data=data, frames=frames)
     fig.update_layout(
-        title={"text": title, "x": 0.02}, sliders=[slider], updatemenus=[play],
-        margin={"l": 0, "r": 0, "t": 40, "b": 0}, height=700,
-        scene={"xaxis": {**axis, "title": "x1"}, "yaxis": {**axis, "title": "x2"}, "zaxis": {**axis, "title": "x3"},
-               "aspectmode": "cube"},
+        title={"text": title, "x": 0.02},
+        sliders=[slider],
+        updatemenus=[play],
+        margin={"l": 0, "r": 0, "t": 40, "b": 0},
+        height=700,
+        scene={
+            "xaxis": {**axis, "title": "x1"},
+            "yaxis": {**axis, "title": "x2"},
+            "zaxis": {**axis, "title": "x3"},
+            "aspectmode": "cube",
+        },
     )
     path = Path(path)
     if plotly_js == "directory":
@@ -165,16 +212,28 @@ def sphere_html(x: Float[np.ndarray, "time token 3"], times: Float[np.ndarray, "
         # replacing one another plotly version may have left there.
         from plotly.offline import get_plotlyjs  # lazy: start-up
 
-        _write_atomically(path.parent / "plotly.min.js",
-                          lambda tmp: Path(tmp).write_text(get_plotlyjs(), encoding="utf-8"))
-    return _write_atomically(path, lambda tmp: fig.write_html(
-        tmp, include_plotlyjs=PLOTLY_JS[plotly_js], full_html=True, auto_play=False,
-        config={"displaylogo": False}))
+        _write_atomically(
+            path.parent / "plotly.min.js", lambda tmp: Path(tmp).write_text(get_plotlyjs(), encoding="utf-8")
+        )
+    return _write_atomically(
+        path,
+        lambda tmp: fig.write_html(
+            tmp, include_plotlyjs=PLOTLY_JS[plotly_js], full_html=True, auto_play=False, config={"displaylogo": False}
+        ),
+    )
 
 
 @styled
-def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, " time"], path: str | os.PathLike,
-              title: str = "token paths", *, frames: int = 60, fps: int = 12, dpi: int = 80) -> Path:
+def animation(
+    x: Float[np.ndarray, "time token dim"],
+    times: Float[np.ndarray, " time"],
+    path: str | os.PathLike,
+    title: str = "token paths",
+    *,
+    frames: int = 60,
+    fps: int = 12,
+    dpi: int = 80,
+) -> Path:
     """An animation of the tokens on the sphere $S^2$ (d = 3, 3-D axes looking at where
     the tokens end up) or on the circle (d = 2), each token a marker with its path so
     far.
@@ -233,8 +292,10 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
     ax.set_xlim(-extent, extent)
     ax.set_ylim(-extent, extent)
     lines = [ax.plot(*([[]] * d), color=colors[i], linewidth=1.2)[0] for i in range(n)]
-    dots = [ax.plot(*([[]] * d), "o", color=colors[i], markersize=5, markeredgecolor="k",
-                    markeredgewidth=0.4)[0] for i in range(n)]
+    dots = [
+        ax.plot(*([[]] * d), "o", color=colors[i], markersize=5, markeredgecolor="k", markeredgewidth=0.4)[0]
+        for i in range(n)
+    ]
     label = fig.suptitle(title, fontsize=9, y=0.98)
 
     def update(k: int):
@@ -254,8 +315,10 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
     def write(tmp: Path) -> None:
         # The writers pick the format from the file name: write under the real suffix
         # in a scratch folder, then move the file to the temporary name.
-        with tempfile.TemporaryDirectory(prefix="attnflow-animation-") as scratch, \
-                Progress(f"animation {path.name}", len(shown), unit="frames") as bar:
+        with (
+            tempfile.TemporaryDirectory(prefix="attnflow-animation-") as scratch,
+            Progress(f"animation {path.name}", len(shown), unit="frames") as bar,
+        ):
             out = Path(scratch) / f"animation{suffix}"
             movie.save(out, writer=writer, dpi=dpi, progress_callback=lambda i, count: bar.advance())
             shutil.move(out, tmp)
@@ -263,8 +326,15 @@ def animation(x: Float[np.ndarray, "time token dim"], times: Float[np.ndarray, "
     return _write_atomically(path, write)
 
 
-def animate_states(ds: xr.Dataset, folder: str | os.PathLike, name: str, member: int = 0,
-                   title: str | None = None, *, plotly_js: str = "embed") -> list[Path]:
+def animate_states(
+    ds: xr.Dataset,
+    folder: str | os.PathLike,
+    name: str,
+    member: int = 0,
+    title: str | None = None,
+    *,
+    plotly_js: str = "embed",
+) -> list[Path]:
     """The interactive view and the animation of one member's stored states `x`
     (`save_states: true`): `name.html` and `name.gif` in `folder` when d = 3, `name.gif`
     when d = 2, nothing otherwise (or when the states were not stored). `plotly_js`:

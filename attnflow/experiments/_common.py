@@ -14,9 +14,9 @@ import xarray as xr
 
 from .._config import _default_config
 from .._errors import ConfigError
+from .._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
 from .._progress import Progress
 from .._store import read_config
-from .._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
 
 
 def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:
@@ -28,8 +28,9 @@ def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:
     return read_config(source, ds.attrs["panel_configs"])[panel]
 
 
-def stack_panels(results: Mapping[str, xr.Dataset], dim: str = "panel",
-                 coordinate: Sequence | None = None) -> xr.Dataset:
+def stack_panels(
+    results: Mapping[str, xr.Dataset], dim: str = "panel", coordinate: Sequence | None = None
+) -> xr.Dataset:
     """The panels' Datasets along a new dimension `dim` (labelled by the panel names or
     by `coordinate`); each panel's own config attribute is dropped (the experiment
     stores them all in `panel_configs`)."""
@@ -115,8 +116,10 @@ def refuse_given(cfg, keys, experiment: str, why: str) -> None:
     default = _default_config()
     given = [key for key in keys if getattr(cfg, key) != getattr(default, key)]
     if given:
-        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
-                          f"{experiment} ({why}); remove {'it' if len(given) == 1 else 'them'}.")
+        raise ConfigError(
+            f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to experiment "
+            f"{experiment} ({why}); remove {'it' if len(given) == 1 else 'them'}."
+        )
 
 
 def failed_members(ds: xr.Dataset, description: str = "members whose solve failed") -> xr.DataArray:

@@ -105,7 +105,7 @@ class Experiment(abc.ABC):
         """The experiment's name (`experiment=NAME`)."""
         return self.cfg.experiment.name
 
-    def check(self) -> None:
+    def check(self) -> None:  # noqa: B027 (a hook: an experiment without checks of its own leaves it)
         """Refuse, with a `ConfigError` of one sentence naming the key, the value and what
         is allowed, what the options' types cannot say: ranges and combinations."""
 

@@ -43,20 +43,29 @@ def transition_measures(density: xr.DataArray, t_eps: xr.DataArray) -> xr.Datase
     times = density["time"].values
     step = (density["time"] >= t_eps).astype(float)
     mismatch = abs(density - step).mean(("beta", "time"))
-    crossing = xr.DataArray(first_crossing(density.values, times, 0.5),
-                            dims=density.dims[:-1], coords={k: density.coords[k] for k in density.dims[:-1]})
+    crossing = xr.DataArray(
+        first_crossing(density.values, times, 0.5),
+        dims=density.dims[:-1],
+        coords={k: density.coords[k] for k in density.dims[:-1]},
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         log_error = abs(np.log(crossing / t_eps)).mean("beta", skipna=True)
-    return xr.Dataset({
-        "curve_mismatch": mismatch.assign_attrs(
-            description="mean over (t, beta) of |mean pair density - 1{t >= equiangular_time(beta)}|"),
-        "crossing_time": crossing.assign_attrs(
-            description="first time the mean pair density reaches 1/2 (NaN: not inside the run)"),
-        "crossing_log_error": log_error.assign_attrs(
-            description="mean over the betas with a crossing_time of |log(crossing_time / equiangular_time)|"),
-        "crossing_count": crossing.notnull().sum("beta").assign_attrs(
-            description="number of betas whose mean pair density reaches 1/2 inside the run"),
-    })
+    return xr.Dataset(
+        {
+            "curve_mismatch": mismatch.assign_attrs(
+                description="mean over (t, beta) of |mean pair density - 1{t >= equiangular_time(beta)}|"
+            ),
+            "crossing_time": crossing.assign_attrs(
+                description="first time the mean pair density reaches 1/2 (NaN: not inside the run)"
+            ),
+            "crossing_log_error": log_error.assign_attrs(
+                description="mean over the betas with a crossing_time of |log(crossing_time / equiangular_time)|"
+            ),
+            "crossing_count": crossing.notnull()
+            .sum("beta")
+            .assign_attrs(description="number of betas whose mean pair density reaches 1/2 inside the run"),
+        }
+    )
 
 
 def summarize(cfg, eps: float, results: dict[str, xr.Dataset], panel: str, labels: list) -> xr.Dataset:
@@ -68,19 +77,27 @@ def summarize(cfg, eps: float, results: dict[str, xr.Dataset], panel: str, label
         densities.append(ds["pair_density"].mean("member", skipna=True))
         failed.append((ds["status"] != 0).sum("member"))
     density = xr.concat(densities, dim=panel).assign_coords({panel: labels})
-    density = density.assign_attrs(description=f"mean over members of the fraction of token pairs with "
-                                               f"<x_i, x_j> > 1 - {cfg.eps:g}")
-    out = xr.Dataset({
-        "pair_density_mean": density,
-        "failed_members": xr.concat(failed, dim=panel).assign_coords({panel: labels}).assign_attrs(
-            description="members whose solve failed (left out of the mean)"),
-    })
+    density = density.assign_attrs(
+        description=f"mean over members of the fraction of token pairs with <x_i, x_j> > 1 - {cfg.eps:g}"
+    )
+    out = xr.Dataset(
+        {
+            "pair_density_mean": density,
+            "failed_members": xr.concat(failed, dim=panel)
+            .assign_coords({panel: labels})
+            .assign_attrs(description="members whose solve failed (left out of the mean)"),
+        }
+    )
     beta = out["beta"].values
     out["equiangular_time"] = xr.DataArray(
         np.asarray(equiangular_time(np.asarray(beta, np.float64), int(cfg.n), float(eps))),
-        dims="beta", coords={"beta": beta},
-        attrs={"description": f"time at which the equiangular model (n = {cfg.n}, rho(0) = 0) "
-                              f"reaches rho = 1 - {eps:g}", "eps": float(eps)})
+        dims="beta",
+        coords={"beta": beta},
+        attrs={
+            "description": f"time at which the equiangular model (n = {cfg.n}, rho(0) = 0) reaches rho = 1 - {eps:g}",
+            "eps": float(eps),
+        },
+    )
     return out.merge(transition_measures(out["pair_density_mean"], out["equiangular_time"]))
 
 
@@ -90,8 +107,15 @@ def heatmaps(ds: xr.Dataset, panel: str, titles: list[str], figure_width: float 
     count = ds.sizes[panel]
     columns = min(count, 4)
     rows = -(-count // columns)
-    fig, axes = subplots(rows, columns, figsize=(figure_width * columns + 1.0, 3.0 * rows),
-                         squeeze=False, sharex=True, sharey=True, layout="constrained")
+    fig, axes = subplots(
+        rows,
+        columns,
+        figsize=(figure_width * columns + 1.0, 3.0 * rows),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+        layout="constrained",
+    )
     t = ds["time"].values
     beta = ds["beta"].values
     curve = ds["equiangular_time"].values
@@ -104,13 +128,20 @@ def heatmaps(ds: xr.Dataset, panel: str, titles: list[str], figure_width: float 
             ax.set_visible(False)
             continue
         density = ds["pair_density_mean"].isel({panel: k}).values  # (beta, time)
-        image = ax.pcolormesh(t, beta, density, vmin=0, vmax=1, shading="nearest", cmap="viridis",
-                              rasterized=True)
-        ax.plot(curve[inside], beta[inside], color="tab:red", linewidth=1.6, linestyle="--",
-                label=r"equiangular $t_\varepsilon(\beta)$")
+        image = ax.pcolormesh(t, beta, density, vmin=0, vmax=1, shading="nearest", cmap="viridis", rasterized=True)
+        ax.plot(
+            curve[inside],
+            beta[inside],
+            color="tab:red",
+            linewidth=1.6,
+            linestyle="--",
+            label=r"equiangular $t_\varepsilon(\beta)$",
+        )
         ax.set_xlim(t[0], t[-1])
-        ax.set_ylim(beta[0] - 0.5 * (beta[1] - beta[0]) if beta.size > 1 else beta[0] - 0.5,
-                    beta[-1] + 0.5 * (beta[1] - beta[0]) if beta.size > 1 else beta[0] + 0.5)
+        ax.set_ylim(
+            beta[0] - 0.5 * (beta[1] - beta[0]) if beta.size > 1 else beta[0] - 0.5,
+            beta[-1] + 0.5 * (beta[1] - beta[0]) if beta.size > 1 else beta[0] + 0.5,
+        )
         ax.grid(False)
         ax.set_title(titles[k])
         if k % columns == 0:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-
 _IDENTITY = {"kind": "identity"}
 _PRODUCT = {"kind": "random", "law": "product"}
 _GOE = {"kind": "random", "law": "goe"}
@@ -24,14 +23,22 @@ def _tied(sign: float, form: str):
 
 # label -> (its title, {weight: spec, or a function of d giving it})
 PANELS = {
-    "product_wishart": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = GG^\top/\sqrt{d}$",
-                        {"q": _IDENTITY, "k": _PRODUCT, "v": _WISHART}),
+    "product_wishart": (
+        r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = GG^\top/\sqrt{d}$",
+        {"q": _IDENTITY, "k": _PRODUCT, "v": _WISHART},
+    ),
     "goe_wishart": (r"$Q^\top K$ GOE, $V = GG^\top/\sqrt{d}$", {"q": _IDENTITY, "k": _GOE, "v": _WISHART}),
-    "v_plus_qtk": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = +Q^\top K/\sqrt{d}$",
-                   {"q": _IDENTITY, "k": _PRODUCT, "v": _tied(1.0, "product")}),
-    "v_minus_qtk": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = -Q^\top K/\sqrt{d}$",
-                    {"q": _IDENTITY, "k": _PRODUCT, "v": _tied(-1.0, "product")}),
+    "v_plus_qtk": (
+        r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = +Q^\top K/\sqrt{d}$",
+        {"q": _IDENTITY, "k": _PRODUCT, "v": _tied(1.0, "product")},
+    ),
+    "v_minus_qtk": (
+        r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = -Q^\top K/\sqrt{d}$",
+        {"q": _IDENTITY, "k": _PRODUCT, "v": _tied(-1.0, "product")},
+    ),
     "product_identity": (r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = I$", {"q": _IDENTITY, "k": _PRODUCT, "v": _IDENTITY}),
-    "product_ginibre": (r"$Q^\top K = G_1G_2/\sqrt{d}$, V Ginibre $N(0, 1/d)$",
-                        {"q": _IDENTITY, "k": _PRODUCT, "v": {"kind": "random", "law": "gaussian"}}),
+    "product_ginibre": (
+        r"$Q^\top K = G_1G_2/\sqrt{d}$, V Ginibre $N(0, 1/d)$",
+        {"q": _IDENTITY, "k": _PRODUCT, "v": {"kind": "random", "law": "gaussian"}},
+    ),
 }

@@ -21,6 +21,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from .._build import Study, resolve_study
+from .._cf import describe, history_line, python_call
+from .._components import code_digest
 from .._config import (
     Config,
     _plain,
@@ -33,10 +35,8 @@ from .._config import (
 )
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure
-from .._cf import describe, history_line, python_call
 from .._figures import save, style
 from .._store import PieceStore
-from .._components import code_digest
 from .._study import config_yaml, plan_study, prepare_jax, run_identity, solve_study
 from ._animate import check_plotly_js
 from ._experiment import Experiment, NoOptions, uncounted
@@ -77,11 +77,19 @@ def experiment_class(name: str, target: str | None = None) -> type[Experiment]:
             raise ConfigError(f"experiment._target_={target} is not a subclass of attnflow.experiments.Experiment.")
         return found
     module = experiment_module(name)
-    defined = [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, Experiment)
-               and value.__module__ == module.__name__ and not getattr(value, "__abstractmethods__", None)]
+    defined = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, Experiment)
+        and value.__module__ == module.__name__
+        and not getattr(value, "__abstractmethods__", None)
+    ]
     if len(defined) != 1:
-        raise ConfigError(f"the module {module.__name__} defines {len(defined)} experiment classes; it must define "
-                          "exactly one subclass of attnflow.experiments.Experiment.")
+        raise ConfigError(
+            f"the module {module.__name__} defines {len(defined)} experiment classes; it must define "
+            "exactly one subclass of attnflow.experiments.Experiment."
+        )
     return defined[0]
 
 
@@ -111,8 +119,9 @@ def _options(experiment: type | ModuleType, name: str, given: Any) -> dict:
         takes = ", ".join(names) if names else "no options"
         near = difflib.get_close_matches(str(unknown[0]), names, n=1)
         guess = f" (did you mean {near[0]}?)" if near else ""
-        raise ConfigError(f"unknown option experiment.options.{unknown[0]} of experiment {name}{guess}; "
-                          f"it takes {takes}.")
+        raise ConfigError(
+            f"unknown option experiment.options.{unknown[0]} of experiment {name}{guess}; it takes {takes}."
+        )
     return typed_options(schema, given, "experiment.options.")
 
 
@@ -262,10 +271,15 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
     return ExperimentPlan(cfg, cfg.experiment.options, experiment, planned)
 
 
-def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None = None,
-                     on_piece: Callable[[], None] | None = None,
-                     on_resume: Callable[[str, int, int], None] | None = None,
-                     on_damaged: Callable[[Path], None] | None = None, history: str | None = None):
+def solve_experiment(
+    plan: ExperimentPlan,
+    *,
+    pieces: str | os.PathLike | None = None,
+    on_piece: Callable[[], None] | None = None,
+    on_resume: Callable[[str, int, int], None] | None = None,
+    on_damaged: Callable[[Path], None] | None = None,
+    history: str | None = None,
+):
     """Solve every panel (keeping finished pieces under `pieces/<panel>` when given),
     then analyse: returns the experiment's xarray Dataset with its config, its panels'
     configs and the experiment's name in the attributes, every variable described as
@@ -279,8 +293,9 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
         folder = None if pieces is None else Path(pieces) / label
         resume = None if on_resume is None else (lambda found, total, label=label: on_resume(label, found, total))
         try:
-            results[label] = solve_study(study, ensemble, pieces=folder, on_resume=resume, on_piece=on_piece,
-                                         on_damaged=on_damaged).to_xarray()
+            results[label] = solve_study(
+                study, ensemble, pieces=folder, on_resume=resume, on_piece=on_piece, on_damaged=on_damaged
+            ).to_xarray()
         except (NonFiniteStateError, SolverFailure) as error:
             if len(plan.studies) > 1:
                 error.args = (f"panel {label}: {error}",)
@@ -288,25 +303,32 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
     experiment = plan.experiment
     # The experiment's own work is counted as it goes (`on_piece`), and each finished
     # part kept (`OwnPieces`) beside the panels' pieces.
-    keep = OwnPieces(None if pieces is None or not experiment.pieces() else Path(pieces) / OWN_PIECES,
-                     run_identity(plan.cfg),
-                     on_resume=None if on_resume is None else lambda found: on_resume(OWN_PIECES, found,
-                                                                                       experiment.pieces()),
-                     on_damaged=on_damaged)
+    keep = OwnPieces(
+        None if pieces is None or not experiment.pieces() else Path(pieces) / OWN_PIECES,
+        run_identity(plan.cfg),
+        on_resume=None if on_resume is None else lambda found: on_resume(OWN_PIECES, found, experiment.pieces()),
+        on_damaged=on_damaged,
+    )
     ds = experiment.analyse(results, on_piece=on_piece or uncounted, keep=keep)
     config = config_yaml(plan.cfg)
     # What the panels' runs note (a switch that never happens, a missed Sinkhorn
     # tolerance), each once, naming its panel where there are several.
-    notes = [f"panel {label}: {note}" if len(results) > 1 else note for label, panel in results.items()
-             for note in str(panel.attrs.get("notes", "")).splitlines() if note]
+    notes = [
+        f"panel {label}: {note}" if len(results) > 1 else note
+        for label, panel in results.items()
+        for note in str(panel.attrs.get("notes", "")).splitlines()
+        if note
+    ]
     notes = list(dict.fromkeys([*notes, *filter(None, str(ds.attrs.get("notes", "")).splitlines())]))
     if notes:
         ds.attrs["notes"] = "\n".join(notes)
     ds.attrs.update(
         config=config,
         experiment=plan.name,
-        panel_configs=yaml.safe_dump({label: yaml.safe_load(config_yaml(study.config))
-                                      for label, (study, _) in plan.studies.items()}, sort_keys=False),
+        panel_configs=yaml.safe_dump(
+            {label: yaml.safe_load(config_yaml(study.config)) for label, (study, _) in plan.studies.items()},
+            sort_keys=False,
+        ),
     )
     # The CF attributes (long names, units, the settings, what wrote the file): the
     # command line replaces `history` with its own command.
@@ -315,9 +337,14 @@ def solve_experiment(plan: ExperimentPlan, *, pieces: str | os.PathLike | None =
     digest = code_digest(plan.cfg)
     if digest:
         ds.attrs["code_digest"] = digest
-    return describe(ds, title=f"attnflow experiment {plan.name}: {experiment.title}", config=yaml.safe_load(config),
-                    history=history_line(history or "attnflow.solve_experiment(...)"),
-                    references=experiment.paper, coordinates=dict(experiment.coordinates) or None)
+    return describe(
+        ds,
+        title=f"attnflow experiment {plan.name}: {experiment.title}",
+        config=yaml.safe_load(config),
+        history=history_line(history or "attnflow.solve_experiment(...)"),
+        references=experiment.paper,
+        coordinates=dict(experiment.coordinates) or None,
+    )
 
 
 def _drawing_class(ds) -> type[Experiment]:
@@ -330,9 +357,11 @@ def _drawing_class(ds) -> type[Experiment]:
         raise ConfigError("this results file was not written by an experiment (it names none).")
     target = ds.attrs.get("experiment_target")
     if target is not None:
-        raise ConfigError(f"this results file was written by the experiment {name} of your own code ({target}), "
-                          "which attnflow imports only from a config folder you give: add --config-dir with the "
-                          "folder of its experiment/NAME.yaml.")
+        raise ConfigError(
+            f"this results file was written by the experiment {name} of your own code ({target}), "
+            "which attnflow imports only from a config folder you give: add --config-dir with the "
+            "folder of its experiment/NAME.yaml."
+        )
     return experiment_class(name)
 
 
@@ -344,8 +373,9 @@ def experiment_figures(ds) -> dict[str, Figure]:
         return dict(_drawing_class(ds).draw(ds))
 
 
-def draw_experiment(ds, folder: str | os.PathLike, *, plotly_js: str = "embed",
-                    experiment: type[Experiment] | None = None) -> list[Path]:
+def draw_experiment(
+    ds, folder: str | os.PathLike, *, plotly_js: str = "embed", experiment: type[Experiment] | None = None
+) -> list[Path]:
     """Draw the figures of an experiment's Dataset (as read from its `results.nc`)
     into `folder`, each as NAME.png and NAME.pdf, with the experiment's other files
     (animations, interactive HTML views, tables); returns their paths. `plotly_js`:
@@ -368,7 +398,11 @@ def merge_overrides(base: dict, over: Mapping) -> dict:
     for key, value in over.items():
         if key == "init" and isinstance(value, str):
             value = {"kind": value}
-        if key == "init" and isinstance(value, Mapping) and value.get("kind", base["init"]["kind"]) != base["init"]["kind"]:
+        if (
+            key == "init"
+            and isinstance(value, Mapping)
+            and value.get("kind", base["init"]["kind"]) != base["init"]["kind"]
+        ):
             merged[key] = dict(value)  # another initial condition: none of the old one's keys apply
         elif isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
             merged[key] = merge_overrides(base[key], value)
@@ -399,8 +433,11 @@ def run_experiment(name: str, overrides: Mapping | None = None, *, pieces: str |
     its Dataset; `draw_experiment(ds, folder)` draws its figures.
 
     `pieces` keeps finished pieces in a folder, as in `run`."""
-    ds = solve_experiment(plan_experiment(compose_experiment(name, overrides)), pieces=pieces,
-                          history=python_call("attnflow.run_experiment", {"name": name, **dict(overrides or {})}))
+    ds = solve_experiment(
+        plan_experiment(compose_experiment(name, overrides)),
+        pieces=pieces,
+        history=python_call("attnflow.run_experiment", {"name": name, **dict(overrides or {})}),
+    )
     for note in filter(None, str(ds.attrs.get("notes", "")).splitlines()):
         warnings.warn(note, RunNote, stacklevel=2)
     return ds

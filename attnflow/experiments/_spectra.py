@@ -31,11 +31,14 @@ def check_qr_options(name: str, k: int | None, every: int) -> None:
     """The options `k` (exponents kept, None: d) and `reorthonormalize_every` (steps
     between QR factorizations) of experiment `name`, whatever the study."""
     if k is not None and k < 1:
-        raise ConfigError(f"experiment.options.k of experiment {name} must be null or a whole number of "
-                          f"exponents >= 1, got {k!r}.")
+        raise ConfigError(
+            f"experiment.options.k of experiment {name} must be null or a whole number of exponents >= 1, got {k!r}."
+        )
     if every < 1:
-        raise ConfigError(f"experiment.options.reorthonormalize_every of experiment {name} must be a whole "
-                          f"number of steps >= 1, got {every!r}.")
+        raise ConfigError(
+            f"experiment.options.reorthonormalize_every of experiment {name} must be a whole "
+            f"number of steps >= 1, got {every!r}."
+        )
 
 
 def exponent_count(cfg: Config, k: int | None) -> int:
@@ -50,21 +53,30 @@ def check_spectrum(name: str, study: Study, k: int, every: int, option: str = "r
     computed) k within range."""
     cfg = study.config
     if study.grid.adaptive:
-        raise ConfigError(f"experiment {name} follows the fixed step map of the solver (the QR method needs its "
-                          "tangent map); set adaptive=false and give dt.")
+        raise ConfigError(
+            f"experiment {name} follows the fixed step map of the solver (the QR method needs its "
+            "tangent map); set adaptive=false and give dt."
+        )
     steps = study.grid.num_steps
     if isinstance(every, int) and every >= 1 and steps % every:
         divisors = [m for m in range(1, min(steps, 50) + 1) if steps % m == 0]
-        raise ConfigError(f"experiment.options.{option}={every} must be a whole number of steps dividing the {steps} "
-                          f"steps; for example one of {', '.join(map(str, divisors))}.")
+        raise ConfigError(
+            f"experiment.options.{option}={every} must be a whole number of steps dividing the {steps} "
+            f"steps; for example one of {', '.join(map(str, divisors))}."
+        )
     if isinstance(every, int) and steps % every == 0 and steps // every < 2:
-        raise ConfigError(f"experiment.options.{option}={every} leaves one QR interval in the "
-                          f"{steps} steps; take at most {steps // 2} so that the late-window exponents exist.")
+        raise ConfigError(
+            f"experiment.options.{option}={every} leaves one QR interval in the "
+            f"{steps} steps; take at most {steps // 2} so that the late-window exponents exist."
+        )
     system = build_system(cfg)
     dtype = jnp.dtype(cfg.dtype.value)
     try:
-        jax.eval_shape(lambda key, beta: _one(system, key, beta, (cfg.t0, cfg.t1, cfg.dt), k, every,
-                                              cfg.solver.value), jax.random.key(0), jnp.zeros((), dtype))
+        jax.eval_shape(
+            lambda key, beta: _one(system, key, beta, (cfg.t0, cfg.t1, cfg.dt), k, every, cfg.solver.value),
+            jax.random.key(0),
+            jnp.zeros((), dtype),
+        )
     except ConfigError as error:
         # `lyapunov_spectrum` names its argument k, given here as experiment.options.k.
         if str(error).startswith("k "):
@@ -77,16 +89,26 @@ def _one(system, key, beta, span, k, every, solver, quotient=None):
     from its own key."""
     t0, t1, dt = span
     field, y0, _ = system(key, beta)
-    res = lyapunov_spectrum(field, y0, t0=t0, t1=t1, dt=dt, k=k, solver=solver, reorthonormalize_every=every,
-                            running=True, key=jax.random.fold_in(key, _FRAME), quotient=quotient)
+    res = lyapunov_spectrum(
+        field,
+        y0,
+        t0=t0,
+        t1=t1,
+        dt=dt,
+        k=k,
+        solver=solver,
+        reorthonormalize_every=every,
+        running=True,
+        key=jax.random.fold_in(key, _FRAME),
+        quotient=quotient,
+    )
     return res.exponents, res.running
 
 
 @eqx.filter_jit
 def _piece(system, keys, betas, members, beta_index, span, k, every, solver, quotient=None):
     """The pairs (keys[members[p]], betas[beta_index[p]]) of one piece, a vmap over them."""
-    return jax.vmap(lambda m, b: _one(system, keys[m], betas[b], span, k, every, solver, quotient))(
-        members, beta_index)
+    return jax.vmap(lambda m, b: _one(system, keys[m], betas[b], span, k, every, solver, quotient))(members, beta_index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,9 +165,22 @@ def ensemble_spectra(study: Study, k: int, every: int, quotient=None) -> Spectra
     with Progress(what, pairs, unit="members") as bar:
         for i in range(pieces):
             index = np.arange(i * size, (i + 1) * size) % pairs  # the last piece wraps around
-            out = in_background(lambda index=index: jax.device_get(_piece(
-                system, keys, beta_array, (index % members).astype(np.int32), (index // members).astype(np.int32),
-                span, k, every, cfg.solver.value, quotient)))
+            out = in_background(
+                lambda index=index: jax.device_get(
+                    _piece(
+                        system,
+                        keys,
+                        beta_array,
+                        (index % members).astype(np.int32),
+                        (index // members).astype(np.int32),
+                        span,
+                        k,
+                        every,
+                        cfg.solver.value,
+                        quotient,
+                    )
+                )
+            )
             exponents.append(out[0])
             running.append(out[1])
             bar.advance(min(size, pairs - i * size))
@@ -163,5 +198,6 @@ def ensemble_spectra(study: Study, k: int, every: int, quotient=None) -> Spectra
         where = sorted({betas[b] for b in np.nonzero(bad)[0]})
         raise ConfigError(
             f"the exponents of {int(bad.sum())} of {pairs} (beta, member) pairs are not finite (at beta = "
-            f"{', '.join(f'{b:g}' for b in where[:5])}): the states or deviation vectors blew up; lower dt.")
+            f"{', '.join(f'{b:g}' for b in where[:5])}): the states or deviation vectors blew up; lower dt."
+        )
     return Spectra(np.asarray(betas), times, exponents, running, late, float(times[half]))

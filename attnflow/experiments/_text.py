@@ -79,10 +79,23 @@ def highlight(fig, ax, placed, values, cmap, title: str, mark: int) -> None:
         hidden = not np.isfinite(value)
         face = "0.92" if hidden else cmap(value)
         at = ax.transAxes + ScaledTranslation(x, -(line + 0.6) * step, fig.dpi_scale_trans)
-        ax.text(0, 1, text, transform=at, fontsize=FONT, va="center", ha="left", parse_math=False,
-                color="0.6" if hidden else ("white" if value > 0.6 else "black"),
-                bbox={"boxstyle": "square,pad=0.25", "facecolor": face,
-                      "edgecolor": "black" if index == mark else "none", "linewidth": 1.2})
+        ax.text(
+            0,
+            1,
+            text,
+            transform=at,
+            fontsize=FONT,
+            va="center",
+            ha="left",
+            parse_math=False,
+            color="0.6" if hidden else ("white" if value > 0.6 else "black"),
+            bbox={
+                "boxstyle": "square,pad=0.25",
+                "facecolor": face,
+                "edgecolor": "black" if index == mark else "none",
+                "linewidth": 1.2,
+            },
+        )
 
 
 def scaled(values: np.ndarray, skip: int) -> np.ndarray:

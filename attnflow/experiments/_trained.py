@@ -47,8 +47,10 @@ def trained_run(folder: str | Path, model: str, overrides: Mapping | None = None
             if key == "corpus":
                 want, have = corpus_name(want), corpus_name(have)
             if have != want:
-                raise ConfigError(f"{folder} holds a finished {stored.get('model')} run with {key}={have!r}, not "
-                                  f"{want!r}; give another out= or the run's own settings.")
+                raise ConfigError(
+                    f"{folder} holds a finished {stored.get('model')} run with {key}={have!r}, not "
+                    f"{want!r}; give another out= or the run's own settings."
+                )
         return folder
     print(f"attnflow: training the {model} run in {folder} (it is missing or unfinished).", flush=True)
     train(train_config({**given, "out": str(folder)}))
@@ -75,8 +77,10 @@ def check_train_overrides(name: str, overrides, option: str = "train") -> dict:
     """`experiment.options.<option>`: a mapping of `attnflow train` settings, checked
     by `train_config`; the settings the experiment chooses itself are refused."""
     if not isinstance(overrides, Mapping):
-        raise ConfigError(f"experiment.options.{option} must be a mapping of attnflow train settings (e.g. "
-                          f"{{lr: 0.001}}), got {overrides!r}.")
+        raise ConfigError(
+            f"experiment.options.{option} must be a mapping of attnflow train settings (e.g. "
+            f"{{lr: 0.001}}), got {overrides!r}."
+        )
     chosen = sorted(set(overrides) & set(REFUSED))
     if chosen:
         raise ConfigError(f"experiment {name} sets {chosen[0]} itself; leave it out of experiment.options.{option}.")

@@ -27,7 +27,7 @@ import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
-from ._common import caption, check_drawn_member, config_of, colormap, failed_members, member_summary, subplots
+from ._common import caption, check_drawn_member, colormap, config_of, failed_members, member_summary, subplots
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
@@ -66,10 +66,11 @@ class Bouncing(Experiment):
         if "order_parameter" not in cfg.metrics:
             raise ConfigError("experiment bouncing draws the order parameter: add order_parameter to metrics.")
         v = cfg.weights.v
-        if (v.kind != "matrix" or np.shape(v.value) != (cfg.d, cfg.d) or len(v.switch_times) != 1
-                or len(v.factors) != 2):
-            raise ConfigError("experiment bouncing needs weights.v.kind=matrix with one (d, d) value, one switch time "
-                              "and two factors (the flip of eq. 48).")
+        if v.kind != "matrix" or np.shape(v.value) != (cfg.d, cfg.d) or len(v.switch_times) != 1 or len(v.factors) != 2:
+            raise ConfigError(
+                "experiment bouncing needs weights.v.kind=matrix with one (d, d) value, one switch time "
+                "and two factors (the flip of eq. 48)."
+            )
 
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
         cfg = self.cfg
@@ -88,32 +89,53 @@ class Bouncing(Experiment):
         centre_cos = np.sum(direction[:, at_switch] * direction[:, -1], -1)
         centre, axes, variance = principal_axes(x[member, 0])
         members = ds["member"].values
-        out = xr.merge([
-            member_summary(ds["order_parameter"]),
-            member_summary(xr.DataArray(share, dims=("member", "time"), coords={"member": members, "time": t},
-                                        name="attracting_share")),
-        ])
+        out = xr.merge(
+            [
+                member_summary(ds["order_parameter"]),
+                member_summary(
+                    xr.DataArray(
+                        share, dims=("member", "time"), coords={"member": members, "time": t}, name="attracting_share"
+                    )
+                ),
+            ]
+        )
         out["attracting_share_mean"].attrs["description"] = (
-            "mean over members of the tokens' average share of squared norm in the attracting subspace of V(0)")
-        out["order_parameter_member"] = ds["order_parameter"].isel(member=member).drop_vars("member").assign_attrs(
-            description=f"order parameter |mean_i x_i| of member {member}")
+            "mean over members of the tokens' average share of squared norm in the attracting subspace of V(0)"
+        )
+        out["order_parameter_member"] = (
+            ds["order_parameter"]
+            .isel(member=member)
+            .drop_vars("member")
+            .assign_attrs(description=f"order parameter |mean_i x_i| of member {member}")
+        )
         out["attracting_share_member"] = xr.DataArray(share[member], dims="time").assign_attrs(
-            description=f"share of squared norm in the attracting subspace of V(0), member {member}")
+            description=f"share of squared norm in the attracting subspace of V(0), member {member}"
+        )
         out["order_parameter_all"] = ds["order_parameter"].assign_attrs(
-            description="order parameter |mean_i x_i| of every member (1: one point)")
+            description="order parameter |mean_i x_i| of every member (1: one point)"
+        )
         out["centre_cos"] = xr.DataArray(centre_cos, dims="member", coords={"member": members}).assign_attrs(
             description=f"cosine between the mean direction of the tokens at t = {t[at_switch]:g} (the switch) and at "
-                        f"t = {t[-1]:g}")
-        out["x_member"] = ds["x"].isel(member=member).drop_vars("member").assign_attrs(
-            description=f"states x(time, token, dim) of member {member}")
-        out["pc"] = xr.DataArray((x[member] - centre) @ axes.T, dims=("time", "token", "component"),
-                                 coords={"component": [1, 2]}).assign_attrs(
-            description=f"member {member}'s tokens on the first two principal components of its initial tokens")
+            f"t = {t[-1]:g}"
+        )
+        out["x_member"] = (
+            ds["x"]
+            .isel(member=member)
+            .drop_vars("member")
+            .assign_attrs(description=f"states x(time, token, dim) of member {member}")
+        )
+        out["pc"] = xr.DataArray(
+            (x[member] - centre) @ axes.T, dims=("time", "token", "component"), coords={"component": [1, 2]}
+        ).assign_attrs(
+            description=f"member {member}'s tokens on the first two principal components of its initial tokens"
+        )
         out["pc_variance"] = xr.DataArray(variance, dims="component").assign_attrs(
-            description="share of the initial tokens' variance along each principal component")
+            description="share of the initial tokens' variance along each principal component"
+        )
         out["attracting_basis"] = xr.DataArray(basis, dims=("direction", "dim")).assign_attrs(
             description="orthonormal basis of the attracting subspace of V(0) (positive eigenvalues of its symmetric "
-                        "part)")
+            "part)"
+        )
         out["switch_time"] = xr.DataArray(switch).assign_attrs(description="the time at which V flips sign")
         out["failed_members"] = failed_members(ds)
         return out
@@ -129,8 +151,9 @@ class Bouncing(Experiment):
         t = ds["time"].values
         switch = float(ds["switch_time"])
         at_switch = int(np.argmin(np.abs(t - switch)))
-        fig, axes = subplots(1, 3, figsize=(13.5, 4.2), layout="constrained",
-                             gridspec_kw={"width_ratios": [1.25, 1, 1]})
+        fig, axes = subplots(
+            1, 3, figsize=(13.5, 4.2), layout="constrained", gridspec_kw={"width_ratios": [1.25, 1, 1]}
+        )
         ax = axes[0]
         norm = Normalize(t[0], t[-1])
         cmap = colormap("plasma")
@@ -139,12 +162,29 @@ class Bouncing(Experiment):
             lines = LineCollection(np.stack([y[:-1, i], y[1:, i]], axis=1), cmap=cmap, norm=norm, linewidth=0.9)
             lines.set_array(0.5 * (t[:-1] + t[1:]))
             ax.add_collection(lines)
-        ax.scatter(y[0, :, 0], y[0, :, 1], s=12, facecolor="white", edgecolor="0.3", linewidth=0.7, zorder=3,
-                   label="t = 0")
-        ax.scatter(y[at_switch, :, 0], y[at_switch, :, 1], s=14, color="k", marker="s", zorder=4,
-                   label=f"t = {t[at_switch]:g} (flip)")
-        ax.scatter(y[-1, :, 0], y[-1, :, 1], s=60, marker="*", color="tab:green", edgecolor="k", linewidth=0.4,
-                   zorder=5, label=f"t = {t[-1]:g}")
+        ax.scatter(
+            y[0, :, 0], y[0, :, 1], s=12, facecolor="white", edgecolor="0.3", linewidth=0.7, zorder=3, label="t = 0"
+        )
+        ax.scatter(
+            y[at_switch, :, 0],
+            y[at_switch, :, 1],
+            s=14,
+            color="k",
+            marker="s",
+            zorder=4,
+            label=f"t = {t[at_switch]:g} (flip)",
+        )
+        ax.scatter(
+            y[-1, :, 0],
+            y[-1, :, 1],
+            s=60,
+            marker="*",
+            color="tab:green",
+            edgecolor="k",
+            linewidth=0.4,
+            zorder=5,
+            label=f"t = {t[-1]:g}",
+        )
         ax.autoscale_view()
         variance = ds["pc_variance"].values
         ax.set_xlabel(f"PC1 of the initial tokens ({100 * variance[0]:.0f}% of their variance)")
@@ -158,8 +198,9 @@ class Bouncing(Experiment):
             (axes[1], "order_parameter", r"order parameter $|\frac{1}{n}\sum_i x_i|$", "b", "gathering"),
             (axes[2], "attracting_share", r"share of $|x_i|^2$ in the +1 directions of $V(0)$", "c", "where"),
         ):
-            ax.fill_between(t, ds[f"{name}_q10"], ds[f"{name}_q90"], color="C0", alpha=0.2, linewidth=0,
-                            label="10-90% of members")
+            ax.fill_between(
+                t, ds[f"{name}_q10"], ds[f"{name}_q90"], color="C0", alpha=0.2, linewidth=0, label="10-90% of members"
+            )
             ax.plot(t, ds[f"{name}_median"], color="C0", label="median")
             ax.plot(t, ds[f"{name}_member"], color="C1", linewidth=1, label=f"member {member}")
             ax.axvline(switch, color="k", linestyle="--", linewidth=1, label="V flips, Q, K redrawn")
@@ -172,11 +213,17 @@ class Bouncing(Experiment):
         diagonal = ", ".join(f"{value:g}" for value in np.diag(v)) if np.allclose(v, np.diag(np.diag(v))) else None
         v_text = f"V = diag({diagonal})" if diagonal else "V as configured"
         cos = ds["centre_cos"].values
-        caption(fig, (
-            f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}; {v_text} until t "
-            f"= {switch:g}, then its negative; Q, K {cfg['weights']['q']['law']} random per member, redrawn at t = "
-            f"{switch:g}; {cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens. (a) paths coloured by time "
-            f"(black squares: the flip). (b) how tightly the tokens are gathered. (c) where they are gathered: the "
-            f"+1 directions of $V(0)$ before the flip, the others after. Median cosine between the tokens' mean "
-            f"direction at the flip and at t = {t[-1]:g}: {np.nanmedian(cos):.2f} (0: another place)."), width=150)
+        caption(
+            fig,
+            (
+                f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}; {v_text} "
+                f"until t = {switch:g}, then its negative; Q, K {cfg['weights']['q']['law']} random per member, "
+                f"redrawn at t = {switch:g}; {cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens. (a) paths "
+                "coloured by time (black squares: the flip). (b) how tightly the tokens are gathered. (c) where they "
+                "are gathered: the +1 directions of $V(0)$ before the flip, the others after. Median cosine between "
+                f"the tokens' mean direction at the flip and at t = {t[-1]:g}: {np.nanmedian(cos):.2f} (0: another "
+                "place)."
+            ),
+            width=150,
+        )
         return {"bouncing": fig}

@@ -93,8 +93,10 @@ class Causal(Experiment):
         if len(t) < 2 or t[-2] < t[0] + fit_from * (t[-1] - t[0]):
             before = (t[-2] - t[0]) / (t[-1] - t[0]) if len(t) > 1 else None
             lower = "" if before is None else f"take fit_from at most {before:.4g} (the saved time before t1) or "
-            raise ConfigError(f"experiment.options.fit_from={fit_from!r} leaves one saved time to fit the decay rates "
-                              f"on; {lower}raise saves={cfg.saves}.")
+            raise ConfigError(
+                f"experiment.options.fit_from={fit_from!r} leaves one saved time to fit the decay rates "
+                f"on; {lower}raise saves={cfg.saves}."
+            )
 
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
         ds = results["main"]
@@ -104,8 +106,12 @@ class Causal(Experiment):
         distance = np.linalg.norm(x - x[:, :, :1], axis=-1)  # (member, time, token)
         members = ds["member"].values
         tokens = np.arange(1, self.cfg.n + 1)
-        dist = xr.DataArray(distance, dims=("member", "time", "token"),
-                            coords={"member": members, "time": t, "token": tokens}, name="distance")
+        dist = xr.DataArray(
+            distance,
+            dims=("member", "time", "token"),
+            coords={"member": members, "time": t, "token": tokens},
+            name="distance",
+        )
         late = t >= t[0] + self.options.fit_from * (t[-1] - t[0])
         rate = decay_rates(t[late], np.moveaxis(distance[:, late], 1, -1))  # (member, token)
         rate[:, 0] = np.nan
@@ -114,24 +120,32 @@ class Causal(Experiment):
         lag[:, 0] = np.nan
         per_token = {"member": members, "token": tokens}
         out = member_summary(dist)
-        out["distance_member"] = dist.sel(member=member).drop_vars("member").assign_attrs(
-            description=f"|x_i - x_1| of member {member}")
-        out["x1_drift"] = xr.DataArray(np.abs(x[:, :, 0] - x[:, :1, 0]).max((1, 2)), dims="member",
-                                       coords={"member": members}).assign_attrs(
-            description="largest |x_1(t) - x_1(0)| (component-wise) over the run")
-        out["final_distance"] = dist.isel(time=-1).drop_vars("time").assign_attrs(
-            description=f"|x_i - x_1| at t = {t[-1]:g}")
+        out["distance_member"] = (
+            dist.sel(member=member).drop_vars("member").assign_attrs(description=f"|x_i - x_1| of member {member}")
+        )
+        out["x1_drift"] = xr.DataArray(
+            np.abs(x[:, :, 0] - x[:, :1, 0]).max((1, 2)), dims="member", coords={"member": members}
+        ).assign_attrs(description="largest |x_1(t) - x_1(0)| (component-wise) over the run")
+        out["final_distance"] = (
+            dist.isel(time=-1).drop_vars("time").assign_attrs(description=f"|x_i - x_1| at t = {t[-1]:g}")
+        )
         tolerance = self.options.tolerance
-        out["converged"] = xr.DataArray(distance[:, -1].max(-1) < tolerance, dims="member",
-                                        coords={"member": members}).assign_attrs(
-            description=f"every |x_i - x_1| below {tolerance:g} at t = {t[-1]:g}", tolerance=tolerance)
+        out["converged"] = xr.DataArray(
+            distance[:, -1].max(-1) < tolerance, dims="member", coords={"member": members}
+        ).assign_attrs(description=f"every |x_i - x_1| below {tolerance:g} at t = {t[-1]:g}", tolerance=tolerance)
         out["rate"] = xr.DataArray(rate, dims=("member", "token"), coords=per_token).assign_attrs(
             description=f"minus the fitted slope of log |x_i - x_1| over t >= {t[late][0]:g} "
-                        "(linearization: 1/2 for every token)")
+            "(linearization: 1/2 for every token)"
+        )
         out["lag"] = xr.DataArray(lag, dims=("member", "token"), coords=per_token).assign_attrs(
-            description=f"|x_i - x_1| / |x_2 - x_1| at t = {t[-1]:g} (linearization: i - 1)")
-        out["x_member"] = ds["x"].isel(member=member).drop_vars("member").assign_attrs(
-            description=f"states x(time, token, dim) of member {member}")
+            description=f"|x_i - x_1| / |x_2 - x_1| at t = {t[-1]:g} (linearization: i - 1)"
+        )
+        out["x_member"] = (
+            ds["x"]
+            .isel(member=member)
+            .drop_vars("member")
+            .assign_attrs(description=f"states x(time, token, dim) of member {member}")
+        )
         out["fit_start"] = xr.DataArray(float(t[late][0])).assign_attrs(description="first time of the rate fit")
         out["failed_members"] = failed_members(ds)
         return out
@@ -188,21 +202,32 @@ class Causal(Experiment):
         ax.set_title(f"(d) who lags behind at t = {t[-1]:g}")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16))
         q = cfg["weights"]["q"]
-        qk = "Q = K = I" if q["kind"] == "identity" and cfg["weights"]["k"]["kind"] == "identity" else \
-            f"Q {q['kind']}, K {cfg['weights']['k']['kind']}"
+        qk = (
+            "Q = K = I"
+            if q["kind"] == "identity" and cfg["weights"]["k"]["kind"] == "identity"
+            else f"Q {q['kind']}, K {cfg['weights']['k']['kind']}"
+        )
         converged = int(ds["converged"].sum())
-        lingering = ("" if converged == members else
-                     f" (in the other{'s' if members - converged > 1 else ''} a token that started near the antipode "
-                     f"of $x_1$ lingers there before it leaves)")
+        lingering = (
+            ""
+            if converged == members
+            else f" (in the other{'s' if members - converged > 1 else ''} a token that started near the antipode "
+            f"of $x_1$ lingers there before it leaves)"
+        )
         drift = float(ds["x1_drift"].max())
-        caption(fig, (
-            f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$, {qk}, V = I, n = {cfg['n']}, $\\beta$ = "
-            f"{cfg['beta']}, {cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens, {members} members. Every "
-            f"token converges to $x_1$, which never moves (largest drift {drift:.1e}): {converged} of {members} "
-            f"members have every $|x_i - x_1|$ < {float(ds['converged'].attrs['tolerance']):g} at t = "
-            f"{t[-1]:g}{lingering}. Near the limit all tokens approach $x_1$ at rate 1/2 "
-            f"and token i lags i - 1 times as far as token 2 (boxes: quartiles over members, whiskers 1.5 IQR, "
-            f"outliers not drawn)."), width=170)
+        caption(
+            fig,
+            (
+                f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$, {qk}, V = I, n = {cfg['n']}, $\\beta$ = "
+                f"{cfg['beta']}, {cfg['solver']} with dt = {cfg['dt']}, uniform initial tokens, {members} members. "
+                f"Every token converges to $x_1$, which never moves (largest drift {drift:.1e}): {converged} of "
+                f"{members} members have every $|x_i - x_1|$ < {float(ds['converged'].attrs['tolerance']):g} at t = "
+                f"{t[-1]:g}{lingering}. Near the limit all tokens approach $x_1$ at rate 1/2 "
+                f"and token i lags i - 1 times as far as token 2 (boxes: quartiles over members, whiskers 1.5 IQR, "
+                f"outliers not drawn)."
+            ),
+            width=170,
+        )
         return {"causal": fig}
 
     @staticmethod

@@ -109,13 +109,20 @@ def _attention(flow, states):
 def _theory(x0, depth: int, beta: float, dt: float):
     d = x0.shape[-1]
     identity = Identity(heads=1, dim=d, dtype=str(x0.dtype))
-    attention = SelfAttention(query=identity, key=identity, value=identity, output=None,
-                              beta=jnp.asarray(beta, x0.dtype), alibi=None, heads=1)
+    attention = SelfAttention(
+        query=identity, key=identity, value=identity, output=None, beta=jnp.asarray(beta, x0.dtype), alibi=None, heads=1
+    )
     field = VectorField(terms=(attention,), scheme="sphere")
     steps = int(round(depth / dt))
     per_layer = max(steps // depth, 1)
-    solution = simulate(field, _unit(x0), t1=float(depth), dt=depth / (per_layer * depth), solver="rk4",
-                        save_steps=np.arange(0, per_layer * depth + 1, per_layer))
+    solution = simulate(
+        field,
+        _unit(x0),
+        t1=float(depth),
+        dt=depth / (per_layer * depth),
+        solver="rk4",
+        save_steps=np.arange(0, per_layer * depth + 1, per_layer),
+    )
     return solution.xs
 
 
@@ -124,9 +131,11 @@ def _label(steps: int) -> str:
 
 
 # What the token path's cloud of read-out tokens holds (`token_path` leaves them bare).
-_CLOUD = {"path_cloud_id": "token ids of the cloud's read-out tokens",
-          "path_cloud_token": "the cloud's read-out tokens as text",
-          "path_cloud_is_candidate": "1 where the cloud's token is a next-token candidate of some layer"}
+_CLOUD = {
+    "path_cloud_id": "token ids of the cloud's read-out tokens",
+    "path_cloud_token": "the cloud's read-out tokens as text",
+    "path_cloud_is_candidate": "1 where the cloud's token is a next-token candidate of some layer",
+}
 
 
 def _probes(ds, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
@@ -177,10 +186,10 @@ def current_layout(ds: xr.Dataset) -> xr.Dataset:
 
 def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
     names = [v for v in ds.data_vars if v.startswith(prefix + "_")]
-    part = ds[names].rename({v: v[len(prefix) + 1:] for v in names})
-    part.attrs = {k[len(prefix) + 1:]: v for k, v in ds.attrs.items() if k.startswith(prefix + ":")}
+    part = ds[names].rename({v: v[len(prefix) + 1 :] for v in names})
+    part.attrs = {k[len(prefix) + 1 :]: v for k, v in ds.attrs.items() if k.startswith(prefix + ":")}
     # A file written before the dimension names were unified has `spectra_layer`, ...
-    old = {d: d[len(prefix) + 1:] for d in part.dims if str(d).startswith(prefix + "_")}
+    old = {d: d[len(prefix) + 1 :] for d in part.dims if str(d).startswith(prefix + "_")}
     part = part.rename(old) if old else part
     return part.rename(depth="layer") if "depth" in part.dims else part
 
@@ -209,8 +218,9 @@ class Checkpoint(Experiment):
     def check(self) -> None:
         cfg, options = self.cfg, self.options
         if not cfg.checkpoint:
-            raise ConfigError("experiment=checkpoint needs checkpoint=PATH (a model directory, a .gguf file, "
-                              "or minilm / smollm2).")
+            raise ConfigError(
+                "experiment=checkpoint needs checkpoint=PATH (a model directory, a .gguf file, or minilm / smollm2)."
+            )
         if not cfg.text or not str(cfg.text).strip():
             raise ConfigError('experiment=checkpoint needs a sentence: text="...".')
         steps = options.steps
@@ -226,9 +236,11 @@ class Checkpoint(Experiment):
         # pre-LN models) alone: one step per layer is the layer map.
         adaptive = options.adaptive and checkpoint.arrangement != "post"
         if options.interpolation != Interpolation.constant and max(steps) == 1 and not adaptive:
-            raise ConfigError(f"experiment.options.interpolation={options.interpolation} does not apply with "
-                              f"experiment.options.steps={steps} and no adaptive solve (it interpolates the weights of "
-                              "runs of more than one step per layer); remove it or add such a run.")
+            raise ConfigError(
+                f"experiment.options.interpolation={options.interpolation} does not apply with "
+                f"experiment.options.steps={steps} and no adaptive solve (it interpolates the weights of "
+                "runs of more than one step per layer); remove it or add such a run."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         return {}  # nothing for the core study runner: everything happens in `analyse`
@@ -245,12 +257,16 @@ class Checkpoint(Experiment):
         layer_map = depth_flow(checkpoint)
         flow = depth_flow(checkpoint, str(options.interpolation))
         adaptive = options.adaptive and checkpoint.arrangement != "post"
-        with Progress(f"{checkpoint.name or 'checkpoint'}: runs through depth", len(options.steps) + adaptive + 1,
-                      unit="runs") as bar:
+        with Progress(
+            f"{checkpoint.name or 'checkpoint'}: runs through depth", len(options.steps) + adaptive + 1, unit="runs"
+        ) as bar:
             for steps in options.steps:
                 runs.append(_label(steps))
-                states.append(jax.block_until_ready(run_depth(layer_map if steps == 1 else flow, hidden[0],
-                                                              steps_per_layer=steps)))
+                states.append(
+                    jax.block_until_ready(
+                        run_depth(layer_map if steps == 1 else flow, hidden[0], steps_per_layer=steps)
+                    )
+                )
                 bar.advance()
             if adaptive:
                 runs.append("adaptive")
@@ -272,35 +288,77 @@ class Checkpoint(Experiment):
         ds = xr.Dataset(
             {
                 "token_id": ("token", ids, {"description": "token ids of the sentence"}),
-                "hidden": (("depth", "token", "dim"), np.asarray(hidden, np.float32),
-                           {"description": "the model's residual stream: layer 0 the embedding output, layer k the "
-                                           "output of block k, before the final norm"}),
-                "final": (("token", "dim"), np.asarray(model.final, np.float32),
-                          {"description": "the final norm's output (the last hidden state where there is none)"}),
-                "simulated": (("run", "depth", "token", "dim"), np.asarray(simulated, np.float32),
-                              {"description": "states of the dynamics at integer depths: the checkpoint's field with "
-                                              "dt = 1/m (m steps per layer), adaptive, and the theory run"}),
-                "depth_error": (("run", "depth"), np.asarray(error),
-                                {"description": "|simulated - model| / |model| per layer (Frobenius)"}),
-                "cosine_distance": (("source", "depth", "token"), 1 - np.asarray(cos),
-                                    {"description": "1 - cos(state, model state) per token"}),
-                "energy": (("source", "depth"), np.asarray(energy),
-                           {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
-                "pair_cosines": (("source", "depth", "bin"), np.asarray(hist),
-                                 {"description": "histogram of the pair cosines cos(x_i, x_j), i < j (fractions)"}),
-                "clusters": (("source", "depth"), np.asarray(clusters),
-                             {"description": "cluster count: components of the graph cos(x_i, x_j) > 1 - eps"}),
-                "attention": (("attention_source", "layer", "head", "query", "key"), np.asarray(attention, np.float32),
-                              {"description": f"attention matrices of each layer at the states entering it: the "
-                                              f"model's and the {finest} run's"}),
+                "hidden": (
+                    ("depth", "token", "dim"),
+                    np.asarray(hidden, np.float32),
+                    {
+                        "description": "the model's residual stream: layer 0 the embedding output, layer k the "
+                        "output of block k, before the final norm"
+                    },
+                ),
+                "final": (
+                    ("token", "dim"),
+                    np.asarray(model.final, np.float32),
+                    {"description": "the final norm's output (the last hidden state where there is none)"},
+                ),
+                "simulated": (
+                    ("run", "depth", "token", "dim"),
+                    np.asarray(simulated, np.float32),
+                    {
+                        "description": "states of the dynamics at integer depths: the checkpoint's field with "
+                        "dt = 1/m (m steps per layer), adaptive, and the theory run"
+                    },
+                ),
+                "depth_error": (
+                    ("run", "depth"),
+                    np.asarray(error),
+                    {"description": "|simulated - model| / |model| per layer (Frobenius)"},
+                ),
+                "cosine_distance": (
+                    ("source", "depth", "token"),
+                    1 - np.asarray(cos),
+                    {"description": "1 - cos(state, model state) per token"},
+                ),
+                "energy": (
+                    ("source", "depth"),
+                    np.asarray(energy),
+                    {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"},
+                ),
+                "pair_cosines": (
+                    ("source", "depth", "bin"),
+                    np.asarray(hist),
+                    {"description": "histogram of the pair cosines cos(x_i, x_j), i < j (fractions)"},
+                ),
+                "clusters": (
+                    ("source", "depth"),
+                    np.asarray(clusters),
+                    {"description": "cluster count: components of the graph cos(x_i, x_j) > 1 - eps"},
+                ),
+                "attention": (
+                    ("attention_source", "layer", "head", "query", "key"),
+                    np.asarray(attention, np.float32),
+                    {
+                        "description": f"attention matrices of each layer at the states entering it: the "
+                        f"model's and the {finest} run's"
+                    },
+                ),
             },
-            coords={"depth": np.arange(depth + 1), "run": runs, "source": sources,
-                    "bin": 0.5 * (edges[1:] + edges[:-1]), "attention_source": ["model", finest],
-                    "layer": np.arange(depth),
-                    "token_string": ("token", np.asarray(strings, dtype=object))},
-            attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family,
-                   "arrangement": checkpoint.arrangement, "model_name": checkpoint.name or str(cfg.checkpoint),
-                   "text": str(cfg.text)},
+            coords={
+                "depth": np.arange(depth + 1),
+                "run": runs,
+                "source": sources,
+                "bin": 0.5 * (edges[1:] + edges[:-1]),
+                "attention_source": ["model", finest],
+                "layer": np.arange(depth),
+                "token_string": ("token", np.asarray(strings, dtype=object)),
+            },
+            attrs={
+                "checkpoint": str(cfg.checkpoint),
+                "family": checkpoint.family,
+                "arrangement": checkpoint.arrangement,
+                "model_name": checkpoint.name or str(cfg.checkpoint),
+                "text": str(cfg.text),
+            },
         )
         if options.probes:
             ds = _probes(ds, checkpoint, tokenizer, hidden, ids)
@@ -330,21 +388,32 @@ class Checkpoint(Experiment):
             if not np.any(values > 0):
                 exact.append(str(r))
                 continue
-            axes[2].plot(ds.depth[1:], np.where(values > 0, values, np.nan), color=colors[str(r)],
-                         ls="--" if r == "theory" else "-", label=str(r))
+            axes[2].plot(
+                ds.depth[1:],
+                np.where(values > 0, values, np.nan),
+                color=colors[str(r)],
+                ls="--" if r == "theory" else "-",
+                label=str(r),
+            )
         axes[2].set_yscale("log")
         zero = f"\n({', '.join(exact)}: exactly 0 at every layer, not drawn)" if exact else ""
         axes[0].set(xlabel="layer (depth t)", ylabel="normalized energy", title="interaction energy")
         axes[1].set(xlabel="layer (depth t)", ylabel="clusters", title=rf"cluster count ($\varepsilon$ = {cfg['eps']})")
-        axes[2].set(xlabel="layer (depth t)", ylabel=r"$|x_\mathrm{sim} - x_\mathrm{model}| \,/\, |x_\mathrm{model}|$",
-                    title="distance from the model" + zero)
+        axes[2].set(
+            xlabel="layer (depth t)",
+            ylabel=r"$|x_\mathrm{sim} - x_\mathrm{model}| \,/\, |x_\mathrm{model}|$",
+            title="distance from the model" + zero,
+        )
         fig.subplots_adjust(wspace=0.3)
         axes[0].legend(ncol=2)
-        fig.suptitle(f"{name}: \"{ds.attrs['text']}\"", y=1.07 if exact else 0.98)
-        caption(fig, "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m "
-                     "steps per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the "
-                     "unsplit field; dashed red: the theory model $Q = K = V = I$ on the sphere from the same "
-                     "embedded tokens. Right: distances of exactly 0 are left out (a log axis has no 0).")
+        fig.suptitle(f'{name}: "{ds.attrs["text"]}"', y=1.07 if exact else 0.98)
+        caption(
+            fig,
+            "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m "
+            "steps per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the "
+            "unsplit field; dashed red: the theory model $Q = K = V = I$ on the sphere from the same "
+            "embedded tokens. Right: distances of exactly 0 are left out (a log axis has no 0).",
+        )
         figures["depth"] = fig
 
         # 2. Pair-cosine histograms across depth, model / finest run / theory side by side.
@@ -352,8 +421,9 @@ class Checkpoint(Experiment):
         fig, axes = subplots(1, 3, figsize=(12, 3.4), sharey=True)
         top = float(ds.pair_cosines.max())
         for ax, s in zip(axes, shown):
-            image = ax.pcolormesh(ds.depth, ds.bin, ds.pair_cosines.sel(source=s).T, shading="nearest", vmin=0,
-                                  vmax=top)
+            image = ax.pcolormesh(
+                ds.depth, ds.bin, ds.pair_cosines.sel(source=s).T, shading="nearest", vmin=0, vmax=top
+            )
             ax.set(xlabel="layer (depth t)", title=s)
         axes[0].set_ylabel("pair cosine")
         fig.colorbar(image, ax=axes, label="fraction of pairs")
@@ -365,20 +435,31 @@ class Checkpoint(Experiment):
         fig, axes = subplots(1, len(runs), figsize=(2.6 * len(runs), 3.2), sharey=True, squeeze=False)
         labels = [str(t) for t in ds.token_string.values]
         for ax, r in zip(axes[0], runs):
-            image = ax.pcolormesh(ds.depth, np.arange(ds.sizes["token"]), ds.cosine_distance.sel(source=r).T,
-                                  shading="nearest", vmin=0, vmax=1, cmap="magma")
+            image = ax.pcolormesh(
+                ds.depth,
+                np.arange(ds.sizes["token"]),
+                ds.cosine_distance.sel(source=r).T,
+                shading="nearest",
+                vmin=0,
+                vmax=1,
+                cmap="magma",
+            )
             ax.set(xlabel="layer (depth t)", title=r)
         axes[0, 0].set_yticks(np.arange(len(labels)), labels if len(labels) <= 40 else None)
         fig.colorbar(image, ax=axes[0], label="1 - cos(state, model)")
-        caption(fig, "Cosine distance of every token's simulated state to the model's, per layer: 0 where the dynamics "
-                     "follow the model.")
+        caption(
+            fig,
+            "Cosine distance of every token's simulated state to the model's, per layer: 0 where the dynamics "
+            "follow the model.",
+        )
         figures["cosine_distance"] = fig
 
         # 4. Attention maps (head-averaged) at four blocks, model against the finest run.
         blocks = np.unique(np.linspace(1, int(ds.layer.max()) + 1, 4).round().astype(int))
         # The token strings label both axes of every map.
-        fig, axes = subplots(2, len(blocks), figsize=(3.2 * len(blocks) + 0.8, 6.6), layout="constrained",
-                             squeeze=False)
+        fig, axes = subplots(
+            2, len(blocks), figsize=(3.2 * len(blocks) + 0.8, 6.6), layout="constrained", squeeze=False
+        )
         for row, s in enumerate(ds.attention_source.values):
             for col, b in enumerate(blocks):
                 a = ds.attention.sel(attention_source=s, layer=b - 1).mean("head")

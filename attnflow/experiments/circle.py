@@ -58,16 +58,20 @@ class Circle(Experiment):
     def check(self) -> None:
         cfg, times = self.cfg, self.options.snapshots
         if not times or any(not cfg.t0 <= t <= cfg.t1 for t in times):
-            raise ConfigError(f"experiment.options.snapshots must be a non-empty list of times in [t0, t1] = "
-                              f"[{cfg.t0:g}, {cfg.t1:g}], got {times!r}.")
+            raise ConfigError(
+                f"experiment.options.snapshots must be a non-empty list of times in [t0, t1] = "
+                f"[{cfg.t0:g}, {cfg.t1:g}], got {times!r}."
+            )
         # Each snapshot draws the saved time nearest it: two with the same nearest one would be one drawing.
         saved = resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
         nearest = [int(np.argmin(abs(saved - t))) for t in times]
         for i, k in enumerate(nearest):
             if k in nearest[:i]:
-                raise ConfigError(f"experiment.options.snapshots holds {times[nearest.index(k)]:g} and {times[i]:g}, "
-                                  f"both nearest the saved time {saved[k]:.4g}: one drawing; give times nearest "
-                                  f"different saved times (or save more, saves={cfg.saves}).")
+                raise ConfigError(
+                    f"experiment.options.snapshots holds {times[nearest.index(k)]:g} and {times[i]:g}, "
+                    f"both nearest the saved time {saved[k]:.4g}: one drawing; give times nearest "
+                    f"different saved times (or save more, saves={cfg.saves})."
+                )
 
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
         cfg = self.cfg
@@ -86,15 +90,24 @@ class Circle(Experiment):
         labels = np.stack([np.unique(row, return_inverse=True)[1].reshape(-1) for row in labels])
         out = xr.Dataset(coords={"beta": ds["beta"], "time": ds["time"], "member": ds["member"]})
         out["clusters"] = clusters.astype(np.int16).assign_attrs(
-            description=f"number of clusters (tokens joined when cos > 1 - {cfg.eps:g}) of every member")
-        out["final_clusters_median"] = median.assign_attrs(
-            description="median over members of the final cluster count")
-        out["shown_member"] = xr.DataArray(shown, dims="beta", attrs={
-            "description": "the member drawn: the first whose final cluster count equals the median"})
-        out["angle"] = xr.DataArray(angles, dims=("beta", "time", "token"), attrs={
-            "description": "angles of the tokens of the member drawn (radians)", "units": "radian"})
-        out["final_cluster"] = xr.DataArray(labels, dims=("beta", "token"), attrs={
-            "description": "the cluster each token of the member drawn belongs to at the last time (0, 1, ...)"})
+            description=f"number of clusters (tokens joined when cos > 1 - {cfg.eps:g}) of every member"
+        )
+        out["final_clusters_median"] = median.assign_attrs(description="median over members of the final cluster count")
+        out["shown_member"] = xr.DataArray(
+            shown,
+            dims="beta",
+            attrs={"description": "the member drawn: the first whose final cluster count equals the median"},
+        )
+        out["angle"] = xr.DataArray(
+            angles,
+            dims=("beta", "time", "token"),
+            attrs={"description": "angles of the tokens of the member drawn (radians)", "units": "radian"},
+        )
+        out["final_cluster"] = xr.DataArray(
+            labels,
+            dims=("beta", "token"),
+            attrs={"description": "the cluster each token of the member drawn belongs to at the last time (0, 1, ...)"},
+        )
         return out
 
     @staticmethod
@@ -127,15 +140,21 @@ class Circle(Experiment):
                 ax.set_title(f"t = {times[k]:.3g}: {count} cluster{'s' if count != 1 else ''}", fontsize=8)
                 if j == 0:
                     ax.text(-1.55, 0, rf"$\beta = {beta:g}$", rotation=90, ha="center", va="center", fontsize=10)
-        ax = fig.add_subplot(grid[:, len(picks):])
+        ax = fig.add_subplot(grid[:, len(picks) :])
         for b, beta in enumerate(betas):
             counts = ds["clusters"].isel(beta=b).values.astype(float)  # (member, time)
             counts[counts < 0] = np.nan
             low, median, high = np.nanpercentile(counts, [10, 50, 90], axis=0)
             positive = times > 0
             ax.fill_between(times[positive], low[positive], high[positive], step="mid", alpha=0.25, color=f"C{b}")
-            ax.step(times[positive], median[positive], where="mid", color=f"C{b}", linewidth=1.8,
-                    label=rf"$\beta = {beta:g}$: median, 10-90%")
+            ax.step(
+                times[positive],
+                median[positive],
+                where="mid",
+                color=f"C{b}",
+                linewidth=1.8,
+                label=rf"$\beta = {beta:g}$: median, 10-90%",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_yticks([1, 2, 3, 5, 10, 20, 32])
@@ -146,16 +165,22 @@ class Circle(Experiment):
         ax.legend(loc="upper right")
         last = ds["clusters"].isel(time=-1).values
         medians = ds["final_clusters_median"].values
-        final = ", ".join(rf"$\beta$ = {beta:g}: {medians[b]:g} ({np.mean(last[b] == medians[b]):.0%} of the members)"
-                          for b, beta in enumerate(betas))
-        caption(fig, (
-            f"Q = K = V = I softmax attention on the circle, n = {cfg['n']} tokens uniform at t = 0, "
-            f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {ds.sizes['member']} members per $\\beta$. "
-            f"Left: the tokens of one typical member (the first whose final count is the median) at the saved times "
-            f"nearest {', '.join(f'{t:g}' for t in wanted)}, coloured by the cluster they end in. Right: clusters "
-            f"(tokens joined when $\\cos > 1 - {cfg['eps']:g}$) over log time. Median count at t = {times[-1]:g}: "
-            f"{final}."),
-            width=150)
+        final = ", ".join(
+            rf"$\beta$ = {beta:g}: {medians[b]:g} ({np.mean(last[b] == medians[b]):.0%} of the members)"
+            for b, beta in enumerate(betas)
+        )
+        caption(
+            fig,
+            (
+                f"Q = K = V = I softmax attention on the circle, n = {cfg['n']} tokens uniform at t = 0, "
+                f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {ds.sizes['member']} members per $\\beta$. "
+                "Left: the tokens of one typical member (the first whose final count is the median) at the saved "
+                f"times nearest {', '.join(f'{t:g}' for t in wanted)}, coloured by the cluster they end in. Right: "
+                f"clusters (tokens joined when $\\cos > 1 - {cfg['eps']:g}$) over log time. Median count at t = "
+                f"{times[-1]:g}: {final}."
+            ),
+            width=150,
+        )
         return {"circle": fig}
 
     @staticmethod
@@ -168,6 +193,12 @@ class Circle(Experiment):
         angle = ds["angle"].values  # (beta, time, token)
         for b, beta in enumerate(ds["beta"].values):
             x = np.stack([np.cos(angle[b]), np.sin(angle[b])], axis=-1)
-            paths.append(animation(x, times, Path(folder) / f"circle_beta{beta:g}.gif",
-                                   title=rf"$\beta = {beta:g}$, n = {cfg['n']}, member {int(ds['shown_member'][b])}"))
+            paths.append(
+                animation(
+                    x,
+                    times,
+                    Path(folder) / f"circle_beta{beta:g}.gif",
+                    title=rf"$\beta = {beta:g}$, n = {cfg['n']}, member {int(ds['shown_member'][b])}",
+                )
+            )
         return paths

@@ -33,7 +33,8 @@ finished run is only read. Then:
    The *spectral variation* between neighbouring layers (or grid points) $l, l+1$ of
    a head is the optimal-matching distance of the two eigenvalue sets relative to
    their size,
-   $\delta_l = \min_\pi \|\lambda^{(l)} - \lambda^{(l+1)}_\pi\|_2 \,/\, \tfrac12(\|\lambda^{(l)}\|_2 + \|\lambda^{(l+1)}\|_2)$
+   $\delta_l = \min_\pi \|\lambda^{(l)} - \lambda^{(l+1)}_\pi\|_2 \,/\,
+   \tfrac12(\|\lambda^{(l)}\|_2 + \|\lambda^{(l+1)}\|_2)$
    (the distance that the Hoffman-Wielandt inequality bounds by
    $\|W^{(l)} - W^{(l+1)}\|_F$ for normal matrices); beside it the relative change of
    the matrix itself, $\|W^{(l+1)} - W^{(l)}\|_F / \tfrac12(\|W^{(l)}\|_F + \|W^{(l+1)}\|_F)$.
@@ -157,8 +158,10 @@ def _sentence_ids(model_folder: Path, sentence: str) -> np.ndarray:
     if ids.size == 0:
         raise ConfigError(f"the sentence {sentence!r} encodes to no tokens.")
     if ids.size > context:
-        raise ConfigError(f"the sentence has {ids.size} tokens but the models' context is {context}; give a shorter "
-                          "experiment.options.sentence.")
+        raise ConfigError(
+            f"the sentence has {ids.size} tokens but the models' context is {context}; give a shorter "
+            "experiment.options.sentence."
+        )
     return ids
 
 
@@ -186,6 +189,7 @@ def _output_statistics(checkpoint, inputs, targets, log_u):
     """Per sequence: the normalized energy of the output states (the last residual
     stream, before the final norm), the mean divergence of its next-token
     distributions from the unigram, and its mean cross-entropy."""
+
     def one(ids, target):
         states = forward(checkpoint, ids).hidden[-1]
         logits = checkpoint.logits(states)
@@ -202,8 +206,12 @@ def _validation_sample(folder: Path, tokens: int, seed: int):
     record = run_record(folder)
     settings = record["config"]
     context = int(record["model_config"]["context"])
-    corpus, _, _ = load_corpus(settings["corpus"], vocab=int(settings["vocab"]), context=context,
-                               tokenizer_json=tokenizer_text(folder / "model"))
+    corpus, _, _ = load_corpus(
+        settings["corpus"],
+        vocab=int(settings["vocab"]),
+        context=context,
+        tokenizer_json=tokenizer_text(folder / "model"),
+    )
     sequences = max(1, math.ceil(tokens / context))
     inputs, targets = corpus.batch(jax.random.fold_in(jax.random.key(seed), 7), sequences, context, "validation")
     return corpus, np.asarray(inputs), np.asarray(targets), log_unigram(corpus)
@@ -218,16 +226,22 @@ def training_statistics(folder: Path, tokens: int, seed: int) -> xr.Dataset:
     with Progress(f"snapshots of {folder.name}", len(found), unit="snapshots") as bar:
         for path in found.values():
             checkpoint = load_checkpoint(path)
-            energy, kl, loss = (np.asarray(a, np.float64) for a in _output_statistics(
-                checkpoint, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(log_u, checkpoint.embed.dtype)))
+            energy, kl, loss = (
+                np.asarray(a, np.float64)
+                for a in _output_statistics(
+                    checkpoint, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(log_u, checkpoint.embed.dtype)
+                )
+            )
             rows["energy"].append(energy.mean())
             rows["energy_spread"].append(energy.std())
             rows["kl"].append(kl.mean())
             rows["sample_loss"].append(loss.mean())
             bar.advance()
-    return xr.Dataset({k: ("snapshot_step", np.asarray(v)) for k, v in rows.items()},
-                      coords={"snapshot_step": np.asarray(list(found), np.int64)},
-                      attrs={"sequences": int(inputs.shape[0]), "context": int(inputs.shape[1])})
+    return xr.Dataset(
+        {k: ("snapshot_step", np.asarray(v)) for k, v in rows.items()},
+        coords={"snapshot_step": np.asarray(list(found), np.int64)},
+        attrs={"sequences": int(inputs.shape[0]), "context": int(inputs.shape[1])},
+    )
 
 
 # --- 3. spectra across depth -----------------------------------------------------------------
@@ -245,7 +259,8 @@ def hypernetwork_checkpoint(model, steps: int):
 
 
 def spectral_variation(real, imag) -> np.ndarray:
-    r"""$\delta_l = \min_\pi \|\lambda^{(l)} - \lambda^{(l+1)}_\pi\|_2 / \tfrac12(\|\lambda^{(l)}\|_2 + \|\lambda^{(l+1)}\|_2)$
+    r"""$\delta_l = \min_\pi \|\lambda^{(l)} - \lambda^{(l+1)}_\pi\|_2 /
+    \tfrac12(\|\lambda^{(l)}\|_2 + \|\lambda^{(l+1)}\|_2)$
     for eigenvalues `real + i imag` of shape `(points, heads, r)`: the optimal-matching
     distance of neighbouring spectra (an assignment problem per pair), relative to
     their size; shape `(points - 1, heads)`."""
@@ -290,32 +305,60 @@ def _spectra(model, gpt, fine: int) -> xr.Dataset:
     for prefix in ("qk", "ov"):
         for part in ("real", "imag"):
             name = f"{prefix}_eig_{part}"
-            data[f"dfq_{name}"] = (("t", "head", f"{prefix}_rank"), fine_spectra[name].values,
-                                   {"description": f"{part} parts of the eigenvalues of the DiffEqFormer's "
-                                                   f"{prefix.upper()} matrix at t (hypernetwork weights)"})
-            data[f"gpt_{name}"] = (("layer", "head", f"{prefix}_rank"), gpt_spectra[name].values,
-                                   {"description": f"{part} parts of the eigenvalues of the GPT's {prefix.upper()} "
-                                                   "matrix of each layer"})
+            data[f"dfq_{name}"] = (
+                ("t", "head", f"{prefix}_rank"),
+                fine_spectra[name].values,
+                {
+                    "description": f"{part} parts of the eigenvalues of the DiffEqFormer's "
+                    f"{prefix.upper()} matrix at t (hypernetwork weights)"
+                },
+            )
+            data[f"gpt_{name}"] = (
+                ("layer", "head", f"{prefix}_rank"),
+                gpt_spectra[name].values,
+                {"description": f"{part} parts of the eigenvalues of the GPT's {prefix.upper()} matrix of each layer"},
+            )
     spectral, weights = [], []
     for spectra, checkpoint in ((same_spectra, same), (gpt_spectra, gpt)):
-        spectral.append([spectral_variation(spectra[f"{p}_eig_real"].values, spectra[f"{p}_eig_imag"].values)
-                         for p in ("qk", "ov")])
+        spectral.append(
+            [spectral_variation(spectra[f"{p}_eig_real"].values, spectra[f"{p}_eig_imag"].values) for p in ("qk", "ov")]
+        )
         matrices = _matrices(checkpoint)
         weights.append([matrix_variation(matrices[p]) for p in ("qk", "ov")])
-    fine_variation = [spectral_variation(fine_spectra[f"{p}_eig_real"].values, fine_spectra[f"{p}_eig_imag"].values)
-                      for p in ("qk", "ov")]
+    fine_variation = [
+        spectral_variation(fine_spectra[f"{p}_eig_real"].values, fine_spectra[f"{p}_eig_imag"].values)
+        for p in ("qk", "ov")
+    ]
     dims = ("model", "matrix", "interval", "head")
-    data["spectral_variation"] = (dims, np.asarray(spectral), {
-        "description": "optimal-matching distance between the eigenvalues of neighbouring layers (the DiffEqFormer "
-                       "at the GPT's layer times) relative to their size, per head"})
-    data["weight_variation"] = (dims, np.asarray(weights), {
-        "description": "|W_(l+1) - W_l|_F / mean of |W|_F of neighbouring layers, per head"})
-    data["fine_spectral_variation"] = (("matrix", "fine_interval", "head"), np.asarray(fine_variation), {
-        "description": "spectral variation of the DiffEqFormer between neighbouring points of the fine t grid"})
-    coords = {"t": fine_spectra["layer"].values * horizon / fine, "layer": gpt_spectra["layer"].values,
-              "head": gpt_spectra["head"].values, "qk_rank": gpt_spectra["qk_rank"].values,
-              "ov_rank": gpt_spectra["ov_rank"].values, "model": list(MODELS), "matrix": ["qk", "ov"],
-              "interval": np.arange(depth - 1), "fine_interval": np.arange(fine - 1)}
+    data["spectral_variation"] = (
+        dims,
+        np.asarray(spectral),
+        {
+            "description": "optimal-matching distance between the eigenvalues of neighbouring layers (the DiffEqFormer "
+            "at the GPT's layer times) relative to their size, per head"
+        },
+    )
+    data["weight_variation"] = (
+        dims,
+        np.asarray(weights),
+        {"description": "|W_(l+1) - W_l|_F / mean of |W|_F of neighbouring layers, per head"},
+    )
+    data["fine_spectral_variation"] = (
+        ("matrix", "fine_interval", "head"),
+        np.asarray(fine_variation),
+        {"description": "spectral variation of the DiffEqFormer between neighbouring points of the fine t grid"},
+    )
+    coords = {
+        "t": fine_spectra["layer"].values * horizon / fine,
+        "layer": gpt_spectra["layer"].values,
+        "head": gpt_spectra["head"].values,
+        "qk_rank": gpt_spectra["qk_rank"].values,
+        "ov_rank": gpt_spectra["ov_rank"].values,
+        "model": list(MODELS),
+        "matrix": ["qk", "ov"],
+        "interval": np.arange(depth - 1),
+        "fine_interval": np.arange(fine - 1),
+    }
     return xr.Dataset(data, coords=coords)
 
 
@@ -331,8 +374,9 @@ def _next_token_logits(model, gpt, ids):
 def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
     c = model.config
     ids_ = jnp.asarray(ids)
-    ours = token_sensitivity(model.field(), model.embed_tokens(ids_), t1=c.horizon, dt=c.horizon / c.steps,
-                             outputs=[-1])
+    ours = token_sensitivity(
+        model.field(), model.embed_tokens(ids_), t1=c.horizon, dt=c.horizon / c.steps, outputs=[-1]
+    )
     theirs = token_sensitivity(depth_flow(gpt), gpt.embed_tokens(ids_), outputs=[-1])
     predicted = [int(np.argmax(np.asarray(logits))) for logits in _next_token_logits(model, gpt, ids_)]
     spans = np.asarray([c.horizon, float(gpt.depth)])
@@ -341,21 +385,41 @@ def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
     return xr.Dataset(
         {
             "token_id": ("token", ids, {"description": "token ids of the sentence"}),
-            "exponent": (("model", "token"), exponent, {
-                "description": "lambda_ji = log sigma_max(Y_ji(end)) / depth, Y' = J_ji Y, Y(0) = I, j the last token "
-                               "(per unit t for the DiffEqFormer, per layer for the GPT; NaN: none)"}),
-            "log_stretch": (("model", "token"), exponent * spans[:, None], {
-                "description": "lambda_ji times the depth: log sigma_max(Y_ji) over the whole model"}),
-            "sens_attention": (("model", "token"), attention, {
-                "description": "attention of the last token to token i, mean over heads and steps (layers)"}),
+            "exponent": (
+                ("model", "token"),
+                exponent,
+                {
+                    "description": "lambda_ji = log sigma_max(Y_ji(end)) / depth, Y' = J_ji Y, Y(0) = I, j the last "
+                    "token (per unit t for the DiffEqFormer, per layer for the GPT; NaN: none)"
+                },
+            ),
+            "log_stretch": (
+                ("model", "token"),
+                exponent * spans[:, None],
+                {"description": "lambda_ji times the depth: log sigma_max(Y_ji) over the whole model"},
+            ),
+            "sens_attention": (
+                ("model", "token"),
+                attention,
+                {"description": "attention of the last token to token i, mean over heads and steps (layers)"},
+            ),
             "prediction_id": ("model", np.asarray(predicted), {"description": "the model's most likely next token"}),
-            "prediction": ("model", np.asarray(tokenizer.tokens(predicted), dtype=object),
-                           {"description": "the model's most likely next token, as text"}),
+            "prediction": (
+                "model",
+                np.asarray(tokenizer.tokens(predicted), dtype=object),
+                {"description": "the model's most likely next token, as text"},
+            ),
             "depth_span": ("model", spans, {"description": "the time span of the sensitivity integration"}),
         },
-        coords={"token": np.arange(ids.size), "model": list(MODELS),
-                "token_string": ("token", np.asarray(tokenizer.tokens(ids), dtype=object),
-                                 {"long_name": "the token as text"})},
+        coords={
+            "token": np.arange(ids.size),
+            "model": list(MODELS),
+            "token_string": (
+                "token",
+                np.asarray(tokenizer.tokens(ids), dtype=object),
+                {"long_name": "the token as text"},
+            ),
+        },
     )
 
 
@@ -384,8 +448,9 @@ class Retimed(AbstractSchedule):
         return self.base.shape
 
 
-def attention_only_field(field, horizon: float, cluster_horizon: float, *, frozen_at: float | None = None,
-                         drift: bool = True):
+def attention_only_field(
+    field, horizon: float, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True
+):
     r"""The attention term of a pre-LN `field` on $[0, H]$ ($H$ = `horizon`: the
     DiffEqFormer's $T$, or a GPT's number of layers) alone, in the stretched time
     $\tau = tH/T_c$: $dX/d\tau = (T_c/H)\,\mathrm{Attn}_\tau(N_1(X))$ on $[0, H]$ (the
@@ -417,8 +482,9 @@ def gpt_attention_field(checkpoint, cluster_horizon: float, *, frozen_at: float 
     """`attention_only_field` of a GPT checkpoint: its layers' attention (LayerNorm
     gains and shifts folded in), each in force for one unit of depth on $[0, L]$ (the
     core's `depth_flow`)."""
-    return attention_only_field(depth_flow(checkpoint).field, float(checkpoint.depth), cluster_horizon,
-                                frozen_at=frozen_at, drift=drift)
+    return attention_only_field(
+        depth_flow(checkpoint).field, float(checkpoint.depth), cluster_horizon, frozen_at=frozen_at, drift=drift
+    )
 
 
 @eqx.filter_jit
@@ -433,8 +499,18 @@ def _attention_only(field, x0, taus, horizon: float, eps):
     """The adaptive solve of an attention-only field on $[0, H]$ and, at the times
     `taus`, the cluster count, mean pair cosine, normalized energy and mean norm; the
     solver's result code. One compiled program for every field of one structure."""
-    solution = simulate(field, x0, t1=horizon, dt=1e-5 * horizon, solver="tsit5", adaptive=True, ts=taus,
-                        rtol=THEORY_RTOL, atol=THEORY_RTOL, max_steps=200_000)
+    solution = simulate(
+        field,
+        x0,
+        t1=horizon,
+        dt=1e-5 * horizon,
+        solver="tsit5",
+        adaptive=True,
+        ts=taus,
+        rtol=THEORY_RTOL,
+        atol=THEORY_RTOL,
+        max_steps=200_000,
+    )
     upper = np.triu_indices(x0.shape[0], 1)
 
     def measures(x):
@@ -451,10 +527,22 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
     the sentence."""
     dtype = jnp.dtype(model.config.dtype)
     fractions = np.concatenate([[0.0], np.geomspace(1e-4, 1.0, THEORY_SAVES - 1)])
-    systems = {"diffeqformer": (learned_attention_field, model, model.embed_tokens(jnp.asarray(ids)),
-                                float(model.config.horizon), model.field().terms[0]),
-               "gpt": (gpt_attention_field, gpt, gpt.embed_tokens(jnp.asarray(ids)), float(gpt.depth),
-                       depth_flow(gpt).field.terms[0])}
+    systems = {
+        "diffeqformer": (
+            learned_attention_field,
+            model,
+            model.embed_tokens(jnp.asarray(ids)),
+            float(model.config.horizon),
+            model.field().terms[0],
+        ),
+        "gpt": (
+            gpt_attention_field,
+            gpt,
+            gpt.embed_tokens(jnp.asarray(ids)),
+            float(gpt.depth),
+            depth_flow(gpt).field.terms[0],
+        ),
+    }
     out = {"clusters": [], "mean_cosine": [], "theory_energy": [], "mean_norm": []}
     norms = []
     depth = np.linspace(0.0, 1.0, 101)
@@ -464,12 +552,15 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
         for weights in THEORY_WEIGHTS:
             rows = {k: [] for k in out}
             for drift in (True, False):
-                field = build(system, cluster_horizon, frozen_at=frozen_at if weights == "frozen" else None,
-                              drift=drift)
+                field = build(
+                    system, cluster_horizon, frozen_at=frozen_at if weights == "frozen" else None, drift=drift
+                )
                 result, values = _attention_only(field, x0, taus, horizon, jnp.asarray(eps, dtype))
                 if int(result) != 0:
-                    raise ConfigError("the adaptive solve of the attention-only dynamics stopped early; lower "
-                                      "experiment.options.cluster_horizon.")
+                    raise ConfigError(
+                        "the adaptive solve of the attention-only dynamics stopped early; lower "
+                        "experiment.options.cluster_horizon."
+                    )
                 for key, value in zip(rows, values):
                     rows[key].append(np.asarray(value))
             for key, values in rows.items():
@@ -483,21 +574,43 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
     dims = ("model", "theory_weights", "theory_drift", "theory_time")
     return xr.Dataset(
         {
-            "clusters": (dims, np.asarray(out["clusters"], np.int64), {
-                "description": "clusters of the attention-only dynamics: components of cos(x_i, x_j) > 1 - eps"}),
-            "mean_cosine": (dims, np.asarray(out["mean_cosine"], np.float64),
-                            {"description": "mean pair cosine cos(x_i, x_j), i < j"}),
-            "theory_energy": (dims, np.asarray(out["theory_energy"], np.float64),
-                              {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"}),
-            "mean_norm": (dims, np.asarray(out["mean_norm"], np.float64),
-                          {"description": "mean token norm |x_i| of the residual stream"}),
-            "weight_norm": (("model", "weight", "tau"), np.asarray(norms, np.float64), {
-                "description": "Frobenius norm over all heads of the effective attention weights (LayerNorm gains "
-                               "folded in) at the share tau of the model's depth (the GPT's layer floor(tau L))"}),
+            "clusters": (
+                dims,
+                np.asarray(out["clusters"], np.int64),
+                {"description": "clusters of the attention-only dynamics: components of cos(x_i, x_j) > 1 - eps"},
+            ),
+            "mean_cosine": (
+                dims,
+                np.asarray(out["mean_cosine"], np.float64),
+                {"description": "mean pair cosine cos(x_i, x_j), i < j"},
+            ),
+            "theory_energy": (
+                dims,
+                np.asarray(out["theory_energy"], np.float64),
+                {"description": "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j))"},
+            ),
+            "mean_norm": (
+                dims,
+                np.asarray(out["mean_norm"], np.float64),
+                {"description": "mean token norm |x_i| of the residual stream"},
+            ),
+            "weight_norm": (
+                ("model", "weight", "tau"),
+                np.asarray(norms, np.float64),
+                {
+                    "description": "Frobenius norm over all heads of the effective attention weights (LayerNorm gains "
+                    "folded in) at the share tau of the model's depth (the GPT's layer floor(tau L))"
+                },
+            ),
         },
-        coords={"model": list(MODELS), "theory_weights": list(THEORY_WEIGHTS),
-                "theory_drift": list(THEORY_DRIFT), "theory_time": fractions * cluster_horizon,
-                "weight": ["Q", "K", "V", "O"], "tau": depth},
+        coords={
+            "model": list(MODELS),
+            "theory_weights": list(THEORY_WEIGHTS),
+            "theory_drift": list(THEORY_DRIFT),
+            "theory_time": fractions * cluster_horizon,
+            "weight": ["Q", "K", "V", "O"],
+            "tau": depth,
+        },
     )
 
 
@@ -511,8 +624,11 @@ def _losses(folders: dict[str, Path]) -> xr.Dataset:
         steps = np.asarray([e["step"] for e in lines], np.int64)
         val = np.asarray([e["val_loss"] for e in lines], np.float64)
         train = np.asarray([np.nan if e.get("train_loss") is None else e["train_loss"] for e in lines], np.float64)
-        parts.append(xr.Dataset({"val_loss": ("eval_step", val), "train_loss": ("eval_step", train)},
-                                coords={"eval_step": steps}).expand_dims(model=[name]))
+        parts.append(
+            xr.Dataset(
+                {"val_loss": ("eval_step", val), "train_loss": ("eval_step", train)}, coords={"eval_step": steps}
+            ).expand_dims(model=[name])
+        )
     return xr.concat(parts, dim="model", join="outer")
 
 
@@ -525,8 +641,12 @@ LABELS = {"diffeqformer": "DiffEqFormer", "gpt": "GPT"}
 def roughness(ds: xr.Dataset) -> xr.Dataset:
     """The mean over heads and neighbouring layers of the spectral and weight
     variations, per state (trained, untrained), model and matrix."""
-    return xr.Dataset({"spectral": ds["spectral_variation"].mean(("interval", "head")),
-                       "weights": ds["weight_variation"].mean(("interval", "head"))})
+    return xr.Dataset(
+        {
+            "spectral": ds["spectral_variation"].mean(("interval", "head")),
+            "weights": ds["weight_variation"].mean(("interval", "head")),
+        }
+    )
 
 
 def single_cluster_time(clusters, times) -> float | None:
@@ -545,76 +665,126 @@ def _final(ds: xr.Dataset, name: str, model: str) -> tuple[int, float]:
 
 def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
     rough = roughness(ds)
-    lines = ["# DiffEqFormer against its GPT baseline", "",
-             (f"Runs in `{ds.attrs['out']}` on `{ds.attrs['corpus']}`; validation losses in nats per token "
-              "(last line of each run's `metrics.jsonl`)."), "",
-             "| model | step | validation loss | training loss |", "|---|---|---|---|"]
+    lines = [
+        "# DiffEqFormer against its GPT baseline",
+        "",
+        (
+            f"Runs in `{ds.attrs['out']}` on `{ds.attrs['corpus']}`; validation losses in nats per token "
+            "(last line of each run's `metrics.jsonl`)."
+        ),
+        "",
+        "| model | step | validation loss | training loss |",
+        "|---|---|---|---|",
+    ]
     for model in MODELS:
         step, val = _final(ds, "val_loss", model)
         train = float(ds["train_loss"].sel(model=model, eval_step=step))
         lines.append(f"| {LABELS[model]} | {step} | {val:.3f} | {train:.3f} |")
     # The curve at a few steps (the untrained models are at ln(vocab) at step 0).
     steps = [int(k) for k in ds.eval_step.values if int(k) in CURVE_STEPS]
-    lines += ["", "Validation loss along training (the last column: the final step, training loss in brackets):",
-              "", "| model | " + " | ".join(f"step {k}" for k in steps) + " | last |",
-              "|---|" + "---|" * (len(steps) + 1)]
+    lines += [
+        "",
+        "Validation loss along training (the last column: the final step, training loss in brackets):",
+        "",
+        "| model | " + " | ".join(f"step {k}" for k in steps) + " | last |",
+        "|---|" + "---|" * (len(steps) + 1),
+    ]
     for model in MODELS:
         part = ds.sel(model=model)
         step, val = _final(ds, "val_loss", model)
         train = float(part["train_loss"].sel(eval_step=step))
         cells = [f"{float(part.val_loss.sel(eval_step=k)):.2f}" for k in steps]
         lines.append(f"| {LABELS[model]} | " + " | ".join(cells) + f" | {val:.2f} ({train:.2f}) |")
-    lines += ["", ("Roughness of the attention weights across depth (mean over heads and neighbouring layers; "
-                   f"the DiffEqFormer at the GPT's {ds.attrs['gpt_layers']} layer times t = lT/L; 0 = constant "
-                   "weights):"),
-              "", "| model | QK spectra | OV spectra | QK matrices | OV matrices |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        (
+            "Roughness of the attention weights across depth (mean over heads and neighbouring layers; "
+            f"the DiffEqFormer at the GPT's {ds.attrs['gpt_layers']} layer times t = lT/L; 0 = constant "
+            "weights):"
+        ),
+        "",
+        "| model | QK spectra | OV spectra | QK matrices | OV matrices |",
+        "|---|---|---|---|---|",
+    ]
     for state in STATES:
         for model in MODELS:
             r = rough.sel(model=model, state=state)
-            lines.append(f"| {LABELS[model]}, {state} | {float(r.spectral.sel(matrix='qk')):.4f} | "
-                         f"{float(r.spectral.sel(matrix='ov')):.4f} | {float(r.weights.sel(matrix='qk')):.4f} | "
-                         f"{float(r.weights.sel(matrix='ov')):.4f} |")
-    lines += ["", "Energy and unigram divergence of the output states, first and last snapshot:", "",
-              "| model | step | energy | KL to unigram | sample loss |", "|---|---|---|---|---|"]
+            lines.append(
+                f"| {LABELS[model]}, {state} | {float(r.spectral.sel(matrix='qk')):.4f} | "
+                f"{float(r.spectral.sel(matrix='ov')):.4f} | {float(r.weights.sel(matrix='qk')):.4f} | "
+                f"{float(r.weights.sel(matrix='ov')):.4f} |"
+            )
+    lines += [
+        "",
+        "Energy and unigram divergence of the output states, first and last snapshot:",
+        "",
+        "| model | step | energy | KL to unigram | sample loss |",
+        "|---|---|---|---|---|",
+    ]
     for model in MODELS:
         part = ds[["energy", "kl", "sample_loss"]].sel(model=model).dropna("snapshot_step", subset=["energy"])
         for index in (0, -1):
             row = part.isel(snapshot_step=index)
-            lines.append(f"| {LABELS[model]} | {int(row.snapshot_step)} | {float(row.energy):.3f} | "
-                         f"{float(row.kl):.3f} | {float(row.sample_loss):.3f} |")
-    lines += ["", (f"Attention-only dynamics (clusters at cos > 1 - {ds.attrs['eps']:g}) of the sentence's "
-                   f"{ds.sizes['token']} tokens, at t = T_c = {ds.attrs['cluster_horizon']:g}; the DiffEqFormer's "
-                   "weights at tau = t T / T_c or frozen at tau = frozen_at T, the GPT's layers one after the other "
-                   "or its middle layer for all time:"), "",
-              "| model | state | weights | biases | clusters | mean pair cosine | one cluster from t = |",
-              "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {LABELS[model]} | {int(row.snapshot_step)} | {float(row.energy):.3f} | "
+                f"{float(row.kl):.3f} | {float(row.sample_loss):.3f} |"
+            )
+    lines += [
+        "",
+        (
+            f"Attention-only dynamics (clusters at cos > 1 - {ds.attrs['eps']:g}) of the sentence's "
+            f"{ds.sizes['token']} tokens, at t = T_c = {ds.attrs['cluster_horizon']:g}; the DiffEqFormer's "
+            "weights at tau = t T / T_c or frozen at tau = frozen_at T, the GPT's layers one after the other "
+            "or its middle layer for all time:"
+        ),
+        "",
+        "| model | state | weights | biases | clusters | mean pair cosine | one cluster from t = |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for model in MODELS:
         for state in STATES:
             for weights in ds.theory_weights.values:
                 for drift in ds.theory_drift.values:
-                    part = ds[["clusters", "mean_cosine"]].sel(model=model, state=state, theory_weights=weights,
-                                                               theory_drift=drift)
+                    part = ds[["clusters", "mean_cosine"]].sel(
+                        model=model, state=state, theory_weights=weights, theory_drift=drift
+                    )
                     since = single_cluster_time(part.clusters.values, ds.theory_time.values)
                     shown = weights if model == "diffeqformer" else GPT_WEIGHTS[str(weights)]
-                    lines.append(f"| {LABELS[model]} | {state} | {shown} | {drift} | {int(part.clusters[-1])} | "
-                                 f"{float(part.mean_cosine[-1]):.4f} | {'never' if since is None else f'{since:.3g}'} |")
-    lines += ["", "Size of the effective attention weights across depth, max and min of |W(tau)|_F / |W(0)|_F:", "",
-              "| model | state | Q | K | V | O |", "|---|---|---|---|---|---|"]
+                    lines.append(
+                        f"| {LABELS[model]} | {state} | {shown} | {drift} | {int(part.clusters[-1])} | "
+                        f"{float(part.mean_cosine[-1]):.4f} | {'never' if since is None else f'{since:.3g}'} |"
+                    )
+    lines += [
+        "",
+        "Size of the effective attention weights across depth, max and min of |W(tau)|_F / |W(0)|_F:",
+        "",
+        "| model | state | Q | K | V | O |",
+        "|---|---|---|---|---|---|",
+    ]
     for model in MODELS:
         for state in STATES:
             norms = ds.weight_norm.sel(model=model, state=state)
             relative = norms / norms.isel(tau=0)
-            cells = [f"{float(relative.sel(weight=w).min()):.2f}-{float(relative.sel(weight=w).max()):.2f}"
-                     for w in norms.weight.values]
+            cells = [
+                f"{float(relative.sel(weight=w).min()):.2f}-{float(relative.sel(weight=w).max()):.2f}"
+                for w in norms.weight.values
+            ]
             lines.append(f"| {LABELS[model]} | {state} | " + " | ".join(cells) + " |")
-    lines += ["", "Largest eigenvalue modulus of Q_h^T K_h and O_h V_h (the DiffEqFormer per unit t, at its "
-                  f"{ds.sizes['t']} grid points; the GPT per layer):", "",
-              "| model | state | QK | OV |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "Largest eigenvalue modulus of Q_h^T K_h and O_h V_h (the DiffEqFormer per unit t, at its "
+        f"{ds.sizes['t']} grid points; the GPT per layer):",
+        "",
+        "| model | state | QK | OV |",
+        "|---|---|---|---|",
+    ]
     for model, prefix in (("diffeqformer", "dfq"), ("gpt", "gpt")):
         for state in STATES:
             part = ds.sel(state=state)
-            top = [float(np.abs(part[f"{prefix}_{m}_eig_real"] + 1j * part[f"{prefix}_{m}_eig_imag"]).max())
-                   for m in ("qk", "ov")]
+            top = [
+                float(np.abs(part[f"{prefix}_{m}_eig_real"] + 1j * part[f"{prefix}_{m}_eig_imag"]).max())
+                for m in ("qk", "ov")
+            ]
             lines.append(f"| {LABELS[model]} | {state} | {top[0]:.4g} | {top[1]:.4g} |")
     return [write_text(folder / "losses.md", "\n".join(lines) + "\n")]
 
@@ -624,15 +794,28 @@ def _draw_losses(ds: xr.Dataset) -> Figure:
     for model in MODELS:
         part = ds.sel(model=model).dropna("eval_step", subset=["val_loss"])
         step, val = _final(ds, "val_loss", model)
-        ax.plot(part.eval_step, part.val_loss, color=COLORS[model], marker="o", markersize=3,
-                label=f"{LABELS[model]}: validation ({val:.2f} at step {step})")
+        ax.plot(
+            part.eval_step,
+            part.val_loss,
+            color=COLORS[model],
+            marker="o",
+            markersize=3,
+            label=f"{LABELS[model]}: validation ({val:.2f} at step {step})",
+        )
         ax.plot(part.eval_step, part.train_loss, color=COLORS[model], ls="--", lw=1, label=f"{LABELS[model]}: training")
-    ax.set(xlabel="training step", ylabel="loss (nats per token)",
-           title=f"Losses on {ds.attrs['corpus']}: DiffEqFormer ({ds.attrs['dfq_steps']} Euler steps on "
-                 f"[0, {ds.attrs['horizon']:g}]) and GPT ({ds.attrs['gpt_layers']} layers)")
+    ax.set(
+        xlabel="training step",
+        ylabel="loss (nats per token)",
+        title=f"Losses on {ds.attrs['corpus']}: DiffEqFormer ({ds.attrs['dfq_steps']} Euler steps on "
+        f"[0, {ds.attrs['horizon']:g}]) and GPT ({ds.attrs['gpt_layers']} layers)",
+    )
     ax.legend()
-    caption(fig, "Validation loss (solid) on held-out chunks and the mean training loss since the previous validation "
-                 "(dashed), as recorded in each run's metrics.jsonl.", width=100)
+    caption(
+        fig,
+        "Validation loss (solid) on held-out chunks and the mean training loss since the previous validation "
+        "(dashed), as recorded in each run's metrics.jsonl.",
+        width=100,
+    )
     return fig
 
 
@@ -643,28 +826,50 @@ def _draw_training(ds: xr.Dataset) -> Figure:
         steps = part.snapshot_step.values
         kw = {"color": COLORS[model], "marker": "o", "markersize": 3, "label": LABELS[model]}
         axes[0].plot(steps, part.energy, **kw)
-        axes[0].fill_between(steps, part.energy - part.energy_spread, part.energy + part.energy_spread,
-                             color=COLORS[model], alpha=0.15, linewidth=0)
+        axes[0].fill_between(
+            steps,
+            part.energy - part.energy_spread,
+            part.energy + part.energy_spread,
+            color=COLORS[model],
+            alpha=0.15,
+            linewidth=0,
+        )
         axes[1].plot(steps, part.kl, **kw)
         axes[2].plot(steps, part.sample_loss, **kw)
-    titles = ("(a) energy of the output states", r"(b) $\mathrm{KL}(p \,\|\, \mathrm{unigram})$",
-              "(c) loss on the same sample")
+    titles = (
+        "(a) energy of the output states",
+        r"(b) $\mathrm{KL}(p \,\|\, \mathrm{unigram})$",
+        "(c) loss on the same sample",
+    )
     labels = (r"$\frac{1}{n^2} \sum_{ij} e^{\cos(x_i, x_j)}$", "nats", "nats per token")
     for ax, title, label in zip(axes, titles, labels):
         ax.set_xscale("symlog", linthresh=1)
         ax.set(xlabel="training step (0, then logarithmic)", ylabel=label, title=title)
     axes[0].axhline(np.e, color="0.5", ls=":", lw=1)
-    axes[0].text(0.99, np.e, "$e$: one direction ", transform=axes[0].get_yaxis_transform(), ha="right", va="top",
-                 fontsize=7, color="0.4")
+    axes[0].text(
+        0.99,
+        np.e,
+        "$e$: one direction ",
+        transform=axes[0].get_yaxis_transform(),
+        ha="right",
+        va="top",
+        fontsize=7,
+        color="0.4",
+    )
     axes[0].legend()
-    fig.suptitle(f"Across training: the output states of both models on {ds.attrs['sequences']} held-out sequences "
-                 f"of {ds.attrs['context']} tokens")
-    caption(fig, "(a) Normalized interaction energy of the last layer's residual stream (before the final norm) of each "
-                 "sequence, mean over sequences with $\\pm$ one standard deviation; it is $e$ when all tokens point the same "
-                 "way. (b) Divergence of the predicted next-token distribution from the unigram distribution of the "
-                 "training tokens (add-one smoothed), mean over positions and sequences: low when the model predicts "
-                 "the word frequencies everywhere. (c) Cross-entropy on the same sample. One point per snapshot.",
-            width=150)
+    fig.suptitle(
+        f"Across training: the output states of both models on {ds.attrs['sequences']} held-out sequences "
+        f"of {ds.attrs['context']} tokens"
+    )
+    caption(
+        fig,
+        "(a) Normalized interaction energy of the last layer's residual stream (before the final norm) of each "
+        "sequence, mean over sequences with $\\pm$ one standard deviation; it is $e$ when all tokens point the same "
+        "way. (b) Divergence of the predicted next-token distribution from the unigram distribution of the "
+        "training tokens (add-one smoothed), mean over positions and sequences: low when the model predicts "
+        "the word frequencies everywhere. (c) Cross-entropy on the same sample. One point per snapshot.",
+        width=150,
+    )
     return fig
 
 
@@ -672,8 +877,15 @@ def _eigen_scatter(ax, x, real, cmap, heads):
     """Real parts of every head's eigenvalues against depth, coloured by head."""
     for h in range(heads):
         values = real[:, h, :]
-        ax.scatter(np.repeat(x, values.shape[-1]), values.ravel(), s=2, color=cmap(h / max(heads - 1, 1)),
-                   alpha=0.5, linewidth=0, label=f"head {h}")
+        ax.scatter(
+            np.repeat(x, values.shape[-1]),
+            values.ravel(),
+            s=2,
+            color=cmap(h / max(heads - 1, 1)),
+            alpha=0.5,
+            linewidth=0,
+            label=f"head {h}",
+        )
     ax.axhline(0, color="0.4", lw=0.6)
 
 
@@ -686,35 +898,60 @@ def _draw_spectra(ds: xr.Dataset) -> Figure:
     for row, prefix in enumerate(("qk", "ov")):
         name = r"$Q_h^\top K_h$" if prefix == "qk" else r"$O_h V_h$"
         _eigen_scatter(axes[row, 0], ds.t.values, ds[f"dfq_{prefix}_eig_real"].sel(state="trained").values, cmap, heads)
-        axes[row, 0].set(xlabel=f"t (hypernetwork weights at {ds.sizes['t']} points)", ylabel=r"$\mathrm{Re}\,\lambda$",
-                         title=f"DiffEqFormer: eigenvalues of {name}($t$)")
-        _eigen_scatter(axes[row, 1], ds.layer.values, ds[f"gpt_{prefix}_eig_real"].sel(state="trained").values, cmap,
-                       heads)
-        axes[row, 1].set(xlabel="layer", ylabel=r"$\mathrm{Re}\,\lambda$", title=f"GPT: eigenvalues of {name} per layer")
+        axes[row, 0].set(
+            xlabel=f"t (hypernetwork weights at {ds.sizes['t']} points)",
+            ylabel=r"$\mathrm{Re}\,\lambda$",
+            title=f"DiffEqFormer: eigenvalues of {name}($t$)",
+        )
+        _eigen_scatter(
+            axes[row, 1], ds.layer.values, ds[f"gpt_{prefix}_eig_real"].sel(state="trained").values, cmap, heads
+        )
+        axes[row, 1].set(
+            xlabel="layer", ylabel=r"$\mathrm{Re}\,\lambda$", title=f"GPT: eigenvalues of {name} per layer"
+        )
         ax = axes[row, 2]
         for state, ls in zip(STATES, ("-", ":")):
             for model in MODELS:
                 values = ds["spectral_variation"].sel(model=model, matrix=prefix, state=state)
                 mean = float(rough.spectral.sel(model=model, matrix=prefix, state=state))
-                ax.plot(values.interval + 1, values.mean("head"), color=COLORS[model], ls=ls, marker="o",
-                        markersize=3 if state == "trained" else 2, label=f"{LABELS[model]}, {state}: {mean:.3f}")
+                ax.plot(
+                    values.interval + 1,
+                    values.mean("head"),
+                    color=COLORS[model],
+                    ls=ls,
+                    marker="o",
+                    markersize=3 if state == "trained" else 2,
+                    label=f"{LABELS[model]}, {state}: {mean:.3f}",
+                )
                 if state == "trained":
-                    ax.fill_between(values.interval + 1, values.min("head"), values.max("head"), color=COLORS[model],
-                                    alpha=0.15, linewidth=0)
+                    ax.fill_between(
+                        values.interval + 1,
+                        values.min("head"),
+                        values.max("head"),
+                        color=COLORS[model],
+                        alpha=0.15,
+                        linewidth=0,
+                    )
         ax.set_yscale("log")
-        ax.set(xlabel=f"between layers $l - 1$ and $l$ (DiffEqFormer at $t = l\\,T/{layers}$)", ylabel="relative distance",
-               title=f"variation of the {prefix.upper()} spectra between neighbours")
+        ax.set(
+            xlabel=f"between layers $l - 1$ and $l$ (DiffEqFormer at $t = l\\,T/{layers}$)",
+            ylabel="relative distance",
+            title=f"variation of the {prefix.upper()} spectra between neighbours",
+        )
         ax.legend(title="roughness", fontsize=7)
     axes[0, 0].legend(markerscale=4, loc="best")
     fig.suptitle("Spectral dynamics: the DiffEqFormer's continuous weights against the GPT's independent layers")
-    caption(fig, f"Left: real parts of the eigenvalues of every head's QK and OV matrix of the DiffEqFormer on a grid of "
-                 f"$t \\in [0, {horizon:g})$ ($O_h(t)$ of the hypernetwork, without the step $T/N$ of the populated layers); "
-                 f"middle: the GPT's {layers} layers; colour: head. Right: "
-                 r"$\min_\pi |\lambda_l - \lambda_{l+1,\pi}| \,/\, \mathrm{mean}\,|\lambda|$"
-                 f" between neighbouring layers, the DiffEqFormer's weights taken at the same {layers} "
-                 "points; mean over heads with the min-max band (trained, solid) and for the untrained models, their "
-                 "snapshots at step 0 (dotted: the control). The roughness is its mean over heads and neighbours.",
-            width=170)
+    caption(
+        fig,
+        f"Left: real parts of the eigenvalues of every head's QK and OV matrix of the DiffEqFormer on a grid of "
+        f"$t \\in [0, {horizon:g})$ ($O_h(t)$ of the hypernetwork, without the step $T/N$ of the populated layers); "
+        f"middle: the GPT's {layers} layers; colour: head. Right: "
+        r"$\min_\pi |\lambda_l - \lambda_{l+1,\pi}| \,/\, \mathrm{mean}\,|\lambda|$"
+        f" between neighbouring layers, the DiffEqFormer's weights taken at the same {layers} "
+        "points; mean over heads with the min-max band (trained, solid) and for the untrained models, their "
+        "snapshots at step 0 (dotted: the control). The roughness is its mean over heads and neighbours.",
+        width=170,
+    )
     return fig
 
 
@@ -739,11 +976,25 @@ def _draw_sensitivity(ds: xr.Dataset) -> Figure:
         unit = "per unit t" if model == "diffeqformer" else "per layer"
         nxt = shown(str(part.prediction.values))[0]
         row = 4 * block
-        highlight(fig, fig.add_subplot(grid[row]), placed, 0.85 * scaled(exponent, last), reds,
-                  f"{LABELS[model]}: Lyapunov sensitivity of the last token (its next word: {nxt!r})", last)
-        highlight(fig, fig.add_subplot(grid[row + 1]), placed, 0.85 * scaled(attention, last), blues,
-                  f"{LABELS[model]}: attention of the last token, mean over heads and "
-                  f"{'steps' if model == 'diffeqformer' else 'layers'}", last)
+        highlight(
+            fig,
+            fig.add_subplot(grid[row]),
+            placed,
+            0.85 * scaled(exponent, last),
+            reds,
+            f"{LABELS[model]}: Lyapunov sensitivity of the last token (its next word: {nxt!r})",
+            last,
+        )
+        highlight(
+            fig,
+            fig.add_subplot(grid[row + 1]),
+            placed,
+            0.85 * scaled(attention, last),
+            blues,
+            f"{LABELS[model]}: attention of the last token, mean over heads and "
+            f"{'steps' if model == 'diffeqformer' else 'layers'}",
+            last,
+        )
         ax = fig.add_subplot(grid[row + 2])
         ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label=rf"$\lambda_{{ji}}$ ({unit})")
         ax.set_ylabel(rf"$\lambda$ ({unit})")
@@ -752,14 +1003,23 @@ def _draw_sensitivity(ds: xr.Dataset) -> Figure:
         twin.set_ylabel("attention")
         twin.grid(False)
         ax.set_xticks(positions, labels, rotation=60, ha="right")
-        ax.legend(handles=ax.containers[:1] + twin.containers[:1], loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2,
-                  frameon=False)
-    fig.suptitle(f"Which tokens the next word depends on: \"{ds.attrs['sentence']}\"", y=0.99)
-    caption(fig, r"Red: $\lambda_{ji} = \log \sigma_{\max}(Y_{ji}) / \mathrm{depth}$ with $Y' = J_{ji} Y$, $Y(0) = I$, "
-                 "$j$ the last token (outlined), "
-                 f"along the DiffEqFormer's Euler solve ({ds.attrs['dfq_steps']} steps on [0, {ds.attrs['horizon']:g}]) and "
-                 f"the GPT's layer map ({ds.attrs['gpt_layers']} layers); blue: the attention of the last token. Each "
-                 "colour scale runs over the tokens other than the last one, which is clipped to it.", width=150)
+        ax.legend(
+            handles=ax.containers[:1] + twin.containers[:1],
+            loc="lower left",
+            bbox_to_anchor=(0, 1.0),
+            ncol=2,
+            frameon=False,
+        )
+    fig.suptitle(f'Which tokens the next word depends on: "{ds.attrs["sentence"]}"', y=0.99)
+    caption(
+        fig,
+        r"Red: $\lambda_{ji} = \log \sigma_{\max}(Y_{ji}) / \mathrm{depth}$ with $Y' = J_{ji} Y$, $Y(0) = I$, "
+        "$j$ the last token (outlined), "
+        f"along the DiffEqFormer's Euler solve ({ds.attrs['dfq_steps']} steps on [0, {ds.attrs['horizon']:g}]) and "
+        f"the GPT's layer map ({ds.attrs['gpt_layers']} layers); blue: the attention of the last token. Each "
+        "colour scale runs over the tokens other than the last one, which is clipped to it.",
+        width=150,
+    )
     return fig
 
 
@@ -767,8 +1027,12 @@ def _draw_clustering(ds: xr.Dataset) -> Figure:
     fig, axes = subplots(2, 3, figsize=(14, 7.6), layout="constrained")
     t = ds.theory_time.values
     shown = t > 0
-    colors = {("trained", "time-dependent"): "C0", ("trained", "frozen"): "C1",
-              ("untrained", "time-dependent"): "0.35", ("untrained", "frozen"): "0.7"}
+    colors = {
+        ("trained", "time-dependent"): "C0",
+        ("trained", "frozen"): "C1",
+        ("untrained", "time-dependent"): "0.35",
+        ("untrained", "frozen"): "0.7",
+    }
     for row, model in enumerate(MODELS):
         frozen = "frozen" if model == "diffeqformer" else GPT_WEIGHTS["frozen"]
         moving = "time-dependent" if model == "diffeqformer" else GPT_WEIGHTS["time-dependent"]
@@ -777,36 +1041,59 @@ def _draw_clustering(ds: xr.Dataset) -> Figure:
                 for drift, ls in zip(ds.theory_drift.values, ("-", "--")):
                     part = ds.sel(model=model, state=state, theory_weights=weights, theory_drift=drift)
                     name = frozen if weights == "frozen" else moving
-                    style = {"color": colors[state, str(weights)], "ls": ls,
-                             "lw": 1.5 if state == "trained" else 1.0, "label": f"{state}, {name}, {drift}"}
+                    style = {
+                        "color": colors[state, str(weights)],
+                        "ls": ls,
+                        "lw": 1.5 if state == "trained" else 1.0,
+                        "label": f"{state}, {name}, {drift}",
+                    }
                     axes[row, 0].plot(t[shown], part.clusters.values[shown], **style)
                     axes[row, 1].plot(t[shown], 1 - part.mean_cosine.values[shown], **style)
-        axes[row, 0].set(xscale="log", xlabel="t", ylabel="clusters",
-                         title=f"(a) {LABELS[model]}: cluster count ($\\cos > 1 - {ds.attrs['eps']:g}$)")
-        axes[row, 1].set(xscale="log", yscale="log", xlabel="t", ylabel=r"$1 - \mathrm{mean}\,\cos(x_i, x_j)$",
-                         title=f"(b) {LABELS[model]}: spread of directions")
+        axes[row, 0].set(
+            xscale="log",
+            xlabel="t",
+            ylabel="clusters",
+            title=f"(a) {LABELS[model]}: cluster count ($\\cos > 1 - {ds.attrs['eps']:g}$)",
+        )
+        axes[row, 1].set(
+            xscale="log",
+            yscale="log",
+            xlabel="t",
+            ylabel=r"$1 - \mathrm{mean}\,\cos(x_i, x_j)$",
+            title=f"(b) {LABELS[model]}: spread of directions",
+        )
         axes[row, 0].legend(fontsize=6)
         norms = ds.weight_norm.sel(model=model)
         for index, weight in enumerate(norms.weight.values):
             for state, ls in zip(STATES, ("-", ":")):
                 values = norms.sel(weight=weight, state=state)
-                axes[row, 2].plot(norms.tau, values / values.isel(tau=0), color=f"C{index}", ls=ls,
-                                  label=f"{weight}, {state}")
+                axes[row, 2].plot(
+                    norms.tau, values / values.isel(tau=0), color=f"C{index}", ls=ls, label=f"{weight}, {state}"
+                )
         axes[row, 2].axvline(ds.attrs["frozen_at"], color="0.5", ls=":", lw=1)
-        axes[row, 2].set(xlabel=r"share of the depth ($\tau / T$, or layer / $L$)", ylabel=r"$\|W\|_F \,/\, \|W(0)\|_F$",
-                         title=f"(c) {LABELS[model]}: size of the attention weights")
+        axes[row, 2].set(
+            xlabel=r"share of the depth ($\tau / T$, or layer / $L$)",
+            ylabel=r"$\|W\|_F \,/\, \|W(0)\|_F$",
+            title=f"(c) {LABELS[model]}: size of the attention weights",
+        )
         axes[row, 2].legend(fontsize=6, ncol=2)
-    fig.suptitle(f"Attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, over $t \\in$ "
-                 f"[0, {ds.attrs['cluster_horizon']:g}]: trained, and untrained (the control)")
-    caption(fig, r"(a, b) $dX/dt = \mathrm{Attn}_\tau(N_1(X))$. Top: the DiffEqFormer with its weights at "
-                 r"$\tau = t\,T / T_c$ "
-                 f"(time-dependent) or held at $\\tau$ = {ds.attrs['frozen_at']:g} $T$ (frozen: weight sharing). Bottom: the "
-                 f"GPT with its {ds.attrs['gpt_layers']} layers one after the other over $[0, T_c]$ (layer by layer) or "
-                 f"its layer {int(ds.attrs['frozen_at'] * ds.attrs['gpt_layers'])} for all time (one layer). Solid "
-                 "with the biases, dashed without the value and output biases (a drift common to all tokens); colours: "
-                 "the trained models, greys: the same runs' snapshots at step 0. (c) Frobenius norms of the effective "
-                 "Q, K, V, O (all heads, LayerNorm gains folded in) across depth, relative to its start, trained "
-                 "(solid) and untrained (dotted); the vertical line: the frozen time.", width=170)
+    fig.suptitle(
+        f"Attention alone (pre-LN), from the sentence's {ds.sizes['token']} embedded tokens, over $t \\in$ "
+        f"[0, {ds.attrs['cluster_horizon']:g}]: trained, and untrained (the control)"
+    )
+    caption(
+        fig,
+        r"(a, b) $dX/dt = \mathrm{Attn}_\tau(N_1(X))$. Top: the DiffEqFormer with its weights at "
+        r"$\tau = t\,T / T_c$ "
+        f"(time-dependent) or held at $\\tau$ = {ds.attrs['frozen_at']:g} $T$ (frozen: weight sharing). Bottom: the "
+        f"GPT with its {ds.attrs['gpt_layers']} layers one after the other over $[0, T_c]$ (layer by layer) or "
+        f"its layer {int(ds.attrs['frozen_at'] * ds.attrs['gpt_layers'])} for all time (one layer). Solid "
+        "with the biases, dashed without the value and output biases (a drift common to all tokens); colours: "
+        "the trained models, greys: the same runs' snapshots at step 0. (c) Frobenius norms of the effective "
+        "Q, K, V, O (all heads, LayerNorm gains folded in) across depth, relative to its start, trained "
+        "(solid) and untrained (dotted); the vertical line: the frozen time.",
+        width=170,
+    )
     return fig
 
 
@@ -831,10 +1118,14 @@ def current_layout(ds: xr.Dataset) -> xr.Dataset:
 
 
 class DiffEqFormerVsGPT(Experiment):
-    title = ("A trained DiffEqFormer against its GPT baseline: losses, energy across training, spectral flow, "
-             "sensitivity, clustering")
-    paper = ("Neural ODE Transformers, sec. 5.1, 5.2, app. C.8; A Survey of Continuous Time Dynamics of "
-             "Transformers, sec. 5.4")
+    title = (
+        "A trained DiffEqFormer against its GPT baseline: losses, energy across training, spectral flow, "
+        "sensitivity, clustering"
+    )
+    paper = (
+        "Neural ODE Transformers, sec. 5.1, 5.2, app. C.8; A Survey of Continuous Time Dynamics of "
+        "Transformers, sec. 5.4"
+    )
     Options = Options
     # The long names and units of this experiment's own coordinates (units None: text).
     coordinates = {
@@ -894,25 +1185,41 @@ class DiffEqFormerVsGPT(Experiment):
         untrained = {name: snapshots(folders[name]).get(0) for name in MODELS}
         missing = [name for name, path in untrained.items() if path is None]
         if missing:
-            raise ConfigError(f"the {missing[0]} run in {folders[missing[0]]} has no snapshot at step 0 (the untrained "
-                              "control); train it again into an empty out=.")
-        states = {"trained": (model, gpt),
-                  "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"]))}
+            raise ConfigError(
+                f"the {missing[0]} run in {folders[missing[0]]} has no snapshot at step 0 (the untrained "
+                "control); train it again into an empty out=."
+            )
+        states = {
+            "trained": (model, gpt),
+            "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"])),
+        }
 
         def both(compute, same=()):
             """`compute(dfq, gpt)` for the trained models and the untrained control, along
             the dimension `state`; the variables in `same` are the same for both."""
             parts = [compute(*pair) for pair in states.values()]
             names = [name for name in parts[0].data_vars if name not in same]
-            return xr.concat(parts, dim=xr.DataArray(list(STATES), dims="state", name="state"), data_vars=names,
-                             coords="minimal", compat="equals", combine_attrs="override")
+            return xr.concat(
+                parts,
+                dim=xr.DataArray(list(STATES), dims="state", name="state"),
+                data_vars=names,
+                coords="minimal",
+                compat="equals",
+                combine_attrs="override",
+            )
 
         with Progress("DiffEqFormer analysis", 4, unit="stages") as bar:
             stage = lambda text: print(f"attnflow: {text} ...", flush=True) if not bar.show else bar.describe(text)
             stage("losses and the energy of the output states across training")
             losses = _losses(folders)
-            training = xr.concat([training_statistics(folders[name], int(options.tokens), int(cfg.seed))
-                                  .expand_dims(model=[name]) for name in MODELS], dim="model", join="outer")
+            training = xr.concat(
+                [
+                    training_statistics(folders[name], int(options.tokens), int(cfg.seed)).expand_dims(model=[name])
+                    for name in MODELS
+                ],
+                dim="model",
+                join="outer",
+            )
             bar.advance()
             stage("QK/OV spectra across depth, trained and untrained")
             spectra = both(lambda m, g: _spectra(m, g, int(options.spectra_steps)))
@@ -921,27 +1228,39 @@ class DiffEqFormerVsGPT(Experiment):
             sensitivity = both(lambda m, g: _sensitivity(m, g, ids, tokenizer), same=("token_id",))
             bar.advance()
             stage("clustering under the attention, trained and untrained")
-            theory = both(lambda m, g: _theory(m, g, ids, float(options.cluster_horizon), float(options.frozen_at),
-                                               float(cfg.eps)))
+            theory = both(
+                lambda m, g: _theory(
+                    m, g, ids, float(options.cluster_horizon), float(options.frozen_at), float(cfg.eps)
+                )
+            )
             bar.advance()
 
         # Each variable keeps its own attributes (its description); the Dataset's are set below.
         ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="override")
         ds.attrs = {}
-        ds["energy"].attrs["description"] = ("normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j)) of the "
-                                             "output states (last layer, before the final norm), mean over sequences")
+        ds["energy"].attrs["description"] = (
+            "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j)) of the "
+            "output states (last layer, before the final norm), mean over sequences"
+        )
         ds["energy_spread"].attrs["description"] = "standard deviation of that energy over the sequences"
-        ds["kl"].attrs["description"] = ("KL(p || unigram) of the next-token distributions, mean over positions and "
-                                         "sequences (nats)")
+        ds["kl"].attrs["description"] = (
+            "KL(p || unigram) of the next-token distributions, mean over positions and sequences (nats)"
+        )
         ds["sample_loss"].attrs["description"] = "cross-entropy on the same held-out sample (nats per token)"
         ds["val_loss"].attrs["description"] = "validation loss of the run (metrics.jsonl)"
         ds["train_loss"].attrs["description"] = "mean training loss since the previous validation (metrics.jsonl)"
         records = {name: run_record(folders[name]) for name in MODELS}
         ds.attrs.update(
-            out=str(out), sentence=options.sentence, horizon=float(model.config.horizon),
-            dfq_steps=int(model.config.steps), gpt_layers=int(gpt.depth), spectra_steps=int(options.spectra_steps),
-            cluster_horizon=float(options.cluster_horizon), frozen_at=float(options.frozen_at),
-            eps=float(cfg.eps), sequences=int(training.attrs.get("sequences", 0)),
+            out=str(out),
+            sentence=options.sentence,
+            horizon=float(model.config.horizon),
+            dfq_steps=int(model.config.steps),
+            gpt_layers=int(gpt.depth),
+            spectra_steps=int(options.spectra_steps),
+            cluster_horizon=float(options.cluster_horizon),
+            frozen_at=float(options.frozen_at),
+            eps=float(cfg.eps),
+            sequences=int(training.attrs.get("sequences", 0)),
             context=int(training.attrs.get("context", 0)),
             corpus=str(records["diffeqformer"]["config"]["corpus"]),
             train_steps=json.dumps({name: int(records[name]["config"]["train_steps"]) for name in MODELS}),
@@ -951,8 +1270,13 @@ class DiffEqFormerVsGPT(Experiment):
     @staticmethod
     def draw(ds: xr.Dataset) -> dict[str, Figure]:
         ds = current_layout(ds)
-        return {"losses": _draw_losses(ds), "training_energy": _draw_training(ds), "spectra": _draw_spectra(ds),
-                "sensitivity": _draw_sensitivity(ds), "clustering": _draw_clustering(ds)}
+        return {
+            "losses": _draw_losses(ds),
+            "training_energy": _draw_training(ds),
+            "spectra": _draw_spectra(ds),
+            "sensitivity": _draw_sensitivity(ds),
+            "clustering": _draw_clustering(ds),
+        }
 
     @staticmethod
     def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:

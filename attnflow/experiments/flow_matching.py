@@ -93,30 +93,42 @@ class FlowMatching(Experiment):
             raise ConfigError(f"experiment.options.test_fraction must be a fraction in (0, 1), got {fraction!r}.")
         held_out = _split(cfg.members, fraction)
         if not 1 <= held_out < cfg.members:
-            raise ConfigError(f"experiment.options.test_fraction={fraction} of members={cfg.members} leaves "
-                              f"{held_out} held-out and {cfg.members - held_out} training members; both need at least "
-                              "one.")
-        for key, value in (("width", options.width), ("depth", options.depth), ("train_steps", options.train_steps),
-                           ("batch_size", options.batch_size), ("surrogate_steps", options.surrogate_steps)):
+            raise ConfigError(
+                f"experiment.options.test_fraction={fraction} of members={cfg.members} leaves "
+                f"{held_out} held-out and {cfg.members - held_out} training members; both need at least "
+                "one."
+            )
+        for key, value in (
+            ("width", options.width),
+            ("depth", options.depth),
+            ("train_steps", options.train_steps),
+            ("batch_size", options.batch_size),
+            ("surrogate_steps", options.surrogate_steps),
+        ):
             if value < 1:
                 raise ConfigError(f"experiment.options.{key} must be a positive whole number, got {value!r}.")
         for key, value in (("learning_rate", options.learning_rate), ("epsilon", options.epsilon)):
             if not value > 0:
                 raise ConfigError(f"experiment.options.{key} must be a positive number, got {value!r}.")
         if options.distance_times < 2:
-            raise ConfigError(f"experiment.options.distance_times must be a whole number >= 2, "
-                              f"got {options.distance_times!r}.")
+            raise ConfigError(
+                f"experiment.options.distance_times must be a whole number >= 2, got {options.distance_times!r}."
+            )
         check_member_option(options, held_out, what="a held-out member (whose paths are drawn)")
         if not cfg.save_states:
             raise ConfigError("experiment flow_matching trains on the tokens' states: keep save_states=true.")
         if not (isinstance(cfg.beta, (int, float)) and not isinstance(cfg.beta, bool)):
-            raise ConfigError(f"experiment flow_matching fits one attention flow: give beta as one number, got {cfg.beta!r}.")
+            raise ConfigError(
+                f"experiment flow_matching fits one attention flow: give beta as one number, got {cfg.beta!r}."
+            )
         # The distances are taken at distance_times of the saved times, evenly spread: more than there are would
         # repeat some, merged silently.
         saved = len(resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times)
         if options.distance_times > saved:
-            raise ConfigError(f"experiment.options.distance_times={options.distance_times} asks for more times than "
-                              f"the {saved} saved; take at most {saved} (or raise saves).")
+            raise ConfigError(
+                f"experiment.options.distance_times={options.distance_times} asks for more times than "
+                f"the {saved} saved; take at most {saved} (or raise saves)."
+            )
 
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
         # lazy: start-up (the surrogate's optax and ott: fitting only, never `attnflow plot`)
@@ -138,10 +150,18 @@ class FlowMatching(Experiment):
         # inside its call).
         with Progress("flow matching", 3, unit="stages") as bar:
             bar.describe(f"flow matching: {options.train_steps} training steps")
-            field, train_loss, test_loss = jax.block_until_ready(fit_flow_matching(
-                field, tokens(train[:, 0]), tokens(train[:, -1]), key=k_fit, steps=options.train_steps,
-                batch_size=options.batch_size, learning_rate=options.learning_rate,
-                test=(tokens(test[:, 0]), tokens(test[:, -1]))))
+            field, train_loss, test_loss = jax.block_until_ready(
+                fit_flow_matching(
+                    field,
+                    tokens(train[:, 0]),
+                    tokens(train[:, -1]),
+                    key=k_fit,
+                    steps=options.train_steps,
+                    batch_size=options.batch_size,
+                    learning_rate=options.learning_rate,
+                    test=(tokens(test[:, 0]), tokens(test[:, -1])),
+                )
+            )
             bar.advance()
 
             bar.describe("flow matching: the held-out members carried by the surrogate")
@@ -157,40 +177,61 @@ class FlowMatching(Experiment):
             first = jnp.broadcast_to(test[:, :1], test[:, at].shape)
             pooled = lambda a: a.swapaxes(0, 1).reshape(a.shape[1], -1, d)  # (time, tokens of every member, dim)
             # Surrogate against attention at matched times, and attention against its start.
-            distances = compare(pooled(jnp.concatenate([pushed[:, at], first], 1)),
-                                pooled(jnp.concatenate([test[:, at], test[:, at]], 1)))
+            distances = compare(
+                pooled(jnp.concatenate([pushed[:, at], first], 1)),
+                pooled(jnp.concatenate([test[:, at], test[:, at]], 1)),
+            )
             surrogate_distance, attention_distance = np.asarray(distances).reshape(2, -1)
             # Whole configurations: each held-out member one point of R^(n d).
-            joint, joint_reference = np.asarray(compare(jnp.stack([pushed[:, -1], test[:, 0]]).reshape(2, held_out, -1),
-                                                        jnp.stack([test[:, -1], test[:, -1]]).reshape(2, held_out, -1)))
+            joint, joint_reference = np.asarray(
+                compare(
+                    jnp.stack([pushed[:, -1], test[:, 0]]).reshape(2, held_out, -1),
+                    jnp.stack([test[:, -1], test[:, -1]]).reshape(2, held_out, -1),
+                )
+            )
             bar.advance()
 
         test_members = ds["member"].values[-held_out:]
         described = lambda dims, value, text: (dims, np.asarray(value), {"description": text})
         derived = xr.Dataset(
             {
-                "surrogate_x": described(("test_member", "time", "token", "dim"), pushed,
-                                         "held-out tokens carried by the surrogate flow, at s = (t - t0)/(t1 - t0)"),
+                "surrogate_x": described(
+                    ("test_member", "time", "token", "dim"),
+                    pushed,
+                    "held-out tokens carried by the surrogate flow, at s = (t - t0)/(t1 - t0)",
+                ),
                 "train_loss": described(("step",), train_loss, "flow-matching loss on each step's minibatch"),
                 "test_loss": described(("step",), test_loss, "flow-matching loss on held-out pairs (times fixed)"),
                 "surrogate_distance": described(
-                    ("distance_time",), surrogate_distance,
-                    "Sinkhorn distance between the surrogate's and the attention flow's held-out tokens"),
+                    ("distance_time",),
+                    surrogate_distance,
+                    "Sinkhorn distance between the surrogate's and the attention flow's held-out tokens",
+                ),
                 "attention_distance": described(
-                    ("distance_time",), attention_distance,
-                    "Sinkhorn distance between the attention flow's held-out tokens and their initial positions"),
-                "end_distance": described((), surrogate_distance[-1],
-                                          "Sinkhorn distance between the two end ensembles of held-out tokens"),
-                "reference_distance": described((), attention_distance[-1],
-                                                "Sinkhorn distance between the initial and final attention ensembles"),
-                "distance_ratio": described((), surrogate_distance[-1] / attention_distance[-1],
-                                            "end_distance / reference_distance"),
+                    ("distance_time",),
+                    attention_distance,
+                    "Sinkhorn distance between the attention flow's held-out tokens and their initial positions",
+                ),
+                "end_distance": described(
+                    (), surrogate_distance[-1], "Sinkhorn distance between the two end ensembles of held-out tokens"
+                ),
+                "reference_distance": described(
+                    (), attention_distance[-1], "Sinkhorn distance between the initial and final attention ensembles"
+                ),
+                "distance_ratio": described(
+                    (), surrogate_distance[-1] / attention_distance[-1], "end_distance / reference_distance"
+                ),
                 "configuration_end_distance": described(
-                    (), joint, "Sinkhorn distance between the end configurations (each member a point of R^(n d))"),
+                    (), joint, "Sinkhorn distance between the end configurations (each member a point of R^(n d))"
+                ),
                 "configuration_reference_distance": described(
-                    (), joint_reference, "Sinkhorn distance between the initial and final attention configurations"),
-                "surrogate_min_norm": described((), jnp.min(jnp.linalg.norm(pushed, axis=-1)),
-                                                "smallest |x| along the surrogate's paths (1 on the sphere)"),
+                    (), joint_reference, "Sinkhorn distance between the initial and final attention configurations"
+                ),
+                "surrogate_min_norm": described(
+                    (),
+                    jnp.min(jnp.linalg.norm(pushed, axis=-1)),
+                    "smallest |x| along the surrogate's paths (1 on the sphere)",
+                ),
             },
             coords={"test_member": test_members, "distance_time": time[at], "step": np.arange(1, len(train_loss) + 1)},
         )
@@ -250,7 +291,7 @@ class FlowMatching(Experiment):
         steps = ds["step"].values
         window = max(1, len(steps) // 50)
         ax.plot(steps, ds["train_loss"].values, color="C0", linewidth=0.4, alpha=0.35)
-        ax.plot(steps[window - 1:], _smooth(ds["train_loss"].values, window), color="C0", label="training minibatch")
+        ax.plot(steps[window - 1 :], _smooth(ds["train_loss"].values, window), color="C0", label="training minibatch")
         ax.plot(steps, ds["test_loss"].values, color="C3", label="held-out pairs")
         ax.set_yscale("log")
         ax.set_xlabel("optimizer step")
@@ -260,10 +301,22 @@ class FlowMatching(Experiment):
 
         ax = fig.add_subplot(2, 3, 6)
         t = ds["distance_time"].values
-        ax.plot(t, ds["attention_distance"].values, "o-", color="0.4", markersize=3,
-                label="attention at t vs initial tokens")
-        ax.plot(t, ds["surrogate_distance"].values, "o-", color="C3", markersize=3,
-                label=r"surrogate at $s = t/T$ vs attention at t")
+        ax.plot(
+            t,
+            ds["attention_distance"].values,
+            "o-",
+            color="0.4",
+            markersize=3,
+            label="attention at t vs initial tokens",
+        )
+        ax.plot(
+            t,
+            ds["surrogate_distance"].values,
+            "o-",
+            color="C3",
+            markersize=3,
+            label=r"surrogate at $s = t/T$ vs attention at t",
+        )
         ax.set_xlabel("attention time t (surrogate time s = t / T)")
         ax.set_ylabel(rf"Sinkhorn distance $\sqrt{{S_\epsilon}}$, $\epsilon$ = {float(options['epsilon']):g}")
         top = max(ds["attention_distance"].values.max(), ds["surrogate_distance"].values.max())
@@ -277,19 +330,27 @@ class FlowMatching(Experiment):
         if "clusters" in ds:
             counts = ds["clusters"].sel(member=test_members).isel(time=-1).values
             common = int(np.bincount(counts.astype(int)).argmax())
-            clustered = (f" At t = {t1:g}, {int((counts == common).sum())} of {held_out} held-out members have "
-                         f"{common} cluster{'s' if common != 1 else ''} ($\\cos > 1 - {cfg['eps']:g}$).")
-        caption(fig, (
-            f"Q = K = V = I softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {n} tokens per member ({k} caps of radius "
-            f"{cfg['init'].get('radius')}, token colour = cap), $\\beta$ = {cfg['beta']}, T = {t1:g}, {cfg['solver']} "
-            f"with dt = {cfg['dt']}.{clustered} Surrogate v(s, x): MLP of one token and s ({options['depth']} x "
-            f"{options['width']} SiLU), trained by flow matching on straight paths $x_s = (1 - s)\\, x_0 + s\\, x_1$ "
-            f"for {options['train_steps']} Adam steps on the {members - held_out} training members' tokens, "
-            f"integrated with rk4 ({options['surrogate_steps']} steps). Held-out members: {held_out} ({held_out * n} tokens). "
-            f"End distance surrogate vs attention {float(ds['end_distance']):.3f} against {float(ds['reference_distance']):.3f} "
-            f"from initial to final attention ensemble (ratio {float(ds['distance_ratio']):.3f}); whole configurations "
-            f"(each member a point of $R^{{{n * cfg['d']}}}$): {float(ds['configuration_end_distance']):.3f} against "
-            f"{float(ds['configuration_reference_distance']):.3f}. The surrogate's chords dip to |x| = "
-            f"{float(ds['surrogate_min_norm']):.2f} inside the ball; the attention paths stay on the sphere. The loss "
-            f"stays above zero: a token's image depends on the other tokens, which v does not see."), width=150)
+            clustered = (
+                f" At t = {t1:g}, {int((counts == common).sum())} of {held_out} held-out members have "
+                f"{common} cluster{'s' if common != 1 else ''} ($\\cos > 1 - {cfg['eps']:g}$)."
+            )
+        caption(
+            fig,
+            (
+                f"Q = K = V = I softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {n} tokens per member ({k} caps of "
+                f"radius {cfg['init'].get('radius')}, token colour = cap), $\\beta$ = {cfg['beta']}, T = {t1:g}, "
+                f"{cfg['solver']} with dt = {cfg['dt']}.{clustered} Surrogate v(s, x): MLP of one token and s "
+                f"({options['depth']} x {options['width']} SiLU), trained by flow matching on straight paths $x_s = (1 "
+                f"- s)\\, x_0 + s\\, x_1$ for {options['train_steps']} Adam steps on the {members - held_out} training "
+                f"members' tokens, integrated with rk4 ({options['surrogate_steps']} steps). Held-out members: "
+                f"{held_out} ({held_out * n} tokens). End distance surrogate vs attention "
+                f"{float(ds['end_distance']):.3f} against {float(ds['reference_distance']):.3f} from initial to final "
+                f"attention ensemble (ratio {float(ds['distance_ratio']):.3f}); whole configurations (each member a "
+                f"point of $R^{{{n * cfg['d']}}}$): {float(ds['configuration_end_distance']):.3f} against "
+                f"{float(ds['configuration_reference_distance']):.3f}. The surrogate's chords dip to |x| = "
+                f"{float(ds['surrogate_min_norm']):.2f} inside the ball; the attention paths stay on the sphere. The "
+                "loss stays above zero: a token's image depends on the other tokens, which v does not see."
+            ),
+            width=150,
+        )
         return {"flow_matching": fig}

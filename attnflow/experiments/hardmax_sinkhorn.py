@@ -50,11 +50,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    bins: int = 40             # pair-cosine histogram bins over [-1, 1]
-    polygons: int = 6          # random k-gons
-    sides: int = 5             # k, the vertices of each
-    interior: int = 24         # interior tokens of each k-gon
-    kgon_t1: float = 8.0       # end time of the k-gon runs (rk4, dt = 0.05): a whole number of steps
+    bins: int = 40  # pair-cosine histogram bins over [-1, 1]
+    polygons: int = 6  # random k-gons
+    sides: int = 5  # k, the vertices of each
+    interior: int = 24  # interior tokens of each k-gon
+    kgon_t1: float = 8.0  # end time of the k-gon runs (rk4, dt = 0.05): a whole number of steps
 
 
 KGON_DT = 0.05  # the step of the k-gon runs
@@ -84,8 +84,13 @@ def kgon_runs(seed: int, polygons: int, sides: int, interior: int, t1: float, sa
     dt = KGON_DT
     steps = int(round(t1 / dt))
     every = max(steps // (saves - 1), 1)
-    run = jax.jit(jax.vmap(lambda y: simulate(field, y, t1=steps * dt, dt=dt, solver="rk4", save_every=every,
-                                              record=lambda t, x, f: {"x": x})))
+    run = jax.jit(
+        jax.vmap(
+            lambda y: simulate(
+                field, y, t1=steps * dt, dt=dt, solver="rk4", save_every=every, record=lambda t, x, f: {"x": x}
+            )
+        )
+    )
     sol = run(jnp.asarray(x0))
     return vertices, np.asarray(sol.stats["x"]), np.asarray(sol.ts[0])
 
@@ -100,16 +105,31 @@ def _kgon_results(out: xr.Dataset, vertices: np.ndarray, states: np.ndarray, tim
     target = np.take_along_axis(vertices, cell[..., None], axis=1)  # (polygon, interior, 2)
     predicted = target[:, None] + (inner0 - target)[:, None] * np.exp(-times)[None, :, None, None]
     out = out.assign_coords(grid=times)
-    out["kgon_vertices"] = xr.DataArray(vertices, dims=("polygon", "vertex", "dim"), attrs={
-        "description": "vertices of each random k-gon, uniform on the unit circle"})
-    out["kgon_x"] = xr.DataArray(states, dims=("polygon", "grid", "token", "dim"), attrs={
-        "description": "e^{-t} x(t) of the hardmax flow of each k-gon in the plane (the vertices first)"})
-    out["kgon_cell"] = xr.DataArray(cell.astype(np.int32), dims=("polygon", "interior"), attrs={
-        "description": "the vertex whose dominance cell holds each interior token at t = 0"})
-    out["kgon_vertex_motion"] = xr.DataArray(float(np.max(np.abs(states[:, :, :k] - vertices[:, None]))), attrs={
-        "description": "largest distance a vertex moved (0: vertices are stationary)"})
-    out["kgon_line_error"] = xr.DataArray(float(np.max(np.abs(states[:, :, k:] - predicted))), attrs={
-        "description": "largest distance between an interior token and v + (x(0) - v) exp(-t), v its cell's vertex"})
+    out["kgon_vertices"] = xr.DataArray(
+        vertices,
+        dims=("polygon", "vertex", "dim"),
+        attrs={"description": "vertices of each random k-gon, uniform on the unit circle"},
+    )
+    out["kgon_x"] = xr.DataArray(
+        states,
+        dims=("polygon", "grid", "token", "dim"),
+        attrs={"description": "e^{-t} x(t) of the hardmax flow of each k-gon in the plane (the vertices first)"},
+    )
+    out["kgon_cell"] = xr.DataArray(
+        cell.astype(np.int32),
+        dims=("polygon", "interior"),
+        attrs={"description": "the vertex whose dominance cell holds each interior token at t = 0"},
+    )
+    out["kgon_vertex_motion"] = xr.DataArray(
+        float(np.max(np.abs(states[:, :, :k] - vertices[:, None]))),
+        attrs={"description": "largest distance a vertex moved (0: vertices are stationary)"},
+    )
+    out["kgon_line_error"] = xr.DataArray(
+        float(np.max(np.abs(states[:, :, k:] - predicted))),
+        attrs={
+            "description": "largest distance between an interior token and v + (x(0) - v) exp(-t), v its cell's vertex"
+        },
+    )
     return out
 
 
@@ -130,20 +150,30 @@ class HardmaxSinkhorn(Experiment):
     def check(self) -> None:
         cfg, options = self.cfg, self.options
         if cfg.dynamics != "sa":
-            raise ConfigError(f"experiment hardmax_sinkhorn sets the dynamics of each panel itself: leave dynamics=sa, "
-                              f"got {cfg.dynamics}.")
+            raise ConfigError(
+                f"experiment hardmax_sinkhorn sets the dynamics of each panel itself: leave dynamics=sa, "
+                f"got {cfg.dynamics}."
+            )
         if cfg.norm != "sphere" or not cfg.save_states:
-            raise ConfigError("experiment hardmax_sinkhorn needs norm=sphere and save_states=true (the pair cosines at t1).")
-        for key, value, low in (("bins", options.bins, 2), ("polygons", options.polygons, 1),
-                                ("sides", options.sides, 3), ("interior", options.interior, 1)):
+            raise ConfigError(
+                "experiment hardmax_sinkhorn needs norm=sphere and save_states=true (the pair cosines at t1)."
+            )
+        for key, value, low in (
+            ("bins", options.bins, 2),
+            ("polygons", options.polygons, 1),
+            ("sides", options.sides, 3),
+            ("interior", options.interior, 1),
+        ):
             if not value >= low:
                 raise ConfigError(f"experiment.options.{key} must be at least {low}, got {value!r}.")
         # The k-gon runs take round(kgon_t1 / KGON_DT) steps: another time would end them elsewhere (below half a
         # step: at t = 0) without a word.
         steps = options.kgon_t1 / KGON_DT
         if not (steps >= 1 - 1e-6 and abs(steps - round(steps)) <= 1e-6 * round(steps)):
-            raise ConfigError(f"experiment.options.kgon_t1 must be a positive multiple of the k-gon runs' step "
-                              f"{KGON_DT:g}, got {options.kgon_t1!r}.")
+            raise ConfigError(
+                f"experiment.options.kgon_t1 must be a positive multiple of the k-gon runs' step "
+                f"{KGON_DT:g}, got {options.kgon_t1!r}."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         """Softmax at the config's betas, Sinkhorn at the same betas (with its column error
@@ -152,8 +182,11 @@ class HardmaxSinkhorn(Experiment):
         # their defaults: a changed value is refused where it does not apply).
         softmax = {key: value for key, value in base.items() if key not in ("sinkhorn", "hardmax")}
         sinkhorn = copy.deepcopy(softmax)
-        sinkhorn.update(dynamics="sinkhorn", sinkhorn=copy.deepcopy(base["sinkhorn"]),
-                        metrics=list(base["metrics"]) + ["marginal_error"])
+        sinkhorn.update(
+            dynamics="sinkhorn",
+            sinkhorn=copy.deepcopy(base["sinkhorn"]),
+            metrics=list(base["metrics"]) + ["marginal_error"],
+        )
         out = {"softmax": softmax, "sinkhorn": sinkhorn}
         for label, own in (("hardmax", True), ("hardmax_no_self", False)):
             hard = copy.deepcopy(softmax)
@@ -182,22 +215,48 @@ class HardmaxSinkhorn(Experiment):
                 columns.append(float(part["marginal_error"].max()) if "marginal_error" in part else np.nan)
         x0 = list(first.values())
         spread = max(float(np.max(np.abs(x - x0[0]))) for x in x0)
-        out = xr.Dataset(coords={"case": cases, "member": results["softmax"]["member"].values,
-                                 "cosine": (edges[1:] + edges[:-1]) / 2})
-        out["final_clusters"] = xr.DataArray(np.stack(finals).astype(np.int32), dims=("case", "member"), attrs={
-            "description": f"clusters (cos > 1 - {cfg.eps:g}) of every member at t = {cfg.t1:g}"})
-        out["initial_clusters"] = xr.DataArray(np.stack(initials).astype(np.int32), dims=("case", "member"), attrs={
-            "description": "clusters of every member at t = t0"})
-        out["pair_cosine_histogram"] = xr.DataArray(np.stack(histograms), dims=("case", "cosine"), attrs={
-            "description": f"fraction of the pairs i < j of all members whose cosine at t = {cfg.t1:g} falls in the "
-                           "bin"})
-        out["sinkhorn_marginal_error"] = xr.DataArray(np.asarray(columns), dims="case", attrs={
-            "description": "largest column-sum error max_j |sum_i a_ij - 1| over the members and saved times (sinkhorn "
-                           "only, NaN otherwise)"})
-        out["initial_token_spread"] = xr.DataArray(spread, attrs={
-            "description": "largest difference between the initial tokens of any two cases (0: the same tokens)"})
-        vertices, states, times = kgon_runs(cfg.seed, options.polygons, options.sides, options.interior,
-                                            options.kgon_t1)
+        out = xr.Dataset(
+            coords={
+                "case": cases,
+                "member": results["softmax"]["member"].values,
+                "cosine": (edges[1:] + edges[:-1]) / 2,
+            }
+        )
+        out["final_clusters"] = xr.DataArray(
+            np.stack(finals).astype(np.int32),
+            dims=("case", "member"),
+            attrs={"description": f"clusters (cos > 1 - {cfg.eps:g}) of every member at t = {cfg.t1:g}"},
+        )
+        out["initial_clusters"] = xr.DataArray(
+            np.stack(initials).astype(np.int32),
+            dims=("case", "member"),
+            attrs={"description": "clusters of every member at t = t0"},
+        )
+        out["pair_cosine_histogram"] = xr.DataArray(
+            np.stack(histograms),
+            dims=("case", "cosine"),
+            attrs={
+                "description": f"fraction of the pairs i < j of all members whose cosine at t = {cfg.t1:g} falls in "
+                "the bin"
+            },
+        )
+        out["sinkhorn_marginal_error"] = xr.DataArray(
+            np.asarray(columns),
+            dims="case",
+            attrs={
+                "description": "largest column-sum error max_j |sum_i a_ij - 1| over the members and saved times "
+                "(sinkhorn only, NaN otherwise)"
+            },
+        )
+        out["initial_token_spread"] = xr.DataArray(
+            spread,
+            attrs={
+                "description": "largest difference between the initial tokens of any two cases (0: the same tokens)"
+            },
+        )
+        vertices, states, times = kgon_runs(
+            cfg.seed, options.polygons, options.sides, options.interior, options.kgon_t1
+        )
         out = _kgon_results(out, vertices, states, times)
         return out
 
@@ -214,16 +273,23 @@ class HardmaxSinkhorn(Experiment):
         for body, colour in zip(parts["bodies"], colours):
             body.set_color(colour)
         ax.set_xticks(range(len(cases)))
-        ax.set_xticklabels([c.replace(" beta=", "\n" r"$\beta$=").replace("_no_self", "\n" r"$j \neq i$")
-                            for c in cases], fontsize=6)
+        ax.set_xticklabels(
+            [c.replace(" beta=", "\n" r"$\beta$=").replace("_no_self", "\n" r"$j \neq i$") for c in cases], fontsize=6
+        )
         ax.set_yscale("log")
         ax.set_ylabel(f"clusters at t = {cfg['t1']:g}")
         ax.set_title(f"cluster count over {ds.sizes['member']} members")
         ax = fig.add_subplot(grid[0, 2:])
         centres = ds["cosine"].values
         for c, colour in zip(cases, colours):
-            ax.step(centres, ds["pair_cosine_histogram"].sel(case=c).values, where="mid", color=colour,
-                    linestyle="--" if c.startswith("sinkhorn") else "-", label=c)
+            ax.step(
+                centres,
+                ds["pair_cosine_histogram"].sel(case=c).values,
+                where="mid",
+                color=colour,
+                linestyle="--" if c.startswith("sinkhorn") else "-",
+                label=c,
+            )
         ax.set_yscale("log")
         ax.set_xlabel(r"$\cos(x_i, x_j)$ at $t_1$, pairs $i < j$")
         ax.set_ylabel("fraction of pairs")
@@ -233,16 +299,20 @@ class HardmaxSinkhorn(Experiment):
         for p in range(polygons):
             _draw_cells(fig.add_subplot(grid[1, p]), ds, p)
         sink = ds["sinkhorn_marginal_error"].values
-        caption(fig, (
-            f"Top: Q = K = V = I on the circle, n = {cfg['n']}, the same {ds.sizes['member']} initial token sets under "
-            f"softmax and Sinkhorn attention ({cfg['sinkhorn']['iterations']} iterations; column-sum error at most "
-            f"{np.nanmax(sink):.1e}) at each beta, and hardmax with and without self-attention, {cfg['solver']} dt = "
-            f"{cfg['dt']} to t = {cfg['t1']:g}. Hardmax with self-attention is frozen (every token its own maximiser). "
-            f"Bottom: dominance cells of random {ds.sizes['vertex']}-gons (vertices on the unit circle) and the "
-            f"hardmax flow of interior tokens in the plane, rescaled (y = exp(-t) x, the Frank-Wolfe flow): each runs "
-            f"straight to the vertex v of its cell, y(t) = v + (y(0) - v) exp(-t) to "
-            f"{float(ds['kgon_line_error']):.0e}; the vertices move by {float(ds['kgon_vertex_motion']):.0e}."),
-            width=190)
+        caption(
+            fig,
+            (
+                f"Top: Q = K = V = I on the circle, n = {cfg['n']}, the same {ds.sizes['member']} initial token sets "
+                f"under softmax and Sinkhorn attention ({cfg['sinkhorn']['iterations']} iterations; column-sum error "
+                f"at most {np.nanmax(sink):.1e}) at each beta, and hardmax with and without self-attention, "
+                f"{cfg['solver']} dt = {cfg['dt']} to t = {cfg['t1']:g}. Hardmax with self-attention is frozen (every "
+                f"token its own maximiser). Bottom: dominance cells of random {ds.sizes['vertex']}-gons (vertices on "
+                "the unit circle) and the hardmax flow of interior tokens in the plane, rescaled (y = exp(-t) x, the "
+                "Frank-Wolfe flow): each runs straight to the vertex v of its cell, y(t) = v + (y(0) - v) exp(-t) to "
+                f"{float(ds['kgon_line_error']):.0e}; the vertices move by {float(ds['kgon_vertex_motion']):.0e}."
+            ),
+            width=190,
+        )
         return {"hardmax_sinkhorn": fig}
 
 
@@ -261,8 +331,16 @@ def _draw_cells(ax, ds: xr.Dataset, p: int) -> None:
     gx, gy = np.meshgrid(side, side)
     owner = np.argmax(np.stack([gx, gy], -1) @ vertices.T, axis=-1)
     cmap = colormap("tab10")
-    ax.imshow(owner, extent=(-1.1, 1.1, -1.1, 1.1), origin="lower", cmap=cmap, vmin=0, vmax=9, alpha=0.25,
-              interpolation="nearest")
+    ax.imshow(
+        owner,
+        extent=(-1.1, 1.1, -1.1, 1.1),
+        origin="lower",
+        cmap=cmap,
+        vmin=0,
+        vmax=9,
+        alpha=0.25,
+        interpolation="nearest",
+    )
     closed = np.vstack([vertices, vertices[:1]])
     ax.plot(closed[:, 0], closed[:, 1], color="0.3", linewidth=0.8)
     x = ds["kgon_x"].isel(polygon=p).values  # (time, token, 2)

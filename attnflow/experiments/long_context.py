@@ -44,9 +44,9 @@ the stored cosine is the mean over the sampled pairs.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 import math
 import numbers
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import jax
@@ -65,6 +65,7 @@ from ._experiment import Counter, Experiment, Keeper
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+
 @dataclass
 class Options:
     rho: list[float] = field(default_factory=lambda: [0.5])  # pairwise correlation(s) of the input tokens, in (0, 1)
@@ -73,6 +74,8 @@ class Options:
     n_max: int | None = None  # null: 1e5 on a CPU, 1e6 on a GPU
     n_count: int = 7  # n log-spaced from n_min to n_max
     rows: int = 64  # query tokens sampled; the cosine is the mean over their pairs
+
+
 # The config keys the experiment reads; any other key given is refused.
 _READ_KEYS = ("d", "dtype", "seed", "attention_block", "experiment", *NOT_RESULT_KEYS)
 # Copies of the largest token set held at once (the tokens, their tiles of keys and of
@@ -87,14 +90,16 @@ def default_n_max() -> int:
 
 def _numbers(name: str, values, low: float, high: float | None) -> list[float]:
     if not isinstance(values, (list, tuple)) or not values:
-        raise ConfigError(f"experiment.options.{name} of experiment long_context must be a non-empty list of "
-                          f"numbers, got {values!r}.")
+        raise ConfigError(
+            f"experiment.options.{name} of experiment long_context must be a non-empty list of numbers, got {values!r}."
+        )
     for v in values:
         inside = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > low
         if not inside or (high is not None and v >= high):
             where = f"in ({low:g}, {high:g})" if high is not None else f"above {low:g}"
-            raise ConfigError(f"every experiment.options.{name} of experiment long_context must lie {where}, "
-                              f"got {v!r}.")
+            raise ConfigError(
+                f"every experiment.options.{name} of experiment long_context must lie {where}, got {v!r}."
+            )
     return [float(v) for v in values]
 
 
@@ -191,13 +196,14 @@ def long_context_dataset(cfg: Config, options: Options, on_piece=None, keep=None
     out = {name: np.full(shape, np.nan) for name in ("cosine", "cosine_q10", "cosine_q90", "weight_factor")}
     spread = np.full(shape[:2], np.nan)
     key = jax.random.key(cfg.seed)
+
     def measure(a, rho, n) -> dict:  # a: the index of rho; n: a NumPy integer of the sizes
         rows = sample_rows(int(n), options.rows)
-        x = equiangular_tokens(jax.random.fold_in(jax.random.fold_in(key, a), int(n)), int(n), cfg.d, rho, dtype,
-                               rows)
+        x = equiangular_tokens(jax.random.fold_in(jax.random.fold_in(key, a), int(n)), int(n), cfg.d, rho, dtype, rows)
         betas = jnp.asarray(ratios / (1 - rho) * np.log(n), dtype)
-        (mean, q10, q90, factor), sd = jax.device_get(_measure_jit(x, jnp.asarray(rows), betas,
-                                                                   jnp.asarray(rho, dtype), block=cfg.attention_block))
+        (mean, q10, q90, factor), sd = jax.device_get(
+            _measure_jit(x, jnp.asarray(rows), betas, jnp.asarray(rho, dtype), block=cfg.attention_block)
+        )
         return {"cosine": mean, "cosine_q10": q10, "cosine_q90": q90, "weight_factor": factor, "spread": sd}
 
     for a, rho in enumerate(rhos):
@@ -222,32 +228,38 @@ def _dataset(cfg, rhos, ns, ratios, out, spread) -> xr.Dataset:
         "cosine_q10": "10th percentile over the sampled pairs of the output cosine",
         "cosine_q90": "90th percentile over the sampled pairs of the output cosine",
         "weight_factor": "mean over sampled rows of (1/(n-1)) sum_{j != i} exp(beta (<x_i, x_j> - rho)): 1 for "
-                         "exactly equiangular tokens",
+        "exactly equiangular tokens",
     }
     for name, text in described.items():
         ds[name] = xr.DataArray(out[name], dims=dims).assign_attrs(description=text)
     ds["gamma"] = xr.DataArray(gamma[:, 0, :], dims=("rho", "gamma_critical")).assign_attrs(
-        description="gamma = gamma_critical / (1 - rho)")
+        description="gamma = gamma_critical / (1 - rho)"
+    )
     ds["beta"] = xr.DataArray(beta, dims=dims).assign_attrs(description="beta = gamma log n")
     exact = equiangular_cosine(ns[None, :, None], rhos[:, None, None], beta)
     ds["exact"] = xr.DataArray(exact, dims=dims).assign_attrs(
-        description="the output cosine for exactly equiangular tokens at this n (closed form)")
-    ds["asymptotic"] = xr.DataArray(asymptotic_cosine(w / ns[None, :, None], rhos[:, None, None]),
-                                    dims=dims).assign_attrs(
-        description="rho (1 + s)^2 / (s^2 + 2 s rho + rho) with s = exp(beta (1 - rho)) / n")
+        description="the output cosine for exactly equiangular tokens at this n (closed form)"
+    )
+    ds["asymptotic"] = xr.DataArray(
+        asymptotic_cosine(w / ns[None, :, None], rhos[:, None, None]), dims=dims
+    ).assign_attrs(description="rho (1 + s)^2 / (s^2 + 2 s rho + rho) with s = exp(beta (1 - rho)) / n")
     limit = limit_cosine(ratios[None, :], rhos[:, None])
     ds["limit"] = xr.DataArray(limit, dims=("rho", "gamma_critical")).assign_attrs(
-        description="the limit as n -> infinity: 1 below the critical gamma, 4 rho / (1 + 3 rho) at it, rho above")
+        description="the limit as n -> infinity: 1 below the critical gamma, 4 rho / (1 + 3 rho) at it, rho above"
+    )
     ds["inner_product_spread"] = xr.DataArray(spread, dims=("rho", "n")).assign_attrs(
-        description="root mean square of <x_i, x_j> - rho over sampled i and all j != i")
+        description="root mean square of <x_i, x_j> - rho over sampled i and all j != i"
+    )
     ds.attrs["d"] = cfg.d
     return ds
 
 
 class LongContext(Experiment):
     title = "The long-context phase transition: output cosines of one attention layer at beta = gamma log n"
-    paper = ("Chen, Lin, Polyanskiy, Rigollet, \"Critical attention scaling in long-context transformers\" (2025); "
-             "closed form at finite n: tests/README.md")
+    paper = (
+        'Chen, Lin, Polyanskiy, Rigollet, "Critical attention scaling in long-context transformers" (2025); '
+        "closed form at finite n: tests/README.md"
+    )
     Options = Options
     coordinates = {
         "rho": ("cosine rho between any two input tokens (equiangular inputs)", "1"),
@@ -258,48 +270,71 @@ class LongContext(Experiment):
         cfg, options = self.cfg, self.options
         _numbers("rho", options.rho, 0.0, 1.0)
         _numbers("gamma_critical", options.gamma_critical, 0.0, None)
-        for name, value, minimum in (("n_min", options.n_min, 2), ("n_count", options.n_count, 1),
-                                     ("rows", options.rows, 2)):
+        for name, value, minimum in (
+            ("n_min", options.n_min, 2),
+            ("n_count", options.n_count, 1),
+            ("rows", options.rows, 2),
+        ):
             if not whole_number(value, minimum):
-                raise ConfigError(f"experiment.options.{name} of experiment long_context must be a whole number >= "
-                                  f"{minimum}, got {value!r}.")
+                raise ConfigError(
+                    f"experiment.options.{name} of experiment long_context must be a whole number >= "
+                    f"{minimum}, got {value!r}."
+                )
         top = options.n_max
         if top is not None and not (whole_number(top, 2) and top >= options.n_min):
-            raise ConfigError(f"experiment.options.n_max of experiment long_context must be null or a whole number "
-                              f"from n_min={options.n_min} on, got {top!r}.")
+            raise ConfigError(
+                f"experiment.options.n_max of experiment long_context must be null or a whole number "
+                f"from n_min={options.n_min} on, got {top!r}."
+            )
         if options.n_count == 1 and top is not None and top != options.n_min:
-            raise ConfigError(f"experiment.options.n_max={top} does not apply with experiment.options.n_count=1 (the "
-                              f"one n is n_min={options.n_min}); remove it or raise n_count.")
+            raise ConfigError(
+                f"experiment.options.n_max={top} does not apply with experiment.options.n_count=1 (the "
+                f"one n is n_min={options.n_min}); remove it or raise n_count."
+            )
         # The sizes are rounded to whole numbers and merged where they meet: fewer than n_count would be run.
         ns = sizes(options.n_min, options.n_max, options.n_count)
         found = len(ns)
         if found < options.n_count:
-            raise ConfigError(f"experiment.options.n_count={options.n_count} log-spaced sizes from "
-                              f"n_min={options.n_min} to n_max={top or default_n_max()} round to {found} different n; "
-                              "lower n_count or widen the range.")
+            raise ConfigError(
+                f"experiment.options.n_count={options.n_count} log-spaced sizes from "
+                f"n_min={options.n_min} to n_max={top or default_n_max()} round to {found} different n; "
+                "lower n_count or widen the range."
+            )
         if options.rows > options.n_min:
-            raise ConfigError(f"experiment.options.rows={options.rows} query tokens cannot be sampled from "
-                              f"n_min={options.n_min} tokens; take rows <= n_min.")
+            raise ConfigError(
+                f"experiment.options.rows={options.rows} query tokens cannot be sampled from "
+                f"n_min={options.n_min} tokens; take rows <= n_min."
+            )
         if whole_number(cfg.d, 3) and options.rows > cfg.d - 1:
-            raise ConfigError(f"experiment.options.rows={options.rows} sampled tokens are made exactly equiangular "
-                              f"(orthonormal in u-perp), which needs rows <= d - 1 = {cfg.d - 1}; lower rows or "
-                              "raise d.")
+            raise ConfigError(
+                f"experiment.options.rows={options.rows} sampled tokens are made exactly equiangular "
+                f"(orthonormal in u-perp), which needs rows <= d - 1 = {cfg.d - 1}; lower rows or "
+                "raise d."
+            )
         if not (whole_number(cfg.d, 3)):
-            raise ConfigError(f"experiment long_context needs d >= 3 (a direction u and the sphere of u-perp), "
-                              f"got d={cfg.d!r}.")
+            raise ConfigError(
+                f"experiment long_context needs d >= 3 (a direction u and the sphere of u-perp), got d={cfg.d!r}."
+            )
         if cfg.attention_block is not None and not whole_number(cfg.attention_block, 0):
-            raise ConfigError(f"attention_block must be null, 0 or a positive whole number, "
-                              f"got {cfg.attention_block!r}.")
-        refuse_given(cfg, [f.name for f in dataclasses.fields(Config) if f.name not in _READ_KEYS], "long_context",
-                     "one Q = K = V = I softmax layer on its own tokens: it reads d, dtype, seed and attention_block, "
-                     "and n and beta come from its options")
+            raise ConfigError(
+                f"attention_block must be null, 0 or a positive whole number, got {cfg.attention_block!r}."
+            )
+        refuse_given(
+            cfg,
+            [f.name for f in dataclasses.fields(Config) if f.name not in _READ_KEYS],
+            "long_context",
+            "one Q = K = V = I softmax layer on its own tokens: it reads d, dtype, seed and attention_block, "
+            "and n and beta come from its options",
+        )
         itemsize = 4 if cfg.dtype.value == "float32" else 8
         need = _COPIES * int(ns[-1]) * cfg.d * itemsize
         memory = available_memory()
         if need > memory:
-            raise ConfigError(f"the largest token set needs about {need / 2**30:.1f} GiB (n={ns[-1]}, "
-                              f"d={cfg.d}, {_COPIES} copies at once), more than the {memory / 2**30:.1f} GiB "
-                              "available; lower d or experiment.options.n_max.")
+            raise ConfigError(
+                f"the largest token set needs about {need / 2**30:.1f} GiB (n={ns[-1]}, "
+                f"d={cfg.d}, {_COPIES} copies at once), more than the {memory / 2**30:.1f} GiB "
+                "available; lower d or experiment.options.n_max."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         return {}  # everything is computed in `analyse`: one SelfAttention program per n
@@ -340,8 +375,10 @@ class LongContext(Experiment):
             left.set_xscale("log")
             left.set_xlabel("n (tokens)")
             left.set_ylabel("cosine between two outputs")
-            left.set_title(f"(a) $\\rho$ = {rho:g}: measured (dots, 10-90% band), exact equiangular (lines), limits (dashed)",
-                           fontsize=9)
+            left.set_title(
+                f"(a) $\\rho$ = {rho:g}: measured (dots, 10-90% band), exact equiangular (lines), limits (dashed)",
+                fontsize=9,
+            )
             right.set_xlabel("n (tokens)")
             right.set_ylabel("|cosine - limit|")
             right.set_title(f"(b) $\\rho$ = {rho:g}: distance to the limit, measured (dots) and equiangular (dotted)")
@@ -353,14 +390,16 @@ class LongContext(Experiment):
 def _caption(ds, cfg) -> str:
     ns = ds["n"].values
     rho0 = float(ds["rho"].values[0])
-    text = (f"One softmax attention layer, Q = K = V = I, on n tokens $x_i = \\sqrt{{\\rho}}\\, u + \\sqrt{{1 - \\rho}}\\, z_i$ in d = "
-            f"{ds.attrs['d']} dimensions ($z_i$ uniform on the sphere of u-perp: approximately equiangular, inner "
-            f"products $\\rho$ with root-mean-square deviation {float(ds['inner_product_spread'].max()):.3f}), at "
-            f"$\\beta = \\gamma \\log n$, n from {ns[0]} to {ns[-1]}; the cosine between two outputs $y_i = \\sum_j a_{{ij}} x_j$, "
-            f"mean over the pairs of {cfg['experiment']['options']['rows']} sampled query tokens, each attending to "
-            f"all n keys. Below the critical $\\gamma = 1/(1 - \\rho)$ the outputs collapse (cosine $\\to$ 1), at it the "
-            f"cosine tends to $4 \\rho / (1 + 3 \\rho)$ ({4 * rho0 / (1 + 3 * rho0):.3f} at $\\rho$ = {rho0:g}), above it "
-            "to $\\rho$. ")
+    text = (
+        "One softmax attention layer, Q = K = V = I, on n tokens $x_i = \\sqrt{\\rho}\\, u + \\sqrt{1 - \\rho}\\, z_i$ "
+        f"in d = {ds.attrs['d']} dimensions ($z_i$ uniform on the sphere of u-perp: approximately equiangular, inner "
+        f"products $\\rho$ with root-mean-square deviation {float(ds['inner_product_spread'].max()):.3f}), at "
+        f"$\\beta = \\gamma \\log n$, n from {ns[0]} to {ns[-1]}; the cosine between two outputs $y_i = \\sum_j "
+        f"a_{{ij}} x_j$, mean over the pairs of {cfg['experiment']['options']['rows']} sampled query tokens, each "
+        "attending to all n keys. Below the critical $\\gamma = 1/(1 - \\rho)$ the outputs collapse (cosine $\\to$ 1), "
+        f"at it the cosine tends to $4 \\rho / (1 + 3 \\rho)$ ({4 * rho0 / (1 + 3 * rho0):.3f} at $\\rho$ = {rho0:g}), "
+        "above it to $\\rho$. "
+    )
     last = ds.isel(n=-1)
     gaps = np.abs(last["cosine"] - last["exact"]).max().item()
     text += f"At n = {ns[-1]} the measured cosines lie within {gaps:.4f} of the exact equiangular curves."
@@ -370,9 +409,11 @@ def _caption(ds, cfg) -> str:
         factor = ds["weight_factor"].isel(gamma_critical=critical[0]).max().item()
         measured = np.abs(at["cosine"] - at["limit"]).max().item()
         exact = np.abs(at["exact"] - at["limit"]).max().item()
-        text += (f" At the critical $\\gamma$ the measured distance to the limit is {measured:.4f} "
-                 f"at n = {ns[-1]} against {exact:.1e} for exactly equiangular "
-                 "tokens: there $\\beta = \\log n / (1 - \\rho)$ makes the deviation from equiangularity count, the "
-                 "off-diagonal weights growing on average by the weight factor, up to "
-                 f"{factor:.3f} (1 for exact tokens).")
+        text += (
+            f" At the critical $\\gamma$ the measured distance to the limit is {measured:.4f} "
+            f"at n = {ns[-1]} against {exact:.1e} for exactly equiangular "
+            "tokens: there $\\beta = \\log n / (1 - \\rho)$ makes the deviation from equiangularity count, the "
+            "off-diagonal weights growing on average by the weight factor, up to "
+            f"{factor:.3f} (1 for exact tokens)."
+        )
     return text

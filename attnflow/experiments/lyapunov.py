@@ -119,9 +119,17 @@ def consensus_rate(cfg: Config, beta: float) -> float | None:
     def plain(spec) -> bool:
         return spec.kind == "identity" and not spec.switch_times and not spec.factors and spec.poly is None
 
-    if not (cfg.norm == "sphere" and cfg.attention and not cfg.mlp.enabled and not cfg.causal and cfg.alibi is None
-            and all(plain(getattr(w, m)) for m in "qkv") and w.o.kind == "none"
-            and cfg.d_k in (None, cfg.d) and cfg.d_v in (None, cfg.d)):
+    if not (
+        cfg.norm == "sphere"
+        and cfg.attention
+        and not cfg.mlp.enabled
+        and not cfg.causal
+        and cfg.alibi is None
+        and all(plain(getattr(w, m)) for m in "qkv")
+        and w.o.kind == "none"
+        and cfg.d_k in (None, cfg.d)
+        and cfg.d_v in (None, cfg.d)
+    ):
         return None
     uniform = 1.0 if cfg.dynamics.value == "sa" else math.exp(beta * w.q.scale * w.k.scale)
     return cfg.heads * w.v.scale * uniform
@@ -133,9 +141,15 @@ def rotation_equivariant(cfg: Config) -> bool:
     polynomial factors allowed), no output matrix, on the sphere or without
     normalization. Masks and ALiBi act on positions, not on R^d, and keep it."""
     w = cfg.weights
-    return (cfg.attention and not cfg.mlp.enabled and cfg.norm in ("sphere", "none") and w.o.kind == "none"
-            and all(getattr(w, m).kind == "identity" for m in "qkv") and cfg.d_k in (None, cfg.d)
-            and cfg.d_v in (None, cfg.d))
+    return (
+        cfg.attention
+        and not cfg.mlp.enabled
+        and cfg.norm in ("sphere", "none")
+        and w.o.kind == "none"
+        and all(getattr(w, m).kind == "identity" for m in "qkv")
+        and cfg.d_k in (None, cfg.d)
+        and cfg.d_v in (None, cfg.d)
+    )
 
 
 def consensus_spectrum(cfg: Config, beta: float, k: int) -> np.ndarray:
@@ -160,15 +174,16 @@ def transverse_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
     ones, on their own dimension `transverse` (numbered from 1), with their closed form at
     consensus (-c, every one) and the share of members at consensus."""
     index = np.arange(1, k + 1)
-    coords = {"beta": spectra.betas, "member": np.arange(cfg.members), "transverse": index,
-              "time": spectra.times}
+    coords = {"beta": spectra.betas, "member": np.arange(cfg.members), "transverse": index, "time": spectra.times}
     ds = xr.Dataset(coords=coords)
     dims = ("beta", "member", "transverse")
     ds["transverse_exponents"] = xr.DataArray(spectra.exponents, dims=dims).assign_attrs(
         description=f"finite-time Lyapunov exponents over [t0, t1] = [{cfg.t0:g}, {cfg.t1:g}] of deviations kept "
-                    "orthogonal to the rotation orbit (the zeros forced by the symmetry removed), descending")
+        "orthogonal to the rotation orbit (the zeros forced by the symmetry removed), descending"
+    )
     ds["late_transverse_exponents"] = xr.DataArray(spectra.late, dims=dims).assign_attrs(
-        description=f"transverse exponents over [{spectra.window:g}, {cfg.t1:g}] (the second half of the QR times)")
+        description=f"transverse exponents over [{spectra.window:g}, {cfg.t1:g}] (the second half of the QR times)"
+    )
     for name in ("transverse_exponents", "late_transverse_exponents"):
         summary = member_summary(ds[name])
         for key in ("q10", "median", "q90"):
@@ -177,12 +192,12 @@ def transverse_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
     summary = member_summary(running)
     for key in ("q10", "median", "q90"):
         ds[f"transverse_running_{key}"] = summary[f"running_{key}"].assign_attrs(
-            description=f"{PERCENTILES[key]} over members of the transverse exponents over [t0, time]")
-    rates = np.array([consensus_rate(cfg, b) if consensus_rate(cfg, b) is not None else np.nan
-                      for b in spectra.betas])
-    ds["transverse_consensus"] = xr.DataArray(np.broadcast_to(-rates[:, None], (len(rates), k)).copy(),
-                                              dims=("beta", "transverse")).assign_attrs(
-        description="the transverse exponents at consensus in closed form: -c, every one (NaN without it)")
+            description=f"{PERCENTILES[key]} over members of the transverse exponents over [t0, time]"
+        )
+    rates = np.array([consensus_rate(cfg, b) if consensus_rate(cfg, b) is not None else np.nan for b in spectra.betas])
+    ds["transverse_consensus"] = xr.DataArray(
+        np.broadcast_to(-rates[:, None], (len(rates), k)).copy(), dims=("beta", "transverse")
+    ).assign_attrs(description="the transverse exponents at consensus in closed form: -c, every one (NaN without it)")
     return ds
 
 
@@ -194,10 +209,12 @@ def spectrum_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
     coords = {"beta": spectra.betas, "member": np.arange(cfg.members), "exponent": index, "time": spectra.times}
     ds = xr.Dataset(coords=coords)
     ds["exponents"] = xr.DataArray(spectra.exponents, dims=("beta", "member", "exponent")).assign_attrs(
-        description=f"finite-time Lyapunov exponents over [t0, t1] = [{cfg.t0:g}, {cfg.t1:g}], descending")
+        description=f"finite-time Lyapunov exponents over [t0, t1] = [{cfg.t0:g}, {cfg.t1:g}], descending"
+    )
     ds["late_exponents"] = xr.DataArray(spectra.late, dims=("beta", "member", "exponent")).assign_attrs(
         description=f"exponents over [{spectra.window:g}, {cfg.t1:g}] (the second half of the QR times: the "
-                    "transient of the start left out), of the same deviation vectors as `exponents`")
+        "transient of the start left out), of the same deviation vectors as `exponents`"
+    )
     for name in ("exponents", "late_exponents"):
         summary = member_summary(ds[name])
         for key in ("q10", "median", "q90"):
@@ -206,20 +223,28 @@ def spectrum_dataset(cfg: Config, spectra: Spectra, k: int) -> xr.Dataset:
     summary = member_summary(running)
     for key in ("q10", "median", "q90"):
         ds[f"running_{key}"] = summary[f"running_{key}"].assign_attrs(
-            description=f"{PERCENTILES[key]} over members of the exponents over [t0, time] (their convergence in T)")
-    ds["consensus"] = xr.DataArray(np.stack([consensus_spectrum(cfg, b, k) for b in spectra.betas]),
-                                   dims=("beta", "exponent")).assign_attrs(
+            description=f"{PERCENTILES[key]} over members of the exponents over [t0, time] (their convergence in T)"
+        )
+    ds["consensus"] = xr.DataArray(
+        np.stack([consensus_spectrum(cfg, b, k) for b in spectra.betas]), dims=("beta", "exponent")
+    ).assign_attrs(
         description="the exponents at consensus in closed form: 0 (d - 1 times), -c ((n - 1)(d - 1) times); NaN "
-                    "where the config has no closed form")
+        "where the config has no closed form"
+    )
     ds["late_window"] = xr.DataArray(spectra.window).assign_attrs(description="start of the late window")
     if k >= cfg.d:
         # The first contracting exponent at consensus, index d: within 10% of -c over the
         # late window means the member sat at consensus there.
         rate = -ds["consensus"].sel(exponent=cfg.d)
         close = np.abs(ds["late_exponents"].sel(exponent=cfg.d) - (-rate)) < 0.1 * np.abs(rate)
-        ds["consensus_fraction"] = close.mean("member").where(np.isfinite(rate) & (rate != 0)).assign_attrs(
-            description=f"share of members whose late lambda_{cfg.d} is within 10% of its consensus value -c: at "
-                        "consensus over the late window (NaN without a closed form)")
+        ds["consensus_fraction"] = (
+            close.mean("member")
+            .where(np.isfinite(rate) & (rate != 0))
+            .assign_attrs(
+                description=f"share of members whose late lambda_{cfg.d} is within 10% of its consensus value -c: at "
+                "consensus over the late window (NaN without a closed form)"
+            )
+        )
     return ds
 
 
@@ -244,12 +269,16 @@ def _sample(values, count: int) -> list[int]:
 
 class Lyapunov(Experiment):
     title = "Lyapunov spectrum against beta: the consensus spectrum and metastability"
-    paper = ("Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
-             "consensus spectrum: tests/README.md, section 11")
+    paper = (
+        "Neural ODE Transformers, sec. 5.2 and app. B (Lyapunov exponents of the dynamics); "
+        "consensus spectrum: tests/README.md, section 11"
+    )
     Options = Options
     coordinates = {
-        "transverse": ("rank of a transverse Lyapunov exponent (the zeros a symmetry forces left out), largest "
-                       "first", "1"),
+        "transverse": (
+            "rank of a transverse Lyapunov exponent (the zeros a symmetry forces left out), largest first",
+            "1",
+        ),
     }
 
     def check(self) -> None:
@@ -271,7 +300,8 @@ class Lyapunov(Experiment):
                 raise ConfigError(
                     f"at beta={beta:g} the tokens contract at consensus at rate c = {rate:.4g}, too fast for "
                     f"{study.solver.value} with dt={study.dt:g} (stable while c dt <= {limit:.3g}); take dt below "
-                    f"{limit / rate:.3g} or smaller betas.")
+                    f"{limit / rate:.3g} or smaller betas."
+                )
 
     def panels(self, base: dict) -> dict[str, dict]:
         return {}  # everything is computed in `analyse`: one compiled spectrum program
@@ -284,8 +314,9 @@ class Lyapunov(Experiment):
         ds = spectrum_dataset(study, ensemble_spectra(resolved, k, every), k)
         if rotation_equivariant(study) and transverse_count(study, k) >= 1:
             count = transverse_count(study, k)
-            ds = ds.merge(transverse_dataset(study, ensemble_spectra(resolved, count, every, quotient=rotation_orbit),
-                                             count))
+            ds = ds.merge(
+                transverse_dataset(study, ensemble_spectra(resolved, count, every, quotient=rotation_orbit), count)
+            )
         return ds
 
     @staticmethod
@@ -296,8 +327,9 @@ class Lyapunov(Experiment):
         drawn = _drawn_exponents(ds, d)
         colors = {drawn[0]: "C0", drawn[-1]: "C3"}
         transverse = "transverse_exponents" in ds
-        fig, axes = subplots(1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4),
-                             layout="constrained")
+        fig, axes = subplots(
+            1, 4 if transverse else 3, figsize=(18.0 if transverse else 14.0, 4.4), layout="constrained"
+        )
         window = float(ds["late_window"])
         t1 = cfg["t1"]
         has_theory = bool(np.isfinite(ds["consensus"].values).any())
@@ -305,13 +337,24 @@ class Lyapunov(Experiment):
         ax = axes[0]
         for j in range(1, ds.sizes["exponent"] + 1):
             if j not in drawn:
-                ax.plot(betas, ds["late_exponents_median"].sel(exponent=j), color="0.6", linewidth=0.8,
-                        label="others: median" if j == 2 else None)
+                ax.plot(
+                    betas,
+                    ds["late_exponents_median"].sel(exponent=j),
+                    color="0.6",
+                    linewidth=0.8,
+                    label="others: median" if j == 2 else None,
+                )
         for j in drawn:
             _band(ax, betas, ds, "late_exponents", j, colors[j], f"$\\lambda_{{{j}}}$: median, 10-90%")
             if has_theory:
-                ax.plot(betas, ds["consensus"].sel(exponent=j), color=colors[j], linestyle="--", linewidth=1,
-                        label=f"$\\lambda_{{{j}}}$ at consensus")
+                ax.plot(
+                    betas,
+                    ds["consensus"].sel(exponent=j),
+                    color=colors[j],
+                    linestyle="--",
+                    linewidth=1,
+                    label=f"$\\lambda_{{{j}}}$ at consensus",
+                )
         ax.axhline(0, color="k", linewidth=0.5)
         ax.set_xlabel(r"$\beta$")
         ax.set_ylabel("Lyapunov exponent")
@@ -324,11 +367,25 @@ class Lyapunov(Experiment):
             count = ds.sizes["transverse"]
             last = min(d, count)
             for j, color in ((1, "C2"), (last, "C4")) if last > 1 else ((1, "C2"),):
-                _band(ax, betas, ds, "late_transverse_exponents", j, color, f"transverse $\\lambda_{{{j}}}$: median, 10-90%",
-                      dim="transverse")
+                _band(
+                    ax,
+                    betas,
+                    ds,
+                    "late_transverse_exponents",
+                    j,
+                    color,
+                    f"transverse $\\lambda_{{{j}}}$: median, 10-90%",
+                    dim="transverse",
+                )
             if np.isfinite(ds["transverse_consensus"].values).any():
-                ax.plot(betas, ds["transverse_consensus"].sel(transverse=1), color="k", linestyle="--", linewidth=1,
-                        label="every transverse exponent at consensus")
+                ax.plot(
+                    betas,
+                    ds["transverse_consensus"].sel(transverse=1),
+                    color="k",
+                    linestyle="--",
+                    linewidth=1,
+                    label="every transverse exponent at consensus",
+                )
             ax.axhline(0, color="k", linewidth=0.5)
             ax.set_xlabel(r"$\beta$")
             ax.set_ylabel("Lyapunov exponent")
@@ -348,18 +405,26 @@ class Lyapunov(Experiment):
         t = ds["time"].values
         chosen = _sample(betas, 4)
         cmap = colormap("viridis")
-        name, dim, which = (("transverse_running", "transverse", [1]) if transverse else ("running", "exponent", drawn))
+        name, dim, which = ("transverse_running", "transverse", [1]) if transverse else ("running", "exponent", drawn)
         for c, b in enumerate(chosen):
             color = cmap(c / max(len(chosen) - 1, 1))
             for j, style in zip(which, ("-", "--")):
-                ax.plot(t, ds[f"{name}_median"].isel(beta=b).sel({dim: j}), color=color, linestyle=style,
-                        label=f"$\\beta$ = {betas[b]:.3g}" if j == which[0] else None)
+                ax.plot(
+                    t,
+                    ds[f"{name}_median"].isel(beta=b).sel({dim: j}),
+                    color=color,
+                    linestyle=style,
+                    label=f"$\\beta$ = {betas[b]:.3g}" if j == which[0] else None,
+                )
         ax.axhline(0, color="k", linestyle=":", linewidth=0.8)
         ax.axvline(window, color="0.5", linewidth=0.6)
         ax.set_xlabel("T")
         ax.set_ylabel("exponent over [t0, T] (median over members)")
-        label = "transverse $\\lambda_1$" if transverse else f"$\\lambda_{{{drawn[0]}}}$ solid" + (
-            f", $\\lambda_{{{drawn[-1]}}}$ dashed" if len(drawn) > 1 else "")
+        label = (
+            "transverse $\\lambda_1$"
+            if transverse
+            else f"$\\lambda_{{{drawn[0]}}}$ solid" + (f", $\\lambda_{{{drawn[-1]}}}$ dashed" if len(drawn) > 1 else "")
+        )
         ax.set_title(f"({'d' if transverse else 'c'}) running estimates: {label}")
         ax.legend(loc="lower right")
         caption(fig, _caption(ds, cfg, drawn), width=240 if transverse else 190)
@@ -375,44 +440,60 @@ def _fixed(value: float) -> str:
 def _caption(ds, cfg, drawn) -> str:
     weights = cfg["weights"]
     plain = all(weights[m]["kind"] == "identity" for m in "qkv") and weights["o"]["kind"] == "none"
-    system = (f"{cfg['dynamics'].upper()} attention, Q = K = V = I" if plain else
-              f"{cfg['dynamics'].upper()} attention, weights q={weights['q']['kind']}, k={weights['k']['kind']}, "
-              f"v={weights['v']['kind']}")
+    system = (
+        f"{cfg['dynamics'].upper()} attention, Q = K = V = I"
+        if plain
+        else f"{cfg['dynamics'].upper()} attention, weights q={weights['q']['kind']}, k={weights['k']['kind']}, "
+        f"v={weights['v']['kind']}"
+    )
     extra = " with an MLP" if cfg["mlp"]["enabled"] else ""
-    text = (f"{system}{extra}, norm={cfg['norm']}, n = {cfg['n']}, d = {cfg['d']}, {ds.sizes['member']} members "
-            f"per $\\beta$ ({cfg['init']['kind']} initial tokens, the same for every $\\beta$), {cfg['solver']} with "
-            f"dt = {cfg['dt']:g} on [{cfg['t0']:g}, {cfg['t1']:g}]; the {ds.sizes['exponent']} leading finite-time "
-            f"exponents by the QR method, tangent to the sphere where the tokens live on it. ")
+    text = (
+        f"{system}{extra}, norm={cfg['norm']}, n = {cfg['n']}, d = {cfg['d']}, {ds.sizes['member']} members "
+        f"per $\\beta$ ({cfg['init']['kind']} initial tokens, the same for every $\\beta$), {cfg['solver']} with "
+        f"dt = {cfg['dt']:g} on [{cfg['t0']:g}, {cfg['t1']:g}]; the {ds.sizes['exponent']} leading finite-time "
+        f"exponents by the QR method, tangent to the sphere where the tokens live on it. "
+    )
     last = drawn[-1]
     low, high = ds.isel(beta=0), ds.isel(beta=-1)
     median = lambda part, name, j, dim="exponent": _fixed(float(part[f"{name}_median"].sel({dim: j})))
     if "transverse_exponents" in ds:
         d = cfg["d"]
-        text += (f"The flow commutes with every rotation of $R^{{{d}}}$: the spectrum (a) holds zeros that the symmetry "
-                 f"forces, {d - 1} at consensus and {d * (d - 1) // 2} while the tokens are split into clusters, so "
-                 f"$\\lambda_1$ = 0 at every $\\beta$ is not a finding, nor is $\\lambda_{{{last}}}$ = 0 for a split member. "
-                 f"(b) The transverse exponents, deviations kept orthogonal to the rotation orbit: all -c at "
-                 f"consensus (dashed). Median late transverse $\\lambda_1$: {median(low, 'late_transverse_exponents', 1, 'transverse')} "
-                 f"at $\\beta$ = {float(low['beta']):.3g}, {median(high, 'late_transverse_exponents', 1, 'transverse')} at "
-                 f"$\\beta$ = {float(high['beta']):.3g}: a member still split into clusters has a transverse direction "
-                 "(the clusters' relative position) that is nearly neutral over the window. ")
+        text += (
+            f"The flow commutes with every rotation of $R^{{{d}}}$: the spectrum (a) holds zeros that the symmetry "
+            f"forces, {d - 1} at consensus and {d * (d - 1) // 2} while the tokens are split into clusters, so "
+            f"$\\lambda_1$ = 0 at every $\\beta$ is not a finding, nor is $\\lambda_{{{last}}}$ = 0 for a split "
+            "member. (b) The transverse exponents, deviations kept orthogonal to the rotation orbit: all -c at "
+            "consensus (dashed). Median late transverse $\\lambda_1$: "
+            f"{median(low, 'late_transverse_exponents', 1, 'transverse')} at $\\beta$ = {float(low['beta']):.3g}, "
+            f"{median(high, 'late_transverse_exponents', 1, 'transverse')} at $\\beta$ = {float(high['beta']):.3g}: a "
+            "member still split into clusters has a transverse direction (the clusters' relative position) that is "
+            "nearly neutral over the window. "
+        )
         bump = float(ds["transverse_running_median"].sel(transverse=1).max())
-        text += (f"(d) Its running estimate over [t0, T] reaches at most {bump:.2f} at short times (the transient of "
-                 "the start) and decays: nearby configurations, up to rotation, do not keep separating. ")
+        text += (
+            f"(d) Its running estimate over [t0, T] reaches at most {bump:.2f} at short times (the transient of "
+            "the start) and decays: nearby configurations, up to rotation, do not keep separating. "
+        )
     else:
-        text += (f"Median $\\lambda_1$ and $\\lambda_{{{last}}}$ over the late window: at $\\beta$ = {float(low['beta']):.3g} "
-                 f"{median(low, 'late_exponents', 1)} and {median(low, 'late_exponents', last)}; at $\\beta$ = "
-                 f"{float(high['beta']):.3g} {median(high, 'late_exponents', 1)} and "
-                 f"{median(high, 'late_exponents', last)}. ")
+        text += (
+            f"Median $\\lambda_1$ and $\\lambda_{{{last}}}$ over the late window: at $\\beta$ = "
+            f"{float(low['beta']):.3g} {median(low, 'late_exponents', 1)} and {median(low, 'late_exponents', last)}; "
+            f"at $\\beta$ = {float(high['beta']):.3g} {median(high, 'late_exponents', 1)} and "
+            f"{median(high, 'late_exponents', last)}. "
+        )
     consensus = ds["consensus"].sel(exponent=last).values
     if np.isfinite(consensus).all():
-        text += ("Dashed (a): the consensus spectrum in closed form, 0 for the d - 1 rotations of the consensus "
-                 "point and -c for the contraction of the tokens to it (c = 1 for softmax attention, $e^\\beta$ without "
-                 "normalization). ")
+        text += (
+            "Dashed (a): the consensus spectrum in closed form, 0 for the d - 1 rotations of the consensus "
+            "point and -c for the contraction of the tokens to it (c = 1 for softmax attention, $e^\\beta$ without "
+            "normalization). "
+        )
         if "consensus_fraction" in ds:
             shares = ", ".join(f"{100 * v:.0f}" for v in ds["consensus_fraction"].values)
-            text += (f"Members at consensus over the second half (late $\\lambda_{{{last}}}$ within 10% of -c), in % for "
-                     f"$\\beta$ = {', '.join(f'{b:g}' for b in ds['beta'].values)}: {shares}. ")
+            text += (
+                f"Members at consensus over the second half (late $\\lambda_{{{last}}}$ within 10% of -c), in % for "
+                f"$\\beta$ = {', '.join(f'{b:g}' for b in ds['beta'].values)}: {shares}. "
+            )
     else:
         text += "This config has no closed-form consensus spectrum (it is known for identity Q, K, V on the sphere)."
     return text

@@ -53,7 +53,8 @@ LawPanel = choice("LawPanel", tuple(PANELS))
 @dataclass
 class Options:
     laws: list[LawPanel] = field(  # panels of phase_diagram_random
-        default_factory=lambda: [LawPanel.product_wishart, LawPanel.v_plus_qtk])
+        default_factory=lambda: [LawPanel.product_wishart, LawPanel.v_plus_qtk]
+    )
     heads: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])  # the grid of H
 
 
@@ -99,11 +100,11 @@ class ManyHeads(Experiment):
     def check(self) -> None:
         laws, heads = self.options.laws, list(self.options.heads)
         if not laws:
-            raise ConfigError(f"experiment.options.laws must be a non-empty list of {', '.join(PANELS)}, "
-                              f"got {laws!r}.")
+            raise ConfigError(f"experiment.options.laws must be a non-empty list of {', '.join(PANELS)}, got {laws!r}.")
         if not heads or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in heads):
-            raise ConfigError(f"experiment.options.heads must be a non-empty list of whole numbers >= 1, "
-                              f"got {heads!r}.")
+            raise ConfigError(
+                f"experiment.options.heads must be a non-empty list of whole numbers >= 1, got {heads!r}."
+            )
         if heads != sorted(set(heads)):
             raise ConfigError(f"experiment.options.heads must increase, got {heads!r}.")
         if "clusters" not in self.cfg.metrics:
@@ -135,32 +136,53 @@ class ManyHeads(Experiment):
                 times = ds["time"].values
                 counts = ds["clusters"].transpose("member", "time").values
                 found = detect_metastability(ds[["clusters"]], ["clusters"], clusters=None, sizes=None)
-                part = xr.Dataset({
-                    "one_cluster_time": (("member",), one_cluster_time(counts, times), {
-                        "description": "first saved time from which the member stays in one cluster "
-                                       "(NaN: it does not)"}),
-                    "metastable_clusters": metastable_count(found, ds["clusters"].isel(time=-1, drop=True),
-                                                            int(cfg.n)).assign_attrs(
-                        description="cluster count of the longest plateau of the count below n (log time)"),
-                    "failed_members": failed_members(ds, "members whose solve failed (left out of the statistics)"),
-                })
+                part = xr.Dataset(
+                    {
+                        "one_cluster_time": (
+                            ("member",),
+                            one_cluster_time(counts, times),
+                            {
+                                "description": "first saved time from which the member stays in one cluster "
+                                "(NaN: it does not)"
+                            },
+                        ),
+                        "metastable_clusters": metastable_count(
+                            found, ds["clusters"].isel(time=-1, drop=True), int(cfg.n)
+                        ).assign_attrs(
+                            description="cluster count of the longest plateau of the count below n (log time)"
+                        ),
+                        "failed_members": failed_members(ds, "members whose solve failed (left out of the statistics)"),
+                    }
+                )
                 parts.append(part)
             rows.append(xr.concat(parts, dim="heads", coords="minimal", compat="override"))
         out = xr.concat(rows, dim="law", coords="minimal", compat="override").assign_coords(
-            law=laws, heads=heads, law_title=("law", [PANELS[law][0] for law in laws]))
+            law=laws, heads=heads, law_title=("law", [PANELS[law][0] for law in laws])
+        )
         final_one = out["one_cluster_time"].notnull()
         out["one_cluster_fraction"] = final_one.mean("member").assign_attrs(
-            description=f"fraction of the members in one cluster at t = {cfg.t1:g}")
+            description=f"fraction of the members in one cluster at t = {cfg.t1:g}"
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # an (H, law) where no member gets there: NaN
-            out["one_cluster_time_median"] = out["one_cluster_time"].median("member").assign_attrs(
-                description="median time to one cluster over the members that get there (NaN: none does)")
-        out["metastable_clusters_median"] = out["metastable_clusters"].median("member").assign_attrs(
-            description="median over members of the metastable cluster count")
+            out["one_cluster_time_median"] = (
+                out["one_cluster_time"]
+                .median("member")
+                .assign_attrs(description="median time to one cluster over the members that get there (NaN: none does)")
+            )
+        out["metastable_clusters_median"] = (
+            out["metastable_clusters"]
+            .median("member")
+            .assign_attrs(description="median over members of the metastable cluster count")
+        )
         out["final_clusters_median"] = xr.DataArray(
-            [[float(np.median(results[_label(law, h)]["clusters"].isel(time=-1).values)) for h in heads]
-             for law in laws],
-            dims=("law", "heads"), attrs={"description": f"median over members of the cluster count at t = {cfg.t1:g}"})
+            [
+                [float(np.median(results[_label(law, h)]["clusters"].isel(time=-1).values)) for h in heads]
+                for law in laws
+            ],
+            dims=("law", "heads"),
+            attrs={"description": f"median over members of the cluster count at t = {cfg.t1:g}"},
+        )
         return out
 
     @staticmethod
@@ -193,12 +215,17 @@ class ManyHeads(Experiment):
         axes[2].set_title("(c) members in one cluster at the end")
         axes[2].set_ylim(-0.05, 1.05)
         axes[0].legend(fontsize=8, loc="best")
-        caption(fig, (
-            f"H heads, each drawing its own $Q^\\top K$ and V from the law named (Q = I, K = B; the laws of "
-            f"phase_diagram_random), averaged with 1/H; softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']} "
-            f"tokens uniform at t = 0, $\\beta$ = {cfg['beta']}, {cfg['members']} members per (law, H), each with its "
-            f"own heads, {cfg['solver']} with dt = {cfg['dt']} to t = {cfg['t1']:g} in {cfg['dtype']}. A cluster: "
-            f"$\\langle x_i, x_j\\rangle > 1 - {cfg['eps']:g}$, connected. Metastable count: the count of the longest "
-            f"plateau of the cluster count in log time below n (the count at t = {cfg['t1']:g} where none holds)."),
-            width=120)
+        caption(
+            fig,
+            (
+                f"H heads, each drawing its own $Q^\\top K$ and V from the law named (Q = I, K = B; the laws of "
+                f"phase_diagram_random), averaged with 1/H; softmax attention on $S^{{{cfg['d'] - 1}}}$, n = "
+                f"{cfg['n']} tokens uniform at t = 0, $\\beta$ = {cfg['beta']}, {cfg['members']} members per (law, H), "
+                f"each with its own heads, {cfg['solver']} with dt = {cfg['dt']} to t = {cfg['t1']:g} in "
+                f"{cfg['dtype']}. A cluster: $\\langle x_i, x_j\\rangle > 1 - {cfg['eps']:g}$, connected. Metastable "
+                "count: the count of the longest plateau of the cluster count in log time below n (the count at t = "
+                f"{cfg['t1']:g} where none holds)."
+            ),
+            width=120,
+        )
         return {"many_heads": fig}

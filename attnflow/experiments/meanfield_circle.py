@@ -121,8 +121,18 @@ def _particles(options: Options, n: int, block):
     dt = float(options.dt)
     times = np.asarray(options.times, np.float64)
     eye = Identity(1, 2, "float64")
-    attention = SelfAttention(eye, eye, eye, None, jnp.asarray(options.beta, jnp.float64), None, heads=1,
-                              kind=options.kind, block=block, unit_rows=True)
+    attention = SelfAttention(
+        eye,
+        eye,
+        eye,
+        None,
+        jnp.asarray(options.beta, jnp.float64),
+        None,
+        heads=1,
+        kind=options.kind,
+        block=block,
+        unit_rows=True,
+    )
     steps = np.round(times / dt).astype(int)
     sigma = float(options.sigma)
 
@@ -131,8 +141,15 @@ def _particles(options: Options, n: int, block):
         x0 = jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=-1)
         noise = None
         if sigma > 0 and steps[-1] > 0:  # the particle's own Brownian path, from a key apart from its draw
-            noise = brownian_noise(jax.random.fold_in(key, 2), sigma, (n, 2), t0=0.0, t1=float(times[-1]),
-                                   depth=tree_depth(0.0, float(times[-1]), dt), dtype=jnp.float64)
+            noise = brownian_noise(
+                jax.random.fold_in(key, 2),
+                sigma,
+                (n, 2),
+                t0=0.0,
+                t1=float(times[-1]),
+                depth=tree_depth(0.0, float(times[-1]), dt),
+                dtype=jnp.float64,
+            )
         field = VectorField((attention,), scheme="sphere", noise=noise)
         if steps[-1] == 0:
             xs = x0[None]
@@ -208,10 +225,12 @@ def _pde(options: Options) -> dict[str, np.ndarray]:
     """The mean-field density's solution at the compared times, as arrays (one piece)."""
     theta = np.arange(options.grid) * (2 * np.pi / options.grid)
     rho0 = initial_density(theta, options.mode, options.amplitude)
-    pde = meanfield_circle(rho0, np.asarray(options.times, np.float64), beta=options.beta, kind=options.kind,
-                           sigma=options.sigma)
-    return {name: np.asarray(getattr(pde, name)) for name in ("coefficients", "density", "mass", "min_density",
-                                                              "steps")}
+    pde = meanfield_circle(
+        rho0, np.asarray(options.times, np.float64), beta=options.beta, kind=options.kind, sigma=options.sigma
+    )
+    return {
+        name: np.asarray(getattr(pde, name)) for name in ("coefficients", "density", "mass", "min_density", "steps")
+    }
 
 
 def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -> xr.Dataset:
@@ -239,10 +258,11 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
     for a, n in enumerate(ns):
         # Split keys are prefix-consistent: draw m at this n is the same whatever the number of draws.
         keys = jax.random.split(jax.random.fold_in(key, int(n)), per_n[a])
-        particles = lambda keys=keys, n=n: {"angles": jax.device_get(_particles(options, int(n),
-                                                                               cfg.attention_block)(keys))}
+        particles = lambda keys=keys, n=n: {
+            "angles": jax.device_get(_particles(options, int(n), cfg.attention_block)(keys))
+        }
         angles = np.asarray(keep(particles)["angles"])
-        mode[a, :per_n[a]] = np.cos(options.mode * angles).mean(axis=-1)
+        mode[a, : per_n[a]] = np.cos(options.mode * angles).mean(axis=-1)
         for m in range(per_n[a]):
             for t in range(times.size):
                 w1[a, m, t] = circle_wasserstein(angles[m, t], coefficients[t])
@@ -261,52 +281,117 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
             on_piece()
     mean = np.nanmean(w1, axis=1)
     slope = np.polyfit(np.log(ns), np.log(mean), 1)[0]
-    ds = xr.Dataset(coords={"n": ns, "member": np.arange(members), "time": times, "theta": theta,
-                            "cluster": np.arange(peaks.size), "particle": np.arange(shown.shape[-1])})
-    ds["members"] = xr.DataArray(np.asarray(per_n, np.int64), dims="n", attrs={
-        "description": "independent draws of the particles at each n (the later members are NaN, clusters -1)"})
-    ds["w1"] = xr.DataArray(w1, dims=("n", "member", "time"), attrs={
-        "description": "Wasserstein-1 distance on the circle between the particles' empirical measure and the "
-                       "mean-field density", "units": "radian"})
-    ds["w1_mean"] = xr.DataArray(mean, dims=("n", "time"), attrs={
-        "description": "mean over members of the Wasserstein-1 distance", "units": "radian"})
-    ds["slope"] = xr.DataArray(slope, dims="time", attrs={
-        "description": "least-squares slope of log mean W1 against log n"})
-    ds["mode"] = xr.DataArray(mode, dims=("n", "member", "time"), attrs={
-        "description": "the particles' coefficient of the perturbed mode m, the mean of cos(m theta_j)"})
-    ds["pde_mode"] = xr.DataArray(2 * np.pi * coefficients[:, options.mode].real, dims="time", attrs={
-        "description": "the density's coefficient of the perturbed mode m, the integral of rho cos(m theta)"})
-    ds["density"] = xr.DataArray(np.asarray(pde["density"]), dims=("time", "theta"), attrs={
-        "description": "the mean-field density rho(t, theta)", "units": "1/radian"})
-    ds["mass"] = xr.DataArray(np.asarray(pde["mass"]), dims="time", attrs={
-        "description": "mass of the mean-field density, integral of rho over the circle"})
-    ds["min_density"] = xr.DataArray(np.asarray(pde["min_density"]), dims="time", attrs={
-        "description": "minimum of the mean-field density on the grid", "units": "1/radian"})
+    ds = xr.Dataset(
+        coords={
+            "n": ns,
+            "member": np.arange(members),
+            "time": times,
+            "theta": theta,
+            "cluster": np.arange(peaks.size),
+            "particle": np.arange(shown.shape[-1]),
+        }
+    )
+    ds["members"] = xr.DataArray(
+        np.asarray(per_n, np.int64),
+        dims="n",
+        attrs={"description": "independent draws of the particles at each n (the later members are NaN, clusters -1)"},
+    )
+    ds["w1"] = xr.DataArray(
+        w1,
+        dims=("n", "member", "time"),
+        attrs={
+            "description": "Wasserstein-1 distance on the circle between the particles' empirical measure and the "
+            "mean-field density",
+            "units": "radian",
+        },
+    )
+    ds["w1_mean"] = xr.DataArray(
+        mean,
+        dims=("n", "time"),
+        attrs={"description": "mean over members of the Wasserstein-1 distance", "units": "radian"},
+    )
+    ds["slope"] = xr.DataArray(
+        slope, dims="time", attrs={"description": "least-squares slope of log mean W1 against log n"}
+    )
+    ds["mode"] = xr.DataArray(
+        mode,
+        dims=("n", "member", "time"),
+        attrs={"description": "the particles' coefficient of the perturbed mode m, the mean of cos(m theta_j)"},
+    )
+    ds["pde_mode"] = xr.DataArray(
+        2 * np.pi * coefficients[:, options.mode].real,
+        dims="time",
+        attrs={"description": "the density's coefficient of the perturbed mode m, the integral of rho cos(m theta)"},
+    )
+    ds["density"] = xr.DataArray(
+        np.asarray(pde["density"]),
+        dims=("time", "theta"),
+        attrs={"description": "the mean-field density rho(t, theta)", "units": "1/radian"},
+    )
+    ds["mass"] = xr.DataArray(
+        np.asarray(pde["mass"]),
+        dims="time",
+        attrs={"description": "mass of the mean-field density, integral of rho over the circle"},
+    )
+    ds["min_density"] = xr.DataArray(
+        np.asarray(pde["min_density"]),
+        dims="time",
+        attrs={"description": "minimum of the mean-field density on the grid", "units": "1/radian"},
+    )
     ds["pde_steps"] = xr.DataArray(int(pde["steps"]), attrs={"description": "accepted steps of the PDE solver (tsit5)"})
-    ds["peak"] = xr.DataArray(peaks, dims="cluster", attrs={
-        "description": "angle of each cluster (local maximum) of the density at the last time", "units": "radian"})
-    ds["peak_mass"] = xr.DataArray(peak_masses, dims="cluster", attrs={
-        "description": "mass of each cluster of the density at the last time (between its neighbouring minima)"})
-    ds["particle_clusters"] = xr.DataArray(counts, dims=("n", "member"), attrs={
-        "description": "number of clusters of the particles at the last time (-1: no such draw at this n)"})
-    ds["position_error"] = xr.DataArray(position_error, dims=("n", "member"), attrs={
-        "description": "largest angle between a cluster of the density and its particle cluster, at the last time "
-                       "(NaN where the counts differ or there is no such draw)", "units": "radian"})
-    ds["mass_error"] = xr.DataArray(mass_error, dims=("n", "member"), attrs={
-        "description": "largest difference between the mass of a cluster of the density and the particles' share, "
-                       "at the last time (NaN where the counts differ)"})
-    ds["angles"] = xr.DataArray(shown, dims=("time", "particle"), attrs={
-        "description": "angles of the particles of the largest n, member 0", "units": "radian"})
-    ds["growth_rate"] = xr.DataArray(circle_growth_rate(options.mode, options.beta, options.kind,
-                                                        options.sigma), attrs={
-        "description": "linear growth rate of the perturbed mode at the uniform density (closed form)"})
+    ds["peak"] = xr.DataArray(
+        peaks,
+        dims="cluster",
+        attrs={
+            "description": "angle of each cluster (local maximum) of the density at the last time",
+            "units": "radian",
+        },
+    )
+    ds["peak_mass"] = xr.DataArray(
+        peak_masses,
+        dims="cluster",
+        attrs={"description": "mass of each cluster of the density at the last time (between its neighbouring minima)"},
+    )
+    ds["particle_clusters"] = xr.DataArray(
+        counts,
+        dims=("n", "member"),
+        attrs={"description": "number of clusters of the particles at the last time (-1: no such draw at this n)"},
+    )
+    ds["position_error"] = xr.DataArray(
+        position_error,
+        dims=("n", "member"),
+        attrs={
+            "description": "largest angle between a cluster of the density and its particle cluster, at the last time "
+            "(NaN where the counts differ or there is no such draw)",
+            "units": "radian",
+        },
+    )
+    ds["mass_error"] = xr.DataArray(
+        mass_error,
+        dims=("n", "member"),
+        attrs={
+            "description": "largest difference between the mass of a cluster of the density and the particles' share, "
+            "at the last time (NaN where the counts differ)"
+        },
+    )
+    ds["angles"] = xr.DataArray(
+        shown,
+        dims=("time", "particle"),
+        attrs={"description": "angles of the particles of the largest n, member 0", "units": "radian"},
+    )
+    ds["growth_rate"] = xr.DataArray(
+        circle_growth_rate(options.mode, options.beta, options.kind, options.sigma),
+        attrs={"description": "linear growth rate of the perturbed mode at the uniform density (closed form)"},
+    )
     return ds
 
 
 class MeanFieldCircle(Experiment):
     title = "Particles against their mean-field limit on the circle: W1 falls like n^(-1/2)"
-    paper = ("Geshkovski, Letrouit, Polyanskiy, Rigollet, \"A mathematical perspective on Transformers\" (2023), "
-             "arXiv:2312.10794: the continuity equation of the token density")
+    paper = (
+        'Geshkovski, Letrouit, Polyanskiy, Rigollet, "A mathematical perspective on Transformers" (2023), '
+        "arXiv:2312.10794: the continuity equation of the token density"
+    )
     Options = Options
     coordinates = {
         "theta": ("angle on the circle", "radian"),
@@ -329,33 +414,51 @@ class MeanFieldCircle(Experiment):
             raise ConfigError(f"{name}.amplitude must lie in [0, 1) (a positive density), got {options.amplitude!r}.")
         ns = options.n
         if not isinstance(ns, list) or len(ns) < 2 or not all(whole_number(n, 2) for n in ns) or sorted(set(ns)) != ns:
-            raise ConfigError(f"{name}.n must be an increasing list of at least two whole numbers >= 2 (a slope is "
-                              f"fitted), got {ns!r}.")
+            raise ConfigError(
+                f"{name}.n must be an increasing list of at least two whole numbers >= 2 (a slope is "
+                f"fitted), got {ns!r}."
+            )
         members = options.members
-        if not (whole_number(members, 2) or isinstance(members, list) and len(members) == len(ns)
-                and all(whole_number(m, 2) for m in members)):
-            raise ConfigError(f"{name}.members must be a whole number >= 2 or a list of them, one per n "
-                              f"({len(ns)} here), got {members!r} (members=24 gives 24 draws at every n).")
+        if not (
+            whole_number(members, 2)
+            or isinstance(members, list)
+            and len(members) == len(ns)
+            and all(whole_number(m, 2) for m in members)
+        ):
+            raise ConfigError(
+                f"{name}.members must be a whole number >= 2 or a list of them, one per n "
+                f"({len(ns)} here), got {members!r} (members=24 gives 24 draws at every n)."
+            )
         times = options.times
-        if (not isinstance(times, list) or not times or not all(finite_number(t) for t in times) or times[0] != 0
-                or any(b <= a for a, b in zip(times, times[1:]))):
+        if (
+            not isinstance(times, list)
+            or not times
+            or not all(finite_number(t) for t in times)
+            or times[0] != 0
+            or any(b <= a for a, b in zip(times, times[1:]))
+        ):
             raise ConfigError(f"{name}.times must be an increasing list of times starting at 0, got {times!r}.")
         if len(times) < 2:
             # The initial draws alone: no step is taken, and dt and the PDE go unused.
-            raise ConfigError(f"{name}.times={times!r} compares the initial draws only, leaving {name}.dt unused; add "
-                              "a later time.")
+            raise ConfigError(
+                f"{name}.times={times!r} compares the initial draws only, leaving {name}.dt unused; add a later time."
+            )
         if not (finite_number(options.dt) and options.dt > 0):
             raise ConfigError(f"{name}.dt must be a positive number, got {options.dt!r}.")
         if any(abs(t / options.dt - round(t / options.dt)) > 1e-9 for t in times):
-            raise ConfigError(f"every time of {name}.times must be a whole number of steps dt={options.dt!r}, "
-                              f"got {times!r}.")
+            raise ConfigError(
+                f"every time of {name}.times must be a whole number of steps dt={options.dt!r}, got {times!r}."
+            )
         if not whole_number(options.grid, 4 * options.mode + 4):
-            raise ConfigError(f"{name}.grid must be a whole number >= 4 mode + 4 = {4 * options.mode + 4}, got "
-                              f"{options.grid!r}.")
+            raise ConfigError(
+                f"{name}.grid must be a whole number >= 4 mode + 4 = {4 * options.mode + 4}, got {options.grid!r}."
+            )
         if options.kind == "usa" and options.beta > USA_LARGEST_BETA:
-            raise ConfigError(f"{name}.beta={options.beta:g} with {name}.kind=usa overflows float64: unnormalised "
-                              f"attention multiplies by e^beta, held up to beta = {USA_LARGEST_BETA:g}; lower beta, or "
-                              "take kind=sa.")
+            raise ConfigError(
+                f"{name}.beta={options.beta:g} with {name}.kind=usa overflows float64: unnormalised "
+                f"attention multiplies by e^beta, held up to beta = {USA_LARGEST_BETA:g}; lower beta, or "
+                "take kind=sa."
+            )
         check_kernel_table(options.beta, options.grid, name=f"{name}.beta")
         if not (finite_number(options.gap) and 0 < options.gap < math.pi):
             raise ConfigError(f"{name}.gap must lie in (0, pi) radians, got {options.gap!r}.")
@@ -365,9 +468,13 @@ class MeanFieldCircle(Experiment):
             raise ConfigError(f"{name}.min_mass must lie in [0, 1), got {options.min_mass!r}.")
         if cfg.dtype.value != "float64":
             raise ConfigError("experiment meanfield_circle compares with a PDE solved in float64: keep dtype=float64.")
-        refuse_given(cfg, [f.name for f in dataclasses.fields(Config) if f.name not in _READ_KEYS],
-                     "meanfield_circle", "Q = K = V = I attention on the circle: it reads dtype, seed and "
-                     "attention_block, the rest comes from its options")
+        refuse_given(
+            cfg,
+            [f.name for f in dataclasses.fields(Config) if f.name not in _READ_KEYS],
+            "meanfield_circle",
+            "Q = K = V = I attention on the circle: it reads dtype, seed and "
+            "attention_block, the rest comes from its options",
+        )
 
     def panels(self, base: dict) -> dict[str, dict]:
         return {}  # everything is computed in `analyse`: one particle program per n, and the PDE
@@ -392,8 +499,15 @@ class MeanFieldCircle(Experiment):
         bins = np.linspace(0, 2 * np.pi, 97)
         for t, time in enumerate(times):
             color = cmap(t / max(len(times) - 1, 1))
-            left.hist(ds["angles"].isel(time=t).values, bins=bins, density=True, histtype="step", alpha=0.5,
-                      linewidth=0.7, color=color)
+            left.hist(
+                ds["angles"].isel(time=t).values,
+                bins=bins,
+                density=True,
+                histtype="step",
+                alpha=0.5,
+                linewidth=0.7,
+                color=color,
+            )
             left.plot(theta, ds["density"].isel(time=t).values, color=color, linewidth=1.4, label=f"t = {time:g}")
         for peak in ds["peak"].values:
             left.axvline(peak, color="0.4", linestyle=":", linewidth=0.8)
@@ -406,10 +520,22 @@ class MeanFieldCircle(Experiment):
         for t, time in enumerate(times):
             color = cmap(t / max(len(times) - 1, 1))
             w1 = ds["w1"].isel(time=t).values
-            middle.loglog(ns, np.nanmean(w1, axis=1), "o-", color=color, markersize=4,
-                          label=f"t = {time:g}: slope {float(ds['slope'].isel(time=t)):.2f}")
-            middle.fill_between(ns, np.nanpercentile(w1, 10, axis=1), np.nanpercentile(w1, 90, axis=1), color=color,
-                                alpha=0.12, linewidth=0)
+            middle.loglog(
+                ns,
+                np.nanmean(w1, axis=1),
+                "o-",
+                color=color,
+                markersize=4,
+                label=f"t = {time:g}: slope {float(ds['slope'].isel(time=t)):.2f}",
+            )
+            middle.fill_between(
+                ns,
+                np.nanpercentile(w1, 10, axis=1),
+                np.nanpercentile(w1, 90, axis=1),
+                color=color,
+                alpha=0.12,
+                linewidth=0,
+            )
         guide = ds["w1_mean"].isel(time=0).values[0] * np.sqrt(ns[0] / ns)
         middle.loglog(ns, guide, "k--", linewidth=0.8, label=r"$\propto n^{-1/2}$")
         middle.set_xlabel("n (tokens)")
@@ -419,8 +545,14 @@ class MeanFieldCircle(Experiment):
         peaks = ds["peak"].values
         for a, n in enumerate(ns):
             errors = ds["position_error"].isel(n=a).values
-            right.semilogy(np.full(errors.size, n) * np.exp(np.linspace(-0.08, 0.08, errors.size)), errors, "o",
-                           color="C0", alpha=0.5, markersize=4)
+            right.semilogy(
+                np.full(errors.size, n) * np.exp(np.linspace(-0.08, 0.08, errors.size)),
+                errors,
+                "o",
+                color="C0",
+                alpha=0.5,
+                markersize=4,
+            )
         right.set_xscale("log")
         right.set_xlabel("n (tokens)")
         right.set_ylabel("largest cluster position error (radian)")
@@ -450,13 +582,15 @@ def _caption(ds, options) -> str:
     same = ((counts == ds.sizes["cluster"]).sum("member") / (counts >= 0).sum("member")).values
     errors = ds["position_error"].isel(n=-1).values
     worst = f"{np.nanmax(errors):.3f} rad" if np.isfinite(errors).any() else "undefined (no draw has the PDE's count)"
-    return (f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = {options['sigma']:g}. "
-            f"The particles are n independent draws from $(1 + {options['amplitude']:g}\\cos {options['mode']}\\theta)/2\\pi$ "
-            f"(RK4, dt = {options['dt']:g}; {_draws(ds)}); the PDE starts from that density ({ds.sizes['theta']} grid points, tsit5). "
-            f"The perturbed mode's linear growth rate at the uniform density is {float(ds['growth_rate']):.3f}. "
-            f"Fitted slopes of log W1 against log n, n = {ns[0]} to {ns[-1]}: "
-            + ", ".join(f"{s:.2f} (t = {t:g})" for s, t in zip(slopes, ds["time"].values))
-            + f". At t = {ds['time'].values[-1]:g} the PDE has {ds.sizes['cluster']} clusters at "
-            + ", ".join(f"{_wrapped(p):.3f}" for p in ds["peak"].values)
-            + f" rad; the particles have as many in {same[-1]:.0%} of the draws at n = {ns[-1]} "
-            f"({same[0]:.0%} at n = {ns[0]}), their largest position error at n = {ns[-1]} being {worst}.")
+    return (
+        f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = "
+        f"{options['sigma']:g}. The particles are n independent draws from $(1 + {options['amplitude']:g}\\cos "
+        f"{options['mode']}\\theta)/2\\pi$ (RK4, dt = {options['dt']:g}; {_draws(ds)}); the PDE starts from that "
+        f"density ({ds.sizes['theta']} grid points, tsit5). The perturbed mode's linear growth rate at the uniform "
+        f"density is {float(ds['growth_rate']):.3f}. Fitted slopes of log W1 against log n, n = {ns[0]} to {ns[-1]}: "
+        + ", ".join(f"{s:.2f} (t = {t:g})" for s, t in zip(slopes, ds["time"].values))
+        + f". At t = {ds['time'].values[-1]:g} the PDE has {ds.sizes['cluster']} clusters at "
+        + ", ".join(f"{_wrapped(p):.3f}" for p in ds["peak"].values)
+        + f" rad; the particles have as many in {same[-1]:.0%} of the draws at n = {ns[-1]} "
+        f"({same[0]:.0%} at n = {ns[0]}), their largest position error at n = {ns[-1]} being {worst}."
+    )

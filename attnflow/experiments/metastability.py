@@ -97,17 +97,32 @@ class Detector:
 @dataclass
 class Options:
     # panel (b): keys over the defaults (not over panel (a)'s); conf/experiment/metastability.yaml holds them
-    staircase: dict[str, Any] | None = field(default_factory=lambda: {
-        "n": 5, "d": 2, "beta": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0], "dynamics": "usa",
-        "init": {"kind": "given", "value": [[float(np.cos(a)), float(np.sin(a))] for a in published_angles()]},
-        "members": 1, "dtype": "float64", "t1": 0.2, "dt": 1.0e-5, "solver": "euler",
-        "time_change": {"speed": "log_beta", "collisions": 1.0e-3}, "saves": 2001, "save_states": True,
-        "metrics": ["log_energy", "clusters", "cluster_sizes"], "eps": 1.0e-8,
-    })
+    staircase: dict[str, Any] | None = field(
+        default_factory=lambda: {
+            "n": 5,
+            "d": 2,
+            "beta": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0],
+            "dynamics": "usa",
+            "init": {"kind": "given", "value": [[float(np.cos(a)), float(np.sin(a))] for a in published_angles()]},
+            "members": 1,
+            "dtype": "float64",
+            "t1": 0.2,
+            "dt": 1.0e-5,
+            "solver": "euler",
+            "time_change": {"speed": "log_beta", "collisions": 1.0e-3},
+            "saves": 2001,
+            "save_states": True,
+            "metrics": ["log_energy", "clusters", "cluster_sizes"],
+            "eps": 1.0e-8,
+        }
+    )
     sphere_detector: Detector = field(default_factory=Detector)  # lengths in decades of t
     staircase_detector: Detector = field(  # lengths in rescaled time
-        default_factory=lambda: Detector(tol=0.02, min_length=0.005, hold_length=0.002))
+        default_factory=lambda: Detector(tol=0.02, min_length=0.005, hold_length=0.002)
+    )
     member: int | None = None  # the member of panel (a) drawn large (null: the most merges, then the latest last merge)
+
+
 SERIES = ("relative_energy", "clusters")
 # The partitions of the published staircase and their levels sum_q m_q^2 / n^2.
 STAIRCASE = {(2, 1, 1, 1): 7 / 25, (3, 1, 1): 11 / 25, (3, 2): 13 / 25, (5,): 1.0}
@@ -145,13 +160,24 @@ def _plain_attention(config: Mapping) -> bool:
     """Q = K = V = I softmax attention on the sphere, nothing else: where the
     two-cluster reduction holds."""
     identity = all(
-        config["weights"][w]["kind"] == "identity" and config["weights"][w]["scale"] == 1
-        and config["weights"][w]["sign"] == 1 and not config["weights"][w]["switch_times"]
+        config["weights"][w]["kind"] == "identity"
+        and config["weights"][w]["scale"] == 1
+        and config["weights"][w]["sign"] == 1
+        and not config["weights"][w]["switch_times"]
         and config["weights"][w]["poly"] is None
-        for w in "qkv")
-    return (identity and config["weights"]["o"]["kind"] == "none" and config["dynamics"] == "sa"
-            and config["norm"] == "sphere" and config["attention"] and not config["mlp"]["enabled"]
-            and not config["causal"] and config["alibi"] is None and config["heads"] == 1)
+        for w in "qkv"
+    )
+    return (
+        identity
+        and config["weights"]["o"]["kind"] == "none"
+        and config["dynamics"] == "sa"
+        and config["norm"] == "sphere"
+        and config["attention"]
+        and not config["mlp"]["enabled"]
+        and not config["causal"]
+        and config["alibi"] is None
+        and config["heads"] == 1
+    )
 
 
 def _predictions(res: xr.Dataset, found: xr.Dataset, config: Mapping) -> np.ndarray:
@@ -194,8 +220,9 @@ def _prediction(res, found, clusters, m: int, t, t0: float, beta: float, eps: fl
     return t[k] + two_cluster_time(theta, mass, beta, eps)
 
 
-def _labels_before_last_merge(x: np.ndarray, t: np.ndarray, found: xr.Dataset, member: int,
-                              config: Mapping) -> np.ndarray:
+def _labels_before_last_merge(
+    x: np.ndarray, t: np.ndarray, found: xr.Dataset, member: int, config: Mapping
+) -> np.ndarray:
     """Cluster labels (the smallest token index of each cluster) of one member's states
     `x` (time, token, dim) at the last saved time before its last merge."""
     times = found["merge_time"].values[member] if "merge" in found.dims else np.array([])
@@ -212,8 +239,10 @@ def _relative(res: xr.Dataset) -> xr.DataArray:
         relative = np.exp(res["log_energy"] - (beta - np.log(2 * beta)))
     else:
         relative = res["energy"] / (np.exp(beta) / (2 * beta))
-    return relative.assign_attrs(description="interaction energy over its one-cluster value, "
-                                             "E_beta / (e^beta / (2 beta)) = mean_ij exp(beta (<x_i, x_j> - 1))")
+    return relative.assign_attrs(
+        description="interaction energy over its one-cluster value, "
+        "E_beta / (e^beta / (2 beta)) = mean_ij exp(beta (<x_i, x_j> - 1))"
+    )
 
 
 def _sphere(res: xr.Dataset, settings: Detector, member: int | None) -> xr.Dataset:
@@ -223,8 +252,15 @@ def _sphere(res: xr.Dataset, settings: Detector, member: int | None) -> xr.Datas
     config = read_config(res.encoding.get("source", "this Dataset"), res.attrs["config"])
     beta, t0 = float(config["beta"]), float(config["t0"])
     res = res.assign(relative_energy=_relative(res))
-    found = detect_metastability(res, SERIES, tol=settings.tol, min_length=settings.min_length,
-                                 hold_length=settings.hold_length, axis="log", origin=t0)
+    found = detect_metastability(
+        res,
+        SERIES,
+        tol=settings.tol,
+        min_length=settings.min_length,
+        hold_length=settings.hold_length,
+        axis="log",
+        origin=t0,
+    )
     member = member if member is not None else _representative(found)
     dims = {"member": "member", "time": "sample", "cluster": "cluster"}
     part = xr.Dataset(coords={"member": res["member"].values})
@@ -242,15 +278,25 @@ def _sphere(res: xr.Dataset, settings: Detector, member: int | None) -> xr.Datas
     if "x" in res:
         x = res["x"].isel(member=member).transpose("time", ...).values
         part["x"] = (("sample", "token", "dim"), x, {"description": "states of the drawn member"})
-        part["drawn_clusters"] = ("token", _labels_before_last_merge(x, res["time"].values, found, member, config), {
-            "description": "cluster of each token of the drawn member at the last saved time before its last "
-                           "merge (at the end when it has none)"})
+        part["drawn_clusters"] = (
+            "token",
+            _labels_before_last_merge(x, res["time"].values, found, member, config),
+            {
+                "description": "cluster of each token of the drawn member at the last saved time before its last "
+                "merge (at the end when it has none)"
+            },
+        )
     part["drawn_member"] = ((), member, {"description": "the member of panel (a) drawn large"})
     part["sphere_beta"] = ((), beta, {"description": "beta of panel (a)"})
-    part["two_cluster_time"] = ("member", _predictions(res, found, config), {
-        "description": "time of the last 2 -> 1 merge predicted by the two-point-cluster reduction, started "
-                       "mid-way through the two-cluster stretch (NaN: no such merge, or Q = K = V = I sphere "
-                       "dynamics not in use)"})
+    part["two_cluster_time"] = (
+        "member",
+        _predictions(res, found, config),
+        {
+            "description": "time of the last 2 -> 1 merge predicted by the two-point-cluster reduction, started "
+            "mid-way through the two-cluster stretch (NaN: no such merge, or Q = K = V = I sphere "
+            "dynamics not in use)"
+        },
+    )
     part.attrs = {f"sphere_{key}": float(value) for key, value in dataclasses.asdict(settings).items()}
     return part
 
@@ -264,11 +310,23 @@ def _staircase(res: xr.Dataset, settings: Detector) -> xr.Dataset:
     if "beta" not in res.dims:
         res = res.expand_dims("beta")
     res = res.assign(relative_energy=_relative(res))
-    found = detect_metastability(res, SERIES, sizes="cluster_sizes", tol=settings.tol,
-                                 min_length=settings.min_length, hold_length=settings.hold_length,
-                                 axis="linear", origin=float(config["t0"]))
-    rename = {"time": "staircase_sample", "plateau": "staircase_plateau", "merge": "staircase_merge",
-              "cluster": "staircase_cluster", "token": "staircase_token"}
+    found = detect_metastability(
+        res,
+        SERIES,
+        sizes="cluster_sizes",
+        tol=settings.tol,
+        min_length=settings.min_length,
+        hold_length=settings.hold_length,
+        axis="linear",
+        origin=float(config["t0"]),
+    )
+    rename = {
+        "time": "staircase_sample",
+        "plateau": "staircase_plateau",
+        "merge": "staircase_merge",
+        "cluster": "staircase_cluster",
+        "token": "staircase_token",
+    }
     what = res.attrs.get("time_axis", "time t")
     part = xr.Dataset(coords={"beta": res["beta"].values})
     part["staircase_time"] = ("staircase_sample", res["time"].values, {"description": f"saved times: {what}"})
@@ -277,8 +335,11 @@ def _staircase(res: xr.Dataset, settings: Detector) -> xr.Dataset:
         part[f"staircase_{label}"] = (tuple(rename.get(d, d) for d in da.dims), da.values, da.attrs)
     if "x" in res and res.sizes["dim"] == 2:
         x = res["x"].transpose("beta", "time", "token", "dim").values
-        part["staircase_angles"] = (("beta", "staircase_sample", "staircase_token"), np.arctan2(x[..., 1], x[..., 0]),
-                                    {"description": "angle of each token on the circle (rad)", "units": "radian"})
+        part["staircase_angles"] = (
+            ("beta", "staircase_sample", "staircase_token"),
+            np.arctan2(x[..., 1], x[..., 0]),
+            {"description": "angle of each token on the circle (rad)", "units": "radian"},
+        )
     for name, da in found.data_vars.items():
         part[f"staircase_{name}"] = (tuple(rename.get(d, d) for d in da.dims), da.values, da.attrs)
     part.attrs = {f"staircase_{key}": float(value) for key, value in dataclasses.asdict(settings).items()}
@@ -294,30 +355,39 @@ def _representative(found: xr.Dataset) -> int:
 
 
 class Metastability(Experiment):
-    title = ("Metastability: clusters that persist, then merge (log time); the energy staircase of the cluster "
-             "partitions (rescaled time)")
-    paper = ("A Survey of Continuous Time Dynamics of Transformers, fig. 2 (theorem 4.7); "
-             "Dynamic metastability in the self-attention model (the energy staircase, its published code's setup)")
+    title = (
+        "Metastability: clusters that persist, then merge (log time); the energy staircase of the cluster "
+        "partitions (rescaled time)"
+    )
+    paper = (
+        "A Survey of Continuous Time Dynamics of Transformers, fig. 2 (theorem 4.7); "
+        "Dynamic metastability in the self-attention model (the energy staircase, its published code's setup)"
+    )
     Options = Options
 
     def check(self) -> None:
         """The detectors' settings and the drawn member, checked before anything is solved."""
         options = self.options
-        for name, settings in (("sphere_detector", options.sphere_detector),
-                               ("staircase_detector", options.staircase_detector)):
+        for name, settings in (
+            ("sphere_detector", options.sphere_detector),
+            ("staircase_detector", options.staircase_detector),
+        ):
             tol = settings.tol
             if not 0 <= tol < 1:
-                raise ConfigError(f"experiment.options.{name}.tol is a fraction of a series' range in [0, 1), "
-                                  f"got {tol!r}.")
+                raise ConfigError(
+                    f"experiment.options.{name}.tol is a fraction of a series' range in [0, 1), got {tol!r}."
+                )
             for key, value in (("min_length", settings.min_length), ("hold_length", settings.hold_length)):
                 if not value >= 0:
                     raise ConfigError(f"experiment.options.{name}.{key} must be a number >= 0, got {value!r}.")
         check_member_option(options, self.cfg.members, optional=True)
         detector = options.staircase_detector
         if options.staircase is None and detector != Options().staircase_detector:
-            raise ConfigError(f"experiment.options.staircase_detector={dataclasses.asdict(detector)} does not apply "
-                              "with experiment.options.staircase=null (no staircase panel to detect on); remove it or "
-                              "give the staircase.")
+            raise ConfigError(
+                f"experiment.options.staircase_detector={dataclasses.asdict(detector)} does not apply "
+                "with experiment.options.staircase=null (no staircase panel to detect on); remove it or "
+                "give the staircase."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         """`sphere`: the experiment's keys, one beta; `staircase`: `experiment.options.staircase`
@@ -340,15 +410,19 @@ class Metastability(Experiment):
             span, unit = (np.log10(span / config["dt"]), "decades of t") if label == "sphere" else (span, "of s")
             # (a time that is not finite is the panel's study's to refuse, naming it)
             if np.isfinite(span) and settings.min_length <= settings.tol * span:
-                raise ConfigError(f"experiment.options.{label}_detector.min_length={settings.min_length:g} must exceed "
-                                  f"tol x the span of the time axis ({settings.tol:g} x {span:.3g} {unit}), or a "
-                                  "steady drift would be cut into plateaus.")
+                raise ConfigError(
+                    f"experiment.options.{label}_detector.min_length={settings.min_length:g} must exceed "
+                    f"tol x the span of the time axis ({settings.tol:g} x {span:.3g} {unit}), or a "
+                    "steady drift would be cut into plateaus."
+                )
             metrics = set(config["metrics"])
             needed = {"clusters", "cluster_sizes"} if label == "staircase" else {"clusters"}
             if not needed <= metrics or not metrics & {"energy", "log_energy"}:
                 names = ", ".join(sorted(needed))
-                raise ConfigError(f"panel {label} of experiment metastability needs the metrics {names} and energy (or "
-                                  f"log_energy), got {config['metrics']}.")
+                raise ConfigError(
+                    f"panel {label} of experiment metastability needs the metrics {names} and energy (or "
+                    f"log_energy), got {config['metrics']}."
+                )
         return configs
 
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
@@ -389,10 +463,12 @@ class Metastability(Experiment):
         _marks(ax2, ds, member, "relative_energy", t[keep], annotate=False)
         ax2.set_ylabel(r"$E_\beta / E_\beta^{\max}$,  $E_\beta^{\max} = e^\beta/(2\beta)$")
         ax2.set_title(f"(a) interaction energy relative to one cluster ({ds.sizes['member']} members)")
-        handles = [Line2D([], [], color="C0", linewidth=2, label=f"member {member}"),
-                   Line2D([], [], color="0.6", linewidth=0.6, label="other members"),
-                   Patch(color="C2", alpha=0.3, label="detected plateaus"),
-                   Line2D([], [], color="C3", linestyle="--", label="detected merges")]
+        handles = [
+            Line2D([], [], color="C0", linewidth=2, label=f"member {member}"),
+            Line2D([], [], color="0.6", linewidth=0.6, label="other members"),
+            Patch(color="C2", alpha=0.3, label="detected plateaus"),
+            Line2D([], [], color="C3", linestyle="--", label="detected merges"),
+        ]
         predicted = ds["two_cluster_time"].values
         if np.isfinite(predicted).any():
             handles.append(Line2D([], [], color="k", linestyle=":", label="two-cluster reduction"))
@@ -460,8 +536,7 @@ def _marks(ax, p: xr.Dataset, member: int, series: str, keep_t: np.ndarray, anno
             ax.axvline(time, color="C3", linestyle="--", linewidth=1)
             # a label needs about half a decade before the next merge's line
             if annotate and not np.log10(following / time) < 0.5:
-                ax.annotate(f"{b}→{a}", (time, b), xytext=(3, 2), textcoords="offset points", fontsize=7,
-                            color="C3")
+                ax.annotate(f"{b}→{a}", (time, b), xytext=(3, 2), textcoords="offset points", fontsize=7, color="C3")
     predicted = float(p["two_cluster_time"].sel(member=member))
     if np.isfinite(predicted) and keep_t[0] < predicted < keep_t[-1]:
         ax.axvline(predicted, color="k", linestyle=":", linewidth=1.2)
@@ -505,15 +580,24 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     ax.set_ylabel("angle on the circle (rad)")
     ax.set_title(f"(b) token angles, $\\beta$ = {betas[last]:g}; merges dashed")
     ax = fig.add_subplot(grid[1, 1])
-    for (partition, level) in STAIRCASE.items():
+    for partition, level in STAIRCASE.items():
         ax.axhline(level, color="0.5", linestyle=":", linewidth=0.9)
-        ax.annotate(f"{_fraction(level)} {partition}", (s[-1], level), xytext=(-2, 2), textcoords="offset points",
-                    ha="right", va="bottom", fontsize=7, color="0.35")
+        ax.annotate(
+            f"{_fraction(level)} {partition}",
+            (s[-1], level),
+            xytext=(-2, 2),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="0.35",
+        )
     energy = ds["staircase_energy"].values
     for b, color in enumerate(colors):
         ax.plot(s, energy[b], color=color, linewidth=1.3)
-        starts, ends, levels = (ds[f"staircase_relative_energy_plateau_{f}"].values[b]
-                                for f in ("start", "end", "level"))
+        starts, ends, levels = (
+            ds[f"staircase_relative_energy_plateau_{f}"].values[b] for f in ("start", "end", "level")
+        )
         for a, e, level in zip(starts, ends, levels):
             if np.isfinite(a):
                 ax.plot([a, e], [level, level], color=color, linewidth=6, alpha=0.3, solid_capstyle="butt")
@@ -522,8 +606,10 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     ax.set_ylabel(r"energy $n^{-2} \sum_{ij} e^{\beta(\cos(\theta_i - \theta_j) - 1)}$")
     ax.set_title("(b) the energy staircase, n = 5 on the circle (USA)")
     handles = [Line2D([], [], color=c, linewidth=1.3, label=f"$\\beta$ = {b:g}") for b, c in zip(betas, colors)]
-    handles += [Line2D([], [], color="0.5", linewidth=6, alpha=0.3, label="detected plateaus"),
-                Line2D([], [], color="0.5", linestyle=":", label="partition levels")]
+    handles += [
+        Line2D([], [], color="0.5", linewidth=6, alpha=0.3, label="detected plateaus"),
+        Line2D([], [], color="0.5", linestyle=":", label="partition levels"),
+    ]
     ax.legend(handles=handles, loc="upper left", fontsize=7, frameon=False)
     ax = fig.add_subplot(grid[1, 2])
     ax.axis("off")
@@ -535,13 +621,15 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     cells.scale(1.0, 1.6)
     ax.set_title("(b) detected plateaus: measured level under each partition", fontsize=10)
     init = config["init"]["value"]
-    return (f"(b) the published staircase: n = {config['n']} tokens on the circle at the published angles "
-            f"({', '.join(f'{np.arctan2(y, x):.4f}' for x, y in init)} rad), the unnormalized field at constant speed "
-            f"$\\log \\beta$ in rescaled time $s$, {config['solver']} steps of {config['dt']:g}, tokens within "
-            f"{config['time_change']['collisions']:g} merged, {config['dtype']}, $\\varepsilon$ = {config['eps']:g}; plateaus "
-            f"(shaded bars) are read while the cluster partition holds (tol {ds.attrs['staircase_tol']:g} of the "
-            f"range, at least {ds.attrs['staircase_min_length']:g} of $s$). Largest distance of a measured level from its "
-            f"partition's level: {worst}.")
+    return (
+        f"(b) the published staircase: n = {config['n']} tokens on the circle at the published angles "
+        f"({', '.join(f'{np.arctan2(y, x):.4f}' for x, y in init)} rad), the unnormalized field at constant speed "
+        f"$\\log \\beta$ in rescaled time $s$, {config['solver']} steps of {config['dt']:g}, tokens within "
+        f"{config['time_change']['collisions']:g} merged, {config['dtype']}, $\\varepsilon$ = {config['eps']:g}; "
+        f"plateaus (shaded bars) are read while the cluster partition holds (tol {ds.attrs['staircase_tol']:g} of the "
+        f"range, at least {ds.attrs['staircase_min_length']:g} of $s$). Largest distance of a measured level from its "
+        f"partition's level: {worst}."
+    )
 
 
 def merge_brackets(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -583,22 +671,28 @@ def _plateau_table(ds: xr.Dataset) -> tuple[list[list[str]], str]:
 
 def _sphere_note(ds: xr.Dataset, config: Mapping) -> str:
     counts = ds["merge_count"].values
-    note = (f"(a) Q = K = V = I softmax attention, n = {config['n']} tokens on $S^{{{config['d'] - 1}}}$, $\\beta$ = "
-            f"{config['beta']:g}, {_init_words(config)}, {config['solver']} with adaptive steps (rtol "
-            f"{config['rtol']:g}) in {config['dtype']}, output at {ds.sizes['sample']} log-spaced times to "
-            f"t = {config['t1']:g}; merges per member: {_spread(counts)}")
+    note = (
+        f"(a) Q = K = V = I softmax attention, n = {config['n']} tokens on $S^{{{config['d'] - 1}}}$, $\\beta$ = "
+        f"{config['beta']:g}, {_init_words(config)}, {config['solver']} with adaptive steps (rtol "
+        f"{config['rtol']:g}) in {config['dtype']}, output at {ds.sizes['sample']} log-spaced times to "
+        f"t = {config['t1']:g}; merges per member: {_spread(counts)}"
+    )
     before, after, predicted = merge_brackets(ds)
     known = np.isfinite(predicted)
     if known.any():
         inside = int(np.sum((before[known] <= predicted[known]) & (predicted[known] <= after[known])))
         ratios = after[known] / predicted[known]
-        note += (f"; the 2 -> 1 merge time of the two-cluster reduction lies between the last sample before and the "
-                 f"first sample after the detected merge for {inside} of {int(known.sum())} members (first sample "
-                 f"after / predicted: median {np.median(ratios):.3f}, range {ratios.min():.3f}-{ratios.max():.3f})")
-    return note + (f". Plateaus: windows whose values span at most {ds.attrs['sphere_tol']:g} of the series' range "
-                   f"for at least {ds.attrs['sphere_min_length']:g} decades of t while the partition holds, longest "
-                   f"first (shaded, two shades in turn); merges: steps down between cluster counts that each hold "
-                   f"at least {ds.attrs['sphere_hold_length']:g} decades, at the first time of the lower count.")
+        note += (
+            f"; the 2 -> 1 merge time of the two-cluster reduction lies between the last sample before and the "
+            f"first sample after the detected merge for {inside} of {int(known.sum())} members (first sample "
+            f"after / predicted: median {np.median(ratios):.3f}, range {ratios.min():.3f}-{ratios.max():.3f})"
+        )
+    return note + (
+        f". Plateaus: windows whose values span at most {ds.attrs['sphere_tol']:g} of the series' range "
+        f"for at least {ds.attrs['sphere_min_length']:g} decades of t while the partition holds, longest "
+        f"first (shaded, two shades in turn); merges: steps down between cluster counts that each hold "
+        f"at least {ds.attrs['sphere_hold_length']:g} decades, at the first time of the lower count."
+    )
 
 
 def _init_words(config: Mapping) -> str:

@@ -47,9 +47,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    sizes: list[int] = field(default_factory=lambda: [32, 128, 512, 2048, 10000])  # numbers of tokens n, one set of panels each
+    sizes: list[int] = field(
+        default_factory=lambda: [32, 128, 512, 2048, 10000]
+    )  # numbers of tokens n, one set of panels each
     ratios: list[float] = field(  # sigma / sigma_c of the panels
-        default_factory=lambda: [0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5])
+        default_factory=lambda: [0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5]
+    )
     late: float = 0.33333  # the order parameter is averaged over the last `late` fraction of [t0, t1] (a third)
     disordered_from: float = 1.15  # the ratios above this fit the susceptibility (measured threshold)
 
@@ -62,24 +65,39 @@ def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]
         return {}, np.zeros(0)
     sigma_c = critical_sigma(beta, d)
     # One grid holds the panels' sigma too, so that each sigma is solved once.
-    curve = np.unique(np.concatenate([sigma, np.linspace(sigma.min(), sigma.max(), 49),
-                                      sigma_c * (1 - np.geomspace(1e-3, 0.1, 12))]))
+    curve = np.unique(
+        np.concatenate([sigma, np.linspace(sigma.min(), sigma.max(), 49), sigma_c * (1 - np.geomspace(1e-3, 0.1, 12))])
+    )
     curve = curve[(curve >= sigma.min()) & (curve <= sigma.max())]
     order = np.asarray([circle_stationary_order(beta, s) for s in curve])
     return {
-        "meanfield_order": (("ratio",), order[np.searchsorted(curve, sigma)], {
-            "description": "order parameter of the stationary density of the mean-field equation (0 from "
-                           "sigma_c on: the uniform law)", "units": "1"}),
-        "meanfield_curve": (("curve_sigma",), order, {
-            "description": "order parameter of the stationary density of the mean-field equation, on a fine "
-                           "grid of sigma", "units": "1"}),
+        "meanfield_order": (
+            ("ratio",),
+            order[np.searchsorted(curve, sigma)],
+            {
+                "description": "order parameter of the stationary density of the mean-field equation (0 from "
+                "sigma_c on: the uniform law)",
+                "units": "1",
+            },
+        ),
+        "meanfield_curve": (
+            ("curve_sigma",),
+            order,
+            {
+                "description": "order parameter of the stationary density of the mean-field equation, on a fine "
+                "grid of sigma",
+                "units": "1",
+            },
+        ),
     }, curve
 
 
 class NoiseTransition(Experiment):
     title = "Noise-driven phase transition of unnormalized attention on the sphere"
-    paper = ("A mathematical perspective on Transformers (noisy dynamics and the mean-field limit); "
-             "the linear stability threshold sigma_c of docs/model.md")
+    paper = (
+        "A mathematical perspective on Transformers (noisy dynamics and the mean-field limit); "
+        "the linear stability threshold sigma_c of docs/model.md"
+    )
     Options = Options
     coordinates = {
         "n": ("number of tokens", "1"),
@@ -92,43 +110,55 @@ class NoiseTransition(Experiment):
         cfg, options = self.cfg, self.options
         ratios = options.ratios
         if not ratios or any(not isinstance(r, (int, float)) or r <= 0 for r in ratios) or sorted(ratios) != ratios:
-            raise ConfigError(f"experiment.options.ratios must be increasing positive numbers (sigma / sigma_c), "
-                              f"got {ratios!r}.")
+            raise ConfigError(
+                f"experiment.options.ratios must be increasing positive numbers (sigma / sigma_c), got {ratios!r}."
+            )
         # Each ratio is a panel labelled by its 6 significant digits: two ratios that share them would be one panel,
         # read back for both.
         labels = [f"{r:g}" for r in ratios]
         same = next((r for r, label in zip(ratios, labels) if labels.count(label) > 1), None)
         if same is not None:
             others = [r for r, label in zip(ratios, labels) if label == f"{same:g}"]
-            raise ConfigError(f"experiment.options.ratios holds {' and '.join(map(repr, others))}, one panel "
-                              f"(ratio={same:g}); give ratios that differ in their first 6 significant digits.")
+            raise ConfigError(
+                f"experiment.options.ratios holds {' and '.join(map(repr, others))}, one panel "
+                f"(ratio={same:g}); give ratios that differ in their first 6 significant digits."
+            )
         above = [r for r in ratios if r > options.disordered_from]
         if len(above) < 2:
-            raise ConfigError(f"experiment.options.disordered_from={options.disordered_from!r} leaves "
-                              f"{len(above)} of the ratios {ratios!r} above it; the measured threshold is a line "
-                              f"fitted on the ratios above it, so give at least two there.")
+            raise ConfigError(
+                f"experiment.options.disordered_from={options.disordered_from!r} leaves "
+                f"{len(above)} of the ratios {ratios!r} above it; the measured threshold is a line "
+                f"fitted on the ratios above it, so give at least two there."
+            )
         if not 0 < options.late <= 1:
             raise ConfigError(f"experiment.options.late must be in (0, 1], got {options.late!r}.")
         if cfg.dynamics != "usa" or cfg.norm != "sphere" or cfg.mlp.enabled or not cfg.attention:
-            raise ConfigError("experiment noise_transition is the unnormalized attention of the sphere alone: keep "
-                              "dynamics=usa, norm=sphere, attention=true and mlp.enabled=false.")
+            raise ConfigError(
+                "experiment noise_transition is the unnormalized attention of the sphere alone: keep "
+                "dynamics=usa, norm=sphere, attention=true and mlp.enabled=false."
+            )
         if any(getattr(cfg.weights, m).kind != "identity" or getattr(cfg.weights, m).scale != 1 for m in "qkv"):
-            raise ConfigError("experiment noise_transition predicts sigma_c for Q = K = V = I: keep weights.q, k and v "
-                              "the identity.")
+            raise ConfigError(
+                "experiment noise_transition predicts sigma_c for Q = K = V = I: keep weights.q, k and v the identity."
+            )
         if isinstance(cfg.d, list) or isinstance(cfg.beta, list):
             raise ConfigError("experiment noise_transition takes one d and one beta (its panels are n and sigma).")
         sizes = options.sizes
         if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in sizes):
-            raise ConfigError(f"experiment.options.sizes must be a non-empty list of whole numbers n >= 2, "
-                              f"got {sizes!r}.")
+            raise ConfigError(
+                f"experiment.options.sizes must be a non-empty list of whole numbers n >= 2, got {sizes!r}."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         sigma_c = critical_sigma(float(base["beta"]), int(base["d"]))
         configs = {}
         for n in self.options.sizes:
             for ratio in self.options.ratios:
-                configs[f"n={n},ratio={ratio:g}"] = {**base, "n": n,
-                                                     "noise": {**base["noise"], "sigma": ratio * sigma_c}}
+                configs[f"n={n},ratio={ratio:g}"] = {
+                    **base,
+                    "n": n,
+                    "noise": {**base["noise"], "sigma": ratio * sigma_c},
+                }
         return configs
 
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
@@ -164,22 +194,49 @@ class NoiseTransition(Experiment):
         return xr.Dataset(
             {
                 **predictions,
-                "order": (("n", "ratio"), order, {
-                    "description": "order parameter |mean_i x_i| averaged over the late window and the members",
-                    "units": "1"}),
-                "order_square": (("n", "ratio"), square, {
-                    "description": "|mean_i x_i|^2 averaged over the late window and the members", "units": "1"}),
-                "order_error": (("n", "ratio"), error, {
-                    "description": "standard error over members of the late-window order parameter", "units": "1"}),
-                "floor": (("n",), floor, {
-                    "description": "mean order parameter of the uniform initial tokens (the finite-n floor)",
-                    "units": "1"}),
-                "measured_threshold": (("n",), measured, {
-                    "description": "sigma_c fitted from the disordered side: the zero in 1/sigma^2 of the line "
-                                   "1/(n E|m|^2) = 1 - sigma_c^2/sigma^2", "units": "1"}),
-                "critical_sigma": ((), sigma_c, {
-                    "description": "predicted critical sigma_c = sqrt(2 A(beta)) of the mean-field equation",
-                    "units": "1"}),
+                "order": (
+                    ("n", "ratio"),
+                    order,
+                    {
+                        "description": "order parameter |mean_i x_i| averaged over the late window and the members",
+                        "units": "1",
+                    },
+                ),
+                "order_square": (
+                    ("n", "ratio"),
+                    square,
+                    {"description": "|mean_i x_i|^2 averaged over the late window and the members", "units": "1"},
+                ),
+                "order_error": (
+                    ("n", "ratio"),
+                    error,
+                    {"description": "standard error over members of the late-window order parameter", "units": "1"},
+                ),
+                "floor": (
+                    ("n",),
+                    floor,
+                    {
+                        "description": "mean order parameter of the uniform initial tokens (the finite-n floor)",
+                        "units": "1",
+                    },
+                ),
+                "measured_threshold": (
+                    ("n",),
+                    measured,
+                    {
+                        "description": "sigma_c fitted from the disordered side: the zero in 1/sigma^2 of the line "
+                        "1/(n E|m|^2) = 1 - sigma_c^2/sigma^2",
+                        "units": "1",
+                    },
+                ),
+                "critical_sigma": (
+                    (),
+                    sigma_c,
+                    {
+                        "description": "predicted critical sigma_c = sqrt(2 A(beta)) of the mean-field equation",
+                        "units": "1",
+                    },
+                ),
             },
             coords={"n": sizes, "ratio": ratios, "sigma": ("ratio", sigma), "curve_sigma": curve},
         )
@@ -191,13 +248,25 @@ class NoiseTransition(Experiment):
         ax = fig.add_subplot(1, 1, 1)
         sigma, sigma_c = ds["sigma"].values, float(ds["critical_sigma"])
         for i, n in enumerate(ds["n"].values):
-            line = ax.errorbar(sigma, ds["order"].values[i], yerr=ds["order_error"].values[i], marker="o",
-                               markersize=4, capsize=2, label=f"n = {n}")
+            line = ax.errorbar(
+                sigma,
+                ds["order"].values[i],
+                yerr=ds["order_error"].values[i],
+                marker="o",
+                markersize=4,
+                capsize=2,
+                label=f"n = {n}",
+            )
             ax.axhline(float(ds["floor"].values[i]), color=line[0].get_color(), linestyle=":", linewidth=0.9)
         ax.axvline(sigma_c, color="k", linestyle="--", linewidth=1.2, label=rf"predicted $\sigma_c$ = {sigma_c:.3f}")
         if "meanfield_curve" in ds:
-            ax.plot(ds["curve_sigma"].values, ds["meanfield_curve"].values, color="k", linewidth=1.4,
-                    label=r"mean field, $n \to \infty$: stationary $|\int e^{i\theta}\rho|$")
+            ax.plot(
+                ds["curve_sigma"].values,
+                ds["meanfield_curve"].values,
+                color="k",
+                linewidth=1.4,
+                label=r"mean field, $n \to \infty$: stationary $|\int e^{i\theta}\rho|$",
+            )
         ax.set_xlabel(r"noise $\sigma$")
         ax.set_ylabel(r"stationary order parameter $|\frac{1}{n}\sum_i x_i|$")
         ax.set_ylim(0, None)
@@ -206,14 +275,18 @@ class NoiseTransition(Experiment):
         above = float(cfg["experiment"]["options"]["disordered_from"])
         t1, late = cfg["t1"], cfg["experiment"]["options"]["late"]
         solid = "; solid: the order parameter of its stationary density" if "meanfield_curve" in ds else ""
-        caption(fig, (
-            f"Unnormalized attention (USA) with Q = K = V = I on $S^{{{cfg['d'] - 1}}}$, $\\beta$ = {cfg['beta']}, "
-            f"plus the Brownian motion of the sphere of strength $\\sigma$; uniform tokens at t = 0, {cfg['solver']} "
-            f"with dt = {cfg['dt']} in {cfg['dtype']}, {cfg['members']} members per point. The order parameter is "
-            f"averaged over t in [{t1 - late * (t1 - cfg['t0']):.4g}, {t1:g}] and over members (bars: standard error); "
-            f"dotted: the floor of uniform tokens at each n. Dashed: the linear stability threshold of the uniform law "
-            f"of the mean-field equation{solid}. Measured threshold (the zero of $1/(n E|m|^2)$, linear in "
-            f"$1/\\sigma^2$, fitted "
-            f"for $\\sigma > {above:g}\\sigma_c$): {measured}."),
-            width=110)
+        caption(
+            fig,
+            (
+                f"Unnormalized attention (USA) with Q = K = V = I on $S^{{{cfg['d'] - 1}}}$, $\\beta$ = {cfg['beta']}, "
+                "plus the Brownian motion of the sphere of strength $\\sigma$; uniform tokens at t = 0, "
+                f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {cfg['members']} members per point. The "
+                f"order parameter is averaged over t in [{t1 - late * (t1 - cfg['t0']):.4g}, {t1:g}] and over members "
+                "(bars: standard error); dotted: the floor of uniform tokens at each n. Dashed: the linear stability "
+                f"threshold of the uniform law of the mean-field equation{solid}. Measured threshold (the zero of "
+                "$1/(n E|m|^2)$, linear in $1/\\sigma^2$, fitted "
+                f"for $\\sigma > {above:g}\\sigma_c$): {measured}."
+            ),
+            width=110,
+        )
         return {"noise_transition": fig}

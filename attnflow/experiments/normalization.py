@@ -81,16 +81,16 @@ def collapse(x: np.ndarray) -> np.ndarray:
 
 _FIT_DESCRIPTIONS = {
     "exp_rate": "r of the exponential fit 1 - mean cos ~ exp(-r t) (minus the slope of log(1 - cos) against t), "
-                "on the window where that slope has settled (exp_start to fit_end)",
+    "on the window where that slope has settled (exp_start to fit_end)",
     "exp_log_amplitude": "log A of the exponential fit A exp(-r t)",
     "exp_start": "first time of the exponential fit: from here on the local rate stays within `settle` of its end "
-                 "value",
+    "value",
     "exp_r2": "R^2 of a line in (t, log(1 - cos)) over the whole window fit_start to fit_end",
     "power_exponent": "p of the power-law fit 1 - mean cos ~ (t - norm_origin)^(-p) (minus the slope against "
-                      "log(t - norm_origin)), on the window where that slope has settled (power_start to fit_end)",
+    "log(t - norm_origin)), on the window where that slope has settled (power_start to fit_end)",
     "power_log_amplitude": "log A of the power-law fit A (t - norm_origin)^(-p)",
     "power_start": "first time of the power-law fit: from here on the local exponent stays within `settle` of its end "
-                   "value",
+    "value",
     "power_r2": "R^2 of a line in (log(t - norm_origin), log(1 - cos)) over the whole window fit_start to fit_end",
     "fit_start": "first time with 1 - mean cos below fit_from",
     "fit_end": "last time with 1 - mean cos above floor",
@@ -115,8 +115,9 @@ def settled_from(u: np.ndarray, v: np.ndarray, settle: float) -> int:
     return int(off[-1] + 1) if off.size else 0
 
 
-def fit_rates(t: np.ndarray, y: np.ndarray, fit_from: float, floor: float, origin: float = 0.0,
-              settle: float = 0.02) -> dict[str, float]:
+def fit_rates(
+    t: np.ndarray, y: np.ndarray, fit_from: float, floor: float, origin: float = 0.0, settle: float = 0.02
+) -> dict[str, float]:
     """Exponential and power-law fits of the series y(t) on the window that starts when
     y drops below `fit_from` and ends before it drops below `floor`.
 
@@ -160,8 +161,10 @@ def norm_line(t: np.ndarray, norm: np.ndarray) -> tuple[float, float]:
 
 class Normalization(Experiment):
     title = "Post-LN collapses exponentially, pre-LN polynomially"
-    paper = ("post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
-             "same attention on the residual stream")
+    paper = (
+        "post-LN: the sphere model of A Survey of Continuous Time Dynamics of Transformers; pre-LN: the "
+        "same attention on the residual stream"
+    )
     coordinates = {
         "scheme": ("normalization scheme: post_ln or pre_ln", None),
         "scheme_name": ("the normalization scheme in words", None),
@@ -174,21 +177,25 @@ class Normalization(Experiment):
         if not 0 < options.settle < 1:
             raise ConfigError(f"experiment.options.settle must be a fraction in (0, 1), got {options.settle!r}.")
         if not (0 < options.floor < options.fit_from < 1):
-            raise ConfigError(f"experiment.options needs 0 < floor < fit_from < 1, got floor={options.floor} and "
-                              f"fit_from={options.fit_from}.")
+            raise ConfigError(
+                f"experiment.options needs 0 < floor < fit_from < 1, got floor={options.floor} and "
+                f"fit_from={options.fit_from}."
+            )
         if not cfg.save_states:
-            raise ConfigError("experiment normalization reads the cosines and norms from the states: keep "
-                              "save_states=true.")
+            raise ConfigError(
+                "experiment normalization reads the cosines and norms from the states: keep save_states=true."
+            )
         if cfg.norm != "sphere":
-            raise ConfigError(f"experiment normalization sets the schemes itself (sphere, then pre); keep norm=sphere, "
-                              f"got norm={cfg.norm}.")
+            raise ConfigError(
+                f"experiment normalization sets the schemes itself (sphere, then pre); keep norm=sphere, "
+                f"got norm={cfg.norm}."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         """Post-LN as configured (on the sphere) and pre-LN with a unit-gain normalization."""
         pre = copy.deepcopy(base)
         pre["norm"] = "pre"
-        pre["token_norm"].update(kind=str(self.options.pre_norm), eps=0.0, gamma=float(base["d"]) ** -0.5,
-                                 shift=None)
+        pre["token_norm"].update(kind=str(self.options.pre_norm), eps=0.0, gamma=float(base["d"]) ** -0.5, shift=None)
         return {"post_ln": base, "pre_ln": pre}
 
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
@@ -208,34 +215,42 @@ class Normalization(Experiment):
         ds = xr.Dataset(coords={"scheme": labels, "member": first["member"].values, "time": t})
         ds = ds.assign_coords(scheme_name=("scheme", [SCHEMES.get(label, label) for label in labels]))
         ds["collapse"] = xr.DataArray(series, dims=("scheme", "member", "time")).assign_attrs(
-            description="1 - mean cosine over pairs of distinct tokens")
+            description="1 - mean cosine over pairs of distinct tokens"
+        )
         ds["collapse_gmean"] = xr.DataArray(gmean, dims=("scheme", "time")).assign_attrs(
-            description="geometric mean over members of 1 - mean cosine")
+            description="geometric mean over members of 1 - mean cosine"
+        )
         ds["token_norm"] = xr.DataArray(np.stack(norms), dims=("scheme", "member", "time")).assign_attrs(
-            description="mean norm |x_i| of the tokens (the residual stream for pre-LN; 1 on the sphere)")
+            description="mean norm |x_i| of the tokens (the residual stream for pre-LN; 1 on the sphere)"
+        )
         settle = self.options.settle
         norms = np.stack(norms)  # (scheme, member, time)
         lines = [norm_line(t, norms[k].mean(0)) for k in range(len(labels))]
         member_lines = [[norm_line(t, norms[k, m]) for m in range(norms.shape[1])] for k in range(len(labels))]
         fits = [fit_rates(t, gmean[k], fit_from, floor, lines[k][1], settle) for k in range(len(labels))]
-        member_fits = [[fit_rates(t, series[k, m], fit_from, floor, member_lines[k][m][1], settle)
-                        for m in range(series.shape[1])] for k in range(len(labels))]
+        member_fits = [
+            [fit_rates(t, series[k, m], fit_from, floor, member_lines[k][m][1], settle) for m in range(series.shape[1])]
+            for k in range(len(labels))
+        ]
         ds["norm_growth"] = xr.DataArray([c for c, _ in lines], dims="scheme").assign_attrs(
-            description="c of |x| ~ c (t - t_0), mean token norm fitted on the second half of the run (0 on the "
-                        "sphere)")
+            description="c of |x| ~ c (t - t_0), mean token norm fitted on the second half of the run (0 on the sphere)"
+        )
         ds["norm_origin"] = xr.DataArray([t0 for _, t0 in lines], dims="scheme").assign_attrs(
-            description="t_0 of |x| ~ c (t - t_0): where the residual stream's linear growth starts (0 on the sphere)")
-        ds["norm_origin_member"] = xr.DataArray([[t0 for _, t0 in row] for row in member_lines],
-                                                dims=("scheme", "member")).assign_attrs(
-            description="t_0 of |x| ~ c (t - t_0), per member")
+            description="t_0 of |x| ~ c (t - t_0): where the residual stream's linear growth starts (0 on the sphere)"
+        )
+        ds["norm_origin_member"] = xr.DataArray(
+            [[t0 for _, t0 in row] for row in member_lines], dims=("scheme", "member")
+        ).assign_attrs(description="t_0 of |x| ~ c (t - t_0), per member")
         for key, text in _FIT_DESCRIPTIONS.items():
             ds[key] = xr.DataArray([f[key] for f in fits], dims="scheme").assign_attrs(
-                description=f"{text}, on the geometric mean over members")
-            ds[f"{key}_member"] = xr.DataArray([[f[key] for f in row] for row in member_fits],
-                                               dims=("scheme", "member")).assign_attrs(
-                description=f"{text}, per member")
+                description=f"{text}, on the geometric mean over members"
+            )
+            ds[f"{key}_member"] = xr.DataArray(
+                [[f[key] for f in row] for row in member_fits], dims=("scheme", "member")
+            ).assign_attrs(description=f"{text}, per member")
         ds["failed_members"] = xr.DataArray(failed, dims="scheme").assign_attrs(
-            description="members whose solve failed, per scheme")
+            description="members whose solve failed, per scheme"
+        )
         return ds
 
     @staticmethod
@@ -252,11 +267,21 @@ class Normalization(Experiment):
                 part = ds.sel(scheme=label)
                 color = colors[label]
                 for m in ds["member"].values:
-                    ax.plot(t[positive], part["collapse"].sel(member=m).values[positive], color=color,
-                            linewidth=1.0 if m == member else 0.5, alpha=0.8 if m == member else 0.3)
+                    ax.plot(
+                        t[positive],
+                        part["collapse"].sel(member=m).values[positive],
+                        color=color,
+                        linewidth=1.0 if m == member else 0.5,
+                        alpha=0.8 if m == member else 0.3,
+                    )
                 r2 = {key: float(part[key]) for key in ("exp_r2", "power_r2")}
-                ax.plot(t[positive], part["collapse_gmean"].values[positive], color=color, linewidth=2,
-                        label=f"{part['scheme_name'].item()}: R$^2$ exp {r2['exp_r2']:.3f}, power {r2['power_r2']:.3f}")
+                ax.plot(
+                    t[positive],
+                    part["collapse_gmean"].values[positive],
+                    color=color,
+                    linewidth=2,
+                    label=f"{part['scheme_name'].item()}: R$^2$ exp {r2['exp_r2']:.3f}, power {r2['power_r2']:.3f}",
+                )
                 start, end = float(part[f"{kind}_start"]), float(part["fit_end"])
                 better = (r2["power_r2"] > r2["exp_r2"]) == (kind == "power")
                 if np.isfinite(start) and better:  # each scheme's fit where its model is the one it follows
@@ -289,8 +314,14 @@ class Normalization(Experiment):
             c, origin = float(part["norm_growth"]), float(part["norm_origin"])
             if c > 0:
                 late = c * (t - origin) >= 1.0
-                ax.plot(t[late], c * (t[late] - origin), color="k", linestyle=":", linewidth=1,
-                        label=f"|x| = {c:.2f} (t - {origin:.2g})")
+                ax.plot(
+                    t[late],
+                    c * (t[late] - origin),
+                    color="k",
+                    linestyle=":",
+                    linewidth=1,
+                    label=f"|x| = {c:.2f} (t - {origin:.2g})",
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("time t (log)")
@@ -304,15 +335,22 @@ class Normalization(Experiment):
             f"{float(part['power_exponent']):.2f} in t - {float(part['norm_origin']):.2g} (t in "
             f"[{float(part['power_start']):.3g}, {float(part['fit_end']):.3g}]), "
             f"$R^{{2}}$ over [{float(part['fit_start']):.3g}, {float(part['fit_end']):.3g}]: exp "
-            f"{float(part['exp_r2']):.4f}, power {float(part['power_r2']):.4f}" for part in fits.values())
-        caption(fig, (
-            f"Softmax attention with Ginibre Q, K, V drawn per member, n = {cfg['n']}, d = {cfg['d']}, $\\beta$ = "
-            f"sqrt(d) = {cfg['beta']:.3g}, {ds.sizes['member']} members (thin; member {member} darker; thick: "
-            f"geometric mean), unit initial tokens uniform on the sphere, {cfg['solver']} with dt = {cfg['dt']} in "
-            f"{cfg['dtype']}. Post-LN keeps the tokens on the sphere; pre-LN feeds x/|x| ({options['pre_norm']} norm "
-            f"with gain d^(-1/2)) to attention and adds the update to the residual stream. 1 - mean cosine is computed "
-            f"as $\\frac{{1}}{{n - 1}} \\sum_i |u_i - \\bar u|^2$, exact far below 1e-16. Fits on the geometric mean, "
-            f"between 1 - cos = {options['fit_from']:g} and {options['floor']:g}; the rate and the exponent only where "
-            f"the local slope has settled (within {options.get('settle', 0.02):g} of its end value), the power law in "
-            f"t - t_0 with t_0 the origin of the fitted growth |x| = c (t - t_0): {words}."), width=175)
+            f"{float(part['exp_r2']):.4f}, power {float(part['power_r2']):.4f}"
+            for part in fits.values()
+        )
+        caption(
+            fig,
+            (
+                f"Softmax attention with Ginibre Q, K, V drawn per member, n = {cfg['n']}, d = {cfg['d']}, $\\beta$ = "
+                f"sqrt(d) = {cfg['beta']:.3g}, {ds.sizes['member']} members (thin; member {member} darker; thick: "
+                f"geometric mean), unit initial tokens uniform on the sphere, {cfg['solver']} with dt = {cfg['dt']} in "
+                f"{cfg['dtype']}. Post-LN keeps the tokens on the sphere; pre-LN feeds x/|x| ({options['pre_norm']} "
+                "norm with gain d^(-1/2)) to attention and adds the update to the residual stream. 1 - mean cosine is "
+                "computed as $\\frac{1}{n - 1} \\sum_i |u_i - \\bar u|^2$, exact far below 1e-16. Fits on the "
+                f"geometric mean, between 1 - cos = {options['fit_from']:g} and {options['floor']:g}; the rate and the "
+                f"exponent only where the local slope has settled (within {options.get('settle', 0.02):g} of its end "
+                f"value), the power law in t - t_0 with t_0 the origin of the fitted growth |x| = c (t - t_0): {words}."
+            ),
+            width=175,
+        )
         return {"normalization": fig}

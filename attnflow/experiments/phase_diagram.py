@@ -63,12 +63,17 @@ class PhaseDiagram(Experiment):
         members = int(cfg["members"])
         beta = ds["beta"].values
         mismatch = ", ".join(f"d={d}: {float(ds['curve_mismatch'].sel(d=d)):.3f}" for d in dims)
-        caption(fig, (
-            f"Q = K = V = I softmax attention on S^(d-1), n = {cfg['n']} tokens uniform at t = 0, "
-            f"{members} members per (d, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
-            f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
-            f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - {cfg['eps']:g}$, "
-            f"averaged over members. Dashed: the equiangular model's time to $\\rho$ = 1 - "
-            f"{float(ds['equiangular_time'].attrs['eps']):g} (n = {cfg['n']}, orthogonal start). Mismatch = "
-            f"mean |P - 1{{t >= t_eps}}| over the grid ({mismatch})."), width=30 * len(dims) + 20)
+        caption(
+            fig,
+            (
+                f"Q = K = V = I softmax attention on S^(d-1), n = {cfg['n']} tokens uniform at t = 0, "
+                f"{members} members per (d, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
+                f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
+                f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - "
+                f"{cfg['eps']:g}$, averaged over members. Dashed: the equiangular model's time to $\\rho$ = 1 - "
+                f"{float(ds['equiangular_time'].attrs['eps']):g} (n = {cfg['n']}, orthogonal start). Mismatch = "
+                f"mean |P - 1{{t >= t_eps}}| over the grid ({mismatch})."
+            ),
+            width=30 * len(dims) + 20,
+        )
         return {"phase_diagram": fig}

@@ -60,14 +60,17 @@ Panel = choice("Panel", tuple(PANELS))
 class Options:
     eps: float = 1e-3  # the equiangular curve is the time at which rho = 1 - eps
     panels: list[Panel] = field(  # which of PANELS to solve
-        default_factory=lambda: [Panel.product_wishart, Panel.goe_wishart, Panel.v_plus_qtk, Panel.v_minus_qtk])
+        default_factory=lambda: [Panel.product_wishart, Panel.goe_wishart, Panel.v_plus_qtk, Panel.v_minus_qtk]
+    )
 
 
 # What the caption says of each law, in words.
-LAWS = ("Q = I and K = B, the bilinear form Q^T K drawn directly: product law B = G1 G2/sqrt(d) (logits of variance "
-        "1 on unit tokens) or GOE (G + G^T)/sqrt(2); V Wishart G G^T/sqrt(d) or tied to B as +-B/sqrt(d) "
-        "(+-B/sqrt(d + 1) for the GOE) and applied as its transpose (the published code multiplies row vectors by V); "
-        "G, G1, G2 with N(0, 1) entries, drawn anew for every member and every beta")
+LAWS = (
+    "Q = I and K = B, the bilinear form Q^T K drawn directly: product law B = G1 G2/sqrt(d) (logits of variance "
+    "1 on unit tokens) or GOE (G + G^T)/sqrt(2); V Wishart G G^T/sqrt(d) or tied to B as +-B/sqrt(d) "
+    "(+-B/sqrt(d + 1) for the GOE) and applied as its transpose (the published code multiplies row vectors by V); "
+    "G, G1, G2 with N(0, 1) entries, drawn anew for every member and every beta"
+)
 
 
 class PhaseDiagramRandom(Experiment):
@@ -82,8 +85,9 @@ class PhaseDiagramRandom(Experiment):
         check_eps(self.options.eps)
         chosen = self.options.panels
         if not chosen:
-            raise ConfigError(f"experiment.options.panels must be a non-empty list of {', '.join(PANELS)}, "
-                              f"got {chosen!r}.")
+            raise ConfigError(
+                f"experiment.options.panels must be a non-empty list of {', '.join(PANELS)}, got {chosen!r}."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         configs = {}
@@ -100,10 +104,14 @@ class PhaseDiagramRandom(Experiment):
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
         labels = list(results)
         ds = summarize(self.cfg, self.options.eps, results, "panel", labels)
-        final = ds["pair_density_mean"].isel(time=-1, drop=True).assign_attrs(
-            description=f"mean pair density at t = {float(ds['time'][-1]):g}")
+        final = (
+            ds["pair_density_mean"]
+            .isel(time=-1, drop=True)
+            .assign_attrs(description=f"mean pair density at t = {float(ds['time'][-1]):g}")
+        )
         return ds.assign(final_pair_density=final).assign_coords(
-            panel_title=("panel", [PANELS[label][0] for label in labels]))
+            panel_title=("panel", [PANELS[label][0] for label in labels])
+        )
 
     @staticmethod
     def draw(ds: xr.Dataset) -> dict[str, Figure]:
@@ -112,11 +120,16 @@ class PhaseDiagramRandom(Experiment):
         titles = [f"({chr(97 + k)}) {ds['panel_title'].values[k]}" for k in range(len(labels))]
         fig = heatmaps(ds, "panel", titles)
         beta = ds["beta"].values
-        caption(fig, (
-            f"{LAWS}. Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']} tokens uniform at t = 0, "
-            f"{cfg['members']} members per (panel, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
-            f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
-            f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - {cfg['eps']:g}$, "
-            f"averaged over members. Dashed: the equiangular curve of the Q = K = V = I model (n = {cfg['n']}, eps = "
-            f"{float(ds['equiangular_time'].attrs['eps']):g}), for comparison."), width=30 * min(len(labels), 4) + 20)
+        caption(
+            fig,
+            (
+                f"{LAWS}. Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']} tokens uniform at t = 0, "
+                f"{cfg['members']} members per (panel, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
+                f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
+                f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - "
+                f"{cfg['eps']:g}$, averaged over members. Dashed: the equiangular curve of the Q = K = V = I model (n "
+                f"= {cfg['n']}, eps = {float(ds['equiangular_time'].attrs['eps']):g}), for comparison."
+            ),
+            width=30 * min(len(labels), 4) + 20,
+        )
         return {"phase_diagram_random": fig}

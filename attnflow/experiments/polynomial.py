@@ -123,14 +123,17 @@ class Polynomial(Experiment):
     def check(self) -> None:
         check_drawn_member("polynomial", self.cfg, self.options, "measures the dispersion on the states", optional=True)
         if self.cfg.dynamics != "sa":
-            raise ConfigError(f"experiment polynomial sets the attention itself from experiment.options.normalizer; "
-                              f"keep dynamics=sa, got dynamics={self.cfg.dynamics.value}.")
+            raise ConfigError(
+                f"experiment polynomial sets the attention itself from experiment.options.normalizer; "
+                f"keep dynamics=sa, got dynamics={self.cfg.dynamics.value}."
+            )
         if self.cfg.t0 != 0:
             raise ConfigError(f"experiment polynomial runs on [0, T] with T = t1; set t0=0, got t0={self.cfg.t0}.")
         for name in "qkv":
             if getattr(self.cfg.weights, name).poly is not None:
-                raise ConfigError(f"experiment polynomial sets weights.{name}.poly itself (one schedule per panel); "
-                                  "leave it null.")
+                raise ConfigError(
+                    f"experiment polynomial sets weights.{name}.poly itself (one schedule per panel); leave it null."
+                )
 
     def panels(self, base: dict) -> dict[str, dict]:
         """One study per magnitude f_0 ... f_5, with the same factor on Q, K and V. With
@@ -175,30 +178,37 @@ class Polynomial(Experiment):
         ds = ds.assign_coords(formula=("schedule", [SCHEDULES[name][0] for name in names]))
         ds["dispersion"] = xr.DataArray(dispersion, dims=("schedule", "member", "time")).assign_attrs(
             description="mean nearest-neighbour distance over mean pairwise distance of the tokens, divided by its "
-                        "value at t = 0 (1: as scattered as the initial cube; towards 0: tight clusters)")
+            "value at t = 0 (1: as scattered as the initial cube; towards 0: tight clusters)"
+        )
         ds["spread"] = xr.DataArray(size, dims=("schedule", "member", "time")).assign_attrs(
-            description="mean distance of the tokens to their centroid, divided by its value at t = 0")
+            description="mean distance of the tokens to their centroid, divided by its value at t = 0"
+        )
         for name, values in (("dispersion", dispersion), ("spread", size)):
             ds[f"{name}_gmean"] = xr.DataArray(_geometric_mean(values, 1), dims=("schedule", "time")).assign_attrs(
-                description=f"geometric mean over members of {name}")
+                description=f"geometric mean over members of {name}"
+            )
             summary = member_summary(ds[name])
             for key in ("q10", "median", "q90"):
                 ds[f"{name}_{key}"] = summary[f"{name}_{key}"]
         final = ds["dispersion_gmean"].isel(time=-1)
         ds["final_dispersion"] = final.drop_vars("time").assign_attrs(
-            description=f"geometric mean over members of the dispersion at T = {t[-1]:g}: the measure per schedule")
+            description=f"geometric mean over members of the dispersion at T = {t[-1]:g}: the measure per schedule"
+        )
         orders = [name for name in ("f1", "f2", "f3", "f4") if name in names]
         ds["dispersion_grows_with_order"] = xr.DataArray(
-            int(np.all(np.diff(final.sel(schedule=orders).values) > 0))).assign_attrs(
-            description="1 when the final dispersion increases from f_1 to f_4 (the paper's claim), else 0")
+            int(np.all(np.diff(final.sel(schedule=orders).values) > 0))
+        ).assign_attrs(description="1 when the final dispersion increases from f_1 to f_4 (the paper's claim), else 0")
         ds["x_member"] = xr.DataArray(np.stack(paths), dims=("schedule", "time", "token", "dim")).assign_attrs(
-            description=f"states x(time, token, dim) of member {member} under each schedule")
+            description=f"states x(time, token, dim) of member {member} under each schedule"
+        )
         ds["magnitude"] = xr.DataArray(
             np.stack([np.polynomial.polynomial.polyval(t, coefficients(name, self.cfg.t1)) for name in names]),
-            dims=("schedule", "time")).assign_attrs(description="the magnitude f(t) of each schedule")
+            dims=("schedule", "time"),
+        ).assign_attrs(description="the magnitude f(t) of each schedule")
         ds["drawn_member"] = xr.DataArray(member).assign_attrs(description="the member whose tokens are drawn")
         ds["failed_members"] = xr.DataArray(failed, dims="schedule").assign_attrs(
-            description="members whose solve failed, per schedule")
+            description="members whose solve failed, per schedule"
+        )
         return ds
 
     @staticmethod
@@ -240,27 +250,44 @@ class Polynomial(Experiment):
         values = ds["dispersion"].isel(time=-1)
         for k, name in enumerate(names):
             points = values.sel(schedule=name).values
-            ax.scatter(k + rng.uniform(-0.18, 0.18, points.size), points, s=6, color=colors[name], alpha=0.5,
-                       linewidth=0)
-            ax.scatter(k, float(final.sel(schedule=name)), s=70, marker="_", color="k", linewidth=2,
-                       label="geometric mean" if k == 0 else None)
+            ax.scatter(
+                k + rng.uniform(-0.18, 0.18, points.size), points, s=6, color=colors[name], alpha=0.5, linewidth=0
+            )
+            ax.scatter(
+                k,
+                float(final.sel(schedule=name)),
+                s=70,
+                marker="_",
+                color="k",
+                linewidth=2,
+                label="geometric mean" if k == 0 else None,
+            )
         ax.set_xticks(range(len(names)), [formulas[name] for name in names], rotation=30, fontsize=7)
         ax.set_yscale("log")
         ax.set_ylabel(f"dispersion at T = {t[-1]:g}")
         ax.set_title(f"({letters[len(names) + 2]}) final dispersion, every member")
         ax.legend(loc="lower right")
         grows = bool(int(ds["dispersion_grows_with_order"]))
-        attention = ("Softmax attention" if options_of(cfg)["normalizer"] == "softmax"
-                     else "The paper's unnormalized attention $\\sum_j e^{\\mathrm{logit}_{ij}} V x_j$")
-        caption(fig, (
-            f"{attention} without token normalization, Q = K = A_0 f(t), V = V_0 f(t), A_0 and V_0 standard Gaussian "
-            f"(drawn per member), logits / sqrt(d); n = {cfg['n']}, d = {cfg['d']}, T = {cfg['t1']:g}, "
-            f"{cfg['solver']} with dt = {cfg['dt']} ({round(cfg['t1'] / cfg['dt'])} layers), tokens uniform in "
-            f"[{cfg['init']['low']:g}, {cfg['init']['high']:g}]^{cfg['d']}; {ds.sizes['member']} members, the same "
-            f"weights and tokens under every f. (a-f) member {member}'s tokens (its dispersion at T in the title), centred on their centroid and divided by "
-            f"their spread at every time (the shape of the configuration, whose size and place vary by orders of "
-            f"magnitude): paths and end points, coloured by the initial first coordinate. Dispersion = mean nearest-neighbour distance / mean pairwise distance, relative to t = 0 "
-            f"(small: clustered). The final dispersion {'increases' if grows else 'does not increase'} with the order "
-            f"of (t/T)^k, k = 1..4, and the constant f clusters; the spread instead shrinks with k, since a higher "
-            f"order integrates to a smaller total weight magnitude."), width=170)
+        attention = (
+            "Softmax attention"
+            if options_of(cfg)["normalizer"] == "softmax"
+            else "The paper's unnormalized attention $\\sum_j e^{\\mathrm{logit}_{ij}} V x_j$"
+        )
+        caption(
+            fig,
+            (
+                f"{attention} without token normalization, Q = K = A_0 f(t), V = V_0 f(t), A_0 and V_0 standard "
+                f"Gaussian (drawn per member), logits / sqrt(d); n = {cfg['n']}, d = {cfg['d']}, T = {cfg['t1']:g}, "
+                f"{cfg['solver']} with dt = {cfg['dt']} ({round(cfg['t1'] / cfg['dt'])} layers), tokens uniform in "
+                f"[{cfg['init']['low']:g}, {cfg['init']['high']:g}]^{cfg['d']}; {ds.sizes['member']} members, the same "
+                f"weights and tokens under every f. (a-f) member {member}'s tokens (its dispersion at T in the title), "
+                "centred on their centroid and divided by their spread at every time (the shape of the configuration, "
+                "whose size and place vary by orders of magnitude): paths and end points, coloured by the initial "
+                "first coordinate. Dispersion = mean nearest-neighbour distance / mean pairwise distance, relative to "
+                f"t = 0 (small: clustered). The final dispersion {'increases' if grows else 'does not increase'} with "
+                "the order of (t/T)^k, k = 1..4, and the constant f clusters; the spread instead shrinks with k, since "
+                "a higher order integrates to a smaller total weight magnitude."
+            ),
+            width=170,
+        )
         return {"polynomial": fig}

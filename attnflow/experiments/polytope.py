@@ -169,18 +169,22 @@ class Polytope(Experiment):
         cfg = self.cfg
         check_drawn_member("polytope", cfg, self.options, "rescales the saved states", optional=True)
         if cfg.norm != "none":
-            raise ConfigError(f"experiment polytope is about dynamics without normalization: keep norm=none, "
-                              f"got norm={cfg.norm}.")
+            raise ConfigError(
+                f"experiment polytope is about dynamics without normalization: keep norm=none, got norm={cfg.norm}."
+            )
         missing = {"attention", "attention_rank"} - set(cfg.metrics)
         if missing:
-            raise ConfigError(f"experiment polytope needs the metrics attention and attention_rank; add "
-                              f"{', '.join(sorted(missing))}.")
+            raise ConfigError(
+                f"experiment polytope needs the metrics attention and attention_rank; add {', '.join(sorted(missing))}."
+            )
         if not 0 < self.options.tol < 1:
             raise ConfigError(f"experiment.options.tol must be a number in (0, 1), got {self.options.tol!r}.")
         v = cfg.weights.v
         if v.kind not in ("identity", "matrix") or v.switch_times or v.poly is not None:
-            raise ConfigError("experiment polytope needs a constant V (weights.v.kind identity or matrix, without "
-                              f"switches or polynomial factor), got weights.v.kind={v.kind}.")
+            raise ConfigError(
+                "experiment polytope needs a constant V (weights.v.kind identity or matrix, without "
+                f"switches or polynomial factor), got weights.v.kind={v.kind}."
+            )
         for key in ("hyperplane_v", "product_v"):
             try:
                 top = top_eigenspace(_matrix(getattr(self.options, key), key))[0]
@@ -221,8 +225,9 @@ class Polytope(Experiment):
         elif spec.kind == "matrix":
             v = np.asarray(spec.value, np.float64).reshape(-1, cfg.d, cfg.d)[0]
         else:
-            raise ConfigError(f"experiment polytope needs a fixed V (identity or matrix), got "
-                              f"weights.v.kind={spec.kind}.")
+            raise ConfigError(
+                f"experiment polytope needs a fixed V (identity or matrix), got weights.v.kind={spec.kind}."
+            )
         return float(spec.scale) * v
 
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
@@ -240,9 +245,27 @@ class Polytope(Experiment):
             out[..., : a.shape[-1]] = a
             return out
 
-        rows: dict[str, list] = {key: [] for key in (
-            "z_member", "z_final", "top_speed", "limits", "convex", "levels", "rank", "attention_final", "leaders",
-            "defect", "top_eigenvalue", "top_dimension", "v", "left", "failed", "drawn")}
+        rows: dict[str, list] = {
+            key: []
+            for key in (
+                "z_member",
+                "z_final",
+                "top_speed",
+                "limits",
+                "convex",
+                "levels",
+                "rank",
+                "attention_final",
+                "leaders",
+                "defect",
+                "top_eigenvalue",
+                "top_dimension",
+                "v",
+                "left",
+                "failed",
+                "drawn",
+            )
+        }
         for label in labels:
             ds = results[label]
             v = matrices[label]
@@ -259,8 +282,9 @@ class Polytope(Experiment):
             rows["limits"].append([count for count, _ in limits])
             rows["convex"].append([int(flag) for _, flag in limits])
             psi = left[:1]  # a left eigenvector of the top eigenvalue: the hyperplanes' normal
-            levels = [len(distinct(z[m, -1] @ psi.T, tol * float(np.abs(z[m, -1] @ psi.T).max())))
-                      for m in range(z.shape[0])]
+            levels = [
+                len(distinct(z[m, -1] @ psi.T, tol * float(np.abs(z[m, -1] @ psi.T).max()))) for m in range(z.shape[0])
+            ]
             rows["levels"].append(levels if left.shape[0] == 1 else [-1] * len(levels))
             attention = ds["attention"].isel(head=0).values  # (member, time, query, key)
             final = attention[:, -1]
@@ -276,49 +300,73 @@ class Polytope(Experiment):
             rows["left"].append(pad(psi[0]))
             rows["failed"].append(int((ds["status"] != 0).sum()))
         a = {key: np.asarray(value) for key, value in rows.items()}
-        out = xr.Dataset(coords={"panel": labels, "member": members, "time": t, "token": np.arange(n),
-                                 "dim": np.arange(dim), "query": np.arange(n), "key": np.arange(n)})
+        out = xr.Dataset(
+            coords={
+                "panel": labels,
+                "member": members,
+                "time": t,
+                "token": np.arange(n),
+                "dim": np.arange(dim),
+                "query": np.arange(n),
+                "key": np.arange(n),
+            }
+        )
         pm, pmt = ("panel", "member"), ("panel", "member", "time")
         out["drawn_member"] = xr.DataArray(a["drawn"], dims="panel").assign_attrs(
-            description="the member whose tokens are drawn, per panel")
+            description="the member whose tokens are drawn, per panel"
+        )
         out["z_member"] = xr.DataArray(a["z_member"], dims=("panel", "time", "token", "dim")).assign_attrs(
-            description="rescaled tokens z = exp(-tV) x of the drawn member (NaN beyond the panel's d)")
+            description="rescaled tokens z = exp(-tV) x of the drawn member (NaN beyond the panel's d)"
+        )
         out["z_final"] = xr.DataArray(a["z_final"], dims=("panel", "member", "token", "dim")).assign_attrs(
-            description=f"rescaled tokens z = exp(-tV) x of every member at t = {t[-1]:g}")
+            description=f"rescaled tokens z = exp(-tV) x of every member at t = {t[-1]:g}"
+        )
         out["top_speed"] = xr.DataArray(a["top_speed"], dims=pmt).assign_attrs(
             description="largest speed over tokens of the projection of z on the top eigenspace of V (finite "
-                        "difference between saved times; the theorems send it to 0)")
+            "difference between saved times; the theorems send it to 0)"
+        )
         out["limit_count"] = xr.DataArray(a["limits"], dims=pm).assign_attrs(
-            description="number of distinct final top-eigenspace coordinates of the rescaled tokens")
+            description="number of distinct final top-eigenspace coordinates of the rescaled tokens"
+        )
         out["convex_position"] = xr.DataArray(a["convex"], dims=pm).assign_attrs(
-            description="1 when those distinct limits are all vertices of their convex hull")
+            description="1 when those distinct limits are all vertices of their convex hull"
+        )
         out["hyperplane_count"] = xr.DataArray(a["levels"], dims=pm).assign_attrs(
             description="number of distinct final values of <psi, z>, psi the left eigenvector of the top eigenvalue "
-                        "(the parallel hyperplanes <psi, z> = c; at most 3 for a simple top eigenvalue; -1 where the "
-                        "top eigenvalue is not simple)")
+            "(the parallel hyperplanes <psi, z> = c; at most 3 for a simple top eigenvalue; -1 where the "
+            "top eigenvalue is not simple)"
+        )
         out["attention_rank"] = xr.DataArray(a["rank"], dims=pmt).assign_attrs(
-            description="numerical rank of the attention matrix (singular values above n * eps * the largest)")
-        out["attention_final"] = xr.DataArray(a["attention_final"],
-                                              dims=("panel", "member", "query", "key")).assign_attrs(
-            description=f"attention matrix at t = {t[-1]:g}")
+            description="numerical rank of the attention matrix (singular values above n * eps * the largest)"
+        )
+        out["attention_final"] = xr.DataArray(
+            a["attention_final"], dims=("panel", "member", "query", "key")
+        ).assign_attrs(description=f"attention matrix at t = {t[-1]:g}")
         out["leader_count"] = xr.DataArray(a["leaders"], dims=pm).assign_attrs(
-            description="number of distinct columns holding the largest entry of a row of the final attention matrix")
+            description="number of distinct columns holding the largest entry of a row of the final attention matrix"
+        )
         out["boolean_defect"] = xr.DataArray(a["defect"], dims=pm).assign_attrs(
-            description="1 - the smallest row maximum of the final attention matrix (0: every row one-hot)")
+            description="1 - the smallest row maximum of the final attention matrix (0: every row one-hot)"
+        )
         out["top_eigenvalue"] = xr.DataArray(a["top_eigenvalue"], dims="panel").assign_attrs(
-            description="the eigenvalue of V with the largest real part")
+            description="the eigenvalue of V with the largest real part"
+        )
         out["top_dimension"] = xr.DataArray(a["top_dimension"], dims="panel").assign_attrs(
-            description="dimension of its eigenspace")
+            description="dimension of its eigenspace"
+        )
         out["value_matrix"] = xr.DataArray(a["v"], dims=("panel", "row", "dim")).assign_attrs(
-            description="V of each panel (NaN beyond the panel's d)")
+            description="V of each panel (NaN beyond the panel's d)"
+        )
         out["hyperplane_normal"] = xr.DataArray(a["left"], dims=("panel", "dim")).assign_attrs(
-            description="psi: a left eigenvector of the top eigenvalue of V")
+            description="psi: a left eigenvector of the top eigenvalue of V"
+        )
         for name in ("attention_rank", "top_speed"):
             summary = member_summary(out[name])
             for key in ("median", "q10", "q90"):
                 out[f"{name}_{key}"] = summary[f"{name}_{key}"]
         out["failed_members"] = xr.DataArray(a["failed"], dims="panel").assign_attrs(
-            description="members whose solve failed, per panel")
+            description="members whose solve failed, per panel"
+        )
         return out
 
     @staticmethod
@@ -346,8 +394,16 @@ class Polytope(Experiment):
                 _hull(ax, z[0], facecolor="none", edgecolor="0.6", linestyle=":", linewidth=1)
                 for i in range(z.shape[1]):
                     ax.plot(z[:, i, 0], z[:, i, 1], color=colors[i], linewidth=0.7, alpha=0.7)
-                ax.scatter(z[0, :, 0], z[0, :, 1], s=14, facecolor="white", edgecolor="0.3", linewidth=0.6, zorder=3,
-                           label="t = 0")
+                ax.scatter(
+                    z[0, :, 0],
+                    z[0, :, 1],
+                    s=14,
+                    facecolor="white",
+                    edgecolor="0.3",
+                    linewidth=0.6,
+                    zorder=3,
+                    label="t = 0",
+                )
                 ends = distinct(z[-1], tol * float(np.abs(z[-1]).max()))
                 if label == "hyperplanes":
                     psi = ds["hyperplane_normal"].sel(panel=label).values[:d]
@@ -355,13 +411,28 @@ class Polytope(Experiment):
                     levels = distinct((z[-1] @ psi)[:, None], tol * float(np.abs(z[-1] @ psi).max()))[:, 0]
                     for j, level in enumerate(sorted(levels)):
                         foot = level * psi / (psi @ psi)
-                        ax.axline(tuple(foot), tuple(foot + span), color="k", linestyle="--", linewidth=1,
-                                  label=r"$\langle\psi, z\rangle = c$" if j == 0 else None)
+                        ax.axline(
+                            tuple(foot),
+                            tuple(foot + span),
+                            color="k",
+                            linestyle="--",
+                            linewidth=1,
+                            label=r"$\langle\psi, z\rangle = c$" if j == 0 else None,
+                        )
                 else:
                     _hull(ax, ends, facecolor="C0", alpha=0.12, edgecolor="C0")
                     _hull(ax, ends, facecolor="none", edgecolor="C0", linewidth=1.2, linestyle="--")
-                ax.scatter(z[-1, :, 0], z[-1, :, 1], s=45, c=colors, marker="*", edgecolor="k", linewidth=0.3,
-                           zorder=4, label=f"t = {t[-1]:g}")
+                ax.scatter(
+                    z[-1, :, 0],
+                    z[-1, :, 1],
+                    s=45,
+                    c=colors,
+                    marker="*",
+                    edgecolor="k",
+                    linewidth=0.3,
+                    zorder=4,
+                    label=f"t = {t[-1]:g}",
+                )
                 ax.set_aspect("equal", adjustable="datalim")
                 ax.set_xlabel("$z_1$")
                 ax.set_ylabel("$z_2$")
@@ -386,8 +457,9 @@ class Polytope(Experiment):
         ax = fig.add_subplot(grid[1, 0])
         for k, label in enumerate(labels):
             part = ds.sel(panel=label)
-            ax.fill_between(t, part["attention_rank_q10"], part["attention_rank_q90"], color=f"C{k}", alpha=0.15,
-                            linewidth=0)
+            ax.fill_between(
+                t, part["attention_rank_q10"], part["attention_rank_q90"], color=f"C{k}", alpha=0.15, linewidth=0
+            )
             ax.plot(t, part["attention_rank_median"], color=f"C{k}", label=f"{label} (median, 10-90%)")
             ax.plot(t, part["attention_rank"].sel(member=drawn[label]), color=f"C{k}", linewidth=0.8, linestyle=":")
         ax.set_xlabel("time t")
@@ -420,17 +492,22 @@ class Polytope(Experiment):
         leaders = ds["leader_count"]
         ranks = ds["attention_rank"].isel(time=-1)
         convex = ds["convex_position"].sel(panel=labels[0])
-        caption(fig, (
-            f"Softmax attention in $R^d$ without normalization, Q = K = I, $\\beta$ = {cfg['beta']}, n = {cfg['n']} "
-            f"tokens uniform in [{cfg['init']['low']:g}, {cfg['init']['high']:g}]^d, {cfg['solver']} with dt = "
-            f"{cfg['dt']} to t = {cfg['t1']:g} in {cfg['dtype']}, {ds.sizes['member']} members. Rescaled tokens z = "
-            f"exp(-tV) x of one member per panel: open circles at t = 0, stars at t = {t[-1]:g}, paths coloured by the "
-            f"final leader (the token a row of the attention attends to). (a) dotted: the initial hull, shaded: the "
-            f"limit polygon; {int(convex.sum())} of {convex.size} members end with their limits in convex position. "
-            f"(b) V = {np.asarray(options['hyperplane_v']).tolist()}: the lines <psi, z> = c, psi the left top "
-            f"eigenvector. (c) the vertical lines through the polygon in the top eigenspace. (d) the rank falls from n "
-            f"to the number of leaders: final rank = leaders in {int((ranks == leaders).sum())} of {ranks.size} runs, "
-            f"largest distance of a final attention row from one-hot {float(ds['boolean_defect'].max()):.1e}. (f) the "
-            f"speed of the rescaled tokens' projection on the top eigenspace of V decays like e^(-t) in every "
-            f"panel."), width=170)
+        caption(
+            fig,
+            (
+                f"Softmax attention in $R^d$ without normalization, Q = K = I, $\\beta$ = {cfg['beta']}, n = "
+                f"{cfg['n']} tokens uniform in [{cfg['init']['low']:g}, {cfg['init']['high']:g}]^d, {cfg['solver']} "
+                f"with dt = {cfg['dt']} to t = {cfg['t1']:g} in {cfg['dtype']}, {ds.sizes['member']} members. Rescaled "
+                f"tokens z = exp(-tV) x of one member per panel: open circles at t = 0, stars at t = {t[-1]:g}, paths "
+                "coloured by the final leader (the token a row of the attention attends to). (a) dotted: the initial "
+                f"hull, shaded: the limit polygon; {int(convex.sum())} of {convex.size} members end with their limits "
+                f"in convex position. (b) V = {np.asarray(options['hyperplane_v']).tolist()}: the lines <psi, z> = c, "
+                "psi the left top eigenvector. (c) the vertical lines through the polygon in the top eigenspace. (d) "
+                "the rank falls from n to the number of leaders: final rank = leaders in "
+                f"{int((ranks == leaders).sum())} of {ranks.size} runs, largest distance of a final attention row from "
+                f"one-hot {float(ds['boolean_defect'].max()):.1e}. (f) the speed of the rescaled tokens' projection on "
+                "the top eigenspace of V decays like e^(-t) in every panel."
+            ),
+            width=170,
+        )
         return {"polytope": fig}

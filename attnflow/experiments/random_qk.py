@@ -113,12 +113,18 @@ class RandomQK(Experiment):
             part = xr.merge([member_summary(ds[name]) for name in _SERIES])
             final = ds["clusters"].isel(time=-1)
             part["final_clusters"] = final.drop_vars("time").assign_attrs(
-                description=f"number of clusters (cos > 1 - {self.cfg.eps:g}) of every member at t = {self.cfg.t1:g}")
+                description=f"number of clusters (cos > 1 - {self.cfg.eps:g}) of every member at t = {self.cfg.t1:g}"
+            )
             part["one_cluster_fraction"] = xr.DataArray(float((final == 1).mean())).assign_attrs(
-                description="fraction of the members in a single cluster at the final time")
+                description="fraction of the members in a single cluster at the final time"
+            )
             part["failed_members"] = failed_members(ds, "members whose solve failed (left out of the statistics)")
-            part["x_member"] = ds["x"].isel(member=member).drop_vars("member").assign_attrs(
-                description=f"states x(time, token, dim) of member {member}")
+            part["x_member"] = (
+                ds["x"]
+                .isel(member=member)
+                .drop_vars("member")
+                .assign_attrs(description=f"states x(time, token, dim) of member {member}")
+            )
             parts[label] = part
         signs = [1.0 if label == "V" else -1.0 for label in parts]
         out = stack_panels(parts, dim="v_sign", coordinate=signs)
@@ -146,19 +152,29 @@ class RandomQK(Experiment):
             part = ds.sel(v_sign=signs[k])
             draw_paths(ax, part["x_member"].values, t, norm, cmap)
             final = int(part["final_clusters"].values[member])
-            ax.set_title(f"({next(letters)}) {names[signs[k]]}: member {member}, {final} cluster"
-                         f"{'s' if final != 1 else ''} at t = {t[-1]:g}")
+            ax.set_title(
+                f"({next(letters)}) {names[signs[k]]}: member {member}, {final} cluster"
+                f"{'s' if final != 1 else ''} at t = {t[-1]:g}"
+            )
         fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes[0], label="time t", shrink=0.8)
         colors = {1.0: "C0", -1.0: "C3"}
-        for ax, name, label in ((axes[1, 0], "clusters", "number of clusters"),
-                                (axes[1, 1], "pair_density", "pair density")):
+        for ax, name, label in (
+            (axes[1, 0], "clusters", "number of clusters"),
+            (axes[1, 1], "pair_density", "pair density"),
+        ):
             for sign in signs:
                 part = ds.sel(v_sign=sign)
                 ax.fill_between(t, part[f"{name}_q10"], part[f"{name}_q90"], color=colors[sign], alpha=0.2, linewidth=0)
                 ax.plot(t, part[f"{name}_median"], color=colors[sign], label=f"{names[sign]}: median, 10-90%")
                 if name == "pair_density":
-                    ax.plot(t, part[f"{name}_mean"], color=colors[sign], linestyle="--", linewidth=1,
-                            label=f"{names[sign]}: mean")
+                    ax.plot(
+                        t,
+                        part[f"{name}_mean"],
+                        color=colors[sign],
+                        linestyle="--",
+                        linewidth=1,
+                        label=f"{names[sign]}: mean",
+                    )
             ax.set_xlabel("time t")
             ax.set_ylabel(label)
             ax.set_title(f"({next(letters)}) {label} over {int(ds.sizes['member'])} members")
@@ -168,15 +184,20 @@ class RandomQK(Experiment):
         axes[1, 1].set_ylim(-0.02, 1.02)
         axes[1, 1].legend(loc="center right")
         q = cfg["weights"]["q"]
-        redraw = (f"redrawn every {q['redraw_every']:g} time units" if q.get("redraw_every")
-                  else "drawn once")
-        fractions = ", ".join(f"{names[s]}: {100 * float(ds['one_cluster_fraction'].sel(v_sign=s)):.0f}%"
-                              for s in signs)
-        caption(fig, (
-            f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, Q and K "
-            f"{q['law']} random ({'per member' if not cfg['weights']['shared'] else 'shared by the members'}, "
-            f"{redraw}), {names[1.0]}{' (and its negative)' if len(signs) > 1 else ''}; {cfg['solver']} with dt = "
-            f"{cfg['dt']}, uniform initial tokens. (a, b) one member's token paths on the principal plane of all its "
-            f"states (o start, * end). (c, d) the number of clusters and the fraction of pairs with $\\cos > 1 - "
-            f"{cfg['eps']:g}$. Members in one cluster at t = {t[-1]:g}: {fractions}."), width=130)
+        redraw = f"redrawn every {q['redraw_every']:g} time units" if q.get("redraw_every") else "drawn once"
+        fractions = ", ".join(
+            f"{names[s]}: {100 * float(ds['one_cluster_fraction'].sel(v_sign=s)):.0f}%" for s in signs
+        )
+        caption(
+            fig,
+            (
+                f"Softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, Q and K "
+                f"{q['law']} random ({'per member' if not cfg['weights']['shared'] else 'shared by the members'}, "
+                f"{redraw}), {names[1.0]}{' (and its negative)' if len(signs) > 1 else ''}; {cfg['solver']} with dt = "
+                f"{cfg['dt']}, uniform initial tokens. (a, b) one member's token paths on the principal plane of all "
+                "its states (o start, * end). (c, d) the number of clusters and the fraction of pairs with $\\cos > 1 "
+                f"- {cfg['eps']:g}$. Members in one cluster at t = {t[-1]:g}: {fractions}."
+            ),
+            width=130,
+        )
         return {"random_qk": fig}

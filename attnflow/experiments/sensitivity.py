@@ -68,30 +68,38 @@ class Sensitivity(Experiment):
     def check(self) -> None:
         cfg, options = self.cfg, self.options
         if not cfg.checkpoint:
-            raise ConfigError("experiment=sensitivity needs checkpoint=PATH (a model directory, a .gguf file, "
-                              "or minilm / smollm2).")
+            raise ConfigError(
+                "experiment=sensitivity needs checkpoint=PATH (a model directory, a .gguf file, or minilm / smollm2)."
+            )
         if not cfg.text or not str(cfg.text).strip():
             raise ConfigError('experiment=sensitivity needs a sentence: text="...".')
         steps = options.steps
         if steps < 1:
-            raise ConfigError(f"experiment.options.steps must be a positive whole number of steps per layer, "
-                              f"got {steps!r}.")
+            raise ConfigError(
+                f"experiment.options.steps must be a positive whole number of steps per layer, got {steps!r}."
+            )
         outputs = options.outputs
         if outputs is not None and not outputs:
-            raise ConfigError(f"experiment.options.outputs must be a list of token positions (e.g. [-1], the last) "
-                              f"or null for every token, got {outputs!r}.")
+            raise ConfigError(
+                f"experiment.options.outputs must be a list of token positions (e.g. [-1], the last) "
+                f"or null for every token, got {outputs!r}."
+            )
         n = checkpoint_sentence(cfg)[2].size  # a bad checkpoint, or a text it cannot read, stops here
         if outputs is not None and any(not -n <= o < n for o in outputs):
             bad = next(o for o in outputs if not -n <= o < n)
-            raise ConfigError(f"experiment.options.outputs has position {bad} but the text has {n} tokens; "
-                              f"use positions from {-n} to {n - 1}.")
+            raise ConfigError(
+                f"experiment.options.outputs has position {bad} but the text has {n} tokens; "
+                f"use positions from {-n} to {n - 1}."
+            )
         # A position counted from the end names the same token as one from the start: one output row each.
         tokens = [o % n for o in outputs or []]
         again = next((i for i, token in enumerate(tokens) if token in tokens[:i]), None)
         if again is not None:
             first = outputs[tokens.index(tokens[again])]
-            raise ConfigError(f"experiment.options.outputs names token {tokens[again]} of the {n} twice ({first} and "
-                              f"{outputs[again]}); give each position once.")
+            raise ConfigError(
+                f"experiment.options.outputs names token {tokens[again]} of the {n} twice ({first} and "
+                f"{outputs[again]}); give each position once."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         return {}  # nothing for the core study runner: everything happens in `analyse`
@@ -106,30 +114,57 @@ class Sensitivity(Experiment):
         count = ids.size if outputs is None else (len(outputs) if isinstance(outputs, list) else 1)
         # One compiled call for every output token (its outputs are static): the line shows
         # the time spent on it.
-        with Progress(f"sensitivity of {count} output token{'s' if count > 1 else ''} over {checkpoint.depth} "
-                      "layers", 1, unit="solves") as bar:
-            result = jax.block_until_ready(token_sensitivity(depth_flow(checkpoint), model.hidden[0], dt=1.0 / steps,
-                                                             outputs=outputs, solver=str(self.options.solver)))
+        with Progress(
+            f"sensitivity of {count} output token{'s' if count > 1 else ''} over {checkpoint.depth} layers",
+            1,
+            unit="solves",
+        ) as bar:
+            result = jax.block_until_ready(
+                token_sensitivity(
+                    depth_flow(checkpoint),
+                    model.hidden[0],
+                    dt=1.0 / steps,
+                    outputs=outputs,
+                    solver=str(self.options.solver),
+                )
+            )
             bar.advance()
         predicted, predicted_string = _prediction(checkpoint, tokenizer, model.hidden[-1][-1])
         n = ids.size
         return xr.Dataset(
             {
                 "token_id": ("token", ids, {"description": "token ids of the sentence"}),
-                "exponent": (("output", "token"), np.asarray(result.exponents, np.float64),
-                             {"description": "lambda_ji = (1/L) log sigma_max(Y_ji(L)), Y_ji' = J_ji Y_ji, "
-                                             "Y_ji(0) = I: sensitivity of output token j to input token i (NaN: i "
-                                             "hidden from j by the causal mask)"}),
-                "attention": (("output", "token"), np.asarray(result.attention, np.float64),
-                              {"description": "attention of output j to token i, averaged over heads and layers"}),
+                "exponent": (
+                    ("output", "token"),
+                    np.asarray(result.exponents, np.float64),
+                    {
+                        "description": "lambda_ji = (1/L) log sigma_max(Y_ji(L)), Y_ji' = J_ji Y_ji, "
+                        "Y_ji(0) = I: sensitivity of output token j to input token i (NaN: i "
+                        "hidden from j by the causal mask)"
+                    },
+                ),
+                "attention": (
+                    ("output", "token"),
+                    np.asarray(result.attention, np.float64),
+                    {"description": "attention of output j to token i, averaged over heads and layers"},
+                ),
             },
-            coords={"token": np.arange(n), "output": np.asarray(result.outputs),
-                    "token_string": ("token", np.asarray(strings, dtype=object),
-                                     {"long_name": "the token as text"})},
-            attrs={"checkpoint": str(cfg.checkpoint), "family": checkpoint.family,
-                   "arrangement": checkpoint.arrangement, "causal": int(checkpoint.causal),
-                   "model_name": checkpoint.name or str(cfg.checkpoint), "text": str(cfg.text),
-                   "prediction_id": predicted, "prediction": predicted_string, "depth": checkpoint.depth},
+            coords={
+                "token": np.arange(n),
+                "output": np.asarray(result.outputs),
+                "token_string": ("token", np.asarray(strings, dtype=object), {"long_name": "the token as text"}),
+            },
+            attrs={
+                "checkpoint": str(cfg.checkpoint),
+                "family": checkpoint.family,
+                "arrangement": checkpoint.arrangement,
+                "causal": int(checkpoint.causal),
+                "model_name": checkpoint.name or str(cfg.checkpoint),
+                "text": str(cfg.text),
+                "prediction_id": predicted,
+                "prediction": predicted_string,
+                "depth": checkpoint.depth,
+            },
         )
 
     @staticmethod
@@ -157,10 +192,24 @@ class Sensitivity(Experiment):
         reds, blues = colormap("Reds"), colormap("Blues")
         predicted = ds.attrs.get("prediction", "")
         target = f"token {last} ({shown(tokens[last])[0]!r})"
-        highlight(fig, fig.add_subplot(grid[0]), placed, 0.85 * scaled(exponent, last), reds,
-                  f"Lyapunov sensitivity of {target} to each token", last)
-        highlight(fig, fig.add_subplot(grid[1]), placed, 0.85 * scaled(attention, last), blues,
-                  f"attention of {target}, mean over heads and layers", last)
+        highlight(
+            fig,
+            fig.add_subplot(grid[0]),
+            placed,
+            0.85 * scaled(exponent, last),
+            reds,
+            f"Lyapunov sensitivity of {target} to each token",
+            last,
+        )
+        highlight(
+            fig,
+            fig.add_subplot(grid[1]),
+            placed,
+            0.85 * scaled(attention, last),
+            blues,
+            f"attention of {target}, mean over heads and layers",
+            last,
+        )
         ax = fig.add_subplot(grid[2])
         positions = np.arange(n)
         ax.bar(positions - 0.2, exponent, width=0.4, color=reds(0.7), label="sensitivity $\\lambda_{ji}$")
@@ -170,19 +219,27 @@ class Sensitivity(Experiment):
         twin.set_ylabel("mean attention")
         twin.grid(False)
         ax.set_xticks(positions, [shown(t)[0] for t in tokens], rotation=60, ha="right")
-        ax.legend(handles=ax.containers[:1] + twin.containers[:1], loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2,
-                  frameon=False)
+        ax.legend(
+            handles=ax.containers[:1] + twin.containers[:1],
+            loc="lower left",
+            bbox_to_anchor=(0, 1.0),
+            ncol=2,
+            frameon=False,
+        )
         suffix = f"; the model's next word: {predicted!r}" if predicted else ""
         fig.suptitle(f"{name}: sensitivity of {target}{suffix}", y=1.0)
-        caption(fig, r"Red: $\lambda_{ji} = \frac{1}{L} \log \sigma_{\max}(Y_{ji}(L))$ with $Y' = J_{ji} Y$, "
-                     r"$Y(0) = I$ "
-                     f"along the model's own layer map ({'one step' if steps == 1 else f'{steps} steps'} per layer, "
-                     f"$L$ = {ds.attrs['depth']}), "
-                     "$J_{ji}$ the Jacobian of token $j$'s update with respect to token $i$; blue: the attention of "
-                     "token $j$ averaged over heads and layers. Each colour scale runs from the smallest to the "
-                     "largest value over the other tokens; token $j$ itself (outlined), whose own update dominates "
-                     "its sensitivity, is clipped to it"
-                     + ("; grey: hidden by the causal mask." if ds.attrs.get("causal") and last < n - 1 else "."))
+        caption(
+            fig,
+            r"Red: $\lambda_{ji} = \frac{1}{L} \log \sigma_{\max}(Y_{ji}(L))$ with $Y' = J_{ji} Y$, "
+            r"$Y(0) = I$ "
+            f"along the model's own layer map ({'one step' if steps == 1 else f'{steps} steps'} per layer, "
+            f"$L$ = {ds.attrs['depth']}), "
+            "$J_{ji}$ the Jacobian of token $j$'s update with respect to token $i$; blue: the attention of "
+            "token $j$ averaged over heads and layers. Each colour scale runs from the smallest to the "
+            "largest value over the other tokens; token $j$ itself (outlined), whose own update dominates "
+            "its sensitivity, is clipped to it"
+            + ("; grey: hidden by the causal mask." if ds.attrs.get("causal") and last < n - 1 else "."),
+        )
         figures["sentence"] = fig
 
         # 2. The full maps, when every token was an output.
@@ -193,18 +250,21 @@ class Sensitivity(Experiment):
             full_attention = ds.attention.values.copy()
             if ds.attrs.get("causal"):
                 full_attention[np.triu_indices(n, 1)] = np.nan
-            for ax, values, cmap, title in ((axes[0], ds.exponent.values, "Reds",
-                                             r"Lyapunov sensitivity $\lambda_{ji}$"),
-                                            (axes[1], full_attention, "Blues",
-                                             "attention, mean over heads and layers")):
+            for ax, values, cmap, title in (
+                (axes[0], ds.exponent.values, "Reds", r"Lyapunov sensitivity $\lambda_{ji}$"),
+                (axes[1], full_attention, "Blues", "attention, mean over heads and layers"),
+            ):
                 colours = colormap(cmap).with_extremes(bad="0.92")
                 image = ax.imshow(np.ma.masked_invalid(values), cmap=colours)
                 ax.set(title=title, xlabel="input token $i$", ylabel="output token $j$")
                 token_ticks(ax, labels, most=40)
                 fig.colorbar(image, ax=ax, shrink=0.8, label=r"$\lambda_{ji}$" if cmap == "Reds" else r"$\bar a_{ji}$")
-            fig.suptitle(f"{name}: \"{ds.attrs['text']}\"")
-            caption(fig, "Row $j$: how output token $j$ responds to each input token $i$, by the largest finite-time "
-                         "exponent of the pair's tangent equation (left) and by attention (right); grey: hidden by "
-                         "the causal mask.")
+            fig.suptitle(f'{name}: "{ds.attrs["text"]}"')
+            caption(
+                fig,
+                "Row $j$: how output token $j$ responds to each input token $i$, by the largest finite-time "
+                "exponent of the pair's tangent equation (left) and by attention (right); grey: hidden by "
+                "the causal mask.",
+            )
             figures["maps"] = fig
         return figures

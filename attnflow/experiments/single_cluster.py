@@ -45,7 +45,8 @@ class SingleCluster(Experiment):
         ds.attrs = {}
         increments = ds["energy"].diff("time")
         ds["energy_increase"] = increments.min("time").assign_attrs(
-            description="smallest increment of the interaction energy between saved times (>= 0: monotone)")
+            description="smallest increment of the interaction energy between saved times (>= 0: monotone)"
+        )
         return ds
 
     @staticmethod
@@ -73,11 +74,15 @@ class SingleCluster(Experiment):
         ax2.legend(loc="lower right")
         worst = float(ds["energy_increase"].min())
         single = int((ds["clusters"].isel(time=-1) == 1).sum())
-        caption(fig, (
-            f"Q = K = V = I, softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = {cfg['beta']}, "
-            f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, uniform initial tokens. "
-            f"{single} of {energy.shape[0]} members end in one cluster ($\\cos > 1 - {cfg['eps']:g}$); the smallest "
-            f"energy increment between saved times over all members is {worst:.2e} (monotone energy)."))
+        caption(
+            fig,
+            (
+                f"Q = K = V = I, softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = "
+                f"{cfg['beta']}, {cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, uniform initial tokens. "
+                f"{single} of {energy.shape[0]} members end in one cluster ($\\cos > 1 - {cfg['eps']:g}$); the "
+                f"smallest energy increment between saved times over all members is {worst:.2e} (monotone energy)."
+            ),
+        )
         return {"single_cluster": fig}
 
     @staticmethod

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 @dataclass
 class Options:
     sequences: list[list[int]] = field(  # one panel each
-        default_factory=lambda: [[1, 2, 0, 2, 1, 1, 2, 1], [1, 2, 1, 2, 2, 1, 2, 1]])
+        default_factory=lambda: [[1, 2, 0, 2, 1, 1, 2, 1], [1, 2, 1, 2, 2, 1, 2, 1]]
+    )
     readout_beta: float = 2.0  # p_i(k) = softmax_k(readout_beta <e_k, x_i>)
 
 
@@ -68,8 +69,15 @@ def _heatmap(ax, p: np.ndarray, sequence: np.ndarray, vmax: float):
     image = ax.imshow(p.T, origin="lower", cmap="magma", vmin=0, vmax=vmax, aspect="auto")
     for i in range(p.shape[0]):
         for k in range(p.shape[1]):
-            ax.text(i, k, f"{p[i, k]:.2f}", ha="center", va="center", fontsize=6.5,
-                    color="k" if p[i, k] > 0.6 * vmax else "w")
+            ax.text(
+                i,
+                k,
+                f"{p[i, k]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=6.5,
+                color="k" if p[i, k] > 0.6 * vmax else "w",
+            )
     ax.set_xticks(range(p.shape[0]), [f"{i + 1}\n'{k}'" for i, k in enumerate(sequence)])
     ax.set_yticks(range(p.shape[1]), [f"{k} {ROLES.get(k, '')}".strip() for k in range(p.shape[1])])
     ax.set_xlabel("position ('token')")
@@ -91,15 +99,21 @@ class TokenDetection(Experiment):
         if not (sequences and all(sequences)):
             raise ConfigError("experiment.options.sequences must be a non-empty list of non-empty token lists.")
         if len({len(s) for s in sequences}) != 1:
-            raise ConfigError(f"the sequences of experiment.options.sequences must have one length, got lengths "
-                              f"{[len(s) for s in sequences]}.")
+            raise ConfigError(
+                f"the sequences of experiment.options.sequences must have one length, got lengths "
+                f"{[len(s) for s in sequences]}."
+            )
         for s in sequences:
             if not all(0 <= k < cfg.d for k in s):
-                raise ConfigError(f"experiment.options.sequences holds {s}: tokens are whole numbers from 0 to "
-                                  f"{cfg.d - 1} (one per embedding dimension, d = {cfg.d}).")
+                raise ConfigError(
+                    f"experiment.options.sequences holds {s}: tokens are whole numbers from 0 to "
+                    f"{cfg.d - 1} (one per embedding dimension, d = {cfg.d})."
+                )
         if cfg.init.kind != "given" or cfg.init.value is not None:
-            raise ConfigError("experiment token_detection builds init.value from experiment.options.sequences; "
-                              "give the tokens there, not as init.")
+            raise ConfigError(
+                "experiment token_detection builds init.value from experiment.options.sequences; "
+                "give the tokens there, not as init."
+            )
         beta = self.options.readout_beta
         if not beta > 0:
             raise ConfigError(f"experiment.options.readout_beta must be a positive number, got {beta!r}.")
@@ -126,18 +140,36 @@ class TokenDetection(Experiment):
             at_switch = int(np.argmin(np.abs(t - switch)))
             zeros = [i for i, k in enumerate(sequence) if k == 0]
             detected = np.flatnonzero(p[at_switch].argmax(-1) == 0)
-            parts[label] = xr.Dataset({
-                "sequence": (("token",), np.asarray(sequence), {"description": "the token at each position"}),
-                "x": (("time", "token", "dim"), x, {"description": "the tokens' states"}),
-                "probability": (("time", "token", "vocabulary"), p, {
-                    "description": f"softmax over the vocabulary of {beta:g} <e_k, x_i>"}),
-                "zero_position": ((), zeros[0] + 1 if zeros else 0, {
-                    "description": "first position (1-based) holding token 0; 0 when none does"}),
-                "detected_from": ((), int(detected[0]) + 1 if detected.size else 0, {
-                    "description": f"first position (1-based) whose most probable token at t = {t[at_switch]:g} is 0"}),
-                "answer": (("token",), p[-1].argmax(-1), {
-                    "description": f"most probable token of each position at t = {t[-1]:g}"}),
-            }, coords={"time": t, "token": np.arange(1, len(sequence) + 1), "vocabulary": np.arange(x.shape[-1])})
+            parts[label] = xr.Dataset(
+                {
+                    "sequence": (("token",), np.asarray(sequence), {"description": "the token at each position"}),
+                    "x": (("time", "token", "dim"), x, {"description": "the tokens' states"}),
+                    "probability": (
+                        ("time", "token", "vocabulary"),
+                        p,
+                        {"description": f"softmax over the vocabulary of {beta:g} <e_k, x_i>"},
+                    ),
+                    "zero_position": (
+                        (),
+                        zeros[0] + 1 if zeros else 0,
+                        {"description": "first position (1-based) holding token 0; 0 when none does"},
+                    ),
+                    "detected_from": (
+                        (),
+                        int(detected[0]) + 1 if detected.size else 0,
+                        {
+                            "description": "first position (1-based) whose most probable token at t = "
+                            f"{t[at_switch]:g} is 0"
+                        },
+                    ),
+                    "answer": (
+                        ("token",),
+                        p[-1].argmax(-1),
+                        {"description": f"most probable token of each position at t = {t[-1]:g}"},
+                    ),
+                },
+                coords={"time": t, "token": np.arange(1, len(sequence) + 1), "vocabulary": np.arange(x.shape[-1])},
+            )
         out = stack_panels(parts, dim="panel")
         out["switch_time"] = xr.DataArray(switch).assign_attrs(description="the time at which V switches")
         out["readout_beta"] = xr.DataArray(beta).assign_attrs(description="inverse temperature of the readout")
@@ -153,8 +185,14 @@ class TokenDetection(Experiment):
         at_switch = int(np.argmin(np.abs(t - switch)))
         labels = list(ds["panel"].values)
         rows = len(labels)
-        fig, axes = subplots(rows, 4, figsize=(15.0, 3.3 * rows), layout="constrained", squeeze=False,
-                             gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]})
+        fig, axes = subplots(
+            rows,
+            4,
+            figsize=(15.0, 3.3 * rows),
+            layout="constrained",
+            squeeze=False,
+            gridspec_kw={"width_ratios": [1.2, 1.2, 1, 1]},
+        )
         vmax = float(ds["probability"].max())
         positions = ds["token"].values
         colors = colormap("viridis")(np.linspace(0, 0.9, len(positions)))
@@ -171,8 +209,7 @@ class TokenDetection(Experiment):
             for c, (k, name) in enumerate(((0, "token 0 (special)"), (3, "token 3 (YES)")), start=2):
                 ax = axes[r, c]
                 for i, position in enumerate(positions):
-                    ax.plot(t, p[:, i, k], color=colors[i], linewidth=1.2,
-                            label=f"{position}: '{sequence[i]}'")
+                    ax.plot(t, p[:, i, k], color=colors[i], linewidth=1.2, label=f"{position}: '{sequence[i]}'")
                 ax.axvline(switch, color="k", linestyle="--", linewidth=1)
                 ax.set_xlabel("time t")
                 ax.set_ylabel(f"probability of {name}")
@@ -180,12 +217,18 @@ class TokenDetection(Experiment):
                 ax.set_title(f"({next(letters)}) p(token {k}) over time, by position")
             axes[r, 3].legend(title="position: 'token'", loc="center left", bbox_to_anchor=(1.02, 0.5))
         fig.colorbar(image, ax=axes[:, :2], label="probability", shrink=0.8)
-        caption(fig, (
-            f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$ with Q = K = 0 (uniform attention over the positions "
-            f"up to each one), one-hot initial tokens, V = 1_00 until t = {switch:g} (detection), then 1_30 + 1_41 + "
-            f"1_42 until t = {t[-1]:g} (prediction); {cfg['solver']} with dt = {cfg['dt']}. Probabilities: softmax "
-            f"over the vocabulary of {float(ds['readout_beta']):g} $\\langle e_k, x_i \\rangle$. Token 0 is detected "
-            f"only from the position where it appears on (the causal mask); in stage 2 probability moves onto 3 (YES) "
-            f"from that position on, 3 being the most probable answer from the next position on and more so further "
-            f"along the sequence; without a 0 every position answers 4 (NO). Dashed line: the switch of V."), width=170)
+        caption(
+            fig,
+            (
+                f"Causal softmax attention on $S^{{{cfg['d'] - 1}}}$ with Q = K = 0 (uniform attention over the "
+                f"positions up to each one), one-hot initial tokens, V = 1_00 until t = {switch:g} (detection), then "
+                f"1_30 + 1_41 + 1_42 until t = {t[-1]:g} (prediction); {cfg['solver']} with dt = {cfg['dt']}. "
+                f"Probabilities: softmax over the vocabulary of {float(ds['readout_beta']):g} $\\langle e_k, x_i "
+                "\\rangle$. Token 0 is detected only from the position where it appears on (the causal mask); in stage "
+                "2 probability moves onto 3 (YES) from that position on, 3 being the most probable answer from the "
+                "next position on and more so further along the sequence; without a 0 every position answers 4 (NO). "
+                "Dashed line: the switch of V."
+            ),
+            width=170,
+        )
         return {"token_detection": fig}

@@ -17,8 +17,9 @@ def check_groups(init: Any, cfg: Any) -> np.ndarray | None:
     number("init.k", init.k, minimum=1)
     if init.k > cfg.n:
         # More groups than tokens: some are empty, and their centres are drawn for nothing.
-        raise ConfigError(f"init.k={init.k} {init.kind} for n={cfg.n} tokens leaves some of them empty; give "
-                          "init.k <= n.")
+        raise ConfigError(
+            f"init.k={init.k} {init.kind} for n={cfg.n} tokens leaves some of them empty; give init.k <= n."
+        )
     if init.centres is None:
         return None
     centres = array("init.centres", init.centres, cfg.dtype)

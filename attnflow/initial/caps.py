@@ -11,8 +11,8 @@ from omegaconf import MISSING
 
 from .._checks import number
 from .._errors import ConfigError
-from ._kind import InitialCondition
 from ._groups import check_groups
+from ._kind import InitialCondition
 
 
 @dataclass

@@ -27,8 +27,10 @@ class Given(InitialCondition):
         zero = np.flatnonzero(np.linalg.norm(value, axis=-1) == 0)
         needs_direction = cfg.norm in ("sphere", "pre", "peri") or bool(reading("cosines", cfg.metrics))
         if zero.size and needs_direction:
-            raise ConfigError(f"init.value row {zero[0]} is zero, which has no direction on the sphere and no "
-                              "cosine with the other tokens; move it off the origin.")
+            raise ConfigError(
+                f"init.value row {zero[0]} is zero, which has no direction on the sphere and no "
+                "cosine with the other tokens; move it off the origin."
+            )
 
     def build(self, get, dtype):
         import jax.numpy as jnp  # the law (JAX); the settings above are read without it

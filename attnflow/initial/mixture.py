@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from .._checks import number
-from ._kind import InitialCondition
 from ._groups import check_groups
+from ._kind import InitialCondition
 
 
 @dataclass
@@ -33,5 +33,6 @@ class Mixture(InitialCondition):
         from .._initial import GaussianMixture
 
         centres = None if self.centres is None else jnp.asarray(get("centres"), dtype)
-        return GaussianMixture(int(self.k), jnp.asarray(get("sigma"), dtype), jnp.asarray(get("spread"), dtype),
-                               centres)
+        return GaussianMixture(
+            int(self.k), jnp.asarray(get("sigma"), dtype), jnp.asarray(get("spread"), dtype), centres
+        )

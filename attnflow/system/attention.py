@@ -29,8 +29,10 @@ _INDEX_LIMIT = 2**31 - 1
 class Attention(Part):
     name: ClassVar[str] = "attention"
     switch: ClassVar[str | None] = "attention"
-    data: ClassVar[tuple[str, ...]] = ("alibi", *(f"weights.{m}.{k}" for m in "qkvo" for k in (
-        "scale", "value", "sign", "switch_times", "factors", "poly")))
+    data: ClassVar[tuple[str, ...]] = (
+        "alibi",
+        *(f"weights.{m}.{k}" for m in "qkvo" for k in ("scale", "value", "sign", "switch_times", "factors", "poly")),
+    )
 
     @classmethod
     def enabled(cls, cfg):
@@ -76,26 +78,41 @@ class Attention(Part):
     def unused(cls, cfg):
         rules: list[tuple[str, list]] = []
         if not cfg.attention:
-            rules.append(("with attention=false", [
-                ("dynamics", lambda c: c.dynamics), ("causal", lambda c: c.causal), ("alibi", lambda c: c.alibi),
-                ("heads", lambda c: c.heads), ("heads_combine", lambda c: c.heads_combine), ("d_k", lambda c: c.d_k),
-                ("d_v", lambda c: c.d_v),
-                *[(f"weights.{m}", lambda c, m=m: getattr(c.weights, m)) for m in "qkvo"],
-            ]))
+            rules.append(
+                (
+                    "with attention=false",
+                    [
+                        ("dynamics", lambda c: c.dynamics),
+                        ("causal", lambda c: c.causal),
+                        ("alibi", lambda c: c.alibi),
+                        ("heads", lambda c: c.heads),
+                        ("heads_combine", lambda c: c.heads_combine),
+                        ("d_k", lambda c: c.d_k),
+                        ("d_v", lambda c: c.d_v),
+                        *[(f"weights.{m}", lambda c, m=m: getattr(c.weights, m)) for m in "qkvo"],
+                    ],
+                )
+            )
         for kind, keys in (("sinkhorn", ("iterations", "tol")), ("hardmax", ("ties", "self_attention"))):
             if cfg.dynamics != kind:
-                rules.append((f"with dynamics={cfg.dynamics}", [
-                    (f"{kind}.{k}", lambda c, kind=kind, k=k: getattr(getattr(c, kind), k)) for k in keys
-                ]))
+                rules.append(
+                    (
+                        f"with dynamics={cfg.dynamics}",
+                        [(f"{kind}.{k}", lambda c, kind=kind, k=k: getattr(getattr(c, kind), k)) for k in keys],
+                    )
+                )
         if cfg.attention:
             for m in "qkvo":
                 kind = KINDS[getattr(cfg.weights, m).kind]
                 unused = [k for k in SETTINGS if k not in kind.uses]
                 if not kind.in_time:
                     unused += ["switch_times", "factors", "poly"]
-                rules.append((f"to weights.{m}.kind={kind.kind}", [
-                    (f"weights.{m}.{k}", lambda c, m=m, k=k: getattr(getattr(c.weights, m), k)) for k in unused
-                ]))
+                rules.append(
+                    (
+                        f"to weights.{m}.kind={kind.kind}",
+                        [(f"weights.{m}.{k}", lambda c, m=m, k=k: getattr(getattr(c.weights, m), k)) for k in unused],
+                    )
+                )
         return rules
 
     @classmethod
@@ -113,8 +130,8 @@ class Attention(Part):
         import jax  # the term (JAX); the settings above are read without it
         import jax.numpy as jnp
 
-        from .._solvers import SOLVERS
         from .._schedules import identity_multiple
+        from .._solvers import SOLVERS
         from .._terms import SelfAttention
         from .._tiled import resolve_block
 
@@ -129,15 +146,30 @@ class Attention(Part):
         # Under the time change, the attention's exact forms that keep it finite at any beta
         # and its clusters still (SelfAttention), where they are exact and the logits whole.
         exact = cfg.time_change.speed is not None and resolve_block(cfg.n, cfg.attention_block) is None
-        return SelfAttention(built["q"], built["k"], v, o, jnp.asarray(beta, dtype), alibi, heads=heads,
-                             kind=cfg.dynamics.value, causal=bool(cfg.causal), block=cfg.attention_block,
-                             sinkhorn_iterations=int(cfg.sinkhorn.iterations), hardmax_ties=float(cfg.hardmax.ties),
-                             hardmax_self=bool(cfg.hardmax.self_attention),
-                             unit_rows=_unit_rows(cfg), combine=cfg.heads_combine.value,
-                             scale_free=exact and cfg.dynamics == "usa" and not cfg.mlp.enabled,
-                             exclude_coincident=exact and cfg.dynamics in ("sa", "usa") and cfg.norm == "sphere"
-                             and SOLVERS[cfg.solver.value].projected
-                             and identity_multiple(v) and o is None)
+        return SelfAttention(
+            built["q"],
+            built["k"],
+            v,
+            o,
+            jnp.asarray(beta, dtype),
+            alibi,
+            heads=heads,
+            kind=cfg.dynamics.value,
+            causal=bool(cfg.causal),
+            block=cfg.attention_block,
+            sinkhorn_iterations=int(cfg.sinkhorn.iterations),
+            hardmax_ties=float(cfg.hardmax.ties),
+            hardmax_self=bool(cfg.hardmax.self_attention),
+            unit_rows=_unit_rows(cfg),
+            combine=cfg.heads_combine.value,
+            scale_free=exact and cfg.dynamics == "usa" and not cfg.mlp.enabled,
+            exclude_coincident=exact
+            and cfg.dynamics in ("sa", "usa")
+            and cfg.norm == "sphere"
+            and SOLVERS[cfg.solver.value].projected
+            and identity_multiple(v)
+            and o is None,
+        )
 
     @classmethod
     def describe(cls, stored):
@@ -162,8 +194,9 @@ class Attention(Part):
         if not isinstance(weights, dict):
             return "Weights: not recorded"
         shared, per_beta = bool(weights.get("shared", True)), bool(weights.get("per_beta", False))
-        matrices = [_matrix(name, weights.get(key, {}), shared, per_beta) for name, key in zip("QKVO", "qkvo")
-                    if key in weights]
+        matrices = [
+            _matrix(name, weights.get(key, {}), shared, per_beta) for name, key in zip("QKVO", "qkvo") if key in weights
+        ]
         return "Weights: " + "; ".join(matrices)
 
     @classmethod
@@ -188,15 +221,17 @@ def _check_weights(cfg) -> None:
         number(f"weights.{name}.sign", spec.sign)
         per_piece = KINDS[spec.kind].check(spec, matrix)
         if spec.transpose and matrix.rows != matrix.cols:
-            raise ConfigError(f"weights.{name}.transpose needs a square matrix, weights.{name} is "
-                              f"{(matrix.rows, matrix.cols)}.")
+            raise ConfigError(
+                f"weights.{name}.transpose needs a square matrix, weights.{name} is {(matrix.rows, matrix.cols)}."
+            )
         times, factors = list(spec.switch_times), list(spec.factors)
         for value in times + factors + list(spec.poly or []):
             number(f"every entry of weights.{name}.switch_times, .factors and .poly", value)
         if (times or factors) and not (per_piece and not factors):
             if len(factors) != len(times) + 1:
                 raise ConfigError(
-                    f"weights.{name} has {len(times)} switch_times and needs {len(times) + 1} factors, got {len(factors)}."
+                    f"weights.{name} has {len(times)} switch_times and needs {len(times) + 1} factors, "
+                    f"got {len(factors)}."
                 )
             if any(b <= a for a, b in zip(times, times[1:])):
                 raise ConfigError(f"weights.{name}.switch_times must increase, got {times}.")
@@ -208,11 +243,14 @@ def _check_normalisation(cfg, betas: list[float]) -> None:
         number("sinkhorn.iterations", cfg.sinkhorn.iterations, minimum=1)
         number("sinkhorn.tol", cfg.sinkhorn.tol, positive=True)
         if cfg.sinkhorn.iterations > _INDEX_LIMIT:
-            raise ConfigError(f"sinkhorn.iterations={cfg.sinkhorn.iterations} is more than the int32 loop counter "
-                              f"of the alternations can count (2^31 - 1 = {_INDEX_LIMIT}); lower it.")
+            raise ConfigError(
+                f"sinkhorn.iterations={cfg.sinkhorn.iterations} is more than the int32 loop counter "
+                f"of the alternations can count (2^31 - 1 = {_INDEX_LIMIT}); lower it."
+            )
         if cfg.causal:
-            raise ConfigError("dynamics=sinkhorn cannot be causal: a lower-triangular doubly stochastic matrix is "
-                              "the identity.")
+            raise ConfigError(
+                "dynamics=sinkhorn cannot be causal: a lower-triangular doubly stochastic matrix is the identity."
+            )
     if cfg.dynamics == "hardmax":
         number("hardmax.ties", cfg.hardmax.ties, minimum=0)
         if cfg.alibi is not None:
@@ -225,12 +263,16 @@ def _check_normalisation(cfg, betas: list[float]) -> None:
 
         reads_beta = reading("beta", cfg.metrics) or any(m.takes_context for m in user_metrics(cfg))
         if len(set(betas)) > 1 and not reads_beta and cfg.time_change.speed != "log_beta":
-            raise ConfigError(f"dynamics=hardmax does not read beta, so beta={as_floats(cfg.beta)} would solve one "
-                              f"flow {len(set(betas))} times over; give one beta, or record a metric that reads "
-                              f"beta ({names_reading('beta')}).")
+            raise ConfigError(
+                f"dynamics=hardmax does not read beta, so beta={as_floats(cfg.beta)} would solve one "
+                f"flow {len(set(betas))} times over; give one beta, or record a metric that reads "
+                f"beta ({names_reading('beta')})."
+            )
     if cfg.dynamics in ("sinkhorn", "hardmax") and cfg.attention_block:
-        raise ConfigError(f"dynamics={cfg.dynamics} normalises the whole n x n logits and is not tiled: set "
-                          f"attention_block to null or 0, got {cfg.attention_block}.")
+        raise ConfigError(
+            f"dynamics={cfg.dynamics} normalises the whole n x n logits and is not tiled: set "
+            f"attention_block to null or 0, got {cfg.attention_block}."
+        )
 
 
 def _schedule(cfg, name: str, get, key, built, dtype):
@@ -267,15 +309,17 @@ def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:
     kind = KINDS.get(spec.get("kind"))
     if kind is None:
         return f"{name} {spec.get('kind', '?')}"
-    drawn = ("shared" if shared else "per member") + (" and beta" if per_beta and not shared else
-                                                        ", per beta" if per_beta else "")
+    drawn = ("shared" if shared else "per member") + (
+        " and beta" if per_beta and not shared else ", per beta" if per_beta else ""
+    )
     text = kind.describe(name, spec, drawn)
     if not kind.in_time:
         return text
     if spec.get("transpose") and "transpose" in kind.uses:
         text += " transposed"
     if spec.get("switch_times"):
-        text += f" × factors {sequence_text(spec.get('factors', []))} switching at t = {sequence_text(spec['switch_times'])}"
+        factors, times = sequence_text(spec.get("factors", [])), sequence_text(spec["switch_times"])
+        text += f" × factors {factors} switching at t = {times}"
     if spec.get("poly") is not None:
         text += f" × $f(t)$ = {polynomial_text(spec['poly'])}"
     return text

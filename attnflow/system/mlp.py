@@ -30,8 +30,12 @@ class MLP(Part):
     def unused(cls, cfg):
         if cfg.mlp.enabled:
             return []
-        return [("with mlp.enabled=false", [(f"mlp.{k}", lambda c, k=k: getattr(c.mlp, k))
-                                       for k in ("hidden", "activation", "scale", "bias")])]
+        return [
+            (
+                "with mlp.enabled=false",
+                [(f"mlp.{k}", lambda c, k=k: getattr(c.mlp, k)) for k in ("hidden", "activation", "scale", "bias")],
+            )
+        ]
 
     @classmethod
     def draws_weights(cls, cfg):

@@ -27,13 +27,16 @@ class ExternalField(AbstractInteraction):
 
     def __check_init__(self):
         if jnp.ndim(self.direction) != 1:
-            raise ConfigError(f"the direction of an external field is one vector of d numbers, got shape "
-                              f"{jnp.shape(self.direction)}.")
+            raise ConfigError(
+                f"the direction of an external field is one vector of d numbers, got shape {jnp.shape(self.direction)}."
+            )
 
     def __call__(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         if self.direction.shape[-1] != x.shape[-1]:
-            raise ConfigError(f"the direction of an external field has {self.direction.shape[-1]} numbers; the "
-                              f"tokens have d={x.shape[-1]}.")
+            raise ConfigError(
+                f"the direction of an external field has {self.direction.shape[-1]} numbers; the "
+                f"tokens have d={x.shape[-1]}."
+            )
         pull = jnp.asarray(self.strength, x.dtype) * jnp.asarray(self.direction, x.dtype)
         return jnp.broadcast_to(pull, x.shape)
 

@@ -46,8 +46,9 @@ class WeightKind:
         return False
 
     @classmethod
-    def build(cls, spec: Any, matrix: Matrix, get: Callable[[str], Any], key: Any, dtype: Any,
-              built: Mapping[str, Any]) -> Any:
+    def build(
+        cls, spec: Any, matrix: Matrix, get: Callable[[str], Any], key: Any, dtype: Any, built: Mapping[str, Any]
+    ) -> Any:
         """The schedule of the matrix before its factors in time (None: no matrix);
         `get(path)` reads a setting (traced where it is data), `key` draws its random
         entries, `built` holds the schedules of the matrices built before it (q, k)."""

@@ -32,10 +32,15 @@ class Matrix(WeightKind):
         if pieces > 1:
             allowed += ([(pieces, rows, cols)] if heads == 1 else []) + [(pieces, heads, rows, cols)]
         if value.shape not in allowed:
-            one_per_piece = (f", or one matrix per piece of {key}.switch_times: "
-                             f"{' or '.join(map(str, allowed[2:]))}") if pieces > 1 else ""
-            raise ConfigError(f"{key}.value must have shape {(rows, cols)} or {(heads, rows, cols)}{one_per_piece}, "
-                              f"got {value.shape}.")
+            one_per_piece = (
+                (f", or one matrix per piece of {key}.switch_times: {' or '.join(map(str, allowed[2:]))}")
+                if pieces > 1
+                else ""
+            )
+            raise ConfigError(
+                f"{key}.value must have shape {(rows, cols)} or {(heads, rows, cols)}{one_per_piece}, "
+                f"got {value.shape}."
+            )
         if np.abs(value).max() * abs(spec.scale) > float(np.finfo(str(dtype)).max):
             raise ConfigError(f"{key}.value times {key}.scale overflows {dtype}.")
         return per_piece(len(spec.switch_times), heads, value.shape)

@@ -26,14 +26,16 @@ class Random(WeightKind):
     @classmethod
     def check(cls, spec, matrix):
         if spec.law in SQUARE_LAWS and matrix.rows != matrix.cols:
-            raise ConfigError(f"the {spec.law} law needs square matrices, {matrix.key} is "
-                              f"{(matrix.rows, matrix.cols)}.")
+            raise ConfigError(
+                f"the {spec.law} law needs square matrices, {matrix.key} is {(matrix.rows, matrix.cols)}."
+            )
         if spec.redraw_every is not None:
             cfg = matrix.cfg
             number(f"{matrix.key}.redraw_every", spec.redraw_every, positive=True)
             if (cfg.t1 - cfg.t0) / spec.redraw_every > MOST_REDRAWS:
-                raise ConfigError(f"{matrix.key}.redraw_every is too small: more than {MOST_REDRAWS} redraws over "
-                                  "[t0, t1].")
+                raise ConfigError(
+                    f"{matrix.key}.redraw_every is too small: more than {MOST_REDRAWS} redraws over [t0, t1]."
+                )
         return False
 
     @classmethod

@@ -15,6 +15,7 @@ from scipy.integrate import solve_ivp
 
 import attnflow as af
 from attnflow.analysis.spectrum import lyapunov_spectrum
+from systems import rk4_rate
 
 SIGMA, RHO, BETA = 10.0, 28.0, 8.0 / 3.0
 # Viswanath (1998) and Sprott, "Chaos and Time-Series Analysis" (2003), table of exponents.
@@ -32,12 +33,6 @@ def on_attractor():
     sol = solve_ivp(lambda t, y: np.asarray(lorenz(t, y, None)), (0.0, 20.0), [1.0, 1.0, 1.0], method="DOP853",
                     rtol=1e-10, atol=1e-10)
     return jnp.asarray(sol.y[:, -1], jnp.float64)
-
-
-def rk4_rate(rate, h):
-    """The exponent of $\\dot v = \\lambda v$ under RK4 steps: $\\log R(h\\lambda) / h$."""
-    z = rate * h
-    return np.log(np.abs(1 + z + z**2 / 2 + z**3 / 6 + z**4 / 24)) / h
 
 
 def test_lorenz_spectrum_matches_the_published_one(on_attractor):

@@ -32,6 +32,7 @@ from attnflow._terms import Rotary
 from attnflow.checkpoints._flow import forward
 from attnflow.checkpoints._locate import installed_model
 from attnflow.checkpoints.gguf import load_gguf, load_gguf_tokenizer, unpermute_rotary
+from commands import one_sentence
 
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
@@ -250,12 +251,6 @@ def test_pre_tokenizers_match_transformers(tmp_path, pre):
 
 
 # ---------------------------------------------------------------- errors
-
-
-def one_sentence(error: pytest.ExceptionInfo) -> str:
-    message = str(error.value)
-    assert "\n" not in message and message.endswith(".")
-    return message
 
 
 def test_missing_gguf_file(tmp_path):

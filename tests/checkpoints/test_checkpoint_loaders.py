@@ -47,12 +47,6 @@ def same_arrays(a, b) -> bool:
     return len(leaves_a) == len(leaves_b) and all(jnp.array_equal(x, y) for x, y in zip(leaves_a, leaves_b))
 
 
-def one_sentence(error: pytest.ExceptionInfo) -> str:
-    message = str(error.value)
-    assert "\n" not in message and message.endswith(".") and len(message) < 400, message
-    return message
-
-
 # --------------------------------------------------------------------------------------
 # Part 1: loading (weights, layouts, tokenizers, errors)
 # --------------------------------------------------------------------------------------
@@ -317,6 +311,7 @@ def test_missing_paths_and_odd_configs(tmp_path, tiny):
 # --------------------------------------------------------------------------------------
 
 from attnflow.checkpoints._flow import forward  # noqa: E402
+from commands import one_sentence
 
 VARIANTS = {
     "gpt2": ("gpt2", {}),

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from commands import assert_one_error_line, attnflow
+from commands import assert_one_error_line, attnflow, one_sentence
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from attnflow._errors import CheckpointError, ConfigError
@@ -35,12 +35,6 @@ from attnflow.experiments import compose_experiment, plan_experiment
 from checkpoint_models import POSITIONS, VOCAB, write_tiny
 
 ADDED = "attnflowium"  # the token added to MiniLM's tokenizer, at id 30522
-
-
-def one_sentence(error: pytest.ExceptionInfo) -> str:
-    message = str(error.value)
-    assert "\n" not in message and message.endswith(".") and len(message) < 400, message
-    return message
 
 
 def word_tokenizer(folder: Path, words: int) -> None:

@@ -11,11 +11,8 @@ report` reads. Each subprocess pays JAX's start-up, so the sweeps are tiny and f
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,13 +22,11 @@ import xarray as xr
 import yaml
 
 from attnflow._report import report, summary_table
+from commands import ATTNFLOW, attnflow, environment
 
 pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install 'attnflow[joblib]'")
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install 'attnflow[slurm]'")
 
-ATTNFLOW = Path(sys.executable).with_name("attnflow")
-if not ATTNFLOW.exists():
-    ATTNFLOW = Path(shutil.which("attnflow") or ATTNFLOW)
 
 # Four jobs: beta=1 with 2 members (one piece) and 4096 members (32 pieces of 128, a few
 # seconds: the job that is interrupted half-way; with 16 pieces, 4 to 16 were done when
@@ -40,17 +35,6 @@ if not ATTNFLOW.exists():
 SWEEP = ["-m", "beta=1,-1", "members=2,4096", "chunk_size=128", "n=32", "d=3", "t1=20", "dt=0.1", "saves=3",
          "plot=false"]
 JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-
-
-def environment() -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("HYDRA_FULL_ERROR", None)  # it would turn the one-line errors into tracebacks
-    return env
-
-
-def attnflow(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(ATTNFLOW), *args], cwd=cwd, env=environment(), capture_output=True, text=True,
-                          timeout=300, check=False)
 
 
 def load(path: Path) -> xr.Dataset:

@@ -11,10 +11,7 @@ runs is summarized without failing.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,20 +23,11 @@ import yaml
 from attnflow import load_results, write_results
 from attnflow._report import report
 from attnflow.experiments import run_experiment
+from commands import attnflow
 
-ATTNFLOW = Path(sys.executable).with_name("attnflow")
-if not ATTNFLOW.exists():
-    ATTNFLOW = Path(shutil.which("attnflow") or ATTNFLOW)
 
 SWEEP = ["-m", "d=2,3", "n=4", "members=4", "t1=1", "dt=0.1", "saves=3", "beta=[1,2]", "plot=false",
          "compilation_cache=false"]
-
-
-def attnflow(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([str(ATTNFLOW), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:

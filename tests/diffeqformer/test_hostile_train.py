@@ -356,3 +356,16 @@ def test_init_on_the_command_line_is_a_setting_not_the_config_group():
     # Hydra read `attnflow train init=DIR` as a choice of it and refused the README's command.
     cfg = train_config(["init=runs/train/some-run", "steps=12", "corpus=reference-b"])
     assert (cfg.init, cfg.steps, cfg.corpus) == ("runs/train/some-run", 12, "reference-b")
+
+
+def test_cfg_job_prints_the_composed_settings_and_runs_nothing(tmp_path, capsys, nothing_built):
+    """`attnflow train --cfg job`, as every Hydra app answers it: the settings composed
+    over conf/train.yaml, as YAML, and nothing built or written (issue 35)."""
+    out = tmp_path / "run"
+    assert main(["--cfg", "job", "steps=7", "model=gpt", f"out={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert "steps: 7\n" in printed and "model: gpt\n" in printed and f"out: {out}\n" in printed
+    assert not out.exists()
+    assert main(["-c", "all", "--resolve", "steps=9"]) == 0 and "steps: 9\n" in capsys.readouterr().out
+    assert main(["--cfg", "hydra"]) == 2 and "--cfg job" in _one_sentence(capsys)
+    assert main(["--cfg", "jobs"]) == 2 and "--cfg takes job, hydra or all" in _one_sentence(capsys)

@@ -21,14 +21,9 @@ from attnflow.experiments import (
     run_experiment,
 )
 from attnflow.experiments._magnitudes import coefficients
+from systems import rk4_rate
 
 H = 0.1  # the step of the reduced lyapunov runs
-
-
-def rk4_rate(rate, h):
-    """The exponent of $\\dot v = \\lambda v$ under RK4 steps of size h: $\\log |R(h\\lambda)| / h$."""
-    z = rate * h
-    return np.log(np.abs(1 + z + z**2 / 2 + z**3 / 6 + z**4 / 24)) / h
 
 
 @pytest.fixture(scope="module", params=["sa", "usa"])
