@@ -124,7 +124,7 @@ class TrainConfig:
 
 
 def _types() -> dict[str, str]:
-    """Each setting's type, as written in `TrainConfig` (`int`, `Optional[float]`, ...)."""
+    """Each setting's type, as written in `TrainConfig` (`int`, `float | None`, ...)."""
     return {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
 
 
@@ -262,14 +262,19 @@ def _kind(key: str) -> str:
         ),
         "of another type",
     )
-    return words + (" or null" if "Optional" in kind else "")
+    return words + (" or null" if _optional(kind) else "")
+
+
+def _optional(kind: str) -> bool:
+    """Whether a setting's type, as written (`float | None`, `Optional[float]`), takes null."""
+    return kind.startswith("Optional") or "None" in (part.strip() for part in kind.split("|"))
 
 
 def _of_kind(key: str, value: Any) -> bool:
     """Whether `value` (read from JSON) is of the type of the setting `key`."""
     kind = _types()[key]
     if value is None:
-        return kind.startswith("Optional")
+        return _optional(kind)
     if isinstance(value, bool) or kind == "bool":
         return isinstance(value, bool) and kind == "bool"
     if "int" in kind:

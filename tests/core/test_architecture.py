@@ -113,3 +113,10 @@ def test_every_subpackage_is_shipped():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.relative_to(ROOT).parent.parts) for p in (ROOT / "attnflow").rglob("__init__.py")}
     assert found <= listed, sorted(found - listed)
+
+
+def test_every_core_module_has_a_test_file_of_its_own():
+    """`attnflow/_name.py` is tested by a file `tests/<folder>/test_name.py` (issue 35)."""
+    tests = {path.stem for path in (ROOT / "tests").glob("*/test_*.py")}
+    modules = {path.stem.lstrip("_") for path in PACKAGE.glob("_*.py") if path.stem != "__init__"}
+    assert {f"test_{m}" for m in modules} <= tests, sorted(m for m in modules if f"test_{m}" not in tests)
