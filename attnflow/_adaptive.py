@@ -102,7 +102,7 @@ def diffrax_solver(name: str) -> dfx.AbstractSolver:
         raise ConfigError(f"unknown solver {name!r}; choose one of {', '.join(SOLVERS)}.")
     if not SOLVERS[name].adaptive:
         raise no_error_estimate(f"solver {name!r}")
-    cls = RK4 if name == "rk4" else getattr(dfx, SOLVERS[name].diffrax)
+    cls = RK4 if name == "rk4" else getattr(dfx, SOLVERS[name].diffrax)  # pyright: ignore[reportArgumentType]  (every adaptive method but rk4 names its diffrax class)
     return cls()
 
 
@@ -139,5 +139,5 @@ def solve_adaptive(field, solver, y0, *, t0, t1, dt, ts, record, rtol, atol, max
             max_steps=max_steps,
             throw=False,
         )
-    reached = jnp.isfinite(sol.ts)
+    reached = jnp.isfinite(sol.ts)  # pyright: ignore[reportArgumentType]  (SaveAt(ts=...) fills sol.ts)
     return sol.ys, sol.result._value, sol.stats["num_steps"], reached

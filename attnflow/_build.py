@@ -260,6 +260,7 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         times = save_times(cfg.t0, cfg.t1, cfg.saves, cfg.save_spacing, cfg.dt)
         grid = time_grid(t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, adaptive=cfg.adaptive, ts=times, num_steps=steps)
     else:
+        assert steps is not None  # a fixed-step run: counted above
         grid = time_grid(
             t1=cfg.t1, t0=cfg.t0, dt=cfg.dt, save_steps=save_steps(steps, cfg.saves, cfg.save_spacing), num_steps=steps
         )
@@ -347,7 +348,7 @@ def _check_noise(cfg: Config) -> None:
         )
     if cfg.exact_times:
         raise ConfigError("a noisy path has no smooth interpolant between grid steps: set exact_times=false.")
-    least = tree_depth(cfg.t0, cfg.t1, cfg.dt)
+    least = tree_depth(cfg.t0, cfg.t1, cfg.dt)  # pyright: ignore[reportArgumentType]  (a noisy run is fixed-step: it has a dt)
     if noise.depth is not None and noise.depth < least:
         # Below its resolution the tree interpolates: the increments of steps finer than
         # it are a smooth, far weaker path (a quadratic variation 0.12 instead of 1 at
@@ -369,7 +370,7 @@ def _check_noise(cfg: Config) -> None:
         wider = " (or dtype=float64)" if cfg.dtype == "float32" else ""
         raise ConfigError(
             f"{strength} is too large for {cfg.dtype}: a step squares the strength, which overflows "
-            f"from sqrt({float(np.finfo(cfg.dtype.value).max):.3g}) = {largest:.3g} on; give a "
+            f"from sqrt({float(np.finfo(cfg.dtype.value).max):.3g}) = {largest:.3g} on; give a "  # pyright: ignore[reportAttributeAccessIssue]  (a DType choice; `== "float32"` above narrows it to a str literal)
             f"smaller noise.sigma{wider}."
         )
 
@@ -464,6 +465,7 @@ def _output_count(cfg: Config, steps: int | None) -> int:
     rounded times that coincide are merged (at most this many)."""
     if cfg.adaptive or cfg.exact_times or cfg.saves == 1:
         return cfg.saves
+    assert steps is not None  # a fixed-step run: counted by the caller
     if cfg.save_spacing == "log":
         return min(cfg.saves, steps + 1)
     every = math.ceil(steps / (cfg.saves - 1))  # `save_steps`: every `every` steps, and the last
@@ -524,7 +526,7 @@ def build_field(
     geometry = Sphere() if cfg.norm == "sphere" else Euclidean()
     return VectorField(
         tuple(terms),
-        scheme=cfg.norm.value,
+        scheme=cfg.norm.value,  # pyright: ignore[reportAttributeAccessIssue]  (a Scheme choice; the comparisons above narrow it to str literals)
         norm=norm,
         out_norm=norm,
         time_change=time_change,
@@ -650,7 +652,7 @@ class ConfiguredSystem(eqx.Module):
                 t0=cfg.t0,
                 t1=cfg.t1,
                 kind=cfg.noise.kind.value,
-                depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth),
+                depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth),  # pyright: ignore[reportArgumentType]  (a noisy run is fixed-step: it has a dt)
                 dtype=dtype,
                 schedule=_noise_schedule(_Values(cfg, self.values), dtype),
             )
@@ -706,5 +708,5 @@ def build_system(cfg: Config | Mapping) -> ConfiguredSystem:
     static = dataclasses.replace(cfg, beta=0.0, seed=0, members=1)
     data = _data(static)
     dtype = jnp.dtype(cfg.dtype.value)
-    values = {path: np.asarray(value, dtype) for path, value in data.items()}
+    values: dict[str, ArrayLike] = {path: np.asarray(value, dtype) for path, value in data.items()}
     return ConfiguredSystem(_Structure(static, data), values, np.asarray(cfg.seed, np.uint32))

@@ -144,17 +144,17 @@ def variable_attributes(
     are pure numbers ("1"); text takes none."""
     attrs = dict(attrs)
     given = known
-    known = (COORDINATES.get(name) if coordinate else None) or VARIABLES.get(name)
+    entry: tuple[str, str | None] | None = (COORDINATES.get(name) if coordinate else None) or VARIABLES.get(name)
     if name in METRICS and not coordinate:
-        known = (METRICS[name].description, METRICS[name].units)
+        entry = (METRICS[name].description, METRICS[name].units)
     if given is not None and name in given:
-        known = given[name]
+        entry = given[name]
     if "description" in attrs:  # what an experiment says of a variable, over what it inherited
         attrs["long_name"] = attrs.pop("description")
-    elif "long_name" not in attrs and known is not None:
-        attrs["long_name"] = known[0]
+    elif "long_name" not in attrs and entry is not None:
+        attrs["long_name"] = entry[0]
     if "units" not in attrs and not _is_text(np.asarray(values)):
-        attrs["units"] = known[1] if known is not None and known[1] is not None else "1"
+        attrs["units"] = entry[1] if entry is not None and entry[1] is not None else "1"
     return attrs
 
 

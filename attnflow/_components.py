@@ -187,7 +187,7 @@ def checking_dtype(cfg: Config):
     """The dtype a config's terms and metrics are checked in: the run's, or float32 for a
     float64 run checked before the process has switched float64 on (shapes and refusals
     do not depend on it)."""
-    return jnp.dtype(cfg.dtype.value) if cfg.dtype == "float32" or jax.config.jax_enable_x64 else jnp.float32
+    return jnp.dtype(cfg.dtype.value) if cfg.dtype == "float32" or jax.config.jax_enable_x64 else jnp.float32  # pyright: ignore[reportAttributeAccessIssue]  (jax's Config stub lacks the flag attributes; the DType choice is narrowed to a str literal by `==`)
 
 
 def user_metrics(cfg: Config) -> tuple[UserMetric, ...]:

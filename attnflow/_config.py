@@ -55,7 +55,7 @@ class Choice(str, enum.Enum):
 
 def choice(name: str, names: tuple[str, ...]) -> type[Choice]:
     """A `Choice` of `names`: the type of a schema field that takes one of them."""
-    return Choice(name, [(n, n) for n in names], module=__name__)
+    return Choice(name, [(n, n) for n in names], module=__name__)  # pyright: ignore[reportReturnType] Enum's functional API makes a class
 
 
 _choice = choice
@@ -84,7 +84,7 @@ HeadsCombine = _choice("HeadsCombine", ("sum", "mean"))
 class TokenNormConfig:
     """The normalization N of the `pre` and `peri` schemes."""
 
-    kind: NormKind = MISSING
+    kind: NormKind = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     eps: float = MISSING
     gamma: Any = MISSING  # a number or d numbers (rms, layer)
     shift: Any = MISSING  # a number or d numbers (layer)
@@ -94,8 +94,8 @@ class TokenNormConfig:
 class MatrixConfig:
     """One of Q, K, V, O: a constant kind, then optional switches and a polynomial factor."""
 
-    kind: MatrixKind = MISSING
-    law: Law = MISSING
+    kind: MatrixKind = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
+    law: Law = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     scale: float = MISSING
     value: Any = (
         MISSING  # (rows, cols) or (heads, rows, cols) nested lists, for kind=matrix; or one per piece of switch_times
@@ -122,7 +122,7 @@ class WeightsConfig:
 class MLPConfig:
     enabled: bool = MISSING
     hidden: int | None = MISSING
-    activation: Activation = MISSING
+    activation: Activation = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     scale: float = MISSING
     bias: bool = MISSING
 
@@ -160,7 +160,7 @@ class NoiseConfig:
     """The stochastic dynamics $dX = F\\,dt + \\sigma\\,dW$ (fixed steps; docs/model.md)."""
 
     sigma: float = MISSING  # 0: the deterministic flow
-    kind: NoiseKind = MISSING  # projected | ambient
+    kind: NoiseKind = MISSING  # projected | ambient  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     depth: int | None = MISSING  # the Brownian tree resolves (t1 - t0) / 2^depth (null: the least resolving dt)
     switch_times: list[float] = MISSING  # sigma(t) = sigma * factor of the piece * poly(t) (as weights.*)
     factors: list[float] = MISSING  # one factor per piece of switch_times
@@ -184,14 +184,14 @@ class Config:
     n: int = MISSING
     d: Any = MISSING  # a whole number (a list: one panel each, in experiments that take it)
     beta: Any = MISSING  # a number, or a list of them (a `beta` dimension), e.g. ${linspace:0.1,9,90}
-    dynamics: Dynamics = MISSING
-    norm: Scheme = MISSING
+    dynamics: Dynamics = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
+    norm: Scheme = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     token_norm: TokenNormConfig = MISSING
     attention: bool = MISSING
     causal: bool = MISSING
     alibi: Any = MISSING  # a slope, or one per head
     heads: int = MISSING
-    heads_combine: HeadsCombine = MISSING  # sum the heads (trained models) or average them with 1/H (the H -> oo limit)
+    heads_combine: HeadsCombine = MISSING  # sum the heads (trained models) or average them with 1/H (the H -> oo limit)  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     d_k: int | None = MISSING
     d_v: int | None = MISSING
     attention_block: int | None = MISSING  # null: tiles above a size; 0: dense; k > 0: tiles of k tokens
@@ -203,11 +203,11 @@ class Config:
     init: InitConfig = MISSING
     members: int = MISSING
     seed: int = MISSING
-    dtype: DType = MISSING
+    dtype: DType = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     t0: float = MISSING
     t1: float = MISSING
     dt: float | None = MISSING
-    solver: Solver = MISSING
+    solver: Solver = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     adaptive: bool = MISSING
     rtol: float = MISSING
     atol: float = MISSING
@@ -216,7 +216,7 @@ class Config:
     chunk_size: int | None = MISSING
     noise: NoiseConfig = MISSING
     saves: int = MISSING
-    save_spacing: Spacing = MISSING
+    save_spacing: Spacing = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     exact_times: bool = MISSING
     save_states: bool = MISSING
     metrics: list[MetricName] = MISSING
@@ -225,9 +225,9 @@ class Config:
     max_output_gib: float = MISSING
     overwrite: bool = MISSING
     plot: bool = MISSING
-    plotly_js: PlotlyJS = MISSING  # where the interactive HTML views find plotly.js: inside each page, or beside them
+    plotly_js: PlotlyJS = MISSING  # where the interactive HTML views find plotly.js: inside each page, or beside them  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     compilation_cache: bool = MISSING
-    matmul_precision: MatmulPrecision = MISSING  # float32 products on a GPU or TPU (see prepare_jax)
+    matmul_precision: MatmulPrecision = MISSING  # float32 products on a GPU or TPU (see prepare_jax)  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     experiment: ExperimentConfig | None = MISSING
     # experiments on trained models only (checkpoint, sensitivity): the trained model, the sentence, and whether a
     # pickle file may be read
@@ -323,7 +323,7 @@ def typed_job_config(cfg: Mapping) -> Config:
 def _values(*parts: str):
     """A YAML file of `conf/` without its defaults list (and Hydra's own settings)."""
     text = config_source()[1].joinpath(*parts).read_text()
-    node = OmegaConf.create(text)
+    node = typing.cast(DictConfig, OmegaConf.create(text))  # each file of conf/ is a mapping
     for key in ("defaults", "hydra"):
         node.pop(key, None)
     return node
@@ -332,7 +332,7 @@ def _values(*parts: str):
 @functools.cache
 def _root_defaults():
     root_text = config_source()[1].joinpath("config.yaml").read_text()
-    entries = OmegaConf.create(root_text).get("defaults", [])
+    entries = typing.cast(DictConfig, OmegaConf.create(root_text)).get("defaults", [])  # config.yaml is a mapping
     init_kind = next(entry["init"] for entry in entries if isinstance(entry, Mapping) and "init" in entry)
     base = OmegaConf.merge(OmegaConf.structured(Config), {k: v for k, v in _values("config.yaml").items()})
     return base, init_kind
@@ -356,7 +356,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.name
     if hasattr(value, "tolist") and hasattr(value, "dtype"):
-        return value.tolist()
+        return value.tolist()  # pyright: ignore[reportAttributeAccessIssue] Any, wrongly narrowed by is_dataclass
     return value
 
 
@@ -407,7 +407,7 @@ def compose(config: Any = None, *, complete: bool = False) -> Config:
         error.full_key = f"init.{error.full_key}" if getattr(error, "full_key", None) else "init"
         raise ConfigError(explain(error, init_kind=kind)) from None
     try:
-        return OmegaConf.to_object(cfg)
+        return typing.cast(Config, OmegaConf.to_object(cfg))  # the structured Config as its dataclass
     except oc_errors.OmegaConfBaseException as error:  # an interpolation that cannot be resolved
         raise ConfigError(explain(error, init_kind=kind)) from None
 
@@ -433,7 +433,7 @@ def _check_given(given: Mapping, schema: type, prefix: str) -> None:
         if dataclasses.is_dataclass(kind) and kind is not InitConfig:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{prefix}{key} must be {_describe(kind)}, got {value!r}.")
-            _check_given(value, kind, f"{prefix}{key}.")
+            _check_given(value, typing.cast(type, kind), f"{prefix}{key}.")  # a schema's hints are classes
         elif kind is bool and read_boolean(value) is None and not (isinstance(value, str) and value.startswith("${")):
             raise ConfigError(f"{prefix}{key} must be {_describe(bool)}, got {value!r}.")
         elif kind is Any and isinstance(value, Mapping):  # numbers or nested lists of them, in every such key
@@ -457,8 +457,11 @@ def typed_options(schema: type, given: Mapping, prefix: str) -> dict:
         )
     _check_given(given, schema, prefix)
     try:
-        typed = OmegaConf.to_container(
-            OmegaConf.merge(OmegaConf.structured(schema), dict(given)), resolve=True, enum_to_str=True
+        typed = typing.cast(  # a structured config becomes a dict
+            dict,
+            OmegaConf.to_container(
+                OmegaConf.merge(OmegaConf.structured(schema), dict(given)), resolve=True, enum_to_str=True
+            ),
         )
     except oc_errors.OmegaConfBaseException as error:
         full_key = str(getattr(error, "full_key", "") or "")
@@ -496,7 +499,7 @@ def _check_values(typed: Mapping, schema: type, prefix: str) -> None:
         if _is_optional(kind):
             kind = next(a for a in typing.get_args(kind) if a is not type(None))
         if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
-            _check_values(value, kind, f"{key}.")
+            _check_values(value, typing.cast(type, kind), f"{key}.")  # a schema's hints are classes
             continue
         if typing.get_origin(kind) is dict:
             continue
@@ -545,7 +548,7 @@ def _check_complete(given: Mapping, schema: type, prefix: str) -> None:
         if isinstance(value, str) and value == MISSING:
             raise ConfigError(f"{prefix}{key} has no value; give it one.")
         if dataclasses.is_dataclass(kind) and kind is not InitConfig and isinstance(value, Mapping):
-            _check_complete(value, kind, f"{prefix}{key}.")
+            _check_complete(value, typing.cast(type, kind), f"{prefix}{key}.")  # a schema's hints are classes
 
 
 def to_container(cfg: Any) -> Any:
@@ -641,7 +644,7 @@ def explain(error: Exception, init_kind: str | None = None) -> str:
         return f"{full_key or 'a value'} holds an interpolation that cannot be resolved ({reason})."
     if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)) and path:
         parent = _schema_at(path[:-1], init_kind)
-        holder = getattr(error, "object_type", None)
+        holder: Any = getattr(error, "object_type", None)
         holder = _SCHEMA_OF.get(holder, holder)
         if parent is InitConfig and holder in INITS.values():
             parent, init_kind = holder, holder.kind

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -76,11 +77,11 @@ def _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, 
     return jax.shard_map(solve, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)(members, beta_index)
 
 
-def available_memory(device: jax.Device | None = None) -> int:
+def available_memory(device: jax.Device | None = None) -> int:  # pyright: ignore[reportInvalidTypeForm]  (jax.Device: an untyped alias of jaxlib's class)
     """Bytes a run may use: free device memory on an accelerator, else the host's
     available memory (`MemAvailable` of /proc/meminfo)."""
     device = device or jax.local_devices()[0]
-    stats = device.memory_stats() if device.platform != "cpu" else None
+    stats = device.memory_stats() if device.platform != "cpu" else None  # pyright: ignore[reportOptionalMemberAccess]  (a device: the first local one by default)
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
     try:
@@ -195,7 +196,7 @@ def member_footprint(member, stages: int, saves: int) -> MemberFootprint:
         for leaf in jax.tree.leaves(field)
         if hasattr(leaf, "shape")
         and hasattr(leaf, "dtype")
-        and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)  # pyright: ignore[reportPrivateImportUsage]  (public in jax.dtypes, not re-exported in its stub)
     )
     return MemberFootprint(
         state=state, attention=attention, pairwise=pairwise, output=per_save * saves, weights=weights
@@ -227,7 +228,7 @@ def measured_bytes(term, y0) -> int:
     x = jax.ShapeDtypeStruct(y0.shape, y0.dtype)
     try:
         analysis = jax.jit(call).lower(shapes, x).compile().memory_analysis()
-        measured = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+        measured = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)  # pyright: ignore[reportOptionalMemberAccess]  (no analysis: the error is caught below)
     except Exception:  # no memory analysis on this backend (or a term that cannot be lowered alone)
         measured = 0
     measured = max(measured, floor)
@@ -287,7 +288,7 @@ class EnsemblePlan:
         self.dtype = np.dtype(betas.dtype if hasattr(betas, "dtype") else jnp.asarray(betas).dtype)
         self.betas = jnp.asarray(np.asarray(betas, self.dtype).reshape(-1))
         self.grid = grid
-        options = dict(solver=solver, adaptive=grid.adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
+        options: dict[str, Any] = dict(solver=solver, adaptive=grid.adaptive, rtol=rtol, atol=atol, max_steps=max_steps)
         if not grid.adaptive:
             options["num_steps"] = grid.num_steps
         if grid.marks is not None:
@@ -410,7 +411,7 @@ class EnsemblePlan:
         a rerun with the same structure loads it instead of tracing and lowering it
         again (its compiled form comes from JAX's own cache). None when JAX's cache is
         not in use, or the program cannot be exported (adaptive solves)."""
-        folder = jax.config.jax_compilation_cache_dir
+        folder = jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue]  (jax's Config stub lacks the flag attributes)
         if not folder:
             return None
         dynamic, static = eqx.partition(self.system, eqx.is_array)
@@ -486,7 +487,7 @@ _LOADED_MOST = 16
 class _Loaded:
     """An exported piece program and, once compiled in this process, its executable."""
 
-    program: object  # a jax.export.Exported (anything with `.call`)
+    program: Any  # a jax.export.Exported (anything with `.call`)
     compiled: Callable | None = None
 
 
@@ -548,9 +549,9 @@ def _program_key(static, treedef, options, shapes) -> str:
         version("jaxlib"),
         eqx.__version__,
         version("diffrax"),  # diffrax: its tableaus
-        str(jax.config.jax_default_prng_impl),
-        str(jax.config.jax_enable_x64),
-        str(jax.config.jax_default_matmul_precision),
+        str(jax.config.jax_default_prng_impl),  # pyright: ignore[reportAttributeAccessIssue]  (jax's Config stub lacks the flag attributes)
+        str(jax.config.jax_enable_x64),  # pyright: ignore[reportAttributeAccessIssue]  (as above)
+        str(jax.config.jax_default_matmul_precision),  # pyright: ignore[reportAttributeAccessIssue]  (as above)
     ]  # in the traced products
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
@@ -603,7 +604,7 @@ def solve_ensemble(
     atol: float = 1e-8,
     max_steps: int = 100_000,
     chunk_size: int | None = None,
-    devices: Sequence[jax.Device] | None = None,
+    devices: Sequence[jax.Device] | None = None,  # pyright: ignore[reportInvalidTypeForm]  (jax.Device: an untyped alias of jaxlib's class)
     check: bool = True,
 ) -> EnsembleResult:
     """Solve one system per (beta, member) pair.

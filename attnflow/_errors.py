@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+    from ._store import Results
 
 
 def did_you_mean(name: object, names: Iterable[object], prefix: str = "") -> str:
@@ -20,9 +26,17 @@ class ConfigError(ValueError):
 class NonFiniteStateError(FloatingPointError):
     """A state became NaN or infinite during a run."""
 
+    # Set on the error by a study that raises it (`solve_study`, `attnflow.run`).
+    results: Results
+    dataset: xr.Dataset
+
 
 class SolverFailure(RuntimeError):
     """The ODE solver stopped before `t1` (step budget exhausted or step size collapsed)."""
+
+    # Set on the error by a study that raises it (`solve_study`, `attnflow.run`).
+    results: Results
+    dataset: xr.Dataset
 
 
 class CheckpointError(ConfigError):

@@ -168,7 +168,7 @@ class VectorField(eqx.Module):
 
     def raw(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         """$F(t, \\cdot)$ evaluated at the (normalized, for pre/peri) tokens, unprojected."""
-        h = self.norm(x) if self.scheme in ("pre", "peri") else x
+        h = self.norm(x) if self.scheme in ("pre", "peri") else x  # pyright: ignore[reportOptionalCall]  (__check_init__: pre/peri have a norm)
         at = self.piece_time
         if not self.terms:  # noise alone: F = 0
             return jnp.zeros_like(x)
@@ -178,17 +178,17 @@ class VectorField(eqx.Module):
     def __call__(self, t: ScalarLike, x: Float[Array, "n d"], args=None) -> Float[Array, "n d"]:
         f = self.raw(t, x)
         if self.scheme == "peri":
-            f = self.out_norm(f)
+            f = self.out_norm(f)  # pyright: ignore[reportOptionalCall]  (__check_init__: peri has an out_norm)
         elif self.tangent is not False:
             f = self.geometry.project(x, f)
         return f if self.time_change is None else self.time_change(f)
 
     def attention_weights(self, t: ScalarLike, x: Float[Array, "n d"]) -> Float[Array, "heads n n"]:
         """The attention matrices of the first attention term, at the tokens it sees."""
-        h = self.norm(x) if self.scheme in ("pre", "peri") else x
+        h = self.norm(x) if self.scheme in ("pre", "peri") else x  # pyright: ignore[reportOptionalCall]  (__check_init__: pre/peri have a norm)
         for term in self.terms:
             if hasattr(term, "weights"):  # a term with attention matrices
-                return term.weights(t, h, self.piece_time)
+                return term.weights(t, h, self.piece_time)  # pyright: ignore[reportAttributeAccessIssue]  (hasattr above)
         raise ConfigError("attention metrics need an attention term in the vector field.")
 
 

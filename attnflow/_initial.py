@@ -30,7 +30,7 @@ class UniformSphere(AbstractInitialCondition):
     """I.i.d. uniform on $S^{d-1}$ (normalized standard Gaussians)."""
 
     def __call__(self, key, n, d, dtype=jnp.float32):
-        return _unit_rows(jax.random.normal(key, (n, d), dtype))
+        return _unit_rows(jax.random.normal(key, (n, d), dtype))  # pyright: ignore[reportArgumentType]  (a random law is called with a key)
 
 
 class Orthonormal(AbstractInitialCondition):
@@ -53,7 +53,7 @@ class SphericalCaps(AbstractInitialCondition):
     centres: Float[Array, "k d"] | None = None
 
     def __call__(self, key, n, d, dtype=jnp.float32):
-        k_centre, k_dir, k_angle = jax.random.split(key, 3)
+        k_centre, k_dir, k_angle = jax.random.split(key, 3)  # pyright: ignore[reportArgumentType]  (a random law is called with a key)
         if self.centres is None:
             centres = _unit_rows(jax.random.normal(k_centre, (self.k, d), dtype))
         else:
@@ -74,7 +74,7 @@ class GaussianMixture(AbstractInitialCondition):
     centres: Float[Array, "k d"] | None = None
 
     def __call__(self, key, n, d, dtype=jnp.float32):
-        k_centre, k_noise = jax.random.split(key)
+        k_centre, k_noise = jax.random.split(key)  # pyright: ignore[reportArgumentType]  (a random law is called with a key)
         if self.centres is None:
             centres = self.spread * jax.random.normal(k_centre, (self.k, d), dtype)
         else:
@@ -89,7 +89,7 @@ class UniformCube(AbstractInitialCondition):
     high: Float[Array, ""]
 
     def __call__(self, key, n, d, dtype=jnp.float32):
-        return jax.random.uniform(key, (n, d), dtype, self.low, self.high)
+        return jax.random.uniform(key, (n, d), dtype, self.low, self.high)  # pyright: ignore[reportArgumentType]  (a random law is called with a key)
 
 
 class Given(AbstractInitialCondition):

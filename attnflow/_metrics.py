@@ -85,7 +85,7 @@ def sinkhorn_energy(x: Float[Array, "n d"], beta: ScalarLike, iterations: int = 
     one). The potential is that of `iterations` alternations of `sinkhorn_log`.
     """
     scores = beta * gram(x)
-    a_log = sinkhorn_log(scores, iterations)
+    a_log = sinkhorn_log(scores, iterations)  # pyright: ignore[reportArgumentType]  (beta times a jax Array is a jax Array; numpy's stubs say ndarray)
     # The row and column potentials f_i + g_i = a_log_ii - scores_ii are 2 u_i (f - g is constant).
     potentials = jnp.diagonal(a_log) - jnp.diagonal(scores)
     log_n = jnp.log(jnp.asarray(x.shape[0], x.dtype))
@@ -226,7 +226,7 @@ def numerical_rank(
         s = jnp.abs(jnp.diagonal(qr(a, mode="r", pivoting=True)[0]))
     else:
         raise ConfigError(f"unknown rank method {method!r}; choose one of {', '.join(RANK_METHODS)}.")
-    return jnp.sum(s > rtol * s[0])
+    return jnp.sum(s > rtol * s[0])  # pyright: ignore[reportOptionalOperand]  (a None rtol was replaced above)
 
 
 # Query rows whose attention is recorded when the map is too large to keep whole.

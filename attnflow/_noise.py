@@ -66,8 +66,8 @@ class BrownianNoise(eqx.Module):
         field's `piece_time`; default the step's midpoint). Times are clipped to the tree's
         interval, which a last grid time may overshoot by a rounding."""
         path = self.path
-        lo, hi = jnp.asarray(path.t0, x.dtype), jnp.asarray(path.t1, x.dtype)
-        dw = path.evaluate(jnp.clip(t, lo, hi), jnp.clip(t + h, lo, hi))
+        lo, hi = jnp.asarray(path.t0, x.dtype), jnp.asarray(path.t1, x.dtype)  # pyright: ignore[reportAttributeAccessIssue]  (a diffrax Brownian path; typed eqx.Module, diffrax is imported lazily)
+        dw = path.evaluate(jnp.clip(t, lo, hi), jnp.clip(t + h, lo, hi))  # pyright: ignore[reportAttributeAccessIssue]  (as above)
         if self.kind == "projected":
             dw = geometry.project(x, dw)
         return self.strength(t, t + h / 2 if at is None else at) * dw
@@ -121,14 +121,14 @@ def _log_attention_mode(beta: ScalarLike, d: ScalarLike) -> float:
     from scipy import special  # lazy: start-up
 
     try:
-        whole, value = float(d).is_integer(), float(beta)
+        whole, value = float(d).is_integer(), float(beta)  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex: its TypeError is caught below)
     except (TypeError, ValueError):
         raise ConfigError(f"beta and d must be numbers, got beta={beta!r} and d={d!r}.") from None
-    if isinstance(d, bool) or not whole or float(d) < 2:
+    if isinstance(d, bool) or not whole or float(d) < 2:  # pyright: ignore[reportArgumentType]  (d converted above)
         raise ConfigError(f"the sphere S^(d-1) needs a whole dimension d >= 2, got d={d!r}.")
     if isinstance(beta, bool) or not (math.isfinite(value) and value >= 0):
         raise ConfigError(f"beta must be a finite number >= 0, got beta={beta!r}.")
-    d, beta = int(float(d)), value
+    d, beta = int(float(d)), value  # pyright: ignore[reportArgumentType]  (d converted above)
     if beta == 0:
         return -math.log(d)
     nu = d / 2 - 1

@@ -32,6 +32,7 @@ from .initial import INITS, InitialCondition
 from .system import PARTS
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.figure import Figure
 
 # The panels: every metric's label, reduction to (beta?, member, time) and y range, from
@@ -116,7 +117,7 @@ def _initial_condition(cfg: dict) -> str:
     init = cfg.get("init")
     if not isinstance(init, dict):
         return str(init) if init is not None else "not recorded"
-    return INITS.get(init.get("kind"), InitialCondition).describe(init)
+    return INITS.get(init.get("kind"), InitialCondition).describe(init)  # pyright: ignore[reportCallIssue, reportArgumentType] any key may be looked up
 
 
 def _system(cfg: dict) -> str:
@@ -262,7 +263,7 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
         ax = fig.add_subplot(grid[0, 0])
         ax.set_axis_off()
         recorded = cfg.get("metrics", "not recorded")
-        stored = ", ".join(name for name in ds.data_vars) or "nothing"
+        stored = ", ".join(name for name in ds.data_vars) or "nothing"  # pyright: ignore[reportCallIssue, reportArgumentType] the names are str
         ax.text(
             0.5,
             0.5,
@@ -333,7 +334,7 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
     right = 1 - legend_width / width
     top = 1 - title_height / height
     fig.tight_layout(rect=(0, caption_height / height, right, top), h_pad=1.0, w_pad=1.0)
-    handles = [Line2D([], [], color=color, linewidth=1.5) for color in colors]
+    handles: list[Artist] = [Line2D([], [], color=color, linewidth=1.5) for color in colors]
     handles.append(Patch(color="0.5", alpha=0.3, linewidth=0))
     labels = [_beta_label(beta) for beta in betas] + ["10–90 %\nof members"]
     if switches:

@@ -144,6 +144,7 @@ class Progress(AbstractContextManager):
                 )
                 self._bar.__enter__()
                 self._owner = True
+            assert self._bar is not None  # an enclosing line's display, or the one just opened
             self._task = self._bar.add_task(
                 self.description, total=self.total, unit=self.unit, covered=self.covered, rate=self.rate
             )
@@ -154,11 +155,13 @@ class Progress(AbstractContextManager):
         """`steps` more units done (or, with `covered`, that much more time covered)."""
         self.done += steps
         if self._bar is not None:
+            assert self._task is not None  # added with the bar
             self._bar.update(self._task, advance=steps)
 
     def describe(self, description: str) -> None:
         self.description = description
         if self._bar is not None:
+            assert self._task is not None  # added with the bar
             self._bar.update(self._task, description=description)
 
     def __exit__(self, *exc) -> None:
@@ -166,6 +169,7 @@ class Progress(AbstractContextManager):
             return
         Progress._drawn.remove(self)
         if self.total is None and not self._owner:
+            assert self._task is not None  # added with the bar
             self._bar.remove_task(self._task)  # a status line under a bar: gone when it ends
         if self._owner:
             self._bar.__exit__(*exc)

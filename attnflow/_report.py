@@ -54,7 +54,7 @@ import re
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import xarray as xr
@@ -65,6 +65,9 @@ from ._errors import ConfigError
 from ._figures import colormap, style, styled, subplots
 from ._metric_registry import METRICS, PANELS
 from ._store import _write_atomically, read_config, stored_config, write_results
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Per-member bookkeeping, not a result to summarize (the failed fraction stands for it).
 _BOOKKEEPING = ("status", "failure_time")
@@ -144,7 +147,7 @@ def _finals(ds: xr.Dataset) -> dict[str, xr.DataArray]:
             # The reductions (over clusters, heads, queries, keys) act at each time alone.
             found[metric.reduced_name or metric.name] = metric.reduce(ds[metric.name].isel(time=-1))
     for name, da in ds.data_vars.items():
-        reduced = name in METRICS and METRICS[name].reduced_name is not None
+        reduced = name in METRICS and METRICS[name].reduced_name is not None  # pyright: ignore[reportArgumentType] xarray's names are Hashable; a str here
         if name in found or reduced or not {"member", "time"} <= set(da.dims):
             continue
         found[str(name)] = da.isel(time=-1)
@@ -327,7 +330,8 @@ def summary_table(folder: str | Path):
     row per run and beta (the failed jobs' rows left out), and the swept keys; raises
     `ConfigError` when there is none."""
     table, swept = _table(Path(folder))
-    finished = table[table["note"] == ""].drop(columns="note").reset_index(drop=True)
+    # the rows of the finished runs (a DataFrame: pandas' annotations say less)
+    finished = cast("pd.DataFrame", table[table["note"] == ""]).drop(columns="note").reset_index(drop=True)
     finished.attrs = dict(table.attrs)
     return finished, swept
 
@@ -599,7 +603,7 @@ def report(folder: str | Path) -> tuple[list[Path], str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Warning)  # xarray's notes on string encodings
         nc = write_results(ds, folder / "report.nc")
-    finished = table[table["note"] == ""]
+    finished = cast("pd.DataFrame", table[table["note"] == ""])  # the rows of the finished runs (a DataFrame)
     finished.attrs = dict(table.attrs)
     runs = finished["run"].nunique()
     fig = report_figure(

@@ -408,7 +408,7 @@ def simulate(
         return _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, max_steps)
 
     if num_steps is None:
-        num_steps = step_count(t0, t1, dt)
+        num_steps = step_count(t0, t1, dt)  # pyright: ignore[reportArgumentType]  (a fixed-step run has a dt: checked above)
     dtype = y0.dtype
     t0_, t1_ = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
     h = (t1_ - t0_) / num_steps
@@ -422,7 +422,7 @@ def simulate(
         stats = _record_at_marks(step, y0, t0_, num_steps, marks, record)
         out_ts = t0_ + h * jnp.asarray(marks, dtype)
     else:
-        ks, thetas = bracketing_steps(np.asarray(ts), float(t0), float(t1), num_steps)
+        ks, thetas = bracketing_steps(np.asarray(ts), float(t0), float(t1), num_steps)  # pyright: ignore[reportArgumentType]  (ArrayLike admits complex; times are real)
         marks = np.unique(np.concatenate([ks, ks + 1]))
         grid = _record_at_marks(step, y0, t0_, num_steps, marks, _states)["x"]
         index = lambda k: jnp.asarray(np.searchsorted(marks, k))
@@ -462,5 +462,9 @@ def _simulate_adaptive(field, solver, y0, t0, t1, dt, ts, record, rtol, atol, ma
         jump_ts=None if jumps is None else jumps.astype(dtype),
     )
     return Solution(
-        ts=ts, stats=stats, result=jnp.asarray(result, jnp.int32), num_steps=jnp.asarray(steps), reached=reached
+        ts=ts,
+        stats=stats,  # pyright: ignore[reportArgumentType]  (SaveAt(fn=record) fills ys with record's dict)
+        result=jnp.asarray(result, jnp.int32),
+        num_steps=jnp.asarray(steps),
+        reached=reached,
     )

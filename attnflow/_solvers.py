@@ -75,7 +75,7 @@ def tableau(name: str) -> Tableau:
         return _EULER
     if name == "rk4":
         return _RK4
-    return _from_diffrax(SOLVERS[name].diffrax)
+    return _from_diffrax(SOLVERS[name].diffrax)  # pyright: ignore[reportArgumentType]  (every method past euler* and rk4 names its diffrax class)
 
 
 def tableau_of(solver) -> Tableau:
@@ -106,7 +106,7 @@ def rk_step(
     for a_row, c in zip(table.a, table.c):
         increment = _combine(a_row, ks)
         ks.append(f(t + c * h if c else t, y if increment is None else y + h * increment))
-    return y + h * _combine(table.b, ks)
+    return y + h * _combine(table.b, ks)  # pyright: ignore[reportOperatorIssue]  (a tableau's b has a non-zero weight: never None)
 
 
 def _combine(weights: tuple[float, ...], ks: list[Array]) -> Array | None:

@@ -199,7 +199,7 @@ def _interrupts_deferred():
         signal.raise_signal(number)
 
 
-def _write_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+def _write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """`write(tmp)` a file that then replaces `path` (see `replacing`); the write runs in
     a worker thread, so that Ctrl-C stops the wait (`in_background`). A worker abandoned
     that way removes, when its write returns, the file it was writing: the interrupt
@@ -424,7 +424,7 @@ class PieceStore:
     def save(self, index: int, out: dict[str, np.ndarray]) -> None:
         def write(tmp: Path):
             with open(tmp, "wb") as f:
-                np.savez(f, **{name.replace("/", "__"): value for name, value in out.items()})
+                np.savez(f, **{name.replace("/", "__"): value for name, value in out.items()})  # pyright: ignore[reportArgumentType] numpy's stubs take the arrays for allow_pickle
 
         _write_atomically(self._path(index), write)
 

@@ -8,6 +8,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +87,7 @@ def use_compilation_cache() -> None:
     without it, and says so once (a `RunNote`). A damaged entry (a process killed while
     JAX wrote it) is dropped when it is read, and its program compiled again and written
     anew (`_repair_damaged_entries`)."""
-    if not jax.config.jax_compilation_cache_dir:
+    if not jax.config.jax_compilation_cache_dir:  # pyright: ignore[reportAttributeAccessIssue] jax's options are set at run time
         folder = cache_directory()
         problem = _unwritable(folder)
         if problem is not None:
@@ -141,7 +142,7 @@ def _repair_damaged_entries() -> None:
         try:
             return read(cache_key, *args, **kwargs)
         except Exception as error:  # anything JAX could not read back: a miss
-            folder = jax.config.jax_compilation_cache_dir
+            folder = jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue] jax's options are set at run time
             for suffix in ("-cache", "-atime"):
                 with contextlib.suppress(OSError, TypeError):
                     (Path(folder) / f"{cache_key}{suffix}").unlink(missing_ok=True)
@@ -242,6 +243,7 @@ def solve_study(
         store = PieceStore(Path(pieces), identity, discard=cfg.overwrite)
     outputs = [store.load(i, rows=plan.size_of(i)) if store is not None else None for i in range(plan.pieces)]
     for path in store.damaged if store is not None and on_damaged is not None else ():
+        assert on_damaged is not None  # the loop runs only when it is given
         on_damaged(path)
     found = sum(out is not None for out in outputs)
     if found and on_resume is not None:
@@ -255,7 +257,7 @@ def solve_study(
             outputs[i] = out
         if on_piece is not None:
             on_piece()
-    result = plan.assemble(outputs)
+    result = plan.assemble(cast("list[dict[str, np.ndarray]]", outputs))  # every piece is there now
     results = to_results(study, result)
     try:
         check_ensemble(result, study.betas, non_finite_advice(cfg))

@@ -551,7 +551,7 @@ class MLP(AbstractInteraction):
         if self.b1 is not None:
             h = h + jax.lax.broadcast_to_rank(self.b1(t, at), h.ndim)
         if self.activation == "swiglu":
-            h = jax.nn.silu(h) * (x @ self.gate(t, at).T)
+            h = jax.nn.silu(h) * (x @ self.gate(t, at).T)  # pyright: ignore[reportOptionalCall]  (__check_init__: swiglu has a gate)
         else:
             h = _ACTIVATIONS[self.activation](h)
         out = h @ self.w2(t, at).T

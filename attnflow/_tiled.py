@@ -244,7 +244,7 @@ def _tile_products(a: Float[Array, "... m k"], b: Float[Array, "... n k"]) -> Fl
     the dynamic slice into the exp, which stops its vectorization, 4-10x slower)."""
     if a.shape[-1] > _BROADCAST_PRODUCTS:
         return jnp.einsum("...ik,...jk->...ij", a, b)
-    return sum(a[..., :, c, None] * b[..., None, :, c] for c in range(a.shape[-1]))
+    return sum(a[..., :, c, None] * b[..., None, :, c] for c in range(a.shape[-1]))  # pyright: ignore[reportReturnType]  (tokens have d >= 1 coordinates: an Array, never the empty sum 0)
 
 
 def _lanes(pairs: int) -> int:

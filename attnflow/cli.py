@@ -40,6 +40,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
+from typing import cast
 
 import hydra
 from hydra._internal.utils import get_args_parser
@@ -76,7 +77,7 @@ def _say(message: str) -> None:
 
 def _overrides(hydra_cfg) -> list[str]:
     """The command-line overrides of the job, as typed (`${...}` left unresolved)."""
-    return list(OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False))
+    return list(cast("list[str]", OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)))  # a list of str
 
 
 def _job_label(hydra_cfg) -> str:
@@ -191,7 +192,7 @@ def _job(cfg) -> None:
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     _JOBS.append(_job_label(hydra_cfg))
     # The jobs of a parallel launcher share one terminal: none draws a line.
-    Progress.muted = sweep and OmegaConf.select(hydra_cfg, "launcher._target_") != _BASIC_LAUNCHER
+    Progress.muted = sweep and OmegaConf.select(hydra_cfg, "launcher._target_") != _BASIC_LAUNCHER  # pyright: ignore[reportArgumentType] HydraConfig.get() gives a DictConfig
     if sweep:
         _tell(None)
         print(f"attnflow: {_job_label(hydra_cfg)}", flush=True)
@@ -263,11 +264,12 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         _write_record(folder, cfg, hydra_cfg)
         pieces = folder.path / folder.PIECES
         name = "attnflow" if experiment is None else experiment.name
-        total = plan.pieces if experiment is None else experiment.pieces
+        total = plan.pieces if experiment is None else experiment.pieces  # pyright: ignore[reportOptionalMemberAccess] planned when there is no experiment
         _tell(None)  # the bar follows
         try:
             with Progress(name, total) as progress:
                 if experiment is None:
+                    assert plan is not None  # planned when there is no experiment
                     results = solve_study(
                         study,
                         plan,
@@ -450,16 +452,16 @@ def _check_command_line(arguments: list[str]) -> None:
             f"({', '.join(_USAGE)}, help), got {bare!r}; `attnflow --help` lists them."
         )
     overrides = OverridesParser.create().parse_overrides(given)
-    given: dict[tuple, str] = {}
+    seen: dict[tuple, str | None] = {}
     sizes = []
     for override in overrides:
         key = (override.key_or_group, override.package)
-        if key in given:
+        if key in seen:
             raise ConfigError(
-                f"{override.get_key_element().lstrip('~+')} is given twice ({given[key]}, "
+                f"{override.get_key_element().lstrip('~+')} is given twice ({seen[key]}, "
                 f"{override.input_line}); give it once."
             )
-        given[key] = override.input_line
+        seen[key] = override.input_line
         if override.is_delete():
             continue  # a key left without its value is refused when the job starts
         if override.key_or_group in _GROUPS or "/" in override.key_or_group:
@@ -558,6 +560,7 @@ def _interrupted() -> None:
         else None
     )
     if kept:
+        assert folder is not None  # pieces are kept only in a folder
         _say(
             f"interrupted; {kept} finished piece{'s are' if kept > 1 else ' is'} kept in "
             f"{folder / RunDirectory.PIECES}; the same command with {resume} resumes from there."

@@ -85,7 +85,7 @@ def equiangular_rate(rho: ArrayLike, beta: ArrayLike, n: int) -> Array:
 _STEPS = 8192
 
 
-def _dt_du(u: ArrayLike, beta: ArrayLike, n: ArrayLike) -> Array:
+def _dt_du(u: Array, beta: ArrayLike, n: ArrayLike) -> Array:
     """$dt/du$ at $u = -\\log(1 - \\rho)$."""
     rho = -jnp.expm1(-u)
     return (jnp.exp(beta * (1 - rho)) + (n - 1)) / (2 * (1 + (n - 1) * rho))

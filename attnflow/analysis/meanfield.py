@@ -178,7 +178,7 @@ def _solve(y0, ts, field, normalizer, softmax, sigma, *, grid, modes, solver, rt
         max_steps=max_steps,
         throw=False,
     )
-    c = jax.lax.complex(solution.ys[:, : modes + 1], solution.ys[:, modes + 1 :])
+    c = jax.lax.complex(solution.ys[:, : modes + 1], solution.ys[:, modes + 1 :])  # pyright: ignore[reportOptionalSubscript]  # ys is saved (SaveAt(ts=ts))
     density = jnp.fft.irfft(c, n=grid, axis=-1) * grid
     return c, density, solution.stats["num_accepted_steps"], solution.result == diffrax.RESULTS.successful
 

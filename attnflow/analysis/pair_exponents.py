@@ -178,7 +178,7 @@ def _output_positions(outputs, n: int) -> tuple[int, ...]:
     given = (
         list(np.asarray(outputs).reshape(-1).tolist()) if isinstance(outputs, (Sequence, np.ndarray, jax.Array)) else []
     )
-    if not given or any(not isinstance(o, numbers.Integral) or isinstance(o, bool) or not -n <= o < n for o in given):
+    if not given or any(not isinstance(o, numbers.Integral) or isinstance(o, bool) or not -n <= o < n for o in given):  # pyright: ignore[reportOperatorIssue]  # numbers.Integral's stub lacks __ge__
         raise ConfigError(
             f"outputs must be token positions from {-n} to {n - 1} (negative ones count from the end) "
             f"or None for all {n} tokens, got {outputs!r}."

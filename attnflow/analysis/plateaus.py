@@ -132,10 +132,10 @@ def _check(
         raise ValueError(f"times and series must be 1-D arrays of one length, got shapes {t.shape} and {values.shape}.")
     if np.any(np.diff(t) <= 0):
         raise ValueError("times must increase strictly.")
-    if tol is not None and not (np.isfinite(tol) and 0 <= tol < 1):
+    if tol is not None and not (np.isfinite(tol) and 0 <= tol < 1):  # pyright: ignore[reportOperatorIssue]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
         raise ValueError(f"tol is a fraction of the series' range in [0, 1), got tol={tol!r}.")
     unit = "decades" if axis == "log" else "units of time"
-    if not (np.isfinite(length) and length >= 0):
+    if not (np.isfinite(length) and length >= 0):  # pyright: ignore[reportOperatorIssue]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
         raise ValueError(f"{name} must be a number of {unit} >= 0, got {length!r}.")
     return t, values
 
@@ -210,14 +210,14 @@ def plateaus(
     docstring). Raises `ValueError` when `min_length` does not exceed `tol` times the span
     of the axis, where a series drifting at a constant rate would have plateaus."""
     t, values = _check(t, series, tol, min_length, "min_length", axis)
-    tol, min_length = float(tol), float(min_length)
+    tol, min_length = float(tol), float(min_length)  # pyright: ignore[reportArgumentType]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
     if sizes is not None:
         sizes = np.asarray(sizes, dtype=np.float64)
         if sizes.ndim != 2 or sizes.shape[0] != t.size:
             raise ValueError(
                 f"sizes must have one row of cluster sizes per time, shape ({t.size}, clusters), got {sizes.shape}."
             )
-    index, position = _kept(t, values, float(origin), axis)
+    index, position = _kept(t, values, float(origin), axis)  # pyright: ignore[reportArgumentType]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
     if index.size > 1 and tol > 0 and min_length <= tol * (position[-1] - position[0]):
         unit = "decades" if axis == "log" else "units of time"
         raise ValueError(
@@ -287,7 +287,7 @@ def merges(
     units of $t$), timed at the first sample of the lower count (see the module
     docstring)."""
     t, values = _check(t, clusters, None, hold_length, "hold_length", axis)
-    runs = _holding_runs(t, values, float(hold_length), float(origin), axis)
+    runs = _holding_runs(t, values, float(hold_length), float(origin), axis)  # pyright: ignore[reportArgumentType]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
     steps = [(start, high, low) for (_, high), (start, low) in pairwise(runs) if low < high]
     index = np.array([start for start, _, _ in steps], dtype=np.int64)
     return Merges(
@@ -357,7 +357,7 @@ def detect_metastability(
     if not series and clusters is None:
         raise ValueError("nothing to detect: give at least one series or the cluster-count variable.")
     sizes = sizes if sizes is not None and sizes in ds else None
-    origin = _origin(ds) if origin is None else float(origin)
+    origin = _origin(ds) if origin is None else float(origin)  # pyright: ignore[reportArgumentType]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
     t = ds["time"].values
     first = ds[[*series, *([clusters] if clusters else [])][0]]
     rest = tuple(d for d in first.dims if d != "time")
@@ -449,9 +449,9 @@ def detect_metastability(
         variables,
         coords=coords,
         attrs={
-            "tol": float(tol),
-            "min_length": float(min_length),
-            "hold_length": float(hold_length),
+            "tol": float(tol),  # pyright: ignore[reportArgumentType]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
+            "min_length": float(min_length),  # pyright: ignore[reportArgumentType]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
+            "hold_length": float(hold_length),  # pyright: ignore[reportArgumentType]  # a ScalarLike is a real number here; the stub's ArrayLike admits complex
             "axis": axis,
             "origin": float(origin),
         },

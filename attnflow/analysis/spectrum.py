@@ -233,5 +233,5 @@ def lyapunov_spectrum(
     return LyapunovSpectrum(
         exponents=(sums / span)[order],
         times=times,
-        running=(history / (times - t0_)[:, None])[:, order] if running else None,
+        running=(history / (times - t0_)[:, None])[:, order] if running else None,  # pyright: ignore[reportOptionalOperand]  # history is saved when running
     )

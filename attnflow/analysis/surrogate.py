@@ -22,6 +22,8 @@ straight lines, whatever curved path the attention flow took.
 
 from __future__ import annotations
 
+from typing import cast
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -115,17 +117,20 @@ def fit_flow_matching(
     else:
         test_x0, test_x1 = test
     test_s = jax.random.uniform(k_test, (test_x0.shape[0],), x0.dtype)
-    return _fit(
-        field,
-        x0,
-        x1,
-        test_s,
-        test_x0,
-        test_x1,
-        k_fit,
-        int(steps),
-        int(batch_size),
-        jnp.asarray(learning_rate, x0.dtype),
+    return cast(
+        "tuple[FlowMatchingField, Array, Array]",  # what _fit returns: the trained field, losses and tests
+        _fit(
+            field,
+            x0,
+            x1,
+            test_s,
+            test_x0,
+            test_x1,
+            k_fit,
+            int(steps),
+            int(batch_size),
+            jnp.asarray(learning_rate, x0.dtype),
+        ),
     )
 
 
@@ -149,7 +154,7 @@ def push_forward(
 
 @eqx.filter_jit
 def _carry(system, x0, s: tuple[float, ...], dtype: str, steps: int, solver: str):
-    s = np.asarray(s, dtype)
+    s = np.asarray(s, dtype)  # pyright: ignore[reportAssignmentType]  # the static tuple of times, as an array
     one = lambda y0: simulate(system, y0, t1=1.0, dt=1.0 / steps, num_steps=steps, solver=solver, ts=s).xs
     return jax.vmap(one)(x0)
 

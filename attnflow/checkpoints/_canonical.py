@@ -29,7 +29,7 @@ How a block combines its parts is `arrangement`:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 import equinox as eqx
 import jax
@@ -46,6 +46,8 @@ from ._families import HF_FAMILIES
 # own format.
 FAMILIES = (*HF_FAMILIES, "diffeqformer")
 ARRANGEMENTS = ("sequential", "parallel", "post")
+
+_Layer = TypeVar("_Layer")  # stack_layers gives back the pytree type it was given
 
 
 class Attention(eqx.Module):
@@ -110,10 +112,10 @@ def rows_of(ids, vocab: int, table: str, tokens=None) -> Int[Array, " n"]:
     (with its text when `tokens`, a function of ids giving their strings, is given);
     traced ids (under `jit`) stop the program when it runs (`equinox.error_if`)."""
     outside = f"outside {table}, which has {vocab} rows (ids 0 to {vocab - 1})"
-    array = ids if isinstance(ids, jax.core.Tracer) else np.asarray(ids)
+    array = ids if isinstance(ids, jax.core.Tracer) else np.asarray(ids)  # pyright: ignore[reportAttributeAccessIssue]  # jax's stub leaves out jax.core
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise ConfigError(f"token ids must be whole numbers, got {array.dtype} values.")
-    if isinstance(array, jax.core.Tracer):
+    if isinstance(array, jax.core.Tracer):  # pyright: ignore[reportAttributeAccessIssue]  # jax's stub leaves out jax.core
         return eqx.error_if(array, (array < 0) | (array >= vocab), f"a token id is {outside}.").astype(jnp.int32)
     bad = np.flatnonzero((array < 0) | (array >= vocab))
     if bad.size:
@@ -209,6 +211,6 @@ class Checkpoint(eqx.Module):
         return h @ self.unembed.T
 
 
-def stack_layers(per_layer: list) -> object:
+def stack_layers(per_layer: list[_Layer]) -> _Layer:
     """Stack a list of per-layer pytrees (same structure) along a new leading axis."""
     return jax.tree.map(lambda *a: jnp.stack(a), *per_layer)

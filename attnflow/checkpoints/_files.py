@@ -19,6 +19,7 @@ import pickle
 import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -338,7 +339,7 @@ def _first_set(config: Mapping, names: tuple[str, ...]) -> str:
     return next((name for name in names if config.get(name) is not None), names[0])
 
 
-def setting(config: Mapping, *names: str, default=_REQUIRED):
+def setting(config: Mapping, *names: str, default=_REQUIRED) -> Any:
     """The first of `names` set (not null) in `config.json`, else `default`; without a
     default the setting is required."""
     for name in names:
@@ -432,6 +433,12 @@ def activation(name: str) -> str:
     return ACTIVATIONS[name]
 
 
+@overload
+def as_array(value: np.ndarray, dtype) -> jax.Array: ...
+@overload
+def as_array(value: None, dtype) -> None: ...
+@overload
+def as_array(value: np.ndarray | None, dtype) -> jax.Array | None: ...
 def as_array(value: np.ndarray | None, dtype) -> jax.Array | None:
     """A numpy stack as a JAX array of the checkpoint's dtype (float32 by default)."""
     return None if value is None else jnp.asarray(np.asarray(value), dtype=dtype or jnp.float32)
@@ -452,7 +459,9 @@ def layer_norm_blocks(parts: Mapping[str, list], heads: int, mlp_activation: str
     """The stacked blocks of a LayerNorm family (GPT-2, GPT-NeoX, BERT) from per-layer
     lists keyed `q k v o bq bk bv bo w1 b1 w2 b2` (weights, a list of Nones where the
     family has no such bias) and `g1 s1 g2 s2` (the two norms' gains and shifts)."""
-    a = {key: None if value[0] is None else as_array(np.stack(value), dtype) for key, value in parts.items()}
+    a: dict[str, Any] = {  # an array per key, or None where the family has no such bias
+        key: None if value[0] is None else as_array(np.stack(value), dtype) for key, value in parts.items()
+    }
     return Blocks(
         attention=Attention(
             query=a["q"],

@@ -22,7 +22,7 @@ continuous-depth limit of the same model.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast, overload
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -39,6 +39,12 @@ from ._canonical import Checkpoint
 INTERPOLATIONS = ("constant", "linear", "cubic")
 
 
+@overload
+def _schedule(stack: Array, interpolation: str) -> AbstractSchedule: ...
+@overload
+def _schedule(stack: None, interpolation: str) -> None: ...
+@overload
+def _schedule(stack: Array | None, interpolation: str) -> AbstractSchedule | None: ...
 def _schedule(stack: Array | None, interpolation: str) -> AbstractSchedule | None:
     """Layer `l`'s value on $[l, l + 1)$ (`constant`), or interpolated between knots at
     $t = l$ (`linear`, `cubic`): either way layer `l` is in force at the start of its
@@ -95,7 +101,7 @@ class DepthFlow(eqx.Module):
     depth: int = eqx.field(static=True)
 
     @property
-    def split(self) -> str | None:
+    def split(self) -> Literal["lie"] | None:
         return None if self.arrangement == "parallel" else "lie"
 
 
@@ -135,9 +141,12 @@ def depth_flow(checkpoint: Checkpoint, interpolation: Literal["constant", "linea
     if post:
         field = VectorField(terms=(attention, mlp), scheme="none")
         layers = lambda a: _schedule(a, "constant")
-        retractions = tuple(
-            PostNorm(TokenNorm(n.kind, eps=n.eps), layers(n.gamma), layers(n.shift))
-            for n in (blocks.attn_norm, blocks.mlp_norm)
+        retractions = cast(
+            "tuple[PostNorm, PostNorm]",  # one per norm, the two below
+            tuple(
+                PostNorm(TokenNorm(n.kind, eps=n.eps), layers(n.gamma), layers(n.shift))  # pyright: ignore[reportArgumentType]  # a LayerNorm of a post-LN checkpoint has gains
+                for n in (blocks.attn_norm, blocks.mlp_norm)
+            ),
         )
     else:
         if (blocks.attn_norm.kind, blocks.attn_norm.eps) != (blocks.mlp_norm.kind, blocks.mlp_norm.eps):

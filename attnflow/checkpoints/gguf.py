@@ -27,6 +27,7 @@ import functools
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGUFReader
@@ -137,7 +138,7 @@ def _open(path: str | os.PathLike):
 _REQUIRED = object()
 
 
-def _meta(path: Path, reader, key: str, default=_REQUIRED):
+def _meta(path: Path, reader, key: str, default=_REQUIRED) -> Any:
     """The metadata value `key`, or `default`; a missing key without default is an error."""
     field = reader.fields.get(key)
     if field is None:

@@ -13,6 +13,7 @@ the token embedding.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,9 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
             }
         for key, value in values.items():
             parts[key].append(value)
-    a = {key: as_array(np.stack(value), dtype) if value else None for key, value in parts.items()}
+    a: dict[str, Any] = {  # an array per key, or None where the checkpoint has no such bias
+        key: as_array(np.stack(value), dtype) if value else None for key, value in parts.items()
+    }
 
     base, fraction = rope_settings(config)
     dims = int(head_dim * fraction)

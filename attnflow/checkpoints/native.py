@@ -22,6 +22,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, overload
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,6 +32,9 @@ from .._store import _write_atomically
 from .._terms import Rotary, TokenNorm
 from ._canonical import ARRANGEMENTS, FAMILIES, Attention, Blocks, Checkpoint, FeedForward, stack_layers
 from ._files import whole
+
+if TYPE_CHECKING:
+    from jax import Array
 
 MODEL_TYPE = "attnflow"
 VERSION = 1
@@ -108,9 +112,9 @@ def save_checkpoint(
     _write_atomically(
         folder / "model.safetensors", lambda p: save_file(arrays, str(p), metadata={"format": "attnflow"})
     )
-    _write_atomically(folder / "config.json", lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))
+    _write_atomically(folder / "config.json", lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
     if tokenizer_json is not None:
-        _write_atomically(folder / "tokenizer.json", lambda p: p.write_text(tokenizer_json))
+        _write_atomically(folder / "tokenizer.json", lambda p: p.write_text(tokenizer_json))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
     return folder
 
 
@@ -133,7 +137,11 @@ def from_native(config: Mapping, tensors: Mapping[str, np.ndarray], *, name: str
         raise CheckpointError(f"config.json's causal must be true or false, got {config['causal']!r}.")
     cast = (lambda a: jnp.asarray(a)) if dtype is None else (lambda a: jnp.asarray(a, dtype))
 
-    def get(key: str, shape: tuple[int, ...] | None, required: bool = False):
+    @overload
+    def get(key: str, shape: tuple[int | None, ...] | None, required: Literal[True]) -> Array: ...
+    @overload
+    def get(key: str, shape: tuple[int | None, ...] | None, required: bool = False) -> Array | None: ...
+    def get(key: str, shape: tuple[int | None, ...] | None, required: bool = False) -> Array | None:
         if key not in tensors:
             if required:
                 raise CheckpointError(f"the {where} has no tensor {key}.")
@@ -185,8 +193,8 @@ def from_native(config: Mapping, tensors: Mapping[str, np.ndarray], *, name: str
     blocks = Blocks(
         attention=attention,
         mlp=mlp,
-        attn_norm=norm("attn_norm", (L, d), "blocks."),
-        mlp_norm=norm("mlp_norm", (L, d), "blocks."),
+        attn_norm=norm("attn_norm", (L, d), "blocks."),  # pyright: ignore[reportArgumentType]  # None is refused just below
+        mlp_norm=norm("mlp_norm", (L, d), "blocks."),  # pyright: ignore[reportArgumentType]  # None is refused just below
     )
     if blocks.attn_norm is None or blocks.mlp_norm is None:
         raise CheckpointError(f"the config.json of the {where} gives no settings for the block normalizations.")

@@ -369,7 +369,7 @@ def write_head_tables(ds: xr.Dataset, folder: Path, name: str = "head_vectors") 
     singular = ds["singular"].values  # (matrix, layer, head, component)
     layers, heads, vectors, components = (ds[key].values for key in ("layer", "head", "vector", "component"))
     for l, h, v, c, r in np.ndindex(ids.shape):  # (layer, head, vector, component, top)
-        matrix = 0 if vectors[v].startswith("qk") else 1
+        matrix = 0 if vectors[v].startswith("qk") else 1  # pyright: ignore[reportAttributeAccessIssue]  # an element of a str array; numpy's stub says ndarray
         writer.writerow(
             [
                 int(layers[l]),
@@ -386,7 +386,7 @@ def write_head_tables(ds: xr.Dataset, folder: Path, name: str = "head_vectors") 
     paths = []
     for suffix, content in (("md", "\n".join(sections)), ("csv", text.getvalue())):
         path = folder / f"{name}.{suffix}"
-        _write_atomically(path, lambda tmp, content=content: Path(tmp).write_text(content, encoding="utf-8"))
+        _write_atomically(path, lambda tmp, content=content: Path(tmp).write_text(content, encoding="utf-8"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
         paths.append(path)
     return paths
 
@@ -539,7 +539,7 @@ def draw_token_path(ds: xr.Dataset, folder: Path | None = None, name: str = "tok
     word_of = dict(zip(ds["cloud_id"].values.tolist(), range(ds.sizes["word"])))
     for token_id in dict.fromkeys(ds["candidate_id"].values[:, 0].tolist()):
         i = word_of[token_id]
-        ax.text(*cloud[i], repr(str(ds["cloud_token"].values[i])), fontsize=7, color="C0")
+        ax.text(*cloud[i], repr(str(ds["cloud_token"].values[i])), fontsize=7, color="C0")  # pyright: ignore[reportCallIssue]  # a 3-D Axes (x, y, z, s); matplotlib's stub gives the 2-D one
     path = ds["path"].values
     for a, b, layer in zip(path[:-1], path[1:], layers[1:]):
         ax.plot(*np.stack([a, b]).T, color=cmap(norm(layer)), linewidth=1.6)

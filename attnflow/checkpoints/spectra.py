@@ -150,7 +150,7 @@ def _summaries(prefix: str, spectrum: LowRankSpectrum, trace: np.ndarray, what: 
     values = np.asarray(spectrum.eigenvalues)
     modulus = np.abs(values)
     total = modulus.sum(-1)
-    positive = np.where(values.real > 0, modulus, 0.0).sum(-1)
+    positive = np.where(values.real > 0, modulus, 0.0).sum(-1)  # pyright: ignore[reportAttributeAccessIssue]  # numpy's stub has .real only for known dtypes
     with np.errstate(invalid="ignore", divide="ignore"):
         fraction = np.where(total > 0, positive / np.where(total > 0, total, 1.0), np.nan)
     singular = np.asarray(spectrum.singular)
@@ -282,7 +282,7 @@ def _singular_curves(ax, ds: xr.Dataset, prefix: str, norm, cmap) -> None:
     curves = singular.reshape(-1, singular.shape[-1])
     keep = (curves > 0).all(-1)
     segments = np.stack([np.broadcast_to(index, curves.shape), curves], axis=-1)[keep]
-    lines = LineCollection(segments, cmap=cmap, norm=norm, linewidth=0.6, alpha=0.5)
+    lines = LineCollection(segments, cmap=cmap, norm=norm, linewidth=0.6, alpha=0.5)  # pyright: ignore[reportArgumentType]  # an (N, points, 2) array is a sequence of segments; matplotlib's stub wants a Sequence
     lines.set_array(np.repeat(ds["layer"].values, singular.shape[1])[keep])
     ax.add_collection(lines)
     ax.set_yscale("log")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -192,6 +192,7 @@ class TimeWeight(AbstractSchedule):
         e = self.sinusoidal.size
         shapes = [(d_emb, e), (d_emb, d_emb), center.shape + (d_emb,)]
         if noise is None:
+            assert key is not None  # without noise, the key is needed (jax.random.normal refuses None)
             noise = jax.random.normal(key, (TimeWeight.noise_size(center.shape, d_emb, frequencies),), center.dtype)
         a1, a2, p = _cut(noise, shapes)
         self.mlp_in_weight = a1 / math.sqrt(e)
@@ -521,7 +522,7 @@ def gpt(key: PRNGKeyArray, config: DiffEqFormerConfig) -> Checkpoint:
         kv_heads=H,
     )
     mlp = FeedForward(w1=w1, b1=zeros(L, c.hidden), w2=w2, b2=zeros(L, d), activation="gelu")
-    norm = lambda: stack_layers([TokenNorm("layer", ones(d), zeros(d), eps=c.eps)] * L)
+    norm = lambda: cast(TokenNorm, stack_layers([TokenNorm("layer", ones(d), zeros(d), eps=c.eps)] * L))
     return Checkpoint(
         family="gpt2",
         arrangement="sequential",
@@ -540,7 +541,8 @@ def checkpoint_logits(checkpoint: Checkpoint, ids: Int[ArrayLike, " n"]) -> Floa
     (`attnflow.checkpoints.forward`, differentiable), the unembedding tied to the
     embedding when the checkpoint holds none (a GPT baseline during training)."""
     unembed = checkpoint.embed if checkpoint.unembed is None else checkpoint.unembed
-    return forward(checkpoint, ids).final @ unembed.T
+    # forward passes ids to Checkpoint.embed_tokens, which takes any ArrayLike; its own annotation is narrower
+    return forward(checkpoint, ids).final @ unembed.T  # pyright: ignore[reportArgumentType]
 
 
 class Adapter(eqx.Module):

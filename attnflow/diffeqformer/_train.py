@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from hydra import compose
 from hydra.core.config_store import ConfigStore
@@ -57,6 +57,11 @@ from .._config import _keys_of, config_source, hydra_context, read_boolean
 from .._errors import CheckpointError, ConfigError, NonFiniteStateError, did_you_mean
 from .._progress import Progress
 from .._store import RunDirectory
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ..checkpoints._canonical import Checkpoint
 
 MODELS = ("diffeqformer", "gpt")
 B2 = {"diffeqformer": 0.95, "gpt": 0.999}  # the paper's app. C.5
@@ -204,7 +209,8 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
         first = str(cause or error).strip().splitlines()[0].rstrip(".")
         raise ConfigError(f"invalid settings for attnflow train ({first}).") from None
-    return {**OmegaConf.to_container(composed, resolve=False), **late}, given
+    # composed is a DictConfig, so its container is a dict
+    return {**cast("dict[str, Any]", OmegaConf.to_container(composed, resolve=False)), **late}, given
 
 
 def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConfig:
@@ -216,7 +222,7 @@ def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConf
     if isinstance(overrides, Mapping):
         given = {str(key).lstrip("+"): value for key, value in overrides.items()}
         _check_given(given)
-        base = OmegaConf.load(_defaults_file())
+        base = cast("DictConfig", OmegaConf.load(_defaults_file()))  # conf/train.yaml is a mapping
         base.pop("defaults", None)
         layers = (base, OmegaConf.create(given))
     else:
@@ -224,7 +230,7 @@ def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConf
         layers = (OmegaConf.create(composed),)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), *layers)
-        cfg = OmegaConf.to_object(merged)
+        cfg = cast(TrainConfig, OmegaConf.to_object(merged))  # merged onto the TrainConfig schema
     except ValidationError as error:
         key = str(getattr(error, "full_key", "") or "")
         value = getattr(error, "value", None)
@@ -534,6 +540,7 @@ class Setup(NamedTuple):
 
 
 def _init_folder(cfg: TrainConfig) -> Path:
+    assert cfg.init is not None  # called only when init is given
     folder = Path(cfg.init).expanduser()
     if (folder / "model").is_dir() and not (folder / "config.json").exists():
         folder = folder / "model"  # a run folder: its final model
@@ -625,8 +632,9 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
     if base is None:
         base = DiffEqFormer(model_config, key=init_key) if cfg.model == "diffeqformer" else gpt(init_key, model_config)
     if cfg.lora_rank:
-        checkpoint = populate(base, cfg.steps) if cfg.model == "diffeqformer" else base
-        module = lora(checkpoint, cfg.lora_rank, key=lora_key)
+        # base is a DiffEqFormer for model=diffeqformer, a Checkpoint (GPT) otherwise
+        checkpoint = populate(cast(DiffEqFormer, base), cfg.steps) if cfg.model == "diffeqformer" else base
+        module = lora(cast("Checkpoint", checkpoint), cfg.lora_rank, key=lora_key)
         trainable = module.trainable()
     else:
         module = base
@@ -906,7 +914,10 @@ class RunFolder:
                     kept.append(entry)
         from .._store import _write_atomically
 
-        _write_atomically(self.metrics, lambda tmp: tmp.write_text("".join(json.dumps(e) + "\n" for e in kept)))
+        _write_atomically(
+            self.metrics,
+            lambda tmp: tmp.write_text("".join(json.dumps(e) + "\n" for e in kept)),  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
+        )
         return kept
 
     def log(self, entry: dict) -> None:
@@ -972,7 +983,7 @@ def _say(message: str) -> None:
 def _prepare_jax(cfg: TrainConfig) -> None:
     import jax
 
-    if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
+    if cfg.dtype == "float64" and not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]  # jax's Config stub lacks the flag attributes
         raise ConfigError(
             "dtype=float64 needs JAX's 64-bit mode; the attnflow command switches it on, a library "
             "caller sets jax.config.update('jax_enable_x64', True) first."

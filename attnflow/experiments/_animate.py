@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import xarray as xr
@@ -25,6 +26,9 @@ from .._errors import ConfigError
 from .._figures import figure, styled
 from .._progress import Progress
 from .._store import _write_atomically
+
+if TYPE_CHECKING:
+    from mpl_toolkits.mplot3d import Axes3D
 
 # The tab10 colors of the matplotlib figures, so a token has one color everywhere.
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -213,7 +217,8 @@ def sphere_html(
         from plotly.offline import get_plotlyjs  # lazy: start-up
 
         _write_atomically(
-            path.parent / "plotly.min.js", lambda tmp: Path(tmp).write_text(get_plotlyjs(), encoding="utf-8")
+            path.parent / "plotly.min.js",
+            lambda tmp: Path(tmp).write_text(get_plotlyjs(), encoding="utf-8"),  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
         )
     return _write_atomically(
         path,
@@ -267,12 +272,12 @@ def animation(
     three = d == 3
     fig = figure(figsize=(4.0, 4.0))
     if three:
-        ax = fig.add_axes((0.0, 0.0, 1.0, 0.9), projection="3d")
+        ax = cast("Axes3D", fig.add_axes((0.0, 0.0, 1.0, 0.9), projection="3d"))
         if sphere:
             u, v = np.mgrid[0 : 2 * np.pi : 30j, 0 : np.pi : 15j]
             ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.8", linewidth=0.3)
         ax.set_zlim(-extent, extent)
-        ax.set_box_aspect((1, 1, 1), zoom=1.35)
+        ax.set_box_aspect((1, 1, 1), zoom=1.35)  # pyright: ignore[reportArgumentType]  # the stub types zoom int; it is a float factor
         # A fixed view (a turning one makes a GIF ten times larger), looking at where
         # the tokens end up.
         ax.view_init(*_view(x[-1]))
@@ -302,8 +307,8 @@ def animation(
         path_so_far = x[shown[: k + 1]]
         for i in range(n):
             if three:
-                lines[i].set_data_3d(*path_so_far[:, i].T)
-                dots[i].set_data_3d(*path_so_far[-1:, i].T)
+                lines[i].set_data_3d(*path_so_far[:, i].T)  # pyright: ignore[reportAttributeAccessIssue]  # a Line3D on 3d axes
+                dots[i].set_data_3d(*path_so_far[-1:, i].T)  # pyright: ignore[reportAttributeAccessIssue]  # a Line3D on 3d axes
             else:
                 lines[i].set_data(*path_so_far[:, i].T)
                 dots[i].set_data(*path_so_far[-1:, i].T)

@@ -101,7 +101,7 @@ def check_drawn_member(name: str, cfg, options, why: str, *, optional: bool = Fa
 
 def whole_number(value, minimum: int = 1) -> bool:
     """Whether an option is a whole number (never a boolean) of at least `minimum`."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum  # pyright: ignore[reportOperatorIssue]  # numbers.Integral's stub lacks >=
 
 
 def finite_number(value) -> bool:

@@ -103,6 +103,7 @@ class Experiment(abc.ABC):
     @property
     def name(self) -> str:
         """The experiment's name (`experiment=NAME`)."""
+        assert self.cfg.experiment is not None  # an experiment's config has its experiment block
         return self.cfg.experiment.name
 
     def check(self) -> None:  # noqa: B027 (a hook: an experiment without checks of its own leaves it)

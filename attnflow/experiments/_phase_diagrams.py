@@ -149,6 +149,7 @@ def heatmaps(ds: xr.Dataset, panel: str, titles: list[str], figure_width: float 
         if k // columns == rows - 1:
             ax.set_xlabel("time t")
     fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="outside upper right", frameon=False)
+    assert image is not None  # count >= 1: the first panel drew it
     bar = fig.colorbar(image, ax=axes, shrink=0.9, pad=0.01)
     eps = config_of(ds)["eps"]
     bar.set_label(rf"mean pair density $P(\langle x_i, x_j\rangle > 1 - {eps:g})$")

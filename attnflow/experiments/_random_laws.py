@@ -7,6 +7,8 @@ K = B) and V drawn from its own law or tied to B."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 _IDENTITY = {"kind": "identity"}
 _PRODUCT = {"kind": "random", "law": "product"}
@@ -22,7 +24,7 @@ def _tied(sign: float, form: str):
 
 
 # label -> (its title, {weight: spec, or a function of d giving it})
-PANELS = {
+PANELS: dict[str, tuple[str, dict[str, dict[str, Any] | Callable[[int], dict[str, Any]]]]] = {
     "product_wishart": (
         r"$Q^\top K = G_1G_2/\sqrt{d}$, $V = GG^\top/\sqrt{d}$",
         {"q": _IDENTITY, "k": _PRODUCT, "v": _WISHART},

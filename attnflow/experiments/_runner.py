@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import yaml
@@ -163,6 +163,7 @@ class ExperimentPlan:
 
     @property
     def name(self) -> str:
+        assert self.cfg.experiment is not None  # set by check_experiment
         return self.cfg.experiment.name
 
     @property
@@ -233,6 +234,7 @@ def check_experiment(cfg: Config) -> tuple[Config, Experiment, dict[str, Study]]
     kind = experiment_class(cfg.experiment.name, cfg.experiment._target_)
     options = _options(kind, cfg.experiment.name, cfg.experiment.options)
     cfg = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, options=options))
+    assert cfg.experiment is not None  # replaced just above
     prepare_jax(cfg)  # float64 and the compilation cache, before `check` may compute anything
     experiment = kind(cfg, _instance(option_schema(kind), options))
     experiment.check()
@@ -260,6 +262,7 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
     """Check every panel of an experiment config (`check_experiment`) and plan its
     studies; raises `ConfigError` (naming the panel) before anything is computed."""
     cfg, experiment, studies = check_experiment(cfg)
+    assert cfg.experiment is not None  # check_experiment refuses a config without one
     planned = {}
     for label, study in studies.items():
         try:
@@ -332,6 +335,7 @@ def solve_experiment(
     )
     # The CF attributes (long names, units, the settings, what wrote the file): the
     # command line replaces `history` with its own command.
+    assert plan.cfg.experiment is not None  # a plan's config has its experiment block
     if plan.cfg.experiment._target_ is not None:
         ds.attrs["experiment_target"] = plan.cfg.experiment._target_
     digest = code_digest(plan.cfg)
@@ -420,7 +424,8 @@ def compose_experiment(name: str, overrides: Mapping | None = None) -> Config:
     GlobalHydra.instance().clear()
     with hydra_context():
         composed = hydra_compose("config", overrides=[f"experiment={name}"])
-    container = OmegaConf.to_container(composed, resolve=True, enum_to_str=True)
+    # The composed config is a mapping.
+    container = cast(dict, OmegaConf.to_container(composed, resolve=True, enum_to_str=True))
     container.pop("hydra", None)
     user = _plain(overrides or {})
     if not isinstance(user, Mapping):

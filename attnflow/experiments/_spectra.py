@@ -58,6 +58,7 @@ def check_spectrum(name: str, study: Study, k: int, every: int, option: str = "r
             "tangent map); set adaptive=false and give dt."
         )
     steps = study.grid.num_steps
+    assert steps is not None  # fixed steps: adaptive refused above
     if isinstance(every, int) and every >= 1 and steps % every:
         divisors = [m for m in range(1, min(steps, 50) + 1) if steps % m == 0]
         raise ConfigError(
@@ -186,6 +187,7 @@ def ensemble_spectra(study: Study, k: int, every: int, quotient=None) -> Spectra
             bar.advance(min(size, pairs - i * size))
     exponents = np.concatenate(exponents)[:pairs].reshape(count, members, k).astype(np.float64)
     running = np.concatenate(running)[:pairs].reshape(count, members, -1, k).astype(np.float64)
+    assert study.grid.num_steps is not None  # fixed steps (check_spectrum)
     intervals = study.grid.num_steps // every
     times = cfg.t0 + (cfg.t1 - cfg.t0) * np.arange(1, intervals + 1) / intervals
     half = intervals // 2 - 1

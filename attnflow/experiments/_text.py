@@ -111,5 +111,5 @@ def scaled(values: np.ndarray, skip: int) -> np.ndarray:
 
 def write_text(path: Path, text: str) -> Path:
     """`text` written to `path` (a table beside the figures) as one atomic replacement."""
-    _write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    _write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
     return path

@@ -40,6 +40,7 @@ def trained_run(folder: str | Path, model: str, overrides: Mapping | None = None
     given = {**dict(overrides or {}), **settings, "model": model}
     if finished(folder):
         stored, _ = _stored_config(folder)
+        assert stored is not None  # finished: its config is there
         typed = train_config(given)  # the given settings, typed and checked
         for key in given:
             want = getattr(typed, key)

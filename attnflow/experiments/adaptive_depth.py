@@ -65,7 +65,9 @@ class Options:
     pretrained: str = "runs/diffeqformer/diffeqformer"  # the DiffEqFormer run to fine-tune
     baseline: str = "runs/diffeqformer/gpt"  # the GPT run beside it
     steps: list[int] = field(default_factory=lambda: [9, 12, 18, 24])  # solver steps tried
-    methods: list[Method] = field(default_factory=lambda: [Method.full, Method.lora])  # [] for zero-shot only
+    methods: list[  # [] for zero-shot only
+        Method  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    ] = field(default_factory=lambda: [Method.full, Method.lora])  # pyright: ignore[reportAttributeAccessIssue]  # its members are made at run time
     lora_rank: int = 4
     finetune_steps: int = 200
     corpus: str = "reference-b"

@@ -159,7 +159,7 @@ class Bouncing(Experiment):
         cmap = colormap("plasma")
         y = ds["pc"].values
         for i in range(y.shape[1]):
-            lines = LineCollection(np.stack([y[:-1, i], y[1:, i]], axis=1), cmap=cmap, norm=norm, linewidth=0.9)
+            lines = LineCollection(np.stack([y[:-1, i], y[1:, i]], axis=1), cmap=cmap, norm=norm, linewidth=0.9)  # pyright: ignore[reportArgumentType]  # an (N, 2, 2) array of segments
             lines.set_array(0.5 * (t[:-1] + t[1:]))
             ax.add_collection(lines)
         ax.scatter(

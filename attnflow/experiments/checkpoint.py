@@ -68,7 +68,9 @@ Interpolation = choice("Interpolation", ("constant", "linear", "cubic"))
 @dataclass
 class Options:
     steps: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # solver steps per layer compared
-    interpolation: Interpolation = Interpolation.constant  # the weights between layers
+    interpolation: (  # the weights between layers
+        Interpolation  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    ) = Interpolation.constant  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
     adaptive: bool = True  # also an adaptive solve
     bins: int = 40  # of the cosine histograms
     probes: bool = True  # also the linear probes
@@ -138,7 +140,7 @@ _CLOUD = {
 }
 
 
-def _probes(ds, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
+def _probes(ds: xr.Dataset, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
     spectra = head_spectra(checkpoint)
     path = token_path(checkpoint, hidden, tokenizer, position=-1, ids=ids)
     heads = decode_head_vectors(checkpoint, tokenizer)
@@ -185,8 +187,8 @@ def current_layout(ds: xr.Dataset) -> xr.Dataset:
 
 
 def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
-    names = [v for v in ds.data_vars if v.startswith(prefix + "_")]
-    part = ds[names].rename({v: v[len(prefix) + 1 :] for v in names})
+    names = [v for v in ds.data_vars if v.startswith(prefix + "_")]  # pyright: ignore[reportAttributeAccessIssue]  # the variables are named by str
+    part = ds[names].rename({v: v[len(prefix) + 1 :] for v in names})  # pyright: ignore[reportIndexIssue]  # the variables are named by str
     part.attrs = {k[len(prefix) + 1 :]: v for k, v in ds.attrs.items() if k.startswith(prefix + ":")}
     # A file written before the dimension names were unified has `spectra_layer`, ...
     old = {d: d[len(prefix) + 1 :] for d in part.dims if str(d).startswith(prefix + "_")}
@@ -235,7 +237,7 @@ class Checkpoint(Experiment):
         # The weights between layers are read by the runs of more than one step per layer and the adaptive solve (of
         # pre-LN models) alone: one step per layer is the layer map.
         adaptive = options.adaptive and checkpoint.arrangement != "post"
-        if options.interpolation != Interpolation.constant and max(steps) == 1 and not adaptive:
+        if options.interpolation != Interpolation.constant and max(steps) == 1 and not adaptive:  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
             raise ConfigError(
                 f"experiment.options.interpolation={options.interpolation} does not apply with "
                 f"experiment.options.steps={steps} and no adaptive solve (it interpolates the weights of "
@@ -255,7 +257,7 @@ class Checkpoint(Experiment):
 
         runs, states = [], []
         layer_map = depth_flow(checkpoint)
-        flow = depth_flow(checkpoint, str(options.interpolation))
+        flow = depth_flow(checkpoint, str(options.interpolation))  # pyright: ignore[reportArgumentType]  # an Interpolation: one of the three names
         adaptive = options.adaptive and checkpoint.arrangement != "post"
         with Progress(
             f"{checkpoint.name or 'checkpoint'}: runs through depth", len(options.steps) + adaptive + 1, unit="runs"
@@ -273,7 +275,7 @@ class Checkpoint(Experiment):
                 states.append(jax.block_until_ready(run_depth(flow, hidden[0], adaptive=True)))
                 bar.advance()
             runs.append("theory")
-            states.append(jax.block_until_ready(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt))))
+            states.append(jax.block_until_ready(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt))))  # pyright: ignore[reportArgumentType]  # the theory run's fixed dt is set
             bar.advance()
         simulated = jnp.stack(states)
 
@@ -475,7 +477,7 @@ class Checkpoint(Experiment):
         caption(fig, "Attention matrices averaged over heads (rows: queries, columns: keys), entering each block.")
         figures["attention"] = fig
 
-        if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):
+        if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):  # pyright: ignore[reportAttributeAccessIssue]  # the variables are named by str
             figures.update(draw_spectra(_unprefixed(ds, "spectra"), name="spectra"))
             figures["token_path"] = draw_token_path(_unprefixed(ds, "path"))
         return figures
@@ -487,7 +489,7 @@ class Checkpoint(Experiment):
         ds = current_layout(ds)
         name = ds.attrs.get("model_name", "checkpoint")
         written = []
-        if any(v.startswith("heads_") for v in ds.data_vars):
+        if any(v.startswith("heads_") for v in ds.data_vars):  # pyright: ignore[reportAttributeAccessIssue]  # the variables are named by str
             written += list(write_head_tables(_unprefixed(ds, "heads"), folder, "head_vectors"))
         if "embedding_distances" in ds.attrs:
             table = folder / "embedding_distances.md"

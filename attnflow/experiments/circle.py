@@ -82,7 +82,7 @@ class Circle(Experiment):
         final = clusters.isel(time=-1)
         median = final.median("member")
         shown = [int(np.argmax(final.values[b] == np.round(median.values[b]))) for b in range(final.sizes["beta"])]
-        states = xr.concat([ds["x"].isel(beta=b, member=m) for b, m in enumerate(shown)], dim="beta")
+        states: xr.DataArray = xr.concat([ds["x"].isel(beta=b, member=m) for b, m in enumerate(shown)], dim="beta")  # pyright: ignore[reportAssignmentType]  # DataArrays in, one out (isel reads as Unknown)
         angles = np.arctan2(states.values[..., 1], states.values[..., 0])
         final_states = jnp.asarray(states.values[:, -1])
         labels = np.asarray(jax.vmap(lambda x: cluster_labels(x, cfg.eps))(final_states))

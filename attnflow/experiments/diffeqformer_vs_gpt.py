@@ -83,7 +83,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import equinox as eqx
 import jax
@@ -111,6 +111,7 @@ from ._text import FONT, highlight, layout, scaled, shown, write_text
 from ._trained import check_train_overrides, read_metrics, run_record, trained_run
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 
@@ -380,6 +381,7 @@ def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
     theirs = token_sensitivity(depth_flow(gpt), gpt.embed_tokens(ids_), outputs=[-1])
     predicted = [int(np.argmax(np.asarray(logits))) for logits in _next_token_logits(model, gpt, ids_)]
     spans = np.asarray([c.horizon, float(gpt.depth)])
+    assert ours.attention is not None and theirs.attention is not None  # both fields have attention
     exponent = np.stack([np.asarray(ours.exponents[0], np.float64), np.asarray(theirs.exponents[0], np.float64)])
     attention = np.stack([np.asarray(ours.attention[0], np.float64), np.asarray(theirs.attention[0], np.float64)])
     return xr.Dataset(
@@ -618,7 +620,7 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
 
 
 def _losses(folders: dict[str, Path]) -> xr.Dataset:
-    parts = []
+    parts: list[xr.Dataset] = []
     for name, folder in folders.items():
         lines = [e for e in read_metrics(folder) if e.get("val_loss") is not None]
         steps = np.asarray([e["step"] for e in lines], np.int64)
@@ -791,6 +793,7 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
 
 def _draw_losses(ds: xr.Dataset) -> Figure:
     fig, ax = subplots(figsize=(6.4, 3.8), layout="constrained")
+    ax = cast("Axes", ax)  # one panel
     for model in MODELS:
         part = ds.sel(model=model).dropna("eval_step", subset=["val_loss"])
         step, val = _final(ds, "val_loss", model)
@@ -1107,7 +1110,7 @@ def current_layout(ds: xr.Dataset) -> xr.Dataset:
         ds = ds.set_coords("token_string")
     if not old:
         return ds
-    parts = [ds.drop_dims(old)]
+    parts: list[xr.Dataset] = [ds.drop_dims(old)]
     for dim in old:
         names = [name for name in ds.data_vars if dim in ds[name].dims]
         parts.append(ds[names].rename({dim: "model"}))
@@ -1191,13 +1194,13 @@ class DiffEqFormerVsGPT(Experiment):
             )
         states = {
             "trained": (model, gpt),
-            "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"])),
+            "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"])),  # pyright: ignore[reportArgumentType]  # no None: refused above
         }
 
         def both(compute, same=()):
             """`compute(dfq, gpt)` for the trained models and the untrained control, along
             the dimension `state`; the variables in `same` are the same for both."""
-            parts = [compute(*pair) for pair in states.values()]
+            parts: list[xr.Dataset] = [compute(*pair) for pair in states.values()]
             names = [name for name in parts[0].data_vars if name not in same]
             return xr.concat(
                 parts,
@@ -1236,7 +1239,7 @@ class DiffEqFormerVsGPT(Experiment):
             bar.advance()
 
         # Each variable keeps its own attributes (its description); the Dataset's are set below.
-        ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="override")
+        ds = xr.merge([losses, training, spectra, sensitivity, theory], combine_attrs="override")  # pyright: ignore[reportCallIssue, reportArgumentType]  # all Datasets (expand_dims reads as Unknown)
         ds.attrs = {}
         ds["energy"].attrs["description"] = (
             "normalized interaction energy (1/n^2) sum_ij exp(cos(x_i, x_j)) of the "

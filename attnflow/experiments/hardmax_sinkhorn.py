@@ -270,7 +270,7 @@ class HardmaxSinkhorn(Experiment):
         counts = ds["final_clusters"].values
         colours = [_colour(c, cases) for c in cases]
         parts = ax.violinplot([row for row in counts], positions=range(len(cases)), showmedians=True, widths=0.8)
-        for body, colour in zip(parts["bodies"], colours):
+        for body, colour in zip(parts["bodies"], colours):  # pyright: ignore[reportArgumentType]  # "bodies" is a list of PolyCollections
             body.set_color(colour)
         ax.set_xticks(range(len(cases)))
         ax.set_xticklabels(

@@ -94,8 +94,8 @@ def _numbers(name: str, values, low: float, high: float | None) -> list[float]:
             f"experiment.options.{name} of experiment long_context must be a non-empty list of numbers, got {values!r}."
         )
     for v in values:
-        inside = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > low
-        if not inside or (high is not None and v >= high):
+        inside = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > low  # pyright: ignore[reportOperatorIssue]  # numbers.Real's stub lacks >
+        if not inside or (high is not None and v >= high):  # pyright: ignore[reportOperatorIssue]  # numbers.Real's stub lacks >=
             where = f"in ({low:g}, {high:g})" if high is not None else f"above {low:g}"
             raise ConfigError(
                 f"every experiment.options.{name} of experiment long_context must lie {where}, got {v!r}."

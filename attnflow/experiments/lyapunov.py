@@ -296,7 +296,7 @@ class Lyapunov(Experiment):
             betas = []
         for beta in betas:
             rate = consensus_rate(study, beta)
-            if rate is not None and rate * study.dt > limit:
+            if rate is not None and rate * study.dt > limit:  # pyright: ignore[reportOperatorIssue]  # fixed steps: dt is set
                 raise ConfigError(
                     f"at beta={beta:g} the tokens contract at consensus at rate c = {rate:.4g}, too fast for "
                     f"{study.solver.value} with dt={study.dt:g} (stable while c dt <= {limit:.3g}); take dt below "

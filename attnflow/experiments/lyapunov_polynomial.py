@@ -70,7 +70,9 @@ Schedule = choice("Schedule", tuple(SCHEDULES))
 class Options:
     k: int | None = 3  # exponents kept per member (null: d)
     reorthonormalize_every: int = 5  # Euler steps between QR factorizations
-    schedules: list[Schedule] = field(default_factory=lambda: list(Schedule))  # which magnitudes f_0 ... f_5
+    schedules: list[  # which magnitudes f_0 ... f_5
+        Schedule  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    ] = field(default_factory=lambda: list(Schedule))
     dispersion: bool = True  # also solve the studies of experiment=polynomial for the dispersion index
     compare_every: int | None = 1  # a second run with this QR interval estimates the round-off (null: none)
 

@@ -52,8 +52,10 @@ LawPanel = choice("LawPanel", tuple(PANELS))
 
 @dataclass
 class Options:
-    laws: list[LawPanel] = field(  # panels of phase_diagram_random
-        default_factory=lambda: [LawPanel.product_wishart, LawPanel.v_plus_qtk]
+    laws: list[  # panels of phase_diagram_random
+        LawPanel  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    ] = field(
+        default_factory=lambda: [LawPanel.product_wishart, LawPanel.v_plus_qtk]  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
     )
     heads: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])  # the grid of H
 

@@ -129,7 +129,7 @@ def _particles(options: Options, n: int, block):
         jnp.asarray(options.beta, jnp.float64),
         None,
         heads=1,
-        kind=options.kind,
+        kind=options.kind,  # pyright: ignore[reportArgumentType]  # check() allows sa or usa
         block=block,
         unit_rows=True,
     )
@@ -226,7 +226,11 @@ def _pde(options: Options) -> dict[str, np.ndarray]:
     theta = np.arange(options.grid) * (2 * np.pi / options.grid)
     rho0 = initial_density(theta, options.mode, options.amplitude)
     pde = meanfield_circle(
-        rho0, np.asarray(options.times, np.float64), beta=options.beta, kind=options.kind, sigma=options.sigma
+        rho0,
+        np.asarray(options.times, np.float64),
+        beta=options.beta,
+        kind=options.kind,  # pyright: ignore[reportArgumentType]  # check() allows sa or usa
+        sigma=options.sigma,
     )
     return {
         name: np.asarray(getattr(pde, name)) for name in ("coefficients", "density", "mass", "min_density", "steps")
@@ -281,6 +285,7 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
             on_piece()
     mean = np.nanmean(w1, axis=1)
     slope = np.polyfit(np.log(ns), np.log(mean), 1)[0]
+    assert shown is not None  # set at the last n
     ds = xr.Dataset(
         coords={
             "n": ns,
@@ -319,7 +324,7 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
         attrs={"description": "the particles' coefficient of the perturbed mode m, the mean of cos(m theta_j)"},
     )
     ds["pde_mode"] = xr.DataArray(
-        2 * np.pi * coefficients[:, options.mode].real,
+        2 * np.pi * coefficients[:, options.mode].real,  # pyright: ignore[reportAttributeAccessIssue]  # numpy's stub: .real of an unknown dtype
         dims="time",
         attrs={"description": "the density's coefficient of the perturbed mode m, the integral of rho cos(m theta)"},
     )
@@ -380,7 +385,7 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
         attrs={"description": "angles of the particles of the largest n, member 0", "units": "radian"},
     )
     ds["growth_rate"] = xr.DataArray(
-        circle_growth_rate(options.mode, options.beta, options.kind, options.sigma),
+        circle_growth_rate(options.mode, options.beta, options.kind, options.sigma),  # pyright: ignore[reportArgumentType]  # check() allows sa or usa
         attrs={"description": "linear growth rate of the perturbed mode at the uniform density (closed form)"},
     )
     return ds

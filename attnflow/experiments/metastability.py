@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -320,7 +320,7 @@ def _staircase(res: xr.Dataset, settings: Detector) -> xr.Dataset:
         axis="linear",
         origin=float(config["t0"]),
     )
-    rename = {
+    rename: dict[Hashable, str] = {
         "time": "staircase_sample",
         "plateau": "staircase_plateau",
         "merge": "staircase_merge",

@@ -62,7 +62,9 @@ PreNorm = choice("PreNorm", ("rms", "layer"))
 @dataclass
 class Options:
     member: int = 0  # the member drawn darker
-    pre_norm: PreNorm = PreNorm.rms  # N of pre-LN: rms or layer, gain d^{-1/2}
+    pre_norm: (  # N of pre-LN: rms or layer, gain d^{-1/2}
+        PreNorm  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    ) = PreNorm.rms  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
     fit_from: float = 0.1  # the fits start once 1 - mean cosine is below this
     floor: float = 1.0e-24  # and stop once it is below this
     settle: float = 0.02  # rate and exponent: fitted where the local slope stays within this share of its final value

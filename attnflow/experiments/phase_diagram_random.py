@@ -59,8 +59,10 @@ Panel = choice("Panel", tuple(PANELS))
 @dataclass
 class Options:
     eps: float = 1e-3  # the equiangular curve is the time at which rho = 1 - eps
-    panels: list[Panel] = field(  # which of PANELS to solve
-        default_factory=lambda: [Panel.product_wishart, Panel.goe_wishart, Panel.v_plus_qtk, Panel.v_minus_qtk]
+    panels: list[  # which of PANELS to solve
+        Panel  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    ] = field(
+        default_factory=lambda: [Panel.product_wishart, Panel.goe_wishart, Panel.v_plus_qtk, Panel.v_minus_qtk]  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
     )
 
 

@@ -70,7 +70,9 @@ Normalizer = choice("Normalizer", NORMALIZERS)
 @dataclass
 class Options:
     member: int | None = None  # the member whose tokens are drawn (null: the most typical one, see `analyse`)
-    normalizer: Normalizer = Normalizer.softmax  # softmax (what the figure uses) | none (the paper's equation)
+    normalizer: (  # softmax (what the figure uses) | none (the paper's equation)
+        Normalizer  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    ) = Normalizer.softmax  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
 
 
 def spread(x: np.ndarray) -> np.ndarray:

@@ -87,7 +87,7 @@ def top_eigenspace(v: np.ndarray, rtol: float = 1e-9) -> tuple[float, np.ndarray
 
     `v` must be diagonalizable with a real top eigenvalue."""
     values, right = np.linalg.eig(v)
-    top = values[np.argmax(values.real)]
+    top = values[np.argmax(values.real)]  # pyright: ignore[reportAttributeAccessIssue]  # numpy's stub: .real of eig's values
     if abs(top.imag) > rtol * max(1.0, abs(top)):
         raise ConfigError(f"the top eigenvalue of V is not real ({top:.3g}); the rescaled limits need a real one.")
     which = np.abs(values - top) <= rtol * max(1.0, abs(top))

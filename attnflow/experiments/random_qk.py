@@ -69,7 +69,7 @@ def draw_paths(ax, x: np.ndarray, t: np.ndarray, norm, cmap) -> None:
     y = (x - centre) @ axes.T  # (time, token, 2)
     for i in range(y.shape[1]):
         segments = np.stack([y[:-1, i], y[1:, i]], axis=1)
-        lines = LineCollection(segments, cmap=cmap, norm=norm, linewidth=1.0)
+        lines = LineCollection(segments, cmap=cmap, norm=norm, linewidth=1.0)  # pyright: ignore[reportArgumentType]  # an (N, 2, 2) array of segments
         lines.set_array(0.5 * (t[:-1] + t[1:]))
         ax.add_collection(lines)
     ax.scatter(y[0, :, 0], y[0, :, 1], s=12, facecolor="white", edgecolor="0.3", linewidth=0.7, zorder=3)

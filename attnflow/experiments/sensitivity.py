@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 class Options:
     outputs: list[int] | None = field(default_factory=lambda: [-1])  # token positions (null: every token)
     steps: int = 1  # solver steps per layer
-    solver: Solver = Solver.euler
+    solver: (
+        Solver  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    ) = Solver.euler  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
 
 
 def _prediction(checkpoint, tokenizer, last_state) -> tuple[int, str]:
@@ -95,6 +97,7 @@ class Sensitivity(Experiment):
         tokens = [o % n for o in outputs or []]
         again = next((i for i, token in enumerate(tokens) if token in tokens[:i]), None)
         if again is not None:
+            assert outputs is not None  # tokens come from outputs
             first = outputs[tokens.index(tokens[again])]
             raise ConfigError(
                 f"experiment.options.outputs names token {tokens[again]} of the {n} twice ({first} and "

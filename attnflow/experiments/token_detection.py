@@ -109,7 +109,7 @@ class TokenDetection(Experiment):
                     f"experiment.options.sequences holds {s}: tokens are whole numbers from 0 to "
                     f"{cfg.d - 1} (one per embedding dimension, d = {cfg.d})."
                 )
-        if cfg.init.kind != "given" or cfg.init.value is not None:
+        if cfg.init.kind != "given" or cfg.init.value is not None:  # pyright: ignore[reportAttributeAccessIssue]  # the given kind's field
             raise ConfigError(
                 "experiment token_detection builds init.value from experiment.options.sequences; "
                 "give the tokens there, not as init."

@@ -11,6 +11,7 @@ in time). The keys it owns: `dynamics`, `causal`, `alibi`, `heads`, `heads_combi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -176,7 +177,7 @@ class Attention(Part):
         dynamics = {"sa": "SA (softmax attention)", "usa": "USA (unnormalized attention, 1/n)"}
         if stored.get("attention") is False:
             return ["attention off"]
-        parts = [f"Dynamics {dynamics.get(stored.get('dynamics'), stored.get('dynamics', '?'))}"]
+        parts = [f"Dynamics {dynamics.get(stored.get('dynamics'), stored.get('dynamics', '?'))}"]  # pyright: ignore[reportCallIssue, reportArgumentType]  (get of any stored value, None included, is fine)
         heads, d = stored.get("heads", 1), stored.get("d", "?")
         if heads != 1 or stored.get("d_k") is not None or stored.get("d_v") is not None:
             parts.append(f"{heads} heads, $d_k$ = {stored.get('d_k') or d}, $d_v$ = {stored.get('d_v') or d}")
@@ -306,7 +307,7 @@ def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:
     its factors in time."""
     if not isinstance(spec, dict):
         return f"{name} {spec}"
-    kind = KINDS.get(spec.get("kind"))
+    kind = KINDS.get(spec.get("kind"))  # pyright: ignore[reportArgumentType]  (get of any stored value, None included, is fine)
     if kind is None:
         return f"{name} {spec.get('kind', '?')}"
     drawn = ("shared" if shared else "per member") + (
@@ -325,7 +326,7 @@ def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:
     return text
 
 
-def _switches(cfg: dict) -> dict[float, list[str]]:
+def _switches(cfg: Mapping[str, Any]) -> dict[float, list[str]]:
     """The times at which a weight matrix switches (its `switch_times`: factors or
     matrices piecewise in time), each with the matrices that switch then (["Q", "K"]).
     Periodic redraws (`redraw_every`) are said in the caption, not marked."""

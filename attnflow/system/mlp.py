@@ -61,7 +61,7 @@ class MLP(Part):
             b1=const(k3, (hidden,)) if mlp.bias else None,
             b2=const(k4, (d,)) if mlp.bias else None,
             gate=const(k5, (hidden, d)) if mlp.activation == "swiglu" else None,
-            activation=mlp.activation.value,
+            activation=mlp.activation.value,  # pyright: ignore[reportAttributeAccessIssue]  (an Activation choice; the == "swiglu" above narrows it to a str literal)
         )
 
     @classmethod

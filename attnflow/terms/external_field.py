@@ -23,7 +23,7 @@ class ExternalField(AbstractInteraction):
     `direction` (module docstring)."""
 
     direction: Float[Array, " d"]
-    strength: Float[Array, ""] = 1.0
+    strength: Float[Array, ""] = 1.0  # pyright: ignore[reportAssignmentType]  (a default number, made an array at call time)
 
     def __check_init__(self):
         if jnp.ndim(self.direction) != 1:
