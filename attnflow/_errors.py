@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import xarray as xr
-
-    from ._store import Results
+from typing import Any
 
 
 def did_you_mean(name: object, names: Iterable[object], prefix: str = "") -> str:
@@ -26,17 +21,21 @@ class ConfigError(ValueError):
 class NonFiniteStateError(FloatingPointError):
     """A state became NaN or infinite during a run."""
 
-    # Set on the error by a study that raises it (`solve_study`, `attnflow.run`).
-    results: Results
-    dataset: xr.Dataset
+    # Set on the error by a study that raises it (`solve_study`, `attnflow.run`): the
+    # statistics so far (`_store.Results`, not imported: every module imports this one)
+    # and their xarray Dataset.
+    results: Any
+    dataset: Any
 
 
 class SolverFailure(RuntimeError):
     """The ODE solver stopped before `t1` (step budget exhausted or step size collapsed)."""
 
-    # Set on the error by a study that raises it (`solve_study`, `attnflow.run`).
-    results: Results
-    dataset: xr.Dataset
+    # Set on the error by a study that raises it (`solve_study`, `attnflow.run`): the
+    # statistics so far (`_store.Results`, not imported: every module imports this one)
+    # and their xarray Dataset.
+    results: Any
+    dataset: Any
 
 
 class CheckpointError(ConfigError):
