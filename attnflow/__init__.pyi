@@ -181,6 +181,7 @@ from ._solvers import Tableau as Tableau
 from ._solvers import tableau as tableau
 from ._store import Results as Results
 from ._store import load_results as load_results
+from ._store import write_atomically as write_atomically
 from ._store import write_results as write_results
 from ._study import run as run
 from ._terms import (
@@ -355,5 +356,6 @@ __all__ = [
     "time_grid",
     "token_sensitivity",
     "validate_config",
+    "write_atomically",
     "write_results",
 ]

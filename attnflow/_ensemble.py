@@ -36,7 +36,7 @@ from ._metrics import Recorder
 from ._progress import status
 from ._simulate import simulate
 from ._solvers import SOLVERS, tableau, tableau_of
-from ._store import _write_atomically
+from ._store import write_atomically
 from ._tiled import resolve_block
 
 # Integer statistics have no NaN: after a member's first bad state they hold this.
@@ -363,7 +363,7 @@ class EnsemblePlan:
         if self._timing is None:
             return
         try:
-            _write_atomically(self._timing, lambda tmp: tmp.write_text(f"{seconds:.6g}\n"))
+            write_atomically(self._timing, lambda tmp: tmp.write_text(f"{seconds:.6g}\n"))
         except OSError:  # a read-only cache: no estimate next time, nothing else lost
             pass
 
@@ -448,7 +448,7 @@ class EnsemblePlan:
             return None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomically(path, lambda tmp: tmp.write_bytes(serialized))
+            write_atomically(path, lambda tmp: tmp.write_bytes(serialized))
         except OSError:  # a cache that cannot be written now (a full disk): the program is used, not kept
             self._timing = None
         return _remember(key, program), leaves, key_data

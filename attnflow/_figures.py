@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._store import _write_atomically
+from ._store import write_atomically
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -99,7 +99,7 @@ def save(fig: Figure, folder: Path, name: str) -> list[Path]:
     with style():
         for suffix in ("png", "pdf"):
             path = Path(folder) / f"{name}.{suffix}"
-            _write_atomically(path, lambda tmp, suffix=suffix: fig.savefig(tmp, format=suffix))
+            write_atomically(path, lambda tmp, suffix=suffix: fig.savefig(tmp, format=suffix))
             paths.append(path)
     return paths
 

@@ -25,7 +25,7 @@ import yaml
 
 from ._figures import figure, wrap
 from ._metric_registry import PANELS
-from ._store import _write_atomically, read_config
+from ._store import read_config, write_atomically
 from ._words import number_text as _number
 from ._words import sequence_text as _sequence
 from .initial import INITS, InitialCondition
@@ -358,4 +358,4 @@ def plot_summary(ds: xr.Dataset, path: str | Path, title: str | None = None) -> 
     """Save `summary_figure(ds, title)` as a PNG at `path`, whole or not at all, and
     return the path."""
     fig = summary_figure(ds, title=title)
-    return _write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    return write_atomically(Path(path), lambda tmp: fig.savefig(tmp, dpi=120, format="png"))

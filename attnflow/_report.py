@@ -64,7 +64,7 @@ from ._cf import CONVENTIONS, dimension_name
 from ._errors import ConfigError
 from ._figures import colormap, style, styled, subplots
 from ._metric_registry import METRICS, PANELS
-from ._store import _write_atomically, read_config, stored_config, write_results
+from ._store import read_config, stored_config, write_atomically, write_results
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -597,7 +597,7 @@ def report(folder: str | Path) -> tuple[list[Path], str]:
     what was reported (`_reported`)."""
     folder = Path(folder)
     table, swept = _table(folder)
-    csv = _write_atomically(folder / "report.csv", lambda tmp: table.to_csv(tmp, index=False))
+    csv = write_atomically(folder / "report.csv", lambda tmp: table.to_csv(tmp, index=False))
     ds = report_dataset(table, swept)
     ds.attrs["source"] = str(folder.resolve())
     with warnings.catch_warnings():
@@ -612,5 +612,5 @@ def report(folder: str | Path) -> tuple[list[Path], str]:
         f"attnflow report: {runs} run{'s' if runs > 1 else ''}" + (f", swept: {', '.join(swept)}" if swept else ""),
     )
     with style():
-        png = _write_atomically(folder / "report.png", lambda tmp: fig.savefig(tmp, format="png"))
+        png = write_atomically(folder / "report.png", lambda tmp: fig.savefig(tmp, format="png"))
     return [csv, nc, png], _reported(table, swept)

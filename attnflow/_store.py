@@ -199,7 +199,7 @@ def _interrupts_deferred():
         signal.raise_signal(number)
 
 
-def _write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """`write(tmp)` a file that then replaces `path` (see `replacing`); the write runs in
     a worker thread, so that Ctrl-C stops the wait (`in_background`). A worker abandoned
     that way removes, when its write returns, the file it was writing: the interrupt
@@ -280,7 +280,7 @@ def write_results(results, path: str | os.PathLike) -> Path:
     _make_folder(path.parent)
     if isinstance(results, Results):
         results = results.to_xarray()
-    return _write_atomically(path, lambda tmp: results.to_netcdf(tmp, engine="netcdf4"))
+    return write_atomically(path, lambda tmp: results.to_netcdf(tmp, engine="netcdf4"))
 
 
 def load_results(path: str | os.PathLike):
@@ -395,7 +395,7 @@ class PieceStore:
         for stale in self.folder.glob(f"*{_TMP_SUFFIX}"):
             _remove(stale)  # a killed writer's leftovers
         if not marker.exists():
-            _write_atomically(marker, lambda tmp: tmp.write_text(identity))
+            write_atomically(marker, lambda tmp: tmp.write_text(identity))
 
     def _path(self, index: int) -> Path:
         return self.folder / f"piece-{index:05d}.npz"
@@ -426,7 +426,7 @@ class PieceStore:
             with open(tmp, "wb") as f:
                 np.savez(f, **{name.replace("/", "__"): value for name, value in out.items()})  # pyright: ignore[reportArgumentType] numpy's stubs take the arrays for allow_pickle
 
-        _write_atomically(self._path(index), write)
+        write_atomically(self._path(index), write)
 
     def count(self) -> int:
         return len(list(self.folder.glob("piece-*.npz")))
@@ -642,4 +642,4 @@ class RunDirectory:
     def write_text(self, relative: str, text: str) -> Path:
         target = self.path / relative
         _make_folder(target.parent)
-        return _write_atomically(target, lambda tmp: tmp.write_text(text))
+        return write_atomically(target, lambda tmp: tmp.write_text(text))

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._errors import CheckpointError
-from .._store import _write_atomically
+from .._store import write_atomically
 from .._terms import Rotary, TokenNorm
 from ._canonical import ARRANGEMENTS, FAMILIES, Attention, Blocks, Checkpoint, FeedForward, stack_layers
 from ._files import whole
@@ -109,12 +109,10 @@ def save_checkpoint(
         "extra": dict(extra or {}),
     }
     arrays = _arrays(checkpoint)
-    _write_atomically(
-        folder / "model.safetensors", lambda p: save_file(arrays, str(p), metadata={"format": "attnflow"})
-    )
-    _write_atomically(folder / "config.json", lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
+    write_atomically(folder / "model.safetensors", lambda p: save_file(arrays, str(p), metadata={"format": "attnflow"}))
+    write_atomically(folder / "config.json", lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
     if tokenizer_json is not None:
-        _write_atomically(folder / "tokenizer.json", lambda p: p.write_text(tokenizer_json))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
+        write_atomically(folder / "tokenizer.json", lambda p: p.write_text(tokenizer_json))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
     return folder
 
 

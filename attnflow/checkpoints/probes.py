@@ -34,7 +34,7 @@ from jaxtyping import Array, Float, Int
 
 from .._errors import CheckpointError
 from .._figures import caption, colormap, figure, save, styled
-from .._store import _write_atomically
+from .._store import write_atomically
 from .._terms import TokenNorm
 from ._canonical import Checkpoint, stack_layers
 from .spectra import low_rank_svd, output_value_factors, query_key_factors
@@ -386,7 +386,7 @@ def write_head_tables(ds: xr.Dataset, folder: Path, name: str = "head_vectors") 
     paths = []
     for suffix, content in (("md", "\n".join(sections)), ("csv", text.getvalue())):
         path = folder / f"{name}.{suffix}"
-        _write_atomically(path, lambda tmp, content=content: Path(tmp).write_text(content, encoding="utf-8"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
+        write_atomically(path, lambda tmp, content=content: Path(tmp).write_text(content, encoding="utf-8"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
         paths.append(path)
     return paths
 

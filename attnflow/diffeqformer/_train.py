@@ -912,9 +912,9 @@ class RunFolder:
                     continue  # a line cut by an interruption
                 if entry.get("step", math.inf) <= step:
                     kept.append(entry)
-        from .._store import _write_atomically
+        from .._store import write_atomically
 
-        _write_atomically(
+        write_atomically(
             self.metrics,
             lambda tmp: tmp.write_text("".join(json.dumps(e) + "\n" for e in kept)),  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
         )

@@ -25,7 +25,7 @@ from jaxtyping import Float
 from .._errors import ConfigError
 from .._figures import figure, styled
 from .._progress import Progress
-from .._store import _write_atomically
+from .._store import write_atomically
 
 if TYPE_CHECKING:
     from mpl_toolkits.mplot3d import Axes3D
@@ -216,11 +216,11 @@ def sphere_html(
         # replacing one another plotly version may have left there.
         from plotly.offline import get_plotlyjs  # lazy: start-up
 
-        _write_atomically(
+        write_atomically(
             path.parent / "plotly.min.js",
             lambda tmp: Path(tmp).write_text(get_plotlyjs(), encoding="utf-8"),  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
         )
-    return _write_atomically(
+    return write_atomically(
         path,
         lambda tmp: fig.write_html(
             tmp, include_plotlyjs=PLOTLY_JS[plotly_js], full_html=True, auto_play=False, config={"displaylogo": False}
@@ -328,7 +328,7 @@ def animation(
             movie.save(out, writer=writer, dpi=dpi, progress_callback=lambda i, count: bar.advance())
             shutil.move(out, tmp)
 
-    return _write_atomically(path, write)
+    return write_atomically(path, write)
 
 
 def animate_states(

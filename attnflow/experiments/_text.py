@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .._errors import ConfigError
-from .._store import _write_atomically
+from .._store import write_atomically
 from ..checkpoints._load import load_checkpoint, load_tokenizer
 
 FONT = 11.0  # points, the highlighted sentence
@@ -111,5 +111,5 @@ def scaled(values: np.ndarray, skip: int) -> np.ndarray:
 
 def write_text(path: Path, text: str) -> Path:
     """`text` written to `path` (a table beside the figures) as one atomic replacement."""
-    _write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))  # pyright: ignore[reportArgumentType]  # write_text's count is unused (annotated None)
     return path

@@ -132,11 +132,11 @@ def test_the_one_writer_gives_files_and_folders_the_umasks_mode_and_names_a_full
     from safetensors.numpy import save_file
 
     from attnflow._errors import StorageError
-    from attnflow._store import _write_atomically, recover, replacing
+    from attnflow._store import write_atomically, recover, replacing
 
     previous = os.umask(0o027)
     try:
-        single = _write_atomically(tmp_path / "one.safetensors", lambda tmp: save_file({"a": np.ones(2)}, str(tmp)))
+        single = write_atomically(tmp_path / "one.safetensors", lambda tmp: save_file({"a": np.ones(2)}, str(tmp)))
         for text in ("old", "new"):
             with replacing(tmp_path / "model", folder=True) as partial:
                 save_file({"a": np.ones(2)}, str(partial / "weights.safetensors"))
@@ -154,11 +154,11 @@ def test_the_one_writer_gives_files_and_folders_the_umasks_mode_and_names_a_full
     for target in (tmp_path / "one.safetensors", tmp_path / "model"):
         with pytest.raises(StorageError, match=f"cannot write {target} \\(No space left on device\\)") as error:
             if target.suffix:
-                _write_atomically(target, full)
+                write_atomically(target, full)
             else:
                 with replacing(target, folder=True) as partial:
                     (partial / "note.txt").write_text("half")
-                    _write_atomically(partial / "weights.safetensors", full)  # a file of the folder
+                    write_atomically(partial / "weights.safetensors", full)  # a file of the folder
         assert error.value.strerror == "No space left on device"
     assert (tmp_path / "model" / "note.txt").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "one.safetensors"]
