@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import inspect
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,22 @@ from ._errors import ConfigError, did_you_mean
 BUILTIN_TERMS = {
     "external_field": "attnflow.terms.external_field.ExternalField",
 }
+
+
+def components(package: str, paths: Mapping[str, str], base: type, required: tuple[str, ...]) -> dict[str, Any]:
+    """The classes a registry of attnflow's own components names (`module.Class` inside
+    `package`, one line each), by their registered name. Each must subclass `base` and
+    define `required` itself (the methods the base only declares): a component that
+    lacks one is a programming error, raised when the registry is imported."""
+    found = {}
+    for name, path in paths.items():
+        module, attribute = path.split(".")
+        cls = getattr(importlib.import_module(f"{package}.{module}"), attribute)
+        missing = [m for m in required if not any(m in vars(k) for k in cls.__mro__ if k is not base)]
+        if not issubclass(cls, base) or missing:
+            raise TypeError(f"{package}.{path} must subclass {base.__name__} and define {', '.join(missing)}.")
+        found[name] = cls
+    return found
 
 
 def import_target(path: Any, key: str) -> Any:

@@ -455,6 +455,22 @@ def stacked_norm(kind: str, gammas: list[np.ndarray], shifts: list[np.ndarray] |
     )
 
 
+def attention_of(a: Mapping[str, Any], kv_heads: int) -> Attention:
+    """The stacked attention of a family's layers from its arrays by key (`q k v o` and
+    the biases `bq bk bv bo`, None where the family has none)."""
+    return Attention(
+        query=a["q"],
+        key=a["k"],
+        value=a["v"],
+        output=a["o"],
+        query_bias=a["bq"],
+        key_bias=a["bk"],
+        value_bias=a["bv"],
+        output_bias=a["bo"],
+        kv_heads=kv_heads,
+    )
+
+
 def layer_norm_blocks(parts: Mapping[str, list], heads: int, mlp_activation: str, eps: float, dtype) -> Blocks:
     """The stacked blocks of a LayerNorm family (GPT-2, GPT-NeoX, BERT) from per-layer
     lists keyed `q k v o bq bk bv bo w1 b1 w2 b2` (weights, a list of Nones where the
@@ -463,17 +479,7 @@ def layer_norm_blocks(parts: Mapping[str, list], heads: int, mlp_activation: str
         key: None if value[0] is None else as_array(np.stack(value), dtype) for key, value in parts.items()
     }
     return Blocks(
-        attention=Attention(
-            query=a["q"],
-            key=a["k"],
-            value=a["v"],
-            output=a["o"],
-            query_bias=a["bq"],
-            key_bias=a["bk"],
-            value_bias=a["bv"],
-            output_bias=a["bo"],
-            kv_heads=heads,
-        ),
+        attention=attention_of(a, heads),
         mlp=FeedForward(w1=a["w1"], w2=a["w2"], b1=a["b1"], b2=a["b2"], activation=mlp_activation),
         attn_norm=stacked_norm("layer", parts["g1"], parts["s1"], eps, dtype),
         mlp_norm=stacked_norm("layer", parts["g2"], parts["s2"], eps, dtype),

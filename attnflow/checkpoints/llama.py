@@ -19,10 +19,11 @@ import numpy as np
 
 from .._errors import CheckpointError
 from .._terms import Rotary, TokenNorm
-from ._canonical import Attention, Blocks, Checkpoint, FeedForward
+from ._canonical import Blocks, Checkpoint, FeedForward
 from ._files import (
     WeightTable,
     as_array,
+    attention_of,
     count,
     epsilon,
     flag,
@@ -100,17 +101,7 @@ def from_hf(config: Mapping, tensors: Mapping[str, np.ndarray], name: str = "", 
     else:  # a bare LlamaModel, saved without its LM head
         unembed = None
     blocks = Blocks(
-        attention=Attention(
-            query=a["q"],
-            key=a["k"],
-            value=a["v"],
-            output=a["o"],
-            query_bias=a["bq"],
-            key_bias=a["bk"],
-            value_bias=a["bv"],
-            output_bias=a["bo"],
-            kv_heads=kv_heads,
-        ),
+        attention=attention_of(a, kv_heads),
         mlp=FeedForward(w1=a["w1"], w2=a["w2"], gate=a["gate"], activation="swiglu"),
         attn_norm=stacked_norm("rms", parts["g1"], None, eps, dtype),
         mlp_norm=stacked_norm("rms", parts["g2"], None, eps, dtype),

@@ -5,8 +5,7 @@ file, its YAML and one line in `KINDS`. Nothing here imports JAX."""
 
 from __future__ import annotations
 
-import importlib
-
+from .._plugins import components
 from ._kind import InitialCondition
 
 # init=KIND -> the module.Class of its settings: one line per initial condition.
@@ -20,11 +19,6 @@ KINDS = {
 }
 
 
-def _load(path: str) -> type[InitialCondition]:
-    module, name = path.split(".")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
-INITS: dict[str, type[InitialCondition]] = {kind: _load(path) for kind, path in KINDS.items()}
+INITS: dict[str, type[InitialCondition]] = components(__name__, KINDS, InitialCondition, required=("build",))
 
 __all__ = ["INITS", "KINDS", "InitialCondition"]

@@ -35,8 +35,8 @@ class InitialCondition:
 
     def build(self, get: Callable[[str], Any], dtype: Any) -> Any:
         """The law (`attnflow.AbstractInitialCondition`) of these settings; `get(name)`
-        reads setting `name`, traced where it is one of `data`."""
-        raise NotImplementedError
+        reads setting `name`, traced where it is one of `data`. Every kind defines it (the
+        registry `KINDS` refuses one that does not)."""
 
     @classmethod
     def describe(cls, settings: Mapping[str, Any]) -> str:

@@ -6,8 +6,7 @@ here imports JAX."""
 
 from __future__ import annotations
 
-import importlib
-
+from .._plugins import components
 from ._part import Part
 
 # name -> module.Class: one line per part, in the order of the field's terms.
@@ -17,11 +16,6 @@ _PATHS = {
 }
 
 
-def _load(path: str) -> type[Part]:
-    module, name = path.split(".")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
-PARTS: dict[str, type[Part]] = {name: _load(path) for name, path in _PATHS.items()}
+PARTS: dict[str, type[Part]] = components(__name__, _PATHS, Part, required=("enabled", "build"))
 
 __all__ = ["PARTS", "Part"]

@@ -29,8 +29,9 @@ class Part:
 
     @classmethod
     def enabled(cls, cfg: Any) -> bool:
-        """Whether the config switches the part on."""
-        raise NotImplementedError
+        """Whether the config switches the part on. Every part defines it (the registry
+        `PARTS` refuses one that does not)."""
+        return False
 
     @classmethod
     def check(cls, cfg: Any, betas: list[float]) -> None:
@@ -81,8 +82,8 @@ class Part:
     @classmethod
     def build(cls, cfg: Any, get: Callable[[str], Any], key: Any, beta: Any, dtype: Any) -> Any:
         """The term (`attnflow.AbstractInteraction`) of one member: `get(path)` reads a
-        setting (traced where it is data), `key` is the member's key for its weights."""
-        raise NotImplementedError
+        setting (traced where it is data), `key` is the member's key for its weights. Every
+        part defines it (the registry `PARTS` refuses one that does not)."""
 
     @classmethod
     def describe(cls, stored: Mapping[str, Any]) -> list[str]:

@@ -6,8 +6,7 @@ imports JAX."""
 
 from __future__ import annotations
 
-import importlib
-
+from .._plugins import components
 from ._kind import SETTINGS, Matrix, WeightKind
 
 # weights.M.kind=KIND -> module.Class: one line per kind.
@@ -20,11 +19,6 @@ _PATHS = {
 }
 
 
-def _load(path: str) -> type[WeightKind]:
-    module, name = path.split(".")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
-KINDS: dict[str, type[WeightKind]] = {kind: _load(path) for kind, path in _PATHS.items()}
+KINDS: dict[str, type[WeightKind]] = components(__name__, _PATHS, WeightKind, required=("build",))
 
 __all__ = ["KINDS", "SETTINGS", "Matrix", "WeightKind"]

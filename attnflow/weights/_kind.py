@@ -51,8 +51,8 @@ class WeightKind:
     ) -> Any:
         """The schedule of the matrix before its factors in time (None: no matrix);
         `get(path)` reads a setting (traced where it is data), `key` draws its random
-        entries, `built` holds the schedules of the matrices built before it (q, k)."""
-        raise NotImplementedError
+        entries, `built` holds the schedules of the matrices built before it (q, k). Every
+        kind defines it (the registry `KINDS` refuses one that does not)."""
 
     @classmethod
     def describe(cls, label: str, stored: Mapping[str, Any], drawn: str) -> str:

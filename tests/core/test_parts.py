@@ -133,3 +133,14 @@ def test_the_constants_the_components_spell_out_are_the_numerics_own():
 
     assert attention._INDEX_LIMIT == _tiled.INDEX_LIMIT
     assert set(random.SQUARE_LAWS) == set(_random_matrices.SQUARE_LAWS)
+
+
+def test_a_registry_refuses_a_component_that_lacks_what_its_base_only_declares():
+    from attnflow._plugins import components
+    from attnflow.initial import InitialCondition
+
+    assert components("attnflow.system", {"mlp": "mlp.MLP"}, Part, required=("enabled", "build"))["mlp"] is PARTS["mlp"]
+    with pytest.raises(TypeError, match="must subclass Part and define describe_all"):
+        components("attnflow.system", {"mlp": "mlp.MLP"}, Part, required=("build", "describe_all"))
+    with pytest.raises(TypeError, match="must subclass InitialCondition"):
+        components("attnflow.system", {"mlp": "mlp.MLP"}, InitialCondition, required=())
