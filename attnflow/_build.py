@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, PRNGKeyArray, ScalarLike, UInt32
 
+from . import _numerics
 from ._checks import array as _array
 from ._checks import as_floats as _floats
 from ._checks import number as _number
@@ -512,7 +513,7 @@ def build_field(
         time_change = ConstantSpeed(jnp.asarray(get("time_change.speed"), dtype))
     if cfg.time_change.collisions is not None:
         collisions = Collisions(jnp.asarray(get("time_change.collisions"), dtype))
-    terms = [part.build(cfg, get, key, beta, dtype) for part in PARTS.values() if part.enabled(cfg)]
+    terms = [part.build(cfg, get, key, beta, dtype, _numerics) for part in PARTS.values() if part.enabled(cfg)]
     terms += build_terms(cfg, get, key, beta, dtype)
     norm = None
     if cfg.norm in ("pre", "peri"):
@@ -540,7 +541,7 @@ def build_field(
 def build_init(cfg: Config, dtype, data: Mapping[str, ArrayLike] | None = None) -> AbstractInitialCondition:
     """The initial-condition law of a validated config (`data` as for `build_field`)."""
     get = _Values(cfg, data)
-    return cfg.init.build(lambda name: get(f"init.{name}"), dtype)
+    return cfg.init.build(lambda name: get(f"init.{name}"), dtype, _numerics)
 
 
 # Config values that are data (traced): a new value reuses the compiled program. The

@@ -29,7 +29,7 @@ import numpy as np
 from ._config import Config
 from ._errors import ConfigError, did_you_mean
 from ._field import takes_piece_time
-from ._metric_registry import METRIC_NAMES, TAKEN, UserMetric, registered
+from ._metric_registry import user_metrics
 from ._plugins import import_target, source_digest
 from ._terms import AbstractInteraction
 
@@ -188,38 +188,6 @@ def checking_dtype(cfg: Config):
     float64 run checked before the process has switched float64 on (shapes and refusals
     do not depend on it)."""
     return jnp.dtype(cfg.dtype.value) if cfg.dtype == "float32" or jax.config.jax_enable_x64 else jnp.float32  # pyright: ignore[reportAttributeAccessIssue]  (jax's Config stub lacks the flag attributes; the DType choice is narrowed to a str literal by `==`)
-
-
-def user_metrics(cfg: Config) -> tuple[UserMetric, ...]:
-    """The researcher's metrics the config names (import paths of functions registered
-    with `attnflow.metric`), in its order; an unknown name, a function not registered or
-    a name already taken is one sentence."""
-    found = []
-    for name in cfg.metrics:
-        name = str(name)
-        if name in METRIC_NAMES:
-            continue
-        if "." not in name:
-            guess = did_you_mean(name, METRIC_NAMES)
-            raise ConfigError(
-                f"unknown metric {name!r}{guess}; metrics takes {', '.join(METRIC_NAMES)}, or the "
-                "import path of a function registered with @attnflow.metric (module.function)."
-            )
-        function = import_target(name, "metrics")
-        metric = registered(function)
-        if metric is None:
-            raise ConfigError(
-                f"metrics names {name}, which is not registered as a metric: decorate it with "
-                "@attnflow.metric(long_name=...)."
-            )
-        if metric.name in TAKEN or metric.name in [m.name for m in found]:
-            raise ConfigError(
-                f"metrics names {name}, whose variable {metric.name!r} is already taken (by a "
-                f"{'metric of the run' if metric.name not in TAKEN else 'variable of every run'}); "
-                "rename the function."
-            )
-        found.append(metric)
-    return tuple(found)
 
 
 def code_digest(cfg: Config) -> str | None:

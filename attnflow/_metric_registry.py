@@ -24,6 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ._errors import ConfigError, did_you_mean
+from ._plugins import import_target
+
 
 class Sizes(NamedTuple):
     """What the size of one saved value depends on: tokens, heads, bytes of a float,
@@ -298,3 +301,35 @@ def registered(function: Any) -> UserMetric | None:
     """The registration of a user's metric (`metric`), or None for anything else."""
     found = getattr(function, "__attnflow_metric__", None)
     return found if isinstance(found, UserMetric) and found.function is function else None
+
+
+def user_metrics(cfg: Any) -> tuple[UserMetric, ...]:
+    """The researcher's metrics the config names (import paths of functions registered
+    with `attnflow.metric`), in its order; an unknown name, a function not registered or
+    a name already taken is one sentence."""
+    found = []
+    for name in cfg.metrics:
+        name = str(name)
+        if name in METRIC_NAMES:
+            continue
+        if "." not in name:
+            guess = did_you_mean(name, METRIC_NAMES)
+            raise ConfigError(
+                f"unknown metric {name!r}{guess}; metrics takes {', '.join(METRIC_NAMES)}, or the "
+                "import path of a function registered with @attnflow.metric (module.function)."
+            )
+        function = import_target(name, "metrics")
+        metric = registered(function)
+        if metric is None:
+            raise ConfigError(
+                f"metrics names {name}, which is not registered as a metric: decorate it with "
+                "@attnflow.metric(long_name=...)."
+            )
+        if metric.name in TAKEN or metric.name in [m.name for m in found]:
+            raise ConfigError(
+                f"metrics names {name}, whose variable {metric.name!r} is already taken (by a "
+                f"{'metric of the run' if metric.name not in TAKEN else 'variable of every run'}); "
+                "rename the function."
+            )
+        found.append(metric)
+    return tuple(found)

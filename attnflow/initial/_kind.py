@@ -33,9 +33,10 @@ class InitialCondition:
         """Refuse, in one sentence naming `init.KEY`, settings no run of `cfg` (its `n`,
         `d`, `dtype`, scheme and metrics) can start from."""
 
-    def build(self, get: Callable[[str], Any], dtype: Any) -> Any:
+    def build(self, get: Callable[[str], Any], dtype: Any, lib: Any) -> Any:
         """The law (`attnflow.AbstractInitialCondition`) of these settings; `get(name)`
-        reads setting `name`, traced where it is one of `data`. Every kind defines it (the
+        reads setting `name`, traced where it is one of `data`; `lib` holds JAX and the
+        numerics (`attnflow._numerics`: `lib.jnp`, `lib.SphericalCaps`). Every kind defines it (the
         registry `KINDS` refuses one that does not)."""
 
     @classmethod

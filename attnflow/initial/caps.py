@@ -29,10 +29,7 @@ class Caps(InitialCondition):
             raise ConfigError("init.centres has a zero row, which gives a cap no direction; give unit vectors.")
         number("init.radius", self.radius, minimum=0)
 
-    def build(self, get, dtype):
-        import jax.numpy as jnp  # the law (JAX); the settings above are read without it
-
-        from .._initial import SphericalCaps
-
+    def build(self, get, dtype, lib):
+        jnp = lib.jnp
         centres = None if self.centres is None else jnp.asarray(get("centres"), dtype)
-        return SphericalCaps(int(self.k), jnp.asarray(get("radius"), dtype), centres)
+        return lib.SphericalCaps(int(self.k), jnp.asarray(get("radius"), dtype), centres)

@@ -26,9 +26,5 @@ class Cube(InitialCondition):
         if self.high <= self.low:
             raise ConfigError(f"init.low must be below init.high, got low={self.low} and high={self.high}.")
 
-    def build(self, get, dtype):
-        import jax.numpy as jnp  # the law (JAX); the settings above are read without it
-
-        from .._initial import UniformCube
-
-        return UniformCube(jnp.asarray(get("low"), dtype), jnp.asarray(get("high"), dtype))
+    def build(self, get, dtype, lib):
+        return lib.UniformCube(lib.jnp.asarray(get("low"), dtype), lib.jnp.asarray(get("high"), dtype))

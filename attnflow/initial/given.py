@@ -32,9 +32,5 @@ class Given(InitialCondition):
                 "cosine with the other tokens; move it off the origin."
             )
 
-    def build(self, get, dtype):
-        import jax.numpy as jnp  # the law (JAX); the settings above are read without it
-
-        from .._initial import Given as Law
-
-        return Law(jnp.asarray(get("value"), dtype))
+    def build(self, get, dtype, lib):
+        return lib.Given(lib.jnp.asarray(get("value"), dtype))

@@ -27,12 +27,9 @@ class Mixture(InitialCondition):
         number("init.sigma", self.sigma, minimum=0)
         number("init.spread", self.spread, minimum=0)
 
-    def build(self, get, dtype):
-        import jax.numpy as jnp  # the law (JAX); the settings above are read without it
-
-        from .._initial import GaussianMixture
-
+    def build(self, get, dtype, lib):
+        jnp = lib.jnp
         centres = None if self.centres is None else jnp.asarray(get("centres"), dtype)
-        return GaussianMixture(
+        return lib.GaussianMixture(
             int(self.k), jnp.asarray(get("sigma"), dtype), jnp.asarray(get("spread"), dtype), centres
         )

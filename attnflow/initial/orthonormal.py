@@ -16,7 +16,5 @@ class Orthonormal(InitialCondition):
         if cfg.n > cfg.d:
             raise ConfigError(f"the orthonormal initial condition needs n <= d, got n={cfg.n} > d={cfg.d}.")
 
-    def build(self, get, dtype):
-        from .._initial import Orthonormal as Law  # the law (JAX); the settings above are read without it
-
-        return Law()
+    def build(self, get, dtype, lib):
+        return lib.Orthonormal()

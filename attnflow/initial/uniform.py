@@ -12,7 +12,5 @@ from ._kind import InitialCondition
 class Uniform(InitialCondition):
     kind: str = "uniform"
 
-    def build(self, get, dtype):
-        from .._initial import UniformSphere  # the law (JAX); the settings above are read without it
-
-        return UniformSphere()
+    def build(self, get, dtype, lib):
+        return lib.UniformSphere()

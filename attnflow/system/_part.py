@@ -80,9 +80,11 @@ class Part:
         return block
 
     @classmethod
-    def build(cls, cfg: Any, get: Callable[[str], Any], key: Any, beta: Any, dtype: Any) -> Any:
+    def build(cls, cfg: Any, get: Callable[[str], Any], key: Any, beta: Any, dtype: Any, lib: Any) -> Any:
         """The term (`attnflow.AbstractInteraction`) of one member: `get(path)` reads a
-        setting (traced where it is data), `key` is the member's key for its weights. Every
+        setting (traced where it is data), `key` is the member's key for its weights, `lib`
+        holds JAX and the numerics it assembles (`attnflow._numerics`: `lib.jax`,
+        `lib.SelfAttention`). Every
         part defines it (the registry `PARTS` refuses one that does not)."""
 
     @classmethod

@@ -18,7 +18,8 @@ import numpy as np
 
 from .._checks import as_floats, number
 from .._errors import ConfigError
-from .._metric_registry import names_reading, reading
+from .._methods import SOLVERS
+from .._metric_registry import names_reading, reading, user_metrics
 from .._words import polynomial_text, sequence_text
 from ..weights import KINDS, SETTINGS, Matrix
 from ._part import Part
@@ -127,27 +128,20 @@ class Attention(Part):
         return [(f"weights.{m}", getattr(cfg.weights, m)) for m in "qkvo" if getattr(cfg.weights, m).kind != "none"]
 
     @classmethod
-    def build(cls, cfg, get, key, beta, dtype):
-        import jax  # the term (JAX); the settings above are read without it
-        import jax.numpy as jnp
-
-        from .._schedules import identity_multiple
-        from .._solvers import SOLVERS
-        from .._terms import SelfAttention
-        from .._tiled import resolve_block
-
+    def build(cls, cfg, get, key, beta, dtype, lib):
+        jnp = lib.jnp
         heads = cfg.heads
         # The first four of the member's five weight streams (the MLP takes the fifth).
-        streams = jax.random.split(key, 5)[:4]
+        streams = lib.jax.random.split(key, 5)[:4]
         built: dict[str, Any] = {}
         for m, stream in zip("qkvo", streams):
-            built[m] = _schedule(cfg, m, get, stream, built, dtype)
+            built[m] = _schedule(cfg, m, get, stream, built, dtype, lib)
         v, o = built["v"], built["o"]
         alibi = None if cfg.alibi is None else jnp.broadcast_to(jnp.asarray(get("alibi"), dtype), (heads,))
         # Under the time change, the attention's exact forms that keep it finite at any beta
         # and its clusters still (SelfAttention), where they are exact and the logits whole.
-        exact = cfg.time_change.speed is not None and resolve_block(cfg.n, cfg.attention_block) is None
-        return SelfAttention(
+        exact = cfg.time_change.speed is not None and lib.resolve_block(cfg.n, cfg.attention_block) is None
+        return lib.SelfAttention(
             built["q"],
             built["k"],
             v,
@@ -168,7 +162,7 @@ class Attention(Part):
             and cfg.dynamics in ("sa", "usa")
             and cfg.norm == "sphere"
             and SOLVERS[cfg.solver.value].projected
-            and identity_multiple(v)
+            and lib.identity_multiple(v)
             and o is None,
         )
 
@@ -260,8 +254,6 @@ def _check_normalisation(cfg, betas: list[float]) -> None:
             raise ConfigError("hardmax.self_attention=false needs n >= 2 tokens (a token needs another to attend to).")
         # beta does not enter the argmax: every beta of a list would solve the same
         # flow, which reads as agreeing replicates, unless something reads beta itself.
-        from .._components import user_metrics  # the researcher's metrics, imported when a study is checked
-
         reads_beta = reading("beta", cfg.metrics) or any(m.takes_context for m in user_metrics(cfg))
         if len(set(betas)) > 1 and not reads_beta and cfg.time_change.speed != "log_beta":
             raise ConfigError(
@@ -276,22 +268,20 @@ def _check_normalisation(cfg, betas: list[float]) -> None:
         )
 
 
-def _schedule(cfg, name: str, get, key, built, dtype):
+def _schedule(cfg, name: str, get, key, built, dtype, lib):
     """The schedule of `weights.NAME` (None: no matrix), built by its kind and modulated
     in time; its random entries drawn from `key`."""
     spec, matrix = {m.name: (spec, m) for spec, m in _matrices(cfg)}[name]
-    base = KINDS[spec.kind].build(spec, matrix, get, key, dtype, built)
-    return None if base is None else _modulate(cfg, name, get, base, dtype)
+    base = KINDS[spec.kind].build(spec, matrix, get, key, dtype, built, lib)
+    return None if base is None else _modulate(cfg, name, get, base, dtype, lib)
 
 
-def _modulate(cfg, name: str, get, base, dtype):
+def _modulate(cfg, name: str, get, base, dtype, lib):
     """`base` times the factors of `weights.NAME`, transposed where it says so."""
-    from .._schedules import Transposed, factored  # the schedules (JAX), built by `Attention.build`
-
     spec = getattr(cfg.weights, name)
-    base = factored(f"weights.{name}", spec, get, base, dtype)
+    base = lib.factored(f"weights.{name}", spec, get, base, dtype)
     if spec.transpose:
-        base = Transposed(base)
+        base = lib.Transposed(base)
     return base
 
 

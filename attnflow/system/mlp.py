@@ -42,20 +42,15 @@ class MLP(Part):
         return bool(cfg.mlp.enabled)
 
     @classmethod
-    def build(cls, cfg, get, key, beta, dtype):
-        import jax  # the term (JAX); the settings above are read without it
-
-        from .._random_matrices import draw_matrix
-        from .._schedules import Constant
-        from .._terms import MLP as Term
-
+    def build(cls, cfg, get, key, beta, dtype, lib):
+        jax, draw_matrix, Constant = lib.jax, lib.draw_matrix, lib.Constant
         mlp, d = cfg.mlp, cfg.d
         hidden = mlp.hidden or 4 * d
         # The fifth of the member's five weight streams (attention takes the first four).
         k1, k2, k3, k4, k5 = jax.random.split(jax.random.split(key, 5)[4], 5)
         scale = get("mlp.scale")
         const = lambda k, shape: Constant(draw_matrix("gaussian", k, shape, scale, dtype))
-        return Term(
+        return lib.MLP(
             w1=const(k1, (hidden, d)),
             w2=const(k2, (d, hidden)),
             b1=const(k3, (hidden,)) if mlp.bias else None,

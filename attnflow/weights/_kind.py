@@ -47,11 +47,19 @@ class WeightKind:
 
     @classmethod
     def build(
-        cls, spec: Any, matrix: Matrix, get: Callable[[str], Any], key: Any, dtype: Any, built: Mapping[str, Any]
+        cls,
+        spec: Any,
+        matrix: Matrix,
+        get: Callable[[str], Any],
+        key: Any,
+        dtype: Any,
+        built: Mapping[str, Any],
+        lib: Any,
     ) -> Any:
         """The schedule of the matrix before its factors in time (None: no matrix);
         `get(path)` reads a setting (traced where it is data), `key` draws its random
-        entries, `built` holds the schedules of the matrices built before it (q, k). Every
+        entries, `built` holds the schedules of the matrices built before it (q, k), `lib`
+        JAX and the numerics (`attnflow._numerics`: `lib.jnp`, `lib.Constant`). Every
         kind defines it (the registry `KINDS` refuses one that does not)."""
 
     @classmethod

@@ -17,16 +17,12 @@ class Identity(WeightKind):
         return False
 
     @classmethod
-    def build(cls, spec, matrix, get, key, dtype, built):
-        import jax.numpy as jnp  # the schedule (JAX); the settings above are read without it
-
-        from .._schedules import Identity as Schedule
-        from .._schedules import Scaled
-
-        base = Schedule(matrix.heads, matrix.cols, jnp.dtype(dtype).name)
+    def build(cls, spec, matrix, get, key, dtype, built, lib):
+        jnp = lib.jnp
+        base = lib.Identity(matrix.heads, matrix.cols, jnp.dtype(dtype).name)
         scale = get(f"{matrix.key}.scale")
         if not (isinstance(scale, (int, float)) and scale == 1):
-            base = Scaled(jnp.reshape(jnp.asarray(scale, dtype), (1,)), base)
+            base = lib.Scaled(jnp.reshape(jnp.asarray(scale, dtype), (1,)), base)
         return base
 
     @classmethod

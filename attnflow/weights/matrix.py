@@ -46,17 +46,14 @@ class Matrix(WeightKind):
         return per_piece(len(spec.switch_times), heads, value.shape)
 
     @classmethod
-    def build(cls, spec, matrix, get, key, dtype, built):
-        import jax.numpy as jnp  # the schedule (JAX); the settings above are read without it
-
-        from .._schedules import Constant, PiecewiseConstant
-
+    def build(cls, spec, matrix, get, key, dtype, built, lib):
+        jnp = lib.jnp
         shape = (matrix.heads, matrix.rows, matrix.cols)
         value = get(f"{matrix.key}.scale") * jnp.asarray(get(f"{matrix.key}.value"), dtype)
         if per_piece(len(spec.switch_times), matrix.heads, value.shape):
             times = jnp.asarray(get(f"{matrix.key}.switch_times"), dtype)
-            return PiecewiseConstant(times, value.reshape((value.shape[0],) + shape))
-        return Constant(jnp.broadcast_to(value, shape))
+            return lib.PiecewiseConstant(times, value.reshape((value.shape[0],) + shape))
+        return lib.Constant(jnp.broadcast_to(value, shape))
 
     @classmethod
     def describe(cls, label, stored, drawn):

@@ -19,7 +19,7 @@ class NoMatrix(WeightKind):
         return False
 
     @classmethod
-    def build(cls, spec, matrix, get, key, dtype, built):
+    def build(cls, spec, matrix, get, key, dtype, built, lib):
         return None
 
     @classmethod

@@ -39,18 +39,13 @@ class Random(WeightKind):
         return False
 
     @classmethod
-    def build(cls, spec, matrix, get, key, dtype, built):
-        import jax.numpy as jnp  # the schedule (JAX); the settings above are read without it
-
-        from .._random_matrices import draw_matrix
-        from .._schedules import Constant, PiecewiseConstant
-
+    def build(cls, spec, matrix, get, key, dtype, built, lib):
         cfg, shape, scale = matrix.cfg, (matrix.heads, matrix.rows, matrix.cols), get(f"{matrix.key}.scale")
         if spec.redraw_every is None:
-            return Constant(draw_matrix(spec.law.value, key, shape, scale, dtype))
+            return lib.Constant(lib.draw_matrix(spec.law.value, key, shape, scale, dtype))
         count = int(math.ceil((cfg.t1 - cfg.t0) / spec.redraw_every))
-        times = jnp.asarray(cfg.t0 + spec.redraw_every * np.arange(1, count + 1), dtype)
-        return PiecewiseConstant(times, draw_matrix(spec.law.value, key, (count + 1,) + shape, scale, dtype))
+        times = lib.jnp.asarray(cfg.t0 + spec.redraw_every * np.arange(1, count + 1), dtype)
+        return lib.PiecewiseConstant(times, lib.draw_matrix(spec.law.value, key, (count + 1,) + shape, scale, dtype))
 
     @classmethod
     def describe(cls, label, stored, drawn):

@@ -21,16 +21,12 @@ class Tied(WeightKind):
         return False
 
     @classmethod
-    def build(cls, spec, matrix, get, key, dtype, built):
-        import jax.numpy as jnp  # the schedule (JAX); the settings above are read without it
-
-        from .._schedules import Constant, QtK
-
-        q, k = built["q"], built["k"]
+    def build(cls, spec, matrix, get, key, dtype, built, lib):
+        q, k, jnp = built["q"], built["k"], lib.jnp
         sign = jnp.asarray(get(f"{matrix.key}.sign"), dtype) * jnp.asarray(get(f"{matrix.key}.scale"), dtype)
-        tied = QtK(q, k, sign)
-        if isinstance(q, Constant) and isinstance(k, Constant):
-            tied = Constant(tied(0.0))  # fixed Q and K: Q^T K formed once, not at every step
+        tied = lib.QtK(q, k, sign)
+        if isinstance(q, lib.Constant) and isinstance(k, lib.Constant):
+            tied = lib.Constant(tied(0.0))  # fixed Q and K: Q^T K formed once, not at every step
         return tied
 
     @classmethod

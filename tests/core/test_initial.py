@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attnflow import _numerics
 from attnflow._initial import GaussianMixture, Given, Orthonormal, SphericalCaps, UniformCube, UniformSphere
 from attnflow.initial import INITS
 
@@ -45,5 +46,5 @@ def test_each_kind_of_the_registry_builds_its_law():
                 "cube": dict(low=-1.0, high=1.0), "given": dict(value=[[1.0, 0.0]])}
     for kind, cls in INITS.items():
         init = cls(**settings.get(kind, {}))
-        law = init.build(lambda name, init=init: getattr(init, name), jnp.float32)
+        law = init.build(lambda name, init=init: getattr(init, name), jnp.float32, _numerics)
         assert type(law) is laws[kind], kind

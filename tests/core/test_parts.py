@@ -27,6 +27,7 @@ from attnflow._errors import ConfigError
 from attnflow._plots import summary_figure
 from attnflow.initial import INITS
 from attnflow.system import PARTS, Part
+from attnflow.terms.external_field import ExternalField
 
 PACKAGE = Path(af.__file__).parent
 S = {"n": 6, "d": 3, "members": 2, "t1": 1.0, "dt": 0.01, "saves": 5, "beta": 1.0, "dtype": "float64",
@@ -54,12 +55,8 @@ class Pull(Part):
         return [("to the pull", [("mlp.bias", lambda c: c.mlp.bias)])] if cls.enabled(cfg) else []
 
     @classmethod
-    def build(cls, cfg, get, key, beta, dtype):
-        import jax.numpy as jnp
-
-        from attnflow.terms.external_field import ExternalField
-
-        return ExternalField(jnp.eye(cfg.d, dtype=dtype)[2], jnp.asarray(0.5, dtype))
+    def build(cls, cfg, get, key, beta, dtype, lib):
+        return ExternalField(lib.jnp.eye(cfg.d, dtype=dtype)[2], lib.jnp.asarray(0.5, dtype))
 
     @classmethod
     def describe(cls, stored):
