@@ -9,6 +9,8 @@ import functools
 from pathlib import Path
 
 import numpy as np
+from matplotlib.font_manager import FontProperties
+from matplotlib.transforms import ScaledTranslation
 
 from .._errors import ConfigError
 from .._store import write_atomically
@@ -50,7 +52,6 @@ def shown(token: str) -> tuple[str, bool]:
 def layout(fig, tokens: list[str], width: float) -> tuple[list[tuple[str, float, int]], int]:
     """Each token's text, left edge (inches) and line when the sentence is set in boxes
     on lines of `width` inches; and the number of lines."""
-    from matplotlib.font_manager import FontProperties  # lazy: start-up
 
     renderer = fig.canvas.get_renderer()
     prop = FontProperties(size=FONT)
@@ -70,7 +71,6 @@ def layout(fig, tokens: list[str], width: float) -> tuple[list[tuple[str, float,
 def highlight(fig, ax, placed, values, cmap, title: str, mark: int) -> None:
     """The sentence with each token's box coloured by `values` in [0, 1] (NaN: grey),
     token `mark` outlined."""
-    from matplotlib.transforms import ScaledTranslation  # lazy: start-up
 
     ax.set_axis_off()
     ax.set_title(title, loc="left")

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
+from matplotlib.cm import ScalarMappable
+from matplotlib.collections import LineCollection
+from matplotlib.colors import Normalize
 
 from .._errors import ConfigError
 from ._common import caption, check_drawn_member, colormap, config_of, failed_members, member_summary, subplots
@@ -142,9 +145,6 @@ class Bouncing(Experiment):
 
     @staticmethod
     def draw(ds: xr.Dataset) -> dict[str, Figure]:
-        from matplotlib.cm import ScalarMappable  # lazy: start-up
-        from matplotlib.collections import LineCollection  # lazy: start-up
-        from matplotlib.colors import Normalize  # lazy: start-up
 
         cfg = config_of(ds)
         member = int(cfg["experiment"]["options"]["member"])

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import matplotlib
 import numpy as np
 import xarray as xr
 
@@ -165,7 +166,6 @@ def _probes(ds: xr.Dataset, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
 
 
 def _sources_colors(sources):
-    import matplotlib  # lazy: start-up
 
     cmap = matplotlib.colormaps["viridis"]
     runs = [s for s in sources if s not in ("model", "theory")]

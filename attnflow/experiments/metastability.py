@@ -63,6 +63,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from .._config import defaults, to_container
 from .._errors import ConfigError
@@ -436,8 +438,6 @@ class Metastability(Experiment):
 
     @staticmethod
     def draw(ds: xr.Dataset) -> dict[str, Figure]:
-        from matplotlib.lines import Line2D  # lazy: start-up
-        from matplotlib.patches import Patch  # lazy: start-up
 
         staircase = "staircase_time" in ds
         rows = 2 if staircase else 1
@@ -561,7 +561,6 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     """Panel (b): token angles at the largest beta, the staircases of every beta with the
     partition levels and the detected plateaus, and the table of the plateaus; returns
     the caption's sentence."""
-    from matplotlib.lines import Line2D  # lazy: start-up
 
     s = ds["staircase_time"].values
     betas = ds["beta"].values

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
+from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
 from .._config import choice, to_container
 from .._errors import ConfigError
@@ -99,7 +100,6 @@ def _shape(x: np.ndarray) -> np.ndarray:
 
 def _configuration(ax, x: np.ndarray, cmap) -> None:
     """Paths (thin) and end points (dots) of the shape of the tokens x (time, token, 3)."""
-    from mpl_toolkits.mplot3d.art3d import Line3DCollection  # lazy: start-up
 
     y = _shape(x)
     colors = cmap(np.argsort(np.argsort(x[0, :, 0])) / max(x.shape[1] - 1, 1))  # by initial first coordinate

@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
+from scipy.linalg import expm
+from scipy.spatial import ConvexHull, QhullError
 
 from .._errors import ConfigError
 from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
@@ -98,7 +100,6 @@ def top_eigenspace(v: np.ndarray, rtol: float = 1e-9) -> tuple[float, np.ndarray
 
 def rescale(x: np.ndarray, t: np.ndarray, v: np.ndarray) -> np.ndarray:
     """$z_i(t) = e^{-tV} x_i(t)$ for states x (member, time, token, dim)."""
-    from scipy.linalg import expm  # lazy: start-up
 
     back = np.stack([expm(-s * v) for s in t])  # (time, dim, dim)
     return np.einsum("tab,mtib->mtia", back, x)
@@ -115,7 +116,6 @@ def distinct(points: np.ndarray, tol: float) -> np.ndarray:
 
 def convex_position(points: np.ndarray, tol: float) -> bool:
     """Whether every one of `points` (distinct rows) is a vertex of their convex hull."""
-    from scipy.spatial import ConvexHull  # lazy: start-up
 
     k = points.shape[0]
     if k <= 2:
@@ -143,7 +143,6 @@ def _limits(z_end: np.ndarray, left: np.ndarray, tol: float) -> tuple[int, bool]
 def _loop(points: np.ndarray) -> np.ndarray:
     """The vertices of the convex hull of 2-D `points` in order, closed (the points
     themselves when there are fewer than three or they are collinear)."""
-    from scipy.spatial import ConvexHull, QhullError  # lazy: start-up
 
     if len(points) < 3:
         return points

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
+from matplotlib.cm import ScalarMappable
+from matplotlib.collections import LineCollection
+from matplotlib.colors import Normalize
 
 from .._errors import ConfigError
 from ._common import (
@@ -63,7 +66,6 @@ def principal_plane(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
 def draw_paths(ax, x: np.ndarray, t: np.ndarray, norm, cmap) -> None:
     """Token paths x(time, token, dim) on the principal plane of all their points,
     coloured by time; o marks the start, * the end."""
-    from matplotlib.collections import LineCollection  # lazy: start-up
 
     centre, axes, share = principal_plane(x.reshape(-1, x.shape[-1]))
     y = (x - centre) @ axes.T  # (time, token, 2)
@@ -133,8 +135,6 @@ class RandomQK(Experiment):
 
     @staticmethod
     def draw(ds: xr.Dataset) -> dict[str, Figure]:
-        from matplotlib.cm import ScalarMappable  # lazy: start-up
-        from matplotlib.colors import Normalize  # lazy: start-up
 
         cfg = config_of(ds)
         member = int(cfg["experiment"]["options"]["member"])
