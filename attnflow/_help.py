@@ -6,13 +6,15 @@ that file's comment on its line, so that a key without a comment shows up in the
 without a meaning (and fails the test that every key has one). An experiment's line is
 its module's `TITLE`; its options are its `Options` dataclass (their types), with the
 values and comments of `conf/experiment/NAME.yaml` (the option's own comment in the
-module when the YAML has none); `attnflow train`'s settings are `TrainConfig` with
-`conf/train.yaml`.
+module when the YAML has none); `attnflow train`'s settings are the fields of
+`TrainConfig` (their types, and their meanings as each field's `metadata["help"]`) with
+the values of `conf/train.yaml`.
 
-The experiments' modules and `attnflow train`'s are read as text (`ast`), never
-imported: they import JAX (the help must start at once) and sit in the layers above
-this one. `tests/cli/test_help.py` checks what is read this way against the imported
-modules. The same rows make the terminal page (`main_help`, `experiment_help`,
+The experiments' modules are read as text (`ast`), never imported: they import JAX (the
+help must start at once). `TrainConfig` is imported: its module
+(`diffeqformer._settings`) is without JAX, and this module sits in the layer above it,
+with the command line. `tests/cli/test_help.py` checks what is read as text against the
+imported modules. The same rows make the terminal page (`main_help`, `experiment_help`,
 `train_help`, through Hydra's help template `conf/hydra/help/attnflow.yaml`: `hydra_help`) and the
 Markdown page (`reference_markdown`), and give the shell completion the names a choice
 key takes (`complete`).
@@ -41,10 +43,10 @@ from omegaconf import OmegaConf
 
 from . import _config
 from ._config import INITS, Config, InitConfig, config_source
+from .diffeqformer._settings import TrainConfig
 
 _PACKAGE = Path(__file__).resolve().parent
 _RUNNER = _PACKAGE / "experiments" / "_runner.py"
-_TRAIN = _PACKAGE / "diffeqformer" / "_train.py"
 
 # The subcommands, each as its usage line says it (`attnflow plot` prints its own).
 SUBCOMMANDS = {
@@ -54,7 +56,8 @@ SUBCOMMANDS = {
     "report": "attnflow report DIR: one table (report.csv, report.nc) and one figure (report.png) across the runs in "
     "DIR (a sweep, run or experiment run directory, or a results.nc file), written into DIR",
     "train": "attnflow train [KEY=VALUE ...]: train a DiffEqFormer or its GPT baseline (defaults in conf/train.yaml); "
-    "the same command, or out=DIR alone, resumes an interrupted run",
+    "the same command, or out=DIR alone, resumes an interrupted run; -m KEY=A,B trains one run per combination, "
+    "job N in out/N",
 }
 
 _USAGE = (
@@ -485,10 +488,35 @@ def _source_rows(path: Path, schema: str, values: Mapping, notes: Mapping[str, s
 
 @functools.cache
 def train_keys() -> tuple[Key, ...]:
-    """One row per setting of `attnflow train` (`TrainConfig`, conf/train.yaml)."""
-    return tuple(
-        _source_rows(_TRAIN, "TrainConfig", _conf_values("train.yaml"), yaml_comments(_conf_text("train.yaml")))
-    )
+    """One row per setting of `attnflow train`: the fields of `TrainConfig` (each one's
+    type, meaning and choices) with the values of conf/train.yaml."""
+    values = _conf_values("train.yaml")
+    rows = []
+    for field in dataclasses.fields(TrainConfig):
+        choices = tuple(field.metadata["choices"])
+        type_, _ = _type(str(field.type), lambda annotation: None)
+        rows.append(
+            Key(
+                field.name,
+                "choice" if choices else type_,
+                values.get(field.name),
+                field.metadata["help"],
+                choices,
+                (field.name,),
+            )
+        )
+    return tuple(rows)
+
+
+_TRAIN_FLAGS = (
+    (
+        "-m, --multirun",
+        "one training per combination of the comma-separated values (KEY=A,B) and ranges "
+        "(KEY=range(0,4)), one after the other, job N in out/N (out=DIR, by default runs/train/multirun/DATE/TIME); "
+        "a failed job does not stop the others, and the command exits with code 2 if one failed",
+    ),
+    ("--cfg job", "print the composed settings (of every job, with -m) and stop"),
+)
 
 
 # --- experiments --------------------------------------------------------------------
@@ -708,6 +736,7 @@ def train_help(width: int | None = None) -> str:
     return "\n\n".join(
         [
             f"usage: {SUBCOMMANDS['train']}.",
+            "Flags:\n" + _table(list(_TRAIN_FLAGS), width, 26),
             "Settings (KEY=DEFAULT (TYPE) MEANING):\n" + _key_table(train_keys(), width),
         ]
     )

@@ -16,9 +16,9 @@ checkpoint), and while figures are drawn; each job of a sweep starts with a line
 naming its overrides.
 
 Lazy imports (start-up): the study (`_build`, `_study`: JAX), the experiments, the plots
-and reports (xarray, matplotlib) and `attnflow train` are imported inside the function
-that runs them, so that a command loads only what it uses (`attnflow train` checks its
-settings before loading JAX; `attnflow plot` never loads JAX).
+and reports (xarray, matplotlib) are imported inside the function that runs them, so that
+a command loads only what it uses (`attnflow plot` never loads JAX). `attnflow train` is
+`diffeqformer._command.main`, which checks its settings before it loads JAX.
 
 A sweep's jobs run wherever Hydra's launcher puts them: in this process (the basic
 launcher), in parallel local processes (`hydra/launcher=joblib`) or as submitit jobs
@@ -58,6 +58,7 @@ from ._config import config_source, explain, register_schema, typed_job_config
 from ._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError
 from ._progress import Progress, end_all, status
 from ._store import RunDirectory, discard_partial_files, finished_pieces, load_results, stored_config, write_results
+from .diffeqformer._command import main as train_main
 
 _FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job (of the sweep, once it ends)
 _JOBS: list[str] = []
@@ -597,9 +598,7 @@ def _command(name: str, args: list[str]) -> int:
     """`attnflow plot DIR...` and `attnflow report DIR`: read results, draw, summarize;
     `attnflow train ...`: the DiffEqFormer's training (its own settings and messages)."""
     if name == "train":
-        from .diffeqformer._train import main as train  # lazy: start-up
-
-        return train(args)
+        return train_main(args)
     config_dir = None
     if name == "plot":
         try:

@@ -1,7 +1,9 @@
 """The public names of `attnflow.diffeqformer`, for editors and type checkers; at run time
 `lazy_loader` reads this stub and imports each name's module on first use."""
 
-from ._data import CORPORA as CORPORA
+from ._command import (
+    main as main,
+)
 from ._data import Corpus as Corpus
 from ._data import load_corpus as load_corpus
 from ._data import reference_text as reference_text
@@ -41,6 +43,13 @@ from ._model import (
 from ._model import (
     populate as populate,
 )
+from ._settings import CORPORA as CORPORA
+from ._settings import (
+    TrainConfig as TrainConfig,
+)
+from ._settings import (
+    train_config as train_config,
+)
 from ._store import (
     diffeqformer_config as diffeqformer_config,
 )
@@ -54,19 +63,10 @@ from ._store import (
     save_model as save_model,
 )
 from ._train import (
-    TrainConfig as TrainConfig,
-)
-from ._train import (
     TrainResult as TrainResult,
 )
 from ._train import (
-    main as main,
-)
-from ._train import (
     train as train,
-)
-from ._train import (
-    train_config as train_config,
 )
 
 __all__ = [

@@ -32,22 +32,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from .._errors import ConfigError
+from ._settings import corpus_name
 
-CORPORA = ("reference-a", "reference-b", "induction")
-ALIASES = {"reference": "reference-a"}
 PRETRAINING_SHARE = 0.8
 CHUNK = 1024
 VALIDATION_EVERY = 10  # every tenth chunk of tokens is held out
-
-
-def corpus_name(name: str) -> str:
-    """The canonical name of a corpus (`reference` is `reference-a`)."""
-    name = ALIASES.get(name, name)
-    if name not in CORPORA:
-        raise ConfigError(f"unknown corpus {name!r}; choose one of reference (= reference-a), reference-b, induction.")
-    return name
 
 
 def reference_topics() -> dict[str, str]:
@@ -83,8 +75,6 @@ def reference_text(name: str) -> str:
 
 def reference_tokenizer(vocab: int) -> str:
     """A byte-level BPE of `vocab` tokens trained on `reference-a`, as `tokenizers` JSON."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # lazy: start-up
-
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -104,8 +94,6 @@ def reference_tokenizer(vocab: int) -> str:
 
 def induction_tokenizer(vocab: int) -> str:
     """Symbols `s0, s1, ...` of the copying task, one token each, as `tokenizers` JSON."""
-    from tokenizers import Tokenizer, models, pre_tokenizers  # lazy: start-up
-
     backend = Tokenizer(models.WordLevel({f"s{i}": i for i in range(vocab)}, unk_token="s0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return backend.to_str()
@@ -164,8 +152,6 @@ def load_corpus(
         info = {"corpus": name, "vocab": vocab, "description": "random sequences, second half a copy of the first"}
         empty = jnp.zeros(0, jnp.int32)
         return Corpus(empty, empty, name, vocab), tokenizer_json, info
-    from tokenizers import Tokenizer  # lazy: start-up
-
     text = reference_text(name)
     tokenizer_json = reference_tokenizer(vocab) if tokenizer_json is None else tokenizer_json
     backend = Tokenizer.from_str(tokenizer_json)

@@ -43,11 +43,11 @@ from .._solvers import SOLVERS
 from .._terms import MLP, SelfAttention, TokenNorm
 from ..checkpoints._canonical import Attention, Blocks, Checkpoint, FeedForward, rows_of, stack_layers
 from ..checkpoints._flow import forward
+from ._settings import DTYPES
 
 INIT_STD = 0.02  # GPT-2's initial standard deviation of weights and embeddings
 BIAS_STD = 1e-4  # initial size of the time-dependent biases (the paper's code draws them at this scale)
 TIME_SCALE = 1000.0  # the paper's code multiplies t by 1000 before the sines and cosines
-DTYPES = ("float32", "float64")
 
 
 @dataclasses.dataclass(frozen=True)

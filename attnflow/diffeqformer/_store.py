@@ -29,11 +29,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from .._errors import CheckpointError, ConfigError
 from .._store import replacing
 from ..checkpoints.native import save_checkpoint
 from ._model import Checkpoint, DiffEqFormer, DiffEqFormerConfig, LoRA, populate
+from ._settings import read_json
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "diffeqformer.json"
@@ -79,15 +81,11 @@ def fill(template, arrays: Mapping[str, np.ndarray], where: str):
 
 
 def write_arrays(arrays: Mapping[str, np.ndarray], path: Path) -> None:
-    from safetensors.numpy import save_file  # lazy: start-up
-
     save_file(dict(arrays), str(path), metadata={"format": "attnflow"})
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays of a safetensors file; a missing or damaged file raises CheckpointError."""
-    from safetensors.numpy import load_file  # lazy: start-up
-
     if not Path(path).is_file():
         raise CheckpointError(f"{path} is missing.")
     try:
@@ -95,19 +93,6 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
     except Exception as error:  # safetensors raises its own and OS errors for damaged files
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise CheckpointError(f"{path} is not a readable safetensors file ({first}).") from None
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from `path`; missing or invalid files raise CheckpointError."""
-    if not Path(path).is_file():
-        raise CheckpointError(f"{path} is missing.")
-    try:
-        data = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path} is not valid JSON ({getattr(error, 'msg', error)}).") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, not an object.")
-    return data
 
 
 def save_diffeqformer(

@@ -1,4 +1,5 @@
-"""Training a DiffEqFormer or its GPT baseline: `attnflow train [KEY=VALUE ...]`.
+"""Training a DiffEqFormer or its GPT baseline: what `attnflow train` runs once its
+settings (`_settings`: `TrainConfig`, checked without JAX) are accepted.
 
 Next-token cross-entropy on an offline corpus (`_data`), AdamW (optax) with a linear
 warmup and a cosine decay, gradients clipped by their global norm; one jitted step
@@ -24,11 +25,6 @@ it holds is read as data: the settings of `state.json` are checked, never interp
 The data order is a function of (seed, step), so a run interrupted at any point and
 started again with the same `out` continues from its latest state and ends with the
 weights an uninterrupted run would have.
-
-Lazy imports (start-up): JAX, equinox, optax and the modules built on them (the model,
-the corpora, the model folders, the core's solvers and memory checks) are imported
-inside the functions that use them, so that `attnflow train` reads its settings and
-refuses a mistyped or unknown one before loading JAX.
 """
 
 from __future__ import annotations
@@ -37,363 +33,42 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
-from hydra import compose
-from hydra.core.config_store import ConfigStore
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
-from omegaconf import MISSING, OmegaConf
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
-from .._config import _keys_of, config_source, hydra_context, read_boolean
-from .._errors import CheckpointError, ConfigError, NonFiniteStateError, did_you_mean
+from .._ensemble import _gib, available_memory
+from .._errors import CheckpointError, ConfigError, NonFiniteStateError
 from .._progress import Progress
-from .._store import RunDirectory
+from .._solvers import tableau
+from .._store import RunDirectory, replacing, write_atomically
+from .._study import use_compilation_cache
+from ..checkpoints._canonical import Checkpoint
+from ..checkpoints._load import load_checkpoint
+from ._data import load_corpus
+from ._model import DiffEqFormer, DiffEqFormerConfig, LoRA, checkpoint_logits, gpt, lora, populate
+from ._settings import ADDED, STATE_VERSION, TrainConfig, check, corpus_name, read_json, read_state, train_config
+from ._store import (
+    CONFIG_FILE,
+    arrays_by_name,
+    diffeqformer_config,
+    fill,
+    load_diffeqformer,
+    read_arrays,
+    save_model,
+    tokenizer_text,
+    write_arrays,
+)
 
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
-    from ..checkpoints._canonical import Checkpoint
-
-MODELS = ("diffeqformer", "gpt")
-B2 = {"diffeqformer": 0.95, "gpt": 0.999}  # the paper's app. C.5
 ARCHITECTURE = ("vocab", "dim", "heads", "hidden", "context", "d_emb", "frequencies", "time_scale", "horizon")
-# Settings added after runs were first written, with the value that reproduces a run
-# recorded without them (the DiffEqFormer's embedding read t unscaled).
-ADDED = {"time_scale": 1.0}
-NOT_RESULT_KEYS = ("out", "save_every", "compilation_cache")
-STATE_VERSION = 1
-
-
-@dataclass
-class TrainConfig:
-    """The settings of `attnflow train` (values in conf/train.yaml, described there)."""
-
-    model: str = MISSING
-    vocab: int = MISSING
-    dim: int = MISSING
-    heads: int = MISSING
-    hidden: int = MISSING
-    context: int = MISSING
-    d_emb: int = MISSING
-    frequencies: int = MISSING
-    time_scale: float = MISSING
-    steps: int = MISSING
-    horizon: float = MISSING
-    solver: str = MISSING
-    dtype: str = MISSING
-    corpus: str = MISSING
-    seed: int = MISSING
-    batch: int = MISSING
-    train_steps: int = MISSING
-    lr: float = MISSING
-    warmup: float = MISSING
-    min_lr: float = MISSING
-    weight_decay: float = MISSING
-    b1: float = MISSING
-    b2: float | None = MISSING
-    clip: float = MISSING
-    eval_every: int = MISSING
-    eval_batches: int = MISSING
-    save_every: int = MISSING
-    out: str | None = MISSING
-    init: str | None = MISSING
-    lora_rank: int = MISSING
-    compilation_cache: bool = MISSING
-
-    def record(self) -> dict[str, Any]:
-        """The settings that determine the result (all but `out`, `save_every`,
-        `compilation_cache`)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in NOT_RESULT_KEYS}
-
-    @property
-    def adam_b2(self) -> float:
-        return B2[self.model] if self.b2 is None else self.b2
-
-    @property
-    def folder(self) -> Path:
-        """The run folder: `out`, or one named after the model, corpus, steps and seed."""
-        if self.out is not None:
-            return Path(self.out).expanduser()
-        lora = f"-lora{self.lora_rank}" if self.lora_rank else ""
-        tuned = "-tuned" if self.init is not None else ""
-        return Path("runs") / "train" / f"{self.model}-{self.corpus}-s{self.steps}{tuned}{lora}-seed{self.seed}"
-
-
-def _types() -> dict[str, str]:
-    """Each setting's type, as written in `TrainConfig` (`int`, `float | None`, ...)."""
-    return {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
-
-
-def _unknown(name: str) -> str:
-    names = list(_types())
-    hint = did_you_mean(name, names)
-    return f"unknown setting {name!r} for attnflow train{hint}; the settings are {', '.join(names)}."
-
-
-def _check_given(given: Mapping[str, Any]) -> None:
-    """Each given setting is one of the schema's, and a boolean is true or false (or
-    yes/no, on/off), which OmegaConf alone would take from any number."""
-    types = _types()
-    for name, value in given.items():
-        if name not in types:
-            raise ConfigError(_unknown(name))
-        if types[name] == "bool" and read_boolean(value.strip() if isinstance(value, str) else value) is None:
-            raise ConfigError(f"{name} must be true or false (or yes/no, on/off), got {value!r}.")
-
-
-def register_schema() -> None:
-    """Put the settings' keys in Hydra's ConfigStore (`attnflow_schema/train`), where
-    conf/train.yaml's defaults list finds them, as the study's schema is."""
-    ConfigStore.instance().store(group="attnflow_schema", name="train", node=_keys_of(TrainConfig))
-
-
-def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`attnflow train`'s arguments composed by Hydra over conf/train.yaml: Hydra's
-    override grammar (`key=value`, quoting, lists, `null`), the schema's keys. Returns
-    the composed settings and the given ones. `+key=` and `++key=` name `key` (every
-    setting exists already); a setting given twice, deleted (`~key`) or swept is refused
-    in one sentence, before anything is composed."""
-    bare = next((arg for arg in args if "=" not in arg and not arg.startswith(("-", "~"))), None)
-    if bare is not None:
-        # Hydra would say only "Error parsing override": a word alone is not a setting.
-        raise ConfigError(
-            f"attnflow train takes settings as key=value (e.g. steps=200 corpus=induction), got "
-            f"{bare!r}; `attnflow train --help` lists them."
-        )
-    try:
-        overrides = OverridesParser.create().parse_overrides(list(args))
-    except HydraException as error:
-        first = str(error).strip().splitlines()[0].rstrip(".")
-        raise ConfigError(f"cannot parse the settings of attnflow train ({first}).") from None
-    plain, seen, given, late = [], {}, {}, {}
-    # A setting named like a config group of the study's config (`init`, beside
-    # train.yaml in the same folder) would be read by Hydra as a choice of that group:
-    # it is set after composing instead.
-    groups = {path.name for path in Path(str(config_source()[1])).iterdir() if path.is_dir()}
-    for override in overrides:
-        name = override.key_or_group
-        if name not in _types():
-            raise ConfigError(_unknown(name))
-        if override.is_delete():
-            raise ConfigError(f"attnflow train cannot delete a setting ({override.input_line}); give {name} a value.")
-        if override.is_sweep_override():
-            raise ConfigError(
-                f"attnflow train runs one training, not a sweep ({override.input_line}); give {name} "
-                "one value per command."
-            )
-        if name in seen:
-            raise ConfigError(f"{name} is given twice ({seen[name]}, {override.input_line}); give it once.")
-        seen[name] = override.input_line
-        given[name] = override.value()
-        if name in groups:
-            late[name] = given[name]
-        else:
-            plain.append(f"{name}={override.get_value_element_as_str()}")
-    _check_given(given)
-    register_schema()
-    if GlobalHydra.instance().is_initialized():  # left by an earlier Hydra app in this process
-        GlobalHydra.instance().clear()
-    try:
-        with hydra_context("train"):
-            composed = compose(config_name="train", overrides=plain)
-    except (HydraException, OmegaConfBaseException) as error:
-        cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
-        first = str(cause or error).strip().splitlines()[0].rstrip(".")
-        raise ConfigError(f"invalid settings for attnflow train ({first}).") from None
-    # composed is a DictConfig, so its container is a dict
-    return {**cast("dict[str, Any]", OmegaConf.to_container(composed, resolve=False)), **late}, given
-
-
-def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConfig:
-    """The settings of conf/train.yaml with `overrides` on top, typed and checked:
-    `overrides` is a mapping (the Python API), or the command line's `KEY=VALUE`
-    strings, which Hydra composes as it does a study's. When `out` names a folder
-    holding a run, that run's stored settings are the base instead, so that `out=DIR`
-    alone resumes it."""
-    if isinstance(overrides, Mapping):
-        given = {str(key).lstrip("+"): value for key, value in overrides.items()}
-        _check_given(given)
-        base = cast("DictConfig", OmegaConf.load(_defaults_file()))  # conf/train.yaml is a mapping
-        base.pop("defaults", None)
-        layers = (base, OmegaConf.create(given))
-    else:
-        composed, given = _command_line(overrides)
-        layers = (OmegaConf.create(composed),)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), *layers)
-        cfg = cast(TrainConfig, OmegaConf.to_object(merged))  # merged onto the TrainConfig schema
-    except ValidationError as error:
-        key = str(getattr(error, "full_key", "") or "")
-        value = getattr(error, "value", None)
-        raise ConfigError(f"{key} must be {_kind(key)}, got {value!r}.") from None
-    except OmegaConfBaseException as error:
-        first = str(error).strip().splitlines()[0].rstrip(".")
-        raise ConfigError(f"invalid settings for attnflow train ({first}).") from None
-    if cfg.out is not None:
-        # The stored settings are data: they go in as read, never through OmegaConf's
-        # interpolation (`read_state` has checked their types).
-        stored = read_state(Path(cfg.out).expanduser() / "state")
-        if stored is not None:
-            cfg = dataclasses.replace(cfg, **{k: v for k, v in stored["config"].items() if k not in given})
-    check(cfg)
-    return cfg
-
-
-def _defaults_file() -> Path:
-    return Path(str(config_source()[1])) / "train.yaml"
-
-
-def _kind(key: str) -> str:
-    """What a setting's type accepts, in words."""
-    kind = _types().get(key, "")
-    words = next(
-        (
-            w
-            for t, w in (
-                ("int", "a whole number"),
-                ("float", "a number"),
-                ("bool", "true or false"),
-                ("str", "a word or path"),
-            )
-            if t in kind
-        ),
-        "of another type",
-    )
-    return words + (" or null" if _optional(kind) else "")
-
-
-def _optional(kind: str) -> bool:
-    """Whether a setting's type, as written (`float | None`, `Optional[float]`), takes null."""
-    return kind.startswith("Optional") or "None" in (part.strip() for part in kind.split("|"))
-
-
-def _of_kind(key: str, value: Any) -> bool:
-    """Whether `value` (read from JSON) is of the type of the setting `key`."""
-    kind = _types()[key]
-    if value is None:
-        return _optional(kind)
-    if isinstance(value, bool) or kind == "bool":
-        return isinstance(value, bool) and kind == "bool"
-    if "int" in kind:
-        return isinstance(value, int)
-    if "float" in kind:
-        return isinstance(value, (int, float))
-    return isinstance(value, str)
-
-
-def read_state(folder: Path) -> dict | None:
-    """The `state.json` of a run's state folder (None when there is none), read as data:
-    nothing in it is interpolated. Its settings must be settings of `TrainConfig`, of
-    their types, and pass `check` (on the defaults of the settings a state does not
-    store); its step must be a whole number from 0 to `train_steps`. A file that breaks
-    any of these raises CheckpointError naming it."""
-    from .._store import recover
-    from ._store import read_json
-
-    recover(folder)
-    path = folder / "state.json"
-    if not path.is_file():
-        return None
-    state = read_json(path)
-    if state.get("format_version") != STATE_VERSION:
-        raise CheckpointError(f"{path} is of another format version; start a new out=.")
-    if not isinstance(state.get("config"), dict):
-        raise CheckpointError(f"{path} holds no settings (its config is not a mapping); start a new out=.")
-    config = dict(ADDED, **state["config"])
-    for key, value in config.items():
-        if key not in _types() or key in NOT_RESULT_KEYS:
-            raise CheckpointError(
-                f"{path} holds an unknown setting {key!r}; it was not written by this attnflow train."
-            )
-        if not _of_kind(key, value):
-            raise CheckpointError(f"{path} holds {key}={value!r}, which is not {_kind(key)}.")
-        if value is not None and "float" in _types()[key]:
-            config[key] = float(value)
-    try:
-        cfg = dataclasses.replace(train_config(), **config)
-        check(cfg)
-    except ConfigError as error:
-        raise CheckpointError(f"{path} holds settings attnflow train refuses ({str(error).rstrip('.')}).") from None
-    step, elapsed = state.get("step"), state.get("elapsed", 0.0)
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= cfg.train_steps:
-        raise CheckpointError(
-            f"{path} holds step={step!r}, not a whole number from 0 to train_steps={cfg.train_steps}."
-        )
-    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool) or not 0 <= elapsed < math.inf:
-        raise CheckpointError(f"{path} holds elapsed={elapsed!r}, not a number of seconds.")
-    return dict(state, config=config)
-
-
-def check(cfg: TrainConfig) -> None:
-    """What the types cannot say: ranges, choices and combinations; one sentence each."""
-    from .._solvers import SOLVERS
-    from ._data import corpus_name
-    from ._model import DTYPES
-
-    if cfg.model not in MODELS:
-        raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {cfg.model!r}.")
-    corpus_name(cfg.corpus)
-    if cfg.dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}.")
-    positive = (
-        "vocab",
-        "dim",
-        "heads",
-        "hidden",
-        "context",
-        "d_emb",
-        "frequencies",
-        "steps",
-        "batch",
-        "train_steps",
-        "eval_every",
-        "eval_batches",
-        "save_every",
-    )
-    for name in positive:
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {getattr(cfg, name)}.")
-    for name in ("seed", "lora_rank"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name} must be zero or positive, got {getattr(cfg, name)}.")
-    if cfg.seed >= 2**63:
-        raise ConfigError(f"seed must be less than 2**63 (a random key takes 64 bits), got {cfg.seed}.")
-    if cfg.dim % cfg.heads:
-        raise ConfigError(f"dim={cfg.dim} must be a multiple of heads={cfg.heads}.")
-    if not cfg.horizon > 0 or not math.isfinite(cfg.horizon):
-        raise ConfigError(f"horizon must be a positive number, got {cfg.horizon}.")
-    if not cfg.time_scale > 0 or not math.isfinite(cfg.time_scale):
-        raise ConfigError(f"time_scale must be a positive number, got {cfg.time_scale}.")
-    if not cfg.lr > 0 or not math.isfinite(cfg.lr):
-        raise ConfigError(f"lr must be a positive number, got {cfg.lr}.")
-    if not 0 <= cfg.warmup < 1 or not 0 <= cfg.min_lr <= 1:
-        raise ConfigError(f"warmup must be in [0, 1) and min_lr in [0, 1] (shares), got {cfg.warmup} and {cfg.min_lr}.")
-    if not 0 <= cfg.weight_decay < math.inf or not 0 < cfg.clip < math.inf:
-        raise ConfigError(
-            f"weight_decay must be a finite number at least 0 and clip a finite positive number, got "
-            f"{cfg.weight_decay} and {cfg.clip}."
-        )
-    for name in ("b1", "b2"):
-        value = getattr(cfg, name)
-        if value is not None and not 0 <= value < 1:
-            raise ConfigError(f"{name} must be in [0, 1), got {value}.")
-    if cfg.solver not in SOLVERS:
-        raise ConfigError(f"unknown solver {cfg.solver!r}; choose one of {', '.join(SOLVERS)}.")
-    if cfg.model == "gpt" and cfg.solver != "euler":
-        raise ConfigError("the GPT baseline is its layer map (solver=euler); other solvers are for the DiffEqFormer.")
-    if cfg.lora_rank and cfg.init is None:
-        raise ConfigError("lora_rank > 0 fine-tunes a trained model: give it with init=FOLDER.")
-    if cfg.corpus == "induction" and cfg.vocab < 2:
-        raise ConfigError(f"the induction task needs at least 2 symbols, got vocab={cfg.vocab}.")
 
 
 # --- memory ------------------------------------------------------------------------------
@@ -467,8 +142,6 @@ def memory_need(cfg: TrainConfig) -> MemoryNeed:
     factor 1.5 of what XLA plans up to scores of a few GiB; beyond, XLA's GPU compiler
     recomputes attention in the backward pass and plans far less (benchmarks/
     train_memory.py), which `check_compiled_memory` reads from the compiled step."""
-    from .._solvers import tableau
-
     item = 8 if cfg.dtype == "float64" else 4
     total, trained = parameter_count(cfg)
     B, n, d, h, H, V = cfg.batch, cfg.context, cfg.dim, cfg.hidden, cfg.heads, cfg.vocab
@@ -483,8 +156,6 @@ def memory_need(cfg: TrainConfig) -> MemoryNeed:
 
 
 def _too_large(cfg: TrainConfig, need: int, memory: int, what: str) -> ConfigError:
-    from .._ensemble import _gib
-
     return ConfigError(
         f"training would take {what} {_gib(need)}, more than the {_gib(memory)} available; lower batch or context "
         f"(the {cfg.batch} x {cfg.heads} x {cfg.context} x {cfg.context} attention scores of a stage), steps, or "
@@ -498,8 +169,6 @@ def check_memory(cfg: TrainConfig, memory: int | None = None) -> bool:
     the host's), in one sentence with the numbers, when even `memory_need(cfg).least`
     exceeds it. True when the full estimate fits too; False when only the compiled
     step can tell (`check_compiled_memory`)."""
-    from .._ensemble import available_memory
-
     need = memory_need(cfg)
     memory = available_memory() if memory is None else memory
     if need.least > memory:
@@ -512,8 +181,6 @@ def check_compiled_memory(cfg: TrainConfig, step, args, memory: int | None = Non
     function, lowered for `args`) plans more than `memory` bytes (arguments, outputs
     and temporaries, XLA's count), before its first step runs. Where the compiler gives
     no count the estimate `memory_need(cfg).total` stands in for it."""
-    from .._ensemble import available_memory
-
     memory = available_memory() if memory is None else memory
     stats = step.lower(*args).compile().compiled.memory_analysis()
     if stats is None:
@@ -565,14 +232,6 @@ def _adopt(cfg: TrainConfig, found: Mapping[str, int], defaults: TrainConfig, fo
 def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
     """The model to train, what of it trains, the corpus and its tokenizer; `cfg` with
     the architecture read from `init` when there is one."""
-    import equinox as eqx
-    import jax
-
-    from ..checkpoints._load import load_checkpoint
-    from ._data import corpus_name, load_corpus
-    from ._model import DiffEqFormer, DiffEqFormerConfig, gpt, lora, populate
-    from ._store import CONFIG_FILE, diffeqformer_config, load_diffeqformer, tokenizer_text
-
     cfg = dataclasses.replace(cfg, corpus=corpus_name(cfg.corpus))
     key = jax.random.key(cfg.seed)
     init_key, lora_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 3)
@@ -646,8 +305,6 @@ def setup(cfg: TrainConfig) -> tuple[TrainConfig, Setup]:
 
 
 def _logits(module, ids, solver: str):
-    from ._model import DiffEqFormer, LoRA, checkpoint_logits
-
     if isinstance(module, DiffEqFormer):
         return module(ids, solver=solver)
     if isinstance(module, LoRA):
@@ -657,9 +314,6 @@ def _logits(module, ids, solver: str):
 
 def loss(module, inputs, targets, solver: str = "euler"):
     """Mean next-token cross-entropy (nats) of a batch `(inputs, targets)`."""
-    import jax
-    import optax
-
     logits = jax.vmap(lambda ids: _logits(module, ids, solver))(inputs)
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
@@ -669,10 +323,6 @@ def decay_mask(params):
     every array of two or more axes (the hypernetworks of matrices, their MLPs, the
     embeddings; not the vectors: biases, gains, shifts); for GPT its attention and MLP
     matrices and embeddings; never the LoRA adapters."""
-    import jax
-
-    from ._model import DiffEqFormer, LoRA
-
     if isinstance(params, DiffEqFormer):
         return jax.tree.map(lambda a: a.ndim >= 2, params)
     if isinstance(params, LoRA):
@@ -681,9 +331,6 @@ def decay_mask(params):
 
 
 def _gpt_mask(params):
-    import equinox as eqx
-    import jax
-
     mask = jax.tree.map(lambda a: False, params)
     paths = [
         lambda m: m.blocks.attention.query,
@@ -730,8 +377,6 @@ class Optimizer(NamedTuple):
 
 @functools.lru_cache(maxsize=16)
 def _optimizer(lr, warmup, train_steps, min_lr, clip, b1, b2, weight_decay) -> Optimizer:
-    import optax
-
     warmup = max(1, round(warmup * train_steps)) if warmup > 0 else 0
     schedule = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(train_steps, warmup + 1), end_value=min_lr * lr)
     return Optimizer((clip, b1, b2, weight_decay), schedule)
@@ -739,8 +384,6 @@ def _optimizer(lr, warmup, train_steps, min_lr, clip, b1, b2, weight_decay) -> O
 
 @functools.lru_cache(maxsize=16)
 def _rate_program(schedule: Callable) -> Callable:
-    import jax
-
     def rate(count):
         with jax.numpy_dtype_promotion("standard"):  # optax's schedules mix their int32 count with floats
             value = schedule(count)
@@ -755,8 +398,6 @@ def _rate_program(schedule: Callable) -> Callable:
 def _transformation(program: tuple, rate: Callable):
     """The optax transformation of `Optimizer.program` with the learning rate `rate`
     (a function of the step count)."""
-    import optax
-
     clip, b1, b2, weight_decay = program
     return optax.chain(
         optax.clip_by_global_norm(clip), optax.adamw(rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask)
@@ -767,9 +408,7 @@ def _schedule_count(opt_state):
     """The step count of the learning-rate schedule in `opt_state` (optax's
     `ScaleByScheduleState`): the number of updates done. Searched through the tuples
     of optax's states only, not through the moments' trees (it runs every step)."""
-    from optax import ScaleByScheduleState
-
-    if isinstance(opt_state, ScaleByScheduleState):
+    if isinstance(opt_state, optax.ScaleByScheduleState):
         return opt_state.count
     for part in opt_state if isinstance(opt_state, tuple) else ():
         count = _schedule_count(part)
@@ -817,8 +456,6 @@ def training_step(tx: Optimizer, batch: int, context: int, solver: str) -> Train
 def _step_program(program: tuple, batch: int, context: int, solver: str):
     """The step of `training_step` for the optimizer `program`, the learning rate an
     argument."""
-    import equinox as eqx
-    import jax
 
     @eqx.filter_jit
     def step(params, static, opt_state, corpus, key, rate):
@@ -838,9 +475,6 @@ def validation_loss(batch: int, context: int, solver: str, batches: int):
     """The jitted mean loss `(params, static, corpus, key) -> loss` over `batches`
     held-out batches, the same ones for the same `key` (one function per set of
     arguments, compiled once per model structure within a process)."""
-    import equinox as eqx
-    import jax
-    import jax.numpy as jnp
 
     @eqx.filter_jit
     def evaluate(params, static, corpus, key):
@@ -879,8 +513,6 @@ class RunFolder:
         if stored is None:
             begun = self.path / "train.json"
             if begun.is_file():
-                from ._store import read_json
-
                 old = read_json(begun).get("config")
                 if not isinstance(old, dict):
                     raise CheckpointError(f"{begun} holds no settings (its config is not a mapping); start a new out=.")
@@ -912,7 +544,6 @@ class RunFolder:
                     continue  # a line cut by an interruption
                 if entry.get("step", math.inf) <= step:
                     kept.append(entry)
-        from .._store import write_atomically
 
         write_atomically(
             self.metrics,
@@ -928,9 +559,6 @@ class RunFolder:
 def save_state(folder: Path, module, opt_state, step: int, elapsed: float, record: dict) -> None:
     """The latest training state, atomically: every array of the model and the
     optimizer (`state.safetensors`) and `state.json`."""
-    from .._store import replacing
-    from ._store import arrays_by_name, write_arrays
-
     arrays = {f"model/{k}": v for k, v in arrays_by_name(module).items()}
     arrays |= {f"optimizer/{k}": v for k, v in arrays_by_name(opt_state).items()}
     with replacing(folder, folder=True) as partial:
@@ -942,8 +570,6 @@ def save_state(folder: Path, module, opt_state, step: int, elapsed: float, recor
 
 def load_state(folder: Path, module, opt_state):
     """`(module, opt_state)` filled with the arrays of the saved state."""
-    from ._store import fill, read_arrays
-
     arrays = read_arrays(folder / "state.safetensors")
     where = str(folder / "state.safetensors")
     part = lambda prefix: {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
@@ -969,8 +595,6 @@ class TrainResult(NamedTuple):
 
 def _tied(model):
     """A trained GPT baseline with its unembedding (the embedding) filled in."""
-    from ._model import Checkpoint
-
     if isinstance(model, Checkpoint) and model.unembed is None:
         return dataclasses.replace(model, unembed=model.embed)
     return model
@@ -981,16 +605,12 @@ def _say(message: str) -> None:
 
 
 def _prepare_jax(cfg: TrainConfig) -> None:
-    import jax
-
     if cfg.dtype == "float64" and not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]  # jax's Config stub lacks the flag attributes
         raise ConfigError(
             "dtype=float64 needs JAX's 64-bit mode; the attnflow command switches it on, a library "
             "caller sets jax.config.update('jax_enable_x64', True) first."
         )
     if cfg.compilation_cache:
-        from .._study import use_compilation_cache
-
         use_compilation_cache()
 
 
@@ -1022,13 +642,18 @@ def train(
             raise
 
 
+def train_command(cfg: TrainConfig) -> TrainResult:
+    """`train` as the attnflow command runs it: JAX's 64-bit mode switched on first for
+    `dtype=float64`."""
+    if cfg.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    return train(cfg)
+
+
 def _stop_unless_finite(losses: list, first: int, params, run: RunFolder, saved: int | None) -> None:
     """Raise NonFiniteStateError when one of `losses` (those of steps `first`, `first`
     + 1, ...) or an array of `params` (those after the last of them) holds a NaN or an
     infinity: nothing of a diverged run is written."""
-    import jax
-    import numpy as np
-
     # On the host, and the arrays in one compiled program: eager operations on lists of
     # every length and on leaves of every shape would each compile one of their own.
     finite = np.isfinite(np.asarray([np.asarray(value) for value in losses]))
@@ -1050,20 +675,11 @@ def _all_finite(leaves) -> bool:
 
 @functools.cache
 def _all_finite_program():
-    import jax
-    import jax.numpy as jnp
-
     return jax.jit(lambda leaves: jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves])))
 
 
 def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
     """`train` in its locked run folder `directory`."""
-    import equinox as eqx
-    import jax
-    import jax.numpy as jnp
-
-    from ._store import save_model
-
     run = RunFolder(directory.path)
     cfg, s = setup(cfg)
     stored = run.claim(cfg)
@@ -1185,77 +801,3 @@ def _train_locked(cfg: TrainConfig, directory, on_step, show) -> TrainResult:
         raise ConfigError(f"cannot write in {run.path} ({error.strerror or error}); {kept}.") from None
     _say(f"wrote {run.model} (step {step}, validation loss {metrics[-1]['val_loss']:.4f}).")
     return TrainResult(run.path, model, step, metrics)
-
-
-# --- the command ---------------------------------------------------------------------------
-
-USAGE = (
-    "attnflow train [KEY=VALUE ...]: train a DiffEqFormer (model=diffeqformer) or its GPT baseline "
-    "(model=gpt); defaults in conf/train.yaml; `attnflow train out=DIR` resumes an interrupted run; "
-    "`attnflow train --cfg job [KEY=VALUE ...]` prints the composed settings"
-)
-
-
-def _config_flags(args: list[str]) -> tuple[list[str], str | None]:
-    """The settings without Hydra's `--cfg`/`-c` flag (and `--resolve`, which changes
-    nothing here: the settings hold no interpolations once composed), and which part of
-    the config it asks for: `job` and `all` print the settings (attnflow train has no
-    Hydra run folder of its own: it writes to `out`); `hydra` is refused in one
-    sentence."""
-    rest, shown = [], None
-    position = 0
-    while position < len(args):
-        arg = args[position]
-        if arg in ("--cfg", "-c") or arg.startswith("--cfg="):
-            value = arg.split("=", 1)[1] if "=" in arg else (args[position + 1] if position + 1 < len(args) else None)
-            position += 1 if "=" in arg else 2
-            if value not in ("job", "all", "hydra"):
-                raise ConfigError(f"--cfg takes job, hydra or all, got {value!r}.")
-            if value == "hydra":
-                raise ConfigError(
-                    "attnflow train has no Hydra settings of its own (it writes to out=DIR); "
-                    "`attnflow train --cfg job` prints its settings."
-                )
-            shown = value
-            continue
-        if arg == "--resolve":
-            position += 1
-            continue
-        rest.append(arg)
-        position += 1
-    return rest, shown
-
-
-def main(args: Sequence[str]) -> int:
-    """`attnflow train [KEY=VALUE ...]` (`--cfg job` prints the composed settings and
-    runs nothing): 0 when done; 2 for bad settings, a run that
-    does not fit in memory, a folder in use or that cannot be written, or a loss that
-    turns NaN (one sentence each); 1 for an unreadable init or state; 130 on Ctrl-C (the
-    latest state kept)."""
-    if any(a in ("-h", "--help") for a in args):
-        print(f"usage: {USAGE}.\nsettings and their defaults:\n{_defaults_file().read_text()}", flush=True)
-        return 0
-    try:
-        args, shown = _config_flags(list(args))
-        cfg = train_config(args)
-        if shown is not None:
-            # As every Hydra app answers `--cfg job`: the composed settings, nothing run.
-            print(OmegaConf.to_yaml(OmegaConf.structured(cfg)), end="", flush=True)
-            return 0
-        if cfg.dtype == "float64":
-            import jax
-
-            jax.config.update("jax_enable_x64", True)
-        train(cfg)
-    except CheckpointError as error:
-        print(f"attnflow: error: {error}", file=sys.stderr, flush=True)
-        return 1
-    except (ConfigError, NonFiniteStateError) as error:
-        print(f"attnflow: error: {error}", file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # A compiled step may still be running in a worker thread; do not wait for it.
-        os._exit(130)
-    return 0

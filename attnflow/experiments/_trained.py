@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .._errors import ConfigError
-from ..diffeqformer._data import corpus_name
-from ..diffeqformer._store import read_json
-from ..diffeqformer._train import read_state, train, train_config
+from ..diffeqformer._settings import corpus_name, read_json, read_state, train_config
+from ..diffeqformer._train import train
 
 REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
 

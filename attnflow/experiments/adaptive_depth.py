@@ -45,9 +45,10 @@ from .._config import choice
 from .._errors import ConfigError
 from .._progress import Progress
 from ..checkpoints._load import load_checkpoint
-from ..diffeqformer._data import corpus_name, load_corpus
+from ..diffeqformer._data import load_corpus
+from ..diffeqformer._settings import corpus_name, train_config
 from ..diffeqformer._store import load_diffeqformer, tokenizer_text
-from ..diffeqformer._train import train, train_config, validation_loss
+from ..diffeqformer._train import train, validation_loss
 from ._common import caption, colormap, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 from ._text import write_text

@@ -3,9 +3,9 @@ Hydra's help template), `attnflow experiment=NAME --help`, `attnflow help [TOPIC
 `attnflow train --help`, `--version`, and the shell completion of choice keys.
 
 Every key of the schema must be on the help page with a meaning (its comment in the
-YAML file that holds its default): a key added without one fails here. The help reads
-the experiments' modules and `attnflow train`'s as text (they import JAX); what it reads
-is checked against the imported modules. All but one test run the command in this
+YAML file that holds its default; a setting of `attnflow train`: its field's help): a key
+added without one fails here. The help reads the experiments' modules as text (they
+import JAX); what it reads is checked against the imported modules. All but one test run the command in this
 process (the `command` fixture); one runs the console script, to see that `--help`
 imports no JAX.
 """
@@ -23,6 +23,7 @@ from commands import ATTNFLOW, command  # noqa: F401 (command: a fixture)
 
 from attnflow import _help
 from attnflow._config import INITS, Config, ExperimentConfig, InitConfig, typed_options
+from attnflow._methods import SOLVERS
 
 
 def _flat(text: str) -> str:
@@ -101,10 +102,12 @@ def test_help_of_an_experiment_shows_its_line_its_paper_and_its_options_with_the
 
 
 def test_what_the_help_reads_as_text_is_what_the_modules_say():
-    """The experiments' `Options`, `title` and `paper`, their order, and `TrainConfig`,
-    read from the modules' text, against the imported modules; every option has a
-    meaning, and its default is what the experiment's YAML gives, typed by its schema."""
-    from attnflow.diffeqformer import TrainConfig
+    """The experiments' `Options`, `title` and `paper`, their order, read from the
+    modules' text, against the imported modules; every option has a meaning, and its
+    default is what the experiment's YAML gives, typed by its schema. `attnflow train`'s
+    rows are `TrainConfig`'s fields (imported, without JAX), each with its meaning and
+    the default `train_config()` gives."""
+    from attnflow.diffeqformer import TrainConfig, train_config
     from attnflow.experiments import EXPERIMENTS, experiment_module
     from attnflow.experiments._runner import experiment_class, option_schema
 
@@ -135,6 +138,14 @@ def test_what_the_help_reads_as_text_is_what_the_modules_say():
     train = _help.train_keys()
     assert [row.name for row in train] == [f.name for f in dataclasses.fields(TrainConfig)]
     assert [row.name for row in train if not row.meaning] == []
+    defaults = train_config()
+    assert [row.default for row in train] == [getattr(defaults, row.name) for row in train]
+    assert {row.name: row.choices for row in train if row.choices} == {
+        "model": ("diffeqformer", "gpt"), "solver": tuple(SOLVERS), "dtype": ("float32", "float64"),
+        "corpus": ("reference", "reference-a", "reference-b", "induction")}
+    for row in train:  # each choice shown is one the settings' check takes
+        for choice in row.choices:
+            assert getattr(train_config({row.name: choice}), row.name) == choice
 
 
 def test_help_subcommand_and_train_help(command):

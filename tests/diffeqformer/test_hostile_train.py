@@ -13,6 +13,7 @@ import errno
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -22,11 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from commands import command  # noqa: F401 (a fixture)
 
 from attnflow import CheckpointError, ConfigError
 from attnflow._store import RunDirectory
 from attnflow.diffeqformer import DiffEqFormer, DiffEqFormerConfig, gpt, lora, main, populate, train_config
-from attnflow.diffeqformer import _data, _store, _train
+from attnflow.diffeqformer import _data, _train
 
 # The smallest run: the copying task (no tokenizer to train), one solver step.
 TINY = dict(model="diffeqformer", corpus="induction", vocab=8, dim=4, heads=1, hidden=4, context=4, d_emb=2,
@@ -121,7 +123,7 @@ def test_between_the_least_and_the_full_estimate_the_compiled_step_decides(tmp_p
     # Wired into the run: a memory between the least need and the plan stops it before its first step.
     need = _train.memory_need(cfg)
     assert need.least < planned
-    monkeypatch.setattr("attnflow._ensemble.available_memory", lambda device=None: (need.least + planned) // 2)
+    monkeypatch.setattr(_train, "available_memory", lambda device=None: (need.least + planned) // 2)
     out = tmp_path / "run"
     assert main(tiny("model=gpt", f"out={out}")) == 2
     assert "(as compiled)" in _one_sentence(capsys) and not (out / "metrics.jsonl").exists()
@@ -256,7 +258,7 @@ def stubbed(monkeypatch):
     monkeypatch.setattr(_train, "optimizer", lambda cfg: optax.adam(0.1))
     monkeypatch.setattr(_train, "training_step", lambda *a: step)
     monkeypatch.setattr(_train, "validation_loss", lambda *a: lambda *b: np.float32(1.0))
-    monkeypatch.setattr(_store, "save_model", lambda *a, **k: None)
+    monkeypatch.setattr(_train, "save_model", lambda *a, **k: None)
     return nan_from
 
 
@@ -369,3 +371,51 @@ def test_cfg_job_prints_the_composed_settings_and_runs_nothing(tmp_path, capsys,
     assert main(["-c", "all", "--resolve", "steps=9"]) == 0 and "steps: 9\n" in capsys.readouterr().out
     assert main(["--cfg", "hydra"]) == 2 and "--cfg job" in _one_sentence(capsys)
     assert main(["--cfg", "jobs"]) == 2 and "--cfg takes job, hydra or all" in _one_sentence(capsys)
+
+
+def test_multirun_trains_each_job_in_its_folder_and_a_failed_job_stops_none(tmp_path, command):
+    """`attnflow train -m` sweeps as a Hydra app does (and as `attnflow -m` does a
+    study): one training per combination, job N in out/N, each announced with its swept
+    settings and its folder; a failed job is one line naming it, the others run, and the
+    sweep ends with the failed jobs named and exit code 2. The same command leaves the
+    finished jobs as they are; `--cfg job` prints every job's settings and runs none."""
+    sweep = tmp_path / "lr"
+    args = ("train", "-m", *tiny("model=gpt", "lr=1e-3,-1,3e-3"), f"out={sweep}")  # GPT: the quicker to compile
+    code, err = command(*args)
+    assert code == 2
+    assert err == ["attnflow: error: job 1 (lr=-1): lr must be a positive number, got -1.0.",
+                   "attnflow: error: 1 of 3 jobs failed: job 1 (lr=-1)."]
+    for number, lr in ((0, 0.001), (2, 0.003)):
+        folder = sweep / str(number)
+        assert f"attnflow: job {number} (lr={lr}): training in {folder}\n" in command.out
+        assert f"attnflow: wrote {folder / 'model'} (step 2," in command.out
+        assert json.loads((folder / "train.json").read_text())["config"]["lr"] == lr
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "2"]  # the refused job left no folder
+    losses = [json.loads((sweep / n / "metrics.jsonl").read_text().splitlines()[-1])["val_loss"] for n in "02"]
+    assert losses[0] != losses[1]  # each job trained with its own lr
+    code, err = command(*args)
+    assert code == 2 and len(err) == 2 and command.out.count("nothing to do") == 2
+    code, err = command("train", "-m", "--cfg", "job", "seed=0,1", "lr=1e-3,3e-3")
+    assert code == 0 and err == []
+    jobs = command.out.split("# job ")[1:]
+    assert [job.splitlines()[0] for job in jobs] == ["0 (seed=0, lr=0.001)", "1 (seed=0, lr=0.003)",
+                                                     "2 (seed=1, lr=0.001)", "3 (seed=1, lr=0.003)"]
+    assert all(re.search(rf"^out: runs/train/multirun/[\d-]+/[\d-]+/{n}$", job, re.M) for n, job in enumerate(jobs))
+    assert not (tmp_path / "runs").exists()
+    for bad, says in ((["out=a,b"], "out names the sweep's folder"), (["lr=interval(0,1)"], "sweeps lists, ranges"),
+                      (["seed=range(0,200)", "lr=range(1,101)"], "more than 10000 jobs")):
+        code, err = command("train", "-m", *bad)
+        assert code == 2 and len(err) == 1 and says in err[0], err
+
+
+def test_the_settings_are_read_checked_and_swept_without_jax():
+    """`attnflow train` refuses a bad setting, and lists a sweep's jobs, before it loads
+    JAX: its settings and command (`_settings`, `_command`) import none of it."""
+    import subprocess
+
+    code = ("import sys; from attnflow.diffeqformer._command import main; "
+            "codes = [main(['dtype=float16']), main(['solver=rk5']), main(['-m', '--cfg', 'job', 'lr=1e-3,3e-3'])]; "
+            "print(codes, 'jax' in sys.modules, 'equinox' in sys.modules, 'optax' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[2, 2, 0] False False False", done.stdout + done.stderr
+    assert "dtype must be one of float32, float64" in done.stderr and "unknown solver 'rk5'" in done.stderr

@@ -267,9 +267,12 @@ def test_slow_blocks_compose_as_written(command):
     args = [word for word in words[1:] if word not in ("-m", "--multirun")]
     if args[:1] == ["train"]:
         if "--help" not in args:
-            from attnflow.diffeqformer._train import _config_flags
+            from attnflow.diffeqformer._command import _hydra_flags, _jobs
 
-            train_config(_config_flags(args[1:])[0])  # as `attnflow train` reads them (`--cfg job` aside)
+            # as `attnflow train` reads them (`--cfg job` aside): each job of a sweep (-m)
+            given, _, multirun = _hydra_flags(words[2:])
+            for job in [job for job, _ in _jobs(given)[1]] if multirun else [given]:
+                train_config(job)
         return
     assert not args or args[0] not in ("plot", "report", "help"), command.text
     register_schema()
