@@ -64,10 +64,10 @@ def _not_applicable(cfg: Config, base: Config) -> None:
     rules: list[tuple[str, list[tuple[str, Any]]]] = []
     for part in PARTS.values():
         rules += part.unused(cfg)
-    if cfg.norm not in ("pre", "peri"):
+    if cfg.scheme not in ("pre", "peri"):
         rules.append(
             (
-                f"with norm={cfg.norm} (token_norm is the N of pre and peri)",
+                f"with scheme={cfg.scheme} (token_norm is the N of pre and peri)",
                 [
                     (f"token_norm.{k}", lambda c, k=k: getattr(c.token_norm, k))
                     for k in ("kind", "eps", "gamma", "shift")
@@ -102,7 +102,7 @@ def _not_applicable(cfg: Config, base: Config) -> None:
     if cfg.rank_rtol is not None and "attention_rank" not in cfg.metrics:
         rules.append(("with metrics without attention_rank", [("rank_rtol", lambda c: c.rank_rtol)]))
     if not reading("eps", cfg.metrics):
-        rules.append((f"with metrics without {names_reading('eps')}", [("eps", lambda c: c.eps)]))
+        rules.append((f"with metrics without {names_reading('eps')}", [("cluster_eps", lambda c: c.cluster_eps)]))
     if not any(part.draws_weights(cfg) for part in PARTS.values()):
         rules.append(
             (
@@ -210,9 +210,9 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     if cfg.adaptive and not SOLVERS[cfg.solver.value].adaptive:
         raise no_error_estimate(f"solver {str(cfg.solver)!r}")
     cfg = _check_time_change(cfg, betas)
-    for key in ("rtol", "atol", "eps"):
+    for key in ("rtol", "atol", "cluster_eps"):
         _number(key, getattr(cfg, key), positive=True)
-    if cfg.norm == "sphere" and d < 2:
+    if cfg.scheme == "sphere" and d < 2:
         raise ConfigError(f"tokens on the sphere need d >= 2, got d={d}.")
     metrics = set(cfg.metrics)
     user_metrics(cfg)  # an unknown name, or a function not registered with attnflow.metric, in one sentence
@@ -231,7 +231,7 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
     if cfg.rank_rtol is not None:
         _number("rank_rtol", cfg.rank_rtol, positive=True)
     _number("max_output_gib", cfg.max_output_gib, positive=True)
-    if cfg.norm in ("pre", "peri"):
+    if cfg.scheme in ("pre", "peri"):
         tn = cfg.token_norm
         _number("token_norm.eps", tn.eps, minimum=0)
         for key in ("gamma", "shift"):
@@ -516,7 +516,7 @@ def build_field(
     terms = [part.build(cfg, get, key, beta, dtype, _numerics) for part in PARTS.values() if part.enabled(cfg)]
     terms += build_terms(cfg, get, key, beta, dtype)
     norm = None
-    if cfg.norm in ("pre", "peri"):
+    if cfg.scheme in ("pre", "peri"):
         tn = cfg.token_norm
         per_dim = lambda path: (
             None if _get(cfg, path) is None else jnp.broadcast_to(jnp.asarray(get(path), dtype), (d,))
@@ -524,10 +524,10 @@ def build_field(
         norm = TokenNorm(tn.kind.value, per_dim("token_norm.gamma"), per_dim("token_norm.shift"), eps=float(tn.eps))
     # The geometry and the tangent projection are the config's: the sphere scheme
     # projects the field for every solver but euler_renorm (the unprojected scheme).
-    geometry = Sphere() if cfg.norm == "sphere" else Euclidean()
+    geometry = Sphere() if cfg.scheme == "sphere" else Euclidean()
     return VectorField(
         tuple(terms),
-        scheme=cfg.norm.value,  # pyright: ignore[reportAttributeAccessIssue]  (a Scheme choice; the comparisons above narrow it to str literals)
+        scheme=cfg.scheme.value,  # pyright: ignore[reportAttributeAccessIssue]  (a Scheme choice; the comparisons above narrow it to str literals)
         norm=norm,
         out_norm=norm,
         time_change=time_change,
@@ -547,7 +547,7 @@ def build_init(cfg: Config, dtype, data: Mapping[str, ArrayLike] | None = None) 
 # Config values that are data (traced): a new value reuses the compiled program. The
 # rest (sizes, choices, counts) is structure, static and part of what is compiled.
 _DATA_PATHS = (
-    "eps",
+    "cluster_eps",
     "token_norm.gamma",
     "token_norm.shift",
     "time_change.speed",
@@ -662,7 +662,7 @@ class ConfiguredSystem(eqx.Module):
         custom = user_metrics(cfg)
         recorder = Recorder(
             beta=jnp.asarray(beta, dtype),
-            eps=jnp.asarray(_Values(cfg, self.values)("eps"), dtype),
+            eps=jnp.asarray(_Values(cfg, self.values)("cluster_eps"), dtype),
             metrics=recorded_metrics(cfg),
             save_states=bool(cfg.save_states),
             rank_rtol=cfg.rank_rtol,

@@ -10,7 +10,7 @@ Dataset before it is written:
   (a token's string, a schedule's name) gets a `long_name` only, as CF allows;
 - the global attributes `Conventions`, `title`, `source`, `history`,
   `attnflow_version`, and every scalar setting of the resolved config (`n`, `d`,
-  `eps`, `solver`, ...; a nested key with its dots replaced by underscores,
+  `cluster_eps`, `solver`, ...; a nested key with its dots replaced by underscores,
   `weights.v.kind` -> `weights_v_kind`; null ones left out) beside the full config
   (YAML, `config`).
 

@@ -61,7 +61,7 @@ def choice(name: str, names: tuple[str, ...]) -> type[Choice]:
 _choice = choice
 
 
-Dynamics = _choice("Dynamics", ("sa", "usa", "sinkhorn", "hardmax"))
+AttentionKind = _choice("AttentionKind", ("sa", "usa", "sinkhorn", "hardmax"))
 Scheme = _choice("Scheme", SCHEME_NAMES)
 NormKind = _choice("NormKind", ("sphere", "rms", "layer"))
 MatrixKind = _choice("MatrixKind", tuple(WEIGHT_KINDS))  # one file each, attnflow/weights/
@@ -129,7 +129,7 @@ class MLPConfig:
 
 @dataclass
 class SinkhornConfig:
-    """Doubly stochastic attention (`dynamics: sinkhorn`): a fixed number of Sinkhorn
+    """Doubly stochastic attention (`attention_kind: sinkhorn`): a fixed number of Sinkhorn
     alternations in log space, and the column error the run's `marginal_error` metric is
     held to (checked on the saved states, not a stopping rule)."""
 
@@ -139,7 +139,7 @@ class SinkhornConfig:
 
 @dataclass
 class HardmaxConfig:
-    """The beta -> infinity limit (`dynamics: hardmax`): ties within `ties` of the row
+    """The beta -> infinity limit (`attention_kind: hardmax`): ties within `ties` of the row
     maximum are averaged; `self_attention: false` leaves j = i out."""
 
     ties: float = MISSING
@@ -184,8 +184,8 @@ class Config:
     n: int = MISSING
     d: Any = MISSING  # a whole number (a list: one panel each, in experiments that take it)
     beta: Any = MISSING  # a number, or a list of them (a `beta` dimension), e.g. ${linspace:0.1,9,90}
-    dynamics: Dynamics = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    norm: Scheme = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
+    attention_kind: AttentionKind = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
+    scheme: Scheme = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
     token_norm: TokenNormConfig = MISSING
     attention: bool = MISSING
     causal: bool = MISSING
@@ -220,7 +220,7 @@ class Config:
     exact_times: bool = MISSING
     save_states: bool = MISSING
     metrics: list[MetricName] = MISSING
-    eps: float = MISSING
+    cluster_eps: float = MISSING
     rank_rtol: float | None = MISSING
     max_output_gib: float = MISSING
     overwrite: bool = MISSING
@@ -238,6 +238,80 @@ class Config:
 
 # Keys that say what to do with a result, not what the result is.
 NOT_RESULT_KEYS = ("overwrite", "plot", "plotly_js", "compilation_cache")
+
+
+# --- keys renamed ---------------------------------------------------------------------
+
+# The keys of a study renamed in attnflow `RENAMED_IN`, old name -> new: the one table
+# that every refusal of an old key (`refuse_renamed`, `renamed_key`) and every reading of
+# a config stored before (`current_config`) reads.
+RENAMED = {"norm": "scheme", "dynamics": "attention_kind", "eps": "cluster_eps"}
+RENAMED_IN = "0.2.0"
+# The options of attnflow's experiments that hold a study config of their own (keys over
+# the defaults), by experiment: their keys were renamed too.
+STUDY_OPTIONS = {"metastability": ("staircase",)}
+
+
+def renamed_key(key: str, experiment: str | None = None) -> str | None:
+    """The new name of a dotted key that names a renamed key of a study config (`norm`,
+    or `experiment.options.staircase.eps` in experiment metastability), None for any
+    other key (`token_norm.eps` included)."""
+    *parent, last = key.split(".")
+    studies = [[], *(["experiment", "options", option] for option in STUDY_OPTIONS.get(experiment or "", ()))]
+    return ".".join([*parent, RENAMED[last]]) if last in RENAMED and parent in studies else None
+
+
+def renamed_error(old: str, new: str, setting: str) -> ConfigError:
+    """The refusal of the renamed key `old` (dotted) whose name is now `new`, showing the
+    user's own setting with the new name (`setting`)."""
+    return ConfigError(f"the key {old} was renamed {new} in attnflow {RENAMED_IN}; write {setting}.")
+
+
+def _study_configs(config: Mapping):
+    """The study configs in a config mapping, with the dotted prefix of their keys: the
+    config itself, and those the options of its experiment hold (`STUDY_OPTIONS`)."""
+    yield "", config
+    experiment = config.get("experiment")
+    if not (isinstance(experiment, Mapping) and isinstance(experiment.get("options"), Mapping)):
+        return
+    for option in STUDY_OPTIONS.get(str(experiment.get("name")), ()):
+        study = experiment["options"].get(option)
+        if isinstance(study, Mapping):
+            yield f"experiment.options.{option}.", study
+
+
+def refuse_renamed(config: Mapping, file: str | None = None) -> None:
+    """Refuse, in one sentence naming the new key, a renamed key (`RENAMED`) that a user
+    gave in `config`, a config mapping as `compose` takes it (or as the YAML `file` of
+    the user's own holds it)."""
+    for where, study in _study_configs(config):
+        old = next((key for key in study if key in RENAMED), None)
+        if old is not None:
+            value = study[old]
+            shown = str(value).lower() if isinstance(value, bool) else "null" if value is None else value
+            new = f"{where}{RENAMED[old]}"
+            setting = f"{new}={shown}" if file is None else f"{RENAMED[old]}: {shown} in {file}"
+            raise renamed_error(f"{where}{old}", new, setting)
+
+
+def current_config(stored: Any) -> Any:
+    """A config that an attnflow before `RENAMED_IN` stored (a results file's `config`,
+    a panel's of `panel_configs`, a pieces folder's plan), with its renamed keys under
+    their new names; a config of this attnflow, or anything else, as it is."""
+    if not isinstance(stored, Mapping):
+        return stored
+    config = dict(stored)
+    for where, study in list(_study_configs(config)):
+        if not any(key in RENAMED for key in study):
+            continue
+        renamed = {RENAMED.get(key, key): value for key, value in study.items()}
+        if not where:
+            config = renamed
+        else:  # the study config an experiment's option holds, in copies of the mappings above it
+            option = where.split(".")[2]
+            experiment = config["experiment"] = dict(config["experiment"])
+            experiment["options"] = {**experiment["options"], option: renamed}
+    return config
 
 
 def config_source() -> tuple[str, Any]:
@@ -367,8 +441,8 @@ def compose(config: Any = None, *, complete: bool = False) -> Config:
     would give them; `init` may be the name of an initial condition. `complete=True`
     takes no defaults: every key must be given (what Hydra composed for a job, where a
     missing key was deleted with `~key`). Raises `ConfigError` for a wrong type, an
-    unknown choice or an unknown key. Ranges, shapes and combinations are checked by
-    `validate_config`.
+    unknown choice, an unknown key or a renamed one (`RENAMED`: its sentence names the
+    new key). Ranges, shapes and combinations are checked by `validate_config`.
     """
     # A Config instance goes through the schema too: its fields may have been replaced
     # by hand (`dataclasses.replace(cfg, solver="rk4")`) with values of any type.
@@ -380,6 +454,7 @@ def compose(config: Any = None, *, complete: bool = False) -> Config:
         raise ConfigError(f"a config must be a mapping of keys to values, got {type(config).__name__}.")
     user = dict(user)
     user.pop("hydra", None)
+    refuse_renamed(user)
     if complete:
         _check_complete(user, Config, "")
     base, default_init = _root_defaults()

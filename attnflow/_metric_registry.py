@@ -1,7 +1,7 @@
 """Every metric a run can record, one entry each: the one place a metric is declared.
 
 An entry says what the config accepts (`metrics: [name, ...]`), what the metric reads
-(the clustering threshold `eps`, the attention maps), the dimensions it adds to a
+(the clustering threshold `cluster_eps`, the attention maps), the dimensions it adds to a
 saved time, its description and units in `results.nc`, its label and reduction in the
 summary figure and in `attnflow report`, whether it can go through tiles, and how
 many bytes one saved value takes. Its function is the method of the same name of
@@ -65,7 +65,7 @@ class Metric:
         label: the y label of its panel in the summary figure.
         dims: the dimensions one saved value adds after (beta, member, time).
         size: bytes of one saved value, from `Sizes`.
-        reads_eps: whether it reads the clustering threshold `eps`.
+        reads_eps: whether it reads the clustering threshold `cluster_eps`.
         reads_attention: whether it reads the attention maps (needs `attention=true`).
         reads_beta: whether it reads beta itself (not only through the states).
         tiled: whether it can go through tiles (else it needs whole n x n maps).
@@ -272,11 +272,12 @@ def metric(*, long_name: str, units: str = "1", dims: tuple[str, ...] = ()) -> C
 
     The function takes one member's tokens, `f(x)` with `x` of shape `(n, d)`, or
     `f(x, context)`, where `context` (`attnflow.MetricContext`) carries the time, beta,
-    the clustering threshold eps, the member's vector field and the run's config; it is
-    written for one member in `jax.numpy` (attnflow maps it over the ensemble) and
-    returns a scalar, or an array whose axes `dims` names. Named in `metrics` by its
-    import path, `metrics=[energy,mymodule.spread]`, it is recorded as the variable named
-    after the function, with `long_name` and `units` as its attributes:
+    the clustering threshold (`cluster_eps`, as `context.eps`), the member's vector field
+    and the run's config; it is written for one member in `jax.numpy` (attnflow maps it
+    over the ensemble) and returns a scalar, or an array whose axes `dims` names. Named
+    in `metrics` by its import path, `metrics=[energy,mymodule.spread]`, it is recorded
+    as the variable named after the function, with `long_name` and `units` as its
+    attributes:
 
         @attnflow.metric(long_name="mean distance to the centroid", units="1")
         def spread(x):

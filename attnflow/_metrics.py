@@ -404,7 +404,7 @@ class Recorder(eqx.Module):
 class MetricContext:
     """What a researcher's metric `f(x, context)` may read besides the tokens (see
     `attnflow.metric`): the time `t` of the record, `beta`, the clustering threshold
-    `eps`, the member's vector field `field` (its terms, `field.attention_weights(t, x)`)
+    `eps` (the config's `cluster_eps`), the member's vector field `field` (its terms, `field.attention_weights(t, x)`)
     and the run's config `config` (an `attnflow.Config`; None outside a configured run)."""
 
     t: Any

@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 import yaml
 
+from ._config import current_config
 from ._figures import figure, wrap
 from ._metric_registry import PANELS
 from ._store import read_config, write_atomically
@@ -52,13 +53,14 @@ _MIN_WIDTH = 7.0
 
 
 def _config(ds: xr.Dataset) -> dict:
-    """The run's stored config ({} when it has none, or it is not YAML); one that is not
-    attnflow's (an alias bomb) raises `ConfigError` (`read_config`)."""
+    """The run's stored config ({} when it has none, or it is not YAML), with the keys
+    renamed since under their new names (`current_config`); one that is not attnflow's
+    (an alias bomb) raises `ConfigError` (`read_config`)."""
     try:
         cfg = read_config(ds.encoding.get("source", "this Dataset"), ds.attrs.get("config", "")) or {}
     except yaml.YAMLError:
         return {}
-    return cfg if isinstance(cfg, dict) else {}
+    return current_config(cfg) if isinstance(cfg, dict) else {}
 
 
 def _panels(ds: xr.Dataset) -> list[tuple[str, str, xr.DataArray, tuple[float, float] | None, bool]]:
@@ -126,8 +128,8 @@ def _system(cfg: dict) -> str:
     n, d = cfg.get("n", "?"), cfg.get("d", "?")
     size = f"n = {n} tokens, d = {d}"
     token_norm = cfg.get("token_norm")
-    scheme = f"norm = {cfg.get('norm', '?')}"
-    if cfg.get("norm") in ("pre", "peri") and isinstance(token_norm, dict):
+    scheme = f"scheme = {cfg.get('scheme', '?')}"
+    if cfg.get("scheme") in ("pre", "peri") and isinstance(token_norm, dict):
         scheme += f" ({token_norm.get('kind', '?')} norm)"
     parts = [phrase for part in PARTS.values() for phrase in part.describe(cfg)]
     parts[1:1] = [scheme, size]
@@ -195,7 +197,7 @@ def _caption(ds: xr.Dataset, cfg: dict, panels: list) -> list[str]:
         members = ds.sizes.get("member", cfg.get("members", "?"))
         legend = f"Lines: ensemble means over {members} members; bands: 10–90 % of members."
         if any(uses_eps for *_, uses_eps in panels):
-            eps = _number(cfg.get("eps", "?"))
+            eps = _number(cfg.get("cluster_eps", "?"))
             legend += (
                 r" Clustering threshold: a pair is close when $\cos(x_i, x_j) > 1 - \varepsilon$, "
                 rf"$\varepsilon$ = {eps}."

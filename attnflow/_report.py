@@ -61,6 +61,7 @@ import xarray as xr
 import yaml
 
 from ._cf import CONVENTIONS, dimension_name
+from ._config import current_config, renamed_key
 from ._errors import ConfigError
 from ._figures import colormap, style, styled, subplots
 from ._metric_registry import METRICS, PANELS
@@ -126,7 +127,8 @@ def _override_order(run: Path) -> list[str]:
     keys = []
     for item in typed if isinstance(typed, list) else []:
         if isinstance(item, str) and "=" in item:
-            keys.append(item.split("=", 1)[0].lstrip("+~"))
+            key = item.split("=", 1)[0].lstrip("+~")
+            keys.append(renamed_key(key) or key)  # a run of an attnflow before the key was renamed
     return keys
 
 
@@ -262,7 +264,7 @@ def _read(folder: Path) -> list[_Run]:
             text = None
         try:
             # (a config too large, or an alias bomb: read_config's own sentence)
-            config = read_config(path, text) if text is not None else None
+            config = current_config(read_config(path, text)) if text is not None else None
         except yaml.YAMLError:  # its config is not plain YAML
             text = None
         if text is None:
@@ -473,7 +475,8 @@ def _failed_jobs(folder: Path) -> list[tuple[str, dict[str, Any], str]]:
             typed = read_config(record)
             for item in typed if isinstance(typed, list) else []:
                 key, _, value = str(item).partition("=")
-                overrides[key.lstrip("+~")] = read_config(record, value)
+                key = key.lstrip("+~")
+                overrides[renamed_key(key) or key] = read_config(record, value)
         except (OSError, yaml.YAMLError, ConfigError):
             overrides = {}
         try:

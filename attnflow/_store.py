@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ._config import current_config
 from ._errors import ConfigError, StorageError
 
 _PARTIAL: set[Path] = set()
@@ -284,11 +285,26 @@ def write_results(results, path: str | os.PathLike) -> Path:
 
 
 def load_results(path: str | os.PathLike):
-    """Read a `results.nc` written by attnflow (its config is `ds.attrs['config']`)."""
+    """Read a `results.nc` written by attnflow (its config is `ds.attrs['config']`). The
+    config of a file written before keys were renamed (and its panels' configs,
+    `panel_configs`) is given with the new names (`attnflow._config.current_config`);
+    the other attributes and the variables are as stored."""
     import xarray as xr  # lazy: start-up (xarray and pandas, when a file is read or written)
 
     with xr.open_dataset(path, engine="netcdf4") as ds:
-        return ds.load()
+        ds = ds.load()
+    for name in ("config", "panel_configs"):
+        text = ds.attrs.get(name)
+        try:
+            stored = read_config(path, text) if isinstance(text, str) else None
+        except (yaml.YAMLError, ConfigError):  # not attnflow's: given as it is
+            continue
+        if not isinstance(stored, dict):
+            continue
+        current = current_config(stored) if name == "config" else {k: current_config(v) for k, v in stored.items()}
+        if current != stored:
+            ds.attrs[name] = yaml.safe_dump(current, sort_keys=True)
+    return ds
 
 
 _RUN_ADVICE = "remove it, choose another hydra.run.dir, or set overwrite=true to replace it"
@@ -383,7 +399,8 @@ class PieceStore:
         self.folder = Path(folder)
         self.damaged: list[Path] = []
         marker = self.folder / "plan.txt"
-        if self.folder.is_dir() and _text(marker) != identity:
+        planned = _text(marker)
+        if self.folder.is_dir() and planned != identity and not _renamed_only(planned, identity, marker):
             foreign = _foreign(self.folder, _planned(identity))
             if foreign is not None and not discard:
                 raise ConfigError(
@@ -394,7 +411,7 @@ class PieceStore:
         _make_folder(self.folder)
         for stale in self.folder.glob(f"*{_TMP_SUFFIX}"):
             _remove(stale)  # a killed writer's leftovers
-        if not marker.exists():
+        if _text(marker) != identity:  # none yet, or this run's plan under the keys' old names
             write_atomically(marker, lambda tmp: tmp.write_text(identity))
 
     def _path(self, index: int) -> Path:
@@ -474,9 +491,36 @@ def _text(path: Path) -> str | None:
         return None
 
 
+def _renamed_only(planned: str | None, identity: str, source: str | os.PathLike) -> bool:
+    """Whether a pieces folder's plan (`planned`, its `plan.txt`) is `identity` but for
+    the names of keys renamed since (a run of an attnflow before them): its pieces are
+    this run's."""
+    try:
+        there = read_config(source, planned) if planned is not None else None
+    except (yaml.YAMLError, ConfigError):
+        return False
+    return isinstance(there, dict) and current_config(there) == read_config(source, identity)
+
+
+def _current_identity(identity: str, source: str | os.PathLike) -> str:
+    """A stored identity (`attnflow._study.run_identity`: the config's YAML, then the
+    line of its code digest) with the keys renamed since under their new names, as this
+    attnflow writes it; the text itself when nothing was renamed (or it is not YAML)."""
+    try:
+        stored = read_config(source, identity)
+    except (yaml.YAMLError, ConfigError):
+        return identity
+    current = current_config(stored)
+    if current == stored or not isinstance(current, dict):
+        return identity
+    digest = current.pop("code_digest", None)
+    return yaml.safe_dump(current, sort_keys=True) + (f"code_digest: {digest}\n" if digest is not None else "")
+
+
 def _planned(identity: str | None, source: str | os.PathLike = "plan.txt") -> dict | None:
     """The config of a pieces folder's plan (its `plan.txt`, `source`: the config's YAML
-    and the line `pieces: N of M`), None when it names none (or is not attnflow's)."""
+    and the line `pieces: N of M`), with the keys renamed since under their new names;
+    None when it names none (or is not attnflow's)."""
     try:
         plan = read_config(source, identity) if identity is not None else None
     except (yaml.YAMLError, ConfigError):
@@ -484,7 +528,7 @@ def _planned(identity: str | None, source: str | os.PathLike = "plan.txt") -> di
     if not isinstance(plan, dict):
         return None
     plan.pop("pieces", None)
-    return plan
+    return current_config(plan)
 
 
 def _foreign(folder: Path, config: dict | None) -> str | None:
@@ -592,7 +636,8 @@ class RunDirectory:
 
     def finished_config(self, overwrite: bool) -> str | None:
         """The identity (config, and code digest) stored by a finished run here, or None
-        when there is none (or it will be overwritten). A `results.nc` that is a folder is refused, and so is an
+        when there is none (or it will be overwritten), with the keys renamed since under
+        their new names. A `results.nc` that is a folder is refused, and so is an
         unreadable one unless `overwrite`."""
         path = self.results_path
         if path.is_dir():
@@ -601,10 +646,10 @@ class RunDirectory:
             return None
         if overwrite:
             try:
-                return stored_config(path, identity=True)
+                return _current_identity(stored_config(path, identity=True), path)
             except ConfigError:
                 return None
-        return stored_config(path, identity=True)
+        return _current_identity(stored_config(path, identity=True), path)
 
     def claim_pieces(self, configs: Mapping[str, str], overwrite: bool) -> str | None:
         """Check that the finished pieces here belong to this run, whose pieces folders

@@ -325,7 +325,7 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
     if cfg.time_change.speed is not None:
         attrs["time_axis"] = time_axis(cfg.time_change.speed)
     notes = list(study.notes)
-    if cfg.dynamics == "sinkhorn" and "marginal_error" in result.stats:
+    if cfg.attention_kind == "sinkhorn" and "marginal_error" in result.stats:
         # The fixed iteration count's achieved column error, against the tolerance asked
         # for, in every Sinkhorn run (recorded whether or not the config keeps it).
         errors = np.asarray(result.stats["marginal_error"], np.float64)
@@ -346,7 +346,8 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
 def _title(cfg: Config) -> str:
     """What a study is, in one line (the `title` of its results file)."""
     return (
-        f"attnflow study: {cfg.dynamics.value.upper()} dynamics, norm={cfg.norm.value}, n={cfg.n}, d={cfg.d}, "
+        f"attnflow study: {cfg.attention_kind.value.upper()} dynamics, scheme={cfg.scheme.value}, "
+        f"n={cfg.n}, d={cfg.d}, "
         f"{cfg.members} members, {cfg.solver.value} dt={cfg.dt:g}"
     )
 

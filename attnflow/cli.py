@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import cast
 
 import hydra
+import yaml
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -54,10 +55,26 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import _help
-from ._config import config_source, explain, register_schema, typed_job_config
+from ._config import (
+    config_source,
+    explain,
+    refuse_renamed,
+    register_schema,
+    renamed_error,
+    renamed_key,
+    typed_job_config,
+)
 from ._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError
 from ._progress import Progress, end_all, status
-from ._store import RunDirectory, discard_partial_files, finished_pieces, load_results, stored_config, write_results
+from ._store import (
+    RunDirectory,
+    discard_partial_files,
+    finished_pieces,
+    load_results,
+    read_config,
+    stored_config,
+    write_results,
+)
 from .diffeqformer._command import main as train_main
 
 _FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job (of the sweep, once it ends)
@@ -409,7 +426,7 @@ def _write_record(folder, cfg, hydra_cfg) -> None:
 
 def _title(cfg) -> str:
     return (
-        f"{cfg.dynamics.value.upper()} on norm={cfg.norm}, n={cfg.n}, d={cfg.d}, "
+        f"{cfg.attention_kind.value.upper()} on scheme={cfg.scheme}, n={cfg.n}, d={cfg.d}, "
         f"{cfg.members} members, {cfg.solver} dt={cfg.dt}"
     )
 
@@ -442,7 +459,9 @@ def _check_command_line(arguments: list[str]) -> None:
     """Refuse, before Hydra composes anything, what composing would get wrong: a config
     group option that is not a name (a path loads any YAML file on the machine, and Hydra
     runs the callbacks that file names), a key given twice (Hydra would keep the last),
-    and a sweep too large to list. Raises `ConfigError` (or Hydra's parse error)."""
+    a key renamed (`RENAMED`: set, added, deleted or swept, or in the experiment YAML of
+    the user's config folder) and a sweep too large to list. Raises `ConfigError` (or
+    Hydra's parse error)."""
     parsed = get_args_parser().parse_args(arguments)
     given, config_dir = parsed.overrides, parsed.config_dir
     bare = next((arg for arg in given if "=" not in arg and not arg.startswith("~")), None)
@@ -453,9 +472,17 @@ def _check_command_line(arguments: list[str]) -> None:
             f"({', '.join(_USAGE)}, help), got {bare!r}; `attnflow --help` lists them."
         )
     overrides = OverridesParser.create().parse_overrides(given)
+    experiment = next((o.value() for o in overrides if o.key_or_group == "experiment"), None)
     seen: dict[tuple, str | None] = {}
     sizes = []
     for override in overrides:
+        new = renamed_key(override.key_or_group, experiment if isinstance(experiment, str) else None)
+        if new is not None:
+            # Hydra would say only that the key is not in the config.
+            line = override.input_line or ""
+            _, equals, value = line.partition("=")
+            prefix = "~" if override.is_delete() else "++" if line.startswith("++") else ""
+            raise renamed_error(override.key_or_group, new, f"{prefix}{new}{equals}{value}")
         key = (override.key_or_group, override.package)
         if key in seen:
             raise ConfigError(
@@ -468,6 +495,8 @@ def _check_command_line(arguments: list[str]) -> None:
         if override.key_or_group in _GROUPS or "/" in override.key_or_group:
             _check_group_options(override.key_or_group, override.value(), config_dir)
         sizes.append(_sweep_size(override, config_dir))
+    if config_dir is not None and isinstance(experiment, str):  # a name, checked above
+        _check_own_experiment(Path(config_dir) / "experiment" / f"{experiment}.yaml")
     jobs = math.prod(sizes)
     if jobs > _MOST_JOBS:
         swept = " x ".join(str(size) for size in sizes if size != 1)
@@ -476,6 +505,18 @@ def _check_command_line(arguments: list[str]) -> None:
             "lists and composes every job before the first one starts: split it, or give beta as a "
             "list (one run computes every beta)."
         )
+
+
+def _check_own_experiment(path: Path) -> None:
+    """Refuse a renamed key (`RENAMED`) in the YAML file of an experiment of the user's
+    own, naming the file (Hydra would say only that a key is not in the config). A file
+    that cannot be read is left to Hydra."""
+    try:
+        given = read_config(path) if path.is_file() else None
+    except (OSError, ValueError, yaml.YAMLError):
+        return
+    if isinstance(given, dict):
+        refuse_renamed(given, str(path))
 
 
 def _check_group_options(group: str, value, config_dir: str | None = None) -> None:
@@ -664,7 +705,6 @@ def _user_experiment(ds, config_dir: str | None):
         return None
     if config_dir is None:
         return None  # the runner refuses it in one sentence, naming --config-dir
-    from ._store import read_config  # lazy: start-up
     from .experiments import experiment_class  # lazy: start-up
 
     path = Path(config_dir) / "experiment" / f"{name}.yaml"

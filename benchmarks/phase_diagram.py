@@ -99,7 +99,7 @@ def phase_config(d: int, members: int, n: int = 32, dt: float = 0.1, t1: float =
 
     cfg = af.validate_config(
         dict(n=n, d=d, members=members, t1=t1, dt=dt, solver=solver, metrics=["pair_density"],
-             eps=eps, saves=round(t1 / dt) + 1, dtype="float32", beta=1.0, compilation_cache=False)
+             cluster_eps=eps, saves=round(t1 / dt) + 1, dtype="float32", beta=1.0, compilation_cache=False)
     )
     prepare_jax(cfg)
     return cfg

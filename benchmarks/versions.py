@@ -39,16 +39,18 @@ from machine import describe
 HERE = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
-import json, sys, time
+import dataclasses, json, sys, time
 import jax, jax.numpy as jnp
 import attnflow as af
 from attnflow._study import prepare_jax
 
 d, members, repeats = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 t1, dt = 30.0, 0.1
+# the clustering threshold's key, whichever version this is (eps before attnflow 0.2.0)
+threshold = "cluster_eps" if "cluster_eps" in {f.name for f in dataclasses.fields(af.Config)} else "eps"
 cfg = af.validate_config(dict(n=32, d=d, members=members, t1=t1, dt=dt, solver="euler_renorm",
-                              metrics=["pair_density"], eps=1e-2, saves=round(t1 / dt) + 1, dtype="float32",
-                              beta=1.0, compilation_cache=False))
+                              metrics=["pair_density"], saves=round(t1 / dt) + 1, dtype="float32",
+                              beta=1.0, compilation_cache=False, **{threshold: 1e-2}))
 prepare_jax(cfg)
 system = af.build_system(cfg)
 keys = jax.random.split(jax.random.key(0), members)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import xarray as xr
 
-from .._config import _default_config
+from .._config import _default_config, current_config
 from .._errors import ConfigError
 from .._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
 from .._progress import Progress
@@ -21,11 +21,12 @@ from .._store import read_config
 
 def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:
     """The stored config of an experiment (or of one of its panels) as a mapping, read
-    with bounded work (`read_config`: one that is not attnflow's raises `ConfigError`)."""
+    with bounded work (`read_config`: one that is not attnflow's raises `ConfigError`),
+    with the keys renamed since under their new names (`current_config`)."""
     source = ds.encoding.get("source", "this Dataset")
     if panel is None:
-        return read_config(source, ds.attrs["config"])
-    return read_config(source, ds.attrs["panel_configs"])[panel]
+        return current_config(read_config(source, ds.attrs["config"]))
+    return current_config(read_config(source, ds.attrs["panel_configs"])[panel])
 
 
 def stack_panels(

@@ -78,7 +78,7 @@ def summarize(cfg, eps: float, results: dict[str, xr.Dataset], panel: str, label
         failed.append((ds["status"] != 0).sum("member"))
     density = xr.concat(densities, dim=panel).assign_coords({panel: labels})
     density = density.assign_attrs(
-        description=f"mean over members of the fraction of token pairs with <x_i, x_j> > 1 - {cfg.eps:g}"
+        description=f"mean over members of the fraction of token pairs with <x_i, x_j> > 1 - {cfg.cluster_eps:g}"
     )
     out = xr.Dataset(
         {
@@ -151,6 +151,6 @@ def heatmaps(ds: xr.Dataset, panel: str, titles: list[str], figure_width: float 
     fig.legend(*axes.flat[0].get_legend_handles_labels(), loc="outside upper right", frameon=False)
     assert image is not None  # count >= 1: the first panel drew it
     bar = fig.colorbar(image, ax=axes, shrink=0.9, pad=0.01)
-    eps = config_of(ds)["eps"]
+    eps = config_of(ds)["cluster_eps"]
     bar.set_label(rf"mean pair density $P(\langle x_i, x_j\rangle > 1 - {eps:g})$")
     return fig

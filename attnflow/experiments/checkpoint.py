@@ -17,7 +17,7 @@ installed model name) and its tokenizer, and runs the sentence through:
 
 For every source (the model, each run, the theory) and layer it stores the normalized
 interaction energy (`energy`, the off-sphere form), the pair-cosine histogram
-(`pair_cosines`), the cluster count at threshold `eps` (`clusters`), and the cosine
+(`pair_cosines`), the cluster count at threshold `cluster_eps` (`clusters`), and the cosine
 distance of every token to the model's (`cosine_distance`); the attention matrices of
 every head, of the model and of the finest run (`attention`, along `layer`: layer l
 (0-based) at the states of depth l that enter it). The tokens' text is the coordinate
@@ -281,7 +281,7 @@ class Checkpoint(Experiment):
 
         sources = ["model"] + runs
         every = jnp.concatenate([hidden[None], simulated])
-        energy, hist, clusters, edges = _layer_metrics(every, options.bins, float(cfg.eps))
+        energy, hist, clusters, edges = _layer_metrics(every, options.bins, float(cfg.cluster_eps))
         cos = jnp.sum(_unit(every) * _unit(hidden)[None], axis=-1)
         error = jnp.linalg.norm(simulated - hidden[None], axis=(-2, -1)) / jnp.linalg.norm(hidden, axis=(-2, -1))[None]
         finest = [r for r in runs if r != "theory"][-1]
@@ -400,7 +400,9 @@ class Checkpoint(Experiment):
         axes[2].set_yscale("log")
         zero = f"\n({', '.join(exact)}: exactly 0 at every layer, not drawn)" if exact else ""
         axes[0].set(xlabel="layer (depth t)", ylabel="normalized energy", title="interaction energy")
-        axes[1].set(xlabel="layer (depth t)", ylabel="clusters", title=rf"cluster count ($\varepsilon$ = {cfg['eps']})")
+        axes[1].set(
+            xlabel="layer (depth t)", ylabel="clusters", title=rf"cluster count ($\varepsilon$ = {cfg['cluster_eps']})"
+        )
         axes[2].set(
             xlabel="layer (depth t)",
             ylabel=r"$|x_\mathrm{sim} - x_\mathrm{model}| \,/\, |x_\mathrm{model}|$",

@@ -85,12 +85,12 @@ class Circle(Experiment):
         states: xr.DataArray = xr.concat([ds["x"].isel(beta=b, member=m) for b, m in enumerate(shown)], dim="beta")  # pyright: ignore[reportAssignmentType]  # DataArrays in, one out (isel reads as Unknown)
         angles = np.arctan2(states.values[..., 1], states.values[..., 0])
         final_states = jnp.asarray(states.values[:, -1])
-        labels = np.asarray(jax.vmap(lambda x: cluster_labels(x, cfg.eps))(final_states))
+        labels = np.asarray(jax.vmap(lambda x: cluster_labels(x, cfg.cluster_eps))(final_states))
         # Number the clusters 0, 1, ... in order of their first token.
         labels = np.stack([np.unique(row, return_inverse=True)[1].reshape(-1) for row in labels])
         out = xr.Dataset(coords={"beta": ds["beta"], "time": ds["time"], "member": ds["member"]})
         out["clusters"] = clusters.astype(np.int16).assign_attrs(
-            description=f"number of clusters (tokens joined when cos > 1 - {cfg.eps:g}) of every member"
+            description=f"number of clusters (tokens joined when cos > 1 - {cfg.cluster_eps:g}) of every member"
         )
         out["final_clusters_median"] = median.assign_attrs(description="median over members of the final cluster count")
         out["shown_member"] = xr.DataArray(
@@ -176,7 +176,8 @@ class Circle(Experiment):
                 f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {ds.sizes['member']} members per $\\beta$. "
                 "Left: the tokens of one typical member (the first whose final count is the median) at the saved "
                 f"times nearest {', '.join(f'{t:g}' for t in wanted)}, coloured by the cluster they end in. Right: "
-                f"clusters (tokens joined when $\\cos > 1 - {cfg['eps']:g}$) over log time. Median count at t = "
+                f"clusters (tokens joined when $\\cos > 1 - {cfg['cluster_eps']:g}$) over log time. Median count "
+                "at t = "
                 f"{times[-1]:g}: {final}."
             ),
             width=150,

@@ -67,7 +67,7 @@ finished run is only read. Then:
    The GPT's attention runs the same way from its own embedding: its layers one after
    the other over $[0, T_c]$ (each in force for $T_c/L$, the core's `depth_flow`), or
    its layer $\lfloor$ `frozen_at` $L\rfloor$ for all time.
-   Stored: the cluster count ($\cos > 1 - $ `eps`), the mean pair cosine and the
+   Stored: the cluster count ($\cos > 1 - $ `cluster_eps`), the mean pair cosine and the
    normalized energy over log-spaced times, and the size of the effective weights
    $\|Q(\tau)\|_F, \dots$ across depth (the paper's fig. 2e).
 
@@ -105,7 +105,7 @@ from ..checkpoints.spectra import head_spectra
 from ..diffeqformer._data import load_corpus
 from ..diffeqformer._model import populate
 from ..diffeqformer._store import diffeqformer_config, load_diffeqformer, tokenizer_text
-from ._common import caption, colormap, figure, subplots
+from ._common import caption, colormap, config_of, figure, subplots
 from ._experiment import Counter, Experiment, Keeper
 from ._text import FONT, highlight, layout, scaled, shown, write_text
 from ._trained import check_train_overrides, read_metrics, run_record, trained_run
@@ -734,7 +734,7 @@ def _tables(ds: xr.Dataset, folder: Path) -> list[Path]:
     lines += [
         "",
         (
-            f"Attention-only dynamics (clusters at cos > 1 - {ds.attrs['eps']:g}) of the sentence's "
+            f"Attention-only dynamics (clusters at cos > 1 - {config_of(ds)['cluster_eps']:g}) of the sentence's "
             f"{ds.sizes['token']} tokens, at t = T_c = {ds.attrs['cluster_horizon']:g}; the DiffEqFormer's "
             "weights at tau = t T / T_c or frozen at tau = frozen_at T, the GPT's layers one after the other "
             "or its middle layer for all time:"
@@ -1056,7 +1056,7 @@ def _draw_clustering(ds: xr.Dataset) -> Figure:
             xscale="log",
             xlabel="t",
             ylabel="clusters",
-            title=f"(a) {LABELS[model]}: cluster count ($\\cos > 1 - {ds.attrs['eps']:g}$)",
+            title=f"(a) {LABELS[model]}: cluster count ($\\cos > 1 - {config_of(ds)['cluster_eps']:g}$)",
         )
         axes[row, 1].set(
             xscale="log",
@@ -1165,8 +1165,10 @@ class DiffEqFormerVsGPT(Experiment):
         at = options.frozen_at
         if not 0 <= at <= 1:
             raise ConfigError(f"experiment.options.frozen_at must be a share of the horizon in [0, 1], got {at!r}.")
-        if not 0 < self.cfg.eps < 2:
-            raise ConfigError(f"eps must be in (0, 2) (clusters: cos > 1 - eps), got {self.cfg.eps}.")
+        if not 0 < self.cfg.cluster_eps < 2:
+            raise ConfigError(
+                f"cluster_eps must be in (0, 2) (clusters: cos > 1 - cluster_eps), got {self.cfg.cluster_eps}."
+            )
         model = Path(options.out) / "diffeqformer" / "model"
         if model.is_dir():  # a sentence longer than the context stops here when the model is there already
             _sentence_ids(model, sentence)
@@ -1233,7 +1235,7 @@ class DiffEqFormerVsGPT(Experiment):
             stage("clustering under the attention, trained and untrained")
             theory = both(
                 lambda m, g: _theory(
-                    m, g, ids, float(options.cluster_horizon), float(options.frozen_at), float(cfg.eps)
+                    m, g, ids, float(options.cluster_horizon), float(options.frozen_at), float(cfg.cluster_eps)
                 )
             )
             bar.advance()
@@ -1262,7 +1264,6 @@ class DiffEqFormerVsGPT(Experiment):
             spectra_steps=int(options.spectra_steps),
             cluster_horizon=float(options.cluster_horizon),
             frozen_at=float(options.frozen_at),
-            eps=float(cfg.eps),
             sequences=int(training.attrs.get("sequences", 0)),
             context=int(training.attrs.get("context", 0)),
             corpus=str(records["diffeqformer"]["config"]["corpus"]),

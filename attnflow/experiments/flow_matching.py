@@ -332,7 +332,7 @@ class FlowMatching(Experiment):
             common = int(np.bincount(counts.astype(int)).argmax())
             clustered = (
                 f" At t = {t1:g}, {int((counts == common).sum())} of {held_out} held-out members have "
-                f"{common} cluster{'s' if common != 1 else ''} ($\\cos > 1 - {cfg['eps']:g}$)."
+                f"{common} cluster{'s' if common != 1 else ''} ($\\cos > 1 - {cfg['cluster_eps']:g}$)."
             )
         caption(
             fig,

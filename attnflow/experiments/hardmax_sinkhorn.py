@@ -2,8 +2,8 @@
 
 The same random initial tokens on the circle (the same seed: every panel draws the same
 members) follow Q = K = V = I attention four ways: softmax at each beta of the config,
-Sinkhorn attention at the same betas (`dynamics: sinkhorn`, Sinkformers), hardmax
-(`dynamics: hardmax`, the beta -> infinity limit) and hardmax without self-attention.
+Sinkhorn attention at the same betas (`attention_kind: sinkhorn`, Sinkformers), hardmax
+(`attention_kind: hardmax`, the beta -> infinity limit) and hardmax without self-attention.
 `analyse` counts the clusters at t1 and histograms the cosines of all pairs i < j at t1.
 
 With Q = K = I on the sphere every token is its own maximiser ($\\langle x_i, x_i\\rangle =
@@ -149,14 +149,14 @@ class HardmaxSinkhorn(Experiment):
 
     def check(self) -> None:
         cfg, options = self.cfg, self.options
-        if cfg.dynamics != "sa":
+        if cfg.attention_kind != "sa":
             raise ConfigError(
-                f"experiment hardmax_sinkhorn sets the dynamics of each panel itself: leave dynamics=sa, "
-                f"got {cfg.dynamics}."
+                f"experiment hardmax_sinkhorn sets the dynamics of each panel itself: leave attention_kind=sa, "
+                f"got {cfg.attention_kind}."
             )
-        if cfg.norm != "sphere" or not cfg.save_states:
+        if cfg.scheme != "sphere" or not cfg.save_states:
             raise ConfigError(
-                "experiment hardmax_sinkhorn needs norm=sphere and save_states=true (the pair cosines at t1)."
+                "experiment hardmax_sinkhorn needs scheme=sphere and save_states=true (the pair cosines at t1)."
             )
         for key, value, low in (
             ("bins", options.bins, 2),
@@ -183,14 +183,14 @@ class HardmaxSinkhorn(Experiment):
         softmax = {key: value for key, value in base.items() if key not in ("sinkhorn", "hardmax")}
         sinkhorn = copy.deepcopy(softmax)
         sinkhorn.update(
-            dynamics="sinkhorn",
+            attention_kind="sinkhorn",
             sinkhorn=copy.deepcopy(base["sinkhorn"]),
             metrics=list(base["metrics"]) + ["marginal_error"],
         )
         out = {"softmax": softmax, "sinkhorn": sinkhorn}
         for label, own in (("hardmax", True), ("hardmax_no_self", False)):
             hard = copy.deepcopy(softmax)
-            hard.update(dynamics="hardmax", beta=1.0, hardmax={**base["hardmax"], "self_attention": own})
+            hard.update(attention_kind="hardmax", beta=1.0, hardmax={**base["hardmax"], "self_attention": own})
             out[label] = hard
         return out
 
@@ -225,7 +225,7 @@ class HardmaxSinkhorn(Experiment):
         out["final_clusters"] = xr.DataArray(
             np.stack(finals).astype(np.int32),
             dims=("case", "member"),
-            attrs={"description": f"clusters (cos > 1 - {cfg.eps:g}) of every member at t = {cfg.t1:g}"},
+            attrs={"description": f"clusters (cos > 1 - {cfg.cluster_eps:g}) of every member at t = {cfg.t1:g}"},
         )
         out["initial_clusters"] = xr.DataArray(
             np.stack(initials).astype(np.int32),

@@ -48,8 +48,8 @@ the config has them (NaN otherwise); the share of members at consensus per beta.
 
 All of it is one compiled program: a `jax.vmap` of `lyapunov_spectrum` over a piece of
 (beta, member) pairs, beta being data, called once per piece (`chunk_size` pairs at
-most). Every config key that builds the system (weights, heads, init, norm, dynamics,
-MLP, dtype, solver, seed, members) is honoured through `build_system`; the output keys
+most). Every config key that builds the system (weights, heads, init, scheme,
+attention_kind, MLP, dtype, solver, seed, members) is honoured through `build_system`; the output keys
 of a study (saves, metrics, save_states, ...) do not apply and are refused.
 """
 
@@ -83,7 +83,7 @@ class Options:
 
 
 # Study keys about a study's saved output: they mean nothing to a spectrum.
-_OUTPUT_KEYS = ("saves", "save_spacing", "exact_times", "save_states", "metrics", "eps", "rank_rtol")
+_OUTPUT_KEYS = ("saves", "save_spacing", "exact_times", "save_states", "metrics", "cluster_eps", "rank_rtol")
 
 
 def study_config(cfg: Config) -> Study:
@@ -120,7 +120,7 @@ def consensus_rate(cfg: Config, beta: float) -> float | None:
         return spec.kind == "identity" and not spec.switch_times and not spec.factors and spec.poly is None
 
     if not (
-        cfg.norm == "sphere"
+        cfg.scheme == "sphere"
         and cfg.attention
         and not cfg.mlp.enabled
         and not cfg.causal
@@ -131,7 +131,7 @@ def consensus_rate(cfg: Config, beta: float) -> float | None:
         and cfg.d_v in (None, cfg.d)
     ):
         return None
-    uniform = 1.0 if cfg.dynamics.value == "sa" else math.exp(beta * w.q.scale * w.k.scale)
+    uniform = 1.0 if cfg.attention_kind.value == "sa" else math.exp(beta * w.q.scale * w.k.scale)
     return cfg.heads * w.v.scale * uniform
 
 
@@ -144,7 +144,7 @@ def rotation_equivariant(cfg: Config) -> bool:
     return (
         cfg.attention
         and not cfg.mlp.enabled
-        and cfg.norm in ("sphere", "none")
+        and cfg.scheme in ("sphere", "none")
         and w.o.kind == "none"
         and all(getattr(w, m).kind == "identity" for m in "qkv")
         and cfg.d_k in (None, cfg.d)
@@ -165,7 +165,7 @@ def consensus_spectrum(cfg: Config, beta: float, k: int) -> np.ndarray:
 def transverse_count(cfg: Config, k: int) -> int:
     """How many transverse exponents are kept: k, at most the n(d - 1) tangent directions
     (n d in R^d) less the d(d - 1)/2 rotations."""
-    dimension = cfg.n * (cfg.d - 1) if cfg.norm == "sphere" else cfg.n * cfg.d
+    dimension = cfg.n * (cfg.d - 1) if cfg.scheme == "sphere" else cfg.n * cfg.d
     return min(k, dimension - cfg.d * (cfg.d - 1) // 2)
 
 
@@ -441,14 +441,14 @@ def _caption(ds, cfg, drawn) -> str:
     weights = cfg["weights"]
     plain = all(weights[m]["kind"] == "identity" for m in "qkv") and weights["o"]["kind"] == "none"
     system = (
-        f"{cfg['dynamics'].upper()} attention, Q = K = V = I"
+        f"{cfg['attention_kind'].upper()} attention, Q = K = V = I"
         if plain
-        else f"{cfg['dynamics'].upper()} attention, weights q={weights['q']['kind']}, k={weights['k']['kind']}, "
+        else f"{cfg['attention_kind'].upper()} attention, weights q={weights['q']['kind']}, k={weights['k']['kind']}, "
         f"v={weights['v']['kind']}"
     )
     extra = " with an MLP" if cfg["mlp"]["enabled"] else ""
     text = (
-        f"{system}{extra}, norm={cfg['norm']}, n = {cfg['n']}, d = {cfg['d']}, {ds.sizes['member']} members "
+        f"{system}{extra}, scheme={cfg['scheme']}, n = {cfg['n']}, d = {cfg['d']}, {ds.sizes['member']} members "
         f"per $\\beta$ ({cfg['init']['kind']} initial tokens, the same for every $\\beta$), {cfg['solver']} with "
         f"dt = {cfg['dt']:g} on [{cfg['t0']:g}, {cfg['t1']:g}]; the {ds.sizes['exponent']} leading finite-time "
         f"exponents by the QR method, tangent to the sphere where the tokens live on it. "

@@ -224,7 +224,8 @@ class ManyHeads(Experiment):
                 f"phase_diagram_random), averaged with 1/H; softmax attention on $S^{{{cfg['d'] - 1}}}$, n = "
                 f"{cfg['n']} tokens uniform at t = 0, $\\beta$ = {cfg['beta']}, {cfg['members']} members per (law, H), "
                 f"each with its own heads, {cfg['solver']} with dt = {cfg['dt']} to t = {cfg['t1']:g} in "
-                f"{cfg['dtype']}. A cluster: $\\langle x_i, x_j\\rangle > 1 - {cfg['eps']:g}$, connected. Metastable "
+                f"{cfg['dtype']}. A cluster: $\\langle x_i, x_j\\rangle > 1 - {cfg['cluster_eps']:g}$, connected. "
+                "Metastable "
                 "count: the count of the longest plateau of the cluster count in log time below n (the count at t = "
                 f"{cfg['t1']:g} where none holds)."
             ),

@@ -70,7 +70,6 @@ from .._config import defaults, to_container
 from .._errors import ConfigError
 from .._metrics import cluster_labels
 from .._progress import Progress
-from .._store import read_config
 from ..analysis.plateaus import detect_metastability
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
@@ -104,7 +103,7 @@ class Options:
             "n": 5,
             "d": 2,
             "beta": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0],
-            "dynamics": "usa",
+            "attention_kind": "usa",
             "init": {"kind": "given", "value": [[float(np.cos(a)), float(np.sin(a))] for a in published_angles()]},
             "members": 1,
             "dtype": "float64",
@@ -115,7 +114,7 @@ class Options:
             "saves": 2001,
             "save_states": True,
             "metrics": ["log_energy", "clusters", "cluster_sizes"],
-            "eps": 1.0e-8,
+            "cluster_eps": 1.0e-8,
         }
     )
     sphere_detector: Detector = field(default_factory=Detector)  # lengths in decades of t
@@ -172,8 +171,8 @@ def _plain_attention(config: Mapping) -> bool:
     return (
         identity
         and config["weights"]["o"]["kind"] == "none"
-        and config["dynamics"] == "sa"
-        and config["norm"] == "sphere"
+        and config["attention_kind"] == "sa"
+        and config["scheme"] == "sphere"
         and config["attention"]
         and not config["mlp"]["enabled"]
         and not config["causal"]
@@ -190,7 +189,7 @@ def _predictions(res: xr.Dataset, found: xr.Dataset, config: Mapping) -> np.ndar
     if "x" not in res or not _plain_attention(config):
         return out
     t, t0 = res["time"].values, float(config["t0"])
-    beta, eps = float(config["beta"]), float(config["eps"])
+    beta, eps = float(config["beta"]), float(config["cluster_eps"])
     clusters = res["clusters"].values
     with Progress("two-cluster predictions", members, unit="members") as bar:
         for m in range(members):
@@ -230,7 +229,7 @@ def _labels_before_last_merge(
     times = found["merge_time"].values[member] if "merge" in found.dims else np.array([])
     times = times[np.isfinite(times)]
     k = int(np.flatnonzero(t < times[-1])[-1]) if times.size else t.size - 1
-    return _cluster_labels(x[k], float(config["eps"]))
+    return _cluster_labels(x[k], float(config["cluster_eps"]))
 
 
 def _relative(res: xr.Dataset) -> xr.DataArray:
@@ -251,7 +250,7 @@ def _sphere(res: xr.Dataset, settings: Detector, member: int | None) -> xr.Datas
     """Panel (a): its series over the members and saved times, the detected plateaus and
     merges over log time, `member`'s paths (None: `_representative`) and the two-cluster
     predictions."""
-    config = read_config(res.encoding.get("source", "this Dataset"), res.attrs["config"])
+    config = config_of(res)
     beta, t0 = float(config["beta"]), float(config["t0"])
     res = res.assign(relative_energy=_relative(res))
     found = detect_metastability(
@@ -307,7 +306,7 @@ def _staircase(res: xr.Dataset, settings: Detector) -> xr.Dataset:
     """Panel (b): the normalized energy, cluster count, partition and angles over rescaled
     time for every beta (member 0: the published start is one given state), and the
     plateaus and merges detected on a linear axis; every name starts with `staircase_`."""
-    config = read_config(res.encoding.get("source", "this Dataset"), res.attrs["config"])
+    config = config_of(res)
     res = res.isel(member=0)
     if "beta" not in res.dims:
         res = res.expand_dims("beta")
@@ -451,7 +450,7 @@ class Metastability(Experiment):
         ax = fig.add_subplot(grid[0, 1])
         _series(ax, ds, "clusters", keep, step=True)
         _marks(ax, ds, member, "clusters", t[keep], annotate=True)
-        ax.set_ylabel(f"clusters ($\\langle x_i, x_j \\rangle > 1 - {config['eps']:g}$)")
+        ax.set_ylabel(f"clusters ($\\langle x_i, x_j \\rangle > 1 - {config['cluster_eps']:g}$)")
         ax.set_yscale("log")
         top = int(np.nanmax(np.where(ds["clusters"].values >= 0, ds["clusters"].values, np.nan)))
         ticks = [k for k in (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64, 128) if k <= top]
@@ -624,7 +623,8 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
         f"(b) the published staircase: n = {config['n']} tokens on the circle at the published angles "
         f"({', '.join(f'{np.arctan2(y, x):.4f}' for x, y in init)} rad), the unnormalized field at constant speed "
         f"$\\log \\beta$ in rescaled time $s$, {config['solver']} steps of {config['dt']:g}, tokens within "
-        f"{config['time_change']['collisions']:g} merged, {config['dtype']}, $\\varepsilon$ = {config['eps']:g}; "
+        f"{config['time_change']['collisions']:g} merged, {config['dtype']}, "
+        f"$\\varepsilon$ = {config['cluster_eps']:g}; "
         f"plateaus (shaded bars) are read while the cluster partition holds (tol {ds.attrs['staircase_tol']:g} of the "
         f"range, at least {ds.attrs['staircase_min_length']:g} of $s$). Largest distance of a measured level from its "
         f"partition's level: {worst}."

@@ -1,6 +1,6 @@
 """The noise-driven phase transition of unnormalized attention on the sphere.
 
-Tokens under unnormalized attention (`dynamics=usa`) with Q = K = V = I on
+Tokens under unnormalized attention (`attention_kind=usa`) with Q = K = V = I on
 $S^{d-1}$, plus Brownian noise of strength sigma (`noise.sigma`, the Brownian motion of
 the sphere), from uniform initial tokens. The mean-field (McKean-Vlasov) equation of this
 system keeps the uniform law linearly stable exactly above
@@ -132,10 +132,10 @@ class NoiseTransition(Experiment):
             )
         if not 0 < options.late <= 1:
             raise ConfigError(f"experiment.options.late must be in (0, 1], got {options.late!r}.")
-        if cfg.dynamics != "usa" or cfg.norm != "sphere" or cfg.mlp.enabled or not cfg.attention:
+        if cfg.attention_kind != "usa" or cfg.scheme != "sphere" or cfg.mlp.enabled or not cfg.attention:
             raise ConfigError(
                 "experiment noise_transition is the unnormalized attention of the sphere alone: keep "
-                "dynamics=usa, norm=sphere, attention=true and mlp.enabled=false."
+                "attention_kind=usa, scheme=sphere, attention=true and mlp.enabled=false."
             )
         if any(getattr(cfg.weights, m).kind != "identity" or getattr(cfg.weights, m).scale != 1 for m in "qkv"):
             raise ConfigError(

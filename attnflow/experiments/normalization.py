@@ -2,9 +2,9 @@
 
 Two places for the normalization around softmax self-attention with random weights:
 
-- post-LN (`norm=sphere`): the tokens live on the unit sphere,
+- post-LN (`scheme=sphere`): the tokens live on the unit sphere,
   $\\dot x_i = P^\\perp_{x_i} \\sum_j P_{ij} V x_j$ (the survey's model);
-- pre-LN (`norm=pre`): the residual stream $x_i$ is free and attention reads the
+- pre-LN (`scheme=pre`): the residual stream $x_i$ is free and attention reads the
   normalized tokens, $\\dot x_i = \\sum_j P_{ij}(N(X))\\, V N(x_j)$, with $N$ the RMSNorm
   (or LayerNorm, option `pre_norm`) of gain $d^{-1/2}$, so that $N(x_i) = x_i/|x_i|$: the
   very tokens post-LN would see, with the same $\\beta$.
@@ -187,16 +187,16 @@ class Normalization(Experiment):
             raise ConfigError(
                 "experiment normalization reads the cosines and norms from the states: keep save_states=true."
             )
-        if cfg.norm != "sphere":
+        if cfg.scheme != "sphere":
             raise ConfigError(
-                f"experiment normalization sets the schemes itself (sphere, then pre); keep norm=sphere, "
-                f"got norm={cfg.norm}."
+                f"experiment normalization sets the schemes itself (sphere, then pre); keep scheme=sphere, "
+                f"got scheme={cfg.scheme}."
             )
 
     def panels(self, base: dict) -> dict[str, dict]:
         """Post-LN as configured (on the sphere) and pre-LN with a unit-gain normalization."""
         pre = copy.deepcopy(base)
-        pre["norm"] = "pre"
+        pre["scheme"] = "pre"
         pre["token_norm"].update(kind=str(self.options.pre_norm), eps=0.0, gamma=float(base["d"]) ** -0.5, shift=None)
         return {"post_ln": base, "pre_ln": pre}
 

@@ -70,7 +70,8 @@ class PhaseDiagram(Experiment):
                 f"{members} members per (d, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
                 f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
                 f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - "
-                f"{cfg['eps']:g}$, averaged over members. Dashed: the equiangular model's time to $\\rho$ = 1 - "
+                f"{cfg['cluster_eps']:g}$, averaged over members. Dashed: the equiangular model's time to "
+                "$\\rho$ = 1 - "
                 f"{float(ds['equiangular_time'].attrs['eps']):g} (n = {cfg['n']}, orthogonal start). Mismatch = "
                 f"mean |P - 1{{t >= t_eps}}| over the grid ({mismatch})."
             ),

@@ -129,7 +129,8 @@ class PhaseDiagramRandom(Experiment):
                 f"{cfg['members']} members per (panel, $\\beta$), {beta.size} betas in [{beta[0]:g}, {beta[-1]:g}], "
                 f"{cfg['solver']} (Euler along the unprojected field, then renormalize) with dt = {cfg['dt']} in "
                 f"{cfg['dtype']}. Colour: fraction of token pairs with $\\langle x_i, x_j \\rangle > 1 - "
-                f"{cfg['eps']:g}$, averaged over members. Dashed: the equiangular curve of the Q = K = V = I model (n "
+                f"{cfg['cluster_eps']:g}$, averaged over members. Dashed: the equiangular curve of the Q = K = V = I "
+                "model (n "
                 f"= {cfg['n']}, eps = {float(ds['equiangular_time'].attrs['eps']):g}), for comparison."
             ),
             width=30 * min(len(labels), 4) + 20,

@@ -124,10 +124,10 @@ class Polynomial(Experiment):
 
     def check(self) -> None:
         check_drawn_member("polynomial", self.cfg, self.options, "measures the dispersion on the states", optional=True)
-        if self.cfg.dynamics != "sa":
+        if self.cfg.attention_kind != "sa":
             raise ConfigError(
                 f"experiment polynomial sets the attention itself from experiment.options.normalizer; "
-                f"keep dynamics=sa, got dynamics={self.cfg.dynamics.value}."
+                f"keep attention_kind=sa, got attention_kind={self.cfg.attention_kind.value}."
             )
         if self.cfg.t0 != 0:
             raise ConfigError(f"experiment polynomial runs on [0, T] with T = t1; set t0=0, got t0={self.cfg.t0}.")
@@ -147,7 +147,7 @@ class Polynomial(Experiment):
             for matrix in "qkv":
                 config["weights"][matrix]["poly"] = coefficients(name, base["t1"])
             if self.options.normalizer == "none":
-                config["dynamics"] = "usa"
+                config["attention_kind"] = "usa"
                 config["weights"]["v"]["scale"] = float(config["weights"]["v"]["scale"]) * base["n"]
             configs[name] = config
         return configs

@@ -167,9 +167,10 @@ class Polytope(Experiment):
     def check(self) -> None:
         cfg = self.cfg
         check_drawn_member("polytope", cfg, self.options, "rescales the saved states", optional=True)
-        if cfg.norm != "none":
+        if cfg.scheme != "none":
             raise ConfigError(
-                f"experiment polytope is about dynamics without normalization: keep norm=none, got norm={cfg.norm}."
+                "experiment polytope is about dynamics without normalization: keep scheme=none, "
+                f"got scheme={cfg.scheme}."
             )
         missing = {"attention", "attention_rank"} - set(cfg.metrics)
         if missing:

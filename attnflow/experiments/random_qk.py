@@ -115,7 +115,8 @@ class RandomQK(Experiment):
             part = xr.merge([member_summary(ds[name]) for name in _SERIES])
             final = ds["clusters"].isel(time=-1)
             part["final_clusters"] = final.drop_vars("time").assign_attrs(
-                description=f"number of clusters (cos > 1 - {self.cfg.eps:g}) of every member at t = {self.cfg.t1:g}"
+                description=f"number of clusters (cos > 1 - {self.cfg.cluster_eps:g}) of every member at "
+                f"t = {self.cfg.t1:g}"
             )
             part["one_cluster_fraction"] = xr.DataArray(float((final == 1).mean())).assign_attrs(
                 description="fraction of the members in a single cluster at the final time"
@@ -196,7 +197,7 @@ class RandomQK(Experiment):
                 f"{redraw}), {names[1.0]}{' (and its negative)' if len(signs) > 1 else ''}; {cfg['solver']} with dt = "
                 f"{cfg['dt']}, uniform initial tokens. (a, b) one member's token paths on the principal plane of all "
                 "its states (o start, * end). (c, d) the number of clusters and the fraction of pairs with $\\cos > 1 "
-                f"- {cfg['eps']:g}$. Members in one cluster at t = {t[-1]:g}: {fractions}."
+                f"- {cfg['cluster_eps']:g}$. Members in one cluster at t = {t[-1]:g}: {fractions}."
             ),
             width=130,
         )

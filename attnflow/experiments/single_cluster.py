@@ -79,7 +79,7 @@ class SingleCluster(Experiment):
             (
                 f"Q = K = V = I, softmax attention on $S^{{{cfg['d'] - 1}}}$, n = {cfg['n']}, $\\beta$ = "
                 f"{cfg['beta']}, {cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, uniform initial tokens. "
-                f"{single} of {energy.shape[0]} members end in one cluster ($\\cos > 1 - {cfg['eps']:g}$); the "
+                f"{single} of {energy.shape[0]} members end in one cluster ($\\cos > 1 - {cfg['cluster_eps']:g}$); the "
                 f"smallest energy increment between saved times over all members is {worst:.2e} (monotone energy)."
             ),
         )

@@ -25,7 +25,7 @@ class Given(InitialCondition):
         if value.shape != (cfg.n, cfg.d):
             raise ConfigError(f"init.value must have shape (n={cfg.n}, d={cfg.d}), got {value.shape}.")
         zero = np.flatnonzero(np.linalg.norm(value, axis=-1) == 0)
-        needs_direction = cfg.norm in ("sphere", "pre", "peri") or bool(reading("cosines", cfg.metrics))
+        needs_direction = cfg.scheme in ("sphere", "pre", "peri") or bool(reading("cosines", cfg.metrics))
         if zero.size and needs_direction:
             raise ConfigError(
                 f"init.value row {zero[0]} is zero, which has no direction on the sphere and no "

@@ -1,10 +1,10 @@
 r"""Self-attention as a term of the field (`attention=true`):
 $$\mathrm{SA}(t, X)_i = \sum_h O_h \sum_j \mathrm{softmax}_j(\beta \langle Q_h x_i, K_h x_j\rangle)\, V_h x_j,$$
-or unnormalized (`dynamics=usa`, $1/n$), doubly stochastic (`sinkhorn`) or its
+or unnormalized (`attention_kind=usa`, $1/n$), doubly stochastic (`sinkhorn`) or its
 $\beta \to \infty$ limit (`hardmax`); causal, with ALiBi, over `heads` heads whose
 matrices Q, K, V, O are weight schedules (`weights.*`: the identity, a given matrix,
 random laws redrawn or not, V tied to $\pm Q^\top K$, piecewise factors and a polynomial
-in time). The keys it owns: `dynamics`, `causal`, `alibi`, `heads`, `heads_combine`,
+in time). The keys it owns: `attention_kind`, `causal`, `alibi`, `heads`, `heads_combine`,
 `d_k`, `d_v`, `weights`, `sinkhorn`, `hardmax`.
 """
 
@@ -64,17 +64,17 @@ class Attention(Part):
 
     @classmethod
     def remedies(cls, cfg):
-        return [] if cfg.dynamics == "hardmax" else ["a smaller beta"]
+        return [] if cfg.attention_kind == "hardmax" else ["a smaller beta"]
 
     @classmethod
     def recorded_metrics(cls, cfg):
         # Every Sinkhorn run is held to its sinkhorn.tol by the column error.
-        return ("marginal_error",) if cfg.dynamics == "sinkhorn" else ()
+        return ("marginal_error",) if cfg.attention_kind == "sinkhorn" else ()
 
     @classmethod
     def metric_block(cls, cfg, block):
         # Sinkhorn attention is never tiled, so neither are its metrics.
-        return 0 if cfg.dynamics == "sinkhorn" and block is None else block
+        return 0 if cfg.attention_kind == "sinkhorn" and block is None else block
 
     @classmethod
     def unused(cls, cfg):
@@ -84,7 +84,7 @@ class Attention(Part):
                 (
                     "with attention=false",
                     [
-                        ("dynamics", lambda c: c.dynamics),
+                        ("attention_kind", lambda c: c.attention_kind),
                         ("causal", lambda c: c.causal),
                         ("alibi", lambda c: c.alibi),
                         ("heads", lambda c: c.heads),
@@ -96,10 +96,10 @@ class Attention(Part):
                 )
             )
         for kind, keys in (("sinkhorn", ("iterations", "tol")), ("hardmax", ("ties", "self_attention"))):
-            if cfg.dynamics != kind:
+            if cfg.attention_kind != kind:
                 rules.append(
                     (
-                        f"with dynamics={cfg.dynamics}",
+                        f"with attention_kind={cfg.attention_kind}",
                         [(f"{kind}.{k}", lambda c, kind=kind, k=k: getattr(getattr(c, kind), k)) for k in keys],
                     )
                 )
@@ -149,7 +149,7 @@ class Attention(Part):
             jnp.asarray(beta, dtype),
             alibi,
             heads=heads,
-            kind=cfg.dynamics.value,
+            kind=cfg.attention_kind.value,
             causal=bool(cfg.causal),
             block=cfg.attention_block,
             sinkhorn_iterations=int(cfg.sinkhorn.iterations),
@@ -157,10 +157,10 @@ class Attention(Part):
             hardmax_self=bool(cfg.hardmax.self_attention),
             unit_rows=_unit_rows(cfg),
             combine=cfg.heads_combine.value,
-            scale_free=exact and cfg.dynamics == "usa" and not cfg.mlp.enabled,
+            scale_free=exact and cfg.attention_kind == "usa" and not cfg.mlp.enabled,
             exclude_coincident=exact
-            and cfg.dynamics in ("sa", "usa")
-            and cfg.norm == "sphere"
+            and cfg.attention_kind in ("sa", "usa")
+            and cfg.scheme == "sphere"
             and SOLVERS[cfg.solver.value].projected
             and lib.identity_multiple(v)
             and o is None,
@@ -171,7 +171,7 @@ class Attention(Part):
         dynamics = {"sa": "SA (softmax attention)", "usa": "USA (unnormalized attention, 1/n)"}
         if stored.get("attention") is False:
             return ["attention off"]
-        parts = [f"Dynamics {dynamics.get(stored.get('dynamics'), stored.get('dynamics', '?'))}"]  # pyright: ignore[reportCallIssue, reportArgumentType]  (get of any stored value, None included, is fine)
+        parts = [f"Dynamics {dynamics.get(stored.get('attention_kind'), stored.get('attention_kind', '?'))}"]  # pyright: ignore[reportCallIssue, reportArgumentType]  (get of any stored value, None included, is fine)
         heads, d = stored.get("heads", 1), stored.get("d", "?")
         if heads != 1 or stored.get("d_k") is not None or stored.get("d_v") is not None:
             parts.append(f"{heads} heads, $d_k$ = {stored.get('d_k') or d}, $d_v$ = {stored.get('d_v') or d}")
@@ -234,7 +234,7 @@ def _check_weights(cfg) -> None:
 
 def _check_normalisation(cfg, betas: list[float]) -> None:
     """The settings of sinkhorn and hardmax attention, and what they cannot be combined with."""
-    if cfg.dynamics == "sinkhorn":
+    if cfg.attention_kind == "sinkhorn":
         number("sinkhorn.iterations", cfg.sinkhorn.iterations, minimum=1)
         number("sinkhorn.tol", cfg.sinkhorn.tol, positive=True)
         if cfg.sinkhorn.iterations > _INDEX_LIMIT:
@@ -244,12 +244,12 @@ def _check_normalisation(cfg, betas: list[float]) -> None:
             )
         if cfg.causal:
             raise ConfigError(
-                "dynamics=sinkhorn cannot be causal: a lower-triangular doubly stochastic matrix is the identity."
+                "attention_kind=sinkhorn cannot be causal: a lower-triangular doubly stochastic matrix is the identity."
             )
-    if cfg.dynamics == "hardmax":
+    if cfg.attention_kind == "hardmax":
         number("hardmax.ties", cfg.hardmax.ties, minimum=0)
         if cfg.alibi is not None:
-            raise ConfigError("dynamics=hardmax takes the argmax of <Q x_i, K x_j> alone: alibi does not apply.")
+            raise ConfigError("attention_kind=hardmax takes the argmax of <Q x_i, K x_j> alone: alibi does not apply.")
         if not cfg.hardmax.self_attention and cfg.n < 2:
             raise ConfigError("hardmax.self_attention=false needs n >= 2 tokens (a token needs another to attend to).")
         # beta does not enter the argmax: every beta of a list would solve the same
@@ -257,13 +257,13 @@ def _check_normalisation(cfg, betas: list[float]) -> None:
         reads_beta = reading("beta", cfg.metrics) or any(m.takes_context for m in user_metrics(cfg))
         if len(set(betas)) > 1 and not reads_beta and cfg.time_change.speed != "log_beta":
             raise ConfigError(
-                f"dynamics=hardmax does not read beta, so beta={as_floats(cfg.beta)} would solve one "
+                f"attention_kind=hardmax does not read beta, so beta={as_floats(cfg.beta)} would solve one "
                 f"flow {len(set(betas))} times over; give one beta, or record a metric that reads "
                 f"beta ({names_reading('beta')})."
             )
-    if cfg.dynamics in ("sinkhorn", "hardmax") and cfg.attention_block:
+    if cfg.attention_kind in ("sinkhorn", "hardmax") and cfg.attention_block:
         raise ConfigError(
-            f"dynamics={cfg.dynamics} normalises the whole n x n logits and is not tiled: set "
+            f"attention_kind={cfg.attention_kind} normalises the whole n x n logits and is not tiled: set "
             f"attention_block to null or 0, got {cfg.attention_block}."
         )
 
@@ -289,7 +289,7 @@ def _unit_rows(cfg) -> bool:
     """Whether the attention term sees unit tokens: the states on the sphere (retracted
     after every step; a Runge-Kutta stage is off the sphere by O(dt^2)), or normalized by
     the sphere token norm first."""
-    return cfg.norm == "sphere" or (cfg.norm in ("pre", "peri") and cfg.token_norm.kind == "sphere")
+    return cfg.scheme == "sphere" or (cfg.scheme in ("pre", "peri") and cfg.token_norm.kind == "sphere")
 
 
 def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:

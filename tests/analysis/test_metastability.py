@@ -269,7 +269,7 @@ def test_the_staircase_starts_at_the_published_angles(experiment):
     value = np.array(panel["init"]["value"])
     np.testing.assert_allclose(np.arctan2(value[:, 1], value[:, 0]), angles, rtol=1e-15, atol=1e-17)
     np.testing.assert_allclose(published_angles(), angles, rtol=1e-15)
-    assert panel["beta"] == [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0] and panel["dynamics"] == "usa"
+    assert panel["beta"] == [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0] and panel["attention_kind"] == "usa"
     assert panel["time_change"] == {"speed": "log_beta", "collisions": 1e-3} and panel["dt"] == 1e-5
     np.testing.assert_allclose(experiment["staircase_angles"].values[:, 0], np.tile(angles, (6, 1)), atol=1e-15)
 

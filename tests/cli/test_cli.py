@@ -150,7 +150,7 @@ def test_non_finite_run_fails_and_keeps_what_was_computed_apart(tmp_path):
     # (d) USA at beta = 200 overflows exp in float32: the run is an error, no results.nc
     # is written, and the statistics computed so far go to incomplete.nc.
     out = tmp_path / "run"
-    proc = attnflow("dynamics=usa", "beta=200", "dtype=float32", "n=4", "d=3", "members=2", "t1=0.5", "dt=0.1",
+    proc = attnflow("attention_kind=usa", "beta=200", "dtype=float32", "n=4", "d=3", "members=2", "t1=0.5", "dt=0.1",
                     "saves=6", f"hydra.run.dir={out}", cwd=tmp_path)
     line = assert_one_error_line(proc)
     assert "non-finite" in line and "incomplete.nc" in line, line

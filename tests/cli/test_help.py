@@ -181,10 +181,10 @@ def test_shell_completion_says_how_to_turn_it_on_and_completes_the_choices_of_a_
         return command.out.split()
 
     assert query("attnflow solver=r") == ["solver=ralston", "solver=rk4"]
-    assert query("attnflow n=8 dynamics=") == ["dynamics=sa", "dynamics=usa", "dynamics=sinkhorn", "dynamics=hardmax"]
+    assert query("attnflow n=8 attention_kind=") == ["attention_kind=sa", "attention_kind=usa", "attention_kind=sinkhorn", "attention_kind=hardmax"]
     assert query("attnflow weights.v.kind=t") == ["weights.v.kind=tied"]
     assert query("attnflow causal=") == ["causal=true", "causal=false"]
-    assert query("attnflow norm=", "fish") == ["norm=none", "norm=sphere", "norm=pre", "norm=peri"]
+    assert query("attnflow scheme=", "fish") == ["scheme=none", "scheme=sphere", "scheme=pre", "scheme=peri"]
     assert command.out.count("\n") == 4  # fish: one per line
     # An experiment's options: their names, their choices (a list's element by element).
     line = "attnflow experiment=adaptive_depth "

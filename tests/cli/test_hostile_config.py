@@ -247,7 +247,7 @@ def test_values_of_every_kind_are_checked_and_quoted_non_ascii_text_is_kept():
 def test_a_sweep_too_large_to_list_is_refused_at_once(tmp_path):
     # Hydra would list the 200000 jobs and compose each one's config (a fraction of a
     # second each) before the first starts: hours without a word.
-    proc = subprocess.run([sys.executable, "-m", "attnflow.cli", "-m", *TINY, "seed=range(0,100000)", "eps=0.1,0.2",
+    proc = subprocess.run([sys.executable, "-m", "attnflow.cli", "-m", *TINY, "seed=range(0,100000)", "cluster_eps=0.1,0.2",
                            f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 2, proc.stderr
@@ -258,7 +258,7 @@ def test_a_sweep_too_large_to_list_is_refused_at_once(tmp_path):
 
 def test_a_range_with_step_zero_is_refused(command, tmp_path):
     # Hydra raises a ValueError for whole numbers and counts floats for ever.
-    for sweep in ("seed=range(0,10,0)", "eps=range(0.1,0.5,0)"):
+    for sweep in ("seed=range(0,10,0)", "cluster_eps=range(0.1,0.5,0)"):
         refused(command("-m", *TINY, sweep, f"hydra.sweep.dir={tmp_path / 'sweep'}"),
                 f"{sweep} never ends: a range takes a step other than 0.")
 

@@ -67,7 +67,7 @@ def test_a_brownian_tree_coarser_than_the_step_is_refused_naming_the_least_depth
     assert tree_depth(0.0, 1.0, 1 / 64) == 6
     assert quadratic_variation(6) == pytest.approx(1.0, abs=0.1)
     assert quadratic_variation(1) < 0.3
-    line = refused(command("n=4", "d=3", "members=2", "saves=3", "plot=false", "attention=false", "norm=none",
+    line = refused(command("n=4", "d=3", "members=2", "saves=3", "plot=false", "attention=false", "scheme=none",
                            "noise.sigma=1", "noise.depth=1", "dt=0.015625", "t1=1"),
                    "noise.depth=1", "dt=0.015625", "noise.depth >= 6")
     assert "null" in line
@@ -79,11 +79,11 @@ def test_a_brownian_tree_coarser_than_the_step_is_refused_naming_the_least_depth
 
 
 def test_hardmax_refuses_a_list_of_betas_that_nothing_reads(command):
-    refused(command(*S[:-2], "plot=false", "dynamics=hardmax", "beta=[1,100]", "metrics=[clusters,order_parameter]"),
-            "dynamics=hardmax", "beta=[1.0, 100.0]", "energy or log_energy")
+    refused(command(*S[:-2], "plot=false", "attention_kind=hardmax", "beta=[1,100]", "metrics=[clusters,order_parameter]"),
+            "attention_kind=hardmax", "beta=[1.0, 100.0]", "energy or log_energy")
     # With the energy recorded, beta is read: the betas solve the same flow (equal cluster
     # counts and order parameters, the states never depend on beta) and differ in the energy.
-    ds = af.run({**S_CONFIG, "beta": [1.0, 100.0], "dynamics": "hardmax",
+    ds = af.run({**S_CONFIG, "beta": [1.0, 100.0], "attention_kind": "hardmax",
                  "metrics": ["energy", "clusters", "order_parameter"]})
     np.testing.assert_array_equal(ds["clusters"].sel(beta=1.0), ds["clusters"].sel(beta=100.0))
     np.testing.assert_array_equal(ds["order_parameter"].sel(beta=1.0), ds["order_parameter"].sel(beta=100.0))
@@ -94,7 +94,7 @@ def test_hardmax_refuses_a_list_of_betas_that_nothing_reads(command):
 
 
 def sinkhorn_run(**settings):
-    config = {**S_CONFIG, "n": 16, "beta": 4.0, "dynamics": "sinkhorn", "sinkhorn": settings.pop("sinkhorn")}
+    config = {**S_CONFIG, "n": 16, "beta": 4.0, "attention_kind": "sinkhorn", "sinkhorn": settings.pop("sinkhorn")}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RunNote)
         ds = af.run({**config, **settings})
@@ -120,7 +120,7 @@ def test_a_missed_sinkhorn_tolerance_is_said_and_stored_with_the_default_metrics
 
 def test_the_command_says_a_missed_sinkhorn_tolerance_after_writing_the_results(command, tmp_path):
     code, lines = command("n=16", "d=3", "members=2", "t1=0.5", "dt=0.1", "saves=3", "beta=4", "plot=false",
-                          "dynamics=sinkhorn", "sinkhorn.iterations=1", "sinkhorn.tol=1e-9",
+                          "attention_kind=sinkhorn", "sinkhorn.iterations=1", "sinkhorn.tol=1e-9",
                           f"hydra.run.dir={tmp_path / 'run'}")
     assert code == 0
     assert len(lines) == 1 and lines[0].startswith("attnflow: note: Sinkhorn attention missed sinkhorn.tol=1e-09")
@@ -295,7 +295,7 @@ def test_an_interrupted_mean_field_run_keeps_its_finished_parts_and_resumes_from
 
 def test_sinkhorn_iterations_beyond_the_loop_counter_are_refused_leaving_no_folder(command, tmp_path):
     out = tmp_path / "run"
-    refused(command(*S, "dynamics=sinkhorn", "sinkhorn.iterations=3000000000", f"hydra.run.dir={out}"),
+    refused(command(*S, "attention_kind=sinkhorn", "sinkhorn.iterations=3000000000", f"hydra.run.dir={out}"),
             "sinkhorn.iterations=3000000000", "2^31 - 1")
     assert not out.exists()
     refused(command(*S, "init=caps", "init.k=3000000000"), "init.k=3000000000", "init.k <= n")

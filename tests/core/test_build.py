@@ -26,7 +26,7 @@ def test_a_member_is_its_field_tokens_and_recorder_and_the_same_seed_gives_the_s
     assert len(field.terms) == 2 and y0.shape == (5, 3)
     again = build_system({"n": 5, "d": 3, "mlp": {"enabled": True}, "init": {"kind": "caps", "k": 2}})
     np.testing.assert_array_equal(again(jax.random.key(0), 1.0)[1], y0)
-    assert recorded_metrics(af.validate_config({"dynamics": "sinkhorn"}))[-1] == "marginal_error"
+    assert recorded_metrics(af.validate_config({"attention_kind": "sinkhorn"}))[-1] == "marginal_error"
 
 
 def test_what_a_run_that_blew_up_may_change_is_only_what_its_config_accepts():

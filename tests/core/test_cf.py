@@ -51,8 +51,8 @@ def test_a_run_from_the_command_line_writes_a_cf_file_that_plot_reads_old_or_new
     assert ds.attrs["title"] and ds.attrs["source"].startswith("attnflow ")
     # Every scalar setting of the config, beside the full config (null ones left to it).
     config = yaml.safe_load(ds.attrs["config"])
-    assert (ds.attrs["n"], ds.attrs["d"], ds.attrs["eps"], ds.attrs["dt"]) == (4, 3, 0.01, 0.1)
-    assert (ds.attrs["solver"], ds.attrs["dynamics"], ds.attrs["weights_v_kind"]) == ("euler_renorm", "sa", "identity")
+    assert (ds.attrs["n"], ds.attrs["d"], ds.attrs["cluster_eps"], ds.attrs["dt"]) == (4, 3, 0.01, 0.1)
+    assert (ds.attrs["solver"], ds.attrs["attention_kind"], ds.attrs["weights_v_kind"]) == ("euler_renorm", "sa", "identity")
     assert ds.attrs["save_states"] == "true" and "alibi" not in ds.attrs
     assert set(scalar_settings(config)) <= set(ds.attrs)
 

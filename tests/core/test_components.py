@@ -137,7 +137,7 @@ def test_a_user_metric_is_recorded_as_its_function_computes_it(user_module):
 def test_supplied_fields_and_bad_terms_are_one_sentence(user_module):
     # beta and d supplied: a pull toward the mean at rate beta (the mean of unit tokens'
     # deviations decays like e^{-beta t} in flat space).
-    ds = af.run({**S, "norm": "none", "beta": 2.0, "terms": {"mean": {"_target_": "componentstudy.NeedsBeta"}}})
+    ds = af.run({**S, "scheme": "none", "beta": 2.0, "terms": {"mean": {"_target_": "componentstudy.NeedsBeta"}}})
     x = ds["x"].values
     deviation = x - x.mean(axis=-2, keepdims=True)
     np.testing.assert_allclose(deviation[:, -1], deviation[:, 0] * np.exp(-2.0), rtol=1e-8)

@@ -45,7 +45,7 @@ IMPOSSIBLE = [
     pytest.param({"n": 0}, r"\bn\b", "0", "at least 1", id="n=0"),
     pytest.param({"members": 0}, r"\bmembers\b", "0", "at least 1", id="members=0"),
     pytest.param({"n": 2.5}, r"\bn\b", "2.5", "integer", id="n-not-integer"),
-    pytest.param({"d": 1, "norm": "sphere"}, r"\bd\b", "d=1", "d >= 2", id="d=1-on-sphere"),
+    pytest.param({"d": 1, "scheme": "sphere"}, r"\bd\b", "d=1", "d >= 2", id="d=1-on-sphere"),
     pytest.param({"init": {"kind": "orthonormal"}, "n": 5, "d": 3}, r"orthonormal", "n=5", "n <= d",
                  id="orthonormal-n>d"),
     pytest.param({"dt": -0.1}, r"\bdt\b", "-0.1", "positive", id="dt<0"),
@@ -57,14 +57,14 @@ IMPOSSIBLE = [
     pytest.param({"beta": [0.5, math.nan]}, r"\bbeta\b", "nan", "finite", id="beta-nan-in-list"),
     pytest.param({"beta": []}, r"\bbeta\b", "list", "non-empty", id="beta-empty-list"),
     pytest.param({"solver": "foo"}, r"\bsolver\b", "'foo'", "euler_renorm", id="solver"),
-    pytest.param({"dynamics": "foo"}, r"\bdynamics\b", "'foo'", "usa", id="dynamics"),
-    pytest.param({"norm": "foo"}, r"\bnorm\b", "'foo'", "sphere", id="norm"),
+    pytest.param({"attention_kind": "foo"}, r"\battention_kind\b", "'foo'", "usa", id="attention_kind"),
+    pytest.param({"scheme": "foo"}, r"\bscheme\b", "'foo'", "sphere", id="scheme"),
     pytest.param({"dtype": "float16"}, r"\bdtype\b", "'float16'", "float64", id="dtype"),
     pytest.param({"init": {"kind": "foo"}}, r"\binit\b", "'foo'", "orthonormal", id="init-kind"),
     pytest.param({"metrics": ["energy", "foo"]}, r"\bmetric", "'foo'", "pair_density", id="metric"),
     pytest.param({"mlp": {"enabled": True, "activation": "foo"}}, r"\bmlp\.activation\b", "'foo'", "gelu",
                  id="mlp-activation"),
-    pytest.param({"norm": "pre", "token_norm": {"kind": "foo"}}, r"\btoken_norm\.kind\b", "'foo'", "rms",
+    pytest.param({"scheme": "pre", "token_norm": {"kind": "foo"}}, r"\btoken_norm\.kind\b", "'foo'", "rms",
                  id="token-norm-kind"),
     pytest.param({"weights": {"q": {"kind": "foo"}}}, r"\bweights\.q\.kind\b", "'foo'", "identity",
                  id="weights-kind"),
@@ -136,7 +136,7 @@ def test_defaults_live_in_the_yaml_files_and_types_in_the_schema():
 
 def test_non_finite_state_raises_naming_time_member_and_beta():
     # USA with beta = 200 on the sphere: exp(200 <x_i, x_i>) = exp(200) overflows float32.
-    config = {**TINY, "dynamics": "usa", "beta": 200.0, "dtype": "float32", "d": 3}
+    config = {**TINY, "attention_kind": "usa", "beta": 200.0, "dtype": "float32", "d": 3}
     with pytest.raises(NonFiniteStateError, match=r"non-finite") as info:
         attnflow.run(config)
     message = str(info.value)
@@ -275,12 +275,13 @@ def test_booleans_take_booleans_only(key):
                      id="sign-of-random"),
         pytest.param({"max_steps": 10}, "max_steps does not apply with adaptive=false", id="max-steps-fixed"),
         pytest.param({"rtol": 1e-3}, "rtol does not apply with adaptive=false", id="rtol-fixed"),
-        pytest.param({"token_norm": {"kind": "rms"}}, "token_norm.kind does not apply with norm=sphere",
+        pytest.param({"token_norm": {"kind": "rms"}}, "token_norm.kind does not apply with scheme=sphere",
                      id="token-norm-on-sphere"),
-        pytest.param({"norm": "pre", "token_norm": {"kind": "sphere", "eps": 1e-5}},
+        pytest.param({"scheme": "pre", "token_norm": {"kind": "sphere", "eps": 1e-5}},
                      "token_norm.eps does not apply with token_norm.kind=sphere", id="eps-of-sphere-norm"),
         pytest.param({"rank_rtol": 1e-3}, "rank_rtol does not apply", id="rank-rtol-without-rank"),
-        pytest.param({"metrics": ["energy"], "eps": 1e-3}, "eps does not apply", id="eps-without-clustering"),
+        pytest.param({"metrics": ["energy"], "cluster_eps": 1e-3}, "cluster_eps does not apply",
+                     id="cluster-eps-without-clustering"),
         pytest.param({"weights": {"shared": False}}, "weights.shared does not apply", id="shared-without-random"),
         pytest.param({"attention": False, "mlp": {"enabled": True}, "causal": True},
                      "causal does not apply with attention=false", id="causal-without-attention"),

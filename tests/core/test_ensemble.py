@@ -233,7 +233,7 @@ def test_ensemble_sharded_over_devices_equals_one_device():
 
 
 def test_token_norm_gamma_and_shift_from_config():
-    cfg = af.validate_config(_small(norm="pre", token_norm={"kind": "layer", "eps": 1e-5, "gamma": [1.0, 2.0, 3.0],
+    cfg = af.validate_config(_small(scheme="pre", token_norm={"kind": "layer", "eps": 1e-5, "gamma": [1.0, 2.0, 3.0],
                                                             "shift": 0.5}))
     field = af.build_field(cfg, jax.random.key(0), 1.0, jnp.float64)
     x = np.asarray(jax.random.normal(jax.random.key(1), (6, 3)))
@@ -241,9 +241,9 @@ def test_token_norm_gamma_and_shift_from_config():
     expected = centred / np.sqrt(centred.var(-1, keepdims=True) + 1e-5) * np.array([1.0, 2.0, 3.0]) + 0.5
     np.testing.assert_allclose(field.norm(jnp.asarray(x)), expected, rtol=1e-12)
     with pytest.raises(af.ConfigError, match="token_norm.shift"):
-        af.validate_config(_small(norm="pre", token_norm={"kind": "rms", "shift": 1.0}))
+        af.validate_config(_small(scheme="pre", token_norm={"kind": "rms", "shift": 1.0}))
     with pytest.raises(af.ConfigError, match="token_norm.gamma"):
-        af.validate_config(_small(norm="peri", token_norm={"kind": "layer", "gamma": [1.0, 2.0]}))
+        af.validate_config(_small(scheme="peri", token_norm={"kind": "layer", "gamma": [1.0, 2.0]}))
 
 
 # --- data versus structure, pieces ------------------------------------------------------
@@ -264,7 +264,7 @@ def test_new_values_of_a_config_reuse_the_compiled_program():
     compiles = _count_compiles()
 
     def study(tau, scale, eps, radius, value):
-        return af.run(_small(n=5, members=3, beta=1.0, init={"kind": "caps", "k": 2, "radius": radius}, eps=eps,
+        return af.run(_small(n=5, members=3, beta=1.0, init={"kind": "caps", "k": 2, "radius": radius}, cluster_eps=eps,
                              weights={"q": {"kind": "matrix", "value": value, "scale": scale},
                                       "v": {"switch_times": [tau], "factors": [1.0, -1.0]}}))
 

@@ -91,7 +91,7 @@ def test_a_part_registered_alone_is_checked_built_refused_and_described(pull):
 
 
 def test_the_builder_and_the_captions_name_no_part_and_no_initial_condition():
-    names = ["SelfAttention", "MLP", "cfg.mlp", "cfg.attention", "cfg.dynamics", "cfg.alibi", "cfg.heads_combine",
+    names = ["SelfAttention", "MLP", "cfg.mlp", "cfg.attention", "cfg.attention_kind", "cfg.alibi", "cfg.heads_combine",
              "cfg.sinkhorn", "cfg.hardmax", *[f"cfg.weights.{m}" for m in "qkvo"],
              *[cls.__name__ for cls in INITS.values()], "SphericalCaps", "GaussianMixture", "UniformCube",
              *[f'"{kind}"' for kind in INITS], '"tied"', '"random"', '"identity"', '"sinkhorn"', '"hardmax"']

@@ -45,7 +45,7 @@ def config(**changes) -> dict:
         "switch_times": [], "factors": [], "redraw_every": None, "poly": None,
     }
     cfg = {
-        "n": N, "d": 3, "beta": [0.5, 2.0], "dynamics": "sa", "norm": "sphere",
+        "n": N, "d": 3, "beta": [0.5, 2.0], "attention_kind": "sa", "scheme": "sphere",
         "token_norm": {"kind": "layer", "eps": 0.0, "gamma": None, "shift": None},
         "attention": True, "causal": False, "alibi": None, "heads": HEADS, "d_k": None, "d_v": None,
         "weights": {"shared": True, "q": dict(identity), "k": dict(identity), "v": dict(identity),
@@ -53,7 +53,7 @@ def config(**changes) -> dict:
         "mlp": {"enabled": False, "hidden": None, "activation": "gelu", "scale": 1.0, "bias": True},
         "init": {"kind": "uniform"}, "members": 8, "seed": 0, "dtype": "float32",
         "t0": 0.0, "t1": 10.0, "dt": 0.1, "solver": "euler_renorm", "adaptive": False,
-        "saves": 21, "save_spacing": "linear", "metrics": [], "eps": 0.01,
+        "saves": 21, "save_spacing": "linear", "metrics": [], "cluster_eps": 0.01,
     }
     cfg.update(changes)
     return cfg
@@ -252,13 +252,13 @@ def test_caption_states_bands_threshold_initial_condition_and_schedule():
         "kind": "random", "law": "goe", "scale": 0.5, "value": None, "sign": 1.0,
         "switch_times": [5.0], "factors": [1.0, -1.0], "redraw_every": None, "poly": None,
     }
-    ds = results(["pair_density"], eps=0.05, init={"kind": "caps", "k": 3, "radius": 0.2, "centres": None},
-                 dynamics="usa", norm="pre", solver="rk4", dt=0.02)
+    ds = results(["pair_density"], cluster_eps=0.05, init={"kind": "caps", "k": 3, "radius": 0.2, "centres": None},
+                 attention_kind="usa", scheme="pre", solver="rk4", dt=0.02)
     cfg = yaml.safe_load(ds.attrs["config"])
     cfg["weights"]["v"] = v
     ds.attrs["config"] = yaml.safe_dump(cfg)
     text = " ".join(caption(summary_figure(ds)).split())
-    for part in ["10", "90", "8 members", r"$\varepsilon$ = 0.05", "caps (k = 3, radius = 0.2)", "USA", "norm = pre",
+    for part in ["10", "90", "8 members", r"$\varepsilon$ = 0.05", "caps (k = 3, radius = 0.2)", "USA", "scheme = pre",
                  "n = 6", "d = 3", "rk4", "dt = 0.02", "V random (goe, scale 0.5", "factors [1, -1]",
                  "t = [5]", "Q = I"]:
         assert part in text
@@ -316,7 +316,7 @@ def test_weight_switch_times_are_marked_and_labelled_in_every_panel():
 
 def test_math_in_the_caption_is_mathtext_and_renders():
     tied = {"kind": "tied", "scale": 1.0, "sign": -1.0, "switch_times": [], "factors": [], "poly": [1.0, 0.0, 2.0]}
-    ds = results(["pair_density"], eps=0.05, d_k=2)
+    ds = results(["pair_density"], cluster_eps=0.05, d_k=2)
     cfg = yaml.safe_load(ds.attrs["config"])
     cfg["weights"]["v"] = tied
     fig = summary_figure(ds.assign_attrs(config=yaml.safe_dump(cfg)))

@@ -208,11 +208,11 @@ def test_hardmax_dominance_cells_in_the_plane_are_the_normal_cones_of_the_hull()
 
 
 @pytest.mark.parametrize("overrides, key", [
-    ({"dynamics": "sinkhorn", "causal": True}, "causal"),
-    ({"dynamics": "sinkhorn", "sinkhorn": {"iterations": 0}}, "sinkhorn.iterations"),
-    ({"dynamics": "hardmax", "alibi": 0.5}, "alibi"),
-    ({"dynamics": "hardmax", "attention_block": 8}, "attention_block"),
-    ({"dynamics": "sa", "hardmax": {"ties": 0.1}}, "hardmax.ties"),
+    ({"attention_kind": "sinkhorn", "causal": True}, "causal"),
+    ({"attention_kind": "sinkhorn", "sinkhorn": {"iterations": 0}}, "sinkhorn.iterations"),
+    ({"attention_kind": "hardmax", "alibi": 0.5}, "alibi"),
+    ({"attention_kind": "hardmax", "attention_block": 8}, "attention_block"),
+    ({"attention_kind": "sa", "hardmax": {"ties": 0.1}}, "hardmax.ties"),
 ])
 def test_impossible_sinkhorn_and_hardmax_settings_are_refused(overrides, key):
     with pytest.raises(ConfigError, match=key):

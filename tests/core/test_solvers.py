@@ -283,7 +283,7 @@ def test_switch_times_through_the_config_on_every_output_path():
             want = 1.1**k * 0.9 ** (100 - k)
             for output in ({"saves": 11}, {"saves": 4}, {"saves": 6, "save_spacing": "log"},
                            {"saves": 4, "exact_times": True}):
-                ds = af.run({"n": 1, "d": 2, "members": 1, "beta": 1.0, "norm": "none", "solver": "euler", "t1": 10.0,
+                ds = af.run({"n": 1, "d": 2, "members": 1, "beta": 1.0, "scheme": "none", "solver": "euler", "t1": 10.0,
                              "dt": 0.1, "dtype": dtype, "save_states": True, "metrics": [], "compilation_cache": False,
                              "init": {"kind": "given", "value": [[0.6, 0.8]]},
                              "weights": {"v": {"switch_times": [tau], "factors": [1.0, -1.0]}}, **output})

@@ -103,7 +103,7 @@ def test_written_results_read_back_as_xarrays_own_file(tmp_path, beta):
     from attnflow._build import resolve_study
     from attnflow._study import plan_study, solve_study
 
-    config = {"n": 4, "d": 3, "members": 3, "t1": 0.5, "dt": 0.1, "saves": 6, "beta": beta, "dynamics": "usa",
+    config = {"n": 4, "d": 3, "members": 3, "t1": 0.5, "dt": 0.1, "saves": 6, "beta": beta, "attention_kind": "usa",
               "dtype": "float32", "metrics": ["energy", "pair_density", "clusters", "cluster_sizes"],
               "compilation_cache": False}
     study = resolve_study(config)

@@ -270,7 +270,7 @@ def test_a_configured_run_with_attention_block():
     the states stay finite on the sphere; without the key, n above `TILED_ABOVE` is tiled
     by itself. Bad values are refused in one sentence."""
     base = dict(n=300, d=3, members=1, beta=1.0, t1=0.2, dt=0.1, saves=3, dtype="float64", heads=2, causal=True,
-                compilation_cache=False, plot=False, metrics=["pair_density"], eps=0.05,
+                compilation_cache=False, plot=False, metrics=["pair_density"], cluster_eps=0.05,
                 save_states=True, weights={"q": {"kind": "random"}, "k": {"kind": "random"}})
     ds = af.run({**base, "attention_block": 64})
     states = ds["x"].values[0]

@@ -158,7 +158,7 @@ def test_collisions_act_after_every_fixed_step_and_not_in_adaptive_runs():
 
 
 def _config(**over):
-    base = dict(n=5, d=2, beta=[1500.0, 4000.0], dynamics="usa", members=2, dtype="float64", t1=0.01, dt=1e-4,
+    base = dict(n=5, d=2, beta=[1500.0, 4000.0], attention_kind="usa", members=2, dtype="float64", t1=0.01, dt=1e-4,
                 solver="euler", time_change={"speed": "log_beta", "collisions": 1e-3}, metrics=["log_energy"],
                 saves=11, plot=False, compilation_cache=False)
     return {**base, **over}
@@ -196,7 +196,7 @@ def test_the_results_say_their_time_is_rescaled_time():
     figure = af.summary_figure(ds)
     assert {ax.get_xlabel() for ax in figure.axes if ax.get_xlabel()} == {"s (rescaled time)"}
     assert "time_axis" not in af.run(_config(time_change={"speed": None, "collisions": None}, beta=[1.0],
-                                             dynamics="sa")).attrs
+                                             attention_kind="sa")).attrs
 
 
 @pytest.mark.parametrize("over, message", [

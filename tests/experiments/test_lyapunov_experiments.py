@@ -35,7 +35,7 @@ def consensus_run(request):
     # to consensus at rate e^beta: at T/2 = 30 they are e^{-20} or closer to it.
     if request.param == "sa":
         return request.param, request.getfixturevalue("beta_run").sel(beta=[1.0])
-    overrides = {"n": 6, "beta": [0.5], "members": 3, "t1": 60.0, "dt": H, "dynamics": request.param,
+    overrides = {"n": 6, "beta": [0.5], "members": 3, "t1": 60.0, "dt": H, "attention_kind": request.param,
                  "compilation_cache": False}
     return request.param, run_experiment("lyapunov", overrides)
 
@@ -119,7 +119,7 @@ def test_the_experiment_redraws_from_its_dataset(beta_run, tmp_path):
 def test_any_system_of_the_config_runs_without_a_closed_form(tmp_path):
     # Random V, pre-LN with an MLP, d = 4: no consensus spectrum (NaN), k = d exponents
     # in flat space, descending, every member finite; the figure says so.
-    overrides = {"n": 4, "d": 4, "beta": [1.0, 2.0], "members": 2, "t1": 4.0, "norm": "pre",
+    overrides = {"n": 4, "d": 4, "beta": [1.0, 2.0], "members": 2, "t1": 4.0, "scheme": "pre",
                  "weights": {"v": {"kind": "random"}}, "mlp": {"enabled": True}, "compilation_cache": False}
     ds = run_experiment("lyapunov", overrides)
     assert ds.sizes["exponent"] == 4 and np.isnan(ds["consensus"]).all()
@@ -134,7 +134,7 @@ def test_any_system_of_the_config_runs_without_a_closed_form(tmp_path):
     ({"experiment": {"options": {"reorthonormalize_every": 7}}}, "dividing the 1000 steps"),
     ({"experiment": {"options": {"reorthonormalize_every": 1000}}}, "leaves one QR interval"),
     ({"adaptive": True}, "follows the fixed step map"),
-    ({"dynamics": "usa"}, "at beta=3.5 the tokens contract at consensus at rate c = 33.12, too fast for rk4"),
+    ({"attention_kind": "usa"}, "at beta=3.5 the tokens contract at consensus at rate c = 33.12, too fast for rk4"),
     ({"save_states": True, "saves": 3}, "saves and save_states do not apply to experiment lyapunov"),
     ({"beta": [0.5, -1.0]}, "every beta must be positive"),
     ({"experiment": {"options": {"window": 1}}}, "unknown option experiment.options.window of experiment lyapunov"),

@@ -50,8 +50,8 @@ def test_the_figure_draws(small):
 
 
 def test_settings_outside_the_prediction_are_refused():
-    with pytest.raises(af.ConfigError, match="dynamics=usa"):
-        run_experiment("noise_transition", {**SMALL, "dynamics": "sa"})
+    with pytest.raises(af.ConfigError, match="attention_kind=usa"):
+        run_experiment("noise_transition", {**SMALL, "attention_kind": "sa"})
     with pytest.raises(af.ConfigError, match="increasing positive numbers"):
         run_experiment("noise_transition", {**SMALL, "experiment": {"options": {"ratios": [1.2, 0.5]}}})
 

@@ -92,7 +92,7 @@ def test_panels_are_planned_as_the_figures_need_and_bad_options_stop_early():
     assert [study.config.d for study, _ in full.studies.values()] == [2, 8, 32, 128]
     for study, _ in full.studies.values():
         cfg = study.config
-        assert (cfg.n, len(cfg.beta), cfg.members, cfg.t1, cfg.dt, cfg.solver, cfg.eps) == (
+        assert (cfg.n, len(cfg.beta), cfg.members, cfg.t1, cfg.dt, cfg.solver, cfg.cluster_eps) == (
             32, 90, 2, 30.0, 0.1, "euler_renorm", 1e-3)
     np.testing.assert_allclose(cfg.beta, np.linspace(0.1, 9.0, 90), rtol=1e-12)
     assert list(plan_experiment(compose_experiment("phase_diagram", {"d": 8})).studies) == ["main"]
@@ -105,7 +105,7 @@ def test_panels_are_planned_as_the_figures_need_and_bad_options_stop_early():
     for study, _ in plan.studies.values():
         cfg = study.config
         assert cfg.d == 128 and not cfg.weights.shared and cfg.weights.per_beta
-        assert (cfg.n, len(cfg.beta), cfg.members, cfg.t1, cfg.dt, cfg.solver, cfg.eps) == (
+        assert (cfg.n, len(cfg.beta), cfg.members, cfg.t1, cfg.dt, cfg.solver, cfg.cluster_eps) == (
             32, 90, 2, 30.0, 0.1, "euler_renorm", 1e-3)
     weights = plan.studies["goe_wishart"][0].config.weights
     assert (weights.q.kind, weights.k.law, weights.v.law) == ("identity", "goe", "wishart")

@@ -30,7 +30,7 @@ def test_energy_never_decreases_and_one_cluster_forms(single_cluster):
     assert np.all(ds["energy_increase"].values >= -1e-12 * np.abs(energy).max())
     # The energy does grow, up to the single cluster's e^beta/(2 beta): with every pair
     # within 2 eps of cos = 1 (a chain of two eps-close pairs), E >= e^{beta(1 - 2 eps)}/(2 beta).
-    beta, eps = float(ds["beta"]), yaml.safe_load(ds.attrs["config"])["eps"]
+    beta, eps = float(ds["beta"]), yaml.safe_load(ds.attrs["config"])["cluster_eps"]
     np.testing.assert_allclose(energy[:, -1], np.exp(beta) / (2 * beta), rtol=2 * beta * eps)
     assert np.all(energy[:, -1] > energy[:, 0])
     assert np.all(ds["clusters"].isel(time=-1).values == 1)
