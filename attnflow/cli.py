@@ -54,9 +54,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import _help
-from ._config import config_source, explain, register_schema, typed_job_config
+from ._config import Config, config_source, register_schema, typed_job_config
 from ._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError
 from ._progress import Progress, end_all, status
+from ._schema import explain
 from ._store import RunDirectory, discard_partial_files, finished_pieces, load_results, stored_config, write_results
 
 _FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job (of the sweep, once it ends)
@@ -535,7 +536,7 @@ def _sentence(error: BaseException) -> str:
         return f"cannot parse the command line ({first})."
     cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
     if isinstance(cause, OmegaConfBaseException):
-        return explain(cause)
+        return explain(cause, Config)
     if isinstance(error, OSError) and error.filename:
         return f"cannot use {error.filename} ({error.strerror})."
     first = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
