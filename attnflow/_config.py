@@ -1,13 +1,14 @@
 """The typed schema of a study's configuration, and how a config is composed.
 
-The dataclasses below say what each key is (its type, its choices); the YAML files in
-`conf/` (shipped as `attnflow.conf`) hold the default values and nothing else. The
-command line composes the files through Hydra, which checks the keys (the schema's keys
-are registered in Hydra's ConfigStore and named in each YAML file's defaults list); each
-job then types the values with `compose`, as the Python API does with the same files.
-Types, booleans, choices and unknown keys are checked against the schema (by OmegaConf,
-and by `_check_given` where OmegaConf would convert too freely), and a bad value becomes
-a one-sentence `ConfigError`. Nothing here imports Hydra unless `register_schema` runs.
+The dataclasses below say what each key is (its type, its choices) and what it means
+(its `help`, which `attnflow --help` shows); the YAML files in `conf/` (shipped as
+`attnflow.conf`) hold the default values and nothing else. The command line composes
+the files through Hydra, which checks the keys (the schema's keys are registered in
+Hydra's ConfigStore and named in each YAML file's defaults list); each job then types
+the values with `compose`, as the Python API does with the same files, through the one
+schema mechanism of `_schema.py` (`typed`): types, booleans, choices and unknown keys
+are checked against the schema, and a bad value becomes a one-sentence `ConfigError`.
+Nothing here imports Hydra unless `register_schema` runs.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import dataclasses
 import enum
 import functools
 import importlib.resources
-import math
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,9 +28,11 @@ import numpy as np
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
-from ._errors import ConfigError, did_you_mean
+from ._errors import ConfigError
 from ._methods import SOLVERS
 from ._metric_registry import METRIC_NAMES
+from ._schema import _keys_of, explain, kind_of, setting, to_container, typed
+from ._schema import read_boolean as read_boolean  # diffeqformer/_train.py reads it here, until it reads the schema
 from .initial import INITS
 from .initial import InitialCondition as InitConfig  # the schema's name for the base of every init kind
 from .weights import KINDS as WEIGHT_KINDS
@@ -80,51 +81,79 @@ NoiseKind = _choice("NoiseKind", NOISE_KINDS)
 HeadsCombine = _choice("HeadsCombine", ("sum", "mean"))
 
 
+# Each key's meaning is its field's `help` (`setting(default, "meaning")`), which `attnflow
+# --help` and the docs' reference page show; its default is in the YAML files of conf/.
+# pyright cannot read a Choice made at run time as a type: the fields typed by one say so.
+
+
 @dataclass
 class TokenNormConfig:
     """The normalization N of the `pre` and `peri` schemes."""
 
-    kind: NormKind = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    eps: float = MISSING
-    gamma: Any = MISSING  # a number or d numbers (rms, layer)
-    shift: Any = MISSING  # a number or d numbers (layer)
+    kind: NormKind = setting(MISSING, "sphere | rms | layer")  # pyright: ignore[reportInvalidTypeForm] a Choice
+    eps: float = setting(MISSING, "added to the variance (rms, layer); 0: the geometric normalization")
+    gamma: Any = setting(MISSING, "scale: a number or d numbers (rms, layer)")
+    shift: Any = setting(MISSING, "additive beta of LayerNorm: a number or d numbers (layer)")
 
 
 @dataclass
 class MatrixConfig:
     """One of Q, K, V, O: a constant kind, then optional switches and a polynomial factor."""
 
-    kind: MatrixKind = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    law: Law = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    scale: float = MISSING
-    value: Any = (
-        MISSING  # (rows, cols) or (heads, rows, cols) nested lists, for kind=matrix; or one per piece of switch_times
+    kind: MatrixKind = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING,
+        "identity | matrix (takes value) | random (takes law) | tied (v only: V = sign scale Q^T K) | none (o only)",
     )
-    sign: float = MISSING  # V = sign Q^T K, for kind=tied
-    transpose: bool = MISSING  # use W^T: a code that multiplies row vectors, x W, applies W^T to columns
-    switch_times: list[float] = MISSING
-    factors: list[float] = MISSING
-    redraw_every: float | None = MISSING
-    poly: list[float] | None = MISSING
+    law: Law = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING,
+        "kind=random: gaussian (N(0, 1/d) entries) | product (G1 G2/sqrt(d)) | goe ((G + G^T)/sqrt(2)) | wishart "
+        "(G G^T/sqrt(d)) | orthogonal",
+    )
+    scale: float = setting(MISSING, "multiplies every kind")
+    value: Any = setting(
+        MISSING,
+        "kind=matrix: nested lists (rows, cols) or (heads, rows, cols); one per piece of switch_times to switch "
+        "matrices",
+    )
+    sign: float = setting(MISSING, "kind=tied: V = sign scale Q^T K")
+    transpose: bool = setting(
+        MISSING, "use W^T (matrix, random, tied): what a code that multiplies row vectors, x W, applies to columns"
+    )
+    switch_times: list[float] = setting(
+        MISSING, "a piecewise-constant factor switches at these times (a switch time belongs to the new piece)"
+    )
+    factors: list[float] = setting(
+        MISSING, "the factor of each piece: switch_times=[5] factors=[1,-1] flips the sign at t = 5"
+    )
+    redraw_every: float | None = setting(MISSING, "kind=random: redraw the matrix every this long (null: never)")
+    poly: list[float] | None = setting(
+        MISSING, "coefficients c_k: the matrix times f(t) = sum_k c_k t^k (null: constant)"
+    )
 
 
 @dataclass
 class WeightsConfig:
-    shared: bool = MISSING
-    per_beta: bool = MISSING  # random weights drawn anew for every beta (false: the same draw at every beta)
-    q: MatrixConfig = MISSING
-    k: MatrixConfig = MISSING
-    v: MatrixConfig = MISSING
-    o: MatrixConfig = MISSING
+    """The matrices of every head."""
+
+    shared: bool = setting(MISSING, "random weights drawn once for the ensemble (false: per member)")
+    per_beta: bool = setting(
+        MISSING, "true: random weights drawn anew for every beta (false: one draw used at every beta)"
+    )
+    q: MatrixConfig = setting(MISSING, "Q per head")
+    k: MatrixConfig = setting(MISSING, "K per head")
+    v: MatrixConfig = setting(MISSING, "V per head")
+    o: MatrixConfig = setting(MISSING, "O per head")
 
 
 @dataclass
 class MLPConfig:
-    enabled: bool = MISSING
-    hidden: int | None = MISSING
-    activation: Activation = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    scale: float = MISSING
-    bias: bool = MISSING
+    """A random MLP term of the field."""
+
+    enabled: bool = setting(MISSING, "true adds a random MLP term")
+    hidden: int | None = setting(MISSING, "default 4 d")
+    activation: Activation = setting(MISSING, "gelu | gelu_tanh | relu | silu | swiglu")  # pyright: ignore[reportInvalidTypeForm] a Choice
+    scale: float = setting(MISSING, "multiplies the MLP term")
+    bias: bool = setting(MISSING, "random biases in the MLP")
 
 
 @dataclass
@@ -133,8 +162,10 @@ class SinkhornConfig:
     alternations in log space, and the column error the run's `marginal_error` metric is
     held to (checked on the saved states, not a stopping rule)."""
 
-    iterations: int = MISSING
-    tol: float = MISSING
+    iterations: int = setting(MISSING, "Sinkhorn alternations (column then row normalisation), a fixed number")
+    tol: float = setting(
+        MISSING, "the column-sum error |sum_i a_ij - 1| the run is checked against (metric marginal_error)"
+    )
 
 
 @dataclass
@@ -142,8 +173,8 @@ class HardmaxConfig:
     """The beta -> infinity limit (`attention_kind: hardmax`): ties within `ties` of the row
     maximum are averaged; `self_attention: false` leaves j = i out."""
 
-    ties: float = MISSING
-    self_attention: bool = MISSING
+    ties: float = setting(MISSING, "keys within this of the row maximum of <Q x_i, K x_j> tie and are averaged")
+    self_attention: bool = setting(MISSING, "false: a token never attends to itself (j != i)")
 
 
 @dataclass
@@ -151,20 +182,34 @@ class TimeChangeConfig:
     """The flow at constant speed, $dX/ds = c F(X)/|F(X)|$ in a rescaled time s, and the
     collisions of its fixed steps (docs/model.md)."""
 
-    speed: Any = MISSING  # null (real time), a number c > 0, or log_beta (c = log beta)
-    collisions: float | None = MISSING  # merge tokens closer than this after every fixed step
+    speed: Any = setting(MISSING, 'null: real time; a number c > 0; log_beta: c = log(beta) ("Dynamic metastability")')
+    collisions: float | None = setting(
+        MISSING, "fixed steps: tokens closer than this are merged after every step (null: never)"
+    )
 
 
 @dataclass
 class NoiseConfig:
     """The stochastic dynamics $dX = F\\,dt + \\sigma\\,dW$ (fixed steps; docs/model.md)."""
 
-    sigma: float = MISSING  # 0: the deterministic flow
-    kind: NoiseKind = MISSING  # projected | ambient  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    depth: int | None = MISSING  # the Brownian tree resolves (t1 - t0) / 2^depth (null: the least resolving dt)
-    switch_times: list[float] = MISSING  # sigma(t) = sigma * factor of the piece * poly(t) (as weights.*)
-    factors: list[float] = MISSING  # one factor per piece of switch_times
-    poly: list[float] | None = MISSING  # coefficients c_k of f(t) = sum_k c_k t^k (null: 1)
+    sigma: float = setting(MISSING, "0: the deterministic flow; > 0: a Brownian path per member from its key")
+    kind: NoiseKind = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING, "projected: Brownian motion of the sphere (tangent increment); ambient: the R^d increment"
+    )
+    depth: int | None = setting(
+        MISSING,
+        "the Brownian tree resolves (t1 - t0)/2^depth (null: the least depth resolving dt); dyadic dt see one path",
+    )
+    switch_times: list[float] = setting(
+        MISSING, "the strength's schedule, as weights.*: sigma(t) = sigma * factors[k] * f(t) on the piece k"
+    )
+    factors: list[float] = setting(
+        MISSING,
+        "(a switch time belongs to the new piece): switch_times=[1] factors=[1,0] stops the noise at t = 1",
+    )
+    poly: list[float] | None = setting(
+        MISSING, "coefficients c_k of f(t) = sum_k c_k t^k (null: f = 1), e.g. [1, -0.1]: sigma (1 - t/10)"
+    )
 
 
 @dataclass
@@ -172,68 +217,111 @@ class ExperimentConfig:
     """Set by `experiment=NAME`: which experiment draws the figures, and its own options
     (checked by the experiment's code, `attnflow.experiments`)."""
 
-    name: str = MISSING
-    options: Any = None  # a mapping of the experiment's options
-    _target_: str | None = None  # the experiment's class, module.Class (a researcher's own, from their config folder)
+    name: str = setting(MISSING, "the experiment: conf/experiment/NAME.yaml")
+    options: Any = setting(None, "a mapping of the experiment's options")
+    _target_: str | None = setting(
+        None, "the experiment's class, module.Class (a researcher's own, from their config folder)"
+    )
 
 
 @dataclass
 class Config:
     """A whole study: the system, the ensemble, the time stepping and the output."""
 
-    n: int = MISSING
-    d: Any = MISSING  # a whole number (a list: one panel each, in experiments that take it)
-    beta: Any = MISSING  # a number, or a list of them (a `beta` dimension), e.g. ${linspace:0.1,9,90}
-    attention_kind: AttentionKind = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    scheme: Scheme = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    token_norm: TokenNormConfig = MISSING
-    attention: bool = MISSING
-    causal: bool = MISSING
-    alibi: Any = MISSING  # a slope, or one per head
-    heads: int = MISSING
-    heads_combine: HeadsCombine = MISSING  # sum the heads (trained models) or average them with 1/H (the H -> oo limit)  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    d_k: int | None = MISSING
-    d_v: int | None = MISSING
-    attention_block: int | None = MISSING  # null: tiles above a size; 0: dense; k > 0: tiles of k tokens
-    weights: WeightsConfig = MISSING
-    mlp: MLPConfig = MISSING
-    sinkhorn: SinkhornConfig = MISSING
-    hardmax: HardmaxConfig = MISSING
-    terms: dict[str, Any] = MISSING  # more terms of the field by name: {_target_: module.Class, FIELD: value}
-    init: InitConfig = MISSING
-    members: int = MISSING
-    seed: int = MISSING
-    dtype: DType = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    t0: float = MISSING
-    t1: float = MISSING
-    dt: float | None = MISSING
-    solver: Solver = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    adaptive: bool = MISSING
-    rtol: float = MISSING
-    atol: float = MISSING
-    max_steps: int = MISSING
-    time_change: TimeChangeConfig = MISSING
-    chunk_size: int | None = MISSING
-    noise: NoiseConfig = MISSING
-    saves: int = MISSING
-    save_spacing: Spacing = MISSING  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    exact_times: bool = MISSING
-    save_states: bool = MISSING
-    metrics: list[MetricName] = MISSING
-    cluster_eps: float = MISSING
-    rank_rtol: float | None = MISSING
-    max_output_gib: float = MISSING
-    overwrite: bool = MISSING
-    plot: bool = MISSING
-    plotly_js: PlotlyJS = MISSING  # where the interactive HTML views find plotly.js: inside each page, or beside them  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    compilation_cache: bool = MISSING
-    matmul_precision: MatmulPrecision = MISSING  # float32 products on a GPU or TPU (see prepare_jax)  # pyright: ignore[reportInvalidTypeForm] a Choice made at run time
-    experiment: ExperimentConfig | None = MISSING
-    # experiments on trained models only (checkpoint, sensitivity): the trained model, the sentence, and whether a
-    # pickle file may be read
-    checkpoint: str | None = MISSING
-    text: str | None = MISSING
-    trust_pickle: bool = MISSING
+    n: int = setting(MISSING, "tokens")
+    d: Any = setting(MISSING, "dimension (tokens live on S^{d-1} when scheme=sphere)")
+    beta: Any = setting(MISSING, "inverse temperature: a number, or a list -> `beta` dimension (${linspace:0.1,9,90})")
+    attention_kind: AttentionKind = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING,
+        "sa (softmax self-attention) | usa (unnormalized, 1/n) | sinkhorn (doubly stochastic) | hardmax (beta -> "
+        "infinity)",
+    )
+    scheme: Scheme = setting(MISSING, "none | sphere | pre | peri")  # pyright: ignore[reportInvalidTypeForm] a Choice
+    token_norm: TokenNormConfig = setting(MISSING, "N(x) used by pre/peri")
+    attention: bool = setting(MISSING, "false switches the attention term off")
+    causal: bool = setting(MISSING, "mask j > i")
+    alibi: Any = setting(MISSING, "ALiBi slope(s) lambda: -lambda |i - j| added to the logits")
+    heads: int = setting(MISSING, "attention heads, summed or averaged (heads_combine)")
+    heads_combine: HeadsCombine = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING, "sum (trained models) | mean: 1/H times the sum, the scaling with a limit as heads grow"
+    )
+    d_k: int | None = setting(MISSING, "query/key rows (default d)")
+    d_v: int | None = setting(MISSING, "value rows (default d)")
+    attention_block: int | None = setting(
+        MISSING,
+        "logits and Gram matrices in tiles of this many tokens (memory n * block, not n^2): null: tiles of 512 "
+        "above n = 1024, whole below; 0: always whole",
+    )
+    weights: WeightsConfig = setting(MISSING, "the matrices Q, K, V and O of every head")
+    mlp: MLPConfig = setting(MISSING, "a random MLP term")
+    sinkhorn: SinkhornConfig = setting(
+        MISSING, "attention_kind=sinkhorn: attention made doubly stochastic in log space (Sinkformers)"
+    )
+    hardmax: HardmaxConfig = setting(
+        MISSING, "attention_kind=hardmax: each token moves toward the mean of its argmax keys"
+    )
+    terms: dict[str, Any] = setting(
+        MISSING,
+        "more terms of the field, by a name of yours: +terms.NAME._target_=module.Class (a subclass of "
+        "attnflow.AbstractInteraction, or one of attnflow's: external_field), +terms.NAME.FIELD=value",
+    )
+    init: InitConfig = setting(
+        MISSING, "the initial tokens: init=KIND picks conf/init/KIND.yaml (init=caps init.k=3)", kinds=INITS
+    )
+    members: int = setting(MISSING, "systems in the ensemble, each from its own initial tokens")
+    seed: int = setting(MISSING, "random seed of the tokens and weights: the same seed gives the same result")
+    dtype: DType = setting(MISSING, "float32 | float64 (switches on jax_enable_x64)")  # pyright: ignore[reportInvalidTypeForm] a Choice
+    t0: float = setting(MISSING, "start time")
+    t1: float = setting(MISSING, "end time")
+    dt: float | None = setting(MISSING, "(t1 - t0)/dt must be a whole number of steps (the first step when adaptive)")
+    solver: Solver = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING, "euler | euler_renorm | heun | midpoint | ralston | bosh3 | rk4 | tsit5 | dopri5 | dopri8"
+    )
+    adaptive: bool = setting(MISSING, "true: adaptive steps (PID control of the step size, by rtol and atol)")
+    rtol: float = setting(MISSING, "adaptive only")
+    atol: float = setting(MISSING, "adaptive only")
+    max_steps: int = setting(MISSING, "adaptive only")
+    time_change: TimeChangeConfig = setting(
+        MISSING, "the flow at constant speed: dX/ds = c F(X)/|F(X)|, time is then the rescaled time s"
+    )
+    chunk_size: int | None = setting(
+        MISSING, "at most this many members solved at once (default: sized to the CPU cache and memory)"
+    )
+    noise: NoiseConfig = setting(MISSING, 'the SDE dX = F dt + sigma dW, fixed steps (docs/model.md, "Noise")')
+    saves: int = setting(MISSING, "about this many output times from t0 to t1 (on the step grid)")
+    save_spacing: Spacing = setting(MISSING, "linear | log")  # pyright: ignore[reportInvalidTypeForm] a Choice
+    exact_times: bool = setting(MISSING, "true: exactly `saves` times, interpolated between grid steps")
+    save_states: bool = setting(MISSING, "also store the states x (member, time, token, dim)")
+    metrics: list[MetricName] = setting(
+        MISSING,
+        "statistics stored over time (or module.function)",
+        choices=Metric,
+        other="module.function of a metric of your own",
+    )
+    cluster_eps: float = setting(MISSING, "clustering threshold: cos(x_i, x_j) > 1 - cluster_eps")
+    rank_rtol: float | None = setting(MISSING, "attention_rank threshold (default n * machine epsilon)")
+    max_output_gib: float = setting(MISSING, "refuse a run whose results would be larger than this (GiB)")
+    overwrite: bool = setting(MISSING, "replace a results.nc that holds a different config")
+    plot: bool = setting(MISSING, "also draw summary.png next to results.nc")
+    plotly_js: PlotlyJS = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING,
+        "interactive HTML views: embed (plotly.js inside each page, opens offline) | directory (one plotly.min.js "
+        "beside the pages, which then stay small)",
+    )
+    compilation_cache: bool = setting(
+        MISSING, "keep compiled programs in ~/.cache/attnflow/jax (or $ATTNFLOW_CACHE_DIR)"
+    )
+    matmul_precision: MatmulPrecision = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING,
+        "float32 products on a GPU or TPU: highest (full float32) | high | default (TF32 or bfloat16 passes: "
+        "faster, about 1e-3 relative error); a CPU ignores it",
+    )
+    experiment: ExperimentConfig | None = setting(MISSING, "set by experiment=NAME: {name, options}")
+    checkpoint: str | None = setting(
+        MISSING, "experiment=checkpoint: a model directory, a .gguf file, or minilm | smollm2"
+    )
+    text: str | None = setting(MISSING, "experiment=checkpoint: the sentence run through the model")
+    trust_pickle: bool = setting(MISSING, "experiment=checkpoint: allow pytorch_model.bin / .pt (pickle) files")
 
 
 # Keys that say what to do with a result, not what the result is.
@@ -351,13 +439,6 @@ def linspace(start: Any, stop: Any, num: Any) -> list[float]:
 OmegaConf.register_new_resolver("linspace", linspace, replace=True)
 
 
-def _hints(schema: type) -> dict[str, Any]:
-    """The types of a schema's keys: its dataclass fields (a class variable, such as an
-    initial condition's `data`, is not a key)."""
-    names = {field.name for field in dataclasses.fields(schema)}
-    return {name: kind for name, kind in typing.get_type_hints(schema).items() if name in names}
-
-
 def register_schema() -> None:
     """Put the schema's keys in Hydra's ConfigStore, where the YAML defaults lists find them.
 
@@ -373,48 +454,34 @@ def register_schema() -> None:
         store.store(group="attnflow_schema", name=f"init_{name}", node=_keys_of(cls))
 
 
-# The schema of each class made by `_keys_of` (an error names the class it was raised in).
-_SCHEMA_OF: dict[type, type] = {}
-
-
-@functools.cache
-def _keys_of(schema: type) -> type:
-    """A dataclass with the keys and defaults of `schema` and no types."""
-    fields = [
-        (f.name, Any, dataclasses.field(default=MISSING if f.default is dataclasses.MISSING else f.default))
-        for f in dataclasses.fields(schema)
-    ]
-    keys = dataclasses.make_dataclass(schema.__name__, fields)
-    _SCHEMA_OF[keys] = schema
-    return keys
-
-
 def typed_job_config(cfg: Mapping) -> Config:
     """The config Hydra composed for one job (or one run), typed and checked by the schema."""
     return compose(cfg, complete=True)
 
 
-def _values(*parts: str):
-    """A YAML file of `conf/` without its defaults list (and Hydra's own settings)."""
+def _values(*parts: str) -> dict:
+    """A YAML file of `conf/` without its defaults list (and Hydra's own settings), as
+    plain containers."""
     text = config_source()[1].joinpath(*parts).read_text()
     node = typing.cast(DictConfig, OmegaConf.create(text))  # each file of conf/ is a mapping
-    for key in ("defaults", "hydra"):
-        node.pop(key, None)
-    return node
+    for name in ("defaults", "hydra"):
+        node.pop(name, None)
+    return typing.cast(dict, OmegaConf.to_container(node))  # a mapping, `${...}` kept as written
 
 
 @functools.cache
-def _root_defaults():
+def _root_defaults() -> tuple[dict, str]:
+    """The values of conf/config.yaml, and the init kind its defaults list names."""
     root_text = config_source()[1].joinpath("config.yaml").read_text()
     entries = typing.cast(DictConfig, OmegaConf.create(root_text)).get("defaults", [])  # config.yaml is a mapping
     init_kind = next(entry["init"] for entry in entries if isinstance(entry, Mapping) and "init" in entry)
-    base = OmegaConf.merge(OmegaConf.structured(Config), {k: v for k, v in _values("config.yaml").items()})
-    return base, init_kind
+    return _values("config.yaml"), init_kind
 
 
 @functools.cache
-def _init_defaults(kind: str):
-    return OmegaConf.merge(OmegaConf.structured(INITS[kind]), _values("init", f"{kind}.yaml"))
+def _init_defaults(kind: str) -> dict:
+    """The values of conf/init/KIND.yaml."""
+    return _values("init", f"{kind}.yaml")
 
 
 def _plain(value: Any) -> Any:
@@ -435,209 +502,32 @@ def _plain(value: Any) -> Any:
 
 
 def compose(config: Any = None, *, complete: bool = False) -> Config:
-    """The defaults of `conf/` with `config` on top, checked against the schema.
+    """The defaults of `conf/` with `config` on top, typed by the schema (`_schema.typed`).
 
     `config` is a (nested) mapping with any subset of the keys, as the command line
     would give them; `init` may be the name of an initial condition. `complete=True`
     takes no defaults: every key must be given (what Hydra composed for a job, where a
     missing key was deleted with `~key`). Raises `ConfigError` for a wrong type, an
     unknown choice, an unknown key or a renamed one (`RENAMED`: its sentence names the
-    new key). Ranges, shapes and combinations are checked by `validate_config`.
+    new key). Ranges, shapes and combinations are checked by `validate_config` (NaN and
+    infinity too, in words of its own).
     """
     # A Config instance goes through the schema too: its fields may have been replaced
     # by hand (`dataclasses.replace(cfg, solver="rk4")`) with values of any type.
     try:
         user = _plain(config if config is not None else {})
     except oc_errors.OmegaConfBaseException as error:  # an interpolation that cannot be resolved
-        raise ConfigError(explain(error)) from None
+        raise ConfigError(explain(error, Config)) from None
     if not isinstance(user, Mapping):
         raise ConfigError(f"a config must be a mapping of keys to values, got {type(config).__name__}.")
     user = dict(user)
     user.pop("hydra", None)
     refuse_renamed(user)
-    if complete:
-        _check_complete(user, Config, "")
-    base, default_init = _root_defaults()
-    init = user.pop("init", None)
-    if isinstance(init, str):
-        init = {"kind": init}
-    if init is not None and not isinstance(init, Mapping):
-        raise ConfigError(f"init must be a kind ({', '.join(INITS)}) or a mapping with one, got {init!r}.")
-    init = dict(init or {})
-    kind = init.get("kind", default_init)
-    if kind not in INITS:
-        raise ConfigError(f"unknown init kind {kind!r}; choose one of {', '.join(INITS)}.")
-    _check_given(user, Config, "")
-    _check_given(init, INITS[kind], "init.")
-    if complete:
-        _check_complete(init, INITS[kind], "init.")
-    try:
-        cfg = OmegaConf.merge(base, user)
-    except oc_errors.OmegaConfBaseException as error:
-        raise ConfigError(explain(error, init_kind=kind)) from None
-    try:
-        cfg.init = OmegaConf.merge(_init_defaults(kind), init)
-    except oc_errors.OmegaConfBaseException as error:
-        # The init node is merged on its own, so its errors name keys without `init.`.
-        error.full_key = f"init.{error.full_key}" if getattr(error, "full_key", None) else "init"
-        raise ConfigError(explain(error, init_kind=kind)) from None
-    try:
-        return typing.cast(Config, OmegaConf.to_object(cfg))  # the structured Config as its dataclass
-    except oc_errors.OmegaConfBaseException as error:  # an interpolation that cannot be resolved
-        raise ConfigError(explain(error, init_kind=kind)) from None
-
-
-# How a boolean may be spelt (YAML 1.1's words): OmegaConf alone would also read any
-# number (2 is true) and "1", "y" or "n".
-_BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
-
-
-def read_boolean(value: Any) -> bool | None:
-    """`value` as a boolean (True, "yes", "Off", ...), or None if it is not one."""
-    if isinstance(value, bool):
-        return value
-    return _BOOLEAN_WORDS.get(value.lower()) if isinstance(value, str) else None
-
-
-def _check_given(given: Mapping, schema: type, prefix: str) -> None:
-    """What OmegaConf would let through: a group (a nested dataclass of the schema) must
-    be a mapping, a boolean a boolean or one of its words, and an untyped key no mapping."""
-    hints = _hints(schema)
-    for key, value in given.items():
-        kind = hints.get(key)
-        if dataclasses.is_dataclass(kind) and kind is not InitConfig:
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{prefix}{key} must be {_describe(kind)}, got {value!r}.")
-            _check_given(value, typing.cast(type, kind), f"{prefix}{key}.")  # a schema's hints are classes
-        elif kind is bool and read_boolean(value) is None and not (isinstance(value, str) and value.startswith("${")):
-            raise ConfigError(f"{prefix}{key} must be {_describe(bool)}, got {value!r}.")
-        elif kind is Any and isinstance(value, Mapping):  # numbers or nested lists of them, in every such key
-            raise ConfigError(f"{prefix}{key} cannot be a mapping, got {value!r}.")
-
-
-def typed_options(schema: type, given: Mapping, prefix: str) -> dict:
-    """`given` typed by the dataclass `schema` over its defaults, as plain containers
-    (choices as their names): the options of an experiment (`prefix` names where they
-    sit, `experiment.options.`). A key the schema lacks, a value of the wrong type, a
-    name outside a choice, a number that is NaN or infinite and a list that holds an
-    entry twice are refused in one sentence (`_check_values`: a field declares in its
-    `metadata` that it takes infinity, `{"infinite": True}`, or repeats,
-    `{"repeats": True}`); ranges and combinations are the caller's to check."""
-    names = [f.name for f in dataclasses.fields(schema)]
-    unknown = [key for key in given if key not in names]
-    if unknown:
-        guess = did_you_mean(unknown[0], names, prefix)
-        raise ConfigError(
-            f"unknown option {prefix}{unknown[0]}{guess}; {prefix.rstrip('.')} takes {', '.join(names) or 'none'}."
-        )
-    _check_given(given, schema, prefix)
-    try:
-        typed = typing.cast(  # a structured config becomes a dict
-            dict,
-            OmegaConf.to_container(
-                OmegaConf.merge(OmegaConf.structured(schema), dict(given)), resolve=True, enum_to_str=True
-            ),
-        )
-    except oc_errors.OmegaConfBaseException as error:
-        full_key = str(getattr(error, "full_key", "") or "")
-        path = _split(full_key)
-        if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)) and path:
-            group = f"{prefix}{'.'.join(path[:-1])}"
-            parent = _schema_at(path[:-1], None, root=schema)
-            names = [f.name for f in dataclasses.fields(parent)] if dataclasses.is_dataclass(parent) else []
-            guess = did_you_mean(path[-1], names, f"{group}.")
-            raise ConfigError(
-                f"unknown config key {prefix}{full_key}{guess}; {group} takes {', '.join(names) or 'none'}."
-            ) from None
-        kind = _schema_at(path, None, root=schema) if full_key else None
-        if kind is None:
-            raise ConfigError(f"invalid {prefix.rstrip('.')}: {explain(error)}") from None
-        raise ConfigError(
-            f"{prefix}{full_key} must be {_describe(kind)}, got {getattr(error, 'value', None)!r}."
-        ) from None
-    _check_values(typed, schema, prefix)
-    return typed
-
-
-def _check_values(typed: Mapping, schema: type, prefix: str) -> None:
-    """What a type lets through but no option can use: a number that is NaN or infinite
-    (a field typed float, or a number inside a list or an untyped field), unless the
-    field's `metadata` says `infinite` (then plus and minus infinity pass, NaN never);
-    and an entry given twice in a field typed as a list (each entry is a panel, a run or
-    a time: a repeat computes or draws the same thing twice, or is silently merged),
-    unless its `metadata` says `repeats`. Nested options (a dataclass) are checked key
-    by key; a mapping (`dict[str, Any]`) holds the settings of another part of attnflow
-    (a training, a study) and is checked by that part's own schema."""
-    hints = _hints(schema)
-    for option in dataclasses.fields(schema):
-        key, value, kind = f"{prefix}{option.name}", typed.get(option.name), hints[option.name]
-        if _is_optional(kind):
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
-            _check_values(value, typing.cast(type, kind), f"{key}.")  # a schema's hints are classes
-            continue
-        if typing.get_origin(kind) is dict:
-            continue
-        infinite = option.metadata.get("infinite", False)
-        bad = next((x for x in _numbers_in(value) if math.isnan(x) or (math.isinf(x) and not infinite)), None)
-        if bad is not None:
-            allowed = "a number, inf or -inf" if infinite else "a finite number"
-            if bad is value:
-                raise ConfigError(f"{key} must be {allowed}, got {value!r}.")
-            raise ConfigError(f"{key} must hold {allowed} in each place, got {bad!r} in {value!r}.")
-        if typing.get_origin(kind) is list and isinstance(value, list) and not option.metadata.get("repeats", False):
-            frozen = [_frozen(entry) for entry in value]
-            seen = set()
-            for entry, hashable in zip(value, frozen):
-                if hashable in seen:
-                    count = frozen.count(hashable)
-                    shown = entry if isinstance(entry, str) else repr(entry)
-                    raise ConfigError(
-                        f"{key} holds {shown} {'twice' if count == 2 else f'{count} times'}; give each value once."
-                    )
-                seen.add(hashable)
-
-
-def _numbers_in(value: Any):
-    """The floats in `value`, a number or nested lists of them (booleans and integers are
-    always finite)."""
-    if isinstance(value, float):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _numbers_in(item)
-
-
-def _frozen(value: Any) -> Any:
-    """`value` (nested lists and mappings allowed) as something hashable that compares
-    as it does."""
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
-    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def _check_complete(given: Mapping, schema: type, prefix: str) -> None:
-    """Every key of `schema` (and of its groups) has a value in `given`."""
-    for key, kind in _hints(schema).items():
-        value = given.get(key, MISSING)
-        if isinstance(value, str) and value == MISSING:
-            raise ConfigError(f"{prefix}{key} has no value; give it one.")
-        if dataclasses.is_dataclass(kind) and kind is not InitConfig and isinstance(value, Mapping):
-            _check_complete(value, typing.cast(type, kind), f"{prefix}{key}.")  # a schema's hints are classes
-
-
-def to_container(cfg: Any) -> Any:
-    """The config as plain nested dicts and lists (choices as their names), in the
-    schema's key order."""
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return {f.name: to_container(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
-    if isinstance(cfg, Mapping):  # a mapping the schema leaves open (terms): a copy
-        return {key: to_container(value) for key, value in cfg.items()}
-    if isinstance(cfg, (list, tuple)):
-        return [to_container(v) for v in cfg]
-    if isinstance(cfg, enum.Enum):
-        return cfg.name
-    return cfg
+    values, default_kind = _root_defaults()
+    if not complete:
+        kind, init = kind_of({} if user.get("init") is None else user["init"], INITS, "init", default_kind)
+        user["init"] = {**_init_defaults(kind), **init}
+    return typed(Config, user, complete=complete, defaults=values, numbers=False)
 
 
 @functools.cache
@@ -648,111 +538,3 @@ def _default_config() -> Config:
 def defaults() -> Config:
     """The default study (what a bare `attnflow` runs)."""
     return copy.deepcopy(_default_config())
-
-
-# --- one sentence for every way a value can be wrong --------------------------------
-
-
-def _schema_at(path: list[str], init_kind: str | None, root: type | None = None) -> Any:
-    """The schema type at a dotted path (list items by index) from `root` (the study's
-    schema by default), or None if unknown."""
-    kind: Any = Config if root is None else root
-    for part in path:
-        if _is_optional(kind):
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        if typing.get_origin(kind) is list:
-            kind = typing.get_args(kind)[0]
-            continue
-        if kind is InitConfig:
-            kind = INITS.get(init_kind or "", InitConfig)
-        if not (dataclasses.is_dataclass(kind) and isinstance(kind, type)):
-            return None
-        hints = _hints(kind)
-        if part not in hints:
-            return None
-        kind = hints[part]
-    if _is_optional(kind) and any(dataclasses.is_dataclass(a) for a in typing.get_args(kind)):
-        kind = next(a for a in typing.get_args(kind) if a is not type(None))
-    if kind is InitConfig:
-        kind = INITS.get(init_kind or "", InitConfig)
-    return kind
-
-
-def _is_optional(kind: Any) -> bool:
-    return typing.get_origin(kind) in (typing.Union, types.UnionType)
-
-
-def _describe(kind: Any) -> str:
-    if _is_optional(kind):
-        inner = [a for a in typing.get_args(kind) if a is not type(None)]
-        return f"{_describe(inner[0])} or null"
-    if typing.get_origin(kind) is list:
-        return f"a list of {_plural(typing.get_args(kind)[0])}"
-    if typing.get_origin(kind) is dict:
-        return "a mapping"
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return "one of " + ", ".join(kind.__members__)
-    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-        return "a mapping of " + ", ".join(f.name for f in dataclasses.fields(kind))
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind, "valid")
-
-
-def _plural(kind: Any) -> str:
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return "names among " + ", ".join(kind.__members__)
-    return {bool: "booleans", int: "integers", float: "numbers", str: "strings"}.get(kind, "values")
-
-
-def _split(full_key: str) -> list[str]:
-    parts = []
-    for piece in str(full_key).replace("]", "").split("."):
-        parts.extend(p for p in piece.split("[") if p != "")
-    return parts
-
-
-def explain(error: Exception, init_kind: str | None = None) -> str:
-    """One sentence for an OmegaConf error raised while composing or resolving a config."""
-    full_key = str(getattr(error, "full_key", "") or "")
-    path = _split(full_key)
-    if isinstance(error, oc_errors.InterpolationResolutionError):
-        reason = str(getattr(error, "msg", None) or error).splitlines()[0].rstrip(".")
-        return f"{full_key or 'a value'} holds an interpolation that cannot be resolved ({reason})."
-    if isinstance(error, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)) and path:
-        parent = _schema_at(path[:-1], init_kind)
-        holder: Any = getattr(error, "object_type", None)
-        holder = _SCHEMA_OF.get(holder, holder)
-        if parent is InitConfig and holder in INITS.values():
-            parent, init_kind = holder, holder.kind
-        group = ".".join(path[:-1])
-        if dataclasses.is_dataclass(parent):
-            names = [f.name for f in dataclasses.fields(parent)]
-        elif isinstance(getattr(error, "parent_node", None), DictConfig):  # a mapping the schema leaves open
-            names = [str(name) for name in error.parent_node.keys()]
-            if not names:
-                return f"{group} holds no keys by default; add one with +{full_key}=VALUE."
-        else:
-            return f"unknown config key {full_key}."
-        key = full_key + did_you_mean(path[-1], names, f"{group}." if group else "")
-        where = f"{group} ({init_kind})" if parent in INITS.values() else group
-        allowed = ", ".join(names) or "none"
-        if group:
-            return f"unknown config key {key}; {where} takes {allowed}."
-        return f"unknown config key {key}; known keys are {allowed}."
-    if isinstance(error, oc_errors.MissingMandatoryValue) and full_key:
-        return f"{full_key} has no value; give it one."
-    if full_key:
-        value = getattr(error, "value", None)
-        if isinstance(error, oc_errors.ConfigTypeError) and getattr(error, "object_type", None) in (list, dict):
-            # Hydra merging a mapping where the value is a list, or the other way round
-            # (a key the schema leaves untyped, such as beta).
-            return f"{full_key} cannot be {'a mapping' if error.object_type is list else 'a list'}."
-        kind = _schema_at(path, init_kind)
-        if path[:1] == ["metrics"]:  # names: the built-in ones, or a researcher's by its import path
-            return (
-                f"metrics must be a list of names among {', '.join(METRIC_NAMES)} (or module.function of a "
-                f"metric of your own), got {value!r}."
-            )
-        if kind is not None:
-            return f"{full_key} must be {_describe(kind)}, got {value!r}."
-    first = str(getattr(error, "msg", None) or error).splitlines()[0].strip().rstrip(".")
-    return f"invalid config: {first}."

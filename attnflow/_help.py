@@ -1,14 +1,15 @@
 """What `attnflow --help` says, and the docs' reference page, from one source.
 
-Every config key's type comes from the schema (`attnflow._config`), its default from the
-YAML file that holds it (`conf/config.yaml`, `conf/init/KIND.yaml`) and its meaning from
-that file's comment on its line, so that a key without a comment shows up in the help
-without a meaning (and fails the test that every key has one). An experiment's line is
-its module's `TITLE`; its options are its `Options` dataclass (their types), with the
-values and comments of `conf/experiment/NAME.yaml` (the option's own comment in the
-module when the YAML has none); `attnflow train`'s settings are the fields of
-`TrainConfig` (their types, and their meanings as each field's `metadata["help"]`) with
-the values of `conf/train.yaml`.
+Every config key of a study comes from the schema (`attnflow._config.Config`, and the
+initial conditions' dataclasses of `attnflow.initial`, imported: they import no JAX):
+its type from the field's annotation, its choices from its `Choice`, its meaning from
+the field's `help` metadata (`_schema.setting`), and its default from the YAML file that
+holds it (`conf/config.yaml`, `conf/init/KIND.yaml`). An initial condition's line is its
+class's `title`. An experiment's line is its class's `title`; its options are its
+`Options` dataclass (their types and meanings, `setting(default, "meaning")` or
+`field(metadata={"help": ...})`), with the values of `conf/experiment/NAME.yaml`;
+`attnflow train`'s settings are the fields of `TrainConfig` (types and meanings, its
+`metadata["help"]`) with the values of `conf/train.yaml`.
 
 The experiments' modules are read as text (`ast`), never imported: they import JAX (the
 help must start at once). `TrainConfig` is imported: its module
@@ -42,7 +43,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from . import _config
-from ._config import INITS, Config, InitConfig, config_source
+from ._config import INITS, Config, config_source
 from .diffeqformer._settings import TrainConfig
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -235,12 +236,13 @@ class _Field:
     name: str
     annotation: str
     default: Any  # the literal default, or None when it is not a literal
-    comment: str
+    meaning: str  # its `help` metadata; else its comment (TrainConfig's, until it declares its meanings)
 
 
 def _fields(path: Path, name: str) -> list[_Field]:
-    """The fields of the dataclass `name` in the module at `path`, each with its comment
-    (on its first line; else on the lines right above it)."""
+    """The fields of the dataclass `name` in the module at `path`, each with its meaning:
+    its `help` metadata (`setting(default, "meaning")`, `field(metadata={"help": ...})`),
+    else its comment (on its first line; else on the lines right above it)."""
     found = _statement(path, rf"class {re.escape(name)}\b")
     if found is None:
         return []
@@ -259,17 +261,38 @@ def _fields(path: Path, name: str) -> list[_Field]:
         while not comment and above in comments and lines[above - 1].strip().startswith("#"):
             comment = comments[above]
             above -= 1
-        fields.append(_Field(item.target.id, ast.unparse(item.annotation), _literal_default(item.value), comment))
+        meaning = _help_of(item.value) or comment
+        fields.append(_Field(item.target.id, ast.unparse(item.annotation), _literal_default(item.value), meaning))
     return fields
 
 
+def _call(node: ast.expr | None, name: str) -> ast.Call | None:
+    return node if isinstance(node, ast.Call) and getattr(node.func, "id", "") == name else None
+
+
+def _help_of(node: ast.expr | None) -> str:
+    """A field's `help` metadata, as its text declares it: `setting(default, "meaning")`
+    or `field(..., metadata={"help": "meaning"})`; "" when it declares none."""
+    keywords = {keyword.arg: keyword.value for keyword in getattr(node, "keywords", [])}
+    if (call := _call(node, "setting")) is not None:
+        text = call.args[1] if len(call.args) > 1 else keywords.get("meaning")
+    elif _call(node, "field") is not None and isinstance(keywords.get("metadata"), ast.Dict):
+        metadata = cast(ast.Dict, keywords["metadata"])
+        text = next((v for k, v in zip(metadata.keys, metadata.values) if getattr(k, "value", None) == "help"), None)
+    else:
+        return ""
+    return text.value if isinstance(text, ast.Constant) and isinstance(text.value, str) else ""
+
+
 def _literal_default(node: ast.expr | None) -> Any:
-    """The default of a field when it is a literal (`3`, `field(default_factory=lambda: [1])`,
-    `Choice.name`), else None."""
+    """The default of a field when it is a literal (`3`, `setting([1], ...)`,
+    `field(default_factory=lambda: [1])`, `Choice.name`, a list of them), else None."""
     if node is None:
         return None
-    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "field":
-        for keyword in node.keywords:
+    if (call := _call(node, "setting")) is not None:
+        return _literal_default(call.args[0]) if call.args else None
+    if (call := _call(node, "field")) is not None:
+        for keyword in call.keywords:
             if keyword.arg == "default":
                 return _literal_default(keyword.value)
             if keyword.arg == "default_factory" and isinstance(keyword.value, ast.Lambda):
@@ -280,6 +303,9 @@ def _literal_default(node: ast.expr | None) -> Any:
     try:
         return ast.literal_eval(node)
     except ValueError:
+        if isinstance(node, ast.List):  # of choices' members
+            items = [_literal_default(item) for item in node.elts]
+            return None if any(item is None for item in items) else items
         return None
 
 
@@ -355,8 +381,6 @@ def _type(annotation: str, choices_of) -> tuple[str, tuple[str, ...]]:
 
 
 def _study_choices(annotation: str) -> tuple[str, ...] | None:
-    if annotation == "MetricName":  # a built-in metric, or a researcher's by its import path
-        return tuple(_config.Metric.__members__)
     kind = getattr(_config, annotation, None)
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return tuple(kind.__members__)
@@ -368,49 +392,55 @@ def _schema_class(annotation: str) -> type | None:
     return kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
 
 
-def _walk(schema: type, values: Mapping, notes: Mapping[str, str], prefix: str) -> Iterator[Key]:
-    """The rows of a (nested) schema dataclass of the study: `values` and `notes` are
-    the YAML's values and comments at `prefix`. Sibling groups of one type (the four
-    matrices Q, K, V, O) make one row per key, `weights.{q,k,v,o}.kind`."""
+def _study_type(field: dataclasses.Field) -> tuple[str, tuple[str, ...]]:
+    """A study key's type in words and its choices: its annotation (a string: the schema
+    postpones them), the names of its `Choice`, or of its `choices` metadata (the known
+    names of an open key, such as the metrics)."""
+    names = field.metadata.get("choices")
+    choices = (lambda _: tuple(names.__members__)) if names is not None else _study_choices
+    return _type(cast(str, field.type), choices)
+
+
+def _walk(schema: type, values: Mapping, prefix: str) -> Iterator[Key]:
+    """The rows of a (nested) schema dataclass of the study: `values` are the YAML's
+    values at `prefix`, the meanings the fields' `help`. Sibling groups of one type (the
+    four matrices Q, K, V, O) make one row per key, `weights.{q,k,v,o}.kind`."""
     fields = dataclasses.fields(schema)
     shared: dict[str, list[str]] = {}
     for field in fields:
         annotation = cast(str, field.type)  # the schema's annotations are strings (postponed)
-        if _schema_class(annotation) is not None:
+        if _schema_class(annotation) is not None and "kinds" not in field.metadata:
             shared.setdefault(annotation, []).append(field.name)
     done = set()
     for field in fields:
         annotation = cast(str, field.type)  # the schema's annotations are strings (postponed)
-        group = _schema_class(annotation)
-        if group is InitConfig or annotation.startswith("ExperimentConfig"):
-            yield from (_init_rows() if group is InitConfig else _experiment_rows(notes))
+        meaning = field.metadata.get("help", "")
+        if "kinds" in field.metadata:
+            yield from _kind_rows(prefix + field.name, meaning, field.metadata["kinds"])
             continue
+        if annotation.startswith("ExperimentConfig"):
+            yield Key("experiment", "choice", None, meaning, tuple(experiments()), ("experiment",))
+            continue
+        group = _schema_class(annotation)
         if group is not None:
             if annotation in done:
                 continue
             done.add(annotation)
             names = shared[annotation]
             label = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
-            yield from _merged(group, {name: values.get(name) or {} for name in names}, notes, prefix, label)
+            yield from _merged(group, {name: values.get(name) or {} for name in names}, prefix, label)
             continue
-        type_, choices = _type(annotation, _study_choices)
-        yield Key(
-            prefix + field.name,
-            type_,
-            values.get(field.name),
-            notes.get(prefix + field.name, ""),
-            choices,
-            (prefix + field.name,),
-        )
+        type_, choices = _study_type(field)
+        yield Key(prefix + field.name, type_, values.get(field.name), meaning, choices, (prefix + field.name,))
 
 
-def _merged(group: type, values: dict[str, Mapping], notes: Mapping[str, str], prefix: str, label: str):
+def _merged(group: type, values: dict[str, Mapping], prefix: str, label: str):
     """The rows of a group that several siblings share (one sibling: its own rows)."""
     names = list(values)
-    rows = [list(_walk(group, values[name], notes, f"{prefix}{name}.")) for name in names]
+    rows = [list(_walk(group, values[name], f"{prefix}{name}.")) for name in names]
     for parts in zip(*rows):
         first = parts[0]
-        meaning = next((part.meaning for part in parts if part.meaning), "")
+        meaning = first.meaning
         defaults = [part.default for part in parts]
         default = first.default
         if any(d != default for d in defaults):
@@ -419,70 +449,64 @@ def _merged(group: type, values: dict[str, Mapping], notes: Mapping[str, str], p
         yield dataclasses.replace(first, name=name, meaning=meaning, keys=tuple(k for p in parts for k in p.keys))
 
 
-def _init_rows() -> Iterator[Key]:
-    """`init` (the group) and the keys of its kinds, one row per key name."""
-    root = yaml_comments(_conf_text("config.yaml"))
-    kinds = {kind: _conf_values("init", f"{kind}.yaml") for kind in INITS}
-    default_kind = _default_init()
-    yield Key("init", "choice", default_kind, root.get("defaults.init", ""), tuple(INITS), ("init",))
+def _kind_rows(name: str, meaning: str, kinds: Mapping[str, type]) -> Iterator[Key]:
+    """A group of `kinds` (the study's `init`): its row, a choice of the kinds, and one
+    row per key name of its kinds (their defaults in conf/init/KIND.yaml)."""
+    yield Key(name, "choice", _default_init(), meaning, tuple(kinds), (name,))
     rows: dict[str, list] = {}
-    for kind, cls in INITS.items():
-        notes = yaml_comments(_conf_text("init", f"{kind}.yaml"))
+    for kind, cls in kinds.items():
+        values = _conf_values(name, f"{kind}.yaml")
         for field in dataclasses.fields(cls):
             if field.name != "kind":
-                rows.setdefault(field.name, []).append(
-                    (kind, field, kinds[kind].get(field.name), notes.get(field.name))
-                )
-    for name, entries in rows.items():
-        notes = {note or "" for *_, note in entries}
+                rows.setdefault(field.name, []).append((kind, field, values.get(field.name)))
+    for key, entries in rows.items():
+        notes = {field.metadata.get("help", "") for _, field, _ in entries}
         if len(notes) == 1:
-            meaning = f"init={', '.join(kind for kind, *_ in entries)}: {notes.pop()}"
+            text = f"{name}={', '.join(kind for kind, *_ in entries)}: {notes.pop()}"
         else:  # the kinds say what the key is for each of them
-            meaning = "; ".join(f"init={kind}: {note or ''}" for kind, _, _, note in entries)
+            text = "; ".join(f"{name}={kind}: {field.metadata.get('help', '')}" for kind, field, _ in entries)
         default = entries[0][2]
-        others = [f"{kind}: {show(value)}" for kind, _, value, _ in entries[1:] if value != default]
-        type_, choices = _type(entries[0][1].type, _study_choices)
+        others = [f"{kind}: {show(value)}" for kind, _, value in entries[1:] if value != default]
+        type_, choices = _study_type(entries[0][1])
         yield Key(
-            f"init.{name}",
+            f"{name}.{key}",
             type_,
             default,
-            meaning + (f" ({', '.join(others)})" if others else ""),
+            text + (f" ({', '.join(others)})" if others else ""),
             choices,
-            (f"init.{name}",),
+            (f"{name}.{key}",),
         )
-
-
-def _experiment_rows(notes: Mapping[str, str]) -> Iterator[Key]:
-    yield Key("experiment", "choice", None, notes.get("experiment", ""), tuple(experiments()), ("experiment",))
 
 
 @functools.cache
 def config_keys() -> tuple[Key, ...]:
     """One row per key of the study (`attnflow KEY=VALUE`), in the schema's order."""
-    values = _conf_values("config.yaml")
-    notes = yaml_comments(_conf_text("config.yaml"))
-    return tuple(_walk(Config, values, notes, ""))
+    return tuple(_walk(Config, _conf_values("config.yaml"), ""))
 
 
 def _module_choices(path: Path):
     return lambda annotation: _choice_names(path, annotation)
 
 
-def _source_rows(path: Path, schema: str, values: Mapping, notes: Mapping[str, str], prefix: str = "") -> list[Key]:
-    """The rows of the dataclass `schema` of the module at `path` (read as text): a
-    dataclass-typed field of that module gives one row per key of its own."""
+def _source_rows(
+    path: Path, schema: str, values: Mapping, notes: Mapping[str, str], prefix: str = "", group: str = ""
+) -> list[Key]:
+    """The rows of the dataclass `schema` of the module at `path` (read as text), each
+    with its meaning (`notes` by key first, the YAML comments of `attnflow train`'s
+    settings): a dataclass-typed field of that module gives one row per key of its own,
+    whose meaning ends with the group's (`group`)."""
     rows = []
     for field in _fields(path, schema):
         name = prefix + field.name
         value = values.get(field.name, field.default) if isinstance(values, Mapping) else field.default
         nested = _fields(path, field.annotation) if re.fullmatch(r"\w+", field.annotation) else []
         if nested:
-            rows.extend(
-                _source_rows(path, field.annotation, value if isinstance(value, Mapping) else {}, notes, f"{name}.")
-            )
+            inner = value if isinstance(value, Mapping) else {}
+            rows.extend(_source_rows(path, field.annotation, inner, notes, f"{name}.", field.meaning))
             continue
         type_, choices = _type(field.annotation, _module_choices(path))
-        rows.append(Key(name, type_, value, notes.get(name) or field.comment, choices, (name,)))
+        meaning = notes.get(name) or field.meaning
+        rows.append(Key(name, type_, value, f"{meaning} ({group})" if group else meaning, choices, (name,)))
     return rows
 
 
@@ -572,13 +596,9 @@ def experiment(name: str) -> Experiment:
     """Experiment `name` (one of `experiments()`)."""
     path = _experiment_path(name)
     values = dict(_conf_values("experiment", f"{name}.yaml"))
-    notes = yaml_comments(_conf_text("experiment", f"{name}.yaml"))
     block = values.pop("experiment", None) or {}
     values.pop("defaults", None)
-    options = {
-        key[len("experiment.options.") :]: note for key, note in notes.items() if key.startswith("experiment.options.")
-    }
-    rows = _source_rows(path, "Options", block.get("options") or {}, options)
+    rows = _source_rows(path, "Options", block.get("options") or {}, {})
     return Experiment(
         name,
         _title(path, "title"),
@@ -695,7 +715,7 @@ def header() -> str:
 def main_help(width: int | None = None) -> str:
     """The page of `attnflow --help`."""
     width = width or _width()
-    inits = [(f"init={kind}", _conf_text("init", f"{kind}.yaml").splitlines()[0].lstrip("# ")) for kind in INITS]
+    inits = [(f"init={kind}", cls.title) for kind, cls in INITS.items()]
     return "\n\n".join(
         [
             "Usage:\n" + _table(list(_USAGE), width, 44),
@@ -809,8 +829,8 @@ def reference_markdown() -> str:
     lines = [
         "# The command line and every config key",
         "",
-        "This page is generated from the config schema and the comments of the YAML files; "
-        "`attnflow --help` prints the same.",
+        "This page is generated from the config schema (each key's type, choices and meaning) and the default "
+        "values of the YAML files; `attnflow --help` prints the same.",
         "",
         "## Usage",
         "",
@@ -831,9 +851,7 @@ def reference_markdown() -> str:
     ]
     lines += [f"| [`{name}`](#{name}) | {_cell(title)} |" for name, title in experiments().items()]
     lines += ["", "## Initial tokens", "", "| init | tokens |", "|---|---|"]
-    lines += [
-        f"| `{kind}` | {_cell(_conf_text('init', f'{kind}.yaml').splitlines()[0].lstrip('# '))} |" for kind in INITS
-    ]
+    lines += [f"| `{kind}` | {_cell(cls.title)} |" for kind, cls in INITS.items()]
     lines += ["", "## Keys of a study", "", "`attnflow KEY=VALUE ...`; the defaults are in `conf/config.yaml`.", ""]
     lines += _markdown_keys(config_keys())
     lines += [

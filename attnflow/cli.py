@@ -56,8 +56,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from . import _help
 from ._config import (
+    Config,
     config_source,
-    explain,
     refuse_renamed,
     register_schema,
     renamed_error,
@@ -66,6 +66,7 @@ from ._config import (
 )
 from ._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError
 from ._progress import Progress, end_all, status
+from ._schema import explain
 from ._store import (
     RunDirectory,
     discard_partial_files,
@@ -577,7 +578,7 @@ def _sentence(error: BaseException) -> str:
         return f"cannot parse the command line ({first})."
     cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
     if isinstance(cause, OmegaConfBaseException):
-        return explain(cause)
+        return explain(cause, Config)
     if isinstance(error, OSError) and error.filename:
         return f"cannot use {error.filename} ({error.strerror})."
     first = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__

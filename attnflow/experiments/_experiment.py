@@ -9,9 +9,11 @@ draw it. The runner (`attnflow.experiments._runner`) asks the class, never the m
 - `title`, `paper`: what the figure shows and what it reproduces (the results' `title`
   and `references`);
 - `Options`: a dataclass of its own settings (`experiment.options.KEY=...`), their types
-  (choices as `attnflow._config.choice(...)`) and defaults. The runner types what is
-  given by it (unknown keys, wrong types, NaN and infinity, repeated list entries are
-  refused there) and hands the experiment an instance: `self.options.sizes`;
+  (choices as `attnflow._config.choice(...)`), defaults and meanings (the `help` of each
+  field's metadata, `setting(default, "meaning")` of `attnflow._schema`, which the help
+  shows). The runner types what is given by it (`_schema.typed`: unknown keys, wrong
+  types, NaN and infinity, repeated list entries are refused there) and hands the
+  experiment an instance: `self.options.sizes`;
 - `check()`: what a type cannot say (ranges, combinations), one sentence each;
 - `panels(base)`: the studies to solve, each a config mapping; by default one per
   combination of the list-valued `panel_keys` (`d: [2, 8, 32, 128]`);

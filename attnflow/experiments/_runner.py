@@ -5,7 +5,6 @@ then handed to the experiment's own `analyse` and `draw`."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import os
 import warnings
@@ -31,11 +30,11 @@ from .._config import (
     hydra_context,
     register_schema,
     to_container,
-    typed_options,
 )
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure
 from .._figures import save, style
+from .._schema import typed
 from .._store import PieceStore
 from .._study import config_yaml, plan_study, prepare_jax, run_identity, solve_study
 from ._animate import check_plotly_js
@@ -100,29 +99,21 @@ def option_schema(experiment: type | ModuleType) -> type:
 
 def default_options(experiment: type | ModuleType) -> dict:
     """An experiment's options at their defaults, as plain containers."""
-    return typed_options(option_schema(experiment), {}, "experiment.options.")
+    return to_container(typed(option_schema(experiment), {}, "experiment.options."))
 
 
 def _options(experiment: type | ModuleType, name: str, given: Any) -> dict:
     """The experiment's options: its `Options` schema's defaults with `given` on top,
-    typed by the schema. An unknown name is refused with the nearest one; a wrong type,
-    a name outside a choice, a NaN or infinite number and a list that holds an entry
-    twice in one sentence (`typed_options`; a field's `metadata` may allow infinity or
-    repeats); ranges and combinations are checked by the experiment's `check`."""
-    schema = option_schema(experiment)
-    names = [f.name for f in dataclasses.fields(schema)]
+    typed by the schema (`_schema.typed`), as plain containers. An unknown name is
+    refused with the nearest one; a wrong type, a name outside a choice, a NaN or
+    infinite number and a list that holds an entry twice in one sentence (a field's
+    `metadata` may allow infinity or repeats); ranges and combinations are checked by
+    the experiment's `check`."""
     given = _plain(given) if given is not None else {}
     if not isinstance(given, Mapping):
         raise ConfigError(f"experiment.options must be a mapping of option names to values, got {given!r}.")
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        takes = ", ".join(names) if names else "no options"
-        near = difflib.get_close_matches(str(unknown[0]), names, n=1)
-        guess = f" (did you mean {near[0]}?)" if near else ""
-        raise ConfigError(
-            f"unknown option experiment.options.{unknown[0]} of experiment {name}{guess}; it takes {takes}."
-        )
-    return typed_options(schema, given, "experiment.options.")
+    options = typed(option_schema(experiment), given, "experiment.options.", owner=f"experiment {name}")
+    return to_container(options)
 
 
 def _instance(schema: type, options: Mapping) -> Any:

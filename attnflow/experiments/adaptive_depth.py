@@ -32,7 +32,7 @@ of option `pretrain` on top of conf/train.yaml).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ import xarray as xr
 from .._config import choice
 from .._errors import ConfigError
 from .._progress import Progress
+from .._schema import setting
 from ..checkpoints._load import load_checkpoint
 from ..diffeqformer._data import load_corpus
 from ..diffeqformer._settings import corpus_name, train_config
@@ -63,18 +64,23 @@ Method = choice("Method", METHODS)
 
 @dataclass
 class Options:
-    pretrained: str = "runs/diffeqformer/diffeqformer"  # the DiffEqFormer run to fine-tune
-    baseline: str = "runs/diffeqformer/gpt"  # the GPT run beside it
-    steps: list[int] = field(default_factory=lambda: [9, 12, 18, 24])  # solver steps tried
-    methods: list[  # [] for zero-shot only
-        Method  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
-    ] = field(default_factory=lambda: [Method.full, Method.lora])  # pyright: ignore[reportAttributeAccessIssue]  # its members are made at run time
-    lora_rank: int = 4
-    finetune_steps: int = 200
-    corpus: str = "reference-b"
-    out: str | None = None  # null: finetune/ beside the pretrained run
-    train: dict[str, Any] = field(default_factory=dict)  # attnflow train settings of the fine-tuning runs
-    pretrain: dict[str, Any] = field(default_factory=dict)  # and of the pretraining runs, when missing
+    pretrained: str = setting("runs/diffeqformer/diffeqformer", "the pretrained DiffEqFormer run (attnflow train)")
+    baseline: str = setting("runs/diffeqformer/gpt", "the GPT baseline run")
+    steps: list[int] = setting([9, 12, 18, 24], "numbers of Euler steps N' to solve and fine-tune at")
+    methods: list[Method] = setting(  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+        [Method.full, Method.lora],  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+        "full: every hypernetwork parameter; lora: adapters of the populated layers ([]: zero-shot only)",
+    )
+    lora_rank: int = setting(4, "rank of the LoRA adapters (methods=[lora])")
+    finetune_steps: int = setting(200, "optimizer steps of every fine-tuning run")
+    corpus: str = setting("reference-b", "the fine-tuning corpus")
+    out: str | None = setting(None, "fine-tuning runs; null: finetune/ beside the pretrained run")
+    train: dict[str, Any] = setting(
+        {}, "attnflow train settings of the fine-tuning runs: +experiment.options.train.lr=0.001"
+    )
+    pretrain: dict[str, Any] = setting(
+        {}, "attnflow train settings for a pretrained run that must be trained first (+...)"
+    )
 
 
 EVALUATION = ("seed", "batch", "eval_batches", "solver")  # the settings that choose the held-out batches

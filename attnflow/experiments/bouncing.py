@@ -30,6 +30,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 
 from .._errors import ConfigError
+from .._schema import setting
 from ._common import caption, check_drawn_member, colormap, config_of, failed_members, member_summary, subplots
 from ._experiment import Counter, Experiment, Keeper
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    member: int = 0  # the member whose tokens are drawn
+    member: int = setting(0, "the member whose tokens are drawn")
 
 
 def attracting_subspace(v: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ import xarray as xr
 
 from .._build import resolve_study
 from .._errors import ConfigError
+from .._schema import setting
 from ._animate import animate_states
 from ._common import (
     caption,
@@ -55,9 +56,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    member: int = 0  # the member whose tokens are drawn
-    fit_from: float = 0.75  # decay rates are fitted on the times after this fraction of [t0, t1]
-    tolerance: float = 1e-3  # a member has converged when every |x_i - x_1| is below this at the end
+    member: int = setting(0, "the member whose tokens are drawn")
+    fit_from: float = setting(0.75, "decay rates are fitted on the times after this fraction of [t0, t1]")
+    tolerance: float = setting(1e-3, "converged: every |x_i - x_1| below this at t1")
 
 
 def decay_rates(t: np.ndarray, distance: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ embedding distances and the last token's path through the layers are stored too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +44,7 @@ from .._field import VectorField
 from .._metrics import cluster_count, cosines, normalized_energy
 from .._progress import Progress
 from .._schedules import Identity
+from .._schema import setting
 from .._simulate import simulate
 from .._terms import SelfAttention
 from ..checkpoints._flow import depth_flow, forward, run_depth
@@ -68,13 +69,16 @@ Interpolation = choice("Interpolation", ("constant", "linear", "cubic"))
 
 @dataclass
 class Options:
-    steps: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # solver steps per layer compared
-    interpolation: (  # the weights between layers
-        Interpolation  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
-    ) = Interpolation.constant  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
-    adaptive: bool = True  # also an adaptive solve
-    bins: int = 40  # of the cosine histograms
-    probes: bool = True  # also the linear probes
+    steps: list[int] = setting([1, 2, 4, 8], "Euler/split steps per layer of the simulated runs (1 = the layer map)")
+    interpolation: Interpolation = setting(  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+        Interpolation.constant,  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+        "weights between layers: constant | linear | cubic",
+    )
+    adaptive: bool = setting(True, "also an adaptive diffrax solve (tsit5) of the unsplit field (pre-LN models)")
+    bins: int = setting(40, "pair-cosine histogram bins on [-1, 1]")
+    probes: bool = setting(
+        True, "also the probes: QK/OV spectra, head singular vectors, embedding distances, the last token's path"
+    )
 
 
 def _unit(x):

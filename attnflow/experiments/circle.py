@@ -25,7 +25,7 @@ per beta (the first whose final count equals the median), which the figure draws
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ import xarray as xr
 from .._build import resolve_study
 from .._errors import ConfigError
 from .._metrics import cluster_labels
+from .._schema import setting
 from ._animate import animation
 from ._common import caption, colormap, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    snapshots: list[float] = field(default_factory=lambda: [0.0, 3.0, 10.0, 100.0])  # times drawn (the nearest saved)
+    snapshots: list[float] = setting([0.0, 3.0, 10.0, 100.0], "times drawn on the circle (the nearest saved ones)")
 
 
 class Circle(Experiment):

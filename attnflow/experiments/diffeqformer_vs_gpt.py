@@ -81,7 +81,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -97,6 +97,7 @@ from .._field import VectorField
 from .._metrics import cluster_count, cosines, normalized_energy
 from .._progress import Progress
 from .._schedules import AbstractSchedule, Scaled
+from .._schema import setting
 from .._simulate import simulate
 from ..analysis.pair_exponents import token_sensitivity
 from ..checkpoints._flow import depth_flow, forward
@@ -117,13 +118,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    out: str = "runs/diffeqformer"  # the folder of the two training runs
-    train: dict[str, Any] = field(default_factory=dict)  # attnflow train settings of both runs
-    sentence: str = "The for statement is used to iterate over the elements of a"
-    tokens: int = 4096  # held-out tokens of the energy across training
-    spectra_steps: int = 90  # grid points of the DiffEqFormer's spectra
-    cluster_horizon: float = 20.0  # T_c of the attention-only runs
-    frozen_at: float = 0.5  # where the frozen weights are taken, a share of the depth
+    out: str = setting("runs/diffeqformer", "folder of the two training runs (diffeqformer/, gpt/)")
+    train: dict[str, Any] = setting(
+        {}, "attnflow train settings for both runs: +experiment.options.train.train_steps=3000"
+    )
+    sentence: str = setting(
+        "The for statement is used to iterate over the elements of a", "the sentence of the sensitivity study"
+    )
+    tokens: int = setting(4096, "held-out tokens for the energy / KL study (whole windows of the context)")
+    spectra_steps: int = setting(90, "points t_k = k T / M of the DiffEqFormer's spectra")
+    cluster_horizon: float = setting(
+        20.0, "T_c: the attention-only dynamics runs on t in [0, T_c], weights at t T / T_c"
+    )
+    frozen_at: float = setting(0.5, "weight sharing: every weight held at tau = frozen_at * T")
 
 
 MODELS = ("diffeqformer", "gpt")

@@ -34,6 +34,7 @@ import xarray as xr
 from .._build import resolve_study
 from .._errors import ConfigError
 from .._progress import Progress
+from .._schema import setting
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
 
@@ -43,16 +44,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    test_fraction: float = 0.25  # the share of members held out
-    width: int = 64  # of the surrogate's MLP
-    depth: int = 2
-    train_steps: int = 2000
-    batch_size: int = 256
-    learning_rate: float = 3e-3
-    surrogate_steps: int = 40  # Euler steps of the surrogate's flow
-    epsilon: float = 0.01  # of the Sinkhorn distance
-    distance_times: int = 11
-    member: int = 0  # the held-out member whose paths are drawn
+    test_fraction: float = setting(0.25, "the share of the members held out from training (the last ones)")
+    width: int = setting(64, "hidden units per layer of v(s, x)")
+    depth: int = setting(2, "hidden layers")
+    train_steps: int = setting(2000, "Adam steps")
+    batch_size: int = setting(256, "(token, image) pairs per step")
+    learning_rate: float = setting(3e-3, "cosine-decayed to 5% of it")
+    surrogate_steps: int = setting(40, "rk4 steps of the surrogate flow over s in [0, 1]")
+    epsilon: float = setting(0.01, "Sinkhorn regularization (squared-distance units)")
+    distance_times: int = setting(11, "saved times at which the two ensembles are compared")
+    member: int = setting(0, "the held-out member whose paths are drawn")
 
 
 def _split(members: int, fraction: float) -> int:

@@ -39,6 +39,7 @@ import xarray as xr
 from .._errors import ConfigError
 from .._field import VectorField
 from .._schedules import Identity
+from .._schema import setting
 from .._simulate import simulate
 from .._terms import SelfAttention
 from ._common import caption, colormap, config_of, figure
@@ -50,11 +51,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    bins: int = 40  # pair-cosine histogram bins over [-1, 1]
-    polygons: int = 6  # random k-gons
-    sides: int = 5  # k, the vertices of each
-    interior: int = 24  # interior tokens of each k-gon
-    kgon_t1: float = 8.0  # end time of the k-gon runs (rk4, dt = 0.05): a whole number of steps
+    bins: int = setting(40, "pair-cosine histogram bins over [-1, 1]")
+    polygons: int = setting(6, "random k-gons drawn")
+    sides: int = setting(5, "k, the vertices of each k-gon")
+    interior: int = setting(24, "interior tokens of each k-gon")
+    kgon_t1: float = setting(8.0, "end time of the k-gon runs (rk4, dt = 0.05): a whole number of steps")
 
 
 KGON_DT = 0.05  # the step of the k-gon runs

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jax
@@ -58,6 +58,7 @@ from .._config import NOT_RESULT_KEYS, Config
 from .._ensemble import available_memory
 from .._errors import ConfigError
 from .._schedules import Identity
+from .._schema import setting
 from .._terms import SelfAttention
 from ._common import caption, colormap, config_of, counted, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
@@ -68,12 +69,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    rho: list[float] = field(default_factory=lambda: [0.5])  # pairwise correlation(s) of the input tokens, in (0, 1)
-    gamma_critical: list[float] = field(default_factory=lambda: [0.5, 0.75, 1.0, 1.5, 2.0])  # gamma / (1/(1 - rho))
-    n_min: int = 100
-    n_max: int | None = None  # null: 1e5 on a CPU, 1e6 on a GPU
-    n_count: int = 7  # n log-spaced from n_min to n_max
-    rows: int = 64  # query tokens sampled; the cosine is the mean over their pairs
+    rho: list[float] = setting([0.5], "pairwise correlation(s) of the input tokens, in (0, 1)")
+    gamma_critical: list[float] = setting([0.5, 0.75, 1.0, 1.5, 2.0], "gamma in units of the critical 1/(1 - rho)")
+    n_min: int = setting(100, "the fewest tokens")
+    n_max: int | None = setting(None, "null: 1e5 on a CPU, 1e6 on a GPU")
+    n_count: int = setting(7, "n log-spaced from n_min to n_max")
+    rows: int = setting(64, "query tokens sampled; the cosine is the mean over their pairs")
 
 
 # The config keys the experiment reads; any other key given is refused.

@@ -66,6 +66,7 @@ import xarray as xr
 from .._build import Study, resolve_study
 from .._config import Config
 from .._errors import ConfigError
+from .._schema import setting
 from .._solvers import tableau
 from ..analysis.spectrum import rotation_orbit
 from ._common import caption, colormap, config_of, member_summary, refuse_given, subplots
@@ -78,8 +79,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    k: int | None = None  # exponents kept (null: d, the d - 1 rotations and the first contracting one)
-    reorthonormalize_every: int = 10  # steps between QR factorizations
+    k: int | None = setting(None, "exponents kept (null: d, the d - 1 rotations and the first contracting one)")
+    reorthonormalize_every: int = setting(10, "steps between QR factorizations (one time unit at dt = 0.1)")
 
 
 # Study keys about a study's saved output: they mean nothing to a spectrum.

@@ -43,7 +43,7 @@ cluster.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jax
@@ -54,6 +54,7 @@ import xarray as xr
 from .._build import build_system, resolve_study, validate_config
 from .._config import choice, to_container
 from .._errors import ConfigError
+from .._schema import setting
 from .._terms import SelfAttention
 from ._common import caption, config_of, member_summary, subplots
 from ._experiment import Counter, Experiment, Keeper
@@ -68,13 +69,11 @@ Schedule = choice("Schedule", tuple(SCHEDULES))
 
 @dataclass
 class Options:
-    k: int | None = 3  # exponents kept per member (null: d)
-    reorthonormalize_every: int = 5  # Euler steps between QR factorizations
-    schedules: list[  # which magnitudes f_0 ... f_5
-        Schedule  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
-    ] = field(default_factory=lambda: list(Schedule))
-    dispersion: bool = True  # also solve the studies of experiment=polynomial for the dispersion index
-    compare_every: int | None = 1  # a second run with this QR interval estimates the round-off (null: none)
+    k: int | None = setting(3, "exponents kept per member (null: d)")
+    reorthonormalize_every: int = setting(5, "Euler steps between QR factorizations")
+    schedules: list[Schedule] = setting(list(Schedule), "which magnitudes f_0 ... f_5")  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+    dispersion: bool = setting(True, "also solve experiment polynomial's studies for the dispersion index")
+    compare_every: int | None = setting(1, "a second run with this QR interval estimates the round-off (null: none)")
 
 
 def _base(cfg) -> dict:

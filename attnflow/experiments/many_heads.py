@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,6 +38,7 @@ import xarray as xr
 
 from .._config import choice
 from .._errors import ConfigError
+from .._schema import setting
 from ..analysis.plateaus import detect_metastability
 from ._common import caption, config_of, failed_members, subplots
 from ._experiment import Counter, Experiment, Keeper
@@ -52,12 +53,11 @@ LawPanel = choice("LawPanel", tuple(PANELS))
 
 @dataclass
 class Options:
-    laws: list[  # panels of phase_diagram_random
-        LawPanel  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
-    ] = field(
-        default_factory=lambda: [LawPanel.product_wishart, LawPanel.v_plus_qtk]  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+    laws: list[LawPanel] = setting(  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+        [LawPanel.product_wishart, LawPanel.v_plus_qtk],  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+        "panels of phase_diagram_random",
     )
-    heads: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])  # the grid of H
+    heads: list[int] = setting([1, 2, 4, 8, 16, 32, 64, 128, 256], "the grid of H")
 
 
 def _label(law: str, heads: int) -> str:

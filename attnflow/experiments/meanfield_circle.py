@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -53,6 +53,7 @@ from .._errors import ConfigError
 from .._field import VectorField
 from .._noise import brownian_noise, tree_depth
 from .._schedules import Identity
+from .._schema import setting
 from .._simulate import simulate
 from .._terms import SelfAttention
 from ..analysis.meanfield import (
@@ -71,19 +72,21 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    kind: str = "sa"  # sa (softmax) or usa (unnormalised) attention
-    beta: float = 4.0  # inverse temperature
-    mode: int = 3  # the initial density is (1 + amplitude cos(mode theta)) / 2 pi
-    amplitude: float = 0.5  # of the initial perturbation, in [0, 1)
-    n: list[int] = field(default_factory=lambda: [100, 316, 1000, 3162, 10000, 31623, 100000])  # token counts
-    members: Any = field(default_factory=lambda: [24, 24, 24, 24, 8, 4, 2])  # draws per n: one number, or one per n
-    times: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])  # times compared (from 0)
-    dt: float = 0.25  # RK4 step of the particles
-    grid: int = 2048  # grid points of the PDE (modes up to grid/3)
-    sigma: float = 0.0  # noise: Brownian motion of strength sigma on the circle, in the particles and the PDE
-    gap: float = 0.3  # particle clusters are split at gaps wider than this (radians)
-    core: float = 0.001  # a particle with fewer than max(1, core n) others within gap/2 is in no cluster
-    min_mass: float = 0.05  # clusters of less mass are not counted
+    kind: str = setting("sa", "sa (softmax) or usa (unnormalised) attention")
+    beta: float = setting(4.0, "inverse temperature")
+    mode: int = setting(3, "initial density (1 + amplitude cos(mode theta)) / 2 pi")
+    amplitude: float = setting(0.5, "of the initial perturbation, in [0, 1)")
+    n: list[int] = setting(
+        [100, 316, 1000, 3162, 10000, 31623, 100000], "token counts (one compiled particle program each)"
+    )
+    members: Any = setting([24, 24, 24, 24, 8, 4, 2], "independent draws of the particles: one number, or one per n")
+    times: list[float] = setting([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "times compared, from 0 (whole numbers of dt)")
+    dt: float = setting(0.25, "RK4 step of the particles")
+    grid: int = setting(2048, "grid points of the PDE (Fourier modes up to grid / 3)")
+    sigma: float = setting(0.0, "noise: Brownian motion on the circle in the particles, diffusion sigma^2/2 in the PDE")
+    gap: float = setting(0.3, "particle clusters are split at gaps wider than this (radians)")
+    core: float = setting(0.001, "a particle with fewer than max(1, core n) others within gap/2 is in no cluster")
+    min_mass: float = setting(0.05, "clusters of less mass are not counted")
 
 
 # The config keys the experiment reads; any other key given is refused.

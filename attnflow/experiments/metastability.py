@@ -56,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -70,6 +70,7 @@ from .._config import defaults, to_container
 from .._errors import ConfigError
 from .._metrics import cluster_labels
 from .._progress import Progress
+from .._schema import setting
 from ..analysis.plateaus import detect_metastability
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
@@ -90,16 +91,15 @@ def published_angles() -> list[float]:
 class Detector:
     """Plateau detection (`attnflow.detect_metastability`)."""
 
-    tol: float = 0.02  # a fraction of a series' range
-    min_length: float = 0.5  # of a plateau
-    hold_length: float = 0.2  # of a merge's hold
+    tol: float = setting(0.02, "a plateau spans at most this fraction of the series' range")
+    min_length: float = setting(0.5, "shortest plateau")
+    hold_length: float = setting(0.2, "shortest hold of a cluster count before and after a merge")
 
 
 @dataclass
 class Options:
-    # panel (b): keys over the defaults (not over panel (a)'s); conf/experiment/metastability.yaml holds them
-    staircase: dict[str, Any] | None = field(
-        default_factory=lambda: {
+    staircase: dict[str, Any] | None = setting(
+        {
             "n": 5,
             "d": 2,
             "beta": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0],
@@ -115,13 +115,16 @@ class Options:
             "save_states": True,
             "metrics": ["log_energy", "clusters", "cluster_sizes"],
             "cluster_eps": 1.0e-8,
-        }
+        },
+        "panel (b): keys over the defaults (not over panel (a)'s); conf/experiment/metastability.yaml holds them",
     )
-    sphere_detector: Detector = field(default_factory=Detector)  # lengths in decades of t
-    staircase_detector: Detector = field(  # lengths in rescaled time
-        default_factory=lambda: Detector(tol=0.02, min_length=0.005, hold_length=0.002)
+    sphere_detector: Detector = setting(Detector(), "panel (a), lengths in decades of t")
+    staircase_detector: Detector = setting(
+        Detector(tol=0.02, min_length=0.005, hold_length=0.002), "panel (b), lengths in rescaled time s"
     )
-    member: int | None = None  # the member of panel (a) drawn large (null: the most merges, then the latest last merge)
+    member: int | None = setting(
+        None, "the member of panel (a) drawn large (null: the most merges, then the latest last merge)"
+    )
 
 
 SERIES = ("relative_energy", "clusters")

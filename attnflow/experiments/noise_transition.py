@@ -29,7 +29,7 @@ panels' sigma (`meanfield_order`) and on a fine grid of sigma for the figure
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,6 +37,7 @@ import xarray as xr
 
 from .._errors import ConfigError
 from .._noise import critical_sigma
+from .._schema import setting
 from ..analysis.meanfield import circle_stationary_order
 from ._common import caption, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
@@ -47,14 +48,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    sizes: list[int] = field(
-        default_factory=lambda: [32, 128, 512, 2048, 10000]
-    )  # numbers of tokens n, one set of panels each
-    ratios: list[float] = field(  # sigma / sigma_c of the panels
-        default_factory=lambda: [0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5]
+    sizes: list[int] = setting(
+        [32, 128, 512, 2048, 10000], "the numbers of tokens n, one set of panels each (tiled above 1024)"
     )
-    late: float = 0.33333  # the order parameter is averaged over the last `late` fraction of [t0, t1] (a third)
-    disordered_from: float = 1.15  # the ratios above this fit the susceptibility (measured threshold)
+    ratios: list[float] = setting([0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5], "sigma / sigma_c of the panels")
+    late: float = setting(0.33333, "the order parameter is averaged over this last fraction of [t0, t1]")
+    disordered_from: float = setting(
+        1.15, "the ratios above fit the susceptibility 1/(n E|m|^2) = 1 - sigma_c^2/sigma^2"
+    )
 
 
 def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]:

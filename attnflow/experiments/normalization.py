@@ -50,6 +50,7 @@ import xarray as xr
 
 from .._config import choice
 from .._errors import ConfigError
+from .._schema import setting
 from ._common import caption, check_member_option, config_of, subplots
 from ._experiment import Counter, Experiment, Keeper
 
@@ -61,13 +62,16 @@ PreNorm = choice("PreNorm", ("rms", "layer"))
 
 @dataclass
 class Options:
-    member: int = 0  # the member drawn darker
-    pre_norm: (  # N of pre-LN: rms or layer, gain d^{-1/2}
-        PreNorm  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
-    ) = PreNorm.rms  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
-    fit_from: float = 0.1  # the fits start once 1 - mean cosine is below this
-    floor: float = 1.0e-24  # and stop once it is below this
-    settle: float = 0.02  # rate and exponent: fitted where the local slope stays within this share of its final value
+    member: int = setting(0, "the member drawn darker")
+    pre_norm: PreNorm = setting(  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+        PreNorm.rms,  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+        "N of pre-LN: rms or layer, both with gain d^{-1/2} (unit normalized tokens)",
+    )
+    fit_from: float = setting(0.1, "the fits start once 1 - mean cosine is below this ...")
+    floor: float = setting(1.0e-24, "... and stop once it is below this (round-off of float64 unit vectors is ~1e-32)")
+    settle: float = setting(
+        0.02, "rate and exponent: fitted where the local slope stays within this share of its end value"
+    )
 
 
 SCHEMES = {"post_ln": "post-LN (sphere)", "pre_ln": "pre-LN (residual stream)"}

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import xarray as xr
 
+from .._schema import setting
 from ._common import caption, config_of
 from ._experiment import Counter, Experiment, Keeper
 from ._phase_diagrams import check_eps, heatmaps, summarize
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    eps: float = 1e-3  # the equiangular curve is the time at which rho = 1 - eps
+    eps: float = setting(1e-3, "the equiangular curve: the time at which rho = 1 - eps")
 
 
 class PhaseDiagram(Experiment):

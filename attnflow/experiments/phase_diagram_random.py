@@ -37,13 +37,14 @@ and for each beta the mean pair density at the last time (`final_pair_density`).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import xarray as xr
 
 from .._config import choice
 from .._errors import ConfigError
+from .._schema import setting
 from ._common import caption, config_of
 from ._experiment import Counter, Experiment, Keeper
 from ._phase_diagrams import check_eps, heatmaps, summarize
@@ -58,11 +59,10 @@ Panel = choice("Panel", tuple(PANELS))
 
 @dataclass
 class Options:
-    eps: float = 1e-3  # the equiangular curve is the time at which rho = 1 - eps
-    panels: list[  # which of PANELS to solve
-        Panel  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
-    ] = field(
-        default_factory=lambda: [Panel.product_wishart, Panel.goe_wishart, Panel.v_plus_qtk, Panel.v_minus_qtk]  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+    eps: float = setting(1e-3, "the equiangular curve: the time at which rho = 1 - eps")
+    panels: list[Panel] = setting(  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+        [Panel.product_wishart, Panel.goe_wishart, Panel.v_plus_qtk, Panel.v_minus_qtk],  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+        "which of PANELS to solve",
     )
 
 

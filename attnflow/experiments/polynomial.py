@@ -57,6 +57,7 @@ from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
 from .._config import choice, to_container
 from .._errors import ConfigError
+from .._schema import setting
 from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
 from ._experiment import Counter, Experiment, Keeper
 from ._magnitudes import SCHEDULES, coefficients, dispersion_index
@@ -70,10 +71,14 @@ Normalizer = choice("Normalizer", NORMALIZERS)
 
 @dataclass
 class Options:
-    member: int | None = None  # the member whose tokens are drawn (null: the most typical one, see `analyse`)
-    normalizer: (  # softmax (what the figure uses) | none (the paper's equation)
-        Normalizer  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
-    ) = Normalizer.softmax  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+    member: int | None = setting(
+        None, "the member drawn (null: the one whose final dispersions are closest to the means)"
+    )
+    normalizer: Normalizer = setting(  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+        Normalizer.softmax,  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+        "softmax | none: the paper's equation as written, sum_j exp(logit) V x_j (it diverges at these sizes: see "
+        "attnflow/experiments/polynomial.py)",
+    )
 
 
 def spread(x: np.ndarray) -> np.ndarray:

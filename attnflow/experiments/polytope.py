@@ -44,7 +44,7 @@ and how far their rows are from one-hot (`boolean_defect`).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,6 +53,7 @@ from scipy.linalg import expm
 from scipy.spatial import ConvexHull, QhullError
 
 from .._errors import ConfigError
+from .._schema import setting
 from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
 from ._experiment import Counter, Experiment, Keeper
 
@@ -62,10 +63,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    member: int | None = None  # the member whose tokens are drawn (null: in each panel, the one with the most limits)
-    hyperplane_v: Any = field(default_factory=lambda: [[1.0, 0.5], [0.0, 0.0]])  # V of the hyperplanes panel
-    product_v: Any = field(default_factory=lambda: [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -0.5]])  # V, product
-    tol: float = 1.0e-3  # two rescaled limits closer than tol * (their largest norm) are one point
+    member: int | None = setting(None, "the member drawn (null: in each panel the one with the most distinct limits)")
+    hyperplane_v: Any = setting(
+        [[1.0, 0.5], [0.0, 0.0]], "V of the hyperplanes panel (the default: eigenvalues 1, simple, and 0)"
+    )
+    product_v: Any = setting([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -0.5]], "V of the product panel")
+    tol: float = setting(1.0e-3, "two rescaled limits closer than tol * (their largest norm) are one point")
 
 
 PANEL_TITLES = {

@@ -30,6 +30,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 
 from .._errors import ConfigError
+from .._schema import setting
 from ._common import (
     caption,
     check_drawn_member,
@@ -48,8 +49,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    member: int = 0  # the member whose tokens are drawn
-    contrast: bool = True  # also run V negated
+    member: int = setting(0, "the member whose tokens are drawn")
+    contrast: bool = setting(True, "also run V negated")
 
 
 _SERIES = ("clusters", "pair_density", "order_parameter")

@@ -19,7 +19,7 @@ whose state predicts the next token; the model's top prediction is stored too
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jax
@@ -29,6 +29,7 @@ import xarray as xr
 from .._config import Solver
 from .._errors import CheckpointError, ConfigError
 from .._progress import Progress
+from .._schema import setting
 from ..analysis.pair_exponents import token_sensitivity
 from ..checkpoints._flow import depth_flow, forward
 from ._common import caption, colormap, config_of, figure, subplots, token_ticks
@@ -41,11 +42,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    outputs: list[int] | None = field(default_factory=lambda: [-1])  # token positions (null: every token)
-    steps: int = 1  # solver steps per layer
-    solver: (
-        Solver  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
-    ) = Solver.euler  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+    outputs: list[int] | None = setting(
+        [-1], "output positions j (negative: from the end); null = every token (n times the cost)"
+    )
+    steps: int = setting(1, "steps per layer (1 = the model's own layer map; more refine it, weights held per layer)")
+    solver: Solver = setting(  # pyright: ignore[reportInvalidTypeForm]  # a Choice made at run time
+        Solver.euler,  # pyright: ignore[reportAttributeAccessIssue]  # a Choice's members are made at run time
+        "the step of each (sub-)step; euler makes the tangent step the Euler step of eq. 7",
+    )
 
 
 def _prediction(checkpoint, tokenizer, last_state) -> tuple[int, str]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
+from .._schema import setting
 from ._animate import animate_states
 from ._common import caption, check_drawn_member, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    member: int = 0  # the member whose paths are drawn
+    member: int = setting(0, "the member whose paths are drawn")
 
 
 class SingleCluster(Experiment):

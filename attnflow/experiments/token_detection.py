@@ -33,13 +33,14 @@ the probabilities `probability`, `zero_position` (1-based, 0 when absent),
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import xarray as xr
 
 from .._errors import ConfigError
+from .._schema import setting
 from ._common import caption, colormap, config_of, stack_panels, subplots
 from ._experiment import Counter, Experiment, Keeper
 
@@ -49,10 +50,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Options:
-    sequences: list[list[int]] = field(  # one panel each
-        default_factory=lambda: [[1, 2, 0, 2, 1, 1, 2, 1], [1, 2, 1, 2, 2, 1, 2, 1]]
-    )
-    readout_beta: float = 2.0  # p_i(k) = softmax_k(readout_beta <e_k, x_i>)
+    sequences: list[list[int]] = setting([[1, 2, 0, 2, 1, 1, 2, 1], [1, 2, 1, 2, 2, 1, 2, 1]], "one panel each")
+    readout_beta: float = setting(2.0, "p_i(k) = softmax_k(readout_beta <e_k, x_i>)")
 
 
 ROLES = {0: "special", 1: "filler", 2: "filler", 3: "YES", 4: "NO"}

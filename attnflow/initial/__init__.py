@@ -1,7 +1,8 @@
-"""The initial conditions a config names with `init=KIND`, one file each: its typed
-settings (a dataclass the schema composes, the defaults in `conf/init/KIND.yaml`), their
-check, its description and the law it builds (`InitialCondition`). Adding one is its
-file, its YAML and one line in `KINDS`. Nothing here imports JAX."""
+"""The initial conditions a config names with `init=KIND`, one file each: its line in
+the help, its typed settings with their meanings (a dataclass the schema composes, the
+defaults in `conf/init/KIND.yaml`), their check, its description and the law it builds
+(`InitialCondition`). Adding one is its file, its YAML and one line in `KINDS`. Nothing
+here imports JAX."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""What an initial condition of a config is (`InitialCondition`): its typed settings
-(the dataclass's fields, whose defaults are in `conf/init/KIND.yaml`), their check, its
-description, and the law it builds. Nothing here imports JAX: the schema and the help
-read these classes; `build` imports the law it assembles."""
+"""What an initial condition of a config is (`InitialCondition`): its line in the help
+(`title`), its typed settings (the dataclass's fields with their meanings, whose
+defaults are in `conf/init/KIND.yaml`), their check, its description, and the law it
+builds. Nothing here imports JAX: the schema and the help read these classes; `build`
+imports the law it assembles."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ class InitialCondition:
     settings, `init.FIELD` on the command line.
 
     A subclass is one file of `attnflow/initial/` with one line in `KINDS`; it says
-    which of its settings are numbers the run traces (`data`: a new value reuses the
-    compiled program), checks them against the run (`check`), and builds the law that
-    draws the tokens (`build`).
+    what tokens it draws (`title`, the line of `attnflow --help`), what each setting
+    means (`setting(MISSING, "meaning")`: the default is in conf/init/KIND.yaml), which of
+    its settings are numbers the run traces (`data`: a new value reuses the compiled
+    program), checks them against the run (`check`), and builds the law that draws the
+    tokens (`build`).
     """
 
     kind: str = MISSING
+    title: ClassVar[str] = ""
     data: ClassVar[tuple[str, ...]] = ()
 
     def check(self, cfg: Any) -> None:

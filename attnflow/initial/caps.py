@@ -11,6 +11,7 @@ from omegaconf import MISSING
 
 from .._checks import number
 from .._errors import ConfigError
+from .._schema import setting
 from ._groups import check_groups
 from ._kind import InitialCondition
 
@@ -18,9 +19,10 @@ from ._kind import InitialCondition
 @dataclass
 class Caps(InitialCondition):
     kind: str = "caps"
-    k: int = MISSING
-    radius: float = MISSING
-    centres: Any = MISSING
+    title: ClassVar[str] = "k spherical caps of geodesic radius `radius`; token i in cap i mod k"
+    k: int = setting(MISSING, "number of caps")
+    radius: float = setting(MISSING, "geodesic radius of each cap")
+    centres: Any = setting(MISSING, "(k, d) list, or null for uniform random centres")
     data: ClassVar[tuple[str, ...]] = ("radius", "centres")
 
     def check(self, cfg):

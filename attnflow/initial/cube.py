@@ -10,14 +10,16 @@ from omegaconf import MISSING
 
 from .._checks import number
 from .._errors import ConfigError
+from .._schema import setting
 from ._kind import InitialCondition
 
 
 @dataclass
 class Cube(InitialCondition):
     kind: str = "cube"
-    low: float = MISSING
-    high: float = MISSING
+    title: ClassVar[str] = "i.i.d. uniform in [low, high]^d"
+    low: float = setting(MISSING, "lower end of every coordinate")
+    high: float = setting(MISSING, "upper end of every coordinate")
     data: ClassVar[tuple[str, ...]] = ("low", "high")
 
     def check(self, cfg):

@@ -11,13 +11,15 @@ from omegaconf import MISSING
 from .._checks import array
 from .._errors import ConfigError
 from .._metric_registry import reading
+from .._schema import setting
 from ._kind import InitialCondition
 
 
 @dataclass
 class Given(InitialCondition):
     kind: str = "given"
-    value: Any = MISSING
+    title: ClassVar[str] = "a user array of shape (n, d), the same for every member"
+    value: Any = setting(MISSING, "the tokens: a nested list of shape (n, d)")
     data: ClassVar[tuple[str, ...]] = ("value",)
 
     def check(self, cfg):

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from .._checks import number
+from .._schema import setting
 from ._groups import check_groups
 from ._kind import InitialCondition
 
@@ -16,10 +17,11 @@ from ._kind import InitialCondition
 @dataclass
 class Mixture(InitialCondition):
     kind: str = "mixture"
-    k: int = MISSING
-    sigma: float = MISSING
-    spread: float = MISSING
-    centres: Any = MISSING
+    title: ClassVar[str] = "token i ~ N(c_{i mod k}, sigma^2 I), centres ~ N(0, spread^2 I) unless given"
+    k: int = setting(MISSING, "number of Gaussian components")
+    sigma: float = setting(MISSING, "standard deviation of the tokens about their centre")
+    spread: float = setting(MISSING, "standard deviation of the random centres")
+    centres: Any = setting(MISSING, "(k, d) list, or null for random centres")
     data: ClassVar[tuple[str, ...]] = ("sigma", "spread", "centres")
 
     def check(self, cfg):

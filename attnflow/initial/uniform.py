@@ -4,6 +4,7 @@ the scheme): the start of most theorems."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ._kind import InitialCondition
 
@@ -11,6 +12,7 @@ from ._kind import InitialCondition
 @dataclass
 class Uniform(InitialCondition):
     kind: str = "uniform"
+    title: ClassVar[str] = "i.i.d. uniform on the sphere (unit vectors with uniform directions)"
 
     def build(self, get, dtype, lib):
         return lib.UniformSphere()

@@ -1,5 +1,5 @@
 """A mkdocs hook: the page `reference.md` gets the reference of every config key and
-experiment option, rendered from the schema and the YAML comments by
+experiment option, rendered from the schema and the YAML values by
 `attnflow._help.reference_markdown()` (the same source as `attnflow --help`), in
 place of the marker `<!-- reference -->`. Nothing of it is written twice."""
 

@@ -2,9 +2,9 @@
 Hydra's help template), `attnflow experiment=NAME --help`, `attnflow help [TOPIC]`,
 `attnflow train --help`, `--version`, and the shell completion of choice keys.
 
-Every key of the schema must be on the help page with a meaning (its comment in the
-YAML file that holds its default; a setting of `attnflow train`: its field's help): a key
-added without one fails here. The help reads the experiments' modules as text (they
+Every key of the schema must be on the help page with a meaning (the `help` of its
+field's metadata, for the study, `attnflow train` and the experiments' options alike):
+a key added without one fails here. The help reads the experiments' modules as text (they
 import JAX); what it reads is checked against the imported modules. All but one test run the command in this
 process (the `command` fixture); one runs the console script, to see that `--help`
 imports no JAX.
@@ -22,8 +22,9 @@ import typing
 from commands import ATTNFLOW, command  # noqa: F401 (command: a fixture)
 
 from attnflow import _help
-from attnflow._config import INITS, Config, ExperimentConfig, InitConfig, typed_options
+from attnflow._config import INITS, Config, ExperimentConfig, InitConfig
 from attnflow._methods import SOLVERS
+from attnflow._schema import to_container, typed
 
 
 def _flat(text: str) -> str:
@@ -62,13 +63,26 @@ def test_help_shows_the_subcommands_the_experiments_and_every_key_with_its_type_
     for name, title in _help.experiments().items():
         assert title and f"{name} {title}" in flat, name
     rows = _help.config_keys()
-    # Every key of the schema is on a row, and every row has a meaning (a key without a
-    # comment in conf/config.yaml or conf/init/KIND.yaml fails here).
+    # Every key of the schema is on a row, and every row has a meaning (a field of Config,
+    # of its groups or of an initial condition declared without its `help` fails here).
     assert {key for row in rows for key in row.keys} == _schema_keys(Config)
     assert [row.name for row in rows if not row.meaning] == []
-    for kind, cls in INITS.items():  # each kind's own keys, in its own file
-        notes = _help.yaml_comments(_help._conf_text("init", f"{kind}.yaml"))
-        assert [f.name for f in dataclasses.fields(cls) if f.name != "kind" and not notes.get(f.name)] == [], kind
+    for row in rows:  # the meaning is the schema's (the one a row of several keys shares)
+        if row.name.startswith("init") or row.name == "experiment":
+            continue
+        path = row.keys[0].split(".")
+        schema: typing.Any = Config
+        for part in path[:-1]:
+            schema = typing.get_type_hints(schema)[part]
+        field = {f.name: f for f in dataclasses.fields(schema)}[path[-1]]
+        assert row.meaning.startswith(field.metadata["help"]), row.name
+    for kind, cls in INITS.items():  # each kind's line and own keys, in its own class
+        assert cls.title and f"init={kind} {cls.title}" in flat, kind
+        assert [f.name for f in dataclasses.fields(cls) if f.name != "kind" and not f.metadata.get("help")] == [], kind
+        for f in dataclasses.fields(cls):
+            if f.name != "kind":
+                row = next(row for row in rows if row.name == f"init.{f.name}")
+                assert f"init={kind}" in row.meaning and f.metadata["help"] in row.meaning, (kind, f.name)
     for row in rows:
         assert re.search(rf"^  {re.escape(row.name)}=", out, re.M), row.name
         assert f"({row.type}) {_flat(row.meaning)}" in flat, row.name
@@ -120,17 +134,19 @@ def test_what_the_help_reads_as_text_is_what_the_modules_say():
         schema = option_schema(module)
         read = _help._fields(_help._experiment_path(name), "Options")
         assert [field.name for field in read] == [field.name for field in dataclasses.fields(schema)], name
-        own = typed_options(schema, {}, "experiment.options.")  # the dataclass's own defaults
+        own = to_container(typed(schema, {}, "experiment.options."))  # the dataclass's own defaults
+        fields = {field.name: field for field in dataclasses.fields(schema)}
         for field in read:
             assert field.default is None or field.default == own[field.name], (name, field.name)
+            assert field.meaning == fields[field.name].metadata["help"], (name, field.name)  # no comment stands in
         given = _help._conf_values("experiment", f"{name}.yaml")["experiment"].get("options") or {}
-        typed = typed_options(schema, given, "experiment.options.")
+        options = to_container(typed(schema, given, "experiment.options."))
         rows = {row.name.removeprefix("experiment.options."): row for row in found.options}
-        assert {key.split(".")[0] for key in rows} == set(typed), name
+        assert {key.split(".")[0] for key in rows} == set(options), name
         for key, row in rows.items():
             assert row.meaning, (name, key)
             head, _, rest = key.partition(".")
-            assert row.default == (typed[head][rest] if rest else typed[head]), (name, key)
+            assert row.default == (options[head][rest] if rest else options[head]), (name, key)
             kind = typing.get_type_hints(schema).get(head)
             inner = (typing.get_args(kind) or (kind,))[0]
             if isinstance(inner, type) and issubclass(inner, str) and hasattr(inner, "__members__"):

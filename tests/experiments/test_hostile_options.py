@@ -20,7 +20,7 @@ from dataclasses import field
 import pytest
 from commands import assert_one_error_line, attnflow
 
-from attnflow._config import _is_optional, typed_options
+from attnflow._schema import is_optional, typed
 from attnflow._errors import ConfigError
 from attnflow.experiments import EXPERIMENTS, compose_experiment, experiment_module
 from attnflow.experiments._runner import check_experiment, option_schema
@@ -167,7 +167,7 @@ def option_keys(name: str) -> list[str]:
 
 
 def _plain_type(kind):
-    return next(a for a in typing.get_args(kind) if a is not type(None)) if _is_optional(kind) else kind
+    return next(a for a in typing.get_args(kind) if a is not type(None)) if is_optional(kind) else kind
 
 
 def _is_list(name: str, key: str) -> bool:
@@ -296,20 +296,20 @@ def test_a_field_may_declare_that_it_takes_infinity_or_repeats():
         plain: list[float] = field(default_factory=lambda: [0.0, 1.0])
         matrix: typing.Any = field(default_factory=lambda: [[1.0, 0.0], [0.0, 1.0]])
 
-    typed = typed_options(Options, {"horizon": math.inf, "times": [1.0, 1.0]}, "experiment.options.")
-    assert typed["horizon"] == math.inf and typed["times"] == [1.0, 1.0]
-    assert typed_options(Options, {"horizon": -math.inf}, "experiment.options.")["horizon"] == -math.inf
+    options = typed(Options, {"horizon": math.inf, "times": [1.0, 1.0]}, "experiment.options.")
+    assert options.horizon == math.inf and options.times == [1.0, 1.0]
+    assert typed(Options, {"horizon": -math.inf}, "experiment.options.").horizon == -math.inf
     with pytest.raises(ConfigError, match=r"^experiment\.options\.horizon must be a number, inf or -inf, got nan\.$"):
-        typed_options(Options, {"horizon": math.nan}, "experiment.options.")
+        typed(Options, {"horizon": math.nan}, "experiment.options.")
     with pytest.raises(ConfigError, match=r"^experiment\.options\.plain holds 1\.0 twice; give each value once\.$"):
-        typed_options(Options, {"plain": [1, 1.0]}, "experiment.options.")
+        typed(Options, {"plain": [1, 1.0]}, "experiment.options.")
     with pytest.raises(ConfigError, match=r"^experiment\.options\.plain holds 2\.0 3 times; give each value once\.$"):
-        typed_options(Options, {"plain": [2.0, 2.0, 2.0]}, "experiment.options.")
+        typed(Options, {"plain": [2.0, 2.0, 2.0]}, "experiment.options.")
     # A matrix (an untyped field) repeats its numbers freely, and holds finite ones only.
-    assert typed_options(Options, {"matrix": [[1.0, 1.0], [1.0, 1.0]]}, "experiment.options.")["matrix"][0] == [1, 1]
+    assert typed(Options, {"matrix": [[1.0, 1.0], [1.0, 1.0]]}, "experiment.options.").matrix[0] == [1, 1]
     with pytest.raises(ConfigError, match=r"^experiment\.options\.matrix must hold a finite number in each place, "
                                           r"got inf in \[\[1\.0, inf\], \[0\.0, 1\.0\]\]\.$"):
-        typed_options(Options, {"matrix": [[1.0, math.inf], [0.0, 1.0]]}, "experiment.options.")
+        typed(Options, {"matrix": [[1.0, math.inf], [0.0, 1.0]]}, "experiment.options.")
 
 
 def test_a_panel_key_that_repeats_a_value_is_refused():
