@@ -28,12 +28,10 @@ import dataclasses
 import enum
 import functools
 import importlib.metadata
-import io
 import re
 import shutil
 import string
 import textwrap
-import tokenize
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,59 +89,6 @@ def version() -> str:
         return importlib.metadata.version("attnflow")
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
-
-
-# --- the comments of a YAML file ---------------------------------------------------
-
-_KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<dash>-\s+)?(?P<key>[A-Za-z_][\w.-]*|'[^']*'|\"[^\"]*\")\s*:(?=\s|$)")
-
-
-def _comment_start(line: str) -> int:
-    """Where a line's comment starts (a `#` outside quotes, after a space), or -1."""
-    quote = None
-    for i, char in enumerate(line):
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "#" and (i == 0 or line[i - 1].isspace()):
-            return i
-    return -1
-
-
-def yaml_comments(text: str) -> dict[str, str]:
-    """Each key's comment in a YAML file: the text after `#` on the key's line, with the
-    comment lines right below it that start in the same column; keys are dotted paths
-    (an entry `- KEY: VALUE` of a list keeps its parent's path: `defaults.init`)."""
-    notes: dict[str, str] = {}
-    stack: list[tuple[int, str]] = []
-    last: tuple[str, int] | None = None  # the key of the previous line and its comment's column
-    for line in text.splitlines():
-        start = _comment_start(line)
-        if line[:start].strip() == "" and start >= 0:
-            if last is not None and start == last[1]:
-                notes[last[0]] += " " + line[start + 1 :].strip()
-                continue
-            last = None
-            continue
-        if not line.strip():
-            last = None
-            continue
-        match = _KEY_LINE.match(line)
-        if not match:
-            last = None
-            continue
-        indent = len(match["indent"]) + (len(match["dash"]) if match["dash"] else 0)
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        path = ".".join([key for _, key in stack] + [match["key"].strip("'\"")])
-        stack.append((indent, match["key"].strip("'\"")))
-        if start >= 0:
-            notes[path] = line[start + 1 :].strip()
-            last = (path, start)
-        else:
-            last = None
-    return notes
 
 
 def _conf_text(*parts: str) -> str:
@@ -236,32 +181,22 @@ class _Field:
     name: str
     annotation: str
     default: Any  # the literal default, or None when it is not a literal
-    meaning: str  # its `help` metadata; else its comment (TrainConfig's, until it declares its meanings)
+    meaning: str  # its `help` metadata
 
 
 def _fields(path: Path, name: str) -> list[_Field]:
-    """The fields of the dataclass `name` in the module at `path`, each with its meaning:
-    its `help` metadata (`setting(default, "meaning")`, `field(metadata={"help": ...})`),
-    else its comment (on its first line; else on the lines right above it)."""
+    """The fields of the dataclass `name` in the module at `path`, each with its meaning,
+    its `help` metadata (`setting(default, "meaning")`, `field(metadata={"help": ...})`)."""
     found = _statement(path, rf"class {re.escape(name)}\b")
     if found is None:
         return []
     node, lines = found
     node = cast(ast.ClassDef, node)  # the statement that starts with `class`
-    comments: dict[int, str] = {}
-    for token in tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline):
-        if token.type == tokenize.COMMENT:
-            comments[token.start[0]] = token.string.lstrip("#").strip()
     fields = []
     for item in node.body:
         if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
             continue
-        comment = comments.get(item.lineno, "")
-        above = item.lineno - 1
-        while not comment and above in comments and lines[above - 1].strip().startswith("#"):
-            comment = comments[above]
-            above -= 1
-        meaning = _help_of(item.value) or comment
+        meaning = _help_of(item.value)
         fields.append(_Field(item.target.id, ast.unparse(item.annotation), _literal_default(item.value), meaning))
     return fields
 
@@ -488,13 +423,10 @@ def _module_choices(path: Path):
     return lambda annotation: _choice_names(path, annotation)
 
 
-def _source_rows(
-    path: Path, schema: str, values: Mapping, notes: Mapping[str, str], prefix: str = "", group: str = ""
-) -> list[Key]:
+def _source_rows(path: Path, schema: str, values: Mapping, prefix: str = "", group: str = "") -> list[Key]:
     """The rows of the dataclass `schema` of the module at `path` (read as text), each
-    with its meaning (`notes` by key first, the YAML comments of `attnflow train`'s
-    settings): a dataclass-typed field of that module gives one row per key of its own,
-    whose meaning ends with the group's (`group`)."""
+    with its meaning: a dataclass-typed field of that module gives one row per key of its
+    own, whose meaning ends with the group's (`group`)."""
     rows = []
     for field in _fields(path, schema):
         name = prefix + field.name
@@ -502,10 +434,10 @@ def _source_rows(
         nested = _fields(path, field.annotation) if re.fullmatch(r"\w+", field.annotation) else []
         if nested:
             inner = value if isinstance(value, Mapping) else {}
-            rows.extend(_source_rows(path, field.annotation, inner, notes, f"{name}.", field.meaning))
+            rows.extend(_source_rows(path, field.annotation, inner, f"{name}.", field.meaning))
             continue
         type_, choices = _type(field.annotation, _module_choices(path))
-        meaning = notes.get(name) or field.meaning
+        meaning = field.meaning
         rows.append(Key(name, type_, value, f"{meaning} ({group})" if group else meaning, choices, (name,)))
     return rows
 
@@ -598,7 +530,7 @@ def experiment(name: str) -> Experiment:
     values = dict(_conf_values("experiment", f"{name}.yaml"))
     block = values.pop("experiment", None) or {}
     values.pop("defaults", None)
-    rows = _source_rows(path, "Options", block.get("options") or {}, {})
+    rows = _source_rows(path, "Options", block.get("options") or {})
     return Experiment(
         name,
         _title(path, "title"),
