@@ -43,7 +43,7 @@ from . import _config
 from ._config import INITS, Config, InitConfig, config_source
 
 _PACKAGE = Path(__file__).resolve().parent
-_RUNNER = _PACKAGE / "experiments" / "_runner.py"
+_REGISTRY = _PACKAGE / "experiments" / "_registry.py"
 _TRAIN = _PACKAGE / "diffeqformer" / "_train.py"
 
 # The subcommands, each as its usage line says it (`attnflow plot` prints its own).
@@ -505,7 +505,7 @@ def experiments() -> dict[str, str]:
 
 
 def _experiment_path(name: str) -> Path:
-    modules = _constant(_RUNNER, "_MODULES", {})
+    modules = _constant(_REGISTRY, "_MODULES", {})
     return _PACKAGE / "experiments" / f"{modules.get(name, name)}.py"
 
 
