@@ -183,7 +183,6 @@ from ._store import Results as Results
 from ._store import load_results as load_results
 from ._store import write_atomically as write_atomically
 from ._store import write_results as write_results
-from ._study import run as run
 from ._terms import (
     MLP as MLP,
 )
@@ -253,6 +252,7 @@ from .experiments import (
 from .experiments import (
     run_experiment as run_experiment,
 )
+from .experiments._runner import run as run
 
 __all__ = [
     "AbstractGeometry",

@@ -180,8 +180,8 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         raise ConfigError(f"d must be a whole number, got {d!r}.")
     if cfg.experiment is not None:
         raise ConfigError(
-            f"experiment={cfg.experiment.name} is run by attnflow.run_experiment (or the command "
-            "line), not as a single study."
+            f"experiment={cfg.experiment.name} is run by attnflow.run or attnflow.run_experiment (or "
+            "the command line), not resolved as a single study."
         )
     given = [key for key in ("checkpoint", "text") if getattr(cfg, key) is not None]
     if given:

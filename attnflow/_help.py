@@ -45,7 +45,7 @@ from ._config import INITS, Config, config_source
 from .diffeqformer._settings import TrainConfig
 
 _PACKAGE = Path(__file__).resolve().parent
-_RUNNER = _PACKAGE / "experiments" / "_runner.py"
+_REGISTRY = _PACKAGE / "experiments" / "_registry.py"
 
 # The subcommands, each as its usage line says it (`attnflow plot` prints its own).
 SUBCOMMANDS = {
@@ -489,7 +489,7 @@ def experiments() -> dict[str, str]:
 
 
 def _experiment_path(name: str) -> Path:
-    modules = _constant(_RUNNER, "_MODULES", {})
+    modules = _constant(_REGISTRY, "_MODULES", {})
     return _PACKAGE / "experiments" / f"{modules.get(name, name)}.py"
 
 

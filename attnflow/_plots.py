@@ -1,13 +1,14 @@
 """The summary figure of a results Dataset (drawn from the file, never from live
 simulation objects).
 
-`summary_figure(ds)` builds it; `plot_summary(ds, path)` saves it as a PNG. One panel
-per recorded time series, in the order of the clustering story: pair density, cluster
-count, interaction energy, normalized energy, order parameter, largest cluster,
-attention rank and attention concentration. Each panel shows the ensemble mean over
-members (one line per beta) and the 10-90 % band of the members. A caption under the
-panels says what was run: the initial condition, the weight schedule, the dynamics and
-the solver, and how many members failed.
+`summary_figure(ds)` builds it; `plot_summary(ds, path)` saves it as a PNG (a run and
+`attnflow plot` title it `summary_title(ds)`). One panel per recorded time series, in
+the order of the clustering story: pair density, cluster count, interaction energy,
+normalized energy, order parameter, largest cluster, attention rank and attention
+concentration. Each panel shows the ensemble mean over members (one line per beta) and
+the 10-90 % band of the members. A caption under the panels says what was run: the
+initial condition, the weight schedule, the dynamics and the solver, and how many
+members failed.
 
 matplotlib is imported inside the functions: importing attnflow must stay fast.
 """
@@ -354,6 +355,20 @@ def summary_figure(ds: xr.Dataset, title: str | None = None) -> Figure:
         title_fontsize=8,
     )
     return fig
+
+
+def summary_title(ds: xr.Dataset) -> str | None:
+    """The title of a run's summary figure, from its stored config: the attention kind, the
+    scheme, n, d, the members, the solver and dt (None when the config lacks one
+    of them)."""
+    cfg = _config(ds)
+    keys = ("attention_kind", "scheme", "n", "d", "members", "solver", "dt")
+    if not all(key in cfg for key in keys):
+        return None
+    return (
+        f"{str(cfg['attention_kind']).upper()} on scheme={cfg['scheme']}, n={cfg['n']}, d={cfg['d']}, "
+        f"{cfg['members']} members, {cfg['solver']} dt={cfg['dt']}"
+    )
 
 
 def plot_summary(ds: xr.Dataset, path: str | Path, title: str | None = None) -> Path:

@@ -1,4 +1,8 @@
-"""`run(config) -> xarray.Dataset`: one configured study, end to end, without Hydra."""
+"""One configured study: its JAX settings (`prepare_jax`), its plan (`plan_study`), its
+pieces solved and kept (`solve_study`) and its results (`to_results`), with the config
+and identity they store (`config_yaml`, `run_identity`). A run, a study's or an
+experiment's, goes through `attnflow.experiments` (`attnflow.run`, the command line),
+which solves each panel here."""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
@@ -15,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from ._build import Study, build_system, non_finite_advice, resolve_study
-from ._cf import global_attributes, history_line, python_call, variable_attributes
+from ._build import Study, build_system, non_finite_advice
+from ._cf import global_attributes, history_line, variable_attributes
 from ._components import code_digest, user_metrics
 from ._config import NOT_RESULT_KEYS, Config, to_container
 from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensemble
@@ -182,46 +185,6 @@ def plan_study(study: Study) -> EnsemblePlan:
     )
 
 
-def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | None = None):
-    """Run the study a config describes and return its results as an xarray Dataset.
-
-    `config` is a mapping with any of the keys of `conf/config.yaml` (missing keys
-    take their defaults), checked as the command line checks it. The Dataset has
-    dimensions `member` and `time` (and `beta` when beta is a list), one variable per
-    metric, the states `x` when `save_states`, `num_steps`, the per-solve `status`
-    (0 ok, 1 non-finite, 2 solver stopped) and `failure_time`, and the resolved config
-    as YAML in `attrs["config"]`.
-
-    The solves run in pieces of equal size. With `pieces` (a folder), each finished
-    piece is kept there, and a run interrupted or killed before the end resumes from
-    the finished ones when it is started again with the same config and folder; the
-    pieces of another config there are refused (a `ConfigError` naming the settings that
-    differ) unless the config says `overwrite: true`. Ctrl-C stops a run at once.
-
-    `dtype: float64` switches on `jax_enable_x64` for the process (JAX's float64 is a
-    global setting); float32 runs stay float32 either way.
-
-    Raises `ConfigError` for an impossible config (or one that does not fit in
-    memory), `StorageError` when a piece cannot be written (a full disk),
-    `NonFiniteStateError` when a state becomes NaN or infinite,
-    `SolverFailure` when a solve stops early; the last two carry the computed Dataset
-    as `error.dataset`, its statistics missing (NaN) from each failed solve's first
-    bad output time on.
-    """
-    study = resolve_study(config)
-    history = history_line(python_call("attnflow.run", config))
-    try:
-        results = solve_study(study, plan_study(study), pieces=pieces)
-    except (NonFiniteStateError, SolverFailure) as error:
-        error.results.attrs["history"] = history
-        error.dataset = error.results.to_xarray()
-        raise
-    results.attrs["history"] = history
-    for note in filter(None, str(results.attrs.get("notes", "")).splitlines()):
-        warnings.warn(note, RunNote, stacklevel=2)
-    return results.to_xarray()
-
-
 def solve_study(
     study: Study,
     plan: EnsemblePlan,
@@ -231,8 +194,8 @@ def solve_study(
     on_piece=None,
     on_damaged=None,
 ):
-    """Solve a planned study (see `run`, which plans, calls this and returns the
-    `Results` as an xarray Dataset). `on_resume(found, total)` is told how many
+    """Solve a planned study (see `attnflow.run`, whose runner plans, calls this and
+    returns the `Results` as an xarray Dataset). `on_resume(found, total)` is told how many
     finished pieces were found, `on_piece()` of each piece finished (found or solved),
     `on_damaged(path)` of each piece that could not be read (and is solved again).
     A failed solve's error carries `error.results`."""

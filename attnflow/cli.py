@@ -15,9 +15,14 @@ starts (composing the config, importing JAX, checking and planning, loading a
 checkpoint), and while figures are drawn; each job of a sweep starts with a line
 naming its overrides.
 
-Lazy imports (start-up): the study (`_build`, `_study`: JAX), the experiments, the plots
-and reports (xarray, matplotlib) are imported inside the function that runs them, so that
-a command loads only what it uses (`attnflow plot` never loads JAX). `attnflow train` is
+A run, a study's or an experiment's, goes one way (a study is the experiment of one
+panel, `attnflow.experiments.PlainStudy`): `_run` checks, plans, solves, writes and
+draws it with the functions of `attnflow.experiments`, and `attnflow plot` redraws any
+results file with the same `draw_experiment`.
+
+Lazy imports (start-up): the run (`_study`, `attnflow.experiments`: JAX) and the reports
+(xarray, matplotlib) are imported inside the function that runs them, so that a command
+loads only what it uses (`attnflow plot` of a study never loads JAX). `attnflow train` is
 `diffeqformer._command.main`, which checks its settings before it loads JAX.
 
 A sweep's jobs run wherever Hydra's launcher puts them: in this process (the basic
@@ -250,19 +255,13 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
     typed = typed_job_config(cfg)
     if "jax" not in sys.modules:
         _tell("importing JAX")
-    from ._build import resolve_study  # lazy: start-up (JAX), as the imports of the study below
-    from ._study import plan_study, run_identity, solve_study
+    # A study is the experiment of one panel (`experiments.PlainStudy`): one path for both.
+    from ._study import run_identity  # lazy: start-up (JAX), as the imports of the run below
+    from .experiments import check_experiment, draw_experiment, plan_checked, solve_experiment  # lazy: start-up
 
     _tell("checking and planning the run")
-    experiment = None
-    if typed.experiment is not None:
-        from .experiments import plan_experiment  # lazy: start-up
-
-        experiment = plan_experiment(typed)  # every panel checked and planned
-        resolved = experiment.cfg
-    else:
-        study = resolve_study(typed)
-        resolved = study.config
+    checked = check_experiment(typed)  # the study, or every panel of the experiment, checked
+    resolved = checked.cfg
     with RunDirectory(out) as folder:
         _CURRENT["dir"] = folder.path
         stored = folder.finished_config(resolved.overwrite)
@@ -273,40 +272,23 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
             raise ConfigError(
                 f"{folder.results_path} holds a different run; choose another hydra.run.dir or set overwrite=true."
             )
-        plan = plan_study(study) if experiment is None else None  # refuses what does not fit
+        plan = plan_checked(checked)  # refuses what does not fit
         # Another run's unfinished pieces are refused like its results (or discarded with overwrite=true).
-        discarded = folder.claim_pieces(
-            {".": run_identity(resolved)} if experiment is None else experiment.piece_configs(), resolved.overwrite
-        )
+        discarded = folder.claim_pieces(plan.piece_configs(), resolved.overwrite)
         if discarded:
             print(f"attnflow: {discarded}", flush=True)
         _write_record(folder, cfg, hydra_cfg)
         pieces = folder.path / folder.PIECES
-        name = "attnflow" if experiment is None else experiment.name
-        total = plan.pieces if experiment is None else experiment.pieces  # pyright: ignore[reportOptionalMemberAccess] planned when there is no experiment
         _tell(None)  # the bar follows
         try:
-            with Progress(name, total) as progress:
-                if experiment is None:
-                    assert plan is not None  # planned when there is no experiment
-                    results = solve_study(
-                        study,
-                        plan,
-                        pieces=pieces,
-                        on_piece=progress.advance,
-                        on_resume=lambda found, total: _resuming(found, total, pieces),
-                        on_damaged=_damaged,
-                    )
-                else:
-                    from .experiments import solve_experiment  # lazy: start-up
-
-                    results = solve_experiment(
-                        experiment,
-                        pieces=pieces,
-                        on_piece=progress.advance,
-                        on_resume=lambda label, found, total: _resuming(found, total, pieces / label),
-                        on_damaged=_damaged,
-                    )
+            with Progress(plan.name, plan.pieces) as progress:
+                results = solve_experiment(
+                    plan,
+                    pieces=pieces,
+                    on_piece=progress.advance,
+                    on_resume=lambda label, found, total: _resuming(found, total, pieces / label),
+                    on_damaged=_damaged,
+                )
         except (NonFiniteStateError, SolverFailure) as error:
             if getattr(error, "results", None) is None:
                 # An experiment's own computation failed (its mean-field PDE): no study's
@@ -316,10 +298,11 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                 raise ConfigError(f"{str(error).rstrip('.')}{kept}.") from None
             # Nothing computed is lost: the statistics, missing from each failed
             # solve's first bad output on, go to a file that cannot be mistaken for
-            # a finished run (an experiment's other panels keep their pieces).
+            # a finished run (a study's pieces go with it, an experiment's stay for
+            # its other panels: `keeps_pieces_on_failure`).
             error.results.attrs["history"] = _history(hydra_cfg)
             kept = write_results(error.results, folder.path / "incomplete.nc")
-            if experiment is None:
+            if not plan.keeps_pieces_on_failure:
                 _remove_tree(pieces)
             raise ConfigError(f"{str(error).rstrip('.')}; what was computed is in {kept}.") from None
         results.attrs["history"] = _history(hydra_cfg)
@@ -334,23 +317,10 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
             _say(f"note: {note}")
         if resolved.plot:
             try:
-                if experiment is None:
-                    with status("drawing summary.png"):
-                        from ._plots import plot_summary  # lazy: start-up
-
-                        figures = [
-                            plot_summary(results.to_xarray(), folder.path / "summary.png", title=_title(resolved))
-                        ]
-                else:
-                    with status(f"drawing the figures of {experiment.name}"):
-                        from .experiments import draw_experiment  # lazy: start-up
-
-                        figures = draw_experiment(
-                            results,
-                            folder.path,
-                            plotly_js=resolved.plotly_js.value,
-                            experiment=type(experiment.experiment),
-                        )
+                with status("drawing the figures"):
+                    figures = draw_experiment(
+                        results, folder.path, plotly_js=resolved.plotly_js.value, experiment=type(plan.experiment)
+                    )
             except StorageError as error:
                 raise ConfigError(
                     f"{error}; the results are safe in {path}, and `attnflow plot {folder.path}` "
@@ -423,13 +393,6 @@ def _write_record(folder, cfg, hydra_cfg) -> None:
     folder.write_text(".hydra/config.yaml", OmegaConf.to_yaml(cfg))
     folder.write_text(".hydra/overrides.yaml", OmegaConf.to_yaml(_overrides(hydra_cfg)))
     folder.write_text(".hydra/hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
-
-
-def _title(cfg) -> str:
-    return (
-        f"{cfg.attention_kind.value.upper()} on scheme={cfg.scheme}, n={cfg.n}, d={cfg.d}, "
-        f"{cfg.members} members, {cfg.solver} dt={cfg.dt}"
-    )
 
 
 # The config groups whose options are attnflow's own files (conf/NAME/OPTION.yaml).
@@ -729,19 +692,18 @@ def _redraw(results: Path, config_dir: str | None = None) -> list[Path]:
     with the class its config folder names, `--config-dir`)."""
     stored_config(results, "give the results.nc of a finished run")  # one sentence for a file not attnflow's
     ds = load_results(results)
-    if ds.attrs.get("experiment"):
-        from .experiments import draw_experiment  # lazy: start-up
+    # A study's summary.png or an experiment's figures, as the run drew them (no JAX
+    # for a study's).
+    from .experiments import draw_experiment  # lazy: start-up
 
-        try:
-            return draw_experiment(ds, results.parent, experiment=_user_experiment(ds, config_dir))
-        except KeyError as missing:  # a file that names an experiment but lacks what it draws
-            raise ConfigError(
-                f"{results} lacks {missing}, which the figures of experiment "
-                f"{ds.attrs['experiment']} need; was it written by attnflow?"
-            ) from None
-    from ._plots import plot_summary  # lazy: start-up
-
-    return [plot_summary(ds, results.parent / "summary.png")]
+    try:
+        return draw_experiment(ds, results.parent, experiment=_user_experiment(ds, config_dir))
+    except KeyError as missing:  # a file that lacks what its figures draw
+        name = ds.attrs.get("experiment")
+        drawn = f"experiment {name}" if name else "a study"
+        raise ConfigError(
+            f"{results} lacks {missing}, which the figures of {drawn} need; was it written by attnflow?"
+        ) from None
 
 
 _HELP_FLAGS = ("-h", "--help")

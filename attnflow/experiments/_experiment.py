@@ -25,6 +25,19 @@ draw it. The runner (`attnflow.experiments._runner`) asks the class, never the m
   redraws them; `write_files(ds, folder, plotly_js)` (static, optional) the other files;
 - `coordinates`: `{name: (long name, units)}` of the Dataset's own coordinates, for its
   CF attributes (units None for text).
+
+Three hooks let one class run what is not a figure: a plain study (`attnflow
+KEY=VALUE ...`) is the experiment of one panel, `experiments._plain_study.PlainStudy`,
+that overrides them (an experiment of the gallery leaves them):
+
+- `conclude(results, on_piece=..., keep=..., describe=...)`: what the run writes, by
+  default its `analyse` described by the runner (its config, the panels' configs, the CF
+  attributes);
+- `write_figures(ds, folder)` (a class method): the figures saved, by default each of
+  `draw` as NAME.png and NAME.pdf in attnflow's style;
+- `keeps_pieces_on_failure`: whether a run stopped by a non-finite state or a solver
+  failure keeps its finished pieces (by default it does: its `incomplete.nc` holds only
+  the failed panel's statistics).
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import ConfigError
+from .._figures import save, style
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -87,9 +101,11 @@ class Experiment(abc.ABC):
 
     Subclass it, give `title` (and `paper`, `Options`, `coordinates`, `panel_keys` where
     it has them), and write `analyse` and `draw`; override `check`, `panels`, `pieces`
-    and `write_files` where the defaults do not fit. An instance holds the checked config
-    (`self.cfg`, a `attnflow.Config` whose `experiment.options` is the mapping stored in
-    the results) and the typed options (`self.options`, an instance of `Options`).
+    and `write_files` where the defaults do not fit (`conclude`, `write_figures` and
+    `keeps_pieces_on_failure` are for a run that is not a figure: the plain study). An
+    instance holds the checked config (`self.cfg`, a `attnflow.Config` whose
+    `experiment.options` is the mapping stored in the results) and the typed options
+    (`self.options`, an instance of `Options`).
     """
 
     title: ClassVar[str] = ""
@@ -97,6 +113,11 @@ class Experiment(abc.ABC):
     Options: ClassVar[type] = NoOptions
     coordinates: ClassVar[Mapping[str, tuple[str, str | None]]] = {}
     panel_keys: ClassVar[tuple[str, ...]] = ()
+    # A run stopped by a non-finite state or a solver failure writes the failed panel's
+    # statistics to incomplete.nc and keeps its finished pieces for the next run (the
+    # other panels' work is in no file); False removes them (a plain study, whose
+    # incomplete.nc holds all it computed).
+    keeps_pieces_on_failure: ClassVar[bool] = True
 
     def __init__(self, cfg: Config, options: Any):
         self.cfg = cfg
@@ -112,10 +133,11 @@ class Experiment(abc.ABC):
         """Refuse, with a `ConfigError` of one sentence naming the key, the value and what
         is allowed, what the options' types cannot say: ranges and combinations."""
 
-    def panels(self, base: dict) -> dict[str, dict]:
-        """The studies to solve, by label: each a config mapping over `base` (the
-        experiment's config without its `experiment` block). By default one per
-        combination of the list-valued `panel_keys`, or `{"main": base}`."""
+    def panels(self, base: dict) -> Mapping[str, Mapping | Config]:
+        """The studies to solve, by label (the name of the panel's pieces folder under the
+        run's): each a config mapping over `base` (the experiment's config without its
+        `experiment` block), or a `Config`. By default one per combination of the
+        list-valued `panel_keys`, or `{"main": base}`."""
         return panel_configs(base, self.panel_keys)
 
     def pieces(self) -> int:
@@ -131,10 +153,31 @@ class Experiment(abc.ABC):
         the run; `on_piece()` counts one unit of `pieces()`. (Called directly, give
         `on_piece=uncounted, keep=computed`.)"""
 
+    def conclude(
+        self,
+        results: dict[str, xr.Dataset],
+        *,
+        on_piece: Counter,
+        keep: Keeper,
+        describe: Callable[[xr.Dataset], xr.Dataset],
+    ) -> xr.Dataset:
+        """What the run writes to `results.nc`, from every panel's results (by label): by
+        default `analyse`, given to `describe` (the runner's: the config, the experiment's
+        name, the panels' configs and notes, the CF attributes). The plain study returns
+        its one panel's results as the study wrote them."""
+        return describe(self.analyse(results, on_piece=on_piece, keep=keep))
+
     @staticmethod
     @abc.abstractmethod
     def draw(ds: xr.Dataset) -> dict[str, Figure]:
         """The figures, by file name, from the Dataset alone (as read from `results.nc`)."""
+
+    @classmethod
+    def write_figures(cls, ds: xr.Dataset, folder: Path) -> list[Path]:
+        """Draw the figures (`draw`) in attnflow's style and save each as NAME.png and
+        NAME.pdf in `folder`; returns their paths."""
+        with style():
+            return [path for name, fig in cls.draw(ds).items() for path in save(fig, folder, name)]
 
     @staticmethod
     def write_files(ds: xr.Dataset, folder: Path, plotly_js: str = "embed") -> list[Path]:

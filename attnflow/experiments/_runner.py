@@ -1,17 +1,19 @@
-"""Plan, solve, analyse and draw an experiment: its panels are core studies (validated
-and planned before anything is computed), solved in pieces that a rerun resumes from,
-then handed to the experiment's own `analyse` and `draw`."""
+"""Plan, solve and analyse a run: an experiment, or a plain study (`PlainStudy`, the
+experiment of one panel that a config without an experiment describes), through one
+pipeline. Its panels are core studies (validated and planned before anything is
+computed), solved in pieces that a rerun resumes from, then handed to the experiment's
+own `analyse` (`conclude`); `_registry` draws the results. `run(config)` is the public
+`attnflow.run`: the command line without Hydra, for either kind."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import yaml
@@ -26,70 +28,18 @@ from .._config import (
     Config,
     _plain,
     compose,
-    config_source,
     hydra_context,
     register_schema,
     to_container,
 )
 from .._ensemble import EnsemblePlan
 from .._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure
-from .._figures import save, style
 from .._schema import typed
 from .._store import PieceStore
 from .._study import config_yaml, plan_study, prepare_jax, run_identity, solve_study
-from ._animate import check_plotly_js
 from ._experiment import Experiment, NoOptions, uncounted
-
-
-def _shipped() -> tuple[str, ...]:
-    """The experiments attnflow ships: the names of its `conf/experiment/*.yaml` (the one
-    list of them; each names its module `attnflow.experiments.NAME`, or another with
-    `experiment._target_`)."""
-    folder = config_source()[1].joinpath("experiment")
-    return tuple(sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml")))
-
-
-EXPERIMENTS = _shipped()
-# The module of an experiment whose name is also a package of attnflow's.
-_MODULES = {"diffeqformer": "diffeqformer_vs_gpt"}
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-
-def experiment_module(name: str) -> ModuleType:
-    """The module of the shipped experiment `name`."""
-    if name not in EXPERIMENTS:
-        raise ConfigError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}.")
-    return importlib.import_module(f"{__package__}.{_MODULES.get(name, name)}")
-
-
-def experiment_class(name: str, target: str | None = None) -> type[Experiment]:
-    """The `Experiment` subclass of experiment `name`: the class `target` names (a config's
-    `experiment._target_`, `module.Class`: a researcher's own, from their config folder),
-    or the one the module of the shipped experiment `name` defines."""
-    if target is not None:
-        from .._plugins import import_target  # lazy: only a config that names code of its own
-
-        found = import_target(target, "experiment._target_")
-        if not (isinstance(found, type) and issubclass(found, Experiment)):
-            raise ConfigError(f"experiment._target_={target} is not a subclass of attnflow.experiments.Experiment.")
-        return found
-    module = experiment_module(name)
-    defined = [
-        value
-        for value in vars(module).values()
-        if isinstance(value, type)
-        and issubclass(value, Experiment)
-        and value.__module__ == module.__name__
-        and not getattr(value, "__abstractmethods__", None)
-    ]
-    if len(defined) != 1:
-        raise ConfigError(
-            f"the module {module.__name__} defines {len(defined)} experiment classes; it must define "
-            "exactly one subclass of attnflow.experiments.Experiment."
-        )
-    return defined[0]
+from ._plain_study import PlainStudy
+from ._registry import EXPERIMENTS, experiment_class
 
 
 def option_schema(experiment: type | ModuleType) -> type:
@@ -143,19 +93,25 @@ def experiment_options(name: str, given: Mapping | None = None) -> dict:
 
 @dataclasses.dataclass
 class ExperimentPlan:
-    """An experiment ready to solve: its config (every option filled in), the
-    experiment (an instance of its `Experiment` class, holding the typed options), and
-    one validated, planned study per panel."""
+    """A run ready to solve, an experiment's or a plain study's: the config its results
+    store (an experiment's with every option filled in, a study's resolved), the
+    experiment (an instance of its `Experiment` class, holding the typed options; a
+    study's is `PlainStudy`), and one validated, planned study per panel."""
 
     cfg: Config
-    options: dict
     experiment: Experiment
     studies: dict[str, tuple[Study, EnsemblePlan]]  # by panel: the resolved study and its plan
 
     @property
     def name(self) -> str:
-        assert self.cfg.experiment is not None  # set by check_experiment
-        return self.cfg.experiment.name
+        """The experiment's name (`attnflow` for a plain study)."""
+        return self.experiment.name
+
+    @property
+    def keeps_pieces_on_failure(self) -> bool:
+        """Whether a run stopped by a non-finite state or a solver failure keeps its
+        finished pieces (`Experiment.keeps_pieces_on_failure`)."""
+        return self.experiment.keeps_pieces_on_failure
 
     @property
     def pieces(self) -> int:
@@ -173,7 +129,7 @@ class ExperimentPlan:
 
 
 # The pieces folder of an experiment's own computation, beside its panels' (a panel's
-# label has an `=` or is `main`).
+# label has an `=`, is `main`, or is `.` for the plain study's one panel).
 OWN_PIECES = "analysis"
 
 
@@ -213,19 +169,32 @@ class OwnPieces:
         return out
 
 
-def check_experiment(cfg: Config) -> tuple[Config, Experiment, dict[str, Study]]:
-    """Check an experiment config before anything is planned or computed: its options
-    typed by the experiment's `Options` (`_options`), its `check`, a panel key that
-    repeats a value, and every panel's study resolved (`resolve_study`: pure checks, no
-    program traced). Returns the config with every option filled in, the experiment
-    (an instance of its class) and the resolved study of each panel; raises
-    `ConfigError` (naming the panel where there are several)."""
+class Checked(NamedTuple):
+    """A run's config checked (`check_experiment`), before anything is planned: the
+    config its results store, the experiment and the resolved study of each panel."""
+
+    cfg: Config
+    experiment: Experiment
+    studies: dict[str, Study]
+
+
+def check_experiment(cfg: Config) -> Checked:
+    """Check a run's config before anything is planned or computed: the experiment it
+    names (its options typed by the experiment's `Options`, `_options`; its `check`; a
+    panel key that repeats a value) or, where it names none, the plain study
+    (`PlainStudy`), and every panel's study resolved (`resolve_study`: pure checks, no
+    program traced). Returns the config its results store (an experiment's with every
+    option filled in, a study's resolved), the experiment (an instance of its class)
+    and the resolved study of each panel; raises `ConfigError` (naming the panel where
+    there are several)."""
     if cfg.experiment is None:
-        raise ConfigError("this config names no experiment; set experiment=NAME.")
-    kind = experiment_class(cfg.experiment.name, cfg.experiment._target_)
-    options = _options(kind, cfg.experiment.name, cfg.experiment.options)
-    cfg = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, options=options))
-    assert cfg.experiment is not None  # replaced just above
+        # `experiment: null`, the plain study: no options, and its config as the study
+        # resolves it (what its results store).
+        kind, options, cfg = PlainStudy, {}, resolve_study(cfg).config
+    else:
+        kind = experiment_class(cfg.experiment.name, cfg.experiment._target_)
+        options = _options(kind, cfg.experiment.name, cfg.experiment.options)
+        cfg = dataclasses.replace(cfg, experiment=dataclasses.replace(cfg.experiment, options=options))
     prepare_jax(cfg)  # float64 and the compilation cache, before `check` may compute anything
     experiment = kind(cfg, _instance(option_schema(kind), options))
     experiment.check()
@@ -245,15 +214,15 @@ def check_experiment(cfg: Config) -> tuple[Config, Experiment, dict[str, Study]]
         except ConfigError as error:
             if len(configs) == 1:
                 raise
-            raise ConfigError(f"panel {label} of experiment {cfg.experiment.name}: {error}") from None
-    return cfg, experiment, studies
+            raise ConfigError(f"panel {label} of experiment {experiment.name}: {error}") from None
+    return Checked(cfg, experiment, studies)
 
 
-def plan_experiment(cfg: Config) -> ExperimentPlan:
-    """Check every panel of an experiment config (`check_experiment`) and plan its
-    studies; raises `ConfigError` (naming the panel) before anything is computed."""
-    cfg, experiment, studies = check_experiment(cfg)
-    assert cfg.experiment is not None  # check_experiment refuses a config without one
+def plan_checked(checked: Checked) -> ExperimentPlan:
+    """Plan the studies of a checked run (`check_experiment`); raises `ConfigError`
+    (naming the panel where there are several) for one that does not fit in memory,
+    before anything is computed."""
+    cfg, experiment, studies = checked
     planned = {}
     for label, study in studies.items():
         try:
@@ -261,8 +230,15 @@ def plan_experiment(cfg: Config) -> ExperimentPlan:
         except ConfigError as error:
             if len(studies) == 1:
                 raise
-            raise ConfigError(f"panel {label} of experiment {cfg.experiment.name}: {error}") from None
-    return ExperimentPlan(cfg, cfg.experiment.options, experiment, planned)
+            raise ConfigError(f"panel {label} of experiment {experiment.name}: {error}") from None
+    return ExperimentPlan(cfg, experiment, planned)
+
+
+def plan_experiment(cfg: Config) -> ExperimentPlan:
+    """Check a run's config (`check_experiment`: an experiment's every panel, or a plain
+    study's one) and plan its studies (`plan_checked`); raises `ConfigError` (naming the
+    panel) before anything is computed."""
+    return plan_checked(check_experiment(cfg))
 
 
 def solve_experiment(
@@ -274,11 +250,13 @@ def solve_experiment(
     on_damaged: Callable[[Path], None] | None = None,
     history: str | None = None,
 ):
-    """Solve every panel (keeping finished pieces under `pieces/<panel>` when given),
-    then analyse: returns the experiment's xarray Dataset with its config, its panels'
-    configs and the experiment's name in the attributes, every variable described as
-    the CF conventions ask (`attnflow._cf.describe`; `history` is the command that ran
-    it). The callbacks are `solve_study`'s (`on_resume` is also told the panel).
+    """Solve every panel (keeping finished pieces under `pieces/<panel>` when given; a
+    plain study's one panel, `.`, in `pieces` itself), then conclude
+    (`Experiment.conclude`): returns the run's xarray Dataset. An experiment's holds its
+    config, its panels' configs and the experiment's name in the attributes, every
+    variable described as the CF conventions ask (`attnflow._cf.describe`); a study's is
+    its results as `solve_study` makes them. `history` is the command that ran it. The
+    callbacks are `solve_study`'s (`on_resume` is also told the panel).
 
     A failed solve raises as `run` does, its message naming the panel and its
     `error.results` holding that panel's statistics."""
@@ -303,7 +281,19 @@ def solve_experiment(
         on_resume=None if on_resume is None else lambda found: on_resume(OWN_PIECES, found, experiment.pieces()),
         on_damaged=on_damaged,
     )
-    ds = experiment.analyse(results, on_piece=on_piece or uncounted, keep=keep)
+    line = history_line(history or "attnflow.solve_experiment(...)")
+    ds = experiment.conclude(
+        results, on_piece=on_piece or uncounted, keep=keep, describe=lambda ds: _described(ds, plan, results, line)
+    )
+    ds.attrs["history"] = line
+    return ds
+
+
+def _described(ds, plan: ExperimentPlan, results: Mapping[str, Any], history: str):
+    """An experiment's Dataset (`analyse`) with what the runner knows of it: the panels'
+    notes, its config, its name, the panels' configs, the class of a researcher's own
+    experiment, the digest of their code and the CF attributes."""
+    experiment = plan.experiment
     config = config_yaml(plan.cfg)
     # What the panels' runs note (a switch that never happens, a missed Sinkhorn
     # tolerance), each once, naming its panel where there are several.
@@ -326,7 +316,7 @@ def solve_experiment(
     )
     # The CF attributes (long names, units, the settings, what wrote the file): the
     # command line replaces `history` with its own command.
-    assert plan.cfg.experiment is not None  # a plan's config has its experiment block
+    assert plan.cfg.experiment is not None  # an experiment's config has its experiment block
     if plan.cfg.experiment._target_ is not None:
         ds.attrs["experiment_target"] = plan.cfg.experiment._target_
     digest = code_digest(plan.cfg)
@@ -336,54 +326,10 @@ def solve_experiment(
         ds,
         title=f"attnflow experiment {plan.name}: {experiment.title}",
         config=yaml.safe_load(config),
-        history=history_line(history or "attnflow.solve_experiment(...)"),
+        history=history,
         references=experiment.paper,
         coordinates=dict(experiment.coordinates) or None,
     )
-
-
-def _drawing_class(ds) -> type[Experiment]:
-    """The class that draws an experiment's Dataset: a shipped experiment's, by its name.
-    A Dataset of a researcher's own experiment names its class (`experiment_target`),
-    which is never imported because a file names it: `attnflow plot DIR --config-dir CFG`
-    names it from the user's own config folder."""
-    name = ds.attrs.get("experiment")
-    if not name:
-        raise ConfigError("this results file was not written by an experiment (it names none).")
-    target = ds.attrs.get("experiment_target")
-    if target is not None:
-        raise ConfigError(
-            f"this results file was written by the experiment {name} of your own code ({target}), "
-            "which attnflow imports only from a config folder you give: add --config-dir with the "
-            "folder of its experiment/NAME.yaml."
-        )
-    return experiment_class(name)
-
-
-def experiment_figures(ds) -> dict[str, Figure]:
-    """The figures of an experiment's Dataset (as read from its `results.nc`), by name:
-    `matplotlib.figure.Figure` objects outside pyplot, drawn in attnflow's style
-    without changing the backend or the rcParams. `draw_experiment` saves them."""
-    with style():
-        return dict(_drawing_class(ds).draw(ds))
-
-
-def draw_experiment(
-    ds, folder: str | os.PathLike, *, plotly_js: str = "embed", experiment: type[Experiment] | None = None
-) -> list[Path]:
-    """Draw the figures of an experiment's Dataset (as read from its `results.nc`)
-    into `folder`, each as NAME.png and NAME.pdf, with the experiment's other files
-    (animations, interactive HTML views, tables); returns their paths. `plotly_js`:
-    where the HTML views find plotly.js, `"embed"` (inside each page) or `"directory"`
-    (one plotly.min.js beside them). `experiment`: the class that draws it (by default
-    the shipped experiment the Dataset names)."""
-    check_plotly_js(plotly_js)  # before anything is drawn
-    kind = experiment or _drawing_class(ds)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with style():
-        paths = [path for name, fig in kind.draw(ds).items() for path in save(fig, folder, name)]
-    return paths + list(kind.write_files(ds, folder, plotly_js=plotly_js))
 
 
 def merge_overrides(base: dict, over: Mapping) -> dict:
@@ -424,16 +370,83 @@ def compose_experiment(name: str, overrides: Mapping | None = None) -> Config:
     return compose(merge_overrides(container, user))
 
 
+def run(config: Mapping | Config | None = None, *, pieces: str | os.PathLike | None = None):
+    """Run what a config describes, as the command line does, and return its results as
+    an xarray Dataset: a study, or the experiment it names.
+
+    `config` is a mapping with any of the keys of `conf/config.yaml` (missing keys
+    take their defaults), checked as the command line checks it. A config that names a
+    shipped experiment (`{"experiment": "circle", ...}`, or `{"experiment": {"name":
+    "circle", "options": {...}}, ...}`) takes its missing keys from that experiment's
+    config, as `attnflow experiment=circle ...` does, and returns the experiment's
+    Dataset (as `run_experiment`); a researcher's own experiment is named by its class
+    (`"experiment": {"name": NAME, "_target_": "module.Class"}`), its keys over the
+    defaults. A stored config (`yaml.safe_load(ds.attrs["config"])`) runs again.
+
+    A study's Dataset has dimensions `member` and `time` (and `beta` when beta is a
+    list), one variable per metric, the states `x` when `save_states`, `num_steps`, the
+    per-solve `status` (0 ok, 1 non-finite, 2 solver stopped) and `failure_time`, and
+    the resolved config as YAML in `attrs["config"]`.
+
+    The solves run in pieces of equal size. With `pieces` (a folder), each finished
+    piece is kept there (an experiment's in a folder per panel), and a run interrupted
+    or killed before the end resumes from the finished ones when it is started again
+    with the same config and folder; the pieces of another config there are refused (a
+    `ConfigError` naming the settings that differ) unless the config says
+    `overwrite: true`. Ctrl-C stops a run at once.
+
+    `dtype: float64` switches on `jax_enable_x64` for the process (JAX's float64 is a
+    global setting); float32 runs stay float32 either way.
+
+    Raises `ConfigError` for an impossible config (or one that does not fit in
+    memory), `StorageError` when a piece cannot be written (a full disk),
+    `NonFiniteStateError` when a state becomes NaN or infinite,
+    `SolverFailure` when a solve stops early; the last two carry the computed Dataset
+    (an experiment's: the failed panel's) as `error.dataset`, its statistics missing
+    (NaN) from each failed solve's first bad output time on.
+    """
+    return _run(_composed(config), pieces, python_call("attnflow.run", config))
+
+
+def _composed(config: Mapping | Config | None) -> Config:
+    """The config `run` runs: a mapping that names a shipped experiment over that
+    experiment's config (`compose_experiment`, which refuses an unknown name given as
+    `experiment: NAME`), anything else over the defaults (`compose`)."""
+    if isinstance(config, Mapping):
+        block = config.get("experiment")
+        if isinstance(block, str):
+            block = {"name": block}
+        name = block.get("name") if isinstance(block, Mapping) else None
+        if isinstance(config.get("experiment"), str) or name in EXPERIMENTS:
+            return compose_experiment(str(name), {**config, "experiment": block})
+    return compose(config)
+
+
 def run_experiment(name: str, overrides: Mapping | None = None, *, pieces: str | os.PathLike | None = None):
     """Run experiment `name` (as `attnflow experiment=NAME` with `overrides`) and return
     its Dataset; `draw_experiment(ds, folder)` draws its figures.
 
     `pieces` keeps finished pieces in a folder, as in `run`."""
-    ds = solve_experiment(
-        plan_experiment(compose_experiment(name, overrides)),
-        pieces=pieces,
-        history=python_call("attnflow.run_experiment", {"name": name, **dict(overrides or {})}),
+    return _run(
+        compose_experiment(name, overrides),
+        pieces,
+        python_call("attnflow.run_experiment", {"name": name, **dict(overrides or {})}),
     )
+
+
+def _run(cfg: Config, pieces: str | os.PathLike | None, command: str):
+    """Plan, solve and return the Dataset of `run` and `run_experiment` (`command`: the
+    call, for `history`); the notes of the run are warned (`RunNote`) at the caller's
+    call."""
+    plan = plan_experiment(cfg)
+    try:
+        ds = solve_experiment(plan, pieces=pieces, history=command)
+    except (NonFiniteStateError, SolverFailure) as error:
+        results = getattr(error, "results", None)
+        if results is not None:  # a panel's statistics (an experiment's own computation has none)
+            results.attrs["history"] = history_line(command)
+            error.dataset = results.to_xarray()
+        raise
     for note in filter(None, str(ds.attrs.get("notes", "")).splitlines()):
-        warnings.warn(note, RunNote, stacklevel=2)
+        warnings.warn(note, RunNote, stacklevel=3)
     return ds

@@ -201,6 +201,70 @@ def test_the_summary_plot_draws_whatever_was_recorded(tmp_path):
         assert (sweep / job / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# --- one pipeline: a study is the experiment of one panel ----------------------------------
+
+
+def test_a_study_and_an_experiment_are_run_and_redrawn_by_the_same_functions(command, monkeypatch, tmp_path):
+    """The command line checks, plans, solves and draws a study (`attnflow KEY=VALUE`)
+    and an experiment through the same functions of `attnflow.experiments`, and
+    `attnflow plot` redraws both with one call: the study's summary.png with the title the
+    run gave it."""
+    import attnflow.experiments as experiments
+    from attnflow._plots import plot_summary
+
+    calls = []
+
+    def recorded(name):
+        real = getattr(experiments, name)
+
+        def record(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return record
+
+    for name in ("check_experiment", "plan_checked", "solve_experiment", "draw_experiment"):
+        monkeypatch.setattr(experiments, name, recorded(name))
+    small = ["n=4", "members=2", "t1=0.5", "dt=0.1", "saves=3", "compilation_cache=false"]
+    study, experiment = tmp_path / "study", tmp_path / "experiment"
+    assert command(*small, "d=3", "beta=1", f"hydra.run.dir={study}")[0] == 0
+    assert command("experiment=phase_diagram", *small, "d=[2,3]", "beta=[1.0]", f"hydra.run.dir={experiment}")[0] == 0
+    assert calls == ["check_experiment", "plan_checked", "solve_experiment", "draw_experiment"] * 2
+    # The study's results are the study's own: no experiment's attributes.
+    assert not {"experiment", "panel_configs"} & set(load(study / "results.nc").attrs)
+    assert load(study / "results.nc").attrs["title"].startswith("attnflow study: SA dynamics")
+    assert sorted(p.name for p in study.glob("*.png")) == ["summary.png"]
+    assert sorted(p.name for p in experiment.glob("*.p*")) == ["phase_diagram.pdf", "phase_diagram.png"]
+    drawn = (study / "summary.png").read_bytes()
+    calls.clear()
+    (study / "summary.png").unlink()
+    (experiment / "phase_diagram.png").unlink()
+    assert command("plot", str(study), str(experiment))[0] == 0
+    assert calls == ["draw_experiment"] * 2
+    assert (study / "summary.png").read_bytes() == drawn and (experiment / "phase_diagram.png").is_file()
+    # The run's own title (its system and solver), on the run's and on the redrawn figure.
+    title = "SA on scheme=sphere, n=4, d=3, 2 members, euler_renorm dt=0.1"
+    assert plot_summary(load(study / "results.nc"), tmp_path / "titled.png", title=title).read_bytes() == drawn
+    (summary,) = experiments.experiment_figures(load(study / "results.nc")).values()
+    assert summary.get_suptitle() == title
+
+
+def test_plot_draws_a_studys_summary_without_loading_jax(tmp_path):
+    """`attnflow plot` of a study reads and draws its results.nc without importing JAX
+    (the experiments package loads the module that draws on first use)."""
+    import attnflow as af
+
+    af.write_results(af.run({"n": 4, "d": 3, "members": 2, "beta": 1.0, "t1": 0.5, "dt": 0.1, "saves": 2}),
+                     tmp_path / "results.nc")
+    code = ("import sys; from attnflow.cli import _command; code = _command('plot', [sys.argv[1]]); "
+            "assert code == 0; print(sorted(m for m in ('jax', 'jaxlib', 'diffrax') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # --- where the results go: checked and locked before any computing ----------------------
 
 

@@ -93,13 +93,13 @@ def test_ctrl_c_names_the_run_dir_that_resumes_and_it_does(command, ctrl_c_after
 
 
 def test_ctrl_c_before_anything_is_computed_leaves_no_folder(command, ctrl_c_after, monkeypatch, tmp_path):
-    from attnflow import _study
+    from attnflow.experiments import _runner
 
     def interrupted(study):
         raise KeyboardInterrupt
 
     ctrl_c_after(0)
-    monkeypatch.setattr(_study, "plan_study", interrupted)
+    monkeypatch.setattr(_runner, "plan_study", interrupted)  # while the run's one panel is planned
     code, lines = command(*TINY)
     assert code == 130 and lines == ["attnflow: interrupted; no results were written."], lines
     assert not (tmp_path / "outputs").exists()
@@ -155,7 +155,7 @@ def test_status_lines_say_what_happens_before_the_bar_and_while_drawing(command,
     code, lines = command(*TINY[:-1], "plot=true", f"hydra.run.dir={tmp_path / 'run'}")
     screen = "\n".join(lines)
     assert code == 0, screen
-    for said in ("first piece: compiling, then solving", "4/4 pieces", "drawing summary.png"):
+    for said in ("first piece: compiling, then solving", "4/4 pieces", "drawing the figures"):
         assert said in screen, (said, screen)
     assert not _progress.Progress._drawn
 

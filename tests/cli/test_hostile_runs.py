@@ -24,7 +24,7 @@ import attnflow as af
 import attnflow.cli as cli_module
 from attnflow import _build, _store, _study
 from attnflow._ensemble import EnsemblePlan
-from attnflow._errors import ConfigError
+from attnflow._errors import ConfigError, NonFiniteStateError
 
 # 8 members, 2 per piece: 4 pieces.
 TINY = ["n=4", "d=3", "beta=1", "members=8", "chunk_size=2", "t1=0.5", "dt=0.1", "saves=2", "plot=false"]
@@ -247,6 +247,47 @@ def test_a_pieces_folder_that_cannot_be_created_is_one_sentence(tmp_path, attnfl
     monkeypatch.setattr(Path, "mkdir", mkdir)
     line = one_error_line(*attnflow(*TINY, f"hydra.run.dir={out}")[::2])
     assert "cannot create" in line and ".attnflow-pieces" in line and "nothing was finished" in line, line
+
+
+def test_a_failed_studys_pieces_go_with_its_incomplete_nc_and_an_experiments_panels_keep_theirs(
+    tmp_path, attnflow, monkeypatch
+):
+    # A solve that turned non-finite (here the check of its panel's ensemble, made to
+    # fail): its statistics go to incomplete.nc. A study's incomplete.nc holds all it
+    # computed, and its pieces go; an experiment's holds the failed panel's only, and
+    # every panel keeps its pieces (the same command resumes from them).
+    real = _study.check_ensemble
+
+    def failing(at: int):
+        checked = []
+
+        def check_ensemble(*args, **kwargs):
+            checked.append(args)
+            if len(checked) == at:
+                raise NonFiniteStateError("a state became non-finite.")
+            return real(*args, **kwargs)
+
+        return check_ensemble
+
+    study = tmp_path / "study"
+    monkeypatch.setattr(_study, "check_ensemble", failing(1))
+    line = one_error_line(*attnflow(*TINY, f"hydra.run.dir={study}")[::2])
+    assert line.endswith(f"a state became non-finite; what was computed is in {study / 'incomplete.nc'}."), line
+    assert (study / "incomplete.nc").is_file() and not (study / ".attnflow-pieces").exists()
+    experiment = tmp_path / "experiment"
+    args = ["experiment=phase_diagram", TINY[0], "d=[2,3]", "beta=[1.0]", *TINY[3:], f"hydra.run.dir={experiment}"]
+    monkeypatch.setattr(_study, "check_ensemble", failing(2))  # the second panel, d=3
+    line = one_error_line(*attnflow(*args)[::2])
+    assert line.startswith("attnflow: error: panel d=3: a state became non-finite;"), line
+    assert (experiment / "incomplete.nc").is_file()
+    kept = [len(list((experiment / ".attnflow-pieces" / panel).glob("piece-*.npz"))) for panel in ("d=2", "d=3")]
+    assert kept == [4, 4], kept
+    monkeypatch.setattr(_study, "check_ensemble", real)
+    code, stdout, err = attnflow(*args)
+    assert code == 0, err
+    for panel in ("d=2", "d=3"):
+        assert f"resuming from 4 of 4 finished pieces in {experiment / '.attnflow-pieces' / panel}" in stdout, stdout
+    assert (experiment / "results.nc").is_file() and not (experiment / "incomplete.nc").exists()
 
 
 def test_an_interrupted_experiment_names_the_pieces_it_keeps(tmp_path, monkeypatch, capsys):

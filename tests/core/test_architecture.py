@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnflow"
-STUBBED = ("attnflow", "attnflow.checkpoints", "attnflow.diffeqformer")
+STUBBED = ("attnflow", "attnflow.checkpoints", "attnflow.diffeqformer", "attnflow.experiments")
 
 
 def _contracts() -> list[dict]:

@@ -46,9 +46,8 @@ def exported_names() -> set[str]:
     `checkpoints`, `diffeqformer` and `experiments`, and those of each public module of
     `analysis`."""
     names = {f"attnflow.{n}" for n in _stub_names(PACKAGE / "__init__.pyi")}
-    for package in ("checkpoints", "diffeqformer"):
+    for package in ("checkpoints", "diffeqformer", "experiments"):
         names |= {f"attnflow.{package}.{n}" for n in _stub_names(PACKAGE / package / "__init__.pyi")}
-    names |= {f"attnflow.experiments.{n}" for n in _module_names(PACKAGE / "experiments" / "__init__.py")}
     for module in sorted((PACKAGE / "analysis").glob("[!_]*.py")):
         names |= {f"attnflow.analysis.{module.stem}.{n}" for n in _module_names(module)}
     return names

@@ -66,10 +66,13 @@ def test_bad_experiment_input_is_one_sentence_before_any_computing():
     with pytest.raises(ConfigError, match="unknown experiment 'nope'; choose one of adaptive_depth, bouncing"):
         compose_experiment("nope")
     cfg = compose_experiment("single_cluster", {**TINY, "experiment": {"options": {"colour": 1}}})
-    with pytest.raises(ConfigError, match="unknown option experiment.options.colour of experiment single_cluster"):
-        plan_experiment(cfg)
-    with pytest.raises(ConfigError, match=r"experiment=single_cluster is run by attnflow.run_experiment"):
-        af.run(cfg)
+    for run in (plan_experiment, af.run):  # attnflow.run runs an experiment's config too
+        with pytest.raises(ConfigError, match="unknown option experiment.options.colour of experiment single_cluster"):
+            run(cfg)
+    with pytest.raises(ConfigError, match=r"experiment=single_cluster is run by attnflow.run or attnflow.run_exp"):
+        af.validate_config(cfg)  # a single study's resolution
+    with pytest.raises(ConfigError, match="unknown experiment 'nope'; choose one of adaptive_depth, bouncing"):
+        af.run({"experiment": "nope"})
 
 
 def test_experiment_options_are_the_defaults_with_the_given_ones_typed():
@@ -107,6 +110,24 @@ def test_the_python_api_and_the_command_line_compose_the_same_config(tmp_path):
     redraw = attnflow("plot", str(tmp_path / "run"), cwd=tmp_path)
     assert_ok(redraw)
     assert png.exists()
+
+
+def test_run_takes_an_experiments_config_as_run_experiment_does(tmp_path):
+    """`attnflow.run` runs a config that names an experiment (its missing keys from the
+    experiment's config, as the command line composes them) and returns what
+    `run_experiment` returns; the config stored in its results runs it again."""
+    expected = run_experiment("single_cluster", TINY)
+    for config in ({"experiment": "single_cluster", **TINY},
+                   {"experiment": {"name": "single_cluster"}, **TINY},
+                   yaml.safe_load(expected.attrs["config"])):
+        ds = af.run(config)
+        assert ds.attrs["history"].endswith(")") and "attnflow.run(" in ds.attrs["history"]
+        assert list(ds.variables) == list(expected.variables)
+        for name in ds.variables:
+            np.testing.assert_array_equal(ds[name].values, expected[name].values)
+            assert ds[name].attrs.keys() == expected[name].attrs.keys(), name
+        assert {k: v for k, v in ds.attrs.items() if k != "history"} == {
+            k: v for k, v in expected.attrs.items() if k != "history"}
 
 
 def test_experiment_errors_from_the_command_line_are_one_line(tmp_path):
