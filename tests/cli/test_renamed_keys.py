@@ -31,7 +31,7 @@ from attnflow import cli
 from attnflow._build import resolve_study
 from attnflow._config import RENAMED, RENAMED_IN, current_config, defaults, to_container
 from attnflow._errors import ConfigError
-from attnflow._plots import plot_summary
+from attnflow._plots import plot_summary, summary_title
 from attnflow._report import report
 from attnflow._store import RunDirectory
 from attnflow._study import plan_study, solve_study
@@ -176,8 +176,10 @@ def test_a_run_written_before_is_skipped_redrawn_and_loaded_as_today(command, tm
             f"{run / 'results.nc'} holds a different run; choose another hydra.run.dir or set overwrite=true.")
     assert command("plot", str(run))[0] == 0
     assert (run / "summary.png").read_bytes() == today_png  # its caption says scheme = sphere, cluster_eps = 0.05
-    # The same figure from the file as xarray opens it (its config as stored).
-    plot_summary(xr.load_dataset(run / "results.nc"), tmp_path / "summary.png")
+    # The same figure from the file as xarray opens it (its config as stored), titled as
+    # `attnflow plot` titles it.
+    opened = xr.load_dataset(run / "results.nc")
+    plot_summary(opened, tmp_path / "summary.png", title=summary_title(opened))
     assert (tmp_path / "summary.png").read_bytes() == today_png
     loaded = af.load_results(run / "results.nc")
     assert yaml.safe_load(loaded.attrs["config"]) == today

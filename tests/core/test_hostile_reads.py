@@ -89,7 +89,8 @@ def test_a_config_file_is_read_no_further_than_the_cap(tmp_path):
 
 
 def test_attnflows_own_configs_read_back_as_they_were_written():
-    from attnflow._study import config_yaml, resolve_study
+    from attnflow._build import resolve_study
+    from attnflow._study import config_yaml
 
     text = config_yaml(resolve_study({"n": 4, "weights": {"v": {"kind": "matrix", "value": np.eye(3).tolist()}}})
                        .config)
