@@ -4,206 +4,6 @@
 __version__: str
 """attnflow's version, from the installed package's metadata."""
 
-from ._adaptive import RK4 as RK4
-from ._adaptive import Retracted as Retracted
-from ._build import (
-    ConfiguredSystem as ConfiguredSystem,
-)
-from ._build import (
-    Study as Study,
-)
-from ._build import (
-    build_field as build_field,
-)
-from ._build import (
-    build_init as build_init,
-)
-from ._build import (
-    build_system as build_system,
-)
-from ._build import (
-    resolve_study as resolve_study,
-)
-from ._build import (
-    validate_config as validate_config,
-)
-from ._config import Config as Config
-from ._config import compose as compose
-from ._ensemble import EnsembleResult as EnsembleResult
-from ._ensemble import solve_ensemble as solve_ensemble
-from ._errors import (
-    CheckpointError as CheckpointError,
-)
-from ._errors import (
-    ConfigError as ConfigError,
-)
-from ._errors import (
-    NonFiniteStateError as NonFiniteStateError,
-)
-from ._errors import (
-    RunNote as RunNote,
-)
-from ._errors import (
-    SolverFailure as SolverFailure,
-)
-from ._errors import (
-    StorageError as StorageError,
-)
-from ._field import VectorField as VectorField
-from ._geometry import AbstractGeometry as AbstractGeometry
-from ._geometry import Euclidean as Euclidean
-from ._geometry import Sphere as Sphere
-from ._grid import (
-    TimeGrid as TimeGrid,
-)
-from ._grid import (
-    grid_times as grid_times,
-)
-from ._grid import (
-    save_steps as save_steps,
-)
-from ._grid import (
-    save_times as save_times,
-)
-from ._grid import (
-    step_count as step_count,
-)
-from ._grid import (
-    time_grid as time_grid,
-)
-from ._initial import (
-    AbstractInitialCondition as AbstractInitialCondition,
-)
-from ._initial import (
-    GaussianMixture as GaussianMixture,
-)
-from ._initial import (
-    Given as Given,
-)
-from ._initial import (
-    Orthonormal as Orthonormal,
-)
-from ._initial import (
-    SphericalCaps as SphericalCaps,
-)
-from ._initial import (
-    UniformCube as UniformCube,
-)
-from ._initial import (
-    UniformSphere as UniformSphere,
-)
-from ._metric_registry import metric as metric
-from ._metrics import (
-    MetricContext as MetricContext,
-)
-from ._metrics import (
-    Recorder as Recorder,
-)
-from ._metrics import (
-    cluster_count as cluster_count,
-)
-from ._metrics import (
-    cluster_labels as cluster_labels,
-)
-from ._metrics import (
-    cluster_sizes as cluster_sizes,
-)
-from ._metrics import (
-    cosines as cosines,
-)
-from ._metrics import (
-    gram as gram,
-)
-from ._metrics import (
-    interaction_energy as interaction_energy,
-)
-from ._metrics import (
-    log_interaction_energy as log_interaction_energy,
-)
-from ._metrics import (
-    normalized_energy as normalized_energy,
-)
-from ._metrics import (
-    numerical_rank as numerical_rank,
-)
-from ._metrics import (
-    order_parameter as order_parameter,
-)
-from ._metrics import (
-    pair_density as pair_density,
-)
-from ._metrics import (
-    sinkhorn_energy as sinkhorn_energy,
-)
-from ._noise import (
-    BrownianNoise as BrownianNoise,
-)
-from ._noise import (
-    attention_mode as attention_mode,
-)
-from ._noise import (
-    brownian_noise as brownian_noise,
-)
-from ._noise import (
-    critical_sigma as critical_sigma,
-)
-from ._noise import (
-    first_mode_rate as first_mode_rate,
-)
-from ._plots import plot_summary as plot_summary
-from ._plots import summary_figure as summary_figure
-from ._random_matrices import draw_matrix as draw_matrix
-from ._schedules import (
-    AbstractSchedule as AbstractSchedule,
-)
-from ._schedules import (
-    Constant as Constant,
-)
-from ._schedules import (
-    Identity as Identity,
-)
-from ._schedules import (
-    Interpolated as Interpolated,
-)
-from ._schedules import (
-    PiecewiseConstant as PiecewiseConstant,
-)
-from ._schedules import (
-    PiecewiseSchedule as PiecewiseSchedule,
-)
-from ._schedules import (
-    Scaled as Scaled,
-)
-from ._simulate import Solution as Solution
-from ._simulate import simulate as simulate
-from ._solvers import SOLVERS as SOLVERS
-from ._solvers import Tableau as Tableau
-from ._solvers import tableau as tableau
-from ._store import Results as Results
-from ._store import load_results as load_results
-from ._store import write_atomically as write_atomically
-from ._store import write_results as write_results
-from ._terms import (
-    MLP as MLP,
-)
-from ._terms import (
-    AbstractInteraction as AbstractInteraction,
-)
-from ._terms import (
-    Rotary as Rotary,
-)
-from ._terms import (
-    SelfAttention as SelfAttention,
-)
-from ._terms import (
-    TokenNorm as TokenNorm,
-)
-from ._terms import (
-    hardmax_weights as hardmax_weights,
-)
-from ._terms import (
-    sinkhorn_log as sinkhorn_log,
-)
 from .analysis.equiangular import equiangular_rate as equiangular_rate
 from .analysis.equiangular import equiangular_time as equiangular_time
 from .analysis.meanfield import (
@@ -253,6 +53,206 @@ from .experiments import (
     run_experiment as run_experiment,
 )
 from .experiments._runner import run as run
+from .numerics._adaptive import RK4 as RK4
+from .numerics._adaptive import Retracted as Retracted
+from .numerics._field import VectorField as VectorField
+from .numerics._geometry import AbstractGeometry as AbstractGeometry
+from .numerics._geometry import Euclidean as Euclidean
+from .numerics._geometry import Sphere as Sphere
+from .numerics._grid import (
+    TimeGrid as TimeGrid,
+)
+from .numerics._grid import (
+    grid_times as grid_times,
+)
+from .numerics._grid import (
+    save_steps as save_steps,
+)
+from .numerics._grid import (
+    save_times as save_times,
+)
+from .numerics._grid import (
+    step_count as step_count,
+)
+from .numerics._grid import (
+    time_grid as time_grid,
+)
+from .numerics._initial import (
+    AbstractInitialCondition as AbstractInitialCondition,
+)
+from .numerics._initial import (
+    GaussianMixture as GaussianMixture,
+)
+from .numerics._initial import (
+    Given as Given,
+)
+from .numerics._initial import (
+    Orthonormal as Orthonormal,
+)
+from .numerics._initial import (
+    SphericalCaps as SphericalCaps,
+)
+from .numerics._initial import (
+    UniformCube as UniformCube,
+)
+from .numerics._initial import (
+    UniformSphere as UniformSphere,
+)
+from .numerics._metrics import (
+    MetricContext as MetricContext,
+)
+from .numerics._metrics import (
+    Recorder as Recorder,
+)
+from .numerics._metrics import (
+    cluster_count as cluster_count,
+)
+from .numerics._metrics import (
+    cluster_labels as cluster_labels,
+)
+from .numerics._metrics import (
+    cluster_sizes as cluster_sizes,
+)
+from .numerics._metrics import (
+    cosines as cosines,
+)
+from .numerics._metrics import (
+    gram as gram,
+)
+from .numerics._metrics import (
+    interaction_energy as interaction_energy,
+)
+from .numerics._metrics import (
+    log_interaction_energy as log_interaction_energy,
+)
+from .numerics._metrics import (
+    normalized_energy as normalized_energy,
+)
+from .numerics._metrics import (
+    numerical_rank as numerical_rank,
+)
+from .numerics._metrics import (
+    order_parameter as order_parameter,
+)
+from .numerics._metrics import (
+    pair_density as pair_density,
+)
+from .numerics._metrics import (
+    sinkhorn_energy as sinkhorn_energy,
+)
+from .numerics._noise import (
+    BrownianNoise as BrownianNoise,
+)
+from .numerics._noise import (
+    attention_mode as attention_mode,
+)
+from .numerics._noise import (
+    brownian_noise as brownian_noise,
+)
+from .numerics._noise import (
+    critical_sigma as critical_sigma,
+)
+from .numerics._noise import (
+    first_mode_rate as first_mode_rate,
+)
+from .numerics._random_matrices import draw_matrix as draw_matrix
+from .numerics._schedules import (
+    AbstractSchedule as AbstractSchedule,
+)
+from .numerics._schedules import (
+    Constant as Constant,
+)
+from .numerics._schedules import (
+    Identity as Identity,
+)
+from .numerics._schedules import (
+    Interpolated as Interpolated,
+)
+from .numerics._schedules import (
+    PiecewiseConstant as PiecewiseConstant,
+)
+from .numerics._schedules import (
+    PiecewiseSchedule as PiecewiseSchedule,
+)
+from .numerics._schedules import (
+    Scaled as Scaled,
+)
+from .numerics._simulate import Solution as Solution
+from .numerics._simulate import simulate as simulate
+from .numerics._solvers import SOLVERS as SOLVERS
+from .numerics._solvers import Tableau as Tableau
+from .numerics._solvers import tableau as tableau
+from .numerics._terms import (
+    MLP as MLP,
+)
+from .numerics._terms import (
+    AbstractInteraction as AbstractInteraction,
+)
+from .numerics._terms import (
+    Rotary as Rotary,
+)
+from .numerics._terms import (
+    SelfAttention as SelfAttention,
+)
+from .numerics._terms import (
+    TokenNorm as TokenNorm,
+)
+from .numerics._terms import (
+    hardmax_weights as hardmax_weights,
+)
+from .numerics._terms import (
+    sinkhorn_log as sinkhorn_log,
+)
+from .presentation._plots import plot_summary as plot_summary
+from .presentation._plots import summary_figure as summary_figure
+from .running._build import (
+    ConfiguredSystem as ConfiguredSystem,
+)
+from .running._build import (
+    Study as Study,
+)
+from .running._build import (
+    build_field as build_field,
+)
+from .running._build import (
+    build_init as build_init,
+)
+from .running._build import (
+    build_system as build_system,
+)
+from .running._build import (
+    resolve_study as resolve_study,
+)
+from .running._build import (
+    validate_config as validate_config,
+)
+from .running._ensemble import EnsembleResult as EnsembleResult
+from .running._ensemble import solve_ensemble as solve_ensemble
+from .schema._config import Config as Config
+from .schema._config import compose as compose
+from .schema._errors import (
+    CheckpointError as CheckpointError,
+)
+from .schema._errors import (
+    ConfigError as ConfigError,
+)
+from .schema._errors import (
+    NonFiniteStateError as NonFiniteStateError,
+)
+from .schema._errors import (
+    RunNote as RunNote,
+)
+from .schema._errors import (
+    SolverFailure as SolverFailure,
+)
+from .schema._errors import (
+    StorageError as StorageError,
+)
+from .schema._metric_registry import metric as metric
+from .storage._store import Results as Results
+from .storage._store import load_results as load_results
+from .storage._store import write_atomically as write_atomically
+from .storage._store import write_results as write_results
 
 __all__ = [
     "AbstractGeometry",

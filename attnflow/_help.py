@@ -1,7 +1,7 @@
 """What `attnflow --help` says, and the docs' reference page, from one source.
 
-Every config key of a study comes from the schema (`attnflow._config.Config`, and the
-initial conditions' dataclasses of `attnflow.initial`, imported: they import no JAX):
+Every config key of a study comes from the schema (`attnflow.schema._config.Config`, and the
+initial conditions' dataclasses of `attnflow.schema.initial`, imported: they import no JAX):
 its type from the field's annotation, its choices from its `Choice`, its meaning from
 the field's `help` metadata (`_schema.setting`), and its default from the YAML file that
 holds it (`conf/config.yaml`, `conf/init/KIND.yaml`). An initial condition's line is its
@@ -40,9 +40,9 @@ from typing import Any, cast
 import yaml
 from omegaconf import OmegaConf
 
-from . import _config
-from ._config import INITS, Config, config_source
 from .diffeqformer._settings import TrainConfig
+from .schema import _config
+from .schema._config import INITS, Config, config_source
 
 _PACKAGE = Path(__file__).resolve().parent
 _REGISTRY = _PACKAGE / "experiments" / "_registry.py"
@@ -247,7 +247,7 @@ def _literal_default(node: ast.expr | None) -> Any:
 def _choice_names(path: Path, name: str) -> tuple[str, ...] | None:
     """The names of the choice type `name` (`Name = choice("Name", NAMES)`) of the module
     at `path`, following a constant it names there or imports from a sibling module; the
-    core's own choices (`attnflow._config`) by their class."""
+    core's own choices (`attnflow.schema._config`) by their class."""
     known = getattr(_config, name, None)
     if isinstance(known, type) and issubclass(known, enum.Enum):
         return tuple(known.__members__)

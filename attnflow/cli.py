@@ -60,7 +60,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import _help
-from ._config import (
+from .diffeqformer._command import main as train_main
+from .running._progress import Progress, end_all, status
+from .schema._config import (
     Config,
     config_source,
     refuse_renamed,
@@ -69,10 +71,9 @@ from ._config import (
     renamed_key,
     typed_job_config,
 )
-from ._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError
-from ._progress import Progress, end_all, status
-from ._schema import explain
-from ._store import (
+from .schema._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError
+from .schema._schema import explain
+from .storage._store import (
     RunDirectory,
     discard_partial_files,
     finished_pieces,
@@ -81,7 +82,6 @@ from ._store import (
     stored_config,
     write_results,
 )
-from .diffeqformer._command import main as train_main
 
 _FAILED: list[tuple[str, str]] = []  # (job, message) of every failed job (of the sweep, once it ends)
 _JOBS: list[str] = []
@@ -256,8 +256,8 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
     if "jax" not in sys.modules:
         _tell("importing JAX")
     # A study is the experiment of one panel (`experiments.PlainStudy`): one path for both.
-    from ._study import run_identity  # lazy: start-up (JAX), as the imports of the run below
     from .experiments import check_experiment, draw_experiment, plan_checked, solve_experiment  # lazy: start-up
+    from .running._study import run_identity  # lazy: start-up (JAX), as the imports of the run below
 
     _tell("checking and planning the run")
     checked = check_experiment(typed)  # the study, or every panel of the experiment, checked
@@ -332,7 +332,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
 
 def _history(hydra_cfg) -> str:
     """The `history` of a results file: when, and the command (a sweep job's own overrides)."""
-    from ._cf import command_line, history_line  # lazy: start-up, as the study's imports
+    from .storage._cf import command_line, history_line  # lazy: start-up, as the study's imports
 
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return history_line(command_line())
@@ -616,7 +616,7 @@ def _command(name: str, args: list[str]) -> int:
         return 0 if any(a in ("-h", "--help") for a in args) else 2
     try:
         with status("reading the results"):
-            from ._report import results_files  # lazy: start-up (xarray)
+            from .presentation._report import results_files  # lazy: start-up (xarray)
 
             found = [results_files(Path(arg), name) for arg in args]
         if name == "plot":
@@ -626,7 +626,7 @@ def _command(name: str, args: list[str]) -> int:
                 for path in drawn:
                     print(f"attnflow: wrote {path}", flush=True)
         else:
-            from ._report import report  # lazy: start-up
+            from .presentation._report import report  # lazy: start-up
 
             folder = Path(args[0])
             with status(f"writing the report of {len(found[0])} run{'s' if len(found[0]) > 1 else ''}"):

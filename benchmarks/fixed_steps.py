@@ -2,7 +2,7 @@
 
 The question of issue 19: should a fixed-step run go through `diffrax.diffeqsolve`
 (`ConstantStepSize`, `SaveAt`, the `Retracted` wrapper) instead of the scan over
-`step_map` in `attnflow._simulate`? Both are timed on the phase-diagram workload
+`step_map` in `attnflow.numerics._simulate`? Both are timed on the phase-diagram workload
 (`benchmarks/phase_diagram.py`): Q = K = V = I softmax attention on the sphere, n = 32
 tokens, Euler on the unprojected field followed by the retraction (`euler_renorm`),
 h = 0.1 on [0, 30], float32, the pair density recorded after every step, M members
@@ -44,7 +44,7 @@ from machine import describe
 from phase_diagram import phase_config
 
 import attnflow as af
-from attnflow._adaptive import RK4, Retracted
+from attnflow.numerics._adaptive import RK4, Retracted
 
 DIFFRAX = {"euler_renorm": dfx.Euler, "rk4": RK4}
 

@@ -47,8 +47,8 @@ from phase_diagram import (attnflow_phase_diagram, exp_throughput, matmul_throug
                            workload)
 
 import attnflow as af
-from attnflow._ensemble import EnsemblePlan
-from attnflow._metrics import Recorder, numerical_rank
+from attnflow.running._ensemble import EnsemblePlan
+from attnflow.numerics._metrics import Recorder, numerical_rank
 
 
 def default_chunk(d: int, members: int, n: int, dt: float, t1: float, eps: float) -> int:
@@ -84,7 +84,7 @@ def _with_svd_rank(system):
 
 def section_rank(rounds: int) -> list[dict]:
     """The default study without and with `attention_rank`, by SVD and by pivoted QR."""
-    from attnflow._study import plan_study
+    from attnflow.running._study import plan_study
 
     base = dict(members=256, t1=30.0, dt=0.1, compilation_cache=False)
     runs = {}

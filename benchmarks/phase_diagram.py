@@ -95,7 +95,7 @@ def exp_throughput(size: int = 2**24, repeats: int = 3) -> float:
 def phase_config(d: int, members: int, n: int = 32, dt: float = 0.1, t1: float = 30.0, eps: float = 1e-2,
                  solver: str = "euler_renorm"):
     """The benchmark's study config, with the JAX settings a run of it would have."""
-    from attnflow._study import prepare_jax
+    from attnflow.running._study import prepare_jax
 
     cfg = af.validate_config(
         dict(n=n, d=d, members=members, t1=t1, dt=dt, solver=solver, metrics=["pair_density"],

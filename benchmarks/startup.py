@@ -44,7 +44,7 @@ from machine import describe
 
 TRIVIAL = ["n=4", "d=3", "members=2", "t1=0.1", "dt=0.1", "saves=2", "plot=false"]
 BARE_JAX = "import jax, jax.numpy as jnp; jax.jit(lambda x: x @ x + 1)(jnp.ones((4, 4))).block_until_ready()"
-IMPORTS = "import attnflow.cli, attnflow._study, attnflow._build, hydra.main, netCDF4, xarray"
+IMPORTS = "import attnflow.cli, attnflow.running._study, attnflow.running._build, hydra.main, netCDF4, xarray"
 LAUNCHER = "import sys; from attnflow.cli import main; sys.argv[0] = 'attnflow'; sys.exit(main())"
 HERE = Path(__file__).resolve().parents[1]
 

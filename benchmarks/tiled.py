@@ -45,7 +45,7 @@ import numpy as np
 from machine import describe
 
 import attnflow as af
-from attnflow import _tiled
+from attnflow.numerics import _tiled
 
 jax.config.update("jax_enable_x64", True)
 DIMS_DENSE = (512, 1024, 2048, 4096, 8192, 16384)

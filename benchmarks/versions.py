@@ -42,7 +42,7 @@ _CHILD = r"""
 import dataclasses, json, sys, time
 import jax, jax.numpy as jnp
 import attnflow as af
-from attnflow._study import prepare_jax
+from attnflow.running._study import prepare_jax
 
 d, members, repeats = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 t1, dt = 30.0, 0.1

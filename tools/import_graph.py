@@ -1,8 +1,8 @@
 """The import graph of attnflow, from the code, as a mermaid diagram for docs/architecture.md.
 
 grimp (which import-linter uses) reads every import of the package, those inside
-functions too. Each subpackage above the core is drawn as one node (its modules import
-only within it and downward), each core module (`attnflow/_*.py`) as its own node; an
+functions too. Each subpackage is drawn as one node (its modules import only within it and
+downward), each folder of the core (`attnflow/schema/`, ...) too, inside one subgraph; an
 arrow `a --> b` says that a imports b. The script fails if an arrow points up a layer
 (the order of pyproject.toml's layered contract), so the picture it prints has none.
 
@@ -23,6 +23,10 @@ import grimp
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The folders of the core (the bottom layers of the contract), drawn in one subgraph.
+CORE = ("presentation", "running", "storage", "numerics", "schema")
+
+
 def layers() -> list[list[str]]:
     """The modules of each layer, top first (pyproject.toml's layered contract)."""
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
@@ -30,25 +34,26 @@ def layers() -> list[list[str]]:
     return [[m.strip() for m in layer.replace("|", ":").split(":")] for layer in layered["layers"]]
 
 
-def node(module: str, core: set[str]) -> str:
-    """The drawn node of a module: a core module itself, else its subpackage (the root
+def node(module: str, named: list[str]) -> str:
+    """The drawn node of a module: the module or package a layer of the contract names that
+    holds it (a subpackage, a folder of the core), else its subpackage (the root
     package's `__init__` is the package itself)."""
-    for name in core:
-        if module == name or module.startswith(name + "."):
-            return name
+    holders = [name for name in named if module == name or module.startswith(name + ".")]
+    if holders:
+        return max(holders, key=len)
     parts = module.split(".")
     return ".".join(parts[:2])
 
 
 def mermaid() -> str:
     order = layers()
-    core = set(order[-1])
+    named = [m for layer in order for m in layer]
     rank = {m: i for i, layer in enumerate(order) for m in layer}
     graph = grimp.build_graph("attnflow", cache_dir=None)
     edges = set()
     for importer in graph.modules:
         for imported in graph.find_modules_directly_imported_by(importer):
-            a, b = node(importer, core), node(imported, core)
+            a, b = node(importer, named), node(imported, named)
             if a != b and a != "attnflow" and b != "attnflow":
                 edges.add((a, b))
     upward = sorted((a, b) for a, b in edges if rank[a] > rank[b])
@@ -57,14 +62,12 @@ def mermaid() -> str:
         sys.exit(f"imports up a layer: {sorted(set(upward) - ignored)}")
     label = lambda m: m.removeprefix("attnflow.")
     ident = lambda m: "m" + label(m).replace(".", "_")  # mermaid ids: no leading underscore
+    core = [f"attnflow.{folder}" for folder in CORE]
     lines = ["flowchart TD"]
-    for layer in order:
-        if layer == order[-1]:
-            lines.append("    subgraph core")
-            lines.extend(f'        {ident(m)}["{label(m)}"]' for m in sorted(layer))
-            lines.append("    end")
-        else:
-            lines.append(f'    {ident(layer[0])}["{label(layer[0])}"]')
+    lines.extend(f'    {ident(m)}["{label(m)}"]' for m in named if m not in core)
+    lines.append("    subgraph core")
+    lines.extend(f'        {ident(m)}["{label(m)}"]' for m in named if m in core)
+    lines.append("    end")
     for a, b in sorted(edges, key=lambda e: (rank[e[0]], e[0], rank[e[1]], e[1])):
         arrow = "-.->" if (a, b) in upward else "-->"  # dotted: the one ignored upward import
         lines.append(f"    {ident(a)} {arrow} {ident(b)}")

@@ -71,7 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._simulate import step_map
+from ..numerics._simulate import step_map
 
 
 def equiangular_rate(rho: ArrayLike, beta: ArrayLike, n: int) -> Array:

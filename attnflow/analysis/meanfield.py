@@ -66,9 +66,9 @@ import numpy as np
 import scipy.special
 from jaxtyping import Array, ArrayLike, Complex, Float
 
-from .._ensemble import available_memory
-from .._errors import ConfigError, SolverFailure
-from .._noise import critical_sigma
+from ..numerics._noise import critical_sigma
+from ..running._ensemble import available_memory
+from ..schema._errors import ConfigError, SolverFailure
 
 SOLVERS = {"tsit5": diffrax.Tsit5, "dopri8": diffrax.Dopri8, "kvaerno5": diffrax.Kvaerno5}
 

@@ -73,11 +73,11 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, Float, Int, ScalarLike
 
-from .._errors import ConfigError
-from .._field import VectorField
-from .._grid import step_count
-from .._simulate import DepthDynamics, StepMap, step_map
-from .._terms import SelfAttention
+from ..numerics._field import VectorField
+from ..numerics._grid import step_count
+from ..numerics._simulate import DepthDynamics, StepMap, step_map
+from ..numerics._terms import SelfAttention
+from ..schema._errors import ConfigError
 
 
 class Sensitivity(eqx.Module):

@@ -69,7 +69,7 @@ import xarray as xr
 from jaxtyping import ScalarLike
 from numpy.typing import ArrayLike
 
-from .._store import read_config
+from ..storage._store import read_config
 
 __all__ = ["Merges", "Plateaus", "detect_metastability", "merges", "partition_level", "plateaus"]
 

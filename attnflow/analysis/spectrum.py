@@ -50,11 +50,11 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 
-from .._errors import ConfigError
-from .._field import VectorField
-from .._geometry import Euclidean
-from .._grid import step_count
-from .._simulate import step_map
+from ..numerics._field import VectorField
+from ..numerics._geometry import Euclidean
+from ..numerics._grid import step_count
+from ..numerics._simulate import step_map
+from ..schema._errors import ConfigError
 
 
 class LyapunovSpectrum(eqx.Module):

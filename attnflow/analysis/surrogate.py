@@ -31,10 +31,10 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 
-from .._errors import ConfigError
-from .._field import VectorField
-from .._simulate import simulate
-from .._terms import AbstractInteraction
+from ..numerics._field import VectorField
+from ..numerics._simulate import simulate
+from ..numerics._terms import AbstractInteraction
+from ..schema._errors import ConfigError
 
 
 class FlowMatchingField(AbstractInteraction):

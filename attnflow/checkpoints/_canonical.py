@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from .._errors import CheckpointError, ConfigError
-from .._terms import Rotary, TokenNorm
+from ..numerics._terms import Rotary, TokenNorm
+from ..schema._errors import CheckpointError, ConfigError
 from ._families import HF_FAMILIES
 
 # The families of the loaders (`_families.py`), and "diffeqformer": a neural-ODE

@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from .. import _ensemble
-from .._errors import CheckpointError
-from .._terms import TokenNorm
+from ..numerics._terms import TokenNorm
+from ..running import _ensemble
+from ..schema._errors import CheckpointError
 from ._canonical import Attention, Blocks, FeedForward, stack_layers
 
 SAFETENSORS = "model.safetensors"

@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .._errors import CheckpointError, ConfigError
-from .._field import VectorField
-from .._schedules import AbstractSchedule, Constant, Interpolated, PiecewiseConstant
-from .._simulate import simulate
-from .._terms import MLP, SelfAttention, TokenNorm
+from ..numerics._field import VectorField
+from ..numerics._schedules import AbstractSchedule, Constant, Interpolated, PiecewiseConstant
+from ..numerics._simulate import simulate
+from ..numerics._terms import MLP, SelfAttention, TokenNorm
+from ..schema._errors import CheckpointError, ConfigError
 from ._canonical import Checkpoint
 
 INTERPOLATIONS = ("constant", "linear", "cubic")
@@ -92,7 +92,7 @@ class DepthFlow(eqx.Module):
     """A checkpoint's dynamics over depth $t \\in [0, L]$: the field (attention and MLP
     terms, in this order), the post-LN retractions of `post` models, the arrangement.
 
-    It is a `DepthDynamics` (`attnflow._simulate`): the analyses, which sit below the
+    It is a `DepthDynamics` (`attnflow.numerics._simulate`): the analyses, which sit below the
     checkpoints, read its field, split, retractions and depth through that protocol."""
 
     field: VectorField

@@ -16,8 +16,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from .._errors import CheckpointError
-from .._progress import status
+from ..running._progress import status
+from ..schema._errors import CheckpointError
 from . import native
 from ._canonical import Checkpoint
 from ._families import HF_FAMILIES

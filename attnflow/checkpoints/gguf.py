@@ -35,7 +35,7 @@ from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
-from .._errors import CheckpointError
+from ..schema._errors import CheckpointError
 from . import llama
 from ._canonical import Checkpoint
 from ._files import check_dtype, check_memory, whole

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .._terms import TokenNorm
+from ..numerics._terms import TokenNorm
 from ._canonical import Checkpoint
 from ._files import WeightTable, activation, as_array, count, epsilon, flag, head_width, layer_norm_blocks, setting
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import CheckpointError
-from .._terms import Rotary, TokenNorm
+from ..numerics._terms import Rotary, TokenNorm
+from ..schema._errors import CheckpointError
 from ._canonical import Blocks, Checkpoint, FeedForward
 from ._files import (
     WeightTable,

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Literal, overload
 import jax.numpy as jnp
 import numpy as np
 
-from .._errors import CheckpointError
-from .._store import write_atomically
-from .._terms import Rotary, TokenNorm
+from ..numerics._terms import Rotary, TokenNorm
+from ..schema._errors import CheckpointError
+from ..storage._store import write_atomically
 from ._canonical import ARRANGEMENTS, FAMILIES, Attention, Blocks, Checkpoint, FeedForward, stack_layers
 from ._files import whole
 

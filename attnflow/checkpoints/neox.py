@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .._errors import CheckpointError
-from .._terms import Rotary, TokenNorm
+from ..numerics._terms import Rotary, TokenNorm
+from ..schema._errors import CheckpointError
 from ._canonical import Checkpoint
 from ._files import (
     WeightTable,

@@ -32,10 +32,10 @@ import numpy as np
 import xarray as xr
 from jaxtyping import Array, Float, Int
 
-from .._errors import CheckpointError
-from .._figures import caption, colormap, figure, save, styled
-from .._store import write_atomically
-from .._terms import TokenNorm
+from ..numerics._terms import TokenNorm
+from ..presentation._figures import caption, colormap, figure, save, styled
+from ..schema._errors import CheckpointError
+from ..storage._store import write_atomically
 from ._canonical import Checkpoint, stack_layers
 from .spectra import low_rank_svd, output_value_factors, query_key_factors
 

@@ -35,7 +35,7 @@ import numpy as np
 import xarray as xr
 from jaxtyping import Array, Complex, Float
 
-from .._figures import caption, colormap, save, styled, subplots
+from ..presentation._figures import caption, colormap, save, styled, subplots
 from ._canonical import Checkpoint
 
 if TYPE_CHECKING:

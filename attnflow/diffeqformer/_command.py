@@ -18,7 +18,7 @@ from typing import cast
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
-from .._errors import CheckpointError, ConfigError, NonFiniteStateError
+from ..schema._errors import CheckpointError, ConfigError, NonFiniteStateError
 from ._settings import TrainConfig, _command_line, _defaults_file, _overrides, _typed, train_config
 
 # At most this many jobs in one sweep (`-m`): each is a training run.

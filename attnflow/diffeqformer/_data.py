@@ -34,7 +34,7 @@ import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .._errors import ConfigError
+from ..schema._errors import ConfigError
 from ._settings import corpus_name
 
 PRETRAINING_SHARE = 0.8

@@ -35,14 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, ScalarLike
 
-from .._errors import ConfigError
-from .._field import VectorField
-from .._schedules import AbstractSchedule
-from .._simulate import simulate
-from .._solvers import SOLVERS
-from .._terms import MLP, SelfAttention, TokenNorm
 from ..checkpoints._canonical import Attention, Blocks, Checkpoint, FeedForward, rows_of, stack_layers
 from ..checkpoints._flow import forward
+from ..numerics._field import VectorField
+from ..numerics._schedules import AbstractSchedule
+from ..numerics._simulate import simulate
+from ..numerics._solvers import SOLVERS
+from ..numerics._terms import MLP, SelfAttention, TokenNorm
+from ..schema._errors import ConfigError
 from ._settings import DTYPES
 
 INIT_STD = 0.02  # GPT-2's initial standard deviation of weights and embeddings

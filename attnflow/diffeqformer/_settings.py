@@ -30,10 +30,10 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from .._config import _keys_of, config_source, hydra_context, read_boolean
-from .._errors import CheckpointError, ConfigError, did_you_mean
-from .._methods import SOLVERS
-from .._store import recover
+from ..schema._config import _keys_of, config_source, hydra_context, read_boolean
+from ..schema._errors import CheckpointError, ConfigError, did_you_mean
+from ..schema._methods import SOLVERS
+from ..storage._store import recover
 
 MODELS = ("diffeqformer", "gpt")
 B2 = {"diffeqformer": 0.95, "gpt": 0.999}  # the paper's app. C.5

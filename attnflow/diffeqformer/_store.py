@@ -11,7 +11,7 @@ A DiffEqFormer folder holds
 - `tokenizer.json`.
 
 A GPT baseline folder is the checkpoint format and the tokenizer only. Every folder is
-written by the store's one writer (`attnflow._store.replacing`): into a temporary
+written by the store's one writer (`attnflow.storage._store.replacing`): into a temporary
 sibling, then renamed into place, so an interruption leaves either the previous folder
 or the new one, never a mixture.
 """
@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from .._errors import CheckpointError, ConfigError
-from .._store import replacing
 from ..checkpoints.native import save_checkpoint
+from ..schema._errors import CheckpointError, ConfigError
+from ..storage._store import replacing
 from ._model import Checkpoint, DiffEqFormer, DiffEqFormerConfig, LoRA, populate
 from ._settings import read_json
 

@@ -45,14 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._ensemble import _gib, available_memory
-from .._errors import CheckpointError, ConfigError, NonFiniteStateError
-from .._progress import Progress
-from .._solvers import tableau
-from .._store import RunDirectory, replacing, write_atomically
-from .._study import use_compilation_cache
 from ..checkpoints._canonical import Checkpoint
 from ..checkpoints._load import load_checkpoint
+from ..numerics._solvers import tableau
+from ..running._ensemble import _gib, available_memory
+from ..running._progress import Progress
+from ..running._study import use_compilation_cache
+from ..schema._errors import CheckpointError, ConfigError, NonFiniteStateError
+from ..storage._store import RunDirectory, replacing, write_atomically
 from ._data import load_corpus
 from ._model import DiffEqFormer, DiffEqFormerConfig, LoRA, checkpoint_logits, gpt, lora, populate
 from ._settings import ADDED, STATE_VERSION, TrainConfig, check, corpus_name, read_json, read_state, train_config

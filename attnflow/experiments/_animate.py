@@ -22,10 +22,10 @@ import numpy as np
 import xarray as xr
 from jaxtyping import Float
 
-from .._errors import ConfigError
-from .._figures import figure, styled
-from .._progress import Progress
-from .._store import write_atomically
+from ..presentation._figures import figure, styled
+from ..running._progress import Progress
+from ..schema._errors import ConfigError
+from ..storage._store import write_atomically
 
 if TYPE_CHECKING:
     from mpl_toolkits.mplot3d import Axes3D

@@ -1,6 +1,6 @@
 """What several experiments share: putting panels side by side in one Dataset, the
 ensemble summary that keeps a file small, and reading configs back. The figure style is
-`attnflow._figures` (re-exported here for the experiments)."""
+`attnflow.presentation._figures` (re-exported here for the experiments)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import xarray as xr
 
-from .._config import _default_config, current_config
-from .._errors import ConfigError
-from .._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
-from .._progress import Progress
-from .._store import read_config
+from ..presentation._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
+from ..running._progress import Progress
+from ..schema._config import _default_config, current_config
+from ..schema._errors import ConfigError
+from ..storage._store import read_config
 
 
 def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:

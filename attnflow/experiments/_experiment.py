@@ -9,8 +9,8 @@ draw it. The runner (`attnflow.experiments._runner`) asks the class, never the m
 - `title`, `paper`: what the figure shows and what it reproduces (the results' `title`
   and `references`);
 - `Options`: a dataclass of its own settings (`experiment.options.KEY=...`), their types
-  (choices as `attnflow._config.choice(...)`), defaults and meanings (the `help` of each
-  field's metadata, `setting(default, "meaning")` of `attnflow._schema`, which the help
+  (choices as `attnflow.schema._config.choice(...)`), defaults and meanings (the `help` of each
+  field's metadata, `setting(default, "meaning")` of `attnflow.schema._schema`, which the help
   shows). The runner types what is given by it (`_schema.typed`: unknown keys, wrong
   types, NaN and infinity, repeated list entries are refused there) and hands the
   experiment an instance: `self.options.sizes`;
@@ -49,14 +49,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._errors import ConfigError
-from .._figures import save, style
+from ..presentation._figures import save, style
+from ..schema._errors import ConfigError
 
 if TYPE_CHECKING:
     import xarray as xr
     from matplotlib.figure import Figure
 
-    from .._config import Config
+    from ..schema._config import Config
 
 
 @dataclasses.dataclass

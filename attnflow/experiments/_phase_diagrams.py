@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from .._errors import ConfigError
 from ..analysis.equiangular import equiangular_time
+from ..schema._errors import ConfigError
 from ._common import config_of, subplots
 
 

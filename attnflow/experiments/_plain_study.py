@@ -3,7 +3,7 @@
 through one pipeline (plan, solve, pieces, resume, write, draw).
 
 Its one panel is the run's config itself, solved into the run's own pieces folder
-(labelled `.`), its results are the study's as `attnflow._study.solve_study` makes them
+(labelled `.`), its results are the study's as `attnflow.running._study.solve_study` makes them
 (no experiment's attributes), and its figure is the summary figure, `summary.png`. It is
 not a figure of the gallery: `EXPERIMENTS` (the YAML files of `conf/experiment/`) does
 not list it. No JAX is imported here: `attnflow plot` draws a study's results without it.
@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._plots import plot_summary, summary_figure, summary_title
+from ..presentation._plots import plot_summary, summary_figure, summary_title
 from ._experiment import Counter, Experiment, Keeper
 
 if TYPE_CHECKING:
     import xarray as xr
     from matplotlib.figure import Figure
 
-    from .._config import Config
+    from ..schema._config import Config
 
 # The label of the study's one panel: its pieces folder is the run's pieces folder itself
 # (as a study of earlier versions kept its pieces, which therefore still resume).
@@ -68,6 +68,6 @@ class PlainStudy(Experiment):
 
     @classmethod
     def write_figures(cls, ds: xr.Dataset, folder: Path) -> list[Path]:
-        """`summary.png`, as `attnflow._plots.plot_summary` writes it (a PNG, in
+        """`summary.png`, as `attnflow.presentation._plots.plot_summary` writes it (a PNG, in
         matplotlib's own style)."""
         return [plot_summary(ds, Path(folder) / "summary.png", title=summary_title(ds))]

@@ -15,9 +15,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .._config import config_source
-from .._errors import ConfigError
-from .._figures import style
+from ..presentation._figures import style
+from ..schema._config import config_source
+from ..schema._errors import ConfigError
 from ._animate import check_plotly_js
 from ._experiment import Experiment
 from ._plain_study import PlainStudy
@@ -51,7 +51,7 @@ def experiment_class(name: str, target: str | None = None) -> type[Experiment]:
     `experiment._target_`, `module.Class`: a researcher's own, from their config folder),
     or the one the module of the shipped experiment `name` defines."""
     if target is not None:
-        from .._plugins import import_target  # lazy: only a config that names code of its own
+        from ..schema._plugins import import_target  # lazy: only a config that names code of its own
 
         found = import_target(target, "experiment._target_")
         if not (isinstance(found, type) and issubclass(found, Experiment)):

@@ -21,10 +21,11 @@ from hydra import compose as hydra_compose
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from .._build import Study, resolve_study
-from .._cf import describe, history_line, python_call
-from .._components import code_digest
-from .._config import (
+from ..running._build import Study, resolve_study
+from ..running._components import code_digest
+from ..running._ensemble import EnsemblePlan
+from ..running._study import config_yaml, plan_study, prepare_jax, run_identity, solve_study
+from ..schema._config import (
     Config,
     _plain,
     compose,
@@ -32,11 +33,10 @@ from .._config import (
     register_schema,
     to_container,
 )
-from .._ensemble import EnsemblePlan
-from .._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure
-from .._schema import typed
-from .._store import PieceStore
-from .._study import config_yaml, plan_study, prepare_jax, run_identity, solve_study
+from ..schema._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure
+from ..schema._schema import typed
+from ..storage._cf import describe, history_line, python_call
+from ..storage._store import PieceStore
 from ._experiment import Experiment, NoOptions, uncounted
 from ._plain_study import PlainStudy
 from ._registry import EXPERIMENTS, experiment_class
@@ -254,7 +254,7 @@ def solve_experiment(
     plain study's one panel, `.`, in `pieces` itself), then conclude
     (`Experiment.conclude`): returns the run's xarray Dataset. An experiment's holds its
     config, its panels' configs and the experiment's name in the attributes, every
-    variable described as the CF conventions ask (`attnflow._cf.describe`); a study's is
+    variable described as the CF conventions ask (`attnflow.storage._cf.describe`); a study's is
     its results as `solve_study` makes them. `history` is the command that ran it. The
     callbacks are `solve_study`'s (`on_resume` is also told the panel).
 

@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._build import Study, build_system
-from .._config import Config
-from .._errors import ConfigError
-from .._progress import Progress
-from .._store import in_background
 from ..analysis.spectrum import lyapunov_spectrum
+from ..running._build import Study, build_system
+from ..running._progress import Progress
+from ..schema._config import Config
+from ..schema._errors import ConfigError
+from ..storage._store import in_background
 
 # The initial deviation frame of a member is drawn from its key folded with this.
 _FRAME = 3

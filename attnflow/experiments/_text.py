@@ -12,9 +12,9 @@ import numpy as np
 from matplotlib.font_manager import FontProperties
 from matplotlib.transforms import ScaledTranslation
 
-from .._errors import ConfigError
-from .._store import write_atomically
 from ..checkpoints._load import load_checkpoint, load_tokenizer
+from ..schema._errors import ConfigError
+from ..storage._store import write_atomically
 
 FONT = 11.0  # points, the highlighted sentence
 _PAD = 0.06  # inches of colour either side of a token

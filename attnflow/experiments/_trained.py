@@ -9,9 +9,9 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from .._errors import ConfigError
 from ..diffeqformer._settings import corpus_name, read_json, read_state, train_config
 from ..diffeqformer._train import train
+from ..schema._errors import ConfigError
 
 REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
 

@@ -41,15 +41,15 @@ import jax
 import numpy as np
 import xarray as xr
 
-from .._config import choice
-from .._errors import ConfigError
-from .._progress import Progress
-from .._schema import setting
 from ..checkpoints._load import load_checkpoint
 from ..diffeqformer._data import load_corpus
 from ..diffeqformer._settings import corpus_name, train_config
 from ..diffeqformer._store import load_diffeqformer, tokenizer_text
 from ..diffeqformer._train import train, validation_loss
+from ..running._progress import Progress
+from ..schema._config import choice
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, colormap, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 from ._text import write_text

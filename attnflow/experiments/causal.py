@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from .._build import resolve_study
-from .._errors import ConfigError
-from .._schema import setting
+from ..running._build import resolve_study
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._animate import animate_states
 from ._common import (
     caption,

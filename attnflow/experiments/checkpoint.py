@@ -38,15 +38,6 @@ import matplotlib
 import numpy as np
 import xarray as xr
 
-from .._config import choice
-from .._errors import ConfigError
-from .._field import VectorField
-from .._metrics import cluster_count, cosines, normalized_energy
-from .._progress import Progress
-from .._schedules import Identity
-from .._schema import setting
-from .._simulate import simulate
-from .._terms import SelfAttention
 from ..checkpoints._flow import depth_flow, forward, run_depth
 from ..checkpoints.probes import (
     decode_head_vectors,
@@ -57,6 +48,15 @@ from ..checkpoints.probes import (
     write_head_tables,
 )
 from ..checkpoints.spectra import draw_spectra, head_spectra
+from ..numerics._field import VectorField
+from ..numerics._metrics import cluster_count, cosines, normalized_energy
+from ..numerics._schedules import Identity
+from ..numerics._simulate import simulate
+from ..numerics._terms import SelfAttention
+from ..running._progress import Progress
+from ..schema._config import choice
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, config_of, subplots, token_ticks
 from ._experiment import Counter, Experiment, Keeper
 from ._text import checkpoint_sentence, write_text

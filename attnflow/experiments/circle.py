@@ -34,10 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._build import resolve_study
-from .._errors import ConfigError
-from .._metrics import cluster_labels
-from .._schema import setting
+from ..numerics._metrics import cluster_labels
+from ..running._build import resolve_study
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._animate import animation
 from ._common import caption, colormap, config_of, figure
 from ._experiment import Counter, Experiment, Keeper

@@ -92,13 +92,6 @@ import numpy as np
 import xarray as xr
 from jaxtyping import Array, Float
 
-from .._errors import ConfigError
-from .._field import VectorField
-from .._metrics import cluster_count, cosines, normalized_energy
-from .._progress import Progress
-from .._schedules import AbstractSchedule, Scaled
-from .._schema import setting
-from .._simulate import simulate
 from ..analysis.pair_exponents import token_sensitivity
 from ..checkpoints._flow import depth_flow, forward
 from ..checkpoints._load import load_checkpoint, load_tokenizer
@@ -106,6 +99,13 @@ from ..checkpoints.spectra import head_spectra
 from ..diffeqformer._data import load_corpus
 from ..diffeqformer._model import populate
 from ..diffeqformer._store import diffeqformer_config, load_diffeqformer, tokenizer_text
+from ..numerics._field import VectorField
+from ..numerics._metrics import cluster_count, cosines, normalized_energy
+from ..numerics._schedules import AbstractSchedule, Scaled
+from ..numerics._simulate import simulate
+from ..running._progress import Progress
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, colormap, config_of, figure, subplots
 from ._experiment import Counter, Experiment, Keeper
 from ._text import FONT, highlight, layout, scaled, shown, write_text

@@ -31,10 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._build import resolve_study
-from .._errors import ConfigError
-from .._progress import Progress
-from .._schema import setting
+from ..running._build import resolve_study
+from ..running._progress import Progress
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
 

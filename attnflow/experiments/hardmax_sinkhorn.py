@@ -36,12 +36,12 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._errors import ConfigError
-from .._field import VectorField
-from .._schedules import Identity
-from .._schema import setting
-from .._simulate import simulate
-from .._terms import SelfAttention
+from ..numerics._field import VectorField
+from ..numerics._schedules import Identity
+from ..numerics._simulate import simulate
+from ..numerics._terms import SelfAttention
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, colormap, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
 

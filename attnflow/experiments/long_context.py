@@ -37,7 +37,7 @@ the time).
 
 Each output is computed by the core's `SelfAttention` for the sampled query tokens
 against all n keys (`SelfAttention(..., rows=...)`, in tiles above
-`attnflow._tiled.TILED_ABOVE` tokens), once per n for every $\\gamma$ (beta is data);
+`attnflow.numerics._tiled.TILED_ABOVE` tokens), once per n for every $\\gamma$ (beta is data);
 the stored cosine is the mean over the sampled pairs.
 """
 
@@ -54,12 +54,12 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._config import NOT_RESULT_KEYS, Config
-from .._ensemble import available_memory
-from .._errors import ConfigError
-from .._schedules import Identity
-from .._schema import setting
-from .._terms import SelfAttention
+from ..numerics._schedules import Identity
+from ..numerics._terms import SelfAttention
+from ..running._ensemble import available_memory
+from ..schema._config import NOT_RESULT_KEYS, Config
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, colormap, config_of, counted, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 

@@ -63,12 +63,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from .._build import Study, resolve_study
-from .._config import Config
-from .._errors import ConfigError
-from .._schema import setting
-from .._solvers import tableau
 from ..analysis.spectrum import rotation_orbit
+from ..numerics._solvers import tableau
+from ..running._build import Study, resolve_study
+from ..schema._config import Config
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, colormap, config_of, member_summary, refuse_given, subplots
 from ._experiment import Counter, Experiment, Keeper
 from ._spectra import PERCENTILES, Spectra, check_qr_options, check_spectrum, ensemble_spectra, exponent_count

@@ -51,11 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._build import build_system, resolve_study, validate_config
-from .._config import choice, to_container
-from .._errors import ConfigError
-from .._schema import setting
-from .._terms import SelfAttention
+from ..numerics._terms import SelfAttention
+from ..running._build import build_system, resolve_study, validate_config
+from ..schema._config import choice, to_container
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, config_of, member_summary, subplots
 from ._experiment import Counter, Experiment, Keeper
 from ._magnitudes import SCHEDULES, coefficients, dispersion_index

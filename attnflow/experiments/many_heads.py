@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from .._config import choice
-from .._errors import ConfigError
-from .._schema import setting
 from ..analysis.plateaus import detect_metastability
+from ..schema._config import choice
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, config_of, failed_members, subplots
 from ._experiment import Counter, Experiment, Keeper
 from ._random_laws import PANELS

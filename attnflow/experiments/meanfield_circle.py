@@ -32,7 +32,7 @@ diffusion term; the particles then approach the PDE at the same sigma, still lik
 $n^{-1/2}$, and the perturbed mode's coefficient $\frac1n\sum_j\cos(m\theta_j)$ moves at
 the linear rate $\lambda_m$ of `circle_growth_rate` (negative above the critical sigma).
 The particles are stepped by the core's `simulate` (RK4 for the drift, step `dt`) with
-`SelfAttention`, in tiles above `attnflow._tiled.TILED_ABOVE` tokens; one compiled
+`SelfAttention`, in tiles above `attnflow.numerics._tiled.TILED_ABOVE` tokens; one compiled
 program per n, mapped over the members.
 """
 
@@ -48,14 +48,6 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .._config import NOT_RESULT_KEYS, Config
-from .._errors import ConfigError
-from .._field import VectorField
-from .._noise import brownian_noise, tree_depth
-from .._schedules import Identity
-from .._schema import setting
-from .._simulate import simulate
-from .._terms import SelfAttention
 from ..analysis.meanfield import (
     USA_LARGEST_BETA,
     check_kernel_table,
@@ -63,6 +55,14 @@ from ..analysis.meanfield import (
     circle_wasserstein,
     meanfield_circle,
 )
+from ..numerics._field import VectorField
+from ..numerics._noise import brownian_noise, tree_depth
+from ..numerics._schedules import Identity
+from ..numerics._simulate import simulate
+from ..numerics._terms import SelfAttention
+from ..schema._config import NOT_RESULT_KEYS, Config
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, colormap, config_of, counted, finite_number, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 

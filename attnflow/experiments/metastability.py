@@ -66,12 +66,12 @@ import xarray as xr
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from .._config import defaults, to_container
-from .._errors import ConfigError
-from .._metrics import cluster_labels
-from .._progress import Progress
-from .._schema import setting
 from ..analysis.plateaus import detect_metastability
+from ..numerics._metrics import cluster_labels
+from ..running._progress import Progress
+from ..schema._config import defaults, to_container
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
 from ._runner import merge_overrides

@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from .._errors import ConfigError
-from .._noise import critical_sigma
-from .._schema import setting
 from ..analysis.meanfield import circle_stationary_order
+from ..numerics._noise import critical_sigma
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
 

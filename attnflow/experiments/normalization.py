@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from .._config import choice
-from .._errors import ConfigError
-from .._schema import setting
+from ..schema._config import choice
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, check_member_option, config_of, subplots
 from ._experiment import Counter, Experiment, Keeper
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import xarray as xr
 
-from .._schema import setting
+from ..schema._schema import setting
 from ._common import caption, config_of
 from ._experiment import Counter, Experiment, Keeper
 from ._phase_diagrams import check_eps, heatmaps, summarize

@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING
 
 import xarray as xr
 
-from .._config import choice
-from .._errors import ConfigError
-from .._schema import setting
+from ..schema._config import choice
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, config_of
 from ._experiment import Counter, Experiment, Keeper
 from ._phase_diagrams import check_eps, heatmaps, summarize

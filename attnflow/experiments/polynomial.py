@@ -55,9 +55,9 @@ import numpy as np
 import xarray as xr
 from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
-from .._config import choice, to_container
-from .._errors import ConfigError
-from .._schema import setting
+from ..schema._config import choice, to_container
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
 from ._experiment import Counter, Experiment, Keeper
 from ._magnitudes import SCHEDULES, coefficients, dispersion_index

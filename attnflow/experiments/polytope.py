@@ -52,8 +52,8 @@ import xarray as xr
 from scipy.linalg import expm
 from scipy.spatial import ConvexHull, QhullError
 
-from .._errors import ConfigError
-from .._schema import setting
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
 from ._experiment import Counter, Experiment, Keeper
 

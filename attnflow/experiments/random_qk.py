@@ -29,8 +29,8 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.collections import LineCollection
 from matplotlib.colors import Normalize
 
-from .._errors import ConfigError
-from .._schema import setting
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import (
     caption,
     check_drawn_member,

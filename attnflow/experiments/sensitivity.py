@@ -26,12 +26,12 @@ import jax
 import numpy as np
 import xarray as xr
 
-from .._config import Solver
-from .._errors import CheckpointError, ConfigError
-from .._progress import Progress
-from .._schema import setting
 from ..analysis.pair_exponents import token_sensitivity
 from ..checkpoints._flow import depth_flow, forward
+from ..running._progress import Progress
+from ..schema._config import Solver
+from ..schema._errors import CheckpointError, ConfigError
+from ..schema._schema import setting
 from ._common import caption, colormap, config_of, figure, subplots, token_ticks
 from ._experiment import Counter, Experiment, Keeper
 from ._text import FONT, checkpoint_sentence, highlight, layout, scaled, shown

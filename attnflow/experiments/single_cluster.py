@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from .._schema import setting
+from ..schema._schema import setting
 from ._animate import animate_states
 from ._common import caption, check_drawn_member, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper

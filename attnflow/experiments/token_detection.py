@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xarray as xr
 
-from .._errors import ConfigError
-from .._schema import setting
+from ..schema._errors import ConfigError
+from ..schema._schema import setting
 from ._common import caption, colormap, config_of, stack_panels, subplots
 from ._experiment import Counter, Experiment, Keeper
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, Float, ScalarLike
 
-from .._errors import ConfigError
-from .._terms import AbstractInteraction
+from ..numerics._terms import AbstractInteraction
+from ..schema._errors import ConfigError
 
 
 class ExternalField(AbstractInteraction):

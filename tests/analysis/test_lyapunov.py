@@ -207,7 +207,7 @@ def test_the_step_map_is_the_step_of_simulate(solver):
     through it follow `simulate`'s trajectory. The field's tangent projection is its own:
     left to the solver (None), `euler_renorm` steps the unprojected field; said
     explicitly, every solver steps what the field says (the two differ at O(h^2) a step)."""
-    from attnflow._simulate import step_map
+    from attnflow.numerics._simulate import step_map
 
     d, n, h, steps = 3, 5, 0.1, 4
     y0 = af.UniformSphere()(jax.random.key(1), n, d, jnp.float64)

@@ -7,7 +7,7 @@ closed forms."""
 import numpy as np
 import pytest
 
-from attnflow._errors import ConfigError
+from attnflow.schema._errors import ConfigError
 from attnflow.analysis.meanfield import (
     circle_growth_rate,
     circle_stationary_order,

@@ -17,7 +17,7 @@ from scipy.integrate import solve_ivp
 import attnflow as af
 from attnflow import MLP, Constant, SelfAttention, TokenNorm, VectorField
 from attnflow.checkpoints import depth_flow, load_checkpoint
-from attnflow._simulate import step_map
+from attnflow.numerics._simulate import step_map
 from attnflow.analysis.pair_exponents import _attention, _tangent_maps, token_sensitivity
 
 

@@ -27,8 +27,8 @@ from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_di
 from transformers.initialization import no_init_weights
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-from attnflow._errors import CheckpointError
-from attnflow._terms import Rotary
+from attnflow.schema._errors import CheckpointError
+from attnflow.numerics._terms import Rotary
 from attnflow.checkpoints._flow import forward
 from attnflow.checkpoints._locate import installed_model
 from attnflow.checkpoints.gguf import load_gguf, load_gguf_tokenizer, unpermute_rotary

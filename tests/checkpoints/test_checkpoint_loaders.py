@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from attnflow._errors import CheckpointError
+from attnflow.schema._errors import CheckpointError
 from attnflow.checkpoints._load import load_checkpoint, load_tokenizer
 from attnflow.checkpoints._locate import installed_model
 from attnflow.checkpoints.neox import split_query_key_value

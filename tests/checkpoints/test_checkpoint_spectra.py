@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnflow._terms import TokenNorm
+from attnflow.numerics._terms import TokenNorm
 from attnflow.checkpoints._canonical import (
     Attention,
     Blocks,

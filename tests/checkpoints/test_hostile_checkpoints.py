@@ -24,8 +24,8 @@ import torch
 from commands import assert_one_error_line, attnflow, one_sentence
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from attnflow._errors import CheckpointError, ConfigError
-from attnflow import _ensemble
+from attnflow.schema._errors import CheckpointError, ConfigError
+from attnflow.running import _ensemble
 from attnflow.checkpoints._flow import forward
 from attnflow.checkpoints._load import load_checkpoint, load_tokenizer
 from attnflow.checkpoints._locate import installed_model

@@ -210,7 +210,7 @@ def test_a_study_and_an_experiment_are_run_and_redrawn_by_the_same_functions(com
     `attnflow plot` redraws both with one call: the study's summary.png with the title the
     run gave it."""
     import attnflow.experiments as experiments
-    from attnflow._plots import plot_summary
+    from attnflow.presentation._plots import plot_summary
 
     calls = []
 

@@ -13,8 +13,9 @@ import sys
 import pytest
 
 import attnflow as af
-from attnflow import _progress, cli, write_results
-from attnflow._ensemble import EnsemblePlan
+from attnflow.running import _progress
+from attnflow import cli, write_results
+from attnflow.running._ensemble import EnsemblePlan
 from commands import command  # noqa: F401 (a fixture)
 
 # 8 members, 2 per piece: 4 pieces.

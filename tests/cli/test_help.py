@@ -22,9 +22,9 @@ import typing
 from commands import ATTNFLOW, command  # noqa: F401 (command: a fixture)
 
 from attnflow import _help
-from attnflow._config import INITS, Config, ExperimentConfig, InitConfig
-from attnflow._methods import SOLVERS
-from attnflow._schema import to_container, typed
+from attnflow.schema._config import INITS, Config, ExperimentConfig, InitConfig
+from attnflow.schema._methods import SOLVERS
+from attnflow.schema._schema import to_container, typed
 
 
 def _flat(text: str) -> str:

@@ -21,8 +21,8 @@ import yaml
 from omegaconf import OmegaConf
 from commands import attnflow, command, load  # noqa: F401 (command: a fixture)
 
-from attnflow._config import Config, compose, config_source
-from attnflow._errors import ConfigError
+from attnflow.schema._config import Config, compose, config_source
+from attnflow.schema._errors import ConfigError
 from attnflow.experiments import EXPERIMENTS, compose_experiment, experiment_module, plan_experiment
 from attnflow.experiments._runner import default_options
 
@@ -266,7 +266,7 @@ def test_a_range_with_step_zero_is_refused(command, tmp_path):
 def test_the_hydra_schema_names_the_same_keys_as_the_typed_one():
     from hydra.core.config_store import ConfigStore
 
-    from attnflow._config import INITS, register_schema
+    from attnflow.schema._config import INITS, register_schema
 
     register_schema()
     store = ConfigStore.instance()

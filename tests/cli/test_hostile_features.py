@@ -25,10 +25,10 @@ from commands import ATTNFLOW, command, load  # noqa: F401 (command: a fixture)
 
 import attnflow as af
 import attnflow.cli as cli_module
-from attnflow._build import non_finite_advice, validate_config
-from attnflow._errors import ConfigError, RunNote, SolverFailure
-from attnflow._geometry import Euclidean
-from attnflow._noise import brownian_noise, tree_depth
+from attnflow.running._build import non_finite_advice, validate_config
+from attnflow.schema._errors import ConfigError, RunNote, SolverFailure
+from attnflow.numerics._geometry import Euclidean
+from attnflow.numerics._noise import brownian_noise, tree_depth
 from attnflow.experiments import meanfield_circle
 
 S = ["n=4", "d=3", "members=2", "t1=0.5", "dt=0.1", "saves=3", "beta=1", "plot=false"]

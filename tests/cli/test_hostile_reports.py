@@ -4,7 +4,7 @@ YAML alias bomb, a failed job whose files are not attnflow's.
 
 The report reads each results file lazily and keeps one row per run and beta (never an
 array over the combinations of the swept keys); every config it reads back goes
-through `attnflow._store.read_config`, bounded. The runs here are copies of one real
+through `attnflow.storage._store.read_config`, bounded. The runs here are copies of one real
 run (`attnflow.run`) whose stored config is rewritten, so that a dozen runs cost one
 JAX start-up.
 """
@@ -26,7 +26,8 @@ import xarray as xr
 import yaml
 
 import attnflow as af
-from attnflow import _store, write_results
+from attnflow.storage import _store
+from attnflow import write_results
 from commands import ATTNFLOW, command  # noqa: F401 (command: a fixture)
 
 CONFIG = {"n": 4, "d": 3, "members": 2, "t1": 0.5, "dt": 0.1, "saves": 3, "beta": 1.0}

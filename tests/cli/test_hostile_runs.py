@@ -22,9 +22,10 @@ import yaml
 
 import attnflow as af
 import attnflow.cli as cli_module
-from attnflow import _build, _store, _study
-from attnflow._ensemble import EnsemblePlan
-from attnflow._errors import ConfigError, NonFiniteStateError
+from attnflow.running import _build, _study
+from attnflow.storage import _store
+from attnflow.running._ensemble import EnsemblePlan
+from attnflow.schema._errors import ConfigError, NonFiniteStateError
 
 # 8 members, 2 per piece: 4 pieces.
 TINY = ["n=4", "d=3", "beta=1", "members=8", "chunk_size=2", "t1=0.5", "dt=0.1", "saves=2", "plot=false"]

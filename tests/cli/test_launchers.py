@@ -21,7 +21,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from attnflow._report import report, summary_table
+from attnflow.presentation._report import report, summary_table
 from commands import ATTNFLOW, attnflow, environment
 
 pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install 'attnflow[joblib]'")

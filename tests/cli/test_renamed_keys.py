@@ -1,5 +1,5 @@
 """The keys renamed in attnflow 0.2.0 (issue 35; tests/README.md, section 18): the
-scheme, the kind of attention and the clustering threshold (`attnflow._config.RENAMED`,
+scheme, the kind of attention and the clustering threshold (`attnflow.schema._config.RENAMED`,
 the one table of the renames).
 
 An old key is refused in one sentence that names the new one and gives the user's own
@@ -28,13 +28,13 @@ from commands import command, load, one_sentence  # noqa: F401 (command: a fixtu
 
 import attnflow as af
 from attnflow import cli
-from attnflow._build import resolve_study
-from attnflow._config import RENAMED, RENAMED_IN, current_config, defaults, to_container
-from attnflow._errors import ConfigError
-from attnflow._plots import plot_summary, summary_title
-from attnflow._report import report
-from attnflow._store import RunDirectory
-from attnflow._study import plan_study, solve_study
+from attnflow.running._build import resolve_study
+from attnflow.schema._config import RENAMED, RENAMED_IN, current_config, defaults, to_container
+from attnflow.schema._errors import ConfigError
+from attnflow.presentation._plots import plot_summary, summary_title
+from attnflow.presentation._report import report
+from attnflow.storage._store import RunDirectory
+from attnflow.running._study import plan_study, solve_study
 from attnflow.experiments import compose_experiment, draw_experiment, run_experiment
 from attnflow.experiments._common import config_of
 

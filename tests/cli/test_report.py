@@ -21,7 +21,7 @@ import xarray as xr
 import yaml
 
 from attnflow import load_results, write_results
-from attnflow._report import report
+from attnflow.presentation._report import report
 from attnflow.experiments import run_experiment
 from commands import attnflow
 
@@ -92,7 +92,7 @@ def test_report_nc_holds_one_row_per_run_and_beta_and_one_per_failed_job(sweep, 
     job's row holds its overrides, NaN numbers and a note naming it and its error;
     `report.png` draws every line with its own style and names the swept keys, not the
     folder."""
-    from attnflow._report import report_figure, summary_table
+    from attnflow.presentation._report import report_figure, summary_table
 
     runs = {"a": ("0", {}), "b": ("1", {}), "c": ("0", {"solver": "rk4"}), "e": ("1", {"token_norm": {"eps": 0.5}})}
     for name, (source, change) in runs.items():

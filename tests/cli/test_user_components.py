@@ -18,7 +18,7 @@ import xarray as xr
 from commands import ATTNFLOW, command, load  # noqa: F401 (command: a fixture)
 
 import attnflow as af
-from attnflow._errors import ConfigError
+from attnflow.schema._errors import ConfigError
 
 TERM = '''
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""`attnflow._adaptive`: adaptive stepping through diffrax, held to a closed form on the
+"""`attnflow.numerics._adaptive`: adaptive stepping through diffrax, held to a closed form on the
 sphere (a rotation), and the solvers it takes."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from attnflow._adaptive import RK4, Retracted, diffrax_solver
-from attnflow._errors import ConfigError
-from attnflow._field import VectorField
-from attnflow._geometry import Sphere
-from attnflow._simulate import simulate
+from attnflow.numerics._adaptive import RK4, Retracted, diffrax_solver
+from attnflow.schema._errors import ConfigError
+from attnflow.numerics._field import VectorField
+from attnflow.numerics._geometry import Sphere
+from attnflow.numerics._simulate import simulate
 
 GENERATOR = np.array([[0.0, -1.0, 0.3], [1.0, 0.0, -0.5], [-0.3, 0.5, 0.0]])
 

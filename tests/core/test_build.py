@@ -1,4 +1,4 @@
-"""`attnflow._build`: a config checked and resolved once, and the members it builds."""
+"""`attnflow.running._build`: a config checked and resolved once, and the members it builds."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow._build import build_system, non_finite_advice, recorded_metrics, resolve_study
-from attnflow._errors import ConfigError
+from attnflow.running._build import build_system, non_finite_advice, recorded_metrics, resolve_study
+from attnflow.schema._errors import ConfigError
 
 
 def test_a_study_is_resolved_once_into_its_betas_times_and_output_size():

@@ -18,7 +18,7 @@ import xarray as xr
 import yaml
 
 import attnflow as af
-from attnflow._cf import UndescribedError, describe, dimension_name, scalar_settings, undescribed
+from attnflow.storage._cf import UndescribedError, describe, dimension_name, scalar_settings, undescribed
 from commands import command, load  # noqa: F401 (the fixture)
 
 TINY = ["n=4", "members=2", "t1=1", "dt=0.1", "saves=3", "beta=[1,2]", "save_states=true", "plot=false",

@@ -1,4 +1,4 @@
-"""`attnflow._checks`: the one-sentence checks of a config's values that every
+"""`attnflow.schema._checks`: the one-sentence checks of a config's values that every
 component uses."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from attnflow._checks import array, as_floats, number
-from attnflow._errors import ConfigError
+from attnflow.schema._checks import array, as_floats, number
+from attnflow.schema._errors import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,8 @@ import pytest
 import scipy.linalg
 
 import attnflow as af
-from attnflow._ensemble import member_footprint
-from attnflow._errors import ConfigError
+from attnflow.running._ensemble import member_footprint
+from attnflow.schema._errors import ConfigError
 
 USER_MODULE = '''
 """A researcher's own term and metric (written by tests/core/test_components.py)."""
@@ -173,7 +173,7 @@ def test_the_planner_measures_a_term_that_does_not_say_its_memory(user_module):
     member = jax.eval_shape(lambda: af.build_system(small)(jax.random.key(0), jnp.float32(1.0)))
     assert member_footprint(member, 4, saves=5).attention == 64 * 3 * 4  # it says so: its output
     # A memory it does not fit in refuses the run, naming what needs it.
-    from attnflow._ensemble import _pieces
+    from attnflow.running._ensemble import _pieces
 
     member = jax.eval_shape(lambda: af.build_system(cfg)(jax.random.key(0), jnp.float32(1.0)))
     with pytest.raises(ConfigError, match="a term of your own"):

@@ -22,9 +22,9 @@ from omegaconf import MISSING as MISSING_VALUE
 
 import attnflow
 from attnflow import ConfigError, NonFiniteStateError
-from attnflow._config import to_container
-from attnflow._ensemble import EnsemblePlan
-from attnflow._study import config_yaml
+from attnflow.schema._config import to_container
+from attnflow.running._ensemble import EnsemblePlan
+from attnflow.running._study import config_yaml
 
 # Tiny, valid settings that every case starts from (t1 / dt / saves keep any accidental
 # run to a handful of steps).
@@ -428,11 +428,11 @@ def test_a_config_changed_by_hand_goes_through_the_schema_again():
 def test_the_schemas_choices_are_the_cores_own():
     """The schema spells its choices out (reading a config must not import JAX); they
     must name exactly what the core implements."""
-    from attnflow import _config
-    from attnflow._field import SCHEMES
-    from attnflow._metrics import METRICS
-    from attnflow._random_matrices import LAWS
-    from attnflow._terms import ACTIVATIONS, NORMS
+    from attnflow.schema import _config
+    from attnflow.numerics._field import SCHEMES
+    from attnflow.numerics._metrics import METRICS
+    from attnflow.numerics._random_matrices import LAWS
+    from attnflow.numerics._terms import ACTIVATIONS, NORMS
 
     pairs = [(_config.Solver, attnflow.SOLVERS), (_config.Scheme, SCHEMES), (_config.Metric, METRICS),
              (_config.Law, LAWS), (_config.Activation, ACTIVATIONS), (_config.NormKind, NORMS)]

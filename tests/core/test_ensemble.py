@@ -278,7 +278,7 @@ def test_new_values_of_a_config_reuse_the_compiled_program():
 def test_an_interrupted_run_resumes_from_its_finished_pieces(tmp_path, monkeypatch):
     """With a pieces folder, every finished piece is kept; a second run with the same
     config solves only the missing ones and gives the same numbers as one clean run."""
-    from attnflow._ensemble import EnsemblePlan
+    from attnflow.running._ensemble import EnsemblePlan
 
     config = _small(members=12, chunk_size=2, beta=[0.5, 2.0], save_states=True)
     clean = af.run(config)
@@ -312,9 +312,9 @@ def test_exported_programs_give_the_numbers_of_a_direct_solve(monkeypatch):
 
     from jax import export
 
-    from attnflow._build import resolve_study
-    from attnflow._ensemble import _LOADED, EnsemblePlan
-    from attnflow._study import plan_study, prepare_jax, solve_study
+    from attnflow.running._build import resolve_study
+    from attnflow.running._ensemble import _LOADED, EnsemblePlan
+    from attnflow.running._study import plan_study, prepare_jax, solve_study
 
     study = resolve_study(_small(n=7, d=5, members=3, beta=[0.5, 2.0], save_states=True))  # a structure of its own
     prepare_jax(study.config)  # switches on the session's cache folder (conftest)
@@ -348,10 +348,10 @@ def test_a_one_piece_run_says_how_long_its_piece_took_last_time(monkeypatch):
     """The time left of a run of one piece: the first run keeps the solve time of a
     piece (compiling aside) beside its exported program; the next run of the same
     program says, once compiled, about how long the piece will take."""
-    from attnflow import _ensemble
-    from attnflow._build import resolve_study
-    from attnflow._ensemble import _LOADED
-    from attnflow._study import plan_study, prepare_jax, solve_study
+    from attnflow.running import _ensemble
+    from attnflow.running._build import resolve_study
+    from attnflow.running._ensemble import _LOADED
+    from attnflow.running._study import plan_study, prepare_jax, solve_study
 
     study = resolve_study(_small(n=9, d=4, members=2, beta=[1.0]))  # a structure of its own
     prepare_jax(study.config)
@@ -401,14 +401,14 @@ def test_an_edit_anywhere_in_the_package_changes_the_key_of_exported_programs(tm
     import shutil
     from pathlib import Path
 
-    from attnflow import _ensemble
+    from attnflow.running import _ensemble
 
     root = tmp_path / "attnflow"
-    shutil.copytree(Path(_ensemble.__file__).parent, root, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(_ensemble.__file__).parent.parent, root, ignore=shutil.ignore_patterns("__pycache__"))
     original = _ensemble._source_hash(root)
-    assert _ensemble._source_hash(Path(_ensemble.__file__).parent) == original  # the copy is the package
+    assert _ensemble._source_hash(Path(_ensemble.__file__).parent.parent) == original  # the copy is the package
     keys = [original]
-    for edited in ("_ensemble.py", "checkpoints/native.py", "experiments/polytope.py", "conf/extra.yaml"):
+    for edited in ("running/_ensemble.py", "checkpoints/native.py", "experiments/polytope.py", "conf/extra.yaml"):
         path = root / edited
         path.parent.mkdir(exist_ok=True)
         path.write_text((path.read_text() if path.exists() else "") + "\n# an edit\n")
@@ -420,7 +420,7 @@ def test_an_edit_anywhere_in_the_package_changes_the_key_of_exported_programs(tm
 def test_the_loaded_programs_of_a_process_are_bounded(monkeypatch):
     """A long notebook session keeps the most recently used `_LOADED_MOST` piece programs,
     not every one it ever ran; a program used again moves to the end."""
-    from attnflow import _ensemble
+    from attnflow.running import _ensemble
 
     monkeypatch.setattr(_ensemble, "_LOADED", collections.OrderedDict())
     for k in range(_ensemble._LOADED_MOST):
@@ -436,7 +436,7 @@ def test_the_loaded_programs_of_a_process_are_bounded(monkeypatch):
 
 
 def _plan(d: int, n: int = 32, **options):
-    from attnflow._ensemble import EnsemblePlan
+    from attnflow.running._ensemble import EnsemblePlan
 
     cfg = af.validate_config(dict(n=n, d=d, members=512, beta=1.0, t1=1.0, dt=0.1, saves=11, dtype="float32",
                                   solver="euler_renorm", metrics=["pair_density"]))
@@ -449,7 +449,7 @@ def test_a_members_footprint_counts_state_stages_heads_and_pairs():
     """The working set grows as n d with the state (one more n d per Runge-Kutta stage)
     and as n^2 with the logits (per head unless Q and K are the identity) and the
     statistics; on the tiled path it grows linearly in n."""
-    from attnflow._ensemble import member_footprint
+    from attnflow.running._ensemble import member_footprint
 
     def footprint(stages=1, **overrides):
         cfg = af.validate_config({**dict(n=32, d=8, members=1, beta=1.0, dtype="float32",
@@ -472,7 +472,7 @@ def test_a_members_footprint_counts_state_stages_heads_and_pairs():
 
 
 def test_default_chunk_fills_the_cpu_cache_or_a_quarter_of_an_accelerators_memory():
-    from attnflow._ensemble import CPU_CHUNK_BYTES, MemberFootprint, default_chunk
+    from attnflow.running._ensemble import CPU_CHUNK_BYTES, MemberFootprint, default_chunk
 
     member = MemberFootprint(state=10_000, attention=5_000, pairwise=25_000, output=1_000)
     cpu = default_chunk("cpu", 64 * 2**30, member)
@@ -493,7 +493,7 @@ def test_rank_by_pivoted_qr_counts_what_the_svd_counts_on_low_rank_and_clustered
     """`attention_rank` reads the rank off a QR factorization with column pivoting: on
     rank-r products (float32 and float64) and on the attention maps of tokens sitting in
     k clusters (k distinct rows), and on a near-identity map, it equals the SVD's count."""
-    from attnflow._metrics import numerical_rank
+    from attnflow.numerics._metrics import numerical_rank
     from systems import identity_field
 
     rng = np.random.default_rng(5)

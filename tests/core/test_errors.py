@@ -1,4 +1,4 @@
-"""`attnflow._errors`: the errors attnflow raises for people, and the one suggestion of
+"""`attnflow.schema._errors`: the errors attnflow raises for people, and the one suggestion of
 a nearest known name that every refusal of an unknown name gives."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import attnflow as af
-from attnflow._errors import CheckpointError, ConfigError, StorageError, did_you_mean
+from attnflow.schema._errors import CheckpointError, ConfigError, StorageError, did_you_mean
 
 
 def test_the_nearest_name_is_suggested_with_its_prefix_and_none_when_nothing_is_near():

@@ -1,4 +1,4 @@
-"""`attnflow._field`: the vector field's schemes and its time change, against their
+"""`attnflow.numerics._field`: the vector field's schemes and its time change, against their
 definitions."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnflow._errors import ConfigError
-from attnflow._field import ConstantSpeed, VectorField, takes_piece_time
+from attnflow.schema._errors import ConfigError
+from attnflow.numerics._field import ConstantSpeed, VectorField, takes_piece_time
 from attnflow.terms.external_field import ExternalField
 
 PULL = ExternalField(jnp.array([0.0, 0.0, 2.0]), jnp.asarray(1.0))

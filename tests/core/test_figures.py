@@ -1,8 +1,8 @@
-"""`attnflow._figures`: the figures' style and captions."""
+"""`attnflow.presentation._figures`: the figures' style and captions."""
 
 from __future__ import annotations
 
-from attnflow._figures import caption, figure, wrap
+from attnflow.presentation._figures import caption, figure, wrap
 
 
 def test_captions_wrap_between_math_spans_never_inside_one():

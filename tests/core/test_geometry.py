@@ -1,4 +1,4 @@
-"""`attnflow._geometry`: the sphere's tangent projection, retraction and geodesic
+"""`attnflow.numerics._geometry`: the sphere's tangent projection, retraction and geodesic
 distance, and flat space, against their formulas."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnflow._geometry import Euclidean, Sphere
+from attnflow.numerics._geometry import Euclidean, Sphere
 
 
 def _unit(x):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow._study import prepare_jax, use_matmul_precision
+from attnflow.running._study import prepare_jax, use_matmul_precision
 
 gpu = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (JAX's backend here is "
                          f"{jax.default_backend()}); install attnflow[cuda] on a machine with one")
@@ -40,12 +40,12 @@ def test_matmul_precision_is_set_on_accelerators_only(restore_precision):
 def test_the_chunk_on_an_accelerator_follows_its_memory():
     """The plan of a GPU (here: its rule, given a GPU's platform name and memory) solves
     every pair at once when the device holds them, and fewer as the memory shrinks."""
-    from attnflow._ensemble import _pieces
+    from attnflow.running._ensemble import _pieces
 
     cfg = af.validate_config(dict(n=32, d=8, members=2048, beta=1.0, dtype="float32", metrics=["pair_density"],
                                   t1=1.0, dt=0.1, saves=11))
     keys = jax.random.split(jax.random.key(0), cfg.members)
-    plan = af._ensemble.EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32),
+    plan = af.running._ensemble.EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0], np.float32),
                                      af.time_grid(t1=1.0, dt=0.1, save_every=1), solver="euler_renorm")
     member, footprint = plan.member, plan.footprint
     roomy = _pieces(member, footprint, 2048, 1, None, 80 * 2**30, "gpu")
@@ -60,8 +60,8 @@ def test_a_run_on_a_gpu_uses_the_highest_precision_by_default(restore_precision)
     prepare_jax(af.validate_config({}))
     assert jax.config.jax_default_matmul_precision == "highest"
     study = af.resolve_study(dict(n=32, d=8, members=64, beta=1.0, t1=1.0, dt=0.1, saves=2, dtype="float32"))
-    plan = af._study.plan_study(study)
-    from attnflow._ensemble import available_memory, default_chunk
+    plan = af.running._study.plan_study(study)
+    from attnflow.running._ensemble import available_memory, default_chunk
 
     assert plan.piece_size == min(64, default_chunk("gpu", available_memory(), plan.footprint))
 

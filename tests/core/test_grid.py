@@ -1,12 +1,12 @@
-"""`attnflow._grid`: the fixed-step grid and the output times, from their definitions."""
+"""`attnflow.numerics._grid`: the fixed-step grid and the output times, from their definitions."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attnflow._errors import ConfigError
-from attnflow._grid import bracketing_steps, every_steps, save_steps, save_times, step_count
+from attnflow.schema._errors import ConfigError
+from attnflow.numerics._grid import bracketing_steps, every_steps, save_steps, save_times, step_count
 
 
 def test_step_count_is_the_whole_number_of_steps_and_refuses_a_step_that_does_not_divide():

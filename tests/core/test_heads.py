@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow._errors import ConfigError
+from attnflow.schema._errors import ConfigError
 
 N, D, HEADS, REPLICAS = 8, 4, 256, 64
 # The law of the product_wishart panel of the random phase diagram: Q = I, K = B with

@@ -1,5 +1,5 @@
 """Every file attnflow reads back is read with bounded work (issue 33, "Done means"):
-stored configs (`attnflow._store.read_config`: results, a pieces folder's plan, a job's
+stored configs (`attnflow.storage._store.read_config`: results, a pieces folder's plan, a job's
 overrides), pieces (their `.npy` headers checked before any array is read), the solve
 time kept beside a cached program, a sweep's job records.
 
@@ -24,9 +24,9 @@ import yaml
 from omegaconf import OmegaConf
 
 import attnflow as af
-from attnflow import _store
-from attnflow._ensemble import EnsemblePlan
-from attnflow._errors import ConfigError
+from attnflow.storage import _store
+from attnflow.running._ensemble import EnsemblePlan
+from attnflow.schema._errors import ConfigError
 from commands import command  # noqa: F401 (a fixture)
 
 # 9 levels of 9 aliases: 9^9 (387 million) entries once expanded, 200 bytes of text.
@@ -89,8 +89,8 @@ def test_a_config_file_is_read_no_further_than_the_cap(tmp_path):
 
 
 def test_attnflows_own_configs_read_back_as_they_were_written():
-    from attnflow._build import resolve_study
-    from attnflow._study import config_yaml
+    from attnflow.running._build import resolve_study
+    from attnflow.running._study import config_yaml
 
     text = config_yaml(resolve_study({"n": 4, "weights": {"v": {"kind": "matrix", "value": np.eye(3).tolist()}}})
                        .config)
@@ -104,7 +104,7 @@ def test_every_reader_of_a_stored_config_refuses_a_bomb():
     the plateau detector's time origin read a Dataset's config through `read_config`:
     the bomb is one `ConfigError` naming the file, not a dict of shared lists that a
     later step expands."""
-    from attnflow._plots import summary_figure
+    from attnflow.presentation._plots import summary_figure
     from attnflow.analysis.plateaus import detect_metastability
     from attnflow.experiments._common import config_of
 

@@ -1,4 +1,4 @@
-"""`attnflow._initial` and the components of `attnflow/initial/`: the laws of the initial
+"""`attnflow.numerics._initial` and the components of `attnflow/schema/initial/`: the laws of the initial
 tokens, against what each says it draws."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnflow import _numerics
-from attnflow._initial import GaussianMixture, Given, Orthonormal, SphericalCaps, UniformCube, UniformSphere
-from attnflow.initial import INITS
+from attnflow.numerics import _numerics
+from attnflow.numerics._initial import GaussianMixture, Given, Orthonormal, SphericalCaps, UniformCube, UniformSphere
+from attnflow.schema.initial import INITS
 
 KEY = jax.random.key(3)
 

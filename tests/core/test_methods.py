@@ -1,13 +1,13 @@
-"""`attnflow._methods`: the table of solvers is what the steppers and the schema use."""
+"""`attnflow.schema._methods`: the table of solvers is what the steppers and the schema use."""
 
 from __future__ import annotations
 
 import pytest
 
-from attnflow._config import Config
-from attnflow._errors import ConfigError
-from attnflow._methods import ADAPTIVE, SOLVERS
-from attnflow._solvers import tableau
+from attnflow.schema._config import Config
+from attnflow.schema._errors import ConfigError
+from attnflow.schema._methods import ADAPTIVE, SOLVERS
+from attnflow.numerics._solvers import tableau
 
 
 def test_every_solver_of_the_table_has_a_tableau_of_its_order_and_the_schema_offers_it():

@@ -1,4 +1,4 @@
-"""`attnflow._metric_registry`: what each built-in metric reads, and a researcher's
+"""`attnflow.schema._metric_registry`: what each built-in metric reads, and a researcher's
 metric registered by the decorator."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import attnflow as af
-from attnflow._metric_registry import METRIC_NAMES, METRICS, TAKEN, names_reading, reading, registered
+from attnflow.schema._metric_registry import METRIC_NAMES, METRICS, TAKEN, names_reading, reading, registered
 
 
 def test_what_the_metrics_read_is_said_by_the_registry():

@@ -91,7 +91,7 @@ def test_recorder_agrees_with_the_metric_functions():
     x = _clustered((4, 3), 4, jitter=1e-3) * 2.5  # off the sphere: cosines are used
     beta, eps = 2.0, 1e-2
     rec = af.Recorder(jnp.asarray(beta), jnp.asarray(eps),
-                      metrics=tuple(m for m, spec in af._metrics.METRICS.items() if not spec.reads_attention))
+                      metrics=tuple(m for m, spec in af.numerics._metrics.METRICS.items() if not spec.reads_attention))
     out = rec(0.0, x)
     np.testing.assert_allclose(out["log_energy"], af.log_interaction_energy(x, beta), rtol=1e-12)
     np.testing.assert_allclose(out["normalized_energy"], af.normalized_energy(x), rtol=1e-12)
@@ -125,9 +125,9 @@ def test_every_registered_metric_is_recorded_as_its_entry_declares(tiles):
     """The registry is the one place a metric is declared: each entry is a config choice,
     has its function (a method of `Pairs`), and records values of the dims and bytes it
     declares, dense and (where it says it can) through tiles."""
-    from attnflow import _config
-    from attnflow._metric_registry import METRICS, PANELS, Sizes
-    from attnflow._metrics import Pairs, attention_rows
+    from attnflow.schema import _config
+    from attnflow.schema._metric_registry import METRICS, PANELS, Sizes
+    from attnflow.numerics._metrics import Pairs, attention_rows
 
     assert tuple(_config.Metric.__members__) == tuple(METRICS)
     assert sorted(m.name for m in PANELS) == sorted(METRICS)

@@ -16,7 +16,7 @@ import pytest
 from jax import lax
 
 import attnflow as af
-from attnflow._simulate import step_map
+from attnflow.numerics._simulate import step_map
 
 SIGMA, T, DEPTH = 1.0, 1.0, 5
 STEPS = (4, 8, 16, 32)  # steps over [0, T]: every grid time is on the tree's dyadic grid

@@ -1,6 +1,6 @@
 """The parts of the field the study's own keys switch on (attention, the MLP) and the
-initial conditions are components: one file each, in `attnflow/system/` and
-`attnflow/initial/`, that the checks, the builder and the captions iterate over
+initial conditions are components: one file each, in `attnflow/schema/system/` and
+`attnflow/schema/initial/`, that the checks, the builder and the captions iterate over
 (tests/README.md, "Components").
 
 - A part registered in `PARTS` alone is checked, built into every member's field,
@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow._errors import ConfigError
-from attnflow._plots import summary_figure
-from attnflow.initial import INITS
-from attnflow.system import PARTS, Part
+from attnflow.schema._errors import ConfigError
+from attnflow.presentation._plots import summary_figure
+from attnflow.schema.initial import INITS
+from attnflow.schema.system import PARTS, Part
 from attnflow.terms.external_field import ExternalField
 
 PACKAGE = Path(af.__file__).parent
@@ -95,7 +95,7 @@ def test_the_builder_and_the_captions_name_no_part_and_no_initial_condition():
              "cfg.sinkhorn", "cfg.hardmax", *[f"cfg.weights.{m}" for m in "qkvo"],
              *[cls.__name__ for cls in INITS.values()], "SphericalCaps", "GaussianMixture", "UniformCube",
              *[f'"{kind}"' for kind in INITS], '"tied"', '"random"', '"identity"', '"sinkhorn"', '"hardmax"']
-    for module in ("_build.py", "_plots.py"):
+    for module in ("running/_build.py", "presentation/_plots.py"):
         source = (PACKAGE / module).read_text()
         named = [name for name in names if re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", source)]
         assert not named, f"{module} names {named}: a component's own file says it"
@@ -103,7 +103,7 @@ def test_the_builder_and_the_captions_name_no_part_and_no_initial_condition():
 
 def test_the_components_are_read_without_jax():
     done = subprocess.run([sys.executable, "-X", "importtime", "-c",
-                           "import attnflow.initial, attnflow.system, attnflow._config, attnflow._plots"],
+                           "import attnflow.schema.initial, attnflow.schema.system, attnflow.schema._config, attnflow.presentation._plots"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
@@ -124,20 +124,20 @@ def test_each_initial_condition_checks_and_describes_itself():
 
 def test_the_constants_the_components_spell_out_are_the_numerics_own():
     """What a component restates so as to be read without JAX is what the numerics use."""
-    from attnflow import _random_matrices, _tiled
-    from attnflow.system import attention
-    from attnflow.weights import random
+    from attnflow.numerics import _random_matrices, _tiled
+    from attnflow.schema.system import attention
+    from attnflow.schema.weights import random
 
     assert attention._INDEX_LIMIT == _tiled.INDEX_LIMIT
     assert set(random.SQUARE_LAWS) == set(_random_matrices.SQUARE_LAWS)
 
 
 def test_a_registry_refuses_a_component_that_lacks_what_its_base_only_declares():
-    from attnflow._plugins import components
-    from attnflow.initial import InitialCondition
+    from attnflow.schema._plugins import components
+    from attnflow.schema.initial import InitialCondition
 
-    assert components("attnflow.system", {"mlp": "mlp.MLP"}, Part, required=("enabled", "build"))["mlp"] is PARTS["mlp"]
+    assert components("attnflow.schema.system", {"mlp": "mlp.MLP"}, Part, required=("enabled", "build"))["mlp"] is PARTS["mlp"]
     with pytest.raises(TypeError, match="must subclass Part and define describe_all"):
-        components("attnflow.system", {"mlp": "mlp.MLP"}, Part, required=("build", "describe_all"))
+        components("attnflow.schema.system", {"mlp": "mlp.MLP"}, Part, required=("build", "describe_all"))
     with pytest.raises(TypeError, match="must subclass InitialCondition"):
-        components("attnflow.system", {"mlp": "mlp.MLP"}, InitialCondition, required=())
+        components("attnflow.schema.system", {"mlp": "mlp.MLP"}, InitialCondition, required=())

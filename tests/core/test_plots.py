@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 import xarray as xr  # noqa: E402
 import yaml  # noqa: E402
 
-from attnflow._plots import plot_summary, summary_figure  # noqa: E402
+from attnflow.presentation._plots import plot_summary, summary_figure  # noqa: E402
 
 N = 6
 HEADS = 2
@@ -272,7 +272,7 @@ def test_a_config_without_keys_still_gives_a_figure():
 
 
 def test_importing_attnflow_does_not_import_matplotlib():
-    code = "import sys, attnflow._plots; print('matplotlib' in sys.modules)"
+    code = "import sys, attnflow.presentation._plots; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -330,7 +330,7 @@ def test_math_in_the_caption_is_mathtext_and_renders():
 
 
 def test_a_caption_wraps_between_math_spans_never_inside_one():
-    from attnflow._figures import wrap
+    from attnflow.presentation._figures import wrap
 
     text = r"a pair is close when $\cos(x_i, x_j) > 1 - \varepsilon$, with $\varepsilon$ = 0.01; " * 3
     for width in range(8, 80, 7):

@@ -1,4 +1,4 @@
-"""`attnflow._plugins`: code named by its import path, refused in one sentence when it
+"""`attnflow.schema._plugins`: code named by its import path, refused in one sentence when it
 is not one, and the digest of a user's source that identifies a run."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from attnflow._errors import ConfigError
-from attnflow._plugins import BUILTIN_TERMS, import_target, source_digest, target_path
+from attnflow.schema._errors import ConfigError
+from attnflow.schema._plugins import BUILTIN_TERMS, import_target, source_digest, target_path
 
 
 def test_an_import_path_or_a_short_name_of_attnflow_names_its_object():

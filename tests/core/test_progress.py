@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from attnflow._progress import Progress
+from attnflow.running._progress import Progress
 
 
 def _console(clock=None, terminal=None):
@@ -133,7 +133,7 @@ def test_each_bar_keeps_one_rate_unit_and_long_pieces_get_a_time_left():
 
 
 def test_a_status_line_says_what_is_done_and_goes_when_it_ends():
-    from attnflow._progress import end_all, status
+    from attnflow.running._progress import end_all, status
 
     buffer, console = _console(terminal=True)
     with status("importing JAX", show=True, console=console) as line:

@@ -1,4 +1,4 @@
-"""`attnflow._schedules`: weight matrices as functions of time, against their formulas."""
+"""`attnflow.numerics._schedules`: weight matrices as functions of time, against their formulas."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnflow._errors import ConfigError
-from attnflow._schedules import (
+from attnflow.schema._errors import ConfigError
+from attnflow.numerics._schedules import (
     Constant,
     Identity,
     PiecewiseConstant,

@@ -1,4 +1,4 @@
-"""`attnflow._schema`: the one schema mechanism of the study's config and of every
+"""`attnflow.schema._schema`: the one schema mechanism of the study's config and of every
 experiment's options. `typed` types given values by a dataclass and refuses, in one
 sentence, what the schema does not allow; `explain` says an OmegaConf error in one
 sentence; each key's meaning is the `help` of its field's metadata.
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from omegaconf import MISSING, OmegaConf
 
-from attnflow._config import INITS, Config, choice, compose, config_source
-from attnflow._errors import ConfigError
-from attnflow._schema import _keys_of, explain, setting, to_container, typed
+from attnflow.schema._config import INITS, Config, choice, compose, config_source
+from attnflow.schema._errors import ConfigError
+from attnflow.schema._schema import _keys_of, explain, setting, to_container, typed
 
 Colour = choice("Colour", ("red", "green"))
 

@@ -1,4 +1,4 @@
-"""`attnflow._simulate`: one system solved with fixed steps, against a closed form and the
+"""`attnflow.numerics._simulate`: one system solved with fixed steps, against a closed form and the
 order of its method."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attnflow._errors import ConfigError
-from attnflow._field import VectorField
-from attnflow._simulate import simulate
+from attnflow.schema._errors import ConfigError
+from attnflow.numerics._field import VectorField
+from attnflow.numerics._simulate import simulate
 from attnflow.terms.external_field import ExternalField
 
 U = jnp.array([0.0, 0.0, 1.0])

@@ -310,7 +310,7 @@ def test_records_taken_by_runs_of_marks_equal_those_taken_by_a_branch(monkeypatc
     run of single steps); one step first, then three runs (gaps 1, 2, 3: single steps
     and inner scans, the switch inside a gap); a single mark at the end (one inner scan
     over every step). Three grids, both paths, in one program (one compile)."""
-    from attnflow import _simulate
+    from attnflow.numerics import _simulate
 
     eye = af.Identity(1, 3, "float64")
     value = af.PiecewiseSchedule(jnp.asarray([0.75]), (eye, af.Scaled(-jnp.ones(1), eye)))

@@ -12,7 +12,7 @@ import pytest
 import xarray as xr
 
 import attnflow as af
-from attnflow._store import PieceStore
+from attnflow.storage._store import PieceStore
 
 
 def _large_dataset(megabytes: int) -> xr.Dataset:
@@ -100,8 +100,8 @@ def test_written_results_read_back_as_xarrays_own_file(tmp_path, beta):
     """The command line writes `Results` (`write_results`); the file must read back
     exactly as the file xarray writes for the same Dataset, also with failed solves (NaN
     floats, integer statistics with a fill value)."""
-    from attnflow._build import resolve_study
-    from attnflow._study import plan_study, solve_study
+    from attnflow.running._build import resolve_study
+    from attnflow.running._study import plan_study, solve_study
 
     config = {"n": 4, "d": 3, "members": 3, "t1": 0.5, "dt": 0.1, "saves": 6, "beta": beta, "attention_kind": "usa",
               "dtype": "float32", "metrics": ["energy", "pair_density", "clusters", "cluster_sizes"],
@@ -131,8 +131,8 @@ def test_the_one_writer_gives_files_and_folders_the_umasks_mode_and_names_a_full
 
     from safetensors.numpy import save_file
 
-    from attnflow._errors import StorageError
-    from attnflow._store import write_atomically, recover, replacing
+    from attnflow.schema._errors import StorageError
+    from attnflow.storage._store import write_atomically, recover, replacing
 
     previous = os.umask(0o027)
     try:

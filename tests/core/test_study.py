@@ -1,12 +1,12 @@
-"""`attnflow._study`: a study run end to end, what identifies it, and its results' notes."""
+"""`attnflow.running._study`: a study run end to end, what identifies it, and its results' notes."""
 
 from __future__ import annotations
 
 import warnings
 
 import attnflow as af
-from attnflow._build import validate_config
-from attnflow._study import run_identity, time_axis
+from attnflow.running._build import validate_config
+from attnflow.running._study import run_identity, time_axis
 
 
 def test_a_study_runs_to_results_with_its_config_and_identity():

@@ -1,4 +1,4 @@
-"""`attnflow._terms`: the MLP and the token norms against their formulas (attention is
+"""`attnflow.numerics._terms`: the MLP and the token norms against their formulas (attention is
 held to a direct double sum in test_dynamics.py and test_heads.py)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnflow._schedules import Constant
-from attnflow._terms import MLP, TokenNorm
+from attnflow.numerics._schedules import Constant
+from attnflow.numerics._terms import MLP, TokenNorm
 
 KEYS = jax.random.split(jax.random.key(1), 6)
 

@@ -1,4 +1,4 @@
-"""The tiled path (attnflow/_tiled.py) against the dense one: the same attention, the same
+"""The tiled path (attnflow/numerics/_tiled.py) against the dense one: the same attention, the same
 statistics and derivatives, in memory linear in n (tests/README.md, "Tiled attention")."""
 
 import dataclasses
@@ -10,8 +10,8 @@ import pytest
 from scipy.sparse.csgraph import connected_components
 
 import attnflow as af
-from attnflow import _tiled
-from attnflow._metrics import ATTENTION_ROWS, attention_rows
+from attnflow.numerics import _tiled
+from attnflow.numerics._metrics import ATTENTION_ROWS, attention_rows
 
 N = 2000  # not a multiple of the tiles below: the last tile is padded
 BLOCK = 256

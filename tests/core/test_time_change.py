@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow._field import Collisions, ConstantSpeed
+from attnflow.numerics._field import Collisions, ConstantSpeed
 
 
 def _circle(angles):

@@ -1,8 +1,8 @@
-"""`attnflow._words`: how a caption says a value of the config."""
+"""`attnflow.schema._words`: how a caption says a value of the config."""
 
 from __future__ import annotations
 
-from attnflow._words import number_text, polynomial_text, sequence_text
+from attnflow.schema._words import number_text, polynomial_text, sequence_text
 
 
 def test_numbers_lists_and_polynomials_as_a_caption_says_them():

@@ -27,7 +27,7 @@ import pytest
 from scipy.special import rel_entr
 
 from attnflow import ConfigError, VectorField
-from attnflow._store import load_results, write_results
+from attnflow.storage._store import load_results, write_results
 from attnflow.checkpoints import head_spectra
 from attnflow.diffeqformer import load_diffeqformer, populate
 from attnflow.diffeqformer._train import snapshot_steps

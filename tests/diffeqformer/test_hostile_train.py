@@ -26,7 +26,7 @@ import pytest
 from commands import command  # noqa: F401 (a fixture)
 
 from attnflow import CheckpointError, ConfigError
-from attnflow._store import RunDirectory
+from attnflow.storage._store import RunDirectory
 from attnflow.diffeqformer import DiffEqFormer, DiffEqFormerConfig, gpt, lora, main, populate, train_config
 from attnflow.diffeqformer import _data, _train
 
@@ -92,7 +92,7 @@ def test_a_run_that_cannot_fit_is_refused_at_once_with_gib(sizes, tmp_path, caps
 
 
 def test_the_memory_estimate_accepts_small_and_default_runs():
-    from attnflow._ensemble import available_memory
+    from attnflow.running._ensemble import available_memory
 
     for cfg in (train_config(TINY), train_config(), train_config(dict(model="gpt"))):
         need = _train.memory_need(cfg)

@@ -257,7 +257,7 @@ def test_slow_blocks_compose_as_written(command):
     from markdown_blocks import _comment_start
     from omegaconf import OmegaConf
 
-    from attnflow._config import compose, hydra_context, register_schema
+    from attnflow.schema._config import compose, hydra_context, register_schema
     from attnflow.diffeqformer import train_config
     from attnflow.experiments import experiment_options
 

@@ -10,8 +10,8 @@ import yaml
 from commands import assert_ok, assert_one_error_line, attnflow, load
 
 import attnflow as af
-from attnflow._config import config_source
-from attnflow._errors import ConfigError
+from attnflow.schema._config import config_source
+from attnflow.schema._errors import ConfigError
 from attnflow.experiments import (
     EXPERIMENTS,
     compose_experiment,
@@ -94,7 +94,7 @@ def test_the_python_api_and_the_command_line_compose_the_same_config(tmp_path):
                     "plotly_js=directory", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert_ok(proc)
     stored = load(tmp_path / "run" / "results.nc").attrs["config"]
-    from attnflow._study import config_yaml
+    from attnflow.running._study import config_yaml
 
     assert stored == config_yaml(plan_experiment(compose_experiment("single_cluster", TINY)).cfg)
     assert "plotly_js" not in yaml.safe_load(stored)
@@ -175,7 +175,7 @@ def test_run_experiment_returns_what_draw_needs(tmp_path):
 
 
 def test_progress_counts_pieces_and_draws_only_when_asked(capsys):
-    from attnflow._progress import Progress
+    from attnflow.running._progress import Progress
 
     with Progress("quiet", 3, show=False) as bar:
         for _ in range(3):

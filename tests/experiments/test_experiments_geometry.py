@@ -123,7 +123,7 @@ def _panel_field(normalizer: str, schedule: str):
     """The vector field of member 0 of one panel of the polynomial experiment, its beta."""
     import jax
 
-    from attnflow._build import build_system
+    from attnflow.running._build import build_system
     from attnflow.experiments import compose_experiment, plan_experiment
 
     plan = plan_experiment(compose_experiment(
@@ -154,7 +154,7 @@ def test_polynomial_attention_is_the_chosen_form_of_the_papers_equation():
     softmax = (weights / weights.sum(1, keepdims=True)) @ (x @ v.T)
     np.testing.assert_allclose(np.asarray(soft(t, jnp.asarray(x))), softmax, rtol=1e-10)
     np.testing.assert_allclose(np.asarray(paper(t, jnp.asarray(x))), paper_sum, rtol=1e-10)
-    from attnflow._errors import ConfigError
+    from attnflow.schema._errors import ConfigError
     from attnflow.experiments import compose_experiment, plan_experiment
 
     with pytest.raises(ConfigError, match="experiment.options.normalizer must be one of softmax, none, got 'l2'"):
@@ -177,8 +177,8 @@ def test_the_papers_unnormalized_equation_diverges_at_its_sizes():
     # f_4 (the schedule of T = 20) holds to t = 9 and diverges before t = 14 (both members).
     import dataclasses
 
-    from attnflow._build import resolve_study
-    from attnflow._study import plan_study
+    from attnflow.running._build import resolve_study
+    from attnflow.running._study import plan_study
 
     plan = plan_experiment(compose_experiment("polynomial", {"members": 2, "experiment": {
         "options": {"normalizer": "none"}}}))

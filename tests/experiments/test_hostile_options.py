@@ -20,8 +20,8 @@ from dataclasses import field
 import pytest
 from commands import assert_one_error_line, attnflow
 
-from attnflow._schema import is_optional, typed
-from attnflow._errors import ConfigError
+from attnflow.schema._schema import is_optional, typed
+from attnflow.schema._errors import ConfigError
 from attnflow.experiments import EXPERIMENTS, compose_experiment, experiment_module
 from attnflow.experiments._runner import check_experiment, option_schema
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from attnflow import load_results, write_results
-from attnflow._errors import ConfigError
+from attnflow.schema._errors import ConfigError
 from attnflow.experiments import draw_experiment, run_experiment
 
 FAST = {"compilation_cache": False, "members": 8, "experiment": {"options": {"heads": [1, 64]}}}

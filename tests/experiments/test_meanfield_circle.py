@@ -7,7 +7,7 @@ slow test."""
 import numpy as np
 import pytest
 
-from attnflow._errors import ConfigError
+from attnflow.schema._errors import ConfigError
 from attnflow.analysis.meanfield import meanfield_circle
 from attnflow.experiments import experiment_figures, run_experiment
 from attnflow.experiments import meanfield_circle as mc

@@ -12,7 +12,7 @@ import xarray as xr
 from scipy.integrate import solve_ivp
 
 import attnflow as af
-from attnflow._errors import ConfigError
+from attnflow.schema._errors import ConfigError
 from attnflow.experiments import (
     compose_experiment,
     draw_experiment,

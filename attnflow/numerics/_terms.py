@@ -1,0 +1,604 @@
+"""The terms of the vector field: self-attention, the MLP, token normalizations.
+
+Each interaction maps `(t, X)` with `X` of shape `(n, d)` to an array of the same
+shape. They are written for one system; ensembles come from `jax.vmap`.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, ScalarLike
+
+from ..schema._errors import ConfigError
+from . import _tiled
+from ._schedules import AbstractSchedule, identity_factor, identity_multiple
+
+
+def _contract(a: Array, b: Array) -> Array:
+    """`a @ b.T` over the last axis of both, batched (and broadcast) over leading axes."""
+    return jnp.einsum("...ik,...jk->...ij", a, b)
+
+
+def _mix(weights: Array, values: Array) -> Array:
+    """`weights @ values`, batched (and broadcast) over leading axes."""
+    return jnp.einsum("...ij,...jk->...ik", weights, values)
+
+
+def sinkhorn_log(scores: Float[Array, "... n n"], iterations: int) -> Float[Array, "... n n"]:
+    r"""The logarithm of the doubly stochastic matrix that Sinkhorn's algorithm makes of
+    the kernel $e^{S}$, in log space: potentials $f, g$ with
+    $$g_j \leftarrow -\log \sum_i e^{S_{ij} + f_i},\qquad f_i \leftarrow -\log \sum_j e^{S_{ij} + g_j},$$
+    started from the softmax row normalisation and alternated `iterations` times (a column
+    then a row normalisation each), so that the rows of $e^{S_{ij} + f_i + g_j}$ sum to 1
+    exactly and the columns to 1 up to the error left after that many iterations
+    (Sinkformers, Sander et al. 2022). A fixed count: the same operations for every
+    input, vmapped and differentiated through like any other term (`lax.fori_loop` over a
+    static count lowers to a scan).
+    """
+    lse = jax.scipy.special.logsumexp
+    f = -lse(scores, axis=-1)
+
+    def alternate(_, fg):
+        g = -lse(scores + fg[0][..., :, None], axis=-2)
+        return -lse(scores + g[..., None, :], axis=-1), g
+
+    f, g = jax.lax.fori_loop(0, iterations, alternate, (f, jnp.zeros_like(f)))
+    return scores + f[..., :, None] + g[..., None, :]
+
+
+def hardmax_weights(scores: Float[Array, "... m n"], ties: ScalarLike) -> Float[Array, "... m n"]:
+    r"""Row i spread evenly over the keys j that maximise $S_{ij}$, within `ties` of the
+    row maximum: $a_{ij} = \mathbb{1}[S_{ij} \ge \max_k S_{ik} - \tau] / \#\{\dots\}$,
+    the $\beta \to \infty$ limit of the softmax rows (keys at $-\infty$ are never chosen)."""
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    chosen = ((scores >= top - ties) & jnp.isfinite(scores)).astype(scores.dtype)
+    return chosen / jnp.sum(chosen, axis=-1, keepdims=True)
+
+
+def _apply(schedule: AbstractSchedule, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None) -> Array:
+    """Rows of `x` mapped by every head's matrix: `(heads, n, rows of W)`.
+
+    A schedule that is a multiple $c(t) I$ of the identity returns $c(t)\\,x$ (or `x`
+    itself), without a head axis: every head sees the same array. (A broadcast head
+    axis of size one would be correct too, but XLA on CPU compiles it to code several
+    times slower.)
+    """
+    if identity_multiple(schedule):
+        factor = identity_factor(schedule, t, at)
+        return x if factor is None else factor.astype(x.dtype) * x
+    w = schedule(t, at)
+    return jnp.einsum("hed,nd->hne", w, x)
+
+
+KINDS = ("sa", "usa", "sinkhorn", "hardmax")
+
+
+class AbstractInteraction(eqx.Module):
+    """A term $F(t, X)$ of the vector field, acting on all tokens at once.
+
+    Subclass it and write `__call__(self, t, x)`: the term's value for every token, `x`
+    of shape `(n, d)` (one system: ensembles come from `jax.vmap`). A term whose weights
+    are piecewise in time takes a third argument, `at`, the time at which their piece is
+    chosen (the fixed-step loop pins it to each step's midpoint); the field passes it
+    only to a term whose `__call__` takes it. The fields of a subclass are its settings:
+    built from a config (`+terms.NAME._target_=module.Class +terms.NAME.FIELD=value`),
+    a field named `beta`, `key` or `d` that the config leaves out receives the run's
+    beta, the member's random key or the dimension of the tokens.
+
+    `working_bytes(n, itemsize)` says how much memory one call works in, for the
+    ensemble planner; a term that does not say is measured (XLA's memory analysis of
+    one call, see `attnflow.running._ensemble.member_footprint`).
+    """
+
+    @abc.abstractmethod
+    def __call__(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, "n d"]:
+        """The term's value for every token; `at` chooses the pieces of piecewise
+        weight schedules (default `t`)."""
+
+    def working_bytes(self, n: int, itemsize: int) -> tuple[int, int] | None:
+        """The memory of one call beyond its input, in bytes: what grows like the tokens
+        (queries, hidden layers) and what grows like their pairs (logits); None when the
+        term does not say (it is then measured)."""
+        return None
+
+
+class Rotary(eqx.Module):
+    r"""Rotary position encoding (RoPE), in the "rotate half" layout of Hugging Face
+    models: the first `dims` entries of every query and key vector are split into
+    halves $(u, v)$, and at position $p$ the pair $(u_k, v_k)$ is rotated by the angle
+    $p\,\theta^{-2k/\mathrm{dims}}$ with base $\theta$. The remaining entries are left
+    alone (partial rotary, GPT-NeoX's `rotary_pct`). Logits then depend on positions
+    only through $i - j$.
+    """
+
+    dims: int = eqx.field(static=True)
+    base: float = eqx.field(static=True, default=10000.0)
+
+    def __check_init__(self):
+        if self.dims <= 0 or self.dims % 2:
+            raise ConfigError(
+                f"rotary positions rotate pairs of entries: dims must be even and positive, got {self.dims}."
+            )
+
+    def __call__(
+        self, x: Float[Array, "... n k"], positions: Int[Array, " n"] | None = None
+    ) -> Float[Array, "... n k"]:
+        """Rotate every row of `x`; row i is at position `positions[i]` (default i)."""
+        n, k = x.shape[-2:]
+        if self.dims > k:
+            raise ConfigError(f"rotary positions rotate {self.dims} entries but the head vectors have only {k}.")
+        half = self.dims // 2
+        inv = self.base ** (-jnp.arange(half, dtype=x.dtype) * 2 / self.dims)
+        positions = jnp.arange(n) if positions is None else positions
+        angle = positions.astype(x.dtype)[:, None] * inv[None, :]
+        cos, sin = (jax.lax.broadcast_to_rank(f(angle), x.ndim) for f in (jnp.cos, jnp.sin))
+        u, v, rest = x[..., :half], x[..., half : self.dims], x[..., self.dims :]
+        return jnp.concatenate([u * cos - v * sin, v * cos + u * sin, rest], axis=-1)
+
+
+def _add(values: Array, bias: AbstractSchedule | None, t, at) -> Array:
+    """`values` (heads, n, k) plus a per-head bias (heads, k), or unchanged."""
+    if bias is None:
+        return values
+    b = bias(t, at)
+    if values.ndim == 2:
+        values = jnp.broadcast_to(values, (b.shape[0],) + values.shape)
+    return values + b[:, None, :]
+
+
+# How the heads' terms are combined: summed, or averaged with 1/H.
+COMBINES = ("sum", "mean")
+
+
+class SelfAttention(AbstractInteraction):
+    """Multi-head self-attention as an interaction between tokens.
+
+    $$a^h_{ij} = \\frac{\\exp(\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij})}{Z^h_i},\\qquad
+    \\mathrm{Attn}(t, X)_i = c_H \\sum_h O_h \\sum_j a^h_{ij} V_h x_j,$$
+
+    with $Z^h_i = \\sum_j \\exp(\\dots)$ for softmax attention (`"sa"`) and $Z_i^h = n$ for
+    the unnormalized variant (`"usa"`), as in eq. (13)-(15) and (30) of the survey
+    ("A Survey of Continuous Time Dynamics of Transformers"). Two more kinds replace the
+    row normalisation:
+
+    - `"sinkhorn"`: $a^h$ the doubly stochastic matrix of Sinkhorn's algorithm on the kernel
+      $e^{\\text{logits}}$ (rows and columns sum to 1; `sinkhorn_log`, `sinkhorn_iterations`
+      alternations), the Sinkformer of Sander et al. 2022;
+    - `"hardmax"`: the $\\beta \\to \\infty$ limit, $a^h_{ij}$ uniform over the keys that maximise
+      $\\langle Q_h x_i, K_h x_j\\rangle$ within `hardmax_ties` (`hardmax_weights`; beta and ALiBi
+      do not enter), over $j \\ne i$ when `hardmax_self` is false.
+
+    Both form the logits whole at any n; a positive `block` is refused for them.
+
+    The mask $m_{ij}$ is $-\\infty$ for $j > i$ when `causal`, plus $-\\lambda_h |i - j|$
+    when `alibi` slopes are given. `V` multiplies column vectors.
+
+    The heads are summed ($c_H = 1$, `combine="sum"`: the convention of trained models,
+    where $O$ carries any scale) or averaged ($c_H = 1/H$, `combine="mean"`: the mean-field
+    scaling under which $H$ independent random heads have a limit as $H \\to \\infty$, the
+    expectation of one head's term over its law, reached at the rate $H^{-1/2}$ of the law
+    of large numbers; see docs/model.md, "Many heads").
+
+    Schedules return per-head stacks: `query`, `key` of shape `(heads, d_k, d)`,
+    `value` `(heads, d_v, d)`, `output` `(heads, d, d_v)` or `None` for the identity.
+
+    Trained models add biases, $Q_h x_i + b^Q_h$ and so on (`query_bias`, `key_bias`
+    `(heads, d_k)`, `value_bias` `(heads, d_v)`, `output_bias` `(d,)`), and may rotate
+    queries and keys by position (`rotary`, a `Rotary`) before their product.
+
+    Long sequences: `block` chooses how the logits are formed. `None` (the default)
+    forms them whole up to `attnflow.numerics._tiled.TILED_ABOVE` tokens and in tiles of
+    `DEFAULT_BLOCK` above; `0` always whole; a positive number in tiles of that many
+    queries and keys, with an online softmax (memory $O(n \\cdot \\mathrm{block})$, see
+    `attnflow.numerics._tiled`). Both give the same values to rounding.
+
+    `unit_rows` says that the tokens it sees have unit norm (the sphere, or a sphere
+    token norm). With identity-multiple Q and K and no query or key bias, the row
+    maximum of the logits is then known in advance: $\\beta |q_i| \\max_j |k_j|$ bounds it
+    (Cauchy-Schwarz) and equals it, $\\beta s_Q s_K$ at the diagonal, on unit rows. The
+    tiled path then needs no running maximum, and without a causal mask it goes through
+    the symmetric logits once per pair of tiles (`attnflow.numerics._tiled.symmetric_attention`).
+
+    Two options serve a field run at constant speed (`attnflow.VectorField`'s
+    `time_change`), which turns any field, however small, into motion at full speed;
+    both need the logits formed whole (no tiles):
+
+    - `scale_free` (unnormalized attention only): the logits are shifted by their
+      maximum $M$ over all heads and pairs, so the term is $e^{-M}$ times the USA term,
+      finite for any beta (the USA term itself overflows float64 once $\\beta > 709$ on
+      unit tokens). A positive factor is divided out by the time change, and only by it.
+    - `exclude_coincident`: pairs of equal tokens ($x_j = x_i$, every coordinate) are left
+      out of the sum. With V a multiple of the identity (no output matrix, no biases)
+      their terms $a_{ij} V x_j$ are radial at $x_i$, so the tangent-projected field is
+      unchanged in exact arithmetic; in floating point the pull inside a cluster of
+      coincident tokens is then exactly zero, where the projection of their sum leaves a
+      residual of relative size $10^{-16}$ that can outweigh the pull between clusters
+      ($e^{-45}$ at beta = 4000 on the circle) and that a time change would follow.
+    """
+
+    query: AbstractSchedule
+    key: AbstractSchedule
+    value: AbstractSchedule
+    output: AbstractSchedule | None
+    beta: Float[Array, ""]
+    alibi: Float[Array, " heads"] | None
+    heads: int = eqx.field(static=True)
+    kind: Literal["sa", "usa", "sinkhorn", "hardmax"] = eqx.field(static=True, default="sa")
+    causal: bool = eqx.field(static=True, default=False)
+    query_bias: AbstractSchedule | None = None
+    key_bias: AbstractSchedule | None = None
+    value_bias: AbstractSchedule | None = None
+    output_bias: AbstractSchedule | None = None
+    rotary: Rotary | None = None
+    block: int | None = eqx.field(static=True, default=None)
+    unit_rows: bool = eqx.field(static=True, default=False)
+    scale_free: bool = eqx.field(static=True, default=False)
+    exclude_coincident: bool = eqx.field(static=True, default=False)
+    sinkhorn_iterations: int = eqx.field(static=True, default=50)
+    hardmax_ties: float = eqx.field(static=True, default=1e-6)
+    hardmax_self: bool = eqx.field(static=True, default=True)
+    combine: Literal["sum", "mean"] = eqx.field(static=True, default="sum")
+
+    def __check_init__(self):
+        if self.combine not in COMBINES:
+            raise ConfigError(f"heads are combined by 'sum' or 'mean', got {self.combine!r}.")
+        if self.kind not in KINDS:
+            raise ConfigError(
+                f"attention kind must be 'sa' (softmax), 'usa' (unnormalized), 'sinkhorn' (doubly "
+                f"stochastic) or 'hardmax' (beta -> infinity), got {self.kind!r}."
+            )
+        whole = self.kind in ("sinkhorn", "hardmax")
+        if whole and self.block:
+            raise ConfigError(
+                f"{self.kind} attention normalises the whole n x n logits and is not tiled: set the "
+                f"attention block to null or 0, got {self.block}."
+            )
+        if self.kind == "sinkhorn" and self.causal:
+            raise ConfigError(
+                "sinkhorn attention cannot be causal: a lower-triangular doubly stochastic matrix is the identity."
+            )
+        if self.kind == "sinkhorn" and not (
+            isinstance(self.sinkhorn_iterations, int) and self.sinkhorn_iterations >= 1
+        ):
+            raise ConfigError(f"sinkhorn iterations must be a whole number >= 1, got {self.sinkhorn_iterations!r}.")
+        if self.kind == "hardmax" and self.alibi is not None:
+            raise ConfigError("hardmax attention takes the argmax of <Q x_i, K x_j> alone: ALiBi does not apply.")
+        if self.kind == "hardmax" and not self.hardmax_ties >= 0:
+            raise ConfigError(f"the hardmax tie tolerance must be >= 0, got {self.hardmax_ties!r}.")
+        if whole and (self.scale_free or self.exclude_coincident):
+            raise ConfigError("scale_free and exclude_coincident apply to softmax and unnormalized attention only.")
+        if self.scale_free and self.kind != "usa":
+            raise ConfigError(
+                "scale_free shifts the logits of unnormalized attention (kind 'usa'); softmax "
+                "attention is scale-free already."
+            )
+        if self.exclude_coincident and not (
+            identity_multiple(self.value)
+            and self.output is None
+            and self.value_bias is None
+            and self.output_bias is None
+        ):
+            raise ConfigError(
+                "exclude_coincident leaves the tangent field unchanged only with V a multiple of the "
+                "identity, no output matrix and no biases."
+            )
+        if self.block is not None and not (isinstance(self.block, int) and self.block >= 0):
+            raise ConfigError(
+                f"the attention block must be None (chosen by size), 0 (dense) or a positive number "
+                f"of tokens per tile, got {self.block!r}."
+            )
+        for name in ("query", "key", "value"):
+            shape = getattr(self, name).shape
+            if len(shape) != 3 or shape[0] != self.heads:
+                raise ConfigError(f"the {name} schedule must return shape (heads={self.heads}, rows, d), got {shape}.")
+        (_, dk, d), (_, dk2, d2), (_, dv, d3) = self.query.shape, self.key.shape, self.value.shape
+        if dk != dk2 or len({d, d2, d3}) != 1:
+            raise ConfigError(
+                f"query {self.query.shape} and key {self.key.shape} must share (heads, d_k, d) "
+                f"and value {self.value.shape} must have the same d."
+            )
+        if self.output is None:
+            if dv != d:
+                raise ConfigError(f"an output matrix O is needed when d_v={dv} differs from d={d}.")
+        elif self.output.shape != (self.heads, d, dv):
+            raise ConfigError(f"the output schedule must return shape {(self.heads, d, dv)}, got {self.output.shape}.")
+        if self.alibi is not None and self.alibi.shape != (self.heads,):
+            raise ConfigError(f"alibi needs one slope per head, shape ({self.heads},), got {self.alibi.shape}.")
+        for name, want in (
+            ("query_bias", (self.heads, dk)),
+            ("key_bias", (self.heads, dk)),
+            ("value_bias", (self.heads, dv)),
+            ("output_bias", (d,)),
+        ):
+            bias = getattr(self, name)
+            if bias is not None and bias.shape != want:
+                raise ConfigError(f"the {name} schedule must return shape {want}, got {bias.shape}.")
+
+    @property
+    def dim(self) -> int:
+        return self.query.shape[-1]
+
+    def working_bytes(self, n: int, itemsize: int) -> tuple[int, int]:
+        """The queries, keys and values that are not the tokens themselves (identity
+        weights skip their products), the mixed values and the term's output, per token;
+        the logits and their exponentials ($n \\times n$ per head, one for all heads with
+        identity Q and K; $n \\times$ tile on the tiled path), per pair."""
+        heads, dk, dv, d = self.heads, self.query.shape[1], self.value.shape[1], self.dim
+        identity = [identity_multiple(w) for w in (self.query, self.key, self.value)]
+        shared = identity[0] and identity[1]
+        rows = heads * n * (dk * (2 - identity[0] - identity[1]) + dv * (1 - identity[2]))
+        mixed = n * d if shared and identity[2] else heads * n * dv
+        width = self.tile(n) or n
+        return itemsize * (rows + mixed + n * d), 2 * itemsize * n * width * (1 if shared else heads)
+
+    def tile(self, n: int) -> int | None:
+        """The tile size at `n` tokens (None: the logits are formed whole)."""
+        if self.kind in ("sinkhorn", "hardmax"):
+            return None
+        return _tiled.resolve_block(n, self.block)
+
+    def _queries_keys(self, t, x, at, rows):
+        """Queries of the tokens `rows` (all when None) and keys of all tokens, biased and
+        rotated: `(heads, m, d_k)` and `(heads, n, d_k)`, or without the head axis."""
+        q = _add(_apply(self.query, t, x if rows is None else x[rows], at), self.query_bias, t, at)
+        k = _add(_apply(self.key, t, x, at), self.key_bias, t, at)
+        if self.rotary is not None:
+            q, k = self.rotary(q, rows), self.rotary(k)
+        return q, k
+
+    def _row_max(self, q: Array, k: Array) -> Array | None:
+        """$|\\beta|\\,|q_i| \\max_j |k_j|$ where it is the row maximum of unit tokens (see the
+        class), else None: the maximum is then searched for."""
+        known = (
+            self.unit_rows
+            and self.kind == "sa"
+            and identity_multiple(self.query)
+            and identity_multiple(self.key)
+            and self.query_bias is None
+            and self.key_bias is None
+        )
+        if not known:
+            return None
+        norm = lambda a: jnp.sqrt(jnp.sum(a * a, axis=-1))
+        return jnp.abs(self.beta) * norm(q) * jnp.max(norm(k), axis=-1, keepdims=True)
+
+    def _symmetric(self, rows, top) -> bool:
+        """Whether the logits of all tokens are symmetric in i and j with a constant bound
+        (see `_tiled.symmetric_attention`): identity-multiple Q and K without biases (both
+        rotated alike, if at all), no causal mask, all rows, and for softmax attention the
+        known maximum."""
+        return (
+            rows is None
+            and not self.causal
+            and identity_multiple(self.query)
+            and identity_multiple(self.key)
+            and self.query_bias is None
+            and self.key_bias is None
+            and (self.kind == "usa" or top is not None)
+        )
+
+    def _mask(self, scores: Array, n: int, rows: Array | None) -> Array:
+        """ALiBi and the causal mask added to `scores` `(..., m, n)` of queries at `rows`."""
+        if self.alibi is None and not self.causal:
+            return scores
+        index = jnp.arange(n)
+        at = index if rows is None else rows
+        if self.alibi is not None:
+            distance = jnp.abs(at[:, None] - index[None, :]).astype(scores.dtype)
+            penalty = self.alibi[:, None, None] * distance[None]  # (heads, m, n)
+            rank = max(scores.ndim, penalty.ndim)
+            scores = jax.lax.broadcast_to_rank(scores, rank) - jax.lax.broadcast_to_rank(penalty, rank)
+        if self.causal:
+            scores = jnp.where(jax.lax.broadcast_to_rank(index[None, :] <= at[:, None], scores.ndim), scores, -jnp.inf)
+        return scores
+
+    def logits(
+        self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None, rows: Int[Array, " m"] | None = None
+    ) -> Array:
+        """$\\beta \\langle Q_h x_i, K_h x_j\\rangle + m_{ij}$, with $-\\infty$ where masked, for
+        the query tokens `rows` (default all) against all keys.
+
+        Shape `(heads, m, n)`, or `(m, n)` when every head has the same logits.
+        """
+        q, k = self._queries_keys(t, x, at, rows)
+        return self._mask(self.beta * _contract(q, k), x.shape[0], rows)
+
+    def weights(
+        self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None, rows: Int[Array, " m"] | None = None
+    ) -> Float[Array, "heads m n"]:
+        """The attention matrices $a^h_{ij}(t)$ of every head, for the query tokens `rows`
+        (default all; formed whole: $m \\times n$ per head)."""
+        if self.kind in ("sinkhorn", "hardmax"):
+            a = self._normalised(t, x, at, rows)
+            return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
+        scores = self.logits(t, x, at, rows)
+        if self.kind == "sa":
+            # Subtracting the row maximum keeps exp() finite for any beta.
+            a = jax.nn.softmax(scores, axis=-1)
+        else:
+            a = jnp.exp(scores) / x.shape[0]
+        return jnp.broadcast_to(a, (self.heads,) + a.shape[-2:])
+
+    def _normalised(self, t, x, at, rows) -> Array:
+        """The sinkhorn or hardmax weights of the query tokens `rows` (default all),
+        `(heads, m, n)` or `(m, n)` when every head has the same."""
+        n = x.shape[0]
+        if self.kind == "sinkhorn":
+            # The matrix is doubly stochastic over all n queries: formed whole, then the rows taken.
+            a = jnp.exp(sinkhorn_log(self.logits(t, x, at), self.sinkhorn_iterations))
+            return a if rows is None else a[..., rows, :]
+        q, k = self._queries_keys(t, x, at, rows)
+        scores = self._mask(_contract(q, k), n, rows)
+        if not self.hardmax_self:
+            at_rows = jnp.arange(n) if rows is None else rows
+            own = jax.lax.broadcast_to_rank(at_rows[:, None] == jnp.arange(n)[None, :], scores.ndim)
+            scores = jnp.where(own, -jnp.inf, scores)
+        return hardmax_weights(scores, jnp.asarray(self.hardmax_ties, scores.dtype))
+
+    def marginal_error(self, t: ScalarLike, x: Float[Array, "n d"], at: ScalarLike | None = None) -> Float[Array, ""]:
+        r"""$\max_{h, j} |\sum_i a^h_{ij} - 1|$: how far the columns of the attention
+        matrices are from summing to 1 (0 for a doubly stochastic matrix; the rows of every
+        normalised kind sum to 1)."""
+        return jnp.max(jnp.abs(jnp.sum(self.weights(t, x, at), axis=-2) - 1))
+
+    def _kept(self, e: Array, x: Float[Array, "n d"], rows: Int[Array, " m"] | None) -> Array:
+        """The weights `e` `(..., m, n)`, with the pairs of equal tokens set to zero when
+        `exclude_coincident`."""
+        if not self.exclude_coincident:
+            return e
+        queries = x if rows is None else x[rows]
+        return jnp.where(jnp.all(queries[:, None, :] == x[None, :, :], axis=-1), 0, e)
+
+    def __call__(self, t, x, at=None, rows: Int[Array, " m"] | None = None):
+        """The term at every token, or at the tokens `rows` only (each still attending to all
+        n tokens): shape `(m, d)`."""
+        n = x.shape[0]
+        q, k = self._queries_keys(t, x, at, rows)
+        values = _add(_apply(self.value, t, x, at), self.value_bias, t, at)
+        tile = self.tile(n)
+        if self.kind in ("sinkhorn", "hardmax"):
+            mixed = _mix(self._normalised(t, x, at, rows), values)
+        elif tile is not None and (self.scale_free or self.exclude_coincident):
+            raise ConfigError(
+                f"scale_free and exclude_coincident attention form the logits whole; at n={n} they "
+                "would be tiled: set the attention block to 0."
+            )
+        elif tile is not None:
+            top = self._row_max(q, k)
+            mixed = _tiled.attention_heads(
+                q,
+                k,
+                values,
+                self.beta,
+                self.alibi,
+                block=tile,
+                kind=self.kind,
+                causal=self.causal,
+                positions=rows,
+                row_max=top,
+                symmetric=self._symmetric(rows, top),
+            )
+        else:
+            scores = self._mask(self.beta * _contract(q, k), n, rows)
+            if self.kind == "sa":
+                # Softmax with the row maximum subtracted (finite for any beta), normalized
+                # after the mixing: n*d divisions instead of n*n. (The maximum is searched
+                # for even when it is known: XLA fuses the search into the product that forms
+                # the logits, and the known one measured no faster, benchmarks/tiled.py.)
+                top = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+                e = jnp.exp(scores - top)
+                mixed = _mix(self._kept(e, x, rows), values)
+                mixed = mixed / jax.lax.broadcast_to_rank(jnp.sum(e, axis=-1, keepdims=True), mixed.ndim)
+            elif self.scale_free:
+                e = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores)))
+                mixed = _mix(self._kept(e, x, rows), values) / n
+            else:
+                mixed = _mix(self._kept(jnp.exp(scores), x, rows), values) / n
+        if self.output is not None:
+            spec = "hde,ne->hnd" if mixed.ndim == 2 else "hde,hne->hnd"
+            mixed = jnp.einsum(spec, self.output(t, at), mixed)
+        if mixed.ndim == 2:
+            # No head axis: all heads are identical (identity Q, K, V and O).
+            out = mixed if self.heads == 1 or self.combine == "mean" else self.heads * mixed
+        else:
+            out = jnp.sum(mixed, axis=0) if self.combine == "sum" else jnp.mean(mixed, axis=0)
+        return out if self.output_bias is None else out + self.output_bias(t, at)[None]
+
+
+_ACTIVATIONS = {
+    "gelu": lambda z: jax.nn.gelu(z, approximate=False),
+    "gelu_tanh": lambda z: jax.nn.gelu(z, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+}
+ACTIVATIONS = tuple(_ACTIVATIONS) + ("swiglu",)
+
+
+class MLP(AbstractInteraction):
+    """Token-wise feed-forward term $W_2(t)\\,\\sigma(W_1(t) x + b_1(t)) + b_2(t)$.
+
+    With `activation="swiglu"` the hidden layer is $\\mathrm{silu}(W_1 x) \\odot (W_3 x)$
+    (the gated unit of Llama-family models), `gate` holding $W_3$.
+    """
+
+    w1: AbstractSchedule
+    w2: AbstractSchedule
+    b1: AbstractSchedule | None = None
+    b2: AbstractSchedule | None = None
+    gate: AbstractSchedule | None = None
+    activation: str = eqx.field(static=True, default="gelu")
+
+    def __check_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"unknown MLP activation {self.activation!r}; choose one of {', '.join(ACTIVATIONS)}.")
+        if (self.activation == "swiglu") != (self.gate is not None):
+            raise ConfigError("a gate matrix W3 is needed with activation 'swiglu' and only with it.")
+        hidden, d = self.w1.shape
+        if self.w2.shape != (d, hidden):
+            raise ConfigError(f"W2 must have shape {(d, hidden)} to match W1 {self.w1.shape}, got {self.w2.shape}.")
+
+    def working_bytes(self, n: int, itemsize: int) -> tuple[int, int]:
+        """The hidden layer (twice: before and after the activation) and the output."""
+        return itemsize * n * (2 * self.w1.shape[0] + self.w2.shape[0]), 0
+
+    def __call__(self, t, x, at=None):
+        h = x @ self.w1(t, at).T
+        if self.b1 is not None:
+            h = h + jax.lax.broadcast_to_rank(self.b1(t, at), h.ndim)
+        if self.activation == "swiglu":
+            h = jax.nn.silu(h) * (x @ self.gate(t, at).T)  # pyright: ignore[reportOptionalCall]  (__check_init__: swiglu has a gate)
+        else:
+            h = _ACTIVATIONS[self.activation](h)
+        out = h @ self.w2(t, at).T
+        if self.b2 is not None:
+            out = out + jax.lax.broadcast_to_rank(self.b2(t, at), out.ndim)
+        return out
+
+
+NORMS = ("sphere", "rms", "layer")
+
+
+class TokenNorm(eqx.Module):
+    """A normalization applied to every token separately.
+
+    - `sphere`: $x / |x|$ (no gain, no $\\epsilon$);
+    - `rms`: $\\sqrt{d}\\, x / \\sqrt{|x|^2 + d\\epsilon} \\odot \\gamma$ (RMSNorm);
+    - `layer`: $\\sqrt{d}\\,(x - \\bar x) / \\sqrt{|x - \\bar x|^2 + d\\epsilon} \\odot \\gamma + b$,
+      LayerNorm read geometrically as a projection onto $\\mathbf{1}^\\perp$ followed by a
+      scaling to the sphere of radius $\\sqrt{d}$ (Traveling Words, eq. 4).
+
+    With $\\epsilon = 0$ these are the geometric maps; a trained model's $\\epsilon$
+    makes them equal to its forward pass.
+    """
+
+    kind: str = eqx.field(static=True)
+    gamma: Float[Array, " d"] | None = None
+    shift: Float[Array, " d"] | None = None
+    eps: float = eqx.field(static=True, default=0.0)
+
+    def __check_init__(self):
+        if self.kind not in NORMS:
+            raise ConfigError(f"unknown token normalization {self.kind!r}; choose one of {', '.join(NORMS)}.")
+        if self.kind != "layer" and self.shift is not None:
+            raise ConfigError("only the 'layer' normalization has an additive shift (beta).")
+        if self.kind == "sphere" and (self.gamma is not None or self.eps != 0):
+            raise ConfigError("the 'sphere' normalization x/|x| takes no gamma and no eps; use 'rms' for either.")
+
+    def __call__(self, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        d = x.shape[-1]
+        if self.kind == "layer":
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
+        squared = jnp.sum(x * x, axis=-1, keepdims=True)
+        if self.kind == "sphere":
+            return x * jax.lax.rsqrt(squared)
+        y = jnp.sqrt(jnp.asarray(d, x.dtype)) * x * jax.lax.rsqrt(squared + d * self.eps)
+        if self.gamma is not None:
+            y = y * jax.lax.broadcast_to_rank(jnp.asarray(self.gamma), y.ndim)
+        if self.shift is not None:
+            y = y + jax.lax.broadcast_to_rank(jnp.asarray(self.shift), y.ndim)
+        return y
