@@ -449,7 +449,7 @@ def train_keys() -> tuple[Key, ...]:
     values = _conf_values("train.yaml")
     rows = []
     for field in dataclasses.fields(TrainConfig):
-        choices = tuple(field.metadata["choices"])
+        choices = tuple(field.metadata["choices"].__members__) if "choices" in field.metadata else ()
         type_, _ = _type(str(field.type), lambda annotation: None)
         rows.append(
             Key(

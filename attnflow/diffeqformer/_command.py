@@ -148,7 +148,7 @@ def _job_config(job: Sequence[str], sweep: str, number: int) -> TrainConfig:
     trained in `sweep/number` (resumed there, or left as it is when finished)."""
     composed, given = _command_line(job)
     out = str(Path(sweep, str(number)))
-    return _typed((OmegaConf.create({**composed, "out": out}),), {**given, "out": out})
+    return _typed({**composed, "out": out}, {**given, "out": out})
 
 
 def _sweep(args: Sequence[str], shown: str | None) -> int:

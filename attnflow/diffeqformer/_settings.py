@@ -1,10 +1,12 @@
 """The settings of `attnflow train`, without JAX.
 
-`TrainConfig` is the schema: each setting's type, and its meaning (`metadata["help"]`,
-which `attnflow train --help` shows); the default values are in conf/train.yaml. The
-command line is composed by Hydra over that file (`train_config`), typed by the schema
-and checked (`check`); a run's stored settings are read as data (`read_state`). The
-command (`_command`) and the training (`_train`) read them from here.
+`TrainConfig` is the schema, declared as every schema of attnflow is
+(`_schema.setting`): each setting's type, its meaning and the names it takes
+(`metadata["help"]` and `["choices"]`, which `attnflow train --help` shows); the default
+values are in conf/train.yaml. The command line is composed by Hydra over that file
+(`train_config`), typed by the one mechanism (`_schema.typed`: "unknown setting ... of
+attnflow train", ...) and checked (`check`); a run's stored settings are read as data
+(`read_state`). The command (`_command`) and the training (`_train`) read them from here.
 
 The choices the settings take (the models, corpora and dtypes) live here too, so that
 checking them needs no JAX; the modules that build the model and the corpora read them
@@ -27,12 +29,13 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException, ValidationError
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from ..schema._config import _keys_of, config_source, hydra_context, read_boolean
-from ..schema._errors import CheckpointError, ConfigError, did_you_mean
+from ..schema._config import choice, config_source, hydra_context
+from ..schema._errors import CheckpointError, ConfigError
 from ..schema._methods import SOLVERS
+from ..schema._schema import _describe, _inner, _keys_of, _unknown, hints, is_optional, setting, typed
 from ..storage._store import recover
 
 MODELS = ("diffeqformer", "gpt")
@@ -68,58 +71,60 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def _setting(meaning: str, choices: Sequence[str] = ()) -> Any:
-    """A field of `TrainConfig`: its default in conf/train.yaml, its meaning (and the
-    names it takes) as the field's metadata, which `attnflow train --help` reads."""
-    return dataclasses.field(default=MISSING, metadata={"help": meaning, "choices": tuple(choices)})
-
-
 @dataclass
 class TrainConfig:
     """The settings of `attnflow train`: types and meanings here, values in conf/train.yaml."""
 
     # --- model
-    model: str = _setting("diffeqformer | gpt (pre-LN GPT-2 with `steps` layers)", MODELS)
-    vocab: int = _setting("BPE tokens (reference corpora) or symbols (induction)")
-    dim: int = _setting("width d of the residual stream")
-    heads: int = _setting("attention heads (d_k = dim / heads)")
-    hidden: int = _setting("MLP width")
-    context: int = _setting("tokens per sequence (learned positions)")
-    d_emb: int = _setting("DiffEqFormer: width of each weight's hypernetwork MLP")
-    frequencies: int = _setting("DiffEqFormer: sines and cosines of the time embedding")
-    time_scale: float = _setting(
-        "DiffEqFormer: the embedding is (t, sin(w s t), cos(w s t)) with s = time_scale (the paper's code: 1000)"
+    model: str = setting(
+        MISSING, "diffeqformer | gpt (pre-LN GPT-2 with `steps` layers)", choices=choice("Model", MODELS)
     )
-    steps: int = _setting("solver steps on [0, horizon] (DiffEqFormer) = layers (GPT)")
-    horizon: float = _setting("DiffEqFormer: the ODE runs on t in [0, horizon], in steps of horizon/steps")
-    solver: str = _setting(
-        "DiffEqFormer: euler is the paper's parallel block; heun, rk4, ... solve the same ODE", tuple(SOLVERS)
+    vocab: int = setting(MISSING, "BPE tokens (reference corpora) or symbols (induction)")
+    dim: int = setting(MISSING, "width d of the residual stream")
+    heads: int = setting(MISSING, "attention heads (d_k = dim / heads)")
+    hidden: int = setting(MISSING, "MLP width")
+    context: int = setting(MISSING, "tokens per sequence (learned positions)")
+    d_emb: int = setting(MISSING, "DiffEqFormer: width of each weight's hypernetwork MLP")
+    frequencies: int = setting(MISSING, "DiffEqFormer: sines and cosines of the time embedding")
+    time_scale: float = setting(
+        MISSING,
+        "DiffEqFormer: the embedding is (t, sin(w s t), cos(w s t)) with s = time_scale (the paper's code: 1000)",
     )
-    dtype: str = _setting("float32 | float64", DTYPES)
+    steps: int = setting(MISSING, "solver steps on [0, horizon] (DiffEqFormer) = layers (GPT)")
+    horizon: float = setting(MISSING, "DiffEqFormer: the ODE runs on t in [0, horizon], in steps of horizon/steps")
+    solver: str = setting(
+        MISSING,
+        "DiffEqFormer: euler is the paper's parallel block; heun, rk4, ... solve the same ODE",
+        choices=choice("Solver", tuple(SOLVERS)),
+    )
+    dtype: str = setting(MISSING, "float32 | float64", choices=choice("DType", DTYPES))
     # --- data
-    corpus: str = _setting("reference (= reference-a) | reference-b | induction", (*ALIASES, *CORPORA))
-    seed: int = _setting("initial weights and the order of the batches")
-    # --- optimization (AdamW, warmup then cosine decay)
-    batch: int = _setting("sequences per step")
-    train_steps: int = _setting("optimizer steps")
-    lr: float = _setting("peak learning rate")
-    warmup: float = _setting("share of train_steps spent warming up linearly from 0")
-    min_lr: float = _setting("final learning rate, as a share of lr")
-    weight_decay: float = _setting("on matrices and embeddings (not on biases, gains, LoRA adapters)")
-    b1: float = _setting("AdamW's decay of the first moment")
-    b2: float | None = _setting("null: 0.95 for the DiffEqFormer, 0.999 for GPT (the paper's app. C.5)")
-    clip: float = _setting("gradients clipped to this global norm")
-    # --- evaluation, checkpoints, output
-    eval_every: int = _setting("validation loss every this many steps (and at the end)")
-    eval_batches: int = _setting("batches of `batch` held-out sequences per validation")
-    save_every: int = _setting("latest state (model + optimizer) every this many steps (and at the end)")
-    out: str | None = _setting(
-        "run folder; null: runs/train/<model>-<corpus>-s<steps>-seed<seed>; with -m the sweep's folder, "
-        "job N training in out/N (null: runs/train/multirun/DATE/TIME)"
+    corpus: str = setting(
+        MISSING, "reference (= reference-a) | reference-b | induction", choices=choice("Corpus", (*ALIASES, *CORPORA))
     )
-    init: str | None = _setting("a model folder (or run folder) to start from: fine-tuning")
-    lora_rank: int = _setting("> 0: fine-tune the populated layers of `init` with rank-r adapters only")
-    compilation_cache: bool = _setting("keep compiled programs between runs (JAX's persistent cache)")
+    seed: int = setting(MISSING, "initial weights and the order of the batches")
+    # --- optimization (AdamW, warmup then cosine decay)
+    batch: int = setting(MISSING, "sequences per step")
+    train_steps: int = setting(MISSING, "optimizer steps")
+    lr: float = setting(MISSING, "peak learning rate")
+    warmup: float = setting(MISSING, "share of train_steps spent warming up linearly from 0")
+    min_lr: float = setting(MISSING, "final learning rate, as a share of lr")
+    weight_decay: float = setting(MISSING, "on matrices and embeddings (not on biases, gains, LoRA adapters)")
+    b1: float = setting(MISSING, "AdamW's decay of the first moment")
+    b2: float | None = setting(MISSING, "null: 0.95 for the DiffEqFormer, 0.999 for GPT (the paper's app. C.5)")
+    clip: float = setting(MISSING, "gradients clipped to this global norm")
+    # --- evaluation, checkpoints, output
+    eval_every: int = setting(MISSING, "validation loss every this many steps (and at the end)")
+    eval_batches: int = setting(MISSING, "batches of `batch` held-out sequences per validation")
+    save_every: int = setting(MISSING, "latest state (model + optimizer) every this many steps (and at the end)")
+    out: str | None = setting(
+        MISSING,
+        "run folder; null: runs/train/<model>-<corpus>-s<steps>-seed<seed>; with -m the sweep's folder, "
+        "job N training in out/N (null: runs/train/multirun/DATE/TIME)",
+    )
+    init: str | None = setting(MISSING, "a model folder (or run folder) to start from: fine-tuning")
+    lora_rank: int = setting(MISSING, "> 0: fine-tune the populated layers of `init` with rank-r adapters only")
+    compilation_cache: bool = setting(MISSING, "keep compiled programs between runs (JAX's persistent cache)")
 
     def record(self) -> dict[str, Any]:
         """The settings that determine the result (all but `out`, `save_every`,
@@ -140,26 +145,15 @@ class TrainConfig:
         return Path("runs") / "train" / f"{self.model}-{self.corpus}-s{self.steps}{tuned}{lora}-seed{self.seed}"
 
 
-def _types() -> dict[str, str]:
-    """Each setting's type, as written in `TrainConfig` (`int`, `float | None`, ...)."""
-    return {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+# How the refusals of `_schema.typed` name attnflow train and its keys: "unknown
+# setting dimm of attnflow train (did you mean dim?); it takes ...".
+OWNER = "attnflow train"
+NOUN = "setting"
 
 
-def _unknown(name: str) -> str:
-    names = list(_types())
-    hint = did_you_mean(name, names)
-    return f"unknown setting {name!r} for attnflow train{hint}; the settings are {', '.join(names)}."
-
-
-def _check_given(given: Mapping[str, Any]) -> None:
-    """Each given setting is one of the schema's, and a boolean is true or false (or
-    yes/no, on/off), which OmegaConf alone would take from any number."""
-    types = _types()
-    for name, value in given.items():
-        if name not in types:
-            raise ConfigError(_unknown(name))
-        if types[name] == "bool" and read_boolean(value.strip() if isinstance(value, str) else value) is None:
-            raise ConfigError(f"{name} must be true or false (or yes/no, on/off), got {value!r}.")
+def _names() -> list[str]:
+    """The settings, in the order of `TrainConfig`."""
+    return [field.name for field in dataclasses.fields(TrainConfig)]
 
 
 def register_schema() -> None:
@@ -189,8 +183,8 @@ def _overrides(args: Sequence[str], sweep: bool = False) -> list[Override]:
     seen = {}
     for override in overrides:
         name = override.key_or_group
-        if name not in _types():
-            raise ConfigError(_unknown(name))
+        if name not in _names():
+            raise ConfigError(_unknown("", name, _names(), owner=OWNER, noun=NOUN))
         if override.is_delete():
             raise ConfigError(f"attnflow train cannot delete a setting ({override.input_line}); give {name} a value.")
         if override.is_sweep_override() and not sweep:
@@ -220,7 +214,6 @@ def _command_line(args: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
             late[name] = given[name]
         else:
             plain.append(f"{name}={override.get_value_element_as_str()}")
-    _check_given(given)
     register_schema()
     if GlobalHydra.instance().is_initialized():  # left by an earlier Hydra app in this process
         GlobalHydra.instance().clear()
@@ -243,27 +236,18 @@ def train_config(overrides: Mapping[str, Any] | Sequence[str] = ()) -> TrainConf
     alone resumes it."""
     if isinstance(overrides, Mapping):
         given = {str(key).lstrip("+"): value for key, value in overrides.items()}
-        _check_given(given)
-        base = cast(DictConfig, OmegaConf.load(_defaults_file()))  # conf/train.yaml is a mapping
-        base.pop("defaults", None)
-        return _typed((base, OmegaConf.create(given)), given)
+        return _typed(given, given, _defaults())
     composed, given = _command_line(overrides)
-    return _typed((OmegaConf.create(composed),), given)
+    return _typed(composed, given)
 
 
-def _typed(layers: Sequence[Any], given: Mapping[str, Any]) -> TrainConfig:
-    """The settings `layers` merged onto the schema, typed and checked; with the stored
-    settings of the run in `out`, when there is one, for those not `given`."""
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), *layers)
-        cfg = cast(TrainConfig, OmegaConf.to_object(merged))  # merged onto the TrainConfig schema
-    except ValidationError as error:
-        key = str(getattr(error, "full_key", "") or "")
-        value = getattr(error, "value", None)
-        raise ConfigError(f"{key} must be {_kind(key)}, got {value!r}.") from None
-    except OmegaConfBaseException as error:
-        first = str(error).strip().splitlines()[0].rstrip(".")
-        raise ConfigError(f"invalid settings for attnflow train ({first}).") from None
+def _typed(settings: Mapping[str, Any], given: Mapping[str, Any], defaults: Mapping | None = None) -> TrainConfig:
+    """`settings` typed by `TrainConfig` over `defaults` (`_schema.typed`: an unknown
+    setting, a value of the wrong type, a boolean other than true/false, yes/no, on/off
+    are refused in its sentences) and checked (`check`, which also refuses NaN and
+    infinities); with the stored settings of the run in `out`, when there is one, for
+    those not `given`."""
+    cfg = typed(TrainConfig, settings, defaults=defaults, owner=OWNER, noun=NOUN, numbers=False)
     if cfg.out is not None:
         # The stored settings are data: they go in as read, never through OmegaConf's
         # interpolation (`read_state` has checked their types).
@@ -278,42 +262,25 @@ def _defaults_file() -> Path:
     return Path(str(config_source()[1])) / "train.yaml"
 
 
-def _kind(key: str) -> str:
-    """What a setting's type accepts, in words."""
-    kind = _types().get(key, "")
-    words = next(
-        (
-            w
-            for t, w in (
-                ("int", "a whole number"),
-                ("float", "a number"),
-                ("bool", "true or false"),
-                ("str", "a word or path"),
-            )
-            if t in kind
-        ),
-        "of another type",
-    )
-    return words + (" or null" if _optional(kind) else "")
-
-
-def _optional(kind: str) -> bool:
-    """Whether a setting's type, as written (`float | None`, `Optional[float]`), takes null."""
-    return kind.startswith("Optional") or "None" in (part.strip() for part in kind.split("|"))
+def _defaults() -> dict[str, Any]:
+    """The values of conf/train.yaml (without its defaults list)."""
+    values = cast("dict[str, Any]", OmegaConf.to_container(OmegaConf.load(_defaults_file())))  # a mapping
+    values.pop("defaults", None)
+    return values
 
 
 def _of_kind(key: str, value: Any) -> bool:
-    """Whether `value` (read from JSON) is of the type of the setting `key`."""
-    kind = _types()[key]
+    """Whether `value` (read from JSON, so never converted: `typed` would read "3" as a
+    whole number and resolve `${...}`) is of the type of the setting `key`."""
+    kind = hints(TrainConfig)[key]
     if value is None:
-        return _optional(kind)
-    if isinstance(value, bool) or kind == "bool":
-        return isinstance(value, bool) and kind == "bool"
-    if "int" in kind:
-        return isinstance(value, int)
-    if "float" in kind:
+        return is_optional(kind)
+    kind = _inner(kind)
+    if isinstance(value, bool) or kind is bool:
+        return isinstance(value, bool) and kind is bool
+    if kind is float:
         return isinstance(value, (int, float))
-    return isinstance(value, str)
+    return isinstance(value, kind)
 
 
 def read_state(folder: Path) -> dict | None:
@@ -333,13 +300,13 @@ def read_state(folder: Path) -> dict | None:
         raise CheckpointError(f"{path} holds no settings (its config is not a mapping); start a new out=.")
     config = dict(ADDED, **state["config"])
     for key, value in config.items():
-        if key not in _types() or key in NOT_RESULT_KEYS:
+        if key not in _names() or key in NOT_RESULT_KEYS:
             raise CheckpointError(
                 f"{path} holds an unknown setting {key!r}; it was not written by this attnflow train."
             )
         if not _of_kind(key, value):
-            raise CheckpointError(f"{path} holds {key}={value!r}, which is not {_kind(key)}.")
-        if value is not None and "float" in _types()[key]:
+            raise CheckpointError(f"{path} holds {key}={value!r}, which is not {_describe(hints(TrainConfig)[key])}.")
+        if value is not None and _inner(hints(TrainConfig)[key]) is float:
             config[key] = float(value)
     try:
         cfg = dataclasses.replace(train_config(), **config)

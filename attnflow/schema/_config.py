@@ -32,7 +32,6 @@ from ._errors import ConfigError
 from ._methods import SOLVERS
 from ._metric_registry import METRIC_NAMES
 from ._schema import _keys_of, explain, kind_of, setting, to_container, typed
-from ._schema import read_boolean as read_boolean  # diffeqformer/_train.py reads it here, until it reads the schema
 from .initial import INITS
 from .initial import InitialCondition as InitConfig  # the schema's name for the base of every init kind
 from .weights import KINDS as WEIGHT_KINDS

@@ -126,14 +126,16 @@ def typed(
     complete: bool = False,
     defaults: Mapping | None = None,
     owner: str | None = None,
+    noun: str = "option",
     numbers: bool = True,
 ) -> T:
     """`given` typed by the dataclass `schema` over its defaults, as an instance of it
     (`to_container` makes plain containers of it, choices as their names).
 
     `prefix` names where the keys sit (`experiment.options.`). Refused in one sentence
-    (a `ConfigError`): a key the schema lacks (with the nearest name: for the options
-    of `owner`, "unknown option ... of `owner`"), a value of the wrong type, a boolean
+    (a `ConfigError`): a key the schema lacks (with the nearest name: for the keys of
+    `owner`, "unknown `noun` ... of `owner`", an option of an experiment or a setting of
+    `attnflow train`), a value of the wrong type, a boolean
     other than a boolean or its words (true/false, yes/no, on/off), a name outside a
     choice, a group that is no mapping, a mapping in an untyped key, and with
     `complete=True` a key without a value (every key must be given). With `numbers`,
@@ -144,7 +146,7 @@ def typed(
     """
     if complete:
         _check_complete(given, schema, prefix)
-    _check_given(given, schema, prefix, owner)
+    _check_given(given, schema, prefix, owner, noun=noun)
     node = _merged(schema, given, prefix, defaults)
     try:
         instance = typing.cast(T, OmegaConf.to_object(node))  # a structured config: the schema's instance
@@ -190,7 +192,9 @@ def _merged(schema: type, given: Mapping, prefix: str, defaults: Mapping | None)
     return node
 
 
-def _check_given(given: Mapping, schema: type, prefix: str, owner: str | None = None, label: str = "") -> None:
+def _check_given(
+    given: Mapping, schema: type, prefix: str, owner: str | None = None, label: str = "", noun: str = "option"
+) -> None:
     """What OmegaConf would let through, or say in its own words: a key the schema
     lacks, a group (a nested dataclass of the schema) that is no mapping, a boolean
     other than a boolean or one of its words, and a mapping in an untyped key. A group
@@ -198,7 +202,7 @@ def _check_given(given: Mapping, schema: type, prefix: str, owner: str | None = 
     fields = {f.name: f for f in dataclasses.fields(schema)}
     unknown = next((name for name in given if name not in fields), None)
     if unknown is not None:
-        raise ConfigError(_unknown(prefix, str(unknown), list(fields), owner=owner, label=label))
+        raise ConfigError(_unknown(prefix, str(unknown), list(fields), owner=owner, label=label, noun=noun))
     kinds_of = hints(schema)
     for name, value in given.items():
         kind, key, kinds = kinds_of[name], f"{prefix}{name}", fields[name].metadata.get("kinds")
@@ -296,12 +300,15 @@ def _frozen(value: Any) -> Any:
 # --- one sentence for every way a value can be wrong --------------------------------
 
 
-def _unknown(prefix: str, name: str, names: list[str], *, owner: str | None = None, label: str = "") -> str:
+def _unknown(
+    prefix: str, name: str, names: list[str], *, owner: str | None = None, label: str = "", noun: str = "option"
+) -> str:
     """The sentence for a key `name` that a group (`prefix`, or `label`) lacks: the
-    nearest of its `names`, and all of them."""
+    nearest of its `names`, and all of them; for the keys of an `owner`, each a `noun`
+    (an experiment's option, a setting of `attnflow train`)."""
     if owner is not None:
-        takes = ", ".join(names) or "no options"
-        return f"unknown option {prefix}{name} of {owner}{did_you_mean(name, names)}; it takes {takes}."
+        takes = ", ".join(names) or f"no {noun}s"
+        return f"unknown {noun} {prefix}{name} of {owner}{did_you_mean(name, names)}; it takes {takes}."
     group, takes = label or prefix.rstrip("."), ", ".join(names) or "none"
     guess = did_you_mean(name, names, prefix)
     if group:

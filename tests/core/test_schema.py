@@ -125,6 +125,12 @@ def test_each_refusal_is_one_sentence_naming_the_key(given, prefix, owner, says)
     assert refusal(Small, given, prefix, owner=owner).startswith(says)
 
 
+def test_an_owner_names_its_keys_by_its_noun():
+    # attnflow train's settings, beside an experiment's options (the default noun).
+    said = refusal(Small, {"cont": 1}, owner="attnflow train", noun="setting")
+    assert said.startswith("unknown setting cont of attnflow train (did you mean count?); it takes count, rate, ")
+
+
 def test_what_the_metadata_allows_passes_and_numbers_false_leaves_them_to_the_caller():
     options = typed(Small, {"horizon": math.inf, "pair": [3.0, 3.0], "matrix": [[1.0, 1.0], [1.0, 1.0]]})
     assert options.horizon == math.inf and options.pair == [3.0, 3.0]

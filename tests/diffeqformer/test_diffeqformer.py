@@ -348,7 +348,7 @@ def test_weight_decay_acts_on_matrices_and_embeddings_only(model):
 def test_bad_settings_are_one_sentence_and_exit_code_2(command):
     result = subprocess.run([sys.executable, "-m", "attnflow.cli", "train", "depth=3"], capture_output=True, text=True)
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "unknown setting 'depth'" in result.stderr
+    assert result.stderr.count("\n") == 1 and "unknown setting depth of attnflow train" in result.stderr
     # The process behaviour is shown above; another refusal in this process (no second start-up).
     code, lines = command("train", "lora_rank=2")
     assert code == 2 and len(lines) == 1 and "init=FOLDER" in lines[0]

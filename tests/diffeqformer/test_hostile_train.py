@@ -189,6 +189,8 @@ def test_a_run_s_own_files_are_data_never_resolved(tmp_path, monkeypatch):
         _state_folder(out, **state)
         with pytest.raises(CheckpointError, match=f"{out / 'state' / 'state.json'}"):
             train_config([f"out={out}"])
+    with pytest.raises(CheckpointError, match=r"holds lr='fast', which is not a number\.$"):
+        train_config([f"out={tmp_path / 'typed'}"])
     # A string setting holding `${...}` stays that string.
     out = tmp_path / "literal"
     _state_folder(out, dict(record, init="${oc.env:HOME}", lora_rank=0))
@@ -199,15 +201,17 @@ def test_plus_keys_and_typos_are_refused_with_the_nearest_name():
     assert train_config(["+lr=0.1"]).lr == 0.1 and train_config(["++batch=3"]).batch == 3
     for args, nearest in ((["+mlp.enabld=true"], None), (["dimm=3"], "dim"), (["+lrr=0.1"], "lr"),
                           (["train_step=3"], "train_steps")):
-        with pytest.raises(ConfigError, match="unknown setting") as caught:
+        with pytest.raises(ConfigError, match="^unknown setting ") as caught:
             train_config(args)
         message = str(caught.value)
-        assert "+" not in message.split("'")[1]
+        name = args[0].split("=")[0].lstrip("+")
+        assert message.startswith(f"unknown setting {name} of attnflow train"), message
+        assert message.endswith(f"; it takes {', '.join(f.name for f in dataclasses.fields(_train.TrainConfig))}.")
         if nearest:
             assert f"did you mean {nearest}?" in message
-    with pytest.raises(ConfigError, match="unknown setting 'mlp.enabld'"):
+    with pytest.raises(ConfigError, match=r"^unknown setting mlp\.enabld of attnflow train; it takes model, "):
         train_config(["+mlp.enabld=true"])
-    with pytest.raises(ConfigError, match="did you mean batch"):
+    with pytest.raises(ConfigError, match=r"^unknown setting batchh of attnflow train \(did you mean batch\?\); it takes "):
         train_config(dict(batchh=3))
 
 
@@ -220,6 +224,22 @@ def test_booleans_are_true_or_false_only():
     for bad in (2, 1, 0):
         with pytest.raises(ConfigError, match="compilation_cache must be true or false"):
             train_config(dict(compilation_cache=bad))
+
+
+def test_a_value_of_the_wrong_type_is_one_sentence_of_the_schema():
+    """The settings are typed by the one schema mechanism (`_schema.typed`), on the command
+    line and through the Python API alike: its sentence names the setting, the value and
+    the type (a choice's names)."""
+    for setting, says in (("vocab=2.5", "vocab must be an integer, got 2.5."),
+                          ("lr=fast", "lr must be a number, got 'fast'."),
+                          ("b2=abc", "b2 must be a number or null, got 'abc'."),
+                          ("out=[1]", "out must be a string or null, got [1]."),
+                          ("model=[1]", "model must be one of diffeqformer, gpt, got [1].")):
+        with pytest.raises(ConfigError, match=f"^{re.escape(says)}$"):
+            train_config([setting])
+    with pytest.raises(ConfigError, match=r"^vocab must be an integer, got 'many'\.$"):
+        train_config(dict(vocab="many"))
+    assert train_config(dict(vocab="12", lr="1e-3")).vocab == 12  # OmegaConf's reading of a number, as a study's
 
 
 def test_numbers_that_break_a_run_later_are_refused():
