@@ -5,17 +5,16 @@ initial conditions' dataclasses of `attnflow.schema.initial`, imported: they imp
 its type from the field's annotation, its choices from its `Choice`, its meaning from
 the field's `help` metadata (`_schema.setting`), and its default from the YAML file that
 holds it (`conf/config.yaml`, `conf/init/KIND.yaml`). An initial condition's line is its
-class's `title`. An experiment's line is its class's `title`; its options are its
-`Options` dataclass (their types and meanings, `setting(default, "meaning")` or
-`field(metadata={"help": ...})`), with the values of `conf/experiment/NAME.yaml`;
+class's `title`. An experiment's line is its class's `title`, with its `paper`; its
+options are its `Options` dataclass (each field's type, its choices, its default and its
+meaning, `setting(default, "meaning")`), with the values of `conf/experiment/NAME.yaml`;
 `attnflow train`'s settings are the fields of `TrainConfig` (types and meanings, its
 `metadata["help"]`) with the values of `conf/train.yaml`.
 
-The experiments' modules are read as text (`ast`), never imported: they import JAX (the
-help must start at once). `TrainConfig` is imported: its module
-(`diffeqformer._settings`) is without JAX, and this module sits in the layer above it,
-with the command line. `tests/cli/test_help.py` checks what is read as text against the
-imported modules. The same rows make the terminal page (`main_help`, `experiment_help`,
+Everything read is imported: the experiments' modules load no JAX until they compute or
+draw (`attnflow.experiments._lazy`), nor does `TrainConfig`'s module
+(`diffeqformer._settings`); this module sits in the layer above them, with the command
+line. The same rows make the terminal page (`main_help`, `experiment_help`,
 `train_help`, through Hydra's help template `conf/hydra/help/attnflow.yaml`: `hydra_help`) and the
 Markdown page (`reference_markdown`), and give the shell completion the names a choice
 key takes (`complete`).
@@ -23,7 +22,6 @@ key takes (`complete`).
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import enum
 import functools
@@ -31,21 +29,20 @@ import importlib.metadata
 import re
 import shutil
 import string
+import sys
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import yaml
 from omegaconf import OmegaConf
 
 from .diffeqformer._settings import TrainConfig
+from .experiments._registry import EXPERIMENTS, experiment_class
 from .schema import _config
 from .schema._config import INITS, Config, config_source
-
-_PACKAGE = Path(__file__).resolve().parent
-_REGISTRY = _PACKAGE / "experiments" / "_registry.py"
+from .schema._schema import to_container, typed
 
 # The subcommands, each as its usage line says it (`attnflow plot` prints its own).
 SUBCOMMANDS = {
@@ -130,151 +127,6 @@ def _default_init() -> str:
     return next(entry["init"] for entry in entries if isinstance(entry, Mapping) and "init" in entry)
 
 
-# --- dataclasses and constants read from a module's text ------------------------------
-
-
-@functools.cache
-def _source(path: Path) -> str:
-    return path.read_text()
-
-
-def _statement(path: Path, pattern: str) -> tuple[ast.stmt, list[str]] | None:
-    """The first top-level statement of the module at `path` whose first line matches
-    `pattern`, parsed on its own (with its lines), or None."""
-    lines = _source(path).splitlines()
-    for i, line in enumerate(lines):
-        if re.match(pattern, line):
-            start = i
-            while start > 0 and lines[start - 1].startswith("@"):
-                start -= 1
-            for end in range(i + 1, len(lines) + 1):
-                if end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t)]}#"):
-                    continue  # the statement goes on (indented, blank, or closing brackets)
-                chunk = lines[start:end]
-                try:
-                    return ast.parse("\n".join(chunk)).body[0], chunk
-                except SyntaxError:
-                    continue
-    return None
-
-
-def _assigned(path: Path, name: str) -> ast.expr | None:
-    """The expression assigned to the top-level `name` of the module at `path`."""
-    found = _statement(path, rf"{re.escape(name)}\s*(:[^=]*)?=")
-    if found is None or not isinstance(found[0], (ast.Assign, ast.AnnAssign)):
-        return None
-    return found[0].value
-
-
-def _constant(path: Path, name: str, default: Any = None) -> Any:
-    node = _assigned(path, name)
-    try:
-        return default if node is None else ast.literal_eval(node)
-    except ValueError:
-        return default
-
-
-@dataclass(frozen=True)
-class _Field:
-    """One field of a dataclass read from a module's text."""
-
-    name: str
-    annotation: str
-    default: Any  # the literal default, or None when it is not a literal
-    meaning: str  # its `help` metadata
-
-
-def _fields(path: Path, name: str) -> list[_Field]:
-    """The fields of the dataclass `name` in the module at `path`, each with its meaning,
-    its `help` metadata (`setting(default, "meaning")`, `field(metadata={"help": ...})`)."""
-    found = _statement(path, rf"class {re.escape(name)}\b")
-    if found is None:
-        return []
-    node, lines = found
-    node = cast(ast.ClassDef, node)  # the statement that starts with `class`
-    fields = []
-    for item in node.body:
-        if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
-            continue
-        meaning = _help_of(item.value)
-        fields.append(_Field(item.target.id, ast.unparse(item.annotation), _literal_default(item.value), meaning))
-    return fields
-
-
-def _call(node: ast.expr | None, name: str) -> ast.Call | None:
-    return node if isinstance(node, ast.Call) and getattr(node.func, "id", "") == name else None
-
-
-def _help_of(node: ast.expr | None) -> str:
-    """A field's `help` metadata, as its text declares it: `setting(default, "meaning")`
-    or `field(..., metadata={"help": "meaning"})`; "" when it declares none."""
-    keywords = {keyword.arg: keyword.value for keyword in getattr(node, "keywords", [])}
-    if (call := _call(node, "setting")) is not None:
-        text = call.args[1] if len(call.args) > 1 else keywords.get("meaning")
-    elif _call(node, "field") is not None and isinstance(keywords.get("metadata"), ast.Dict):
-        metadata = cast(ast.Dict, keywords["metadata"])
-        text = next((v for k, v in zip(metadata.keys, metadata.values) if getattr(k, "value", None) == "help"), None)
-    else:
-        return ""
-    return text.value if isinstance(text, ast.Constant) and isinstance(text.value, str) else ""
-
-
-def _literal_default(node: ast.expr | None) -> Any:
-    """The default of a field when it is a literal (`3`, `setting([1], ...)`,
-    `field(default_factory=lambda: [1])`, `Choice.name`, a list of them), else None."""
-    if node is None:
-        return None
-    if (call := _call(node, "setting")) is not None:
-        return _literal_default(call.args[0]) if call.args else None
-    if (call := _call(node, "field")) is not None:
-        for keyword in call.keywords:
-            if keyword.arg == "default":
-                return _literal_default(keyword.value)
-            if keyword.arg == "default_factory" and isinstance(keyword.value, ast.Lambda):
-                return _literal_default(keyword.value.body)
-        return None
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        return node.attr  # a choice's member
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        if isinstance(node, ast.List):  # of choices' members
-            items = [_literal_default(item) for item in node.elts]
-            return None if any(item is None for item in items) else items
-        return None
-
-
-def _choice_names(path: Path, name: str) -> tuple[str, ...] | None:
-    """The names of the choice type `name` (`Name = choice("Name", NAMES)`) of the module
-    at `path`, following a constant it names there or imports from a sibling module; the
-    core's own choices (`attnflow.schema._config`) by their class."""
-    known = getattr(_config, name, None)
-    if isinstance(known, type) and issubclass(known, enum.Enum):
-        return tuple(known.__members__)
-    node = _assigned(path, name)
-    if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "choice" and len(node.args) == 2):
-        return None
-    return _names(path, node.args[1])
-
-
-def _names(path: Path, node: ast.expr) -> tuple[Any, ...] | None:
-    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "tuple" and node.args:
-        return _names(path, node.args[0])
-    if isinstance(node, ast.Dict):
-        return tuple(key.value for key in node.keys if isinstance(key, ast.Constant))
-    if isinstance(node, (ast.Tuple, ast.List)):
-        return tuple(item.value for item in node.elts if isinstance(item, ast.Constant))
-    if isinstance(node, ast.Name):
-        value = _assigned(path, node.id)
-        if value is not None:
-            return _names(path, value)
-        imported = _statement(path, rf"from \.(\w+) import .*\b{node.id}\b")
-        if imported is not None:
-            module = cast(ast.ImportFrom, imported[0]).module  # the statement that starts with `from .`
-            return _names(path.with_name(f"{module}.py"), node)
-    return None
-
-
 # --- rows: one per key --------------------------------------------------------------
 
 
@@ -315,15 +167,22 @@ def _type(annotation: str, choices_of) -> tuple[str, tuple[str, ...]]:
     return annotation, ()
 
 
-def _study_choices(annotation: str) -> tuple[str, ...] | None:
-    kind = getattr(_config, annotation, None)
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return tuple(kind.__members__)
-    return None
+def _choices_in(namespace: Any):
+    """The names of the choice type an annotation names in `namespace` (a module: the
+    schema's, or an experiment's, whose `Options` name choices it defines or imports)."""
+
+    def names(annotation: str) -> tuple[str, ...] | None:
+        kind = getattr(namespace, annotation, None)
+        return tuple(kind.__members__) if isinstance(kind, type) and issubclass(kind, enum.Enum) else None
+
+    return names
 
 
-def _schema_class(annotation: str) -> type | None:
-    kind = getattr(_config, annotation, None)
+_study_choices = _choices_in(_config)
+
+
+def _dataclass_in(namespace: Any, annotation: str) -> type | None:
+    kind = getattr(namespace, annotation, None)
     return kind if isinstance(kind, type) and dataclasses.is_dataclass(kind) else None
 
 
@@ -344,7 +203,7 @@ def _walk(schema: type, values: Mapping, prefix: str) -> Iterator[Key]:
     shared: dict[str, list[str]] = {}
     for field in fields:
         annotation = cast(str, field.type)  # the schema's annotations are strings (postponed)
-        if _schema_class(annotation) is not None and "kinds" not in field.metadata:
+        if _dataclass_in(_config, annotation) is not None and "kinds" not in field.metadata:
             shared.setdefault(annotation, []).append(field.name)
     done = set()
     for field in fields:
@@ -354,9 +213,9 @@ def _walk(schema: type, values: Mapping, prefix: str) -> Iterator[Key]:
             yield from _kind_rows(prefix + field.name, meaning, field.metadata["kinds"])
             continue
         if annotation.startswith("ExperimentConfig"):
-            yield Key("experiment", "choice", None, meaning, tuple(experiments()), ("experiment",))
+            yield Key("experiment", "choice", None, meaning, EXPERIMENTS, ("experiment",))
             continue
-        group = _schema_class(annotation)
+        group = _dataclass_in(_config, annotation)
         if group is not None:
             if annotation in done:
                 continue
@@ -419,25 +278,28 @@ def config_keys() -> tuple[Key, ...]:
     return tuple(_walk(Config, _conf_values("config.yaml"), ""))
 
 
-def _module_choices(path: Path):
-    return lambda annotation: _choice_names(path, annotation)
+def _annotation(field: dataclasses.Field) -> str:
+    """A field's annotation as written (a string where its module postpones them)."""
+    return field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
 
 
-def _source_rows(path: Path, schema: str, values: Mapping, prefix: str = "", group: str = "") -> list[Key]:
-    """The rows of the dataclass `schema` of the module at `path` (read as text), each
-    with its meaning: a dataclass-typed field of that module gives one row per key of its
-    own, whose meaning ends with the group's (`group`)."""
+def _option_rows(schema: type, values: Mapping, prefix: str = "", group: str = "") -> list[Key]:
+    """The rows of an experiment's `Options` (or of a dataclass one of its fields is),
+    `values` its YAML's over the dataclass's own defaults, each with its meaning (its
+    `help`): a dataclass-typed field gives one row per key of its own, whose meaning ends
+    with the group's (`group`)."""
+    module = sys.modules[schema.__module__]
+    defaults = to_container(typed(schema, {}, prefix))
     rows = []
-    for field in _fields(path, schema):
+    for field in dataclasses.fields(schema):
         name = prefix + field.name
-        value = values.get(field.name, field.default) if isinstance(values, Mapping) else field.default
-        nested = _fields(path, field.annotation) if re.fullmatch(r"\w+", field.annotation) else []
-        if nested:
-            inner = value if isinstance(value, Mapping) else {}
-            rows.extend(_source_rows(path, field.annotation, inner, f"{name}.", field.meaning))
+        value = values.get(field.name, defaults[field.name]) if isinstance(values, Mapping) else defaults[field.name]
+        meaning = field.metadata.get("help", "")
+        nested = _dataclass_in(module, _annotation(field))
+        if nested is not None:
+            rows.extend(_option_rows(nested, value if isinstance(value, Mapping) else {}, f"{name}.", meaning))
             continue
-        type_, choices = _type(field.annotation, _module_choices(path))
-        meaning = field.meaning
+        type_, choices = _type(_annotation(field), _choices_in(module))
         rows.append(Key(name, type_, value, f"{meaning} ({group})" if group else meaning, choices, (name,)))
     return rows
 
@@ -480,35 +342,9 @@ _TRAIN_FLAGS = (
 
 @functools.cache
 def experiments() -> dict[str, str]:
-    """Every shipped experiment (the names of conf/experiment/*.yaml, as
-    `attnflow.experiments.EXPERIMENTS` lists them) and its line (the `title` of its
-    class)."""
-    folder = config_source()[1].joinpath("experiment")
-    names = sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
-    return {name: _title(_experiment_path(name), "title") for name in names}
-
-
-def _experiment_path(name: str) -> Path:
-    modules = _constant(_REGISTRY, "_MODULES", {})
-    return _PACKAGE / "experiments" / f"{modules.get(name, name)}.py"
-
-
-def _title(path: Path, attribute: str) -> str:
-    """The `title` (or `paper`) of the experiment class of the module at `path`: a string
-    assigned in the body of its `Experiment` subclass (or, in a module of the earlier
-    form, the module's `TITLE` or `PAPER`)."""
-    tree = ast.parse(_source(path))
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and any(getattr(base, "id", "") == "Experiment" for base in node.bases):
-            for item in node.body:
-                targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
-                if any(getattr(target, "id", None) == attribute for target in targets) and item.value is not None:  # pyright: ignore[reportAttributeAccessIssue] an Assign or AnnAssign here
-                    try:
-                        return ast.literal_eval(item.value)  # pyright: ignore[reportAttributeAccessIssue] an Assign or AnnAssign here
-                    except ValueError:
-                        value = _constant(path, getattr(item.value, "id", ""), "")  # pyright: ignore[reportAttributeAccessIssue] an Assign or AnnAssign here
-                        return value if isinstance(value, str) else ""
-    return _constant(path, attribute.upper(), "") or ""
+    """Every shipped experiment (`attnflow.experiments.EXPERIMENTS`, the names of
+    conf/experiment/*.yaml) and its line (the `title` of its class)."""
+    return {name: experiment_class(name).title for name in EXPERIMENTS}
 
 
 @dataclass(frozen=True)
@@ -526,18 +362,12 @@ class Experiment:
 @functools.cache
 def experiment(name: str) -> Experiment:
     """Experiment `name` (one of `experiments()`)."""
-    path = _experiment_path(name)
+    kind = experiment_class(name)
     values = dict(_conf_values("experiment", f"{name}.yaml"))
     block = values.pop("experiment", None) or {}
     values.pop("defaults", None)
-    rows = _source_rows(path, "Options", block.get("options") or {})
-    return Experiment(
-        name,
-        _title(path, "title"),
-        _title(path, "paper"),
-        values,
-        tuple(dataclasses.replace(row, name=f"experiment.options.{row.name}") for row in rows),
-    )
+    rows = _option_rows(kind.Options, block.get("options") or {}, "experiment.options.")
+    return Experiment(name, kind.title, kind.paper or "", values, tuple(rows))
 
 
 # --- completion ---------------------------------------------------------------------

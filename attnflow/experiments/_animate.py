@@ -19,16 +19,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
-import xarray as xr
-from jaxtyping import Float
 
 from ..presentation._figures import figure, styled
 from ..running._progress import Progress
 from ..schema._errors import ConfigError
 from ..storage._store import write_atomically
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import xarray as xr
+    from jaxtyping import Float
     from mpl_toolkits.mplot3d import Axes3D
+else:
+    xr = lazy("xarray")
 
 # The tab10 colors of the matplotlib figures, so a token has one color everywhere.
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")

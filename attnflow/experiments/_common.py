@@ -8,15 +8,21 @@ import math
 import numbers
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
 from ..presentation._figures import caption, colormap, figure, subplots, token_ticks  # noqa: F401 (the experiments' figure tools)
 from ..running._progress import Progress
 from ..schema._config import _default_config, current_config
 from ..schema._errors import ConfigError
 from ..storage._store import read_config
+from ._lazy import lazy
+
+if TYPE_CHECKING:
+    import xarray as xr
+else:
+    xr = lazy("xarray")
 
 
 def config_of(ds: xr.Dataset, panel: str | None = None) -> dict:

@@ -6,12 +6,21 @@ equiangular curve and the measures of how closely it follows that curve (describ
 
 from __future__ import annotations
 
-import numpy as np
-import xarray as xr
+from typing import TYPE_CHECKING
 
-from ..analysis.equiangular import equiangular_time
+import numpy as np
+
 from ..schema._errors import ConfigError
 from ._common import config_of, subplots
+from ._lazy import lazy
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+    from ..analysis import equiangular
+else:
+    xr = lazy("xarray")
+    equiangular = lazy("attnflow.analysis.equiangular")
 
 
 def check_eps(eps: float) -> None:
@@ -90,7 +99,7 @@ def summarize(cfg, eps: float, results: dict[str, xr.Dataset], panel: str, label
     )
     beta = out["beta"].values
     out["equiangular_time"] = xr.DataArray(
-        np.asarray(equiangular_time(np.asarray(beta, np.float64), int(cfg.n), float(eps))),
+        np.asarray(equiangular.equiangular_time(np.asarray(beta, np.float64), int(cfg.n), float(eps))),
         dims="beta",
         coords={"beta": beta},
         attrs={

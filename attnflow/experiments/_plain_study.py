@@ -15,14 +15,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..presentation._plots import plot_summary, summary_figure, summary_title
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
     import xarray as xr
     from matplotlib.figure import Figure
 
+    from ..presentation import _plots
     from ..schema._config import Config
+else:
+    _plots = lazy("attnflow.presentation._plots")
 
 # The label of the study's one panel: its pieces folder is the run's pieces folder itself
 # (as a study of earlier versions kept its pieces, which therefore still resume).
@@ -64,10 +67,10 @@ class PlainStudy(Experiment):
     @staticmethod
     def draw(ds: xr.Dataset) -> dict[str, Figure]:
         """The summary figure, titled with the run's system and solver."""
-        return {"summary": summary_figure(ds, title=summary_title(ds))}
+        return {"summary": _plots.summary_figure(ds, title=_plots.summary_title(ds))}
 
     @classmethod
     def write_figures(cls, ds: xr.Dataset, folder: Path) -> list[Path]:
         """`summary.png`, as `attnflow.presentation._plots.plot_summary` writes it (a PNG, in
         matplotlib's own style)."""
-        return [plot_summary(ds, Path(folder) / "summary.png", title=summary_title(ds))]
+        return [_plots.plot_summary(ds, Path(folder) / "summary.png", title=_plots.summary_title(ds))]

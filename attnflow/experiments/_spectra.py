@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from ..analysis.spectrum import lyapunov_spectrum
-from ..running._build import Study, build_system
 from ..running._progress import Progress
 from ..schema._config import Config
 from ..schema._errors import ConfigError
 from ..storage._store import in_background
+from ._lazy import lazy, on_first_call
+
+if TYPE_CHECKING:
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from ..analysis import spectrum
+    from ..running import _build
+else:
+    eqx = lazy("equinox")
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    spectrum = lazy("attnflow.analysis.spectrum")
+    _build = lazy("attnflow.running._build")
 
 # The initial deviation frame of a member is drawn from its key folded with this.
 _FRAME = 3
@@ -46,7 +57,7 @@ def exponent_count(cfg: Config, k: int | None) -> int:
     return int(k) if k is not None else int(cfg.d)
 
 
-def check_spectrum(name: str, study: Study, k: int, every: int, option: str = "reorthonormalize_every") -> None:
+def check_spectrum(name: str, study: _build.Study, k: int, every: int, option: str = "reorthonormalize_every") -> None:
     """What `ensemble_spectra` needs of a resolved study, checked before any computing:
     fixed steps, at least two QR intervals of `every` steps (the value of
     `experiment.options.<option>`), and (tracing one member's spectrum, nothing
@@ -70,7 +81,7 @@ def check_spectrum(name: str, study: Study, k: int, every: int, option: str = "r
             f"experiment.options.{option}={every} leaves one QR interval in the "
             f"{steps} steps; take at most {steps // 2} so that the late-window exponents exist."
         )
-    system = build_system(cfg)
+    system = _build.build_system(cfg)
     dtype = jnp.dtype(cfg.dtype.value)
     try:
         jax.eval_shape(
@@ -90,7 +101,7 @@ def _one(system, key, beta, span, k, every, solver, quotient=None):
     from its own key."""
     t0, t1, dt = span
     field, y0, _ = system(key, beta)
-    res = lyapunov_spectrum(
+    res = spectrum.lyapunov_spectrum(
         field,
         y0,
         t0=t0,
@@ -106,7 +117,7 @@ def _one(system, key, beta, span, k, every, solver, quotient=None):
     return res.exponents, res.running
 
 
-@eqx.filter_jit
+@on_first_call(lambda f: eqx.filter_jit(f))
 def _piece(system, keys, betas, members, beta_index, span, k, every, solver, quotient=None):
     """The pairs (keys[members[p]], betas[beta_index[p]]) of one piece, a vmap over them."""
     return jax.vmap(lambda m, b: _one(system, keys[m], betas[b], span, k, every, solver, quotient))(members, beta_index)
@@ -145,14 +156,14 @@ def default_chunk(cfg: Config, k: int) -> int:
     return max(1, 2**20 // ((k + 1) * cfg.n * max(cfg.n, cfg.d) * item * cfg.heads))
 
 
-def ensemble_spectra(study: Study, k: int, every: int, quotient=None) -> Spectra:
+def ensemble_spectra(study: _build.Study, k: int, every: int, quotient=None) -> Spectra:
     """The k leading finite-time exponents of every (beta, member) of a resolved study:
     member m has the key `split(key(seed), members)[m]` (the core studies'
     members: the same weights and initial tokens), for every beta. `quotient` as for
     `lyapunov_spectrum` (the transverse exponents)."""
     cfg, betas = study.config, study.betas
     dtype = jnp.dtype(cfg.dtype.value)
-    system = build_system(cfg)
+    system = _build.build_system(cfg)
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.members)
     span = (cfg.t0, cfg.t1, cfg.dt)
     count, members = len(betas), cfg.members

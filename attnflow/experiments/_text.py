@@ -7,14 +7,23 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.font_manager import FontProperties
-from matplotlib.transforms import ScaledTranslation
 
-from ..checkpoints._load import load_checkpoint, load_tokenizer
 from ..schema._errors import ConfigError
 from ..storage._store import write_atomically
+from ._lazy import lazy
+
+if TYPE_CHECKING:
+    import matplotlib.transforms as mtransforms
+    from matplotlib import font_manager
+
+    from ..checkpoints import _load
+else:
+    font_manager = lazy("matplotlib.font_manager")
+    mtransforms = lazy("matplotlib.transforms")
+    _load = lazy("attnflow.checkpoints._load")
 
 FONT = 11.0  # points, the highlighted sentence
 _PAD = 0.06  # inches of colour either side of a token
@@ -24,8 +33,8 @@ _PAD = 0.06  # inches of colour either side of a token
 def loaded_checkpoint(path: str, trust_pickle: bool, dtype: str):
     """The checkpoint at `path` and its tokenizer, loaded once for a config's `check`
     and its `analyse` (and for the experiments that read the same model)."""
-    checkpoint = load_checkpoint(path, trust_pickle=trust_pickle, dtype=dtype)
-    return checkpoint, load_tokenizer(path)
+    checkpoint = _load.load_checkpoint(path, trust_pickle=trust_pickle, dtype=dtype)
+    return checkpoint, _load.load_tokenizer(path)
 
 
 def checkpoint_sentence(cfg):
@@ -54,7 +63,7 @@ def layout(fig, tokens: list[str], width: float) -> tuple[list[tuple[str, float,
     on lines of `width` inches; and the number of lines."""
 
     renderer = fig.canvas.get_renderer()
-    prop = FontProperties(size=FONT)
+    prop = font_manager.FontProperties(size=FONT)
     placed, x, line = [], 0.0, 0
     for token in tokens:
         text, starts = shown(token)
@@ -78,7 +87,7 @@ def highlight(fig, ax, placed, values, cmap, title: str, mark: int) -> None:
     for index, ((text, x, line), value) in enumerate(zip(placed, values)):
         hidden = not np.isfinite(value)
         face = "0.92" if hidden else cmap(value)
-        at = ax.transAxes + ScaledTranslation(x, -(line + 0.6) * step, fig.dpi_scale_trans)
+        at = ax.transAxes + mtransforms.ScaledTranslation(x, -(line + 0.6) * step, fig.dpi_scale_trans)
         ax.text(
             0,
             1,

@@ -8,10 +8,16 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..diffeqformer._settings import corpus_name, read_json, read_state, train_config
-from ..diffeqformer._train import train
 from ..schema._errors import ConfigError
+from ._lazy import lazy
+
+if TYPE_CHECKING:
+    from ..diffeqformer import _train
+else:
+    _train = lazy("attnflow.diffeqformer._train")
 
 REFUSED = ("model", "out", "init", "lora_rank")  # settings the experiment chooses itself
 
@@ -53,7 +59,7 @@ def trained_run(folder: str | Path, model: str, overrides: Mapping | None = None
                 )
         return folder
     print(f"attnflow: training the {model} run in {folder} (it is missing or unfinished).", flush=True)
-    train(train_config({**given, "out": str(folder)}))
+    _train.train(train_config({**given, "out": str(folder)}))
     return folder
 
 

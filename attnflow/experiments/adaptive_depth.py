@@ -36,27 +36,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import equinox as eqx
-import jax
 import numpy as np
-import xarray as xr
 
-from ..checkpoints._load import load_checkpoint
-from ..diffeqformer._data import load_corpus
 from ..diffeqformer._settings import corpus_name, train_config
-from ..diffeqformer._store import load_diffeqformer, tokenizer_text
-from ..diffeqformer._train import train, validation_loss
 from ..running._progress import Progress
 from ..schema._config import choice
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, colormap, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._text import write_text
 from ._trained import check_train_overrides, read_metrics, run_record, trained_run
 
 if TYPE_CHECKING:
+    import equinox as eqx
+    import jax
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..checkpoints import _load
+    from ..diffeqformer import _data, _store, _train
+else:
+    eqx = lazy("equinox")
+    jax = lazy("jax")
+    xr = lazy("xarray")
+    _load = lazy("attnflow.checkpoints._load")
+    _data = lazy("attnflow.diffeqformer._data")
+    _store = lazy("attnflow.diffeqformer._store")
+    _train = lazy("attnflow.diffeqformer._train")
 
 METHODS = ("full", "lora")
 Method = choice("Method", METHODS)
@@ -102,7 +110,7 @@ def zero_shot(module, corpus, settings) -> float:
     """The validation loss of `module` (a DiffEqFormer at its steps, or a checkpoint)
     on `corpus` with the held-out batches of a run with `settings` (seed, batch,
     context, eval_batches, solver): those of `attnflow train`'s own validation."""
-    evaluate = validation_loss(
+    evaluate = _train.validation_loss(
         int(settings["batch"]), int(settings["context"]), str(settings["solver"]), int(settings["eval_batches"])
     )
     params, static = eqx.partition(module, eqx.is_inexact_array)
@@ -118,7 +126,9 @@ def _sizes(module) -> tuple[int, int]:
 
 
 def _corpus(name: str, folder: Path, vocab: int, context: int):
-    corpus, _, _ = load_corpus(name, vocab=vocab, context=context, tokenizer_json=tokenizer_text(folder / "model"))
+    corpus, _, _ = _data.load_corpus(
+        name, vocab=vocab, context=context, tokenizer_json=_store.tokenizer_text(folder / "model")
+    )
     return corpus
 
 
@@ -135,7 +145,7 @@ def _finetune(folder: Path, model: str, init: Path, steps: int, method: str, opt
         "out": str(folder),
     }
     print(f"attnflow: fine-tuning {model} at {steps} steps ({method}) in {folder} ...", flush=True)
-    train(train_config(settings))
+    _train.train(train_config(settings))
     return read_metrics(folder)
 
 
@@ -280,8 +290,8 @@ class AdaptiveDepth(Experiment):
         options = self.options
         pretrained = trained_run(options.pretrained, "diffeqformer", options.pretrain)
         baseline = trained_run(options.baseline, "gpt", options.pretrain)
-        model = load_diffeqformer(pretrained / "model")
-        gpt = load_checkpoint(baseline / "model")
+        model = _store.load_diffeqformer(pretrained / "model")
+        gpt = _load.load_checkpoint(baseline / "model")
         # The methods as their names: the coordinate `tuning` holds text.
         steps, methods = [int(s) for s in options.steps], [str(method) for method in options.methods]
         target = corpus_name(options.corpus)

@@ -24,18 +24,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
-from matplotlib.cm import ScalarMappable
-from matplotlib.collections import LineCollection
-from matplotlib.colors import Normalize
 
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, check_drawn_member, colormap, config_of, failed_members, member_summary, subplots
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import matplotlib.collections as mcoll
+    import matplotlib.colors as mcolors
+    import xarray as xr
+    from matplotlib import cm
     from matplotlib.figure import Figure
+else:
+    xr = lazy("xarray")
+    cm = lazy("matplotlib.cm")
+    mcoll = lazy("matplotlib.collections")
+    mcolors = lazy("matplotlib.colors")
 
 
 @dataclass
@@ -156,11 +162,11 @@ class Bouncing(Experiment):
             1, 3, figsize=(13.5, 4.2), layout="constrained", gridspec_kw={"width_ratios": [1.25, 1, 1]}
         )
         ax = axes[0]
-        norm = Normalize(t[0], t[-1])
+        norm = mcolors.Normalize(t[0], t[-1])
         cmap = colormap("plasma")
         y = ds["pc"].values
         for i in range(y.shape[1]):
-            lines = LineCollection(np.stack([y[:-1, i], y[1:, i]], axis=1), cmap=cmap, norm=norm, linewidth=0.9)  # pyright: ignore[reportArgumentType]  # an (N, 2, 2) array of segments
+            lines = mcoll.LineCollection(np.stack([y[:-1, i], y[1:, i]], axis=1), cmap=cmap, norm=norm, linewidth=0.9)  # pyright: ignore[reportArgumentType]  # an (N, 2, 2) array of segments
             lines.set_array(0.5 * (t[:-1] + t[1:]))
             ax.add_collection(lines)
         ax.scatter(
@@ -192,7 +198,7 @@ class Bouncing(Experiment):
         ax.set_ylabel(f"PC2 ({100 * variance[1]:.0f}%)")
         ax.set_title(f"(a) member {member}'s tokens on two principal components")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
-        bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="time t", shrink=0.9)
+        bar = fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="time t", shrink=0.9)
         bar.ax.axhline(switch, color="k", linewidth=1.5)
         members = int(ds.sizes["member"])
         for ax, name, label, letter, title in (

@@ -32,9 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from ..running._build import resolve_study
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._animate import animate_states
@@ -49,9 +47,16 @@ from ._common import (
     wireframe_sphere,
 )
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..running import _build
+else:
+    xr = lazy("xarray")
+    _build = lazy("attnflow.running._build")
 
 
 @dataclass
@@ -90,7 +95,7 @@ class Causal(Experiment):
         if cfg.n < 2:
             raise ConfigError(f"experiment causal needs at least two tokens, got n={cfg.n}.")
         # The decay rates are slopes fitted on the saved times from fit_from on: one time fits none (NaN rates).
-        t = resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
+        t = _build.resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
         if len(t) < 2 or t[-2] < t[0] + fit_from * (t[-1] - t[0]):
             before = (t[-2] - t[0]) / (t[-1] - t[0]) if len(t) > 1 else None
             lower = "" if before is None else f"take fit_from at most {before:.4g} (the saved time before t1) or "

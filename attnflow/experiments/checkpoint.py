@@ -32,37 +32,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
-import matplotlib
 import numpy as np
-import xarray as xr
 
-from ..checkpoints._flow import depth_flow, forward, run_depth
-from ..checkpoints.probes import (
-    decode_head_vectors,
-    distance_table,
-    draw_token_path,
-    embedding_distances,
-    token_path,
-    write_head_tables,
-)
-from ..checkpoints.spectra import draw_spectra, head_spectra
-from ..numerics._field import VectorField
-from ..numerics._metrics import cluster_count, cosines, normalized_energy
-from ..numerics._schedules import Identity
-from ..numerics._simulate import simulate
-from ..numerics._terms import SelfAttention
 from ..running._progress import Progress
 from ..schema._config import choice
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, config_of, subplots, token_ticks
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._text import checkpoint_sentence, write_text
 
 if TYPE_CHECKING:
+    import jax
+    import jax.numpy as jnp
+    import matplotlib
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..checkpoints import _flow, probes
+    from ..checkpoints import spectra as checkpoint_spectra
+    from ..numerics import _field, _metrics, _schedules, _simulate, _terms
+else:
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    matplotlib = lazy("matplotlib")
+    xr = lazy("xarray")
+    _flow = lazy("attnflow.checkpoints._flow")
+    probes = lazy("attnflow.checkpoints.probes")
+    checkpoint_spectra = lazy("attnflow.checkpoints.spectra")
+    _field = lazy("attnflow.numerics._field")
+    _metrics = lazy("attnflow.numerics._metrics")
+    _schedules = lazy("attnflow.numerics._schedules")
+    _simulate = lazy("attnflow.numerics._simulate")
+    _terms = lazy("attnflow.numerics._terms")
 
 Interpolation = choice("Interpolation", ("constant", "linear", "cubic"))
 
@@ -92,9 +95,9 @@ def _layer_metrics(xs, bins: int, eps: float):
     edges = jnp.linspace(-1.0, 1.0, bins + 1)
 
     def one(x):
-        c = cosines(x)
+        c = _metrics.cosines(x)
         counts, _ = jnp.histogram(jnp.clip(c[upper], -1, 1), bins=edges)
-        return normalized_energy(x), counts / max(len(upper[0]), 1), cluster_count(_unit(x), eps)
+        return _metrics.normalized_energy(x), counts / max(len(upper[0]), 1), _metrics.cluster_count(_unit(x), eps)
 
     flat = xs.reshape((-1,) + xs.shape[-2:])
     energy, hist, clusters = jax.lax.map(one, flat)
@@ -115,14 +118,14 @@ def _attention(flow, states):
 
 def _theory(x0, depth: int, beta: float, dt: float):
     d = x0.shape[-1]
-    identity = Identity(heads=1, dim=d, dtype=str(x0.dtype))
-    attention = SelfAttention(
+    identity = _schedules.Identity(heads=1, dim=d, dtype=str(x0.dtype))
+    attention = _terms.SelfAttention(
         query=identity, key=identity, value=identity, output=None, beta=jnp.asarray(beta, x0.dtype), alibi=None, heads=1
     )
-    field = VectorField(terms=(attention,), scheme="sphere")
+    field = _field.VectorField(terms=(attention,), scheme="sphere")
     steps = int(round(depth / dt))
     per_layer = max(steps // depth, 1)
-    solution = simulate(
+    solution = _simulate.simulate(
         field,
         _unit(x0),
         t1=float(depth),
@@ -146,9 +149,9 @@ _CLOUD = {
 
 
 def _probes(ds: xr.Dataset, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
-    spectra = head_spectra(checkpoint)
-    path = token_path(checkpoint, hidden, tokenizer, position=-1, ids=ids)
-    heads = decode_head_vectors(checkpoint, tokenizer)
+    spectra = checkpoint_spectra.head_spectra(checkpoint)
+    path = probes.token_path(checkpoint, hidden, tokenizer, position=-1, ids=ids)
+    heads = probes.decode_head_vectors(checkpoint, tokenizer)
     parts, kept = [ds], {}
     for prefix, part in (("spectra", spectra), ("path", path), ("heads", heads)):
         renamed = part.rename({name: f"{prefix}_{name}" for name in part.data_vars})
@@ -165,7 +168,7 @@ def _probes(ds: xr.Dataset, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
         parts.append(renamed)
     merged = xr.merge(parts, compat="override", combine_attrs="override", join="exact")
     merged.attrs.update(kept)
-    merged.attrs["embedding_distances"] = distance_table(embedding_distances(checkpoint))
+    merged.attrs["embedding_distances"] = probes.distance_table(probes.embedding_distances(checkpoint))
     return merged
 
 
@@ -255,13 +258,13 @@ class Checkpoint(Experiment):
         cfg, options = self.cfg, self.options
         checkpoint, tokenizer, ids = checkpoint_sentence(cfg)
         strings = tokenizer.tokens(ids)
-        model = forward(checkpoint, ids)
+        model = _flow.forward(checkpoint, ids)
         hidden = model.hidden
         depth = checkpoint.depth
 
         runs, states = [], []
-        layer_map = depth_flow(checkpoint)
-        flow = depth_flow(checkpoint, str(options.interpolation))  # pyright: ignore[reportArgumentType]  # an Interpolation: one of the three names
+        layer_map = _flow.depth_flow(checkpoint)
+        flow = _flow.depth_flow(checkpoint, str(options.interpolation))  # pyright: ignore[reportArgumentType]  # an Interpolation: one of the three names
         adaptive = options.adaptive and checkpoint.arrangement != "post"
         with Progress(
             f"{checkpoint.name or 'checkpoint'}: runs through depth", len(options.steps) + adaptive + 1, unit="runs"
@@ -270,13 +273,13 @@ class Checkpoint(Experiment):
                 runs.append(_label(steps))
                 states.append(
                     jax.block_until_ready(
-                        run_depth(layer_map if steps == 1 else flow, hidden[0], steps_per_layer=steps)
+                        _flow.run_depth(layer_map if steps == 1 else flow, hidden[0], steps_per_layer=steps)
                     )
                 )
                 bar.advance()
             if adaptive:
                 runs.append("adaptive")
-                states.append(jax.block_until_ready(run_depth(flow, hidden[0], adaptive=True)))
+                states.append(jax.block_until_ready(_flow.run_depth(flow, hidden[0], adaptive=True)))
                 bar.advance()
             runs.append("theory")
             states.append(jax.block_until_ready(_theory(hidden[0], depth, float(cfg.beta), float(cfg.dt))))  # pyright: ignore[reportArgumentType]  # the theory run's fixed dt is set
@@ -484,8 +487,8 @@ class Checkpoint(Experiment):
         figures["attention"] = fig
 
         if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):  # pyright: ignore[reportAttributeAccessIssue]  # the variables are named by str
-            figures.update(draw_spectra(_unprefixed(ds, "spectra"), name="spectra"))
-            figures["token_path"] = draw_token_path(_unprefixed(ds, "path"))
+            figures.update(checkpoint_spectra.draw_spectra(_unprefixed(ds, "spectra"), name="spectra"))
+            figures["token_path"] = probes.draw_token_path(_unprefixed(ds, "path"))
         return figures
 
     @staticmethod
@@ -496,7 +499,7 @@ class Checkpoint(Experiment):
         name = ds.attrs.get("model_name", "checkpoint")
         written = []
         if any(v.startswith("heads_") for v in ds.data_vars):  # pyright: ignore[reportAttributeAccessIssue]  # the variables are named by str
-            written += list(write_head_tables(_unprefixed(ds, "heads"), folder, "head_vectors"))
+            written += list(probes.write_head_tables(_unprefixed(ds, "heads"), folder, "head_vectors"))
         if "embedding_distances" in ds.attrs:
             table = folder / "embedding_distances.md"
             text = f"# Embedding distances of {name} (Traveling Words, Table 1)\n\n{ds.attrs['embedding_distances']}\n"

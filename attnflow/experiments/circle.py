@@ -29,21 +29,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 
-from ..numerics._metrics import cluster_labels
-from ..running._build import resolve_study
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._animate import animation
 from ._common import caption, colormap, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import jax
+    import jax.numpy as jnp
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..numerics import _metrics
+    from ..running import _build
+else:
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    xr = lazy("xarray")
+    _metrics = lazy("attnflow.numerics._metrics")
+    _build = lazy("attnflow.running._build")
 
 
 @dataclass
@@ -64,7 +72,7 @@ class Circle(Experiment):
                 f"[{cfg.t0:g}, {cfg.t1:g}], got {times!r}."
             )
         # Each snapshot draws the saved time nearest it: two with the same nearest one would be one drawing.
-        saved = resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
+        saved = _build.resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times
         nearest = [int(np.argmin(abs(saved - t))) for t in times]
         for i, k in enumerate(nearest):
             if k in nearest[:i]:
@@ -86,7 +94,7 @@ class Circle(Experiment):
         states: xr.DataArray = xr.concat([ds["x"].isel(beta=b, member=m) for b, m in enumerate(shown)], dim="beta")  # pyright: ignore[reportAssignmentType]  # DataArrays in, one out (isel reads as Unknown)
         angles = np.arctan2(states.values[..., 1], states.values[..., 0])
         final_states = jnp.asarray(states.values[:, -1])
-        labels = np.asarray(jax.vmap(lambda x: cluster_labels(x, cfg.cluster_eps))(final_states))
+        labels = np.asarray(jax.vmap(lambda x: _metrics.cluster_labels(x, cfg.cluster_eps))(final_states))
         # Number the clusters 0, 1, ... in order of their first token.
         labels = np.stack([np.unique(row, return_inverse=True)[1].reshape(-1) for row in labels])
         out = xr.Dataset(coords={"beta": ds["beta"], "time": ds["time"], "member": ds["member"]})

@@ -85,35 +85,46 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
-from jaxtyping import Array, Float
 
-from ..analysis.pair_exponents import token_sensitivity
-from ..checkpoints._flow import depth_flow, forward
-from ..checkpoints._load import load_checkpoint, load_tokenizer
-from ..checkpoints.spectra import head_spectra
-from ..diffeqformer._data import load_corpus
-from ..diffeqformer._model import populate
-from ..diffeqformer._store import diffeqformer_config, load_diffeqformer, tokenizer_text
-from ..numerics._field import VectorField
-from ..numerics._metrics import cluster_count, cosines, normalized_energy
-from ..numerics._schedules import AbstractSchedule, Scaled
-from ..numerics._simulate import simulate
 from ..running._progress import Progress
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, colormap, config_of, figure, subplots
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy, on_first_call
 from ._text import FONT, highlight, layout, scaled, shown, write_text
 from ._trained import check_train_overrides, read_metrics, run_record, trained_run
 
 if TYPE_CHECKING:
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import xarray as xr
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+
+    from ..analysis import pair_exponents
+    from ..checkpoints import _flow, _load
+    from ..checkpoints import spectra as checkpoint_spectra
+    from ..diffeqformer import _data, _model, _store
+    from ..numerics import _field, _metrics, _schedules, _simulate
+else:
+    eqx = lazy("equinox")
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    xr = lazy("xarray")
+    pair_exponents = lazy("attnflow.analysis.pair_exponents")
+    _flow = lazy("attnflow.checkpoints._flow")
+    _load = lazy("attnflow.checkpoints._load")
+    checkpoint_spectra = lazy("attnflow.checkpoints.spectra")
+    _data = lazy("attnflow.diffeqformer._data")
+    _model = lazy("attnflow.diffeqformer._model")
+    _store = lazy("attnflow.diffeqformer._store")
+    _field = lazy("attnflow.numerics._field")
+    _metrics = lazy("attnflow.numerics._metrics")
+    _schedules = lazy("attnflow.numerics._schedules")
+    _simulate = lazy("attnflow.numerics._simulate")
 
 
 @dataclass
@@ -161,8 +172,8 @@ def _positive_int(name: str, value: int, least: int = 1) -> None:
 
 
 def _sentence_ids(model_folder: Path, sentence: str) -> np.ndarray:
-    ids = np.asarray(load_tokenizer(model_folder).encode(sentence))
-    context = diffeqformer_config(model_folder).context
+    ids = np.asarray(_load.load_tokenizer(model_folder).encode(sentence))
+    context = _store.diffeqformer_config(model_folder).context
     if ids.size == 0:
         raise ConfigError(f"the sentence {sentence!r} encodes to no tokens.")
     if ids.size > context:
@@ -192,18 +203,18 @@ def log_unigram(corpus) -> np.ndarray:
     return np.log(counts / counts.sum())
 
 
-@eqx.filter_jit
+@on_first_call(lambda f: eqx.filter_jit(f))
 def _output_statistics(checkpoint, inputs, targets, log_u):
     """Per sequence: the normalized energy of the output states (the last residual
     stream, before the final norm), the mean divergence of its next-token
     distributions from the unigram, and its mean cross-entropy."""
 
     def one(ids, target):
-        states = forward(checkpoint, ids).hidden[-1]
+        states = _flow.forward(checkpoint, ids).hidden[-1]
         logits = checkpoint.logits(states)
         log_p = jax.nn.log_softmax(logits, axis=-1)
         loss = -jnp.take_along_axis(log_p, target[:, None], axis=-1).mean()
-        return normalized_energy(states), unigram_kl(logits, log_u).mean(), loss
+        return _metrics.normalized_energy(states), unigram_kl(logits, log_u).mean(), loss
 
     return jax.vmap(one)(inputs, targets)
 
@@ -214,11 +225,11 @@ def _validation_sample(folder: Path, tokens: int, seed: int):
     record = run_record(folder)
     settings = record["config"]
     context = int(record["model_config"]["context"])
-    corpus, _, _ = load_corpus(
+    corpus, _, _ = _data.load_corpus(
         settings["corpus"],
         vocab=int(settings["vocab"]),
         context=context,
-        tokenizer_json=tokenizer_text(folder / "model"),
+        tokenizer_json=_store.tokenizer_text(folder / "model"),
     )
     sequences = max(1, math.ceil(tokens / context))
     inputs, targets = corpus.batch(jax.random.fold_in(jax.random.key(seed), 7), sequences, context, "validation")
@@ -233,7 +244,7 @@ def training_statistics(folder: Path, tokens: int, seed: int) -> xr.Dataset:
     found = snapshots(folder)
     with Progress(f"snapshots of {folder.name}", len(found), unit="snapshots") as bar:
         for path in found.values():
-            checkpoint = load_checkpoint(path)
+            checkpoint = _load.load_checkpoint(path)
             energy, kl, loss = (
                 np.asarray(a, np.float64)
                 for a in _output_statistics(
@@ -259,7 +270,7 @@ def hypernetwork_checkpoint(model, steps: int):
     """`populate(model, steps)` with the attention output $O_h(t_k)$ of the
     hypernetwork itself at $t_k = kT/N$ instead of $(T/N)\\, O_h(t_k)$: the weights at
     the grid times, as matrices of the continuous-time model (for spectra)."""
-    checkpoint = populate(model, steps)
+    checkpoint = _model.populate(model, steps)
     dtype = jnp.dtype(model.config.dtype)
     h = jnp.asarray(model.config.horizon, dtype) / steps
     times = jnp.asarray(0.0, dtype) + jnp.arange(steps, dtype=dtype) * h  # populate's own times
@@ -305,9 +316,9 @@ def matrix_variation(matrix: np.ndarray) -> np.ndarray:
 
 def _spectra(model, gpt, fine: int) -> xr.Dataset:
     depth = gpt.depth
-    fine_spectra = head_spectra(hypernetwork_checkpoint(model, fine))
+    fine_spectra = checkpoint_spectra.head_spectra(hypernetwork_checkpoint(model, fine))
     same = hypernetwork_checkpoint(model, depth)
-    same_spectra, gpt_spectra = head_spectra(same), head_spectra(gpt)
+    same_spectra, gpt_spectra = checkpoint_spectra.head_spectra(same), checkpoint_spectra.head_spectra(gpt)
     horizon = model.config.horizon
     data = {}
     for prefix in ("qk", "ov"):
@@ -373,19 +384,19 @@ def _spectra(model, gpt, fine: int) -> xr.Dataset:
 # --- 4. sensitivity -----------------------------------------------------------------------------
 
 
-@eqx.filter_jit
+@on_first_call(lambda f: eqx.filter_jit(f))
 def _next_token_logits(model, gpt, ids):
     """The next-token logits after the sentence of both models, in one compiled program."""
-    return model(ids)[-1], gpt.logits(forward(gpt, ids).hidden[-1][-1:])[0]
+    return model(ids)[-1], gpt.logits(_flow.forward(gpt, ids).hidden[-1][-1:])[0]
 
 
 def _sensitivity(model, gpt, ids: np.ndarray, tokenizer) -> xr.Dataset:
     c = model.config
     ids_ = jnp.asarray(ids)
-    ours = token_sensitivity(
+    ours = pair_exponents.token_sensitivity(
         model.field(), model.embed_tokens(ids_), t1=c.horizon, dt=c.horizon / c.steps, outputs=[-1]
     )
-    theirs = token_sensitivity(depth_flow(gpt), gpt.embed_tokens(ids_), outputs=[-1])
+    theirs = pair_exponents.token_sensitivity(_flow.depth_flow(gpt), gpt.embed_tokens(ids_), outputs=[-1])
     predicted = [int(np.argmax(np.asarray(logits))) for logits in _next_token_logits(model, gpt, ids_)]
     spans = np.asarray([c.horizon, float(gpt.depth)])
     assert ours.attention is not None and theirs.attention is not None  # both fields have attention
@@ -440,23 +451,6 @@ GPT_WEIGHTS = {"time-dependent": "layer by layer", "frozen": "one layer"}  # wha
 _SCHEDULES = ("query", "key", "value", "output", "query_bias", "key_bias", "value_bias", "output_bias")
 
 
-class Retimed(AbstractSchedule):
-    """$W(a + b t)$: a schedule read at an affinely mapped time; $b = 0$ holds it at
-    $a$. Offset and rate are data, so a frozen and a time-dependent field share one
-    compiled solve."""
-
-    base: AbstractSchedule
-    offset: Float[Array, ""]
-    rate: Float[Array, ""]
-
-    def __call__(self, t, at=None):
-        return self.base(self.offset + self.rate * t, None if at is None else self.offset + self.rate * at)
-
-    @property
-    def shape(self):
-        return self.base.shape
-
-
 def attention_only_field(
     field, horizon: float, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True
 ):
@@ -473,12 +467,14 @@ def attention_only_field(
         offset, rate = jnp.asarray(0.0, dtype), jnp.asarray(1.0, dtype)
     else:
         offset, rate = jnp.asarray(frozen_at * horizon, dtype), jnp.asarray(0.0, dtype)
-    retimed = {name: Retimed(getattr(attention, name), offset, rate) for name in _SCHEDULES}
+    retimed = {name: _schedules.Retimed(getattr(attention, name), offset, rate) for name in _SCHEDULES}
     speed = cluster_horizon / horizon
     keep = 1.0 if drift else 0.0
     factors = {"output": speed, "output_bias": speed * keep, "value_bias": keep}
-    retimed |= {name: Scaled(jnp.asarray([factor], dtype), retimed[name]) for name, factor in factors.items()}
-    return VectorField(terms=(dataclasses.replace(attention, **retimed),), scheme="pre", norm=field.norm)
+    retimed |= {
+        name: _schedules.Scaled(jnp.asarray([factor], dtype), retimed[name]) for name, factor in factors.items()
+    }
+    return _field.VectorField(terms=(dataclasses.replace(attention, **retimed),), scheme="pre", norm=field.norm)
 
 
 def learned_attention_field(model, cluster_horizon: float, *, frozen_at: float | None = None, drift: bool = True):
@@ -492,23 +488,23 @@ def gpt_attention_field(checkpoint, cluster_horizon: float, *, frozen_at: float 
     gains and shifts folded in), each in force for one unit of depth on $[0, L]$ (the
     core's `depth_flow`)."""
     return attention_only_field(
-        depth_flow(checkpoint).field, float(checkpoint.depth), cluster_horizon, frozen_at=frozen_at, drift=drift
+        _flow.depth_flow(checkpoint).field, float(checkpoint.depth), cluster_horizon, frozen_at=frozen_at, drift=drift
     )
 
 
-@eqx.filter_jit
+@on_first_call(lambda f: eqx.filter_jit(f))
 def _schedule_norms(schedule, grid):
     """The Frobenius norm of `schedule(t)` at each time of `grid` (one compiled program
     per schedule structure, shared by the trained and untrained models)."""
     return jax.vmap(lambda t: jnp.linalg.norm(schedule(t)))(grid)
 
 
-@eqx.filter_jit
+@on_first_call(lambda f: eqx.filter_jit(f))
 def _attention_only(field, x0, taus, horizon: float, eps):
     """The adaptive solve of an attention-only field on $[0, H]$ and, at the times
     `taus`, the cluster count, mean pair cosine, normalized energy and mean norm; the
     solver's result code. One compiled program for every field of one structure."""
-    solution = simulate(
+    solution = _simulate.simulate(
         field,
         x0,
         t1=horizon,
@@ -523,8 +519,13 @@ def _attention_only(field, x0, taus, horizon: float, eps):
     upper = np.triu_indices(x0.shape[0], 1)
 
     def measures(x):
-        cos = cosines(x)
-        return cluster_count(x, eps), jnp.mean(cos[upper]), normalized_energy(x), jnp.mean(jnp.linalg.norm(x, axis=-1))
+        cos = _metrics.cosines(x)
+        return (
+            _metrics.cluster_count(x, eps),
+            jnp.mean(cos[upper]),
+            _metrics.normalized_energy(x),
+            jnp.mean(jnp.linalg.norm(x, axis=-1)),
+        )
 
     return solution.result, jax.vmap(measures)(solution.xs)
 
@@ -549,7 +550,7 @@ def _theory(model, gpt, ids: np.ndarray, cluster_horizon: float, frozen_at: floa
             gpt,
             gpt.embed_tokens(jnp.asarray(ids)),
             float(gpt.depth),
-            depth_flow(gpt).field.terms[0],
+            _flow.depth_flow(gpt).field.terms[0],
         ),
     }
     out = {"clusters": [], "mean_cosine": [], "theory_energy": [], "mean_norm": []}
@@ -1188,9 +1189,9 @@ class DiffEqFormerVsGPT(Experiment):
         out = Path(options.out)
         overrides = dict(options.train)
         folders = {name: trained_run(out / name, name, overrides) for name in MODELS}
-        model = load_diffeqformer(folders["diffeqformer"] / "model")
-        gpt = load_checkpoint(folders["gpt"] / "model")
-        tokenizer = load_tokenizer(folders["diffeqformer"] / "model")
+        model = _store.load_diffeqformer(folders["diffeqformer"] / "model")
+        gpt = _load.load_checkpoint(folders["gpt"] / "model")
+        tokenizer = _load.load_tokenizer(folders["diffeqformer"] / "model")
         ids = _sentence_ids(folders["diffeqformer"] / "model", options.sentence)
 
         # The untrained control: both runs' snapshots at step 0, the models as initialised.
@@ -1203,7 +1204,7 @@ class DiffEqFormerVsGPT(Experiment):
             )
         states = {
             "trained": (model, gpt),
-            "untrained": (load_diffeqformer(untrained["diffeqformer"]), load_checkpoint(untrained["gpt"])),  # pyright: ignore[reportArgumentType]  # no None: refused above
+            "untrained": (_store.load_diffeqformer(untrained["diffeqformer"]), _load.load_checkpoint(untrained["gpt"])),  # pyright: ignore[reportArgumentType]  # no None: refused above
         }
 
         def both(compute, same=()):

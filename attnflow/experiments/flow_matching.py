@@ -26,20 +26,27 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 
-from ..running._build import resolve_study
 from ..running._progress import Progress
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import jax
+    import jax.numpy as jnp
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..running import _build
+else:
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    xr = lazy("xarray")
+    _build = lazy("attnflow.running._build")
 
 
 @dataclass
@@ -124,7 +131,7 @@ class FlowMatching(Experiment):
             )
         # The distances are taken at distance_times of the saved times, evenly spread: more than there are would
         # repeat some, merged silently.
-        saved = len(resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times)
+        saved = len(_build.resolve_study(dataclasses.replace(cfg, experiment=None)).grid.times)
         if options.distance_times > saved:
             raise ConfigError(
                 f"experiment.options.distance_times={options.distance_times} asks for more times than "

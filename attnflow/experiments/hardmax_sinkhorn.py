@@ -31,22 +31,29 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 
-from ..numerics._field import VectorField
-from ..numerics._schedules import Identity
-from ..numerics._simulate import simulate
-from ..numerics._terms import SelfAttention
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, colormap, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import jax
+    import jax.numpy as jnp
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..numerics import _field, _schedules, _simulate, _terms
+else:
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    xr = lazy("xarray")
+    _field = lazy("attnflow.numerics._field")
+    _schedules = lazy("attnflow.numerics._schedules")
+    _simulate = lazy("attnflow.numerics._simulate")
+    _terms = lazy("attnflow.numerics._terms")
 
 
 @dataclass
@@ -79,15 +86,15 @@ def kgon_runs(seed: int, polygons: int, sides: int, interior: int, t1: float, sa
     vertices = np.stack([np.cos(angles), np.sin(angles)], -1)
     weights = rng.dirichlet(np.ones(sides), (polygons, interior))
     x0 = np.concatenate([vertices, np.einsum("pik,pkd->pid", weights, vertices)], axis=1)
-    eye = Identity(1, 2, "float64")
-    term = SelfAttention(eye, eye, eye, None, jnp.asarray(1.0), None, heads=1, kind="hardmax")
-    field = VectorField((term,), scheme="none")
+    eye = _schedules.Identity(1, 2, "float64")
+    term = _terms.SelfAttention(eye, eye, eye, None, jnp.asarray(1.0), None, heads=1, kind="hardmax")
+    field = _field.VectorField((term,), scheme="none")
     dt = KGON_DT
     steps = int(round(t1 / dt))
     every = max(steps // (saves - 1), 1)
     run = jax.jit(
         jax.vmap(
-            lambda y: simulate(
+            lambda y: _simulate.simulate(
                 field, y, t1=steps * dt, dt=dt, solver="rk4", save_every=every, record=lambda t, x, f: {"x": x}
             )
         )

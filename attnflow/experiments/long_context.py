@@ -49,22 +49,30 @@ import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 
-from ..numerics._schedules import Identity
-from ..numerics._terms import SelfAttention
-from ..running._ensemble import available_memory
 from ..schema._config import NOT_RESULT_KEYS, Config
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, colormap, config_of, counted, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy, on_first_call
 
 if TYPE_CHECKING:
+    import jax
+    import jax.numpy as jnp
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..numerics import _schedules, _terms
+    from ..running import _ensemble
+else:
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    xr = lazy("xarray")
+    _schedules = lazy("attnflow.numerics._schedules")
+    _terms = lazy("attnflow.numerics._terms")
+    _ensemble = lazy("attnflow.running._ensemble")
 
 
 @dataclass
@@ -151,12 +159,12 @@ def sample_rows(n: int, rows: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, n - 1, rows)).astype(np.int32))
 
 
-def _layer(d: int, beta, dtype, block) -> SelfAttention:
-    eye = Identity(1, d, jnp.dtype(dtype).name)
-    return SelfAttention(eye, eye, eye, None, beta, None, heads=1, block=block, unit_rows=True)
+def _layer(d: int, beta, dtype, block) -> _terms.SelfAttention:
+    eye = _schedules.Identity(1, d, jnp.dtype(dtype).name)
+    return _terms.SelfAttention(eye, eye, eye, None, beta, None, heads=1, block=block, unit_rows=True)
 
 
-@jax.jit
+@on_first_call(lambda f: jax.jit(f))
 def _pair_cosines(y):
     """Mean, 10th and 90th percentile of the cosines between distinct rows of `y`."""
     u = y / jnp.linalg.norm(y, axis=-1, keepdims=True)
@@ -181,7 +189,7 @@ def _measure(x, rows, betas, rho, block):
     return jax.lax.map(one, betas), spread
 
 
-_measure_jit = jax.jit(_measure, static_argnames=("block",))
+_measure_jit = on_first_call(lambda f: jax.jit(f, static_argnames=("block",)))(_measure)
 
 
 def long_context_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -> xr.Dataset:
@@ -329,7 +337,7 @@ class LongContext(Experiment):
         )
         itemsize = 4 if cfg.dtype.value == "float32" else 8
         need = _COPIES * int(ns[-1]) * cfg.d * itemsize
-        memory = available_memory()
+        memory = _ensemble.available_memory()
         if need > memory:
             raise ConfigError(
                 f"the largest token set needs about {need / 2**30:.1f} GiB (n={ns[-1]}, "

@@ -61,20 +61,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from ..analysis.spectrum import rotation_orbit
-from ..numerics._solvers import tableau
-from ..running._build import Study, resolve_study
 from ..schema._config import Config
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, colormap, config_of, member_summary, refuse_given, subplots
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._spectra import PERCENTILES, Spectra, check_qr_options, check_spectrum, ensemble_spectra, exponent_count
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..analysis import spectrum
+    from ..numerics import _solvers
+    from ..running import _build
+else:
+    xr = lazy("xarray")
+    spectrum = lazy("attnflow.analysis.spectrum")
+    _solvers = lazy("attnflow.numerics._solvers")
+    _build = lazy("attnflow.running._build")
 
 
 @dataclass
@@ -87,16 +94,16 @@ class Options:
 _OUTPUT_KEYS = ("saves", "save_spacing", "exact_times", "save_states", "metrics", "cluster_eps", "rank_rtol")
 
 
-def study_config(cfg: Config) -> Study:
+def study_config(cfg: Config) -> _build.Study:
     """The experiment's config as a checked, resolved single study (every key validated)."""
-    return resolve_study(dataclasses.replace(cfg, experiment=None))
+    return _build.resolve_study(dataclasses.replace(cfg, experiment=None))
 
 
 def stability_limit(solver: str) -> float:
     """The largest $x$ such that the solver's step is stable for $\\dot v = -s v$ at every
     $s h \\le x$: $|R(-s h)| \\le 1$, with $R(z) = 1 + \\sum_m (b^T A^m \\mathbf 1) z^{m+1}$
     the stability polynomial of its explicit tableau (2 for Euler, 2.785 for RK4)."""
-    table = tableau(solver)
+    table = _solvers.tableau(solver)
     stages = len(table.b)
     a = np.zeros((stages, stages))
     for i, row in enumerate(table.a):
@@ -316,7 +323,9 @@ class Lyapunov(Experiment):
         if rotation_equivariant(study) and transverse_count(study, k) >= 1:
             count = transverse_count(study, k)
             ds = ds.merge(
-                transverse_dataset(study, ensemble_spectra(resolved, count, every, quotient=rotation_orbit), count)
+                transverse_dataset(
+                    study, ensemble_spectra(resolved, count, every, quotient=spectrum.rotation_orbit), count
+                )
             )
         return ds
 

@@ -46,23 +46,31 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 
-from ..numerics._terms import SelfAttention
-from ..running._build import build_system, resolve_study, validate_config
 from ..schema._config import choice, to_container
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, config_of, member_summary, subplots
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._magnitudes import SCHEDULES, coefficients, dispersion_index
 from ._spectra import PERCENTILES, check_qr_options, check_spectrum, ensemble_spectra, exponent_count, local_exponents
 
 if TYPE_CHECKING:
+    import jax
+    import jax.numpy as jnp
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..numerics import _terms
+    from ..running import _build
+else:
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    xr = lazy("xarray")
+    _terms = lazy("attnflow.numerics._terms")
+    _build = lazy("attnflow.running._build")
 
 Schedule = choice("Schedule", tuple(SCHEDULES))
 
@@ -104,12 +112,12 @@ def value_growth(cfg) -> np.ndarray:
     """Per member of a validated study config (its poly factors left out), the largest
     real part of an eigenvalue of its value matrix $V_0$, the largest over heads; NaN
     where there is no square value matrix."""
-    system = build_system(cfg)
+    system = _build.build_system(cfg)
     keys = jax.random.split(jax.random.key(cfg.seed), cfg.members)
 
     def values(key):
         field, _, _ = system(key, cfg.beta)
-        terms = [term for term in field.terms if isinstance(term, SelfAttention)]
+        terms = [term for term in field.terms if isinstance(term, _terms.SelfAttention)]
         return terms[0].value(0.0) if terms else jnp.full((1, 1, 2), jnp.nan)
 
     matrices = np.asarray(jax.vmap(values)(keys), np.float64)  # (member, heads, d_v, d)
@@ -162,7 +170,7 @@ class LyapunovPolynomial(Experiment):
                 "experiment lyapunov_polynomial measures the dispersion on the states: keep "
                 "save_states=true (or set experiment.options.dispersion=false)."
             )
-        studies = [resolve_study(config) for config in schedule_configs(_base(cfg), names).values()]
+        studies = [_build.resolve_study(config) for config in schedule_configs(_base(cfg), names).values()]
         k, compare = exponent_count(cfg, options.k), options.compare_every
         check_spectrum("lyapunov_polynomial", studies[0], k, options.reorthonormalize_every)
         if compare is not None:
@@ -187,7 +195,7 @@ class LyapunovPolynomial(Experiment):
         names = self._schedules()
         configs = schedule_configs(_base(cfg), names)
         k, every = exponent_count(cfg, options.k), options.reorthonormalize_every
-        studies = [resolve_study(configs[name]) for name in names]
+        studies = [_build.resolve_study(configs[name]) for name in names]
         spectra = [ensemble_spectra(study, k, every) for study in studies]
         first = spectra[0]
         t = first.times
@@ -229,7 +237,7 @@ class LyapunovPolynomial(Experiment):
         ds["late_mean_magnitude"] = xr.DataArray(mean(first.window, cfg.t1), dims="schedule").assign_attrs(
             description="time average of f over the late window"
         )
-        growth = value_growth(validate_config(_base(cfg)))
+        growth = value_growth(_build.validate_config(_base(cfg)))
         ds["value_growth"] = xr.DataArray(growth, dims="member").assign_attrs(
             description="largest real part of an eigenvalue of V_0 (the value matrix before the magnitude f; the "
             "largest over heads): a single point cluster moves by dx/dt = f(t) V_0 x"

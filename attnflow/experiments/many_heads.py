@@ -34,18 +34,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from ..analysis.plateaus import detect_metastability
 from ..schema._config import choice
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, config_of, failed_members, subplots
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._random_laws import PANELS
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..analysis import plateaus
+else:
+    xr = lazy("xarray")
+    plateaus = lazy("attnflow.analysis.plateaus")
 
 
 LawPanel = choice("LawPanel", tuple(PANELS))
@@ -137,7 +142,7 @@ class ManyHeads(Experiment):
                 ds = results[_label(law, h)]
                 times = ds["time"].values
                 counts = ds["clusters"].transpose("member", "time").values
-                found = detect_metastability(ds[["clusters"]], ["clusters"], clusters=None, sizes=None)
+                found = plateaus.detect_metastability(ds[["clusters"]], ["clusters"], clusters=None, sizes=None)
                 part = xr.Dataset(
                     {
                         "one_cluster_time": (

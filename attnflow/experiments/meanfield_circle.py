@@ -43,31 +43,33 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
 
-from ..analysis.meanfield import (
-    USA_LARGEST_BETA,
-    check_kernel_table,
-    circle_growth_rate,
-    circle_wasserstein,
-    meanfield_circle,
-)
-from ..numerics._field import VectorField
-from ..numerics._noise import brownian_noise, tree_depth
-from ..numerics._schedules import Identity
-from ..numerics._simulate import simulate
-from ..numerics._terms import SelfAttention
 from ..schema._config import NOT_RESULT_KEYS, Config
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, colormap, config_of, counted, finite_number, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import jax
+    import jax.numpy as jnp
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..analysis import meanfield
+    from ..numerics import _field, _noise, _schedules, _simulate, _terms
+else:
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    xr = lazy("xarray")
+    meanfield = lazy("attnflow.analysis.meanfield")
+    _field = lazy("attnflow.numerics._field")
+    _noise = lazy("attnflow.numerics._noise")
+    _schedules = lazy("attnflow.numerics._schedules")
+    _simulate = lazy("attnflow.numerics._simulate")
+    _terms = lazy("attnflow.numerics._terms")
 
 
 @dataclass
@@ -123,8 +125,8 @@ def _particles(options: Options, n: int, block):
     """A compiled map from a key to the angles of the particles at the compared times."""
     dt = float(options.dt)
     times = np.asarray(options.times, np.float64)
-    eye = Identity(1, 2, "float64")
-    attention = SelfAttention(
+    eye = _schedules.Identity(1, 2, "float64")
+    attention = _terms.SelfAttention(
         eye,
         eye,
         eye,
@@ -144,20 +146,20 @@ def _particles(options: Options, n: int, block):
         x0 = jnp.stack([jnp.cos(theta), jnp.sin(theta)], axis=-1)
         noise = None
         if sigma > 0 and steps[-1] > 0:  # the particle's own Brownian path, from a key apart from its draw
-            noise = brownian_noise(
+            noise = _noise.brownian_noise(
                 jax.random.fold_in(key, 2),
                 sigma,
                 (n, 2),
                 t0=0.0,
                 t1=float(times[-1]),
-                depth=tree_depth(0.0, float(times[-1]), dt),
+                depth=_noise.tree_depth(0.0, float(times[-1]), dt),
                 dtype=jnp.float64,
             )
-        field = VectorField((attention,), scheme="sphere", noise=noise)
+        field = _field.VectorField((attention,), scheme="sphere", noise=noise)
         if steps[-1] == 0:
             xs = x0[None]
         else:
-            xs = simulate(field, x0, t1=times[-1], dt=dt, solver="rk4", save_steps=steps).xs
+            xs = _simulate.simulate(field, x0, t1=times[-1], dt=dt, solver="rk4", save_steps=steps).xs
         return jnp.mod(jnp.arctan2(xs[..., 1], xs[..., 0]), 2 * jnp.pi)
 
     return jax.jit(lambda keys: jax.lax.map(one, keys))
@@ -228,7 +230,7 @@ def _pde(options: Options) -> dict[str, np.ndarray]:
     """The mean-field density's solution at the compared times, as arrays (one piece)."""
     theta = np.arange(options.grid) * (2 * np.pi / options.grid)
     rho0 = initial_density(theta, options.mode, options.amplitude)
-    pde = meanfield_circle(
+    pde = meanfield.meanfield_circle(
         rho0,
         np.asarray(options.times, np.float64),
         beta=options.beta,
@@ -272,7 +274,7 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
         mode[a, : per_n[a]] = np.cos(options.mode * angles).mean(axis=-1)
         for m in range(per_n[a]):
             for t in range(times.size):
-                w1[a, m, t] = circle_wasserstein(angles[m, t], coefficients[t])
+                w1[a, m, t] = meanfield.circle_wasserstein(angles[m, t], coefficients[t])
             where, mass = particle_clusters(angles[m, -1], options.gap, options.min_mass, options.core)
             counts[a, m] = where.size
             if where.size == peaks.size and where.size:
@@ -388,7 +390,7 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
         attrs={"description": "angles of the particles of the largest n, member 0", "units": "radian"},
     )
     ds["growth_rate"] = xr.DataArray(
-        circle_growth_rate(options.mode, options.beta, options.kind, options.sigma),  # pyright: ignore[reportArgumentType]  # check() allows sa or usa
+        meanfield.circle_growth_rate(options.mode, options.beta, options.kind, options.sigma),  # pyright: ignore[reportArgumentType]  # check() allows sa or usa
         attrs={"description": "linear growth rate of the perturbed mode at the uniform density (closed form)"},
     )
     return ds
@@ -461,13 +463,13 @@ class MeanFieldCircle(Experiment):
             raise ConfigError(
                 f"{name}.grid must be a whole number >= 4 mode + 4 = {4 * options.mode + 4}, got {options.grid!r}."
             )
-        if options.kind == "usa" and options.beta > USA_LARGEST_BETA:
+        if options.kind == "usa" and options.beta > meanfield.USA_LARGEST_BETA:
             raise ConfigError(
                 f"{name}.beta={options.beta:g} with {name}.kind=usa overflows float64: unnormalised "
-                f"attention multiplies by e^beta, held up to beta = {USA_LARGEST_BETA:g}; lower beta, or "
+                f"attention multiplies by e^beta, held up to beta = {meanfield.USA_LARGEST_BETA:g}; lower beta, or "
                 "take kind=sa."
             )
-        check_kernel_table(options.beta, options.grid, name=f"{name}.beta")
+        meanfield.check_kernel_table(options.beta, options.grid, name=f"{name}.beta")
         if not (finite_number(options.gap) and 0 < options.gap < math.pi):
             raise ConfigError(f"{name}.gap must lie in (0, pi) radians, got {options.gap!r}.")
         if not (finite_number(options.core) and 0 <= options.core < 1):

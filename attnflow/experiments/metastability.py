@@ -59,25 +59,36 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import xarray as xr
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 
-from ..analysis.plateaus import detect_metastability
-from ..numerics._metrics import cluster_labels
 from ..running._progress import Progress
 from ..schema._config import defaults, to_container
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, check_member_option, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
-from ._runner import merge_overrides
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import jax
+    import jax.numpy as jnp
+    import matplotlib.lines as mlines
+    import matplotlib.patches as mpatches
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..analysis import plateaus
+    from ..numerics import _metrics
+    from . import _runner
+else:
+    jax = lazy("jax")
+    jnp = lazy("jax.numpy")
+    xr = lazy("xarray")
+    mlines = lazy("matplotlib.lines")
+    mpatches = lazy("matplotlib.patches")
+    plateaus = lazy("attnflow.analysis.plateaus")
+    _metrics = lazy("attnflow.numerics._metrics")
+    _runner = lazy("attnflow.experiments._runner")
 
 
 def published_angles() -> list[float]:
@@ -152,7 +163,7 @@ def two_cluster_time(theta: float, mass: float, beta: float, eps: float) -> floa
 
 @functools.cache
 def _compiled_labels():
-    return jax.jit(cluster_labels)
+    return jax.jit(_metrics.cluster_labels)
 
 
 def _cluster_labels(x: np.ndarray, eps: float) -> np.ndarray:
@@ -256,7 +267,7 @@ def _sphere(res: xr.Dataset, settings: Detector, member: int | None) -> xr.Datas
     config = config_of(res)
     beta, t0 = float(config["beta"]), float(config["t0"])
     res = res.assign(relative_energy=_relative(res))
-    found = detect_metastability(
+    found = plateaus.detect_metastability(
         res,
         SERIES,
         tol=settings.tol,
@@ -314,7 +325,7 @@ def _staircase(res: xr.Dataset, settings: Detector) -> xr.Dataset:
     if "beta" not in res.dims:
         res = res.expand_dims("beta")
     res = res.assign(relative_energy=_relative(res))
-    found = detect_metastability(
+    found = plateaus.detect_metastability(
         res,
         SERIES,
         sizes="cluster_sizes",
@@ -403,7 +414,7 @@ class Metastability(Experiment):
             plain.pop("experiment")
             for key in ("overwrite", "plot", "compilation_cache"):  # how to run, as the command line says
                 plain[key] = base[key]
-            configs["staircase"] = merge_overrides(plain, self.options.staircase)
+            configs["staircase"] = _runner.merge_overrides(plain, self.options.staircase)
         if isinstance(base["beta"], (list, Mapping)):
             raise ConfigError(f"panel sphere of experiment metastability takes one beta, got beta={base['beta']}.")
         detectors = {"sphere": self.options.sphere_detector, "staircase": self.options.staircase_detector}
@@ -466,14 +477,14 @@ class Metastability(Experiment):
         ax2.set_ylabel(r"$E_\beta / E_\beta^{\max}$,  $E_\beta^{\max} = e^\beta/(2\beta)$")
         ax2.set_title(f"(a) interaction energy relative to one cluster ({ds.sizes['member']} members)")
         handles = [
-            Line2D([], [], color="C0", linewidth=2, label=f"member {member}"),
-            Line2D([], [], color="0.6", linewidth=0.6, label="other members"),
-            Patch(color="C2", alpha=0.3, label="detected plateaus"),
-            Line2D([], [], color="C3", linestyle="--", label="detected merges"),
+            mlines.Line2D([], [], color="C0", linewidth=2, label=f"member {member}"),
+            mlines.Line2D([], [], color="0.6", linewidth=0.6, label="other members"),
+            mpatches.Patch(color="C2", alpha=0.3, label="detected plateaus"),
+            mlines.Line2D([], [], color="C3", linestyle="--", label="detected merges"),
         ]
         predicted = ds["two_cluster_time"].values
         if np.isfinite(predicted).any():
-            handles.append(Line2D([], [], color="k", linestyle=":", label="two-cluster reduction"))
+            handles.append(mlines.Line2D([], [], color="k", linestyle=":", label="two-cluster reduction"))
         ax2.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
         notes = [_sphere_note(ds, config)]
         if staircase:
@@ -606,10 +617,10 @@ def _staircase_row(fig, grid, ds: xr.Dataset, config: Mapping) -> str:
     ax.set_xlabel(r"rescaled time $s$ (constant speed $\log \beta$)")
     ax.set_ylabel(r"energy $n^{-2} \sum_{ij} e^{\beta(\cos(\theta_i - \theta_j) - 1)}$")
     ax.set_title("(b) the energy staircase, n = 5 on the circle (USA)")
-    handles = [Line2D([], [], color=c, linewidth=1.3, label=f"$\\beta$ = {b:g}") for b, c in zip(betas, colors)]
+    handles = [mlines.Line2D([], [], color=c, linewidth=1.3, label=f"$\\beta$ = {b:g}") for b, c in zip(betas, colors)]
     handles += [
-        Line2D([], [], color="0.5", linewidth=6, alpha=0.3, label="detected plateaus"),
-        Line2D([], [], color="0.5", linestyle=":", label="partition levels"),
+        mlines.Line2D([], [], color="0.5", linewidth=6, alpha=0.3, label="detected plateaus"),
+        mlines.Line2D([], [], color="0.5", linestyle=":", label="partition levels"),
     ]
     ax.legend(handles=handles, loc="upper left", fontsize=7, frameon=False)
     ax = fig.add_subplot(grid[1, 2])

@@ -33,17 +33,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
-from ..analysis.meanfield import circle_stationary_order
-from ..numerics._noise import critical_sigma
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, config_of, figure
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..analysis import meanfield
+    from ..numerics import _noise
+else:
+    xr = lazy("xarray")
+    meanfield = lazy("attnflow.analysis.meanfield")
+    _noise = lazy("attnflow.numerics._noise")
 
 
 @dataclass
@@ -64,13 +70,13 @@ def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]
     sigma over their range, refined toward sigma_c (`meanfield_curve`); with that grid."""
     if d != 2:
         return {}, np.zeros(0)
-    sigma_c = critical_sigma(beta, d)
+    sigma_c = _noise.critical_sigma(beta, d)
     # One grid holds the panels' sigma too, so that each sigma is solved once.
     curve = np.unique(
         np.concatenate([sigma, np.linspace(sigma.min(), sigma.max(), 49), sigma_c * (1 - np.geomspace(1e-3, 0.1, 12))])
     )
     curve = curve[(curve >= sigma.min()) & (curve <= sigma.max())]
-    order = np.asarray([circle_stationary_order(beta, s) for s in curve])
+    order = np.asarray([meanfield.circle_stationary_order(beta, s) for s in curve])
     return {
         "meanfield_order": (
             ("ratio",),
@@ -151,7 +157,7 @@ class NoiseTransition(Experiment):
             )
 
     def panels(self, base: dict) -> dict[str, dict]:
-        sigma_c = critical_sigma(float(base["beta"]), int(base["d"]))
+        sigma_c = _noise.critical_sigma(float(base["beta"]), int(base["d"]))
         configs = {}
         for n in self.options.sizes:
             for ratio in self.options.ratios:
@@ -165,7 +171,7 @@ class NoiseTransition(Experiment):
     def analyse(self, results: dict[str, xr.Dataset], *, on_piece: Counter, keep: Keeper) -> xr.Dataset:
         cfg, options = self.cfg, self.options
         sizes, ratios = [int(n) for n in options.sizes], [float(r) for r in options.ratios]
-        sigma_c = critical_sigma(float(cfg.beta), int(cfg.d))
+        sigma_c = _noise.critical_sigma(float(cfg.beta), int(cfg.d))
         order = np.empty((len(sizes), len(ratios)))
         error, square = np.empty_like(order), np.empty_like(order)
         floor = np.empty(len(sizes))

@@ -26,15 +26,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import xarray as xr
-
 from ..schema._schema import setting
 from ._common import caption, config_of
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._phase_diagrams import check_eps, heatmaps, summarize
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+else:
+    xr = lazy("xarray")
 
 
 @dataclass

@@ -40,18 +40,20 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import xarray as xr
-
 from ..schema._config import choice
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, config_of
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._phase_diagrams import check_eps, heatmaps, summarize
 from ._random_laws import PANELS
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+else:
+    xr = lazy("xarray")
 
 
 Panel = choice("Panel", tuple(PANELS))

@@ -52,18 +52,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
-from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
 from ..schema._config import choice, to_container
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._magnitudes import SCHEDULES, coefficients, dispersion_index
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+    from mpl_toolkits.mplot3d import art3d
+else:
+    xr = lazy("xarray")
+    art3d = lazy("mpl_toolkits.mplot3d.art3d")
 
 NORMALIZERS = ("softmax", "none")
 Normalizer = choice("Normalizer", NORMALIZERS)
@@ -109,7 +113,7 @@ def _configuration(ax, x: np.ndarray, cmap) -> None:
     y = _shape(x)
     colors = cmap(np.argsort(np.argsort(x[0, :, 0])) / max(x.shape[1] - 1, 1))  # by initial first coordinate
     # One collection for all paths and one scatter for all end points: far faster to render.
-    ax.add_collection3d(Line3DCollection(np.swapaxes(y, 0, 1), colors=colors, linewidths=0.4, alpha=0.35))
+    ax.add_collection3d(art3d.Line3DCollection(np.swapaxes(y, 0, 1), colors=colors, linewidths=0.4, alpha=0.35))
     ax.scatter(*y[-1].T, c=colors, s=12, depthshade=False, edgecolor="k", linewidth=0.2)
     limit = float(np.abs(y).max())
     for set_lim in (ax.set_xlim, ax.set_ylim, ax.set_zlim):

@@ -48,17 +48,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
-from scipy.linalg import expm
-from scipy.spatial import ConvexHull, QhullError
 
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, check_drawn_member, colormap, config_of, figure, member_summary
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+    from scipy import linalg, spatial
+else:
+    xr = lazy("xarray")
+    linalg = lazy("scipy.linalg")
+    spatial = lazy("scipy.spatial")
 
 
 @dataclass
@@ -104,7 +108,7 @@ def top_eigenspace(v: np.ndarray, rtol: float = 1e-9) -> tuple[float, np.ndarray
 def rescale(x: np.ndarray, t: np.ndarray, v: np.ndarray) -> np.ndarray:
     """$z_i(t) = e^{-tV} x_i(t)$ for states x (member, time, token, dim)."""
 
-    back = np.stack([expm(-s * v) for s in t])  # (time, dim, dim)
+    back = np.stack([linalg.expm(-s * v) for s in t])  # (time, dim, dim)
     return np.einsum("tab,mtib->mtia", back, x)
 
 
@@ -130,7 +134,7 @@ def convex_position(points: np.ndarray, tol: float) -> bool:
         return k == 2  # on a line only the two ends are vertices
     if k <= rank + 1:
         return True  # affinely independent points
-    hull = ConvexHull(centred @ vt[:rank].T)
+    hull = spatial.ConvexHull(centred @ vt[:rank].T)
     return len(hull.vertices) == k
 
 
@@ -150,8 +154,8 @@ def _loop(points: np.ndarray) -> np.ndarray:
     if len(points) < 3:
         return points
     try:
-        vertices = ConvexHull(points).vertices
-    except QhullError:
+        vertices = spatial.ConvexHull(points).vertices
+    except spatial.QhullError:
         return points[np.argsort(points[:, 0])]
     return points[np.append(vertices, vertices[0])]
 

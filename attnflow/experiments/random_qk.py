@@ -24,10 +24,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
-from matplotlib.cm import ScalarMappable
-from matplotlib.collections import LineCollection
-from matplotlib.colors import Normalize
 
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
@@ -42,9 +38,19 @@ from ._common import (
     subplots,
 )
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import matplotlib.collections as mcoll
+    import matplotlib.colors as mcolors
+    import xarray as xr
+    from matplotlib import cm
     from matplotlib.figure import Figure
+else:
+    xr = lazy("xarray")
+    cm = lazy("matplotlib.cm")
+    mcoll = lazy("matplotlib.collections")
+    mcolors = lazy("matplotlib.colors")
 
 
 @dataclass
@@ -72,7 +78,7 @@ def draw_paths(ax, x: np.ndarray, t: np.ndarray, norm, cmap) -> None:
     y = (x - centre) @ axes.T  # (time, token, 2)
     for i in range(y.shape[1]):
         segments = np.stack([y[:-1, i], y[1:, i]], axis=1)
-        lines = LineCollection(segments, cmap=cmap, norm=norm, linewidth=1.0)  # pyright: ignore[reportArgumentType]  # an (N, 2, 2) array of segments
+        lines = mcoll.LineCollection(segments, cmap=cmap, norm=norm, linewidth=1.0)  # pyright: ignore[reportArgumentType]  # an (N, 2, 2) array of segments
         lines.set_array(0.5 * (t[:-1] + t[1:]))
         ax.add_collection(lines)
     ax.scatter(y[0, :, 0], y[0, :, 1], s=12, facecolor="white", edgecolor="0.3", linewidth=0.7, zorder=3)
@@ -143,7 +149,7 @@ class RandomQK(Experiment):
         t = ds["time"].values
         signs = list(ds["v_sign"].values)
         fig, axes = subplots(2, 2, figsize=(9.5, 7.6), layout="constrained")
-        norm = Normalize(t[0], t[-1])
+        norm = mcolors.Normalize(t[0], t[-1])
         cmap = colormap("viridis")
         names = _panel_names(cfg)
         letters = iter("abcd")
@@ -158,7 +164,7 @@ class RandomQK(Experiment):
                 f"({next(letters)}) {names[signs[k]]}: member {member}, {final} cluster"
                 f"{'s' if final != 1 else ''} at t = {t[-1]:g}"
             )
-        fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes[0], label="time t", shrink=0.8)
+        fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes[0], label="time t", shrink=0.8)
         colors = {1.0: "C0", -1.0: "C3"}
         for ax, name, label in (
             (axes[1, 0], "clusters", "number of clusters"),

@@ -22,22 +22,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
-import xarray as xr
 
-from ..analysis.pair_exponents import token_sensitivity
-from ..checkpoints._flow import depth_flow, forward
 from ..running._progress import Progress
 from ..schema._config import Solver
 from ..schema._errors import CheckpointError, ConfigError
 from ..schema._schema import setting
 from ._common import caption, colormap, config_of, figure, subplots, token_ticks
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 from ._text import FONT, checkpoint_sentence, highlight, layout, scaled, shown
 
 if TYPE_CHECKING:
+    import jax
+    import xarray as xr
     from matplotlib.figure import Figure
+
+    from ..analysis import pair_exponents
+    from ..checkpoints import _flow
+else:
+    jax = lazy("jax")
+    xr = lazy("xarray")
+    pair_exponents = lazy("attnflow.analysis.pair_exponents")
+    _flow = lazy("attnflow.checkpoints._flow")
 
 
 @dataclass
@@ -115,7 +122,7 @@ class Sensitivity(Experiment):
         cfg = self.cfg
         checkpoint, tokenizer, ids = checkpoint_sentence(cfg)
         strings = tokenizer.tokens(ids)
-        model = forward(checkpoint, ids)
+        model = _flow.forward(checkpoint, ids)
         steps = int(self.options.steps)
         outputs = self.options.outputs
         count = ids.size if outputs is None else (len(outputs) if isinstance(outputs, list) else 1)
@@ -127,8 +134,8 @@ class Sensitivity(Experiment):
             unit="solves",
         ) as bar:
             result = jax.block_until_ready(
-                token_sensitivity(
-                    depth_flow(checkpoint),
+                pair_exponents.token_sensitivity(
+                    _flow.depth_flow(checkpoint),
                     model.hidden[0],
                     dt=1.0 / steps,
                     outputs=outputs,

@@ -17,15 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
 from ..schema._schema import setting
 from ._animate import animate_states
 from ._common import caption, check_drawn_member, colormap, config_of, figure, wireframe_sphere
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+else:
+    xr = lazy("xarray")
 
 
 @dataclass

@@ -37,15 +37,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
 from ..schema._errors import ConfigError
 from ..schema._schema import setting
 from ._common import caption, colormap, config_of, stack_panels, subplots
 from ._experiment import Counter, Experiment, Keeper
+from ._lazy import lazy
 
 if TYPE_CHECKING:
+    import xarray as xr
     from matplotlib.figure import Figure
+else:
+    xr = lazy("xarray")
 
 
 @dataclass

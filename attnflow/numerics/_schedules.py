@@ -162,6 +162,23 @@ class Scaled(AbstractSchedule):
         return self.base.shape
 
 
+class Retimed(AbstractSchedule):
+    """$W(a + b t)$: a schedule read at an affinely mapped time; $b = 0$ holds it at
+    $a$. Offset and rate are data, so a frozen and a time-dependent field share one
+    compiled solve."""
+
+    base: AbstractSchedule
+    offset: Float[Array, ""]
+    rate: Float[Array, ""]
+
+    def __call__(self, t, at=None):
+        return self.base(self.offset + self.rate * t, None if at is None else self.offset + self.rate * at)
+
+    @property
+    def shape(self):
+        return self.base.shape
+
+
 class PiecewiseSchedule(AbstractSchedule):
     """Switch between whole schedules at given times (each piece may itself vary).
 

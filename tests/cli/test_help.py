@@ -4,10 +4,10 @@ Hydra's help template), `attnflow experiment=NAME --help`, `attnflow help [TOPIC
 
 Every key of the schema must be on the help page with a meaning (the `help` of its
 field's metadata, for the study, `attnflow train` and the experiments' options alike):
-a key added without one fails here. The help reads the experiments' modules as text (they
-import JAX); what it reads is checked against the imported modules. All but one test run the command in this
-process (the `command` fixture); one runs the console script, to see that `--help`
-imports no JAX.
+a key added without one fails here. The help imports the experiments' modules and reads
+their classes; importing them loads no JAX (`test_importing_an_experiment_loads_no_jax`).
+All but two tests run the command in this process (the `command` fixture); one runs the
+console script, to see that `--help` imports no JAX.
 """
 
 from __future__ import annotations
@@ -115,36 +115,31 @@ def test_help_of_an_experiment_shows_its_line_its_paper_and_its_options_with_the
     assert code == 2 and err[0].startswith("attnflow: error: unknown experiment 'nonsense'; choose one of")
 
 
-def test_what_the_help_reads_as_text_is_what_the_modules_say():
-    """The experiments' `Options`, `title` and `paper`, their order, read from the
-    modules' text, against the imported modules; every option has a meaning, and its
-    default is what the experiment's YAML gives, typed by its schema. `attnflow train`'s
-    rows are `TrainConfig`'s fields (imported, without JAX), each with its meaning and
-    the default `train_config()` gives."""
+def test_what_the_help_shows_is_what_the_experiments_classes_say():
+    """The experiments' `title`, `paper` and `Options` (their order, each option's
+    meaning, its default as the experiment's YAML gives it, typed by its schema, and the
+    names of a choice) as the help shows them. `attnflow train`'s rows are
+    `TrainConfig`'s fields (imported, without JAX), each with its meaning and the
+    default `train_config()` gives."""
     from attnflow.diffeqformer import TrainConfig, train_config
-    from attnflow.experiments import EXPERIMENTS, experiment_module
+    from attnflow.experiments import EXPERIMENTS
     from attnflow.experiments._runner import experiment_class, option_schema
 
     assert tuple(_help.experiments()) == EXPERIMENTS
     for name in EXPERIMENTS:
-        module = experiment_module(name)
         found = _help.experiment(name)
-        kind = experiment_class(name)  # a module of the earlier form too, its TITLE and PAPER
+        kind = experiment_class(name)
         assert (found.title, found.paper) == (kind.title, kind.paper), name
-        schema = option_schema(module)
-        read = _help._fields(_help._experiment_path(name), "Options")
-        assert [field.name for field in read] == [field.name for field in dataclasses.fields(schema)], name
-        own = to_container(typed(schema, {}, "experiment.options."))  # the dataclass's own defaults
-        fields = {field.name: field for field in dataclasses.fields(schema)}
-        for field in read:
-            assert field.default is None or field.default == own[field.name], (name, field.name)
-            assert field.meaning == fields[field.name].metadata["help"], (name, field.name)  # no comment stands in
+        assert found.title and found.paper, name
+        schema = option_schema(kind)
         given = _help._conf_values("experiment", f"{name}.yaml")["experiment"].get("options") or {}
         options = to_container(typed(schema, given, "experiment.options."))
         rows = {row.name.removeprefix("experiment.options."): row for row in found.options}
-        assert {key.split(".")[0] for key in rows} == set(options), name
+        heads = list(dict.fromkeys(key.split(".")[0] for key in rows))  # a group: one row per key of its own
+        assert heads == [field.name for field in dataclasses.fields(schema)], name
         for key, row in rows.items():
             assert row.meaning, (name, key)
+            assert row.keys == (row.name,), (name, key)
             head, _, rest = key.partition(".")
             assert row.default == (options[head][rest] if rest else options[head]), (name, key)
             kind = typing.get_type_hints(schema).get(head)
@@ -217,6 +212,22 @@ def test_shell_completion_says_how_to_turn_it_on_and_completes_the_choices_of_a_
     assert "causal=" in query("attnflow caus")
 
 
+def test_importing_an_experiment_loads_no_jax():
+    """Every shipped experiment's module (and the registry that finds its class) imports
+    in a fresh process without JAX, xarray, matplotlib, scipy, optax or ott: the help,
+    the completion and the reference page read their classes at once."""
+    heavy = ("jax", "jaxlib", "equinox", "diffrax", "xarray", "matplotlib", "scipy", "optax", "ott")
+    code = (
+        "import importlib, sys\n"
+        "from attnflow.experiments._registry import EXPERIMENTS, experiment_class\n"
+        "for name in EXPERIMENTS: experiment_class(name)\n"
+        f"print(sorted(name for name in {heavy!r} if name in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"
+
+
 def test_reference_markdown_has_every_key_every_setting_and_every_experiments_options():
     page = _help.reference_markdown()
     assert page.startswith("# The command line and every config key\n")
@@ -240,4 +251,5 @@ def test_the_console_script_help_loads_no_jax():
     assert done.stdout.startswith("attnflow ") and "init=caps" in done.stdout
     imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
-    assert imported and not imported & {"jax", "xarray", "matplotlib", "diffrax"}, imported & {"jax", "xarray"}
+    heavy = {"jax", "xarray", "matplotlib", "diffrax", "scipy", "optax", "ott"}
+    assert imported and "attnflow" in imported and not imported & heavy, imported & heavy

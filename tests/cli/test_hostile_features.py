@@ -29,6 +29,7 @@ from attnflow.running._build import non_finite_advice, validate_config
 from attnflow.schema._errors import ConfigError, RunNote, SolverFailure
 from attnflow.numerics._geometry import Euclidean
 from attnflow.numerics._noise import brownian_noise, tree_depth
+from attnflow.analysis import meanfield
 from attnflow.experiments import meanfield_circle
 
 S = ["n=4", "d=3", "members=2", "t1=0.5", "dt=0.1", "saves=3", "beta=1", "plot=false"]
@@ -236,11 +237,12 @@ def test_the_mean_field_experiment_refuses_what_overflows_or_cannot_fit_before_c
     def never(*args, **kwargs):
         raise AssertionError("computed before the refusal")
 
-    monkeypatch.setattr(meanfield_circle, "meanfield_circle", never)
+    monkeypatch.setattr(meanfield, "meanfield_circle", never)
     refused(command(*MF, "experiment.options.kind=usa", "experiment.options.beta=800"),
             "experiment.options.beta=800", "kind=usa", "700")
     line = refused(command(*MF, "experiment.options.beta=1e12"), "experiment.options.beta=1e+12", "GiB")
     assert "available" in line
+    monkeypatch.undo()  # the function itself (patched above where the experiment reads it)
     with pytest.raises(ConfigError, match="GiB"):  # the function itself, before it allocates
         af.meanfield_circle(np.ones(64) / (2 * np.pi), [0.0, 0.25], beta=1e12)
 
@@ -249,7 +251,7 @@ def test_a_failed_mean_field_solve_is_one_sentence_keeping_the_finished_pieces(c
     def fails(*args, **kwargs):
         raise SolverFailure("the tsit5 solver stopped before t = 0.25 (at most 200000 steps): raise max_steps.")
 
-    monkeypatch.setattr(meanfield_circle, "meanfield_circle", fails)
+    monkeypatch.setattr(meanfield, "meanfield_circle", fails)
     line = refused(command(*MF, f"hydra.run.dir={tmp_path / 'run'}"), "the tsit5 solver stopped before t = 0.25")
     assert not (tmp_path / "run" / "results.nc").exists()
     assert line.endswith("raise max_steps.")  # nothing was finished before the PDE: no pieces named
@@ -279,7 +281,7 @@ def test_an_interrupted_mean_field_run_keeps_its_finished_parts_and_resumes_from
     solved.clear()
     monkeypatch.setattr(meanfield_circle, "_particles",
                         lambda options, n, block: solved.append(n) or particles(options, n, block))
-    monkeypatch.setattr(meanfield_circle, "meanfield_circle",
+    monkeypatch.setattr(meanfield, "meanfield_circle",
                         lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("the PDE solved again")))
     code, lines = command(*MF, f"hydra.run.dir={out}")
     assert code == 0 and solved == [16], lines
