@@ -179,6 +179,7 @@ from .numerics._schedules import (
 )
 from .numerics._simulate import Solution as Solution
 from .numerics._simulate import simulate as simulate
+from .numerics._cross import CrossAttention as CrossAttention
 from .numerics._solvers import SOLVERS as SOLVERS
 from .numerics._solvers import Tableau as Tableau
 from .numerics._solvers import tableau as tableau
@@ -264,6 +265,7 @@ __all__ = [
     "ConfigError",
     "ConfiguredSystem",
     "Constant",
+    "CrossAttention",
     "EnsembleResult",
     "Euclidean",
     "GaussianMixture",

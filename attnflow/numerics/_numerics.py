@@ -10,6 +10,7 @@ A researcher's own `Part` reads what it needs from the same object
 import jax
 import jax.numpy as jnp
 
+from ._cross import CrossAttention
 from ._initial import GaussianMixture, Given, Orthonormal, SphericalCaps, UniformCube, UniformSphere
 from ._random_matrices import draw_matrix
 from ._schedules import Constant, Identity, PiecewiseConstant, QtK, Scaled, Transposed, factored, identity_multiple
@@ -19,6 +20,7 @@ from ._tiled import resolve_block
 __all__ = [
     "MLP",
     "Constant",
+    "CrossAttention",
     "GaussianMixture",
     "Given",
     "Identity",
