@@ -55,6 +55,7 @@ from .experiments import (
 from .experiments._runner import run as run
 from .numerics._adaptive import RK4 as RK4
 from .numerics._adaptive import Retracted as Retracted
+from .numerics._cross import CrossAttention as CrossAttention
 from .numerics._field import VectorField as VectorField
 from .numerics._geometry import AbstractGeometry as AbstractGeometry
 from .numerics._geometry import Euclidean as Euclidean
@@ -179,7 +180,6 @@ from .numerics._schedules import (
 )
 from .numerics._simulate import Solution as Solution
 from .numerics._simulate import simulate as simulate
-from .numerics._cross import CrossAttention as CrossAttention
 from .numerics._solvers import SOLVERS as SOLVERS
 from .numerics._solvers import Tableau as Tableau
 from .numerics._solvers import tableau as tableau

@@ -210,7 +210,7 @@ def _walk(schema: type, values: Mapping, prefix: str) -> Iterator[Key]:
         annotation = cast(str, field.type)  # the schema's annotations are strings (postponed)
         meaning = field.metadata.get("help", "")
         if "kinds" in field.metadata:
-            yield from _kind_rows(prefix + field.name, meaning, field.metadata["kinds"])
+            yield from _kind_rows(prefix + field.name, meaning, field.metadata["kinds"], values.get(field.name))
             continue
         if annotation.startswith("ExperimentConfig"):
             yield Key("experiment", "choice", None, meaning, EXPERIMENTS, ("experiment",))
@@ -243,22 +243,26 @@ def _merged(group: type, values: dict[str, Mapping], prefix: str, label: str):
         yield dataclasses.replace(first, name=name, meaning=meaning, keys=tuple(k for p in parts for k in p.keys))
 
 
-def _kind_rows(name: str, meaning: str, kinds: Mapping[str, type]) -> Iterator[Key]:
-    """A group of `kinds` (the study's `init`): its row, a choice of the kinds, and one
-    row per key name of its kinds (their defaults in conf/init/KIND.yaml)."""
-    yield Key(name, "choice", _default_init(), meaning, tuple(kinds), (name,))
+def _kind_rows(name: str, meaning: str, kinds: Mapping[str, type], values: Any = None) -> Iterator[Key]:
+    """A group of `kinds` (the study's `init`, the source's `cross.init`): its row, a
+    choice of the kinds (`init=KIND`, a config group; `cross.init.kind=KIND` inside
+    another group, whose YAML `values` name its default kind), and one row per key name
+    of its kinds (their defaults in conf/init/KIND.yaml)."""
+    selector = f"{name}.kind" if isinstance(values, Mapping) else name
+    default = values.get("kind") if isinstance(values, Mapping) else _default_init()
+    yield Key(selector, "choice", default, meaning, tuple(kinds), (selector,))
     rows: dict[str, list] = {}
     for kind, cls in kinds.items():
-        values = _conf_values(name, f"{kind}.yaml")
+        values = _conf_values("init", f"{kind}.yaml")
         for field in dataclasses.fields(cls):
             if field.name != "kind":
                 rows.setdefault(field.name, []).append((kind, field, values.get(field.name)))
     for key, entries in rows.items():
         notes = {field.metadata.get("help", "") for _, field, _ in entries}
         if len(notes) == 1:
-            text = f"{name}={', '.join(kind for kind, *_ in entries)}: {notes.pop()}"
+            text = f"{selector}={', '.join(kind for kind, *_ in entries)}: {notes.pop()}"
         else:  # the kinds say what the key is for each of them
-            text = "; ".join(f"{name}={kind}: {field.metadata.get('help', '')}" for kind, field, _ in entries)
+            text = "; ".join(f"{selector}={kind}: {field.metadata.get('help', '')}" for kind, field, _ in entries)
         default = entries[0][2]
         others = [f"{kind}: {show(value)}" for kind, _, value in entries[1:] if value != default]
         type_, choices = _study_type(entries[0][1])

@@ -788,6 +788,17 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 _PYTHON_SHOWWARNING = warnings.showwarning
 
 
+# Groups of kinds inside another group (the source's `cross.init`): a kind's keys are not
+# in the defaults' `cross.init` (only `kind` is), so Hydra would refuse them; they are
+# added as given (`++cross.init.k=3`) and typed by the chosen kind's schema.
+_OPEN_GROUPS = ("cross.init.",)
+
+
+def _opened(arguments: list[str]) -> list[str]:
+    """The command line with the keys of `_OPEN_GROUPS` added as given (`++`)."""
+    return ["++" + a if a.startswith(_OPEN_GROUPS) and "=" in a else a for a in arguments]
+
+
 def main() -> None:
     """The console entry point."""
     warnings.showwarning = _show_warning
@@ -802,6 +813,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     register_schema()
     entry = hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
+    sys.argv[1:] = _opened(sys.argv[1:])
     try:
         _check_command_line(sys.argv[1:])
         _tell("composing the config")

@@ -252,6 +252,18 @@ def _attention_weights(field, t: ScalarLike, x: Float[Array, "n d"], rows) -> Ar
     raise ConfigError("attention metrics need an attention term in the vector field.")
 
 
+def source_tokens(field, *, required: bool = True) -> Array | None:
+    """The source tokens of the field's cross-attention term (the first term that has
+    them), or None when it has none and they are not `required`."""
+    for term in () if field is None else field.terms:
+        source = getattr(term, "source", None)
+        if source is not None:
+            return source
+    if required:
+        raise ConfigError("the metrics of the target against the source need a cross-attention term in the field.")
+    return None
+
+
 class Pairs:
     """What the metrics of one state share, each computed on first use: the Gram
     matrix, the cosines, the close pairs, the cluster labels, the attention maps. There
@@ -335,6 +347,27 @@ class Pairs:
     def order_parameter(self) -> Scalar:
         return _order(self.x, self.inv_norm)
 
+    @functools.cached_property
+    def source_unit(self) -> Float[Array, "m d"]:
+        """The source tokens of the field's cross-attention, as unit vectors."""
+        source = source_tokens(self.field)
+        assert source is not None  # required: source_tokens raised otherwise
+        return source * lax.rsqrt(jnp.sum(source * source, axis=-1, keepdims=True))
+
+    @functools.cached_property
+    def source_cosines(self) -> Float[Array, "n m"]:
+        """cos(y_i, x_j) of the target tokens against the source tokens."""
+        return self.unit @ self.source_unit.T
+
+    def source_capture(self) -> Scalar:
+        return jnp.mean((jnp.max(self.source_cosines, axis=-1) > 1 - self.eps).astype(self.x.dtype))
+
+    def nearest_source(self) -> Int[Array, " n"]:
+        # A source token's cluster label: the lowest index of the source tokens within eps of it.
+        unit = self.source_unit
+        label = jnp.argmax(unit @ unit.T > 1 - self.eps, axis=-1)  # the first True: never empty (the diagonal)
+        return label[jnp.argmax(self.source_cosines, axis=-1)].astype(jnp.int32)
+
     def attention(self) -> Array:
         return self.maps
 
@@ -397,6 +430,9 @@ class Recorder(eqx.Module):
                 out[metric.name] = jnp.asarray(metric.function(x))
         if self.save_states:
             out["x"] = x
+            source = source_tokens(field, required=False)
+            if source is not None:
+                out["source_x"] = source
         return out
 
 

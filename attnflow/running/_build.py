@@ -28,6 +28,7 @@ from ..numerics._initial import AbstractInitialCondition
 from ..numerics._metrics import MetricContext, Recorder, attention_rows
 from ..numerics._noise import BrownianNoise, brownian_noise, tree_depth
 from ..numerics._schedules import AbstractSchedule, Constant, factored
+from ..numerics._simulate import simulate
 from ..numerics._solvers import SOLVERS, no_error_estimate
 from ..numerics._terms import TokenNorm
 from ..numerics._tiled import INDEX_LIMIT, check_tiles, resolve_block
@@ -429,8 +430,10 @@ def _per_save_bytes(cfg: Config) -> int:
     itemsize = 4 if cfg.dtype == "float32" else 8
     n, d = cfg.n, cfg.d
     rows = attention_rows(n, cfg.attention_block)
-    sizes = Sizes(n=n, heads=cfg.heads, itemsize=itemsize, rows=None if rows is None else len(rows))
+    sources = cfg.cross.m if cfg.cross.enabled else 0
+    sizes = Sizes(n=n, heads=cfg.heads, itemsize=itemsize, rows=None if rows is None else len(rows), sources=sources)
     total = 1 + sum(METRICS[m].size(sizes) for m in recorded_metrics(cfg) if m in METRICS)
+    total += sum(part.saved_bytes(cfg, itemsize) for part in PARTS.values() if part.enabled(cfg))
     return total + (n * d * itemsize if cfg.save_states else 0)
 
 
@@ -500,12 +503,14 @@ def build_field(
     dtype,
     data: Mapping[str, ArrayLike] | None = None,
     noise: BrownianNoise | None = None,
+    member_key: PRNGKeyArray | None = None,
 ) -> VectorField:
     """The vector field of a validated config; random weights are drawn from `key`.
     `data` may give (traced) values for the config's numeric entries, by dotted path;
-    `noise` is the member's Brownian noise, when the config has some."""
+    `noise` is the member's Brownian noise, when the config has some; `member_key` the
+    member's own key, for what a part draws per member (the source tokens of
+    cross-attention; default `key`)."""
     get = _Values(cfg, data)
-    d = cfg.d
     time_change = collisions = None
     if cfg.time_change.speed == "log_beta":
         time_change = ConstantSpeed(jnp.log(jnp.asarray(beta, dtype)))
@@ -513,8 +518,21 @@ def build_field(
         time_change = ConstantSpeed(jnp.asarray(get("time_change.speed"), dtype))
     if cfg.time_change.collisions is not None:
         collisions = Collisions(jnp.asarray(get("time_change.collisions"), dtype))
-    terms = [part.build(cfg, get, key, beta, dtype, _numerics) for part in PARTS.values() if part.enabled(cfg)]
+    member = _Member(cfg, get, dtype, key if member_key is None else member_key)
+    terms = [
+        part.build(cfg, get, key, beta, dtype, _numerics, **({"member": member} if part.takes_member else {}))
+        for part in PARTS.values()
+        if part.enabled(cfg)
+    ]
     terms += build_terms(cfg, get, key, beta, dtype)
+    return _field_of(cfg, get, dtype, tuple(terms), time_change=time_change, collisions=collisions, noise=noise)
+
+
+def _field_of(cfg: Config, get: _Values, dtype, terms: tuple, **options) -> VectorField:
+    """The field of `terms` on the study's scheme: its token norm (pre, peri), geometry and
+    tangent projection (the sphere scheme projects the field for every solver but
+    euler_renorm, the unprojected scheme)."""
+    d = cfg.d
     norm = None
     if cfg.scheme in ("pre", "peri"):
         tn = cfg.token_norm
@@ -522,20 +540,43 @@ def build_field(
             None if _get(cfg, path) is None else jnp.broadcast_to(jnp.asarray(get(path), dtype), (d,))
         )
         norm = TokenNorm(tn.kind.value, per_dim("token_norm.gamma"), per_dim("token_norm.shift"), eps=float(tn.eps))
-    # The geometry and the tangent projection are the config's: the sphere scheme
-    # projects the field for every solver but euler_renorm (the unprojected scheme).
     geometry = Sphere() if cfg.scheme == "sphere" else Euclidean()
     return VectorField(
-        tuple(terms),
+        terms,
         scheme=cfg.scheme.value,  # pyright: ignore[reportAttributeAccessIssue]  (a Scheme choice; the comparisons above narrow it to str literals)
         norm=norm,
         out_norm=norm,
-        time_change=time_change,
-        collisions=collisions,
         geometry=geometry,
         tangent=SOLVERS[cfg.solver.value].projected,
-        noise=noise,
+        **options,
     )
+
+
+class _Member:
+    """What a part that draws and evolves something of its own per member is handed
+    (`Part.takes_member`): the member's own `key`, and `flow(terms, y0, t1)`, the state
+    at `t1` of the deterministic flow of `terms` from `y0` at time 0 on the study's
+    scheme, with its solver and its dt (or its adaptive control)."""
+
+    def __init__(self, cfg: Config, get: _Values, dtype, key):
+        self.cfg, self.get, self.dtype, self.key = cfg, get, dtype, key
+
+    def flow(self, terms: tuple, y0, t1: float):
+        cfg = self.cfg
+        field = _field_of(cfg, self.get, self.dtype, tuple(terms))
+        solution = simulate(
+            field,
+            y0,
+            t0=0.0,
+            t1=t1,
+            dt=cfg.dt,
+            solver=cfg.solver.value,
+            adaptive=cfg.adaptive,
+            rtol=cfg.rtol,
+            atol=cfg.atol,
+            max_steps=cfg.max_steps,
+        )
+        return solution.xs[-1]
 
 
 def build_init(cfg: Config, dtype, data: Mapping[str, ArrayLike] | None = None) -> AbstractInitialCondition:
@@ -574,7 +615,7 @@ def _data(cfg: Config) -> dict[str, np.ndarray]:
         value = _get(cfg, path)
         if isinstance(value, str):  # a choice (time_change.speed=log_beta) is structure
             continue
-        if value is None or (path.endswith(".scale") and path.startswith("weights") and value == 1):
+        if value is None or (path.endswith(".scale") and path.split(".")[-3:-2] == ["weights"] and value == 1):
             continue
         if path == "noise.sigma" and value == 0:  # no noise is structure: the deterministic program
             continue
@@ -657,7 +698,11 @@ class ConfiguredSystem(eqx.Module):
                 dtype=dtype,
                 schedule=_noise_schedule(_Values(cfg, self.values), dtype),
             )
-        field = build_field(cfg, k_weights, beta, dtype, self.values, noise=noise)
+        # The member's own key for what a part draws per member (cross-attention's source),
+        # apart from those of its tokens, weights and noise.
+        field = build_field(
+            cfg, k_weights, beta, dtype, self.values, noise=noise, member_key=jax.random.fold_in(key, 3)
+        )
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         custom = user_metrics(cfg)
         recorder = Recorder(

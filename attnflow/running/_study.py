@@ -30,7 +30,14 @@ from ._ensemble import INTEGER_FILL, EnsemblePlan, EnsembleResult, check_ensembl
 
 # The dimensions each saved value adds after (beta, member, time): the metrics' from
 # their registry, and the states'.
-_DIMS = {"x": ("token", "dim"), **{name: metric.dims for name, metric in METRICS.items()}}
+_DIMS = {
+    "x": ("token", "dim"),
+    "source_x": ("source_token", "dim"),
+    **{name: metric.dims for name, metric in METRICS.items()},
+}
+# Saved values that do not change in time, stored once without a `time` dimension: their
+# value at the first output time (the source tokens of cross-attention, held fixed).
+_ONCE = ("source_x",)
 STATUS_MEANINGS = "ok non_finite solver_stopped"
 
 
@@ -256,6 +263,9 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
             value = np.where(mask, value.astype(np.float64), np.nan)
             encoding[name] = {"dtype": "int32", "_FillValue": INTEGER_FILL}
         dims = custom[name].dims if name in custom else _DIMS.get(name, ())
+        if name in _ONCE:
+            data_vars[name] = (("beta", "member") + dims, value[:, :, 0])
+            continue
         data_vars[name] = (("beta", "member", "time") + dims, value)
     data_vars["num_steps"] = (("beta", "member"), np.asarray(result.num_steps))
     data_vars["status"] = (("beta", "member"), np.where(failed, np.where(stopped, 2, 1), 0).astype(np.int8))

@@ -78,6 +78,7 @@ MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "default"))
 PlotlyJS = _choice("PlotlyJS", ("embed", "directory"))
 NoiseKind = _choice("NoiseKind", NOISE_KINDS)
 HeadsCombine = _choice("HeadsCombine", ("sum", "mean"))
+CrossKind = _choice("CrossKind", ("sa", "usa"))
 
 
 # Each key's meaning is its field's `help` (`setting(default, "meaning")`), which `attnflow
@@ -212,6 +213,44 @@ class NoiseConfig:
 
 
 @dataclass
+class CrossWeightsConfig:
+    """The matrices of every cross-attention head (random ones follow `weights.shared`
+    and `weights.per_beta`)."""
+
+    q: MatrixConfig = setting(MISSING, "Q per head: reads the target tokens")
+    k: MatrixConfig = setting(MISSING, "K per head: reads the source tokens")
+    v: MatrixConfig = setting(MISSING, "V per head: reads the source tokens")
+    o: MatrixConfig = setting(MISSING, "O per head")
+
+
+@dataclass
+class CrossConfig:
+    """Cross-attention to a second population, the source: m tokens that the target (the
+    study's n tokens) attends to, held fixed while the target flows, as a decoder attends
+    to its encoder's output (docs/model.md, "Cross-attention")."""
+
+    enabled: bool = setting(MISSING, "true adds the cross-attention term to the target's field")
+    m: int = setting(MISSING, "source tokens")
+    source_time: float = setting(
+        MISSING,
+        "T_e: the source first runs its own non-causal self-attention flow for this time (the study's "
+        "attention weights, solver and dt), then is held fixed; 0: it stays at its initial tokens",
+    )
+    source_beta: float | None = setting(MISSING, "beta of the source's own flow (null: the study's beta)")
+    beta: float | None = setting(MISSING, "beta_c of the cross-attention logits (null: the study's beta)")
+    attention_kind: CrossKind = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING, "sa (softmax over the source tokens) | usa (unnormalized, 1/m)"
+    )
+    heads: int = setting(MISSING, "cross-attention heads, combined as heads_combine says")
+    d_k: int | None = setting(MISSING, "query/key rows (default d)")
+    d_v: int | None = setting(MISSING, "value rows (default d)")
+    init: InitConfig = setting(
+        MISSING, "the source's initial tokens: cross.init.kind=KIND with that kind's keys (cross.init.k=3)", kinds=INITS
+    )
+    weights: CrossWeightsConfig = setting(MISSING, "the matrices Q, K, V and O of every cross-attention head")
+
+
+@dataclass
 class ExperimentConfig:
     """Set by `experiment=NAME`: which experiment draws the figures, and its own options
     (checked by the experiment's code, `attnflow.experiments`)."""
@@ -259,6 +298,7 @@ class Config:
     hardmax: HardmaxConfig = setting(
         MISSING, "attention_kind=hardmax: each token moves toward the mean of its argmax keys"
     )
+    cross: CrossConfig = setting(MISSING, "cross-attention to m fixed source tokens (an encoder's output)")
     terms: dict[str, Any] = setting(
         MISSING,
         "more terms of the field, by a name of yours: +terms.NAME._target_=module.Class (a subclass of "
@@ -526,6 +566,14 @@ def compose(config: Any = None, *, complete: bool = False) -> Config:
     if not complete:
         kind, init = kind_of({} if user.get("init") is None else user["init"], INITS, "init", default_kind)
         user["init"] = {**_init_defaults(kind), **init}
+    cross = user.get("cross")
+    if cross is None or isinstance(cross, Mapping):
+        # The source's initial tokens, a group of kinds inside `cross`: the chosen kind's
+        # defaults under what was given (the command line adds its keys, `cli.main`).
+        cross = dict(cross or {})
+        given = cross.get("init", values["cross"]["init"])
+        kind, init = kind_of({} if given is None else given, INITS, "cross.init", values["cross"]["init"]["kind"])
+        user["cross"] = {**cross, "init": {**_init_defaults(kind), **init}}
     return typed(Config, user, complete=complete, defaults=values, numbers=False)
 
 

@@ -24,18 +24,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ._errors import ConfigError, did_you_mean
 from ._plugins import import_target
 
 
 class Sizes(NamedTuple):
     """What the size of one saved value depends on: tokens, heads, bytes of a float,
-    attention rows kept (None: all of them)."""
+    attention rows kept (None: all of them), source tokens of cross-attention."""
 
     n: int
     heads: int
     itemsize: int
     rows: int | None
+    sources: int = 0
 
 
 def _identity(da: Any) -> Any:
@@ -48,6 +51,19 @@ def _largest_cluster(da: Any) -> Any:
 
 def _mean_rank(da: Any) -> Any:
     return da.mean("head", skipna=False)
+
+
+def _count_distinct(values: Any, axis: int) -> Any:
+    """How many distinct labels lie along `axis` (NaN where one is missing)."""
+    a = np.sort(np.moveaxis(np.asarray(values, np.float64), axis, -1), axis=-1)
+    valid = np.isfinite(a) & (a >= 0)
+    count = 1 + ((np.diff(a, axis=-1) != 0) & valid[..., 1:]).sum(-1)
+    return np.where(valid.all(-1), count, np.nan)
+
+
+def _distinct(da: Any) -> Any:
+    """The number of distinct values along `token` (each member and time apart)."""
+    return da.reduce(_count_distinct, dim="token")
 
 
 def _concentration(da: Any) -> Any:
@@ -67,6 +83,8 @@ class Metric:
         size: bytes of one saved value, from `Sizes`.
         reads_eps: whether it reads the clustering threshold `cluster_eps`.
         reads_attention: whether it reads the attention maps (needs `attention=true`).
+        reads_source: whether it reads the source tokens of cross-attention (needs
+            `cross.enabled=true`).
         reads_beta: whether it reads beta itself (not only through the states).
         tiled: whether it can go through tiles (else it needs whole n x n maps).
         cosines: whether it reads cosines of the states (tokens must not be zero).
@@ -84,6 +102,7 @@ class Metric:
     size: Callable[[Sizes], int]
     reads_eps: bool = False
     reads_attention: bool = False
+    reads_source: bool = False
     reads_beta: bool = False
     tiled: bool = True
     cosines: bool = False
@@ -192,6 +211,34 @@ METRICS: dict[str, Metric] = {
             panel=8,
         ),
         Metric(
+            "source_capture",
+            "fraction of target tokens within eps of a source token: cos(y_i, x_j) > 1 - eps for some j",
+            "1",
+            "captured by the source\n" rf"$\frac{{1}}{{n}}\#\{{i: \max_j \cos(y_i, x_j) > 1 - {_EPS}\}}$",
+            (),
+            lambda s: s.itemsize,
+            reads_eps=True,
+            reads_source=True,
+            cosines=True,
+            limits=(0.0, 1.0),
+            panel=10,
+        ),
+        Metric(
+            "nearest_source",
+            "source cluster nearest each target token: the lowest index of the source tokens within "
+            "eps of the source token nearest it (largest cosine)",
+            "1",
+            "source clusters chosen\ndistinct nearest source clusters",
+            ("token",),
+            lambda s: 4 * s.n,
+            reads_eps=True,
+            reads_source=True,
+            cosines=True,
+            reduce=_distinct,
+            reduced_name="source_clusters_chosen",
+            panel=11,
+        ),
+        Metric(
             "marginal_error",
             "max over heads and keys j of |sum_i a_ij - 1|: the column-sum error of the "
             "attention matrices (0: doubly stochastic)",
@@ -224,9 +271,15 @@ PANELS = tuple(sorted(METRICS.values(), key=lambda m: m.panel))
 
 
 def reading(what: str, names) -> set[str]:
-    """The built-in metrics among `names` that read `what` ("eps", "attention", "beta" or
-    "cosines"; a researcher's metric, named by its import path, is not among them)."""
-    key = {"eps": "reads_eps", "attention": "reads_attention", "beta": "reads_beta", "cosines": "cosines"}[what]
+    """The built-in metrics among `names` that read `what` ("eps", "attention", "source",
+    "beta" or "cosines"; a researcher's metric, named by its import path, is not among them)."""
+    key = {
+        "eps": "reads_eps",
+        "attention": "reads_attention",
+        "source": "reads_source",
+        "beta": "reads_beta",
+        "cosines": "cosines",
+    }[what]
     return {str(name) for name in names if str(name) in METRICS and getattr(METRICS[str(name)], key)}
 
 
@@ -238,7 +291,20 @@ def names_reading(what: str) -> str:
 
 # The names a researcher's metric cannot take: the built-in metrics', the states' and the
 # run's bookkeeping variables, and the results' own dimensions.
-TAKEN = (*METRIC_NAMES, "x", "finite", "num_steps", "status", "failure_time", "beta", "member", "time", "token", "dim")
+TAKEN = (
+    *METRIC_NAMES,
+    "x",
+    "source_x",
+    "finite",
+    "num_steps",
+    "status",
+    "failure_time",
+    "beta",
+    "member",
+    "time",
+    "token",
+    "dim",
+)
 
 
 @dataclass(frozen=True)

@@ -179,17 +179,34 @@ def _merged(schema: type, given: Mapping, prefix: str, defaults: Mapping | None)
     kind's schema (over that schema's own defaults)."""
     chosen = {f.name: f.metadata["kinds"] for f in dataclasses.fields(schema) if "kinds" in f.metadata}
     chosen = {name: kinds for name, kinds in chosen.items() if name in given}
+    # A group holding a group of kinds (the source's `cross.init`) is merged the same way, a level down.
+    nested = {
+        name: group
+        for name, group in hints(schema).items()
+        if name in given and isinstance(given[name], Mapping) and _is_group(group) and _holds_kinds(group)
+    }
     try:
         node = typing.cast(  # a structured config is a DictConfig
             DictConfig,
-            OmegaConf.merge(_base(schema, defaults, prefix), {k: v for k, v in given.items() if k not in chosen}),
+            OmegaConf.merge(
+                _base(schema, defaults, prefix), {k: v for k, v in given.items() if k not in chosen and k not in nested}
+            ),
         )
     except oc_errors.OmegaConfBaseException as error:
         raise ConfigError(explain(error, schema, prefix)) from None
     for name, kinds in chosen.items():
         kind, settings = kind_of(given[name], kinds, f"{prefix}{name}")
         node[name] = _merged(kinds[kind], settings, f"{prefix}{name}.", None)
+    for name, group in nested.items():
+        below = node[name]
+        known = {} if below is None else OmegaConf.to_container(typing.cast(DictConfig, below), resolve=False)
+        node[name] = _merged(group, given[name], f"{prefix}{name}.", typing.cast(dict, known))
     return node
+
+
+def _holds_kinds(schema: type) -> bool:
+    """Whether a group's schema has a group of kinds among its keys."""
+    return any("kinds" in f.metadata for f in dataclasses.fields(schema))
 
 
 def _check_given(

@@ -46,6 +46,7 @@ COORDINATES: dict[str, tuple[str, str | None]] = {
     "member": ("ensemble member index", "1"),
     "token": ("token position in the sequence", "1"),
     "dim": ("coordinate of a token's state", "1"),
+    "source_token": ("source token (cross-attention) index", "1"),
     "head": ("attention head index", "1"),
     "layer": ("transformer layer (block) index", "1"),
     "depth": ("hidden state after this many transformer layers (0: the embeddings)", "1"),
@@ -64,6 +65,7 @@ COORDINATES: dict[str, tuple[str, str | None]] = {
 # Variables of a study's results besides the metrics.
 VARIABLES: dict[str, tuple[str, str]] = {
     "x": ("token states", "1"),
+    "source_x": ("source tokens the target attends to (held fixed while it flows)", "1"),
     "num_steps": ("solver steps taken", "1"),
     "status": ("solve status: 0 reached t1; 1 the state became non-finite; 2 the solver stopped early", "1"),
     "failure_time": ("first output time whose statistics are missing (NaN when the solve succeeded)", "1"),

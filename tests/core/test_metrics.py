@@ -1,5 +1,6 @@
 """Metrics against closed forms and independent references (SciPy, NumPy)."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,7 +92,8 @@ def test_recorder_agrees_with_the_metric_functions():
     x = _clustered((4, 3), 4, jitter=1e-3) * 2.5  # off the sphere: cosines are used
     beta, eps = 2.0, 1e-2
     rec = af.Recorder(jnp.asarray(beta), jnp.asarray(eps),
-                      metrics=tuple(m for m, spec in af.numerics._metrics.METRICS.items() if not spec.reads_attention))
+                      metrics=tuple(m for m, spec in af.numerics._metrics.METRICS.items()
+                                   if not (spec.reads_attention or spec.reads_source)))
     out = rec(0.0, x)
     np.testing.assert_allclose(out["log_energy"], af.log_interaction_energy(x, beta), rtol=1e-12)
     np.testing.assert_allclose(out["normalized_energy"], af.normalized_energy(x), rtol=1e-12)
@@ -125,15 +127,20 @@ def test_every_registered_metric_is_recorded_as_its_entry_declares(tiles):
     """The registry is the one place a metric is declared: each entry is a config choice,
     has its function (a method of `Pairs`), and records values of the dims and bytes it
     declares, dense and (where it says it can) through tiles."""
+    from attnflow.numerics._metrics import Pairs, attention_rows
     from attnflow.schema import _config
     from attnflow.schema._metric_registry import METRICS, PANELS, Sizes
-    from attnflow.numerics._metrics import Pairs, attention_rows
 
     assert tuple(_config.Metric.__members__) == tuple(METRICS)
     assert sorted(m.name for m in PANELS) == sorted(METRICS)
     n, d, heads = 70, 3, 2
     block = 16 if tiles else 0
     field = identity_field(d, 1.0, heads=heads)
+    m = 5  # source tokens of a cross-attention term, for the metrics against the source
+    source = af.UniformSphere()(jax.random.key(1), m, d, jnp.float64)
+    eye = af.Identity(1, d, "float64")
+    cross = af.CrossAttention(source, eye, eye, eye, None, jnp.asarray(1.0, jnp.float64), heads=1)
+    field = eqx.tree_at(lambda f: f.terms, field, field.terms + (cross,))
     x = af.UniformSphere()(jax.random.key(0), n, d, jnp.float64)
     names = tuple(name for name, metric in METRICS.items() if metric.tiled or not tiles)
     rec = af.Recorder(jnp.asarray(1.0), jnp.asarray(0.1), metrics=names, block=block)
@@ -144,7 +151,7 @@ def test_every_registered_metric_is_recorded_as_its_entry_declares(tiles):
         assert callable(getattr(Pairs, name)), name
         value = out[name]
         assert value.ndim == len(metric.dims), name
-        assert value.size * value.dtype.itemsize == metric.size(Sizes(n, heads, x.dtype.itemsize, rows)), name
+        assert value.size * value.dtype.itemsize == metric.size(Sizes(n, heads, x.dtype.itemsize, rows, m)), name
     if tiles:
         with pytest.raises(af.ConfigError, match="attention_rank needs the whole"):
             af.Recorder(jnp.asarray(1.0), jnp.asarray(0.1), metrics=("attention_rank",), block=block)(0.0, x, field)

@@ -1,5 +1,5 @@
 """The terms of the vector field that the study's own keys switch on (`attention`,
-`mlp.enabled`), one file each: the keys they own, their checks, their description in a
+`mlp.enabled`, `cross.enabled`), one file each: the keys they own, their checks, their description in a
 caption and how each member's term is built (`Part`). Adding one is its file and one
 line in `PARTS`; `_build`, the captions and the checks iterate over `PARTS`. Nothing
 here imports JAX."""
@@ -13,6 +13,7 @@ from ._part import Part
 _PATHS = {
     "attention": "attention.Attention",
     "mlp": "mlp.MLP",
+    "cross": "cross.Cross",
 }
 
 

@@ -26,6 +26,11 @@ class Part:
     # The config paths of its settings that are data (traced: a new value reuses the
     # compiled program), read when given (`None` and a choice are structure).
     data: ClassVar[tuple[str, ...]] = ()
+    # Whether `build` also takes `member=`: the member's own key (`member.key`, apart from
+    # the weights' key, which the ensemble may share) and the flow of the study's scheme,
+    # solver and dt (`member.flow(terms, y0, t1)`, the state at t1 from y0 at 0): what a part
+    # draws and evolves per member (the source tokens of cross-attention).
+    takes_member: ClassVar[bool] = False
 
     @classmethod
     def enabled(cls, cfg: Any) -> bool:
@@ -72,6 +77,11 @@ class Part:
         """Metrics every run with the part records, to check itself against (kept in the
         results only when the config asks for them)."""
         return ()
+
+    @classmethod
+    def saved_bytes(cls, cfg: Any, itemsize: int) -> int:
+        """Bytes the part adds to one saved time of one member (the source's tokens)."""
+        return 0
 
     @classmethod
     def metric_block(cls, cfg: Any, block: int | None) -> int | None:

@@ -52,7 +52,7 @@ class Attention(Part):
                 number("an alibi slope", s, minimum=0)
         _check_normalisation(cfg, betas)
         if cfg.attention:
-            _check_weights(cfg)
+            check_weights(cfg)
 
     @classmethod
     def as_floats(cls, cfg):
@@ -135,7 +135,7 @@ class Attention(Part):
         streams = lib.jax.random.split(key, 5)[:4]
         built: dict[str, Any] = {}
         for m, stream in zip("qkvo", streams):
-            built[m] = _schedule(cfg, m, get, stream, built, dtype, lib)
+            built[m] = schedule(cfg, m, get, stream, built, dtype, lib)
         v, o = built["v"], built["o"]
         alibi = None if cfg.alibi is None else jnp.broadcast_to(jnp.asarray(get("alibi"), dtype), (heads,))
         # Under the time change, the attention's exact forms that keep it finite at any beta
@@ -199,37 +199,60 @@ class Attention(Part):
         return _switches(stored)
 
 
-def _matrices(cfg) -> list[tuple[Any, Matrix]]:
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """The heads of one attention term as its settings say: the group its keys sit in
+    (`prefix`: "" for self-attention, "cross." for cross-attention), its weights' node,
+    its number of heads and its d_k and d_v (None: d)."""
+
+    prefix: str
+    weights: Any
+    heads: int
+    d_k: int | None
+    d_v: int | None
+
+
+def heads_of(cfg) -> Heads:
+    """The self-attention's heads."""
+    return Heads("", cfg.weights, cfg.heads, cfg.d_k, cfg.d_v)
+
+
+def matrices(cfg, heads: Heads | None = None) -> list[tuple[Any, Matrix]]:
     """The settings of Q, K, V and O with the matrices they set: per head (d_k, d),
     (d_k, d), (d_v, d) and (d, d_v)."""
+    heads = heads or heads_of(cfg)
     d = cfg.d
-    dk, dv = cfg.d_k or d, cfg.d_v or d
+    dk, dv = heads.d_k or d, heads.d_v or d
     shapes = {"q": (dk, d), "k": (dk, d), "v": (dv, d), "o": (d, dv)}
-    return [(getattr(cfg.weights, m), Matrix(m, *shapes[m], cfg.heads, cfg)) for m in "qkvo"]
+    group = f"{heads.prefix}weights"
+    return [
+        (
+            getattr(heads.weights, m),
+            Matrix(m, rows=shapes[m][0], cols=shapes[m][1], heads=heads.heads, cfg=cfg, group=group),
+        )
+        for m in "qkvo"
+    ]
 
 
-def _check_weights(cfg) -> None:
+def check_weights(cfg, heads: Heads | None = None) -> None:
     """Each matrix checked by its kind, then its scale, transpose and schedule in time."""
-    for spec, matrix in _matrices(cfg):
-        name = matrix.name
-        number(f"weights.{name}.scale", spec.scale)
-        number(f"weights.{name}.sign", spec.sign)
+    for spec, matrix in matrices(cfg, heads):
+        name = matrix.key
+        number(f"{name}.scale", spec.scale)
+        number(f"{name}.sign", spec.sign)
         per_piece = KINDS[spec.kind].check(spec, matrix)
         if spec.transpose and matrix.rows != matrix.cols:
-            raise ConfigError(
-                f"weights.{name}.transpose needs a square matrix, weights.{name} is {(matrix.rows, matrix.cols)}."
-            )
+            raise ConfigError(f"{name}.transpose needs a square matrix, {name} is {(matrix.rows, matrix.cols)}.")
         times, factors = list(spec.switch_times), list(spec.factors)
         for value in times + factors + list(spec.poly or []):
-            number(f"every entry of weights.{name}.switch_times, .factors and .poly", value)
+            number(f"every entry of {name}.switch_times, .factors and .poly", value)
         if (times or factors) and not (per_piece and not factors):
             if len(factors) != len(times) + 1:
                 raise ConfigError(
-                    f"weights.{name} has {len(times)} switch_times and needs {len(times) + 1} factors, "
-                    f"got {len(factors)}."
+                    f"{name} has {len(times)} switch_times and needs {len(times) + 1} factors, got {len(factors)}."
                 )
             if any(b <= a for a, b in zip(times, times[1:])):
-                raise ConfigError(f"weights.{name}.switch_times must increase, got {times}.")
+                raise ConfigError(f"{name}.switch_times must increase, got {times}.")
 
 
 def _check_normalisation(cfg, betas: list[float]) -> None:
@@ -268,21 +291,17 @@ def _check_normalisation(cfg, betas: list[float]) -> None:
         )
 
 
-def _schedule(cfg, name: str, get, key, built, dtype, lib):
-    """The schedule of `weights.NAME` (None: no matrix), built by its kind and modulated
-    in time; its random entries drawn from `key`."""
-    spec, matrix = {m.name: (spec, m) for spec, m in _matrices(cfg)}[name]
+def schedule(cfg, name: str, get, key, built, dtype, lib, heads: Heads | None = None):
+    """The schedule of `weights.NAME` (None: no matrix; `cross.weights.NAME` for the heads of
+    cross-attention), built by its kind and modulated in time; its random entries drawn
+    from `key`."""
+    spec, matrix = {m.name: (spec, m) for spec, m in matrices(cfg, heads)}[name]
     base = KINDS[spec.kind].build(spec, matrix, get, key, dtype, built, lib)
-    return None if base is None else _modulate(cfg, name, get, base, dtype, lib)
-
-
-def _modulate(cfg, name: str, get, base, dtype, lib):
-    """`base` times the factors of `weights.NAME`, transposed where it says so."""
-    spec = getattr(cfg.weights, name)
-    base = lib.factored(f"weights.{name}", spec, get, base, dtype)
-    if spec.transpose:
-        base = lib.Transposed(base)
-    return base
+    if base is None:
+        return None
+    # Times the factors of the matrix's settings, transposed where they say so.
+    base = lib.factored(matrix.key, spec, get, base, dtype)
+    return lib.Transposed(base) if spec.transpose else base
 
 
 def _unit_rows(cfg) -> bool:

@@ -17,17 +17,20 @@ SETTINGS = ("law", "scale", "value", "sign", "redraw_every", "transpose")
 @dataclass(frozen=True)
 class Matrix:
     """The matrix `weights.M` of the config is set for: `name` ("q"), its per-head shape
-    `(rows, cols)`, the number of heads, the config (`cfg`: d, d_v, t0, t1, dtype)."""
+    `(rows, cols)`, the number of heads, the config (`cfg`: d, d_v, t0, t1, dtype), and
+    the group its settings sit in (`group`: "weights", or "cross.weights" for the
+    matrices of cross-attention)."""
 
     name: str
     rows: int
     cols: int
     heads: int
     cfg: Any
+    group: str = "weights"
 
     @property
     def key(self) -> str:
-        return f"weights.{self.name}"
+        return f"{self.group}.{self.name}"
 
 
 class WeightKind:

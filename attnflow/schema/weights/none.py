@@ -15,7 +15,7 @@ class NoMatrix(WeightKind):
         if matrix.name != "o":
             raise ConfigError(f"{matrix.key} cannot be 'none'; use 'identity' for the identity.")
         if matrix.cols != matrix.rows:
-            raise ConfigError(f"weights.o must be given when d_v={matrix.cols} differs from d={matrix.rows}.")
+            raise ConfigError(f"{matrix.key} must be given when d_v={matrix.cols} differs from d={matrix.rows}.")
         return False
 
     @classmethod
