@@ -183,8 +183,8 @@ def test_hardmax_dominance_cells_on_the_circle_are_the_voronoi_arcs():
 
 def test_hardmax_dominance_cells_in_the_plane_are_the_normal_cones_of_the_hull():
     """Q = K = I in the plane: the direction y picks the token maximising <y, x_j>, a
-    vertex of the convex hull (Frank-Wolfe's linear oracle on conv X); tokens inside the
-    hull have empty cells, and the cell of vertex j is the cone between the outward
+    vertex of the convex hull (Frank-Wolfe's linear oracle on conv X); a token inside the
+    hull has the cell {0} (no direction picks it), and the cell of vertex j is the cone between the outward
     normals of its two edges, of angle pi minus the interior angle at j. On a grid of
     directions (and of points of the plane, which pick by direction alone)."""
     from scipy.spatial import ConvexHull

@@ -153,7 +153,7 @@ def test_circle_holds_two_clusters_at_beta_4_and_three_at_beta_9(tmp_path):
     beta = 9 in 198 (77%) at t = 100. The members are drawn one key each, so these 64 are the
     figure's first 64; the bounds are its shares give or take three binomial standard
     deviations of 64 members. Long-lived: the median count is already 2 and 3 at t = 20 and
-    still at t = 100 (the merges that end it come at t ~ 200-1000, not run here)."""
+    still at t = 100 (the figure ends there: later merges are neither run nor claimed)."""
     ds = run_experiment("circle", {"members": 64, "compilation_cache": False})
     assert list(ds["beta"].values) == [4.0, 9.0]
     np.testing.assert_array_equal(ds["final_clusters_median"].values, [2, 3])
