@@ -6,6 +6,10 @@ and returns its folder; `reference(folder)` loads it back as the `transformers` 
 in float64 and eval mode, the independent implementation the tests hold attnflow
 against. Every parameter is redrawn (norm gains near 1, all biases non-zero) so that no
 weight is a default value a loader could get right by accident.
+
+The encoder-decoders (`ENCODER_DECODERS`: T5 v1.0 and v1.1, BART, Marian) are written
+the same way (2 + 2 layers); `seq2seq_states(model, ids, decoder_ids)` gives both
+stacks' hidden states.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
 FAMILIES = ("gpt2", "gpt_neox", "bert", "llama")
+# name -> (model_type, overrides): T5 v1.0 (ReLU, tied and scaled LM head) and v1.1 (gated GELU)
+ENCODER_DECODERS = {"t5": ("t5", {}), "t5 v1.1": ("t5", {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}),
+                    "bart": ("bart", {}), "marian": ("marian", {})}
 VOCAB, DIM, HEADS, DEPTH, HIDDEN, POSITIONS = 97, 32, 4, 2, 48, 64
 
 
@@ -48,11 +55,29 @@ def tiny_config(family: str, **overrides) -> transformers.PretrainedConfig:
                         num_hidden_layers=DEPTH, intermediate_size=HIDDEN, max_position_embeddings=POSITIONS,
                         rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True, attention_bias=False)
         return transformers.LlamaConfig(**(settings | overrides))
+    if family == "t5":
+        # 8 buckets up to distance 16: the logarithmic buckets are reached within 11 tokens
+        settings = dict(vocab_size=VOCAB, d_model=DIM, d_kv=DIM // HEADS, num_heads=HEADS, num_layers=DEPTH,
+                        d_ff=HIDDEN, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                        feed_forward_proj="relu", layer_norm_epsilon=1e-6, decoder_start_token_id=0)
+        return transformers.T5Config(**(settings | overrides))
+    seq2seq = dict(vocab_size=VOCAB, d_model=DIM, encoder_layers=DEPTH, decoder_layers=DEPTH,
+                   encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=HIDDEN,
+                   decoder_ffn_dim=HIDDEN, max_position_embeddings=POSITIONS)
+    if family == "bart":
+        settings = seq2seq | dict(activation_function="gelu", scale_embedding=True, pad_token_id=1,
+                                  decoder_start_token_id=2)
+        return transformers.BartConfig(**(settings | overrides))
+    if family == "marian":
+        settings = seq2seq | dict(activation_function="swish", scale_embedding=True, pad_token_id=VOCAB - 1,
+                                  decoder_start_token_id=VOCAB - 1, eos_token_id=0)
+        return transformers.MarianConfig(**(settings | overrides))
     raise ValueError(f"no tiny {family} model; choose one of {', '.join(FAMILIES)}")
 
 
 MODELS = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "bert": "BertForMaskedLM",
-          "llama": "LlamaForCausalLM"}
+          "llama": "LlamaForCausalLM", "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration",
+          "marian": "MarianMTModel"}
 
 
 def tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
@@ -61,11 +86,16 @@ def tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     model = getattr(transformers, MODELS[family])(tiny_config(family, **overrides))
     with torch.no_grad():
         for name, parameter in model.named_parameters():
+            if "embed_positions" in name and family == "marian":
+                continue  # sinusoidal, not saved: transformers makes it anew when it loads the model
             if "norm" in name.lower() or name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
                 parameter.copy_(1 + 0.2 * torch.randn_like(parameter)) if name.endswith("weight") \
                     else parameter.copy_(0.1 * torch.randn_like(parameter))
             else:
                 parameter.copy_(0.3 * torch.randn_like(parameter))
+        for name, buffer in model.named_buffers():
+            if name == "final_logits_bias":  # BART's and Marian's bias of the LM head (zeros when made)
+                buffer.copy_(0.1 * torch.randn_like(buffer))
     return model.eval()
 
 
@@ -91,3 +121,32 @@ def hidden_states(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         out = model(input_ids=torch.as_tensor(np.asarray(ids, dtype=np.int64))[None], output_hidden_states=True)
     return np.stack([h[0].double().numpy() for h in out.hidden_states])
+
+
+def seq2seq_states(model: torch.nn.Module, ids: np.ndarray, decoder_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An encoder-decoder's `output_hidden_states` for one source and one decoder
+    input: the encoder's `(L_e + 1, m, d)` and the decoder's `(L_d + 1, n, d)`."""
+    as_batch = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))[None]
+    with torch.no_grad():
+        out = model(input_ids=as_batch(ids), decoder_input_ids=as_batch(decoder_ids), output_hidden_states=True)
+    stack = lambda states: np.stack([h[0].double().numpy() for h in states])
+    return stack(out.encoder_hidden_states), stack(out.decoder_hidden_states)
+
+
+def relative(a, b) -> float:
+    """The largest entry of `a - b` relative to the largest of `b`."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def assert_same_stream(ours, theirs: np.ndarray, has_final_norm: bool, tol: float):
+    """`hidden[0..L]` of attnflow's `Forward` `ours` against transformers' hidden states;
+    where transformers' last one is after the final norm, `hidden[1..L-1]` and `final`
+    against it instead."""
+    depth = theirs.shape[0] - 1
+    compared = depth if has_final_norm else depth + 1
+    errors = [relative(ours.hidden[l], theirs[l]) for l in range(compared)]
+    if has_final_norm:
+        errors.append(relative(ours.final, theirs[depth]))
+    assert max(errors) < tol, errors
+    return errors

@@ -20,6 +20,12 @@ from ._flow import (
 from ._flow import (
     run_depth as run_depth,
 )
+from ._flow import (
+    teacher_forced as teacher_forced,
+)
+from ._flow import (
+    with_source as with_source,
+)
 from ._load import load_checkpoint as load_checkpoint
 from ._load import load_tokenizer as load_tokenizer
 from ._locate import installed_model as installed_model
@@ -60,5 +66,7 @@ __all__ = [
     "normalized_embeddings",
     "run_depth",
     "save_checkpoint",
+    "teacher_forced",
     "token_path",
+    "with_source",
 ]

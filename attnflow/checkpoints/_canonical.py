@@ -1,8 +1,9 @@
 """The canonical form of a trained transformer: what every loader returns.
 
-Every family (GPT-2, GPT-NeoX/Pythia, BERT/MiniLM, Llama, GGUF llama) is read into the
-same few modules. Arrays of the blocks carry a leading **layer axis** of length `L`, so
-that the layer map is one `lax.scan` (and one compilation) however deep the model is.
+Every family (GPT-2, GPT-NeoX/Pythia, BERT/MiniLM, Llama, GGUF llama, and the
+encoder-decoders T5, BART and Marian) is read into the same few modules. Arrays of the
+blocks carry a leading **layer axis** of length `L`, so that the layer map is one
+`lax.scan` (and one compilation) however deep the model is.
 Conventions, those of the docs' model page:
 
 - matrices act on column vectors: `Q_h x` with `query[l, h]` of shape `(d_k, d)`;
@@ -13,17 +14,33 @@ Conventions, those of the docs' model page:
 - biases: `query_bias`, `key_bias` `(L, H, d_k)`, `value_bias` `(L, H, d_v)`,
   `output_bias` `(L, d)`, or None where the family has none;
 - the MLP is `W2 act(W1 x + b1) + b2`, or `W2 (silu(W1 x) * (W3 x))` for SwiGLU with
-  `gate` = W3 (Llama's `up_proj`; W1 is its `gate_proj`);
+  `gate` = W3 (Llama's `up_proj`; W1 is its `gate_proj`), or `W2 (gelu_tanh(W1 x) *
+  (W3 x))` for GeGLU (T5 v1.1's `wi_0`, `wi_1`);
 - normalizations are the core's `TokenNorm` (kind `layer` or `rms`, with the model's
   epsilon), their gains `(L, d)`;
 - the attention logits are `<Q_h x_i, K_h x_j> / sqrt(d_k)` (so beta = 1/sqrt(d_k)),
-  rotated first by rotary positions when `rotary` is set.
+  rotated first by rotary positions when `rotary` is set, plus a bias of the offset
+  `j - i` when `position_bias` is set (T5's relative-position buckets, one table shared
+  by the layers of a stack). A family whose logits are scaled otherwise has the scale
+  folded into its queries (T5: not divided by sqrt(d_k), so Q is multiplied by it).
 
 How a block combines its parts is `arrangement`:
 
 - `sequential` (GPT-2, Llama, pre-LN): `x += Attn(N1(x)); x += MLP(N2(x))`;
 - `parallel` (GPT-NeoX): `x += Attn(N1(x)) + MLP(N2(x))`;
 - `post` (BERT, post-LN): `x = N1(x + Attn(x)); x = N2(x + MLP(x))`.
+
+An **encoder-decoder** (T5, BART, Marian) is its decoder: a checkpoint whose blocks also
+hold a cross-attention `cross` (per-head weights as `attention`, its keys and values
+read from the encoder's output) and its normalization `cross_norm`, and whose `encoder`
+is the encoder stack, a checkpoint of its own (not causal, no cross-attention). The
+decoder's block attends to itself, then to the source, then applies its MLP:
+
+- `sequential` (T5, pre-LN): `x += Attn(N1(x)); x += Cross(Nc(x), S); x += MLP(N2(x))`;
+- `post` (BART, Marian): `x = N1(x + Attn(x)); x = Nc(x + Cross(x, S)); x = N2(x + MLP(x))`;
+
+with `S` the encoder's final output (after its final norm, where it has one), the
+`source` that `_flow.with_source` binds to the decoder before its depth flow is run.
 """
 
 from __future__ import annotations
@@ -37,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from ..numerics._terms import Rotary, TokenNorm
+from ..numerics._terms import RelativePositionBias, Rotary, TokenNorm
 from ..schema._errors import CheckpointError, ConfigError
 from ._families import HF_FAMILIES
 
@@ -84,16 +101,23 @@ class FeedForward(eqx.Module):
 
 
 class Blocks(eqx.Module):
-    """All `L` blocks, stacked: attention, MLP and the two normalizations of each.
+    """All `L` blocks, stacked: attention, MLP and the two normalizations of each, and
+    the cross-attention of a decoder with its normalization (None elsewhere).
 
-    For `sequential` and `parallel` blocks `attn_norm` and `mlp_norm` act on the input
-    of their sub-block; for `post` blocks they act on its output (after the residual
-    addition)."""
+    For `sequential` and `parallel` blocks `attn_norm`, `cross_norm` and `mlp_norm` act
+    on the input of their sub-block; for `post` blocks they act on its output (after the
+    residual addition)."""
 
     attention: Attention
     mlp: FeedForward
     attn_norm: TokenNorm
     mlp_norm: TokenNorm
+    cross: Attention | None = None
+    cross_norm: TokenNorm | None = None
+
+    def __check_init__(self):
+        if (self.cross is None) != (self.cross_norm is None):
+            raise CheckpointError("a decoder's cross-attention and its normalization come together.")
 
     @property
     def depth(self) -> int:
@@ -127,7 +151,12 @@ def rows_of(ids, vocab: int, table: str, tokens=None) -> Int[Array, " n"]:
 
 class Checkpoint(eqx.Module):
     """A trained transformer in canonical form: embeddings, stacked blocks, final
-    normalization and unembedding, with the static facts that shape its layer map."""
+    normalization and unembedding, with the static facts that shape its layer map.
+
+    An encoder-decoder is its decoder (see the module docstring): `encoder` its encoder
+    stack, `decoder_start` the token its decoder's input starts with, `source` the
+    encoder's output once bound (`_flow.with_source`); `position_bias` is a stack's
+    relative-position bias (T5), `unembed_bias` the LM head's bias (BART, Marian)."""
 
     family: str = eqx.field(static=True)
     arrangement: Literal["sequential", "parallel", "post"] = eqx.field(static=True)
@@ -141,12 +170,31 @@ class Checkpoint(eqx.Module):
     unembed: Float[Array, "vocab d"] | None = None
     rotary: Rotary | None = None
     name: str = eqx.field(static=True, default="")
+    position_bias: RelativePositionBias | None = None
+    encoder: Checkpoint | None = None
+    source: Float[Array, "m d"] | None = None
+    decoder_start: int | None = eqx.field(static=True, default=None)
+    unembed_bias: Float[Array, " vocab"] | None = None
 
     def __check_init__(self):
         if self.family not in FAMILIES:
             raise CheckpointError(f"unknown family {self.family!r}; attnflow reads {', '.join(FAMILIES)}.")
         if self.arrangement not in ARRANGEMENTS:
             raise CheckpointError(f"unknown block arrangement {self.arrangement!r}.")
+        if self.blocks.cross is not None and self.arrangement == "parallel":
+            raise CheckpointError("a decoder's blocks with cross-attention are sequential or post, not parallel.")
+        if (self.encoder is None) != (self.blocks.cross is None):
+            raise CheckpointError("an encoder-decoder has an encoder and cross-attention, and only it has either.")
+        if self.encoder is not None and self.encoder.encoder is not None:
+            raise CheckpointError("the encoder of an encoder-decoder is an encoder, not an encoder-decoder.")
+        if self.source is not None:
+            if self.encoder is None:
+                raise CheckpointError("only the decoder of an encoder-decoder reads a source.")
+            if self.source.ndim != 2 or self.source.shape[1] != self.encoder.dim:
+                raise CheckpointError(
+                    f"the source of a decoder is its encoder's output, of shape (tokens, {self.encoder.dim}); "
+                    f"got {self.source.shape}."
+                )
 
     @property
     def depth(self) -> int:
@@ -204,11 +252,15 @@ class Checkpoint(eqx.Module):
 
     def logits(self, x: Float[Array, "n d"]) -> Float[Array, "n vocab"]:
         """Next-token logits of residual states `x`: the final norm, then the
-        unembedding (None for encoders without an LM head)."""
+        unembedding (None for encoders without an LM head) and its bias, where it has one
+        (BART's and Marian's `final_logits_bias`)."""
         if self.unembed is None:
             raise CheckpointError(f"{self.name or self.family} has no unembedding (LM head).")
         h = x if self.final_norm is None else self.final_norm(x)
-        return h @ self.unembed.T
+        logits = h @ self.unembed.T
+        return (
+            logits if self.unembed_bias is None else logits + jax.lax.broadcast_to_rank(self.unembed_bias, logits.ndim)
+        )
 
 
 def stack_layers(per_layer: list[_Layer]) -> _Layer:

@@ -12,4 +12,7 @@ HF_FAMILIES = {
     "gpt_neox": "neox",
     "bert": "bert",
     "llama": "llama",
+    "t5": "t5",
+    "bart": "bart",
+    "marian": "marian",
 }

@@ -15,6 +15,12 @@ The layer map of a trained transformer (docs: trained transformers) is then a fi
 - `post` (BERT): the same split on the unnormalized field, each sub-step followed by
   its LayerNorm (`retractions`).
 
+The decoder of an encoder-decoder (T5, BART, Marian) has a third term between the two,
+a `CrossAttention` to its source, the encoder's output held fixed (`with_source` binds
+it; `teacher_forced` binds the encoder's reading of a text and gives the decoder's
+input): three Lie-Trotter sub-steps per layer, self-attention, cross-attention and MLP,
+each followed by its LayerNorm in a post-LN model (BART, Marian).
+
 Smaller steps ($1/2, 1/4, \\dots$, each layer's weights held over its unit interval, or
 interpolated between layers) and adaptive diffrax solvers of the unsplit field give the
 continuous-depth limit of the same model.
@@ -22,19 +28,21 @@ continuous-depth limit of the same model.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, cast, overload
+import dataclasses
+from typing import Literal, NamedTuple, overload
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from ..numerics._cross import CrossAttention
 from ..numerics._field import VectorField
 from ..numerics._schedules import AbstractSchedule, Constant, Interpolated, PiecewiseConstant
 from ..numerics._simulate import simulate
 from ..numerics._terms import MLP, SelfAttention, TokenNorm
 from ..schema._errors import CheckpointError, ConfigError
-from ._canonical import Checkpoint
+from ._canonical import Attention, Checkpoint
 
 INTERPOLATIONS = ("constant", "linear", "cubic")
 
@@ -89,14 +97,15 @@ class PostNorm(eqx.Module):
 
 
 class DepthFlow(eqx.Module):
-    """A checkpoint's dynamics over depth $t \\in [0, L]$: the field (attention and MLP
-    terms, in this order), the post-LN retractions of `post` models, the arrangement.
+    """A checkpoint's dynamics over depth $t \\in [0, L]$: the field (attention, the
+    cross-attention of a decoder, and MLP terms, in this order), the post-LN retractions
+    of `post` models (one per term), the arrangement.
 
     It is a `DepthDynamics` (`attnflow.numerics._simulate`): the analyses, which sit below the
     checkpoints, read its field, split, retractions and depth through that protocol."""
 
     field: VectorField
-    retractions: tuple[PostNorm, PostNorm] | None
+    retractions: tuple[PostNorm, ...] | None
     arrangement: str = eqx.field(static=True)
     depth: int = eqx.field(static=True)
 
@@ -107,10 +116,16 @@ class DepthFlow(eqx.Module):
 
 def depth_flow(checkpoint: Checkpoint, interpolation: Literal["constant", "linear", "cubic"] = "constant") -> DepthFlow:
     """The vector field of `checkpoint` over depth, its weights held per layer or
-    interpolated between layers."""
+    interpolated between layers. The decoder of an encoder-decoder needs its source bound
+    first (`with_source`, `teacher_forced`)."""
     if interpolation not in INTERPOLATIONS:
         raise ConfigError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {interpolation!r}.")
     blocks, post = checkpoint.blocks, checkpoint.arrangement == "post"
+    if blocks.cross is not None and checkpoint.source is None:
+        raise ConfigError(
+            f"{checkpoint.name or checkpoint.family} is an encoder-decoder whose decoder attends to the encoder's "
+            "output: bind it first with with_source(checkpoint, source_ids) or teacher_forced(checkpoint, ids)."
+        )
     att, ff = blocks.attention, blocks.mlp
     attn_norm = None if post else blocks.attn_norm
     mlp_norm = None if post else blocks.mlp_norm
@@ -136,26 +151,47 @@ def depth_flow(checkpoint: Checkpoint, interpolation: Literal["constant", "linea
         value_bias=s(value_bias),
         output_bias=s(att.output_bias),
         rotary=checkpoint.rotary,
+        position_bias=checkpoint.position_bias,
     )
     mlp = MLP(w1=s(w1), w2=s(ff.w2), b1=s(b1), b2=s(ff.b2), gate=s(gate), activation=ff.activation)
+    terms, norms = (attention, mlp), (blocks.attn_norm, blocks.mlp_norm)
+    cross, cross_norm, source = blocks.cross, blocks.cross_norm, checkpoint.source
+    if cross is not None and cross_norm is not None and source is not None:
+        terms = (attention, _cross(cross, None if post else cross_norm, source, s), mlp)
+        norms = (blocks.attn_norm, cross_norm, blocks.mlp_norm)
     if post:
-        field = VectorField(terms=(attention, mlp), scheme="none")
+        field = VectorField(terms=terms, scheme="none")
         layers = lambda a: _schedule(a, "constant")
-        retractions = cast(
-            "tuple[PostNorm, PostNorm]",  # one per norm, the two below
-            tuple(
-                PostNorm(TokenNorm(n.kind, eps=n.eps), layers(n.gamma), layers(n.shift))  # pyright: ignore[reportArgumentType]  # a LayerNorm of a post-LN checkpoint has gains
-                for n in (blocks.attn_norm, blocks.mlp_norm)
-            ),
+        retractions = tuple(
+            PostNorm(TokenNorm(n.kind, eps=n.eps), layers(n.gamma), layers(n.shift))  # pyright: ignore[reportArgumentType]  # a LayerNorm of a post-LN checkpoint has gains
+            for n in norms
         )
     else:
-        if (blocks.attn_norm.kind, blocks.attn_norm.eps) != (blocks.mlp_norm.kind, blocks.mlp_norm.eps):
-            raise CheckpointError("attention and MLP normalizations of a pre-LN model must share kind and epsilon.")
-        field = VectorField(
-            terms=(attention, mlp), scheme="pre", norm=TokenNorm(blocks.attn_norm.kind, eps=blocks.attn_norm.eps)
-        )
+        if len({(n.kind, n.eps) for n in norms}) > 1:
+            raise CheckpointError("the normalizations of a pre-LN model's sub-blocks must share kind and epsilon.")
+        field = VectorField(terms=terms, scheme="pre", norm=TokenNorm(blocks.attn_norm.kind, eps=blocks.attn_norm.eps))
         retractions = None
     return DepthFlow(field=field, retractions=retractions, arrangement=checkpoint.arrangement, depth=checkpoint.depth)
+
+
+def _cross(cross: Attention, norm: TokenNorm | None, source: Array, s) -> CrossAttention:
+    """The cross-attention term of a decoder reading `source`, its weights as schedules
+    `s`: the query reads the decoder's tokens (normalized, in a pre-LN model, with the
+    gains of `norm` folded in); keys and values read the source as it is."""
+    query, query_bias = _fold(cross.query, cross.query_bias, norm)
+    return CrossAttention(
+        source=source,
+        query=s(query),
+        key=s(cross.key),
+        value=s(cross.value),
+        output=s(cross.output),
+        beta=jnp.asarray(1 / np.sqrt(cross.head_dim), query.dtype),
+        heads=cross.heads,
+        query_bias=s(query_bias),
+        key_bias=s(cross.key_bias),
+        value_bias=s(cross.value_bias),
+        output_bias=s(cross.output_bias),
+    )
 
 
 @eqx.filter_jit
@@ -249,3 +285,40 @@ def forward(checkpoint: Checkpoint, ids: Int[Array, " n"] | np.ndarray, token_ty
     hidden = run_depth(depth_flow(checkpoint), x0)
     final = hidden[-1] if checkpoint.final_norm is None else checkpoint.final_norm(hidden[-1])
     return Forward(hidden=hidden, final=final)
+
+
+def with_source(checkpoint: Checkpoint, source_ids: Int[Array, " m"] | np.ndarray, token_type: int = 0) -> Checkpoint:
+    """The decoder of an encoder-decoder with its source bound: the encoder's final
+    output on `source_ids` (`forward(checkpoint.encoder, source_ids).final`), which its
+    cross-attention reads at every layer. `forward`, `depth_flow` and `run_depth` of the
+    result run the decoder."""
+    if checkpoint.encoder is None:
+        raise ConfigError(f"{checkpoint.name or checkpoint.family} is not an encoder-decoder: it reads no source.")
+    source = forward(checkpoint.encoder, source_ids, token_type).final
+    return dataclasses.replace(checkpoint, source=source)
+
+
+def teacher_forced(checkpoint: Checkpoint, ids: Int[Array, " n"] | np.ndarray) -> tuple[Checkpoint, np.ndarray]:
+    """An encoder-decoder reading one text `ids`: the encoder reads them, and the decoder
+    reads the decoder start token followed by the same ids (its input when the text is
+    its own target, transformers' `shift_tokens_right` of the text and one more token:
+    the decoder's state at token k predicts token k of the text). Returns the decoder
+    with its source bound (`with_source`) and the decoder's ids, one more than `ids`.
+    A decoder with a vocabulary of its own (a Marian model that does not share its
+    embeddings) is refused: the text's ids name other tokens there."""
+    if checkpoint.encoder is None:
+        raise ConfigError(f"{checkpoint.name or checkpoint.family} is not an encoder-decoder: it reads no source.")
+    if checkpoint.decoder_start is None:
+        raise CheckpointError(
+            f"{checkpoint.name or checkpoint.family} has no decoder start token (config.json's decoder_start_token_id)."
+        )
+    if checkpoint.embed.shape[0] != checkpoint.encoder.embed.shape[0]:
+        raise ConfigError(
+            f"the decoder of {checkpoint.name or checkpoint.family} has a vocabulary of its own "
+            f"({checkpoint.embed.shape[0]} tokens, the encoder's {checkpoint.encoder.embed.shape[0]}): it cannot read "
+            "the text's ids; give it ids of its own with with_source(checkpoint, ids) and forward."
+        )
+    bound = with_source(checkpoint, ids)
+    decoder_ids = np.concatenate([[checkpoint.decoder_start], np.asarray(ids)]).astype(np.int64)
+    bound.token_ids(decoder_ids)
+    return bound, decoder_ids

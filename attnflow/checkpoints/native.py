@@ -84,6 +84,12 @@ def save_checkpoint(
     write that fails (a full disk) leaves no temporary file behind."""
     from safetensors.numpy import save_file  # lazy: start-up
 
+    if checkpoint.encoder is not None or checkpoint.position_bias is not None or checkpoint.unembed_bias is not None:
+        raise CheckpointError(
+            f"attnflow's own format holds encoder-only and decoder-only models without relative position biases "
+            f"or an LM head bias; {checkpoint.name or checkpoint.family} (an encoder-decoder or one of its stacks) "
+            "cannot be saved in it yet."
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     blocks = checkpoint.blocks

@@ -7,11 +7,13 @@ shape. They are written for one system; ensembles come from `jax.vmap`.
 from __future__ import annotations
 
 import abc
+import math
 from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int, ScalarLike
 
 from ..schema._errors import ConfigError
@@ -141,6 +143,70 @@ class Rotary(eqx.Module):
         return jnp.concatenate([u * cos - v * sin, v * cos + u * sin, rest], axis=-1)
 
 
+class RelativePositionBias(eqx.Module):
+    r"""An additive bias $b^h_{ij}$ on the attention logits that depends on the query and
+    key positions through their offset $j - i$ alone: T5's relative-position buckets. The
+    offset is sorted into one of `buckets` buckets, exact up to half of them and
+    logarithmically wider above, up to `max_distance` (farther offsets share the last
+    bucket); `bidirectional` (an encoder) gives keys before and after the query buckets of
+    their own, otherwise (a causal decoder) every key after the query falls in bucket 0.
+    `table` `(buckets, heads)` holds each head's bias per bucket.
+
+    The bucket of an offset is computed in numpy, in float32, with the operations of
+    transformers' `T5Attention._relative_position_bucket`, so that an offset on a bucket's
+    edge falls where it does there.
+    """
+
+    table: Float[Array, "buckets heads"]
+    bidirectional: bool = eqx.field(static=True)
+    max_distance: int = eqx.field(static=True, default=128)
+
+    def __check_init__(self):
+        if self.table.ndim != 2:
+            raise ConfigError(
+                f"the relative position bias table must have shape (buckets, heads), got {self.table.shape}."
+            )
+        exact = (self.table.shape[0] // 2 if self.bidirectional else self.table.shape[0]) // 2
+        if exact < 1 or self.max_distance <= exact:
+            raise ConfigError(
+                f"{self.table.shape[0]} relative position buckets up to distance {self.max_distance} leave no "
+                f"exact bucket or no logarithmic ones: give at least {4 if self.bidirectional else 2} buckets "
+                "and a max_distance above half of the exact ones' count."
+            )
+
+    @property
+    def heads(self) -> int:
+        return self.table.shape[1]
+
+    def buckets(self, offsets: np.ndarray) -> np.ndarray:
+        """The bucket of every key-minus-query offset in `offsets` (whole numbers)."""
+        offsets = np.asarray(offsets, np.int64)
+        count = self.table.shape[0]
+        found = np.zeros_like(offsets)
+        if self.bidirectional:
+            count //= 2
+            found += (offsets > 0) * count
+            distance = np.abs(offsets)
+        else:
+            distance = -np.minimum(offsets, 0)
+        exact = count // 2
+        # log(0) is never used (those distances are exact): 1 in its place keeps numpy quiet.
+        ratio = np.maximum(distance, 1).astype(np.float32) / np.float32(exact)
+        scaled = np.log(ratio) / np.float32(math.log(self.max_distance / exact)) * np.float32(count - exact)
+        large = np.minimum(exact + scaled.astype(np.int64), count - 1)
+        return np.asarray(found + np.where(distance < exact, distance, large))
+
+    def __call__(self, n: int, rows: Int[Array, " m"] | None = None) -> Float[Array, "heads m n"]:
+        """The bias of the queries at `rows` (default all n) against the n keys."""
+        keys = np.arange(n)
+        if rows is None:
+            index = jnp.asarray(self.buckets(keys[None, :] - keys[:, None]))
+        else:  # rows may be traced: a lookup over every offset, indexed by the rows
+            lookup = jnp.asarray(self.buckets(np.arange(-(n - 1), n)), jnp.int32)
+            index = lookup[jnp.asarray(keys, jnp.int32)[None, :] - rows.astype(jnp.int32)[:, None] + (n - 1)]
+        return jnp.moveaxis(self.table[index], -1, 0)
+
+
 def _add(values: Array, bias: AbstractSchedule | None, t, at) -> Array:
     """`values` (heads, n, k) plus a per-head bias (heads, k), or unchanged."""
     if bias is None:
@@ -176,7 +242,10 @@ class SelfAttention(AbstractInteraction):
     Both form the logits whole at any n; a positive `block` is refused for them.
 
     The mask $m_{ij}$ is $-\\infty$ for $j > i$ when `causal`, plus $-\\lambda_h |i - j|$
-    when `alibi` slopes are given. `V` multiplies column vectors.
+    when `alibi` slopes are given, plus $b^h_{ij}$ when a `position_bias` is given (a
+    `RelativePositionBias`: T5's relative-position buckets, a bias of the offset $j - i$
+    added to the logits as they are, after beta; the logits are then formed whole, and
+    hardmax attention refuses it as it refuses ALiBi). `V` multiplies column vectors.
 
     The heads are summed ($c_H = 1$, `combine="sum"`: the convention of trained models,
     where $O$ carries any scale) or averaged ($c_H = 1/H$, `combine="mean"`: the mean-field
@@ -243,6 +312,7 @@ class SelfAttention(AbstractInteraction):
     hardmax_ties: float = eqx.field(static=True, default=1e-6)
     hardmax_self: bool = eqx.field(static=True, default=True)
     combine: Literal["sum", "mean"] = eqx.field(static=True, default="sum")
+    position_bias: RelativePositionBias | None = None
 
     def __check_init__(self):
         if self.combine not in COMBINES:
@@ -268,6 +338,20 @@ class SelfAttention(AbstractInteraction):
             raise ConfigError(f"sinkhorn iterations must be a whole number >= 1, got {self.sinkhorn_iterations!r}.")
         if self.kind == "hardmax" and self.alibi is not None:
             raise ConfigError("hardmax attention takes the argmax of <Q x_i, K x_j> alone: ALiBi does not apply.")
+        if self.position_bias is not None:
+            if self.kind == "hardmax":
+                raise ConfigError(
+                    "hardmax attention takes the argmax of <Q x_i, K x_j> alone: a position bias does not apply."
+                )
+            if self.block:
+                raise ConfigError(
+                    f"attention with a position bias forms the logits whole and is not tiled: set the attention "
+                    f"block to null or 0, got {self.block}."
+                )
+            if self.position_bias.heads != self.heads:
+                raise ConfigError(
+                    f"the position bias has {self.position_bias.heads} heads, the attention {self.heads}."
+                )
         if self.kind == "hardmax" and not self.hardmax_ties >= 0:
             raise ConfigError(f"the hardmax tie tolerance must be >= 0, got {self.hardmax_ties!r}.")
         if whole and (self.scale_free or self.exclude_coincident):
@@ -338,7 +422,7 @@ class SelfAttention(AbstractInteraction):
 
     def tile(self, n: int) -> int | None:
         """The tile size at `n` tokens (None: the logits are formed whole)."""
-        if self.kind in ("sinkhorn", "hardmax"):
+        if self.kind in ("sinkhorn", "hardmax") or self.position_bias is not None:
             return None
         return _tiled.resolve_block(n, self.block)
 
@@ -383,8 +467,9 @@ class SelfAttention(AbstractInteraction):
         )
 
     def _mask(self, scores: Array, n: int, rows: Array | None) -> Array:
-        """ALiBi and the causal mask added to `scores` `(..., m, n)` of queries at `rows`."""
-        if self.alibi is None and not self.causal:
+        """ALiBi, the position bias and the causal mask added to `scores` `(..., m, n)` of
+        queries at `rows`."""
+        if self.alibi is None and not self.causal and self.position_bias is None:
             return scores
         index = jnp.arange(n)
         at = index if rows is None else rows
@@ -393,6 +478,10 @@ class SelfAttention(AbstractInteraction):
             penalty = self.alibi[:, None, None] * distance[None]  # (heads, m, n)
             rank = max(scores.ndim, penalty.ndim)
             scores = jax.lax.broadcast_to_rank(scores, rank) - jax.lax.broadcast_to_rank(penalty, rank)
+        if self.position_bias is not None:
+            bias = self.position_bias(n, rows).astype(scores.dtype)  # (heads, m, n)
+            rank = max(scores.ndim, bias.ndim)
+            scores = jax.lax.broadcast_to_rank(scores, rank) + jax.lax.broadcast_to_rank(bias, rank)
         if self.causal:
             scores = jnp.where(jax.lax.broadcast_to_rank(index[None, :] <= at[:, None], scores.ndim), scores, -jnp.inf)
         return scores
@@ -516,14 +605,20 @@ _ACTIVATIONS = {
     "relu": jax.nn.relu,
     "silu": jax.nn.silu,
 }
+# The gated units, hidden layer g(W1 x) * (W3 x): their g.
+_GATED = {"swiglu": jax.nn.silu, "geglu": _ACTIVATIONS["gelu_tanh"]}
+# The activations a config names (the schema's `Activation` spells the same out).
 ACTIVATIONS = tuple(_ACTIVATIONS) + ("swiglu",)
+# Those of the MLP: the config's, and the gated GELU that T5 v1.1 checkpoints are read with.
+MLP_ACTIVATIONS = (*_ACTIVATIONS, *_GATED)
 
 
 class MLP(AbstractInteraction):
     """Token-wise feed-forward term $W_2(t)\\,\\sigma(W_1(t) x + b_1(t)) + b_2(t)$.
 
     With `activation="swiglu"` the hidden layer is $\\mathrm{silu}(W_1 x) \\odot (W_3 x)$
-    (the gated unit of Llama-family models), `gate` holding $W_3$.
+    (the gated unit of Llama-family models), `gate` holding $W_3$; with `"geglu"` it is
+    $\\mathrm{gelu}_{\\tanh}(W_1 x) \\odot (W_3 x)$ (T5 v1.1 and flan-T5, `wi_0` and `wi_1`).
     """
 
     w1: AbstractSchedule
@@ -534,10 +629,14 @@ class MLP(AbstractInteraction):
     activation: str = eqx.field(static=True, default="gelu")
 
     def __check_init__(self):
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"unknown MLP activation {self.activation!r}; choose one of {', '.join(ACTIVATIONS)}.")
-        if (self.activation == "swiglu") != (self.gate is not None):
-            raise ConfigError("a gate matrix W3 is needed with activation 'swiglu' and only with it.")
+        if self.activation not in MLP_ACTIVATIONS:
+            raise ConfigError(
+                f"unknown MLP activation {self.activation!r}; choose one of {', '.join(MLP_ACTIVATIONS)}."
+            )
+        if (self.activation in _GATED) != (self.gate is not None):
+            raise ConfigError(
+                "a gate matrix W3 is needed with the activations 'swiglu' and 'geglu' and only with them."
+            )
         hidden, d = self.w1.shape
         if self.w2.shape != (d, hidden):
             raise ConfigError(f"W2 must have shape {(d, hidden)} to match W1 {self.w1.shape}, got {self.w2.shape}.")
@@ -550,8 +649,8 @@ class MLP(AbstractInteraction):
         h = x @ self.w1(t, at).T
         if self.b1 is not None:
             h = h + jax.lax.broadcast_to_rank(self.b1(t, at), h.ndim)
-        if self.activation == "swiglu":
-            h = jax.nn.silu(h) * (x @ self.gate(t, at).T)  # pyright: ignore[reportOptionalCall]  (__check_init__: swiglu has a gate)
+        if self.activation in _GATED:
+            h = _GATED[self.activation](h) * (x @ self.gate(t, at).T)  # pyright: ignore[reportOptionalCall]  (__check_init__: a gated unit has a gate)
         else:
             h = _ACTIVATIONS[self.activation](h)
         out = h @ self.w2(t, at).T

@@ -24,7 +24,8 @@ from attnflow.checkpoints._load import load_checkpoint, load_tokenizer
 from attnflow.checkpoints._locate import installed_model
 from attnflow.checkpoints.neox import split_query_key_value
 
-from checkpoint_models import DEPTH, DIM, FAMILIES, HEADS, hidden_states, reference, write_tiny
+from checkpoint_models import (DEPTH, DIM, FAMILIES, HEADS, assert_same_stream, hidden_states, reference, relative,
+                               write_tiny)
 
 SENTENCE = "The quick brown fox jumps over the lazy dog, and then it sleeps."
 
@@ -34,11 +35,6 @@ def tiny(tmp_path_factory):
     """One tiny checkpoint folder per family (GPT-2's sharded)."""
     root = tmp_path_factory.mktemp("tiny")
     return {family: write_tiny(family, root / family, sharded=family == "gpt2") for family in FAMILIES}
-
-
-def relative(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def same_arrays(a, b) -> bool:
@@ -276,7 +272,7 @@ ERRORS = {
     "truncated safetensors": (_truncate, "truncated"),
     "corrupt header": (_garble_header, "truncated or not a safetensors file"),
     "shape against config": (lambda f: _edit_json(f / "config.json", lambda c: c | {"n_inner": 40}), "(32, 40)"),
-    "unknown model_type": (lambda f: _edit_json(f / "config.json", lambda c: c | {"model_type": "t5"}), "gpt_neox"),
+    "unknown model_type": (lambda f: _edit_json(f / "config.json", lambda c: c | {"model_type": "mamba"}), "gpt_neox"),
     "config not JSON": (lambda f: (f / "config.json").write_text("{model_type: gpt2"), "not valid JSON"),
     "no config": (lambda f: (f / "config.json").unlink(), "no config.json"),
     "missing tensor": (lambda f: _edit_json(f / "config.json", lambda c: c | {"n_layer": 3}), "transformer.h.2."),
@@ -322,18 +318,6 @@ VARIANTS = {
     "llama gqa tied": ("llama", {}),
     "llama biases untied": ("llama", {"attention_bias": True, "tie_word_embeddings": False}),
 }
-
-
-def assert_same_stream(ours, theirs: np.ndarray, has_final_norm: bool, tol: float):
-    """`hidden[0..L]` against transformers' hidden states; where transformers' last one
-    is after the final norm, `hidden[1..L-1]` and `final` against it instead."""
-    depth = theirs.shape[0] - 1
-    compared = depth if has_final_norm else depth + 1
-    errors = [relative(ours.hidden[l], theirs[l]) for l in range(compared)]
-    if has_final_norm:
-        errors.append(relative(ours.final, theirs[depth]))
-    assert max(errors) < tol, errors
-    return errors
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
