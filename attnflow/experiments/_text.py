@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     import matplotlib.transforms as mtransforms
     from matplotlib import font_manager
 
-    from ..checkpoints import _load
+    from ..checkpoints import _flow, _load
 else:
+    _flow = lazy("attnflow.checkpoints._flow")
     font_manager = lazy("matplotlib.font_manager")
     mtransforms = lazy("matplotlib.transforms")
     _load = lazy("attnflow.checkpoints._load")
@@ -40,12 +41,17 @@ def loaded_checkpoint(path: str, trust_pickle: bool, dtype: str):
 def checkpoint_sentence(cfg):
     """The checkpoint, its tokenizer and the ids of `text`, checked against the model
     (`Checkpoint.token_ids`): a token the embedding has no row for, or more tokens than
-    the model has positions, is one sentence naming it."""
+    the model has positions, is one sentence naming it. An encoder-decoder reads `text`
+    with its encoder, and its decoder flows from its start token followed by the same
+    ids (`attnflow.checkpoints.teacher_forced`; docs/checkpoints.md): the checkpoint
+    returned is the decoder bound to that source, the ids the decoder's."""
     checkpoint, tokenizer = loaded_checkpoint(str(cfg.checkpoint), bool(cfg.trust_pickle), cfg.dtype)
     ids = np.asarray(tokenizer.encode(str(cfg.text)))
     if ids.size == 0:
         raise ConfigError(f"the text {cfg.text!r} encodes to no tokens.")
-    checkpoint.token_ids(ids, tokens=tokenizer.tokens)
+    (checkpoint.encoder or checkpoint).token_ids(ids, tokens=tokenizer.tokens)
+    if checkpoint.encoder is not None:
+        checkpoint, ids = _flow.teacher_forced(checkpoint, ids)
     return checkpoint, tokenizer, ids
 
 
