@@ -212,8 +212,9 @@ def _caption(ds: xr.Dataset, cfg: dict, panels: list) -> list[str]:
     failures = _failures(ds, panels)
     if failures:
         paragraphs.append(failures)
-    if panels and "x" in ds:
-        paragraphs.append("Not drawn, stored in results.nc: x (token states).")
+    stored = [f"{name} ({ds[name].attrs.get('long_name', name)})" for name in ("x", "source_x") if name in ds]
+    if panels and stored:
+        paragraphs.append(f"Not drawn, stored in results.nc: {', '.join(stored)}.")
     return paragraphs
 
 

@@ -217,3 +217,21 @@ def test_the_command_line_takes_the_source_kind_and_its_keys(command, tmp_path):
     ds = load(tmp_path / "run" / "results.nc")
     assert ds.source_x.shape == (1, 5, 3)
     assert "k: 3" in ds.attrs["config"] and "kind: caps" in ds.attrs["config"]
+
+
+def test_the_pieces_of_a_run_carry_the_source_tokens_and_a_resume_reads_them(tmp_path, monkeypatch):
+    from attnflow.running._build import resolve_study
+    from attnflow.running._ensemble import EnsemblePlan
+    from attnflow.running._study import plan_study, solve_study
+
+    study = resolve_study({**BASE, "metrics": [], "chunk_size": 1, "t1": 0.3, "dt": 0.1, "beta": 1.0,
+                           "cross": {"enabled": True, "m": 3, "source_time": 0.2}})
+    first = solve_study(study, plan_study(study), pieces=tmp_path / "pieces")
+
+    def unsolvable(self, i):
+        raise AssertionError("a finished piece was solved again")
+
+    monkeypatch.setattr(EnsemblePlan, "solve", unsolvable)
+    again = solve_study(study, plan_study(study), pieces=tmp_path / "pieces")
+    np.testing.assert_array_equal(again.to_xarray().source_x.values, first.to_xarray().source_x.values)
+    assert again.to_xarray().source_x.shape == (2, 3, 3)
