@@ -379,10 +379,18 @@ RENAMED_IN = "0.2.0"
 STUDY_OPTIONS = {"metastability": ("staircase",)}
 
 
+# Keys of a group that follow the study's renamed keys from the start: the name a
+# reader of the old study keys would guess, refused with the group's own name.
+GUESSED = {"cross.dynamics": "cross.attention_kind"}
+
+
 def renamed_key(key: str, experiment: str | None = None) -> str | None:
     """The new name of a dotted key that names a renamed key of a study config (`norm`,
-    or `experiment.options.staircase.eps` in experiment metastability), None for any
+    or `experiment.options.staircase.eps` in experiment metastability), or the name of a
+    group's key given by the study's old name (`cross.dynamics`: `GUESSED`); None for any
     other key (`token_norm.eps` included)."""
+    if key in GUESSED:
+        return GUESSED[key]
     *parent, last = key.split(".")
     studies = [[], *(["experiment", "options", option] for option in STUDY_OPTIONS.get(experiment or "", ()))]
     return ".".join([*parent, RENAMED[last]]) if last in RENAMED and parent in studies else None
@@ -391,6 +399,11 @@ def renamed_key(key: str, experiment: str | None = None) -> str | None:
 def renamed_error(old: str, new: str, setting: str) -> ConfigError:
     """The refusal of the renamed key `old` (dotted) whose name is now `new`, showing the
     user's own setting with the new name (`setting`)."""
+    if old in GUESSED:
+        return ConfigError(
+            f"{old} is called {new}, as the study's own key is (dynamics before attnflow {RENAMED_IN}); "
+            f"write {setting}."
+        )
     return ConfigError(f"the key {old} was renamed {new} in attnflow {RENAMED_IN}; write {setting}.")
 
 
@@ -411,6 +424,13 @@ def refuse_renamed(config: Mapping, file: str | None = None) -> None:
     """Refuse, in one sentence naming the new key, a renamed key (`RENAMED`) that a user
     gave in `config`, a config mapping as `compose` takes it (or as the YAML `file` of
     the user's own holds it)."""
+    for group_key, new in GUESSED.items():
+        group, key = group_key.split(".")
+        node = config.get(group)
+        if isinstance(node, Mapping) and key in node:
+            shown = node[key]
+            setting = f"{new}={shown}" if file is None else f"{new.split('.')[-1]}: {shown} in {file}"
+            raise renamed_error(group_key, new, setting)
     for where, study in _study_configs(config):
         old = next((key for key in study if key in RENAMED), None)
         if old is not None:

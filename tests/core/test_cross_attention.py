@@ -191,6 +191,7 @@ def test_the_stored_source_tokens_have_no_time_axis_and_a_beta_axis_with_a_list_
         ({"cross": {"enabled": True, "init": {"kind": "caps", "kk": 2}}}, "did you mean cross.init.k"),
         ({"cross": {"enabled": True, "attention_kind": "hardmax"}}, "cross.attention_kind"),
         ({"cross": {"enabled": True, "weights": {"q": {"kind": "none"}}}}, "cross.weights.q"),
+        ({"cross": {"dynamics": "usa"}}, "cross.dynamics is called cross.attention_kind"),
     ],
 )
 def test_impossible_cross_settings_are_one_sentence(config, words):
@@ -235,3 +236,11 @@ def test_the_pieces_of_a_run_carry_the_source_tokens_and_a_resume_reads_them(tmp
     again = solve_study(study, plan_study(study), pieces=tmp_path / "pieces")
     np.testing.assert_array_equal(again.to_xarray().source_x.values, first.to_xarray().source_x.values)
     assert again.to_xarray().source_x.shape == (2, 3, 3)
+
+
+def test_the_study_s_old_name_of_the_attention_kind_is_refused_on_the_command_line(command):  # noqa: F811
+    code, lines = command("cross.dynamics=usa")
+    assert code == 2 and lines == [
+        "attnflow: error: cross.dynamics is called cross.attention_kind, as the study's own key is (dynamics "
+        "before attnflow 0.2.0); write cross.attention_kind=usa."
+    ], lines
