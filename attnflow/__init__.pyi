@@ -154,6 +154,12 @@ from .numerics._noise import (
     critical_sigma as critical_sigma,
 )
 from .numerics._noise import (
+    euler_critical_sigma as euler_critical_sigma,
+)
+from .numerics._noise import (
+    euler_first_mode_factor as euler_first_mode_factor,
+)
+from .numerics._noise import (
     first_mode_rate as first_mode_rate,
 )
 from .numerics._random_matrices import draw_matrix as draw_matrix
@@ -307,6 +313,8 @@ __all__ = [
     "brownian_noise",
     "attention_mode",
     "critical_sigma",
+    "euler_critical_sigma",
+    "euler_first_mode_factor",
     "first_mode_rate",
     "build_field",
     "build_init",

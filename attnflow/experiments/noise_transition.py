@@ -20,7 +20,13 @@ measures the threshold from the disordered side: there the first mode of the emp
 measure is a linear (Ornstein-Uhlenbeck) fluctuation whose variance, by the rate of
 docs/model.md, is $E|m|^2 = 1/(n(1 - \\sigma_c^2/\\sigma^2))$; the line
 $1/(n E|m|^2)$ against $1/\\sigma^2$, fitted over the ratios above `disordered_from`,
-vanishes at the measured threshold (`measured_threshold`). On the circle (d = 2) it
+vanishes at the measured threshold (`measured_threshold`). The runs take the Euler step
+with projected noise, and the step has a threshold of its own above sigma_c (by
+$\\sigma_c (d+1) A(\\beta) h/4$ to first order in the step h: 2.2% at the default dt and beta;
+`attnflow.euler_critical_sigma`, docs/model.md "Noise"): the results record it
+(`step_threshold`) and the step's $n E|m|^2$ above it (`step_susceptibility`), and the
+measured threshold estimates it, not sigma_c; so the experiment takes `solver=euler`,
+`noise.kind=projected` and a constant strength only. On the circle (d = 2) it
 also records the mean-field prediction of the ordered side, the order parameter of the
 stationary density (`attnflow.analysis.meanfield.circle_stationary_order`), at the
 panels' sigma (`meanfield_order`) and on a fine grid of sigma for the figure
@@ -45,10 +51,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from ..analysis import meanfield
-    from ..numerics import _noise
+    from ..numerics import _grid, _noise
 else:
     xr = lazy("xarray")
     meanfield = lazy("attnflow.analysis.meanfield")
+    _grid = lazy("attnflow.numerics._grid")
     _noise = lazy("attnflow.numerics._noise")
 
 
@@ -99,6 +106,38 @@ def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]
     }, curve
 
 
+def step_predictions(beta: float, d: int, h: float, sigma) -> dict:
+    """The threshold of the step the runs take (`attnflow.euler_critical_sigma`, Euler with
+    projected noise at the step h) and, at the panels' `sigma` above it, the stationary
+    n E|m|^2 = (1 - c^2)/(1 - a^2) of its linear recursion m -> a m + noise
+    (`attnflow.euler_first_mode_factor`; docs/model.md, "Noise")."""
+    susceptibility = np.full(len(sigma), np.nan)
+    for j, s in enumerate(sigma):
+        a, c = _noise.euler_first_mode_factor(beta, d, float(s), h)
+        if a < 1:
+            susceptibility[j] = (1 - c**2) / (1 - a**2)
+    return {
+        "step_threshold": (
+            (),
+            _noise.euler_critical_sigma(beta, d, h),
+            {
+                "description": "linear stability threshold of the uniform law for the Euler step with projected "
+                "noise at the run's dt (n -> infinity): what measured_threshold estimates",
+                "units": "1",
+            },
+        ),
+        "step_susceptibility": (
+            ("ratio",),
+            susceptibility,
+            {
+                "description": "n E|m|^2 of the step's linear fluctuation of the uniform law, (1 - c^2)/(1 - a^2) "
+                "(n -> infinity; nan at and below step_threshold)",
+                "units": "1",
+            },
+        ),
+    }
+
+
 class NoiseTransition(Experiment):
     title = "Noise-driven phase transition of unnormalized attention on the sphere"
     paper = (
@@ -143,6 +182,19 @@ class NoiseTransition(Experiment):
             raise ConfigError(
                 "experiment noise_transition is the unnormalized attention of the sphere alone: keep "
                 "attention_kind=usa, scheme=sphere, attention=true and mlp.enabled=false."
+            )
+        noise = cfg.noise
+        if (
+            cfg.solver != "euler"
+            or noise.kind != "projected"
+            or noise.switch_times
+            or noise.factors
+            or noise.poly is not None
+        ):
+            raise ConfigError(
+                "experiment noise_transition compares with the threshold of the Euler step with projected noise of "
+                "constant strength: keep solver=euler, noise.kind=projected, noise.switch_times=[], noise.factors=[] "
+                "and noise.poly=null."
             )
         if any(getattr(cfg.weights, m).kind != "identity" or getattr(cfg.weights, m).scale != 1 for m in "qkv"):
             raise ConfigError(
@@ -198,9 +250,11 @@ class NoiseTransition(Experiment):
                 slope, intercept = np.polyfit(sigma[fit] ** -2.0, 1 / (n * square[i, fit]), 1)
                 measured[i] = np.sqrt(-slope / intercept) if slope < 0 < intercept else np.nan
         predictions, curve = meanfield_predictions(float(cfg.beta), int(cfg.d), sigma)
+        h = (cfg.t1 - cfg.t0) / _grid.step_count(cfg.t0, cfg.t1, cfg.dt)  # pyright: ignore[reportArgumentType]  # noise takes fixed steps: dt is set
         return xr.Dataset(
             {
                 **predictions,
+                **step_predictions(float(cfg.beta), int(cfg.d), h, sigma),
                 "order": (
                     ("n", "ratio"),
                     order,
@@ -231,8 +285,8 @@ class NoiseTransition(Experiment):
                     ("n",),
                     measured,
                     {
-                        "description": "sigma_c fitted from the disordered side: the zero in 1/sigma^2 of the line "
-                        "1/(n E|m|^2) = 1 - sigma_c^2/sigma^2",
+                        "description": "threshold fitted from the disordered side: the zero in 1/sigma^2 of the line "
+                        "1/(n E|m|^2) = 1 - sigma_c^2/sigma^2 (an estimate of step_threshold)",
                         "units": "1",
                     },
                 ),
@@ -240,7 +294,8 @@ class NoiseTransition(Experiment):
                     (),
                     sigma_c,
                     {
-                        "description": "predicted critical sigma_c = sqrt(2 A(beta)) of the mean-field equation",
+                        "description": "predicted critical sigma_c = sqrt(2 A(beta)) of the mean-field equation (the "
+                        "flow, dt -> 0); the panels' sigma are ratio x sigma_c",
                         "units": "1",
                     },
                 ),

@@ -171,3 +171,63 @@ def critical_sigma(beta: ScalarLike, d: ScalarLike) -> float:
     attention ($Q = K = V = I$) on $S^{d-1}$ is linearly stable, below it the first
     spherical harmonic grows (`first_mode_rate`)."""
     return _exp(0.5 * (math.log(2) + _log_attention_mode(beta, d)), f"sigma_c(beta={beta:g}, d={d})")
+
+
+def _chi_square_mean(f, k: int) -> float:
+    r"""$\mathbb{E}[f(Y)]$ for $Y = |\zeta|^2 \sim \chi^2_k$, $\zeta$ standard normal in $\mathbb{R}^k$: an
+    integral over $r = |\zeta|$ against the chi density $r^{k-1}e^{-r^2/2}/(2^{k/2-1}\Gamma(k/2))$."""
+    from scipy import integrate, special  # lazy: start-up
+
+    log_norm = (k / 2 - 1) * math.log(2) + special.gammaln(k / 2)
+    return integrate.quad(
+        lambda r: f(r * r) * r ** (k - 1) * math.exp(-r * r / 2 - log_norm), 0, math.inf, epsabs=1e-14, epsrel=1e-12
+    )[0]
+
+
+def euler_first_mode_factor(beta: float, d: int, sigma: float, dt: float) -> tuple[float, float]:
+    r"""$(a, c)$: one Euler step with noise (`solver=euler`, `noise.kind=projected`) of noisy
+    unnormalized attention ($Q = K = V = I$) on $S^{d-1}$, at step $h$ = `dt`, maps the
+    mean $m = \frac1n\sum_i x_i$ of tokens near the uniform law, to first order, to
+    $a\,m$ plus a noise of variance $(1 - c^2)/n$ (docs/model.md, "Noise"):
+    $$c = \mathbb{E}\big[(1 + s^2 Y)^{-1/2}\big],\quad
+    a = c + (d-1)A(\beta)\,h\,\mathbb{E}\Big[\Big(1 + \tfrac{d-2}{d-1}s^2 Y\Big)(1 + s^2 Y)^{-3/2}\Big],$$
+    $s^2 = \sigma^2 h$, $Y \sim \chi^2_{d-1}$ (the squared projected Brownian increment over $h$).
+    $c$ is the mean of one token's retracted noise step, the second term the retraction's
+    damping of the attention's step."""
+    k, s2 = d - 1, sigma**2 * dt
+    c = _chi_square_mean(lambda y: (1 + s2 * y) ** -0.5, k)
+    g = _chi_square_mean(lambda y: (1 + (d - 2) / k * s2 * y) * (1 + s2 * y) ** -1.5, k)
+    return c + k * attention_mode(beta, d) * dt * g, c
+
+
+def euler_critical_sigma(beta: ScalarLike, d: ScalarLike, dt: ScalarLike) -> float:
+    r"""The threshold of the step that runs take: the sigma at which one Euler step with noise
+    (`solver=euler`, `noise.kind=projected`) at step $h$ = `dt` neither grows nor damps the
+    first spherical harmonic of tokens near the uniform law, $a = 1$ in
+    `euler_first_mode_factor` (docs/model.md, "Noise"). The retraction turns a token by the
+    arctangent of its tangent increment, not by the increment, and the step's threshold lies
+    above `critical_sigma` by $\sigma_c\,(d+1)A(\beta)\,h/4 + O(h^2)$ (2.2% at beta = 1, d = 2,
+    dt = 60/1024). It tends to `critical_sigma` as dt -> 0.
+
+    Raises `ConfigError` for beta and d as `critical_sigma` does, or dt that is not a
+    positive number."""
+    from scipy import optimize  # lazy: start-up
+
+    sigma_c = critical_sigma(beta, d)
+    try:
+        step = float(dt)  # pyright: ignore[reportArgumentType]  (ScalarLike admits complex: its TypeError is caught below)
+    except (TypeError, ValueError):
+        step = math.nan
+    if isinstance(dt, bool) or not (math.isfinite(step) and step > 0):
+        raise ConfigError(f"dt must be a positive number, got dt={dt!r}.")
+    beta, d = float(beta), int(float(d))  # pyright: ignore[reportArgumentType]  (checked by critical_sigma)
+
+    def excess(sigma: float) -> float:  # a - 1: positive below the threshold, negative above
+        return euler_first_mode_factor(beta, d, sigma, step)[0] - 1
+
+    # a falls from 1 + (d-1)A h at sigma = 0 toward 0: the root is bracketed by doubling.
+    high = 2 * sigma_c
+    while excess(high) > 0:
+        high *= 2
+    root = optimize.brentq(excess, 0.0, high, xtol=1e-14, rtol=1e-13)  # pyright: ignore[reportArgumentType]  (scipy's stub types rtol as float64)
+    return float(root)  # pyright: ignore[reportArgumentType]  (a float: full_output is off)

@@ -164,6 +164,54 @@ def test_the_critical_sigma_matches_a_direct_quadrature_of_the_mean_field_veloci
     assert af.first_mode_rate(beta, d, 0.9 * sigma_c) > 0 > af.first_mode_rate(beta, d, 1.1 * sigma_c)
 
 
+def _retracted_step_mean(d, s, drift, nodes=60):
+    """E[x'] for x = e_1 and x' = (x + drift e_2 + s zeta)/|...|, zeta standard normal in the
+    tangent plane e_2..e_d: a tensor Gauss-Hermite quadrature of the step itself."""
+    z, w = np.polynomial.hermite_e.hermegauss(nodes)
+    grids = np.meshgrid(*([z] * (d - 1)), indexing="ij")
+    weights = np.prod(np.meshgrid(*([w / w.sum()] * (d - 1)), indexing="ij"), axis=0)
+    y = np.zeros((d, *grids[0].shape))
+    y[0], y[1] = 1.0, drift
+    for k in range(d - 1):
+        y[k + 1] += s * grids[k]
+    y /= np.linalg.norm(y, axis=0)
+    return np.array([(weights * y[k]).sum() for k in range(2)])
+
+
+@pytest.mark.parametrize("d", [2, 3])
+@pytest.mark.parametrize("beta, sigma, h", [(1.0, 1.3, 0.1), (3.0, 1.9, 0.125)])
+def test_the_euler_first_mode_factor_is_that_of_the_retracted_step(d, beta, sigma, h):
+    """a = c + (d-1) A h g: c is the mean of one token's retracted noise step along x, g the
+    derivative of its tangent mean in a tangent drift, both by a quadrature of the step
+    itself (x + h v + sigma P_x dW, retracted), not of the closed forms."""
+    s, eps = sigma * np.sqrt(h), 1e-6
+    c = _retracted_step_mean(d, s, 0.0)[0]
+    g = (_retracted_step_mean(d, s, eps)[1] - _retracted_step_mean(d, s, -eps)[1]) / (2 * eps)
+    a, closed = af.euler_first_mode_factor(beta, d, sigma, h)
+    assert closed == pytest.approx(c, rel=1e-9)
+    assert a == pytest.approx(c + (d - 1) * af.attention_mode(beta, d) * h * g, rel=1e-9)
+
+
+def test_the_euler_steps_threshold_lies_above_sigma_c_by_its_first_order_bias():
+    """The step's threshold on the circle at beta = 1: 1.0867 at dt = 60/1024 (the gallery's)
+    and 1.1065 at dt = 30/256, 2.2% and 4.1% above sigma_c = 1.0632; as dt -> 0 it tends to
+    sigma_c as sigma_c (1 + (d+1) A h/4) (the ratio of the bias to that term: 0.975 to 0.985
+    at h = 1e-2, 0.997 to 0.999 at 1e-3). A threshold 5% off, or A with a wrong power of
+    beta (beta = 0.5 and 3), fails."""
+    assert af.euler_critical_sigma(1.0, 2, 60 / 1024) == pytest.approx(1.0867, abs=1e-4)
+    assert af.euler_critical_sigma(1.0, 2, 30 / 256) == pytest.approx(1.1065, abs=1e-4)
+    assert af.euler_critical_sigma(3.0, 2, 1 / 8) == pytest.approx(1.7632, abs=1e-4)
+    for d in (2, 3):
+        for beta in (0.5, 1.0, 3.0):
+            sigma_c, mode = af.critical_sigma(beta, d), af.attention_mode(beta, d)
+            for h, within in ((1e-3, 1e-2), (1e-4, 1e-3)):
+                bias = af.euler_critical_sigma(beta, d, h) / sigma_c - 1
+                assert abs(bias / ((d + 1) * mode * h / 4) - 1) < within, (d, beta, h, bias)
+    for dt in (0.0, -0.1, float("nan"), True, 1j):
+        with pytest.raises(af.ConfigError, match=r"^dt must be a positive number, got dt="):
+            af.euler_critical_sigma(1.0, 2, dt)
+
+
 def test_a_configured_sigma_sweep_compiles_once_and_sigma_zero_is_the_deterministic_program():
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
