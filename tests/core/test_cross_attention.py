@@ -192,6 +192,9 @@ def test_the_stored_source_tokens_have_no_time_axis_and_a_beta_axis_with_a_list_
         ({"cross": {"enabled": True, "attention_kind": "hardmax"}}, "cross.attention_kind"),
         ({"cross": {"enabled": True, "weights": {"q": {"kind": "none"}}}}, "cross.weights.q"),
         ({"cross": {"dynamics": "usa"}}, "cross.dynamics is called cross.attention_kind"),
+        ({"cross": {"enabled": True, "m": 5, "init": {"kind": "orthonormal"}}}, "needs cross.m <= d, got cross.m=5"),
+        ({"cross": {"enabled": True, "m": 5, "init": {"kind": "given", "value": [[1.0, 0.0, 0.0]]}}},
+         "cross.init.value must have shape (cross.m=5, d=3)"),
     ],
 )
 def test_impossible_cross_settings_are_one_sentence(config, words):

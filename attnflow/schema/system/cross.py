@@ -12,6 +12,7 @@ target flows. The keys it owns: `cross.*`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, ClassVar
 
 from .._checks import as_floats, number
@@ -79,7 +80,8 @@ class Cross(Part):
         try:
             cross.init.check(dataclasses.replace(cfg, n=cross.m, init=cross.init))
         except ConfigError as error:  # said of the source's keys
-            raise ConfigError(str(error).replace("init.", "cross.init.").replace("n=", "cross.m=")) from None
+            said = re.sub(r"\bn\b", "cross.m", re.sub(r"(?<![\w.])init\.", "cross.init.", str(error)))
+            raise ConfigError(said) from None
         check_weights(cfg, _heads(cfg))
 
     @classmethod
