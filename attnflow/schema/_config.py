@@ -374,6 +374,9 @@ NOT_RESULT_KEYS = ("overwrite", "plot", "plotly_js", "compilation_cache")
 # a config stored before (`current_config`) reads.
 RENAMED = {"norm": "scheme", "dynamics": "attention_kind", "eps": "cluster_eps"}
 RENAMED_IN = "0.2.0"
+# The groups of a study's config added since attnflow 0.1.0, whose defaults leave a run as
+# it was (cross-attention off): a config stored before them reads as if it had them.
+ADDED = ("cross",)
 # The options of attnflow's experiments that hold a study config of their own (keys over
 # the defaults), by experiment: their keys were renamed too.
 STUDY_OPTIONS = {"metastability": ("staircase",)}
@@ -444,10 +447,15 @@ def refuse_renamed(config: Mapping, file: str | None = None) -> None:
 def current_config(stored: Any) -> Any:
     """A config that an attnflow before `RENAMED_IN` stored (a results file's `config`,
     a panel's of `panel_configs`, a pieces folder's plan), with its renamed keys under
-    their new names; a config of this attnflow, or anything else, as it is."""
+    their new names and the groups added since (`ADDED`) at their defaults; a config of
+    this attnflow, or anything else, as it is."""
     if not isinstance(stored, Mapping):
         return stored
     config = dict(stored)
+    if "solver" in config and "n" in config:  # a whole study's config, as a run stores it
+        for key in ADDED:
+            if key not in config:  # stored before the key was added: its default is what the run meant
+                config[key] = to_container(getattr(_default_config(), key))
     for where, study in list(_study_configs(config)):
         if not any(key in RENAMED for key in study):
             continue

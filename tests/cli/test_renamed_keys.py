@@ -239,3 +239,21 @@ def test_an_experiment_written_before_is_redrawn_as_today(command, tmp_path):
     folders = (tmp_path / "today", tmp_path / "before", tmp_path)
     png = [(folder / "phase_diagram.png").read_bytes() for folder in folders]
     assert png[0] == png[1] == png[2]
+
+
+def test_the_pieces_of_a_run_started_before_cross_attention_are_resumed(tmp_path):
+    """A plan written before the `cross` group was added names no `cross`: the run that
+    resumes it (cross-attention off, its default) reads every piece as its own."""
+    pieces = tmp_path / "run" / RunDirectory.PIECES / "."
+    today = af.run(SMALL, pieces=pieces)
+    plan = pieces / "plan.txt"
+    config, _, tail = plan.read_text().partition("\npieces: ")
+    before = yaml.safe_load(config)
+    del before["cross"]
+    plan.write_text(f"{yaml.safe_dump(before, sort_keys=True)}\npieces: {tail}")
+    found = []
+    study = resolve_study(SMALL)
+    ensemble = plan_study(study)
+    resumed = solve_study(study, ensemble, pieces=pieces, on_resume=lambda done, total: found.append((done, total)))
+    assert ensemble.pieces > 1 and found == [(ensemble.pieces, ensemble.pieces)]
+    np.testing.assert_array_equal(resumed.to_xarray()["energy"].values, today["energy"].values)
