@@ -34,13 +34,14 @@ def _flat(text: str) -> str:
 
 def _schema_keys(schema: type, prefix: str = "") -> set[str]:
     """Every key of a study, from the schema alone: nested groups' keys dotted, `init`
-    and the keys of each of its kinds, `experiment`."""
+    (`cross.init.kind` inside a group) and the keys of each of its kinds, `experiment`."""
     keys = set()
     for name, kind in typing.get_type_hints(schema).items():
         inner = [a for a in typing.get_args(kind) if a is not type(None)] or [kind]
         if kind is InitConfig:
-            keys.add("init")
-            keys |= {f"init.{f.name}" for cls in INITS.values() for f in dataclasses.fields(cls) if f.name != "kind"}
+            group = f"{prefix}{name}"
+            keys.add(f"{group}.kind" if prefix else group)
+            keys |= {f"{group}.{f.name}" for cls in INITS.values() for f in dataclasses.fields(cls) if f.name != "kind"}
         elif inner[0] is ExperimentConfig:
             keys.add("experiment")
         elif dataclasses.is_dataclass(inner[0]):
@@ -68,8 +69,8 @@ def test_help_shows_the_subcommands_the_experiments_and_every_key_with_its_type_
     assert {key for row in rows for key in row.keys} == _schema_keys(Config)
     assert [row.name for row in rows if not row.meaning] == []
     for row in rows:  # the meaning is the schema's (the one a row of several keys shares)
-        if row.name.startswith("init") or row.name == "experiment":
-            continue
+        if row.name.startswith(("init", "cross.init.")) or row.name == "experiment":
+            continue  # the kinds' keys: below
         path = row.keys[0].split(".")
         schema: typing.Any = Config
         for part in path[:-1]:
@@ -83,6 +84,8 @@ def test_help_shows_the_subcommands_the_experiments_and_every_key_with_its_type_
             if f.name != "kind":
                 row = next(row for row in rows if row.name == f"init.{f.name}")
                 assert f"init={kind}" in row.meaning and f.metadata["help"] in row.meaning, (kind, f.name)
+                row = next(row for row in rows if row.name == f"cross.init.{f.name}")  # the source's, by its kind key
+                assert f"cross.init.kind={kind}" in row.meaning and f.metadata["help"] in row.meaning, (kind, f.name)
     for row in rows:
         assert re.search(rf"^  {re.escape(row.name)}=", out, re.M), row.name
         assert f"({row.type}) {_flat(row.meaning)}" in flat, row.name
