@@ -9,7 +9,8 @@ weight is a default value a loader could get right by accident.
 
 The encoder-decoders (`ENCODER_DECODERS`: T5 v1.0 and v1.1, BART, Marian) are written
 the same way (2 + 2 layers); `seq2seq_states(model, ids, decoder_ids)` gives both
-stacks' hidden states.
+stacks' hidden states, and `write_word_tokenizer(folder, family)` gives a T5 or BART
+folder a `tokenizer.json` with that family's special tokens (for experiment=checkpoint).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import numpy as np
 import torch
 import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
@@ -78,6 +80,27 @@ def tiny_config(family: str, **overrides) -> transformers.PretrainedConfig:
 MODELS = {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM", "bert": "BertForMaskedLM",
           "llama": "LlamaForCausalLM", "t5": "T5ForConditionalGeneration", "bart": "BartForConditionalGeneration",
           "marian": "MarianMTModel"}
+
+
+# The special tokens of the encoder-decoders' own tokenizers, at their ids, and where each
+# puts them around a text: T5's "<pad>" 0 (its decoder's start) and "</s>" 1 after the
+# text; BART's "<s>" 0, "<pad>" 1 and "</s>" 2 (its decoder's start) around it.
+SPECIAL_TOKENS = {"t5": (("<pad>", "</s>", "<unk>"), "$A </s>"),
+                  "bart": (("<s>", "<pad>", "</s>", "<unk>"), "<s> $A </s>")}
+
+
+def write_word_tokenizer(folder: str | Path, family: str) -> None:
+    """A `tokenizer.json` in `folder` for a tiny `family` model (`SPECIAL_TOKENS`): its
+    special tokens at their ids, then the words `w{i}` at id i up to VOCAB - 1, split at
+    spaces, a text framed as the family frames it."""
+    specials, template = SPECIAL_TOKENS[family]
+    vocab = {token: i for i, token in enumerate(specials)} | {f"w{i}": i for i in range(len(specials), VOCAB)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[(token, vocab[token]) for token in specials if token in template])
+    backend.add_special_tokens(list(specials))
+    backend.save(str(Path(folder) / "tokenizer.json"))
 
 
 def tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:

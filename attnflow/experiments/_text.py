@@ -55,6 +55,30 @@ def checkpoint_sentence(cfg):
     return checkpoint, tokenizer, ids
 
 
+def encoder_attrs(checkpoint) -> dict:
+    """What a run of an encoder-decoder's decoder (`checkpoint_sentence`) records of its
+    source, as results attributes: the encoder's token count `encoder_tokens`, the
+    decoder's start token `decoder_start_id` and a sentence `decoder_input`; nothing for
+    any other checkpoint."""
+    if checkpoint.source is None:
+        return {}
+    return {
+        "encoder_tokens": int(checkpoint.source.shape[0]),
+        "decoder_start_id": int(checkpoint.decoder_start),
+        "decoder_input": "the decoder reads its start token, then the text's ids; its cross-attention reads the "
+        "encoder's output on the text (encoder_tokens tokens), held fixed over depth",
+    }
+
+
+def token_id_variable(checkpoint, ids) -> tuple:
+    """The results variable `token_id` (along `token`) of a run of `checkpoint_sentence`,
+    its description naming the decoder's input where the checkpoint is a decoder."""
+    read = (
+        "the decoder's input: its start token, then the sentence's" if checkpoint.source is not None else "the sentence"
+    )
+    return ("token", ids, {"description": f"token ids of {read}"})
+
+
 def shown(token: str) -> tuple[str, bool]:
     """A token as drawn (newlines and tabs made visible) and whether a word starts
     there (a leading space: drawn as a gap before its box)."""

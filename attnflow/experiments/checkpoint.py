@@ -24,6 +24,12 @@ every head, of the model and of the finest run (`attention`, along `layer`: laye
 `token_string` of `token`. With `probes`, the QK/OV
 spectra of every head, the tokens its singular vectors decode to, the Traveling Words
 embedding distances and the last token's path through the layers are stored too.
+
+An encoder-decoder (T5, BART, Marian) is run as its decoder (`checkpoint_sentence`): the
+encoder reads the text, the decoder its start token followed by the same ids, its
+cross-attention reading the encoder's output at every layer. The tokens, `hidden`, the
+runs and the probes (of the self-attention heads) are the decoder's; the attributes
+`encoder_tokens`, `decoder_start_id` and `decoder_input` record the source.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from ..schema._schema import setting
 from ._common import caption, config_of, subplots, token_ticks
 from ._experiment import Counter, Experiment, Keeper
 from ._lazy import lazy
-from ._text import checkpoint_sentence, write_text
+from ._text import checkpoint_sentence, encoder_attrs, token_id_variable, write_text
 
 if TYPE_CHECKING:
     import jax
@@ -203,6 +209,18 @@ def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
     return part.rename(depth="layer") if "depth" in part.dims else part
 
 
+def _decoder_note(ds: xr.Dataset) -> str:
+    """The caption's sentence on an encoder-decoder's run (its decoder's), or nothing."""
+    if "encoder_tokens" not in ds.attrs:
+        return ""
+    start = str(ds.token_string.values[0])
+    return (
+        f" The model is the decoder of an encoder-decoder: it reads its start token {start!r}, then the text; "
+        f"its cross-attention reads the encoder's output on the text ({ds.attrs['encoder_tokens']} tokens) at "
+        "every layer, and the theory run reads no source."
+    )
+
+
 class Checkpoint(Experiment):
     title = "A trained transformer against its dynamics and the theory"
     paper = "DESIGN.md sec. 2, 7; Neural ODE Transformers (QK/OV spectra); Traveling Words (probes)"
@@ -294,15 +312,17 @@ class Checkpoint(Experiment):
         finest = [r for r in runs if r != "theory"][-1]
         attention = jnp.stack([_attention(layer_map, hidden), _attention(layer_map, simulated[runs.index(finest)])])
 
+        # An encoder-decoder's run is its decoder's (`checkpoint_sentence`): said in the descriptions and attributes.
+        source = encoder_attrs(checkpoint)
         ds = xr.Dataset(
             {
-                "token_id": ("token", ids, {"description": "token ids of the sentence"}),
+                "token_id": token_id_variable(checkpoint, ids),
                 "hidden": (
                     ("depth", "token", "dim"),
                     np.asarray(hidden, np.float32),
                     {
-                        "description": "the model's residual stream: layer 0 the embedding output, layer k the "
-                        "output of block k, before the final norm"
+                        "description": f"the {'decoder' if source else 'model'}'s residual stream: layer 0 the "
+                        "embedding output, layer k the output of block k, before the final norm"
                     },
                 ),
                 "final": (
@@ -367,6 +387,7 @@ class Checkpoint(Experiment):
                 "arrangement": checkpoint.arrangement,
                 "model_name": checkpoint.name or str(cfg.checkpoint),
                 "text": str(cfg.text),
+                **source,
             },
         )
         if options.probes:
@@ -423,7 +444,7 @@ class Checkpoint(Experiment):
             "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m "
             "steps per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the "
             "unsplit field; dashed red: the theory model $Q = K = V = I$ on the sphere from the same "
-            "embedded tokens. Right: distances of exactly 0 are left out (a log axis has no 0).",
+            "embedded tokens. Right: distances of exactly 0 are left out (a log axis has no 0)." + _decoder_note(ds),
         )
         figures["depth"] = fig
 
@@ -483,7 +504,11 @@ class Checkpoint(Experiment):
         for ax in axes[-1]:
             ax.set_xlabel("key")
         fig.colorbar(image, ax=axes, label="attention weight (mean over heads)", shrink=0.8)
-        caption(fig, "Attention matrices averaged over heads (rows: queries, columns: keys), entering each block.")
+        caption(
+            fig,
+            ("The decoder's self-attention matrices" if "encoder_tokens" in ds.attrs else "Attention matrices")
+            + " averaged over heads (rows: queries, columns: keys), entering each block.",
+        )
         figures["attention"] = fig
 
         if "spectra_qk_eigenvalue_real" in ds or any(v.startswith("spectra_") for v in ds.data_vars):  # pyright: ignore[reportAttributeAccessIssue]  # the variables are named by str

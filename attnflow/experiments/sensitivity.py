@@ -15,6 +15,12 @@ token); NaN where a causal mask hides $i$ from $j$ ($i > j$). Beside it, `attent
 map that attention-based explanations read. The default output is the last position,
 whose state predicts the next token; the model's top prediction is stored too
 (`prediction`).
+
+An encoder-decoder is read as experiment=checkpoint reads it (`checkpoint_sentence`):
+the tokens are its decoder's (the start token, then the text), and the encoder's output,
+which the decoder's cross-attention reads, is held fixed: the exponents measure how the
+output depends on the decoder's tokens, not on the text through the encoder (attributes
+`encoder_tokens`, `decoder_start_id`, `decoder_input`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from ..schema._schema import setting
 from ._common import caption, colormap, config_of, figure, subplots, token_ticks
 from ._experiment import Counter, Experiment, Keeper
 from ._lazy import lazy
-from ._text import FONT, checkpoint_sentence, highlight, layout, scaled, shown
+from ._text import FONT, checkpoint_sentence, encoder_attrs, highlight, layout, scaled, shown, token_id_variable
 
 if TYPE_CHECKING:
     import jax
@@ -145,9 +151,10 @@ class Sensitivity(Experiment):
             bar.advance()
         predicted, predicted_string = _prediction(checkpoint, tokenizer, model.hidden[-1][-1])
         n = ids.size
+        source = encoder_attrs(checkpoint)
         return xr.Dataset(
             {
-                "token_id": ("token", ids, {"description": "token ids of the sentence"}),
+                "token_id": token_id_variable(checkpoint, ids),
                 "exponent": (
                     ("output", "token"),
                     np.asarray(result.exponents, np.float64),
@@ -178,6 +185,7 @@ class Sensitivity(Experiment):
                 "prediction_id": predicted,
                 "prediction": predicted_string,
                 "depth": checkpoint.depth,
+                **source,
             },
         )
 
@@ -252,7 +260,13 @@ class Sensitivity(Experiment):
             "token $j$ averaged over heads and layers. Each colour scale runs from the smallest to the "
             "largest value over the other tokens; token $j$ itself (outlined), whose own update dominates "
             "its sensitivity, is clipped to it"
-            + ("; grey: hidden by the causal mask." if ds.attrs.get("causal") and last < n - 1 else "."),
+            + ("; grey: hidden by the causal mask" if ds.attrs.get("causal") and last < n - 1 else "")
+            + (
+                f"; the tokens are the decoder's of an encoder-decoder, its start token first, and its source "
+                f"(the encoder's output on the text, {ds.attrs['encoder_tokens']} tokens) is held fixed."
+                if "encoder_tokens" in ds.attrs
+                else "."
+            ),
         )
         figures["sentence"] = fig
 

@@ -605,12 +605,10 @@ _ACTIVATIONS = {
     "relu": jax.nn.relu,
     "silu": jax.nn.silu,
 }
-# The gated units, hidden layer g(W1 x) * (W3 x): their g.
+# The gated units, hidden layer g(W1 x) * (W3 x): their g (geglu: T5 v1.1's gated GELU).
 _GATED = {"swiglu": jax.nn.silu, "geglu": _ACTIVATIONS["gelu_tanh"]}
-# The activations a config names (the schema's `Activation` spells the same out).
-ACTIVATIONS = tuple(_ACTIVATIONS) + ("swiglu",)
-# Those of the MLP: the config's, and the gated GELU that T5 v1.1 checkpoints are read with.
-MLP_ACTIVATIONS = (*_ACTIVATIONS, *_GATED)
+# The activations of the MLP, which a config names (the schema's `Activation` spells the same out).
+ACTIVATIONS = (*_ACTIVATIONS, *_GATED)
 
 
 class MLP(AbstractInteraction):
@@ -629,10 +627,8 @@ class MLP(AbstractInteraction):
     activation: str = eqx.field(static=True, default="gelu")
 
     def __check_init__(self):
-        if self.activation not in MLP_ACTIVATIONS:
-            raise ConfigError(
-                f"unknown MLP activation {self.activation!r}; choose one of {', '.join(MLP_ACTIVATIONS)}."
-            )
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"unknown MLP activation {self.activation!r}; choose one of {', '.join(ACTIVATIONS)}.")
         if (self.activation in _GATED) != (self.gate is not None):
             raise ConfigError(
                 "a gate matrix W3 is needed with the activations 'swiglu' and 'geglu' and only with them."

@@ -66,7 +66,7 @@ Scheme = _choice("Scheme", SCHEME_NAMES)
 NormKind = _choice("NormKind", ("sphere", "rms", "layer"))
 MatrixKind = _choice("MatrixKind", tuple(WEIGHT_KINDS))  # one file each, attnflow/schema/weights/
 Law = _choice("Law", ("gaussian", "product", "goe", "wishart", "orthogonal"))
-Activation = _choice("Activation", ("gelu", "gelu_tanh", "relu", "silu", "swiglu"))
+Activation = _choice("Activation", ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"))
 DType = _choice("DType", ("float32", "float64"))
 Solver = _choice("Solver", tuple(SOLVERS))  # one line each, attnflow/numerics/_solvers.py
 Spacing = _choice("Spacing", ("linear", "log"))
@@ -151,7 +151,7 @@ class MLPConfig:
 
     enabled: bool = setting(MISSING, "true adds a random MLP term")
     hidden: int | None = setting(MISSING, "default 4 d")
-    activation: Activation = setting(MISSING, "gelu | gelu_tanh | relu | silu | swiglu")  # pyright: ignore[reportInvalidTypeForm] a Choice
+    activation: Activation = setting(MISSING, "gelu | gelu_tanh | relu | silu | swiglu | geglu")  # pyright: ignore[reportInvalidTypeForm] a Choice
     scale: float = setting(MISSING, "multiplies the MLP term")
     bias: bool = setting(MISSING, "random biases in the MLP")
 

@@ -2,7 +2,10 @@
 form and run as the decoder's depth flow, the encoder's output a fixed source of its
 cross-attention, held to `transformers`' hidden states of both stacks; and the two parts
 of the core they need, held to their formulas and to `transformers`: T5's relative-position
-bias on the self-attention logits and the gated-GELU MLP."""
+bias on the self-attention logits and the gated-GELU MLP. `attnflow experiment=checkpoint`
+and `experiment=sensitivity` run the decoder on the encoder's reading of the text."""
+
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -10,12 +13,14 @@ import numpy as np
 import pytest
 import torch
 from checkpoint_models import (DEPTH, DIM, ENCODER_DECODERS, VOCAB, assert_same_stream, reference, relative,
-                               seq2seq_states, write_tiny)
+                               seq2seq_states, write_tiny, write_word_tokenizer)
+from commands import command, load, one_sentence  # noqa: F401 (command: a fixture)
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 from transformers.models.t5.modeling_t5 import T5Attention, T5LayerNorm
 
-from attnflow.checkpoints import (depth_flow, forward, load_checkpoint, run_depth, save_checkpoint, teacher_forced,
-                                  with_source)
+import attnflow as af
+from attnflow.checkpoints import (Forward, depth_flow, forward, load_checkpoint, load_tokenizer, run_depth,
+                                  save_checkpoint, teacher_forced, with_source)
 from attnflow.checkpoints.marian import sinusoids
 from attnflow.numerics._schedules import Constant
 from attnflow.numerics._terms import MLP, RelativePositionBias, SelfAttention
@@ -101,9 +106,13 @@ def test_marian_positions_are_transformers(places, d):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    """The four variants' folders; T5's and BART's with a word tokenizer of their family."""
     root = tmp_path_factory.mktemp("seq2seq")
-    return {name: write_tiny(family, root / name.replace(" ", "_"), seed=3, **overrides)
-            for name, (family, overrides) in ENCODER_DECODERS.items()}
+    folders = {name: write_tiny(family, root / name.replace(" ", "_"), seed=3, **overrides)
+               for name, (family, overrides) in ENCODER_DECODERS.items()}
+    for family in ("t5", "bart"):
+        write_word_tokenizer(folders[family], family)
+    return folders
 
 
 def compare(model, checkpoint, tol: float, decoder_ids=None):
@@ -148,7 +157,7 @@ def test_tiny_encoder_decoder_matches_transformers(tiny, variant, dtype, monkeyp
     encoder's output, MLP), and the logits.
 
     float32: docs/checkpoints.md says below 1e-5 relative (measured: T5 1.8e-6, T5
-    v1.1 6.5e-6, BART 4.5e-7, Marian 7.4e-7; T5 is the widest, its logits not divided by
+    v1.1 6.4e-6, BART 4.5e-7, Marian 7.4e-7; T5 is the widest, its logits not divided by
     sqrt(d_k) on these random weights). float64: 1e-12 (measured 7e-16 to 1.6e-14), every
     weight, bias, bucket, position and scale being the one transformers reads; there
     T5LayerNorm takes its mean square in float64 (transformers takes it in float32 even
@@ -216,3 +225,66 @@ def test_refined_decoder_depth_converges_at_first_order(tiny):
     errors = [float(jnp.abs(run_depth(flow, x0, steps_per_layer=m)[-1] - limit[-1]).max()) for m in (256, 512)]
     assert abs(np.log2(errors[0] / errors[1]) - 1) < 0.2, errors
     assert flow.field.terms[1].source is bound.source  # the second term reads the encoder's output
+
+
+# --------------------------------------------------------------------------------------
+# The experiments on an encoder-decoder folder
+# --------------------------------------------------------------------------------------
+
+TEXT = "w5 w17 w42 w8 w60"
+
+
+@pytest.mark.parametrize("variant, framed", [("t5", [5, 17, 42, 8, 60, 1]), ("bart", [0, 5, 17, 42, 8, 60, 2])])
+def test_checkpoint_experiment_runs_the_decoder_on_the_encoders_reading(tiny, variant, framed, command, monkeypatch):
+    """`attnflow experiment=checkpoint` on a T5 (pre-LN) and a BART (post-LN) folder: the
+    encoder reads the text (framed by the family's special tokens), the decoder its start
+    token (T5's "<pad>", BART's "</s>") and the same ids. The stored stream is
+    transformers' decoder's on that input (float64 run, stored in float32), one step per
+    layer is it exactly (`depth_error` 0), a refined run is not, and the results say that
+    the run is the decoder's, its source the encoder's output on the text."""
+    code, errors = command("experiment=checkpoint", f"checkpoint={tiny[variant]}", f"text={TEXT}", "dtype=float64",
+                           "experiment.options.steps=[1,2]", "experiment.options.probes=false",
+                           "experiment.options.adaptive=false", "hydra.run.dir=run")
+    assert code == 0, errors
+    ds = load(Path("run") / "results.nc")
+    assert load_tokenizer(tiny[variant]).encode(TEXT).tolist() == framed
+    start = load_checkpoint(tiny[variant]).decoder_start
+    assert ds.token_id.values.tolist() == [start, *framed]
+    assert [str(t) for t in ds.token_string.values] == ["<pad>" if variant == "t5" else "</s>",
+                                                        *load_tokenizer(tiny[variant]).tokens(framed)]
+    assert ds.attrs["encoder_tokens"] == len(framed) and ds.attrs["decoder_start_id"] == start
+    assert "encoder's output" in ds.attrs["decoder_input"] and "decoder's input" in ds.token_id.attrs["long_name"]
+    assert float(np.abs(ds.depth_error.sel(run="dt=1")).max()) == 0.0
+    assert float(ds.depth_error.sel(run="dt=1/2").isel(depth=-1)) > 1e-3
+    monkeypatch.setattr(T5LayerNorm, "forward", _t5_norm_in_float64)
+    _, decoder = seq2seq_states(reference(tiny[variant]), np.asarray(framed), ds.token_id.values)
+    assert_same_stream(Forward(ds.hidden.values, ds.final.values), decoder, variant == "t5", 1e-6)
+    assert {p.name for p in Path("run").glob("*.png")} == {"depth.png", "pair_cosines.png", "cosine_distance.png",
+                                                           "attention.png"}
+    assert "decoder of an encoder-decoder" in af.experiment_figures(ds)["depth"].texts[-1].get_text()
+
+
+def test_sensitivity_experiment_runs_the_decoder_with_its_source_fixed(tiny):
+    """`experiment=sensitivity` on the T5 folder reads the same decoder input; every
+    exponent of the last output is finite (the decoder's mask is causal and the output
+    last), its prediction is transformers' greedy next token after the text."""
+    ds = af.run_experiment("sensitivity", {"checkpoint": str(tiny["t5"]), "text": TEXT, "dtype": "float64"})
+    framed = [5, 17, 42, 8, 60, 1]
+    assert ds.token_id.values.tolist() == [0, *framed] and ds.attrs["encoder_tokens"] == len(framed)
+    assert ds.exponent.shape == (1, len(framed) + 1) and np.isfinite(ds.exponent.values).all()
+    with torch.no_grad():
+        logits = reference(tiny["t5"])(input_ids=torch.as_tensor([framed]),
+                                       decoder_input_ids=torch.as_tensor(ds.token_id.values)[None]).logits
+    assert ds.attrs["prediction_id"] == int(logits[0, -1].argmax())
+    assert "source (the encoder's output on the text, 6 tokens) is held fixed" in \
+        af.experiment_figures(ds)["sentence"].texts[-1].get_text()
+
+
+def test_the_experiments_refuse_a_marian_folder_without_a_tokenizer_json(tiny):
+    """Marian ships its tokenizer as sentencepiece files and a `vocab.json` without
+    merges, which attnflow does not read (docs/checkpoints.md): one sentence, before
+    any computing."""
+    (tiny["marian"] / "vocab.json").write_text('{"w5": 5}')
+    with pytest.raises(CheckpointError, match="has no tokenizer") as error:
+        af.run_experiment("checkpoint", {"checkpoint": str(tiny["marian"]), "text": TEXT})
+    one_sentence(error)

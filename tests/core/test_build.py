@@ -8,7 +8,9 @@ import pytest
 
 import attnflow as af
 from attnflow.running._build import build_system, non_finite_advice, recorded_metrics, resolve_study
+from attnflow.numerics._terms import _GATED
 from attnflow.schema._errors import ConfigError
+from attnflow.schema.system.mlp import GATED
 
 
 def test_a_study_is_resolved_once_into_its_betas_times_and_output_size():
@@ -27,6 +29,23 @@ def test_a_member_is_its_field_tokens_and_recorder_and_the_same_seed_gives_the_s
     again = build_system({"n": 5, "d": 3, "mlp": {"enabled": True}, "init": {"kind": "caps", "k": 2}})
     np.testing.assert_array_equal(again(jax.random.key(0), 1.0)[1], y0)
     assert recorded_metrics(af.validate_config({"attention_kind": "sinkhorn"}))[-1] == "marginal_error"
+
+
+@pytest.mark.parametrize("activation", ["geglu", "swiglu"])
+def test_a_gated_mlp_of_a_study_is_its_formula(activation):
+    """mlp.activation=geglu (T5 v1.1's gated GELU) draws a gate W3 as swiglu does: the
+    member's MLP is W2 (g(W1 x + b1) * (W3 x)) + b2 with g = gelu_tanh (silu for swiglu),
+    and the schema's gated units are the core's."""
+    system = build_system({"n": 5, "d": 3, "dtype": "float64", "mlp": {"enabled": True, "activation": activation}})
+    field, x, _ = system(jax.random.key(0), 1.0)
+    mlp = field.terms[1]
+    w1, w2, b1, b2, w3 = (np.asarray(s(0.0)) for s in (mlp.w1, mlp.w2, mlp.b1, mlp.b2, mlp.gate))
+    x = np.asarray(x)
+    h = x @ w1.T + b1
+    g = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3))) if activation == "geglu" else \
+        h / (1 + np.exp(-h))
+    np.testing.assert_allclose(mlp(0.0, x), (g * (x @ w3.T)) @ w2.T + b2, rtol=1e-12)
+    assert set(GATED) == set(_GATED)
 
 
 def test_what_a_run_that_blew_up_may_change_is_only_what_its_config_accepts():

@@ -1,7 +1,8 @@
 r"""The MLP of a transformer block as a term of the field (`mlp.enabled=true`):
 $\mathrm{MLP}(x)_i = W_2\,\sigma(W_1 x_i + b_1) + b_2$ token by token, or the gated
-$W_2\,(\mathrm{silu}(G x_i) \odot W_1 x_i)$ of `activation=swiglu`, with Gaussian weights
-of scale `mlp.scale` and `mlp.hidden` units (null: 4d)."""
+$W_2\,(g(W_1 x_i + b_1) \odot W_3 x_i) + b_2$ with $g = \mathrm{silu}$ (`activation=swiglu`)
+or $g = \mathrm{gelu}_{\tanh}$ (`activation=geglu`, T5 v1.1's), with Gaussian weights of
+scale `mlp.scale` and `mlp.hidden` units (null: 4d)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import ClassVar
 from .._checks import number
 from .._words import number_text
 from ._part import Part
+
+GATED = ("swiglu", "geglu")  # the activations with a gate matrix W3 (attnflow.numerics._terms.MLP)
 
 
 class MLP(Part):
@@ -55,8 +58,8 @@ class MLP(Part):
             w2=const(k2, (d, hidden)),
             b1=const(k3, (hidden,)) if mlp.bias else None,
             b2=const(k4, (d,)) if mlp.bias else None,
-            gate=const(k5, (hidden, d)) if mlp.activation == "swiglu" else None,
-            activation=mlp.activation.value,  # pyright: ignore[reportAttributeAccessIssue]  (an Activation choice; the == "swiglu" above narrows it to a str literal)
+            gate=const(k5, (hidden, d)) if mlp.activation in GATED else None,
+            activation=mlp.activation.value,  # pyright: ignore[reportAttributeAccessIssue]  (an Activation choice; the `in GATED` above narrows it to str literals)
         )
 
     @classmethod
