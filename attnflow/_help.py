@@ -9,7 +9,8 @@ class's `title`. An experiment's line is its class's `title`, with its `paper`; 
 options are its `Options` dataclass (each field's type, its choices, its default and its
 meaning, `setting(default, "meaning")`), with the values of `conf/experiment/NAME.yaml`;
 `attnflow train`'s settings are the fields of `TrainConfig` (types and meanings, its
-`metadata["help"]`) with the values of `conf/train.yaml`.
+`metadata["help"]`) with the values of `conf/train.yaml`; `attnflow report`'s options are
+`REPORT_OPTIONS` (`report_help`), which the command line reads.
 
 Everything read is imported: the experiments' modules load no JAX until they compute or
 draw (`attnflow.experiments._lazy`), nor does `TrainConfig`'s module
@@ -49,11 +50,46 @@ SUBCOMMANDS = {
     "plot": "attnflow plot DIR... [--config-dir CFG]: redraw the figures of every run in each DIR (a run, "
     "experiment run or sweep directory, or a results.nc file) from its results.nc (CFG: the config folder of "
     "an experiment of your own)",
-    "report": "attnflow report DIR: one table (report.csv, report.nc) and one figure (report.png) across the runs in "
-    "DIR (a sweep, run or experiment run directory, or a results.nc file), written into DIR",
+    "report": "attnflow report DIR [--x KEY] [--colour KEY] [--metrics A,B] [--time T|final|all] [--panels KEY]: one "
+    "table (report.csv, report.nc) and one figure (report.png) across the runs in DIR (a sweep, run or experiment run "
+    "directory, or a results.nc file), written into DIR; attnflow help report lists the options",
     "train": "attnflow train [KEY=VALUE ...]: train a DiffEqFormer or its GPT baseline (defaults in conf/train.yaml); "
     "the same command, or out=DIR alone, resumes an interrupted run; -m KEY=A,B trains one run per combination, "
     "job N in out/N",
+}
+
+# `attnflow report`'s options: each one's name, what it takes and its meaning (its page,
+# `report_help`; the command line reads them, `presentation._report.report` takes them as
+# keywords of the same names).
+REPORT_OPTIONS = {
+    "x": (
+        "KEY",
+        "the swept key on the x-axis (a config key as typed in the sweep, such as d or weights.v.kind, or beta); "
+        "by default the first swept key, or beta when nothing else was swept",
+    ),
+    "colour": (
+        "KEY",
+        "the swept key (or beta) whose values colour the lines (--color too): one colour per value, in the "
+        "report's order; the other keys still split the lines, each with its own dash pattern and marker; by "
+        "default each line has a colour of its own",
+    ),
+    "metrics": (
+        "A,B",
+        "the metrics drawn and stored in report.csv and report.nc, in this order, separated by commas (clusters, "
+        "energy, log_energy, order_parameter, pair_density, ...: a column NAME_mean of report.csv); by default "
+        "every recorded metric (log_energy standing for energy)",
+    ),
+    "time": (
+        "T|final|all",
+        "when the statistics over members are taken: at the saved time nearest to T in each run (T within "
+        "every run's saved times), at each run's final saved time (final, the default), or at every saved "
+        "time (all): the whole trajectory drawn against time, one line per run and beta, stored along a "
+        "dimension time of report.nc and as one row per saved time in report.csv",
+    ),
+    "panels": (
+        "KEY",
+        "one column of panels per value of this swept key (or beta), a row of panels per metric",
+    ),
 }
 
 _USAGE = (
@@ -528,6 +564,48 @@ def train_help(width: int | None = None) -> str:
     )
 
 
+def report_help(width: int | None = None) -> str:
+    """The page of `attnflow help report` (and `attnflow report --help`)."""
+    width = width or _width()
+    options = [(f"--{name} {takes}", meaning) for name, (takes, meaning) in REPORT_OPTIONS.items()]
+    return "\n\n".join(
+        [
+            f"usage: {SUBCOMMANDS['report'].split(';')[0]}.",
+            textwrap.fill(
+                "report.csv holds one row per run and beta (and per failed job, with its error in note), in run "
+                "order: the swept keys (the config keys whose values differ between the runs), beta, the time "
+                "the statistics are taken at, and for each metric the mean over members and its 10 and 90 % "
+                "percentiles. report.nc holds the same rows along a dimension row, each swept key a coordinate "
+                "(a key that takes text lists its values, in the figure's order, in its attribute categories). "
+                "report.png draws each metric's mean against the x-axis key, one line per value of the other "
+                "keys, with the members' 10-90 % band; its title names every swept key, beta too when it takes "
+                "more than one value. Numbers are drawn in ascending order, text in job order (as the values "
+                "first appear among the rows).",
+                width,
+                break_on_hyphens=False,
+            ),
+            "Options (each also as --NAME=VALUE; a key is a swept key or beta):\n"
+            + _table([*options, ("--help, -h", "this page")], width, 26),
+            "Examples:\n"
+            + _table(
+                [
+                    ("attnflow report sweeps/d", "every metric at the final time against the first swept key"),
+                    (
+                        "attnflow report sweeps/d --x beta --colour d --metrics clusters,energy --time 10",
+                        "clusters and energy at t = 10 against beta, a colour per d",
+                    ),
+                    (
+                        "attnflow report sweeps/d --time all --colour solver --panels d",
+                        "the trajectories over time, a colour per solver, a column of panels per d",
+                    ),
+                ],
+                width,
+                26,
+            ),
+        ]
+    )
+
+
 def page(root: Any = None) -> str:
     """The help page for a composed config: experiment NAME's when it sets one."""
     name = OmegaConf.select(root, "experiment.name", default=None) if root is not None else None
@@ -628,6 +706,18 @@ def reference_markdown() -> str:
         "",
     ]
     lines += _markdown_keys(train_keys())
+    lines += [
+        "",
+        "## Options of `attnflow report`",
+        "",
+        f"{_code(SUBCOMMANDS['report'].split(';')[0])}; `attnflow help report` prints the same.",
+        "",
+        "| option | meaning |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| {_code(f'--{name} {takes}')} | {_cell(meaning)} |" for name, (takes, meaning) in REPORT_OPTIONS.items()
+    ]
     lines += ["", "## The options of each experiment", ""]
     for name in experiments():
         found = experiment(name)

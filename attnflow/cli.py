@@ -71,7 +71,7 @@ from .schema._config import (
     renamed_key,
     typed_job_config,
 )
-from .schema._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError
+from .schema._errors import ConfigError, NonFiniteStateError, RunNote, SolverFailure, StorageError, did_you_mean
 from .schema._schema import explain
 from .storage._store import (
     RunDirectory,
@@ -611,6 +611,16 @@ def _command(name: str, args: list[str]) -> int:
         except ConfigError as error:
             _say(f"error: {error}")
             return 2
+    if name == "report" and any(a in ("-h", "--help") for a in args):
+        print(_help.report_help(), flush=True)
+        return 0
+    options = {}
+    if name == "report":
+        try:
+            args, options = _report_options_of(args)
+        except ConfigError as error:
+            _say(f"error: {error}")
+            return 2
     if not args or any(a in ("-h", "--help") for a in args) or (name == "report" and len(args) != 1):
         _say(f"usage: {_USAGE[name]}.")
         return 0 if any(a in ("-h", "--help") for a in args) else 2
@@ -630,7 +640,7 @@ def _command(name: str, args: list[str]) -> int:
 
             folder = Path(args[0])
             with status(f"writing the report of {len(found[0])} run{'s' if len(found[0]) > 1 else ''}"):
-                written, reported = report(folder.parent if folder.is_file() else folder)
+                written, reported = report(folder.parent if folder.is_file() else folder, **options)
             for path in written:
                 print(f"attnflow: wrote {path}", flush=True)
             print(f"attnflow: {reported}", flush=True)
@@ -641,6 +651,33 @@ def _command(name: str, args: list[str]) -> int:
     except KeyboardInterrupt:
         _interrupted()
     return 0
+
+
+def _report_options_of(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """`attnflow report`'s arguments without its options (`--x KEY` or `--x=KEY`, ...:
+    `_help.REPORT_OPTIONS`; `--color` is `--colour`), and those options by name."""
+    rest, options = [], {}
+    words = iter(args)
+    for word in words:
+        if not word.startswith("--"):
+            rest.append(word)
+            continue
+        flag, given, value = word.partition("=")
+        name = "colour" if flag == "--color" else flag[2:]
+        if name not in _help.REPORT_OPTIONS:
+            raise ConfigError(
+                f"attnflow report has no option {flag}{did_you_mean(name, _help.REPORT_OPTIONS, '--')}; its options "
+                f"are {', '.join(f'--{n}' for n in _help.REPORT_OPTIONS)} (attnflow help report)."
+            )
+        if name in options:
+            raise ConfigError(f"--{name} is given twice; give it once.")
+        value = value if given else next(words, None)
+        if value is None or value.startswith("--"):
+            raise ConfigError(
+                f"{flag} takes {_help.REPORT_OPTIONS[name][0]} (attnflow help report says what each means)."
+            )
+        options[name] = value
+    return rest, options
 
 
 def _config_dir_of(args: list[str]) -> tuple[list[str], str | None]:
