@@ -83,7 +83,7 @@ ALLOWED = {
                                                  ("adaptive_depth", "out")) for probe in NUMBERS},
     **{(name, "member", "unused"): f"{EVERY}: it indexes a member (one out of range is refused, issue 18)"
        for name in ("single_cluster", "metastability", "random_qk", "bouncing", "causal", "polytope", "polynomial",
-                    "normalization", "flow_matching")},
+                    "normalization", "flow_matching", "cross_attention")},
     **{("metastability", f"sphere_detector.{key}", "unused"): f"{EVERY}: the detector reads it on the computed "
        "series of panel sphere (its range is checked)" for key in ("tol", "min_length", "hold_length")},
     ("phase_diagram", "eps", "unused"): f"{EVERY}: the level of the equiangular curve",
@@ -142,6 +142,8 @@ ALLOWED = {
     ("hardmax_sinkhorn", "interior", "unused"): f"{EVERY}: the interior tokens of every k-gon (polygons >= 1)",
     ("many_heads", "laws", "unused"): f"{EVERY}: each entry is a row of panels",
     ("many_heads", "heads", "unused"): f"{EVERY}: each entry is a column of panels",
+    ("cross_attention", "cross_betas", "unused"): f"{EVERY}: each entry is a row of the diagram (a panel)",
+    ("cross_attention", "cases", "unused"): f"{EVERY}: each entry is a cell of the grid drawn (one off it is refused)",
     **{("meanfield_circle", key, "unused"): f"{EVERY}: {what}" for key, what in (
         ("kind", "both kinds set the attention"), ("beta", "of the particles and the PDE"),
         ("mode", "of the initial density and of the mode measured"), ("amplitude", "of the initial density"),
