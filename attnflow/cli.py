@@ -13,7 +13,9 @@ nothing but what Hydra wrote.
 On a terminal a status line says what the command is doing until the bar of pieces
 starts (composing the config, importing JAX, checking and planning, loading a
 checkpoint), and while figures are drawn; each job of a sweep starts with a line
-naming its overrides.
+naming its overrides. Off a terminal, a line of the count of pieces comes every so
+often instead of each bar (`Progress.lines`), and what a run prints is kept in its
+folder's `attnflow.log` from the moment it is accepted (`_log`).
 
 A run, a study's or an experiment's, goes one way (a study is the experiment of one
 panel, `attnflow.experiments.PlainStudy`): `_run` checks, plans, solves, writes and
@@ -35,6 +37,7 @@ failed jobs, whichever process or machine ran them.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -52,7 +55,7 @@ import yaml
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep
+from hydra.core.override_parser.types import ChoiceSweep, Glob, RangeSweep, ValueType
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -93,10 +96,49 @@ _OUTCOMES = ".attnflow-jobs"  # in a sweep's folder: one file per job, `{num}.js
 # What the joblib and submitit launchers raise when a job's process dies.
 _LOST_JOB = ("TerminatedWorkerError", "UncompletedJobError")
 _BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+# In a run's folder: what the run printed (Hydra's own log is switched off, conf/config.yaml).
+_LOG = "attnflow.log"
 
 
 def _say(message: str) -> None:
+    """`attnflow: message` on stderr (an error, a note), kept in the run's log."""
     print(f"attnflow: {message}", file=sys.stderr, flush=True)
+    _log(message)
+
+
+def _print(message: str) -> None:
+    """`attnflow: message` on stdout (what was written, what a run resumes), kept in the run's log."""
+    print(f"attnflow: {message}", flush=True)
+    _log(message)
+
+
+def _log(message: str) -> None:
+    """Keep a line the run printed: held until the run is accepted (`_start_log`), then
+    appended to its `attnflow.log`, one whole line a write (a log that cannot be written
+    loses a line, never the run)."""
+    log = _CURRENT.get("log")
+    if isinstance(log, list):
+        log.append(message)
+    elif log is not None:
+        _append(log, f"attnflow: {message}\n")
+
+
+def _start_log(folder: Path, hydra_cfg) -> None:
+    """The run is accepted in `folder`: its log (`_LOG`, appended to by a run resumed
+    there) starts with when and what command, then what it printed so far."""
+    held = _CURRENT.get("log")
+    _CURRENT["log"] = folder / _LOG
+    _append(folder / _LOG, "".join([f"# {_history(hydra_cfg)}\n", *(f"attnflow: {line}\n" for line in held or [])]))
+
+
+def _append(path: Path, text: str) -> None:
+    """Add `text` at the end of the file `path` in one write (never through a link)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
 
 
 def _overrides(hydra_cfg) -> list[str]:
@@ -217,9 +259,11 @@ def _job(cfg) -> None:
     _JOBS.append(_job_label(hydra_cfg))
     # The jobs of a parallel launcher share one terminal: none draws a line.
     Progress.muted = sweep and OmegaConf.select(hydra_cfg, "launcher._target_") != _BASIC_LAUNCHER  # pyright: ignore[reportArgumentType] HydraConfig.get() gives a DictConfig
+    _CURRENT["log"] = []  # what the job prints, kept for its log once it is accepted
+    Progress.lines = _progress_line  # off a terminal, every count of the run says a line every so often
     if sweep:
         _tell(None)
-        print(f"attnflow: {_job_label(hydra_cfg)}", flush=True)
+        _print(_job_label(hydra_cfg))
     error = None
     try:
         _run(cfg, hydra_cfg, out)
@@ -241,11 +285,14 @@ def _job(cfg) -> None:
         error = f"{failure}; {kept} once {out} can be written again."
         _tell(None)
         _record_failure(error, hydra_cfg, out)
+    finally:
+        Progress.lines = None
     if sweep:
         _record_outcome(hydra_cfg, error)
     # Cleared on the way out of a finished or refused job only: an interrupt keeps it,
     # so that its message can say where the finished pieces are.
     _CURRENT.pop("dir", None)
+    _CURRENT.pop("log", None)
 
 
 def _run(cfg, hydra_cfg, out: Path) -> None:
@@ -266,7 +313,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         _CURRENT["dir"] = folder.path
         stored = folder.finished_config(resolved.overwrite)
         if stored is not None and stored == run_identity(resolved):
-            print(f"attnflow: {folder.results_path} already holds this run; skipping it.", flush=True)
+            _print(f"{folder.results_path} already holds this run; skipping it.")
             return
         if stored is not None and not resolved.overwrite:
             raise ConfigError(
@@ -276,8 +323,9 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         # Another run's unfinished pieces are refused like its results (or discarded with overwrite=true).
         discarded = folder.claim_pieces(plan.piece_configs(), resolved.overwrite)
         if discarded:
-            print(f"attnflow: {discarded}", flush=True)
+            _print(discarded)
         _write_record(folder, cfg, hydra_cfg)
+        _start_log(folder.path, hydra_cfg)
         pieces = folder.path / folder.PIECES
         _tell(None)  # the bar follows
         try:
@@ -310,7 +358,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
         _remove_tree(pieces)
         for stale in ("incomplete.nc", "error.txt"):
             (folder.path / stale).unlink(missing_ok=True)
-        print(f"attnflow: wrote {path}", flush=True)
+        _print(f"wrote {path}")
         for note in filter(None, str(results.attrs.get("notes", "")).splitlines()):
             # Not errors (the run is whole), but what its settings did not do: said once,
             # after the results are safe, and kept in their `notes` attribute.
@@ -327,7 +375,7 @@ def _run(cfg, hydra_cfg, out: Path) -> None:
                     "draws the figures once the folder can be written again."
                 ) from None
             for figure in figures:
-                print(f"attnflow: wrote {figure}", flush=True)
+                _print(f"wrote {figure}")
 
 
 def _history(hydra_cfg) -> str:
@@ -342,12 +390,18 @@ def _history(hydra_cfg) -> str:
     )
 
 
+def _progress_line(line: str) -> None:
+    """A count of the run off a terminal, every so often (a study's count of pieces is
+    named attnflow, which every printed line starts with)."""
+    _print(line.removeprefix("attnflow: "))
+
+
 def _resuming(found: int, total: int, pieces: Path) -> None:
-    print(f"attnflow: resuming from {found} of {total} finished pieces in {pieces}", flush=True)
+    _print(f"resuming from {found} of {total} finished pieces in {pieces}")
 
 
 def _damaged(piece: Path) -> None:
-    print(f"attnflow: {piece} could not be read (cut short by a kill?); computing that piece again", flush=True)
+    _print(f"{piece} could not be read (cut short by a kill?); computing that piece again")
 
 
 def _remove_tree(path: Path) -> None:
@@ -436,6 +490,8 @@ def _check_command_line(arguments: list[str]) -> None:
             f"({', '.join(_USAGE)}, help), got {bare!r}; `attnflow --help` lists them."
         )
     overrides = OverridesParser.create().parse_overrides(given)
+    if not parsed.multirun and not any(o.key_or_group == "hydra.mode" for o in overrides):
+        _check_no_sweep(overrides)
     experiment = next((o.value() for o in overrides if o.key_or_group == "experiment"), None)
     seen: dict[tuple, str | None] = {}
     sizes = []
@@ -471,6 +527,23 @@ def _check_command_line(arguments: list[str]) -> None:
         )
 
 
+def _check_no_sweep(overrides) -> None:
+    """Refuse a sweep in a single run (no `-m`), with Hydra's hint in attnflow's words:
+    Hydra would say it on four lines, and the first alone loses what to write instead."""
+    for override in overrides:
+        if not override.is_sweep_override():
+            continue
+        line = override.input_line or ""
+        refusal = f"{line} is a sweep (one job per value), which takes -m (--multirun)."
+        if override.value_type == ValueType.SIMPLE_CHOICE_SWEEP:  # `key=a,b`: perhaps a list or a text
+            key, _, value = line.partition("=")
+            refusal += (
+                f" For one run, write a list, {key}=[{value}], or a string in quotes that reach attnflow, "
+                f"\"{key}='{value}'\"."
+            )
+        raise ConfigError(refusal)
+
+
 def _check_own_experiment(path: Path) -> None:
     """Refuse a renamed key (`RENAMED`) in the YAML file of an experiment of the user's
     own, naming the file (Hydra would say only that a key is not in the config). A file
@@ -499,7 +572,8 @@ def _check_group_options(group: str, value, config_dir: str | None = None) -> No
                 )
         elif option not in names and not (option is None and group == "experiment"):
             shown = "null" if option is None else repr(option)
-            raise ConfigError(f"unknown {group} {shown}; choose one of {', '.join(names)}.")
+            guess = did_you_mean(option, names)
+            raise ConfigError(f"unknown {group} {shown}{guess}; choose one of {', '.join(names)}.")
 
 
 def _sweep_size(override, config_dir: str | None = None) -> int:
@@ -520,14 +594,15 @@ def _sentence(error: BaseException) -> str:
     """One sentence for an error raised by Hydra while composing the config."""
     if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         group, _, option = error.missing_cfg_file.rpartition("/")
-        options = ", ".join(o for o in (error.options or []) if not o.startswith("attnflow_schema"))
+        names = [o for o in (error.options or []) if not o.startswith("attnflow_schema")]
+        options, guess = ", ".join(names), did_you_mean(option, names)
         if group == "hydra/launcher":
             return (
-                f"unknown hydra/launcher {option!r}; choose one of {options} (joblib comes with "
+                f"unknown hydra/launcher {option!r}{guess}; choose one of {options} (joblib comes with "
                 'pip install "attnflow[joblib]", submitit_local and submitit_slurm with "attnflow[slurm]").'
             )
         if group:
-            return f"unknown {group} {option!r}; choose one of {options}."
+            return f"unknown {group} {option!r}{guess}; choose one of {options}."
         return f"cannot find the config {error.missing_cfg_file!r}."
     if isinstance(error, OverrideParseException):
         first = str(error).strip().splitlines()[0].rstrip(".")
@@ -634,7 +709,7 @@ def _command(name: str, args: list[str]) -> int:
                 with status(f"drawing the figures of {results}"):
                     drawn = _redraw(results, config_dir)
                 for path in drawn:
-                    print(f"attnflow: wrote {path}", flush=True)
+                    _print(f"wrote {path}")
         else:
             from .presentation._report import report  # lazy: start-up
 
@@ -642,8 +717,8 @@ def _command(name: str, args: list[str]) -> int:
             with status(f"writing the report of {len(found[0])} run{'s' if len(found[0]) > 1 else ''}"):
                 written, reported = report(folder.parent if folder.is_file() else folder, **options)
             for path in written:
-                print(f"attnflow: wrote {path}", flush=True)
-            print(f"attnflow: {reported}", flush=True)
+                _print(f"wrote {path}")
+            _print(f"{reported}")
     except (ConfigError, StorageError) as error:
         end_all()
         _say(f"error: {error}")
@@ -793,20 +868,30 @@ def _without_hydra(args: list[str]) -> int | None:
 
 def _completion(overrides: list[str]) -> int | None:
     """`-sc` without install=, uninstall= or query= is one sentence; a query for the
-    value of a choice key (`solver=r`) is answered with its names; any other query goes
-    to Hydra's completion (keys, groups, a group's options)."""
+    value of a choice key (`solver=r`) is answered with its names; the first word is
+    also a subcommand (plot, report, train, help), given before Hydra's completion of it;
+    any other query goes to Hydra's completion (keys, groups, a group's options)."""
     commands = {key: value for key, _, value in (o.partition("=") for o in overrides)}
     if not any(key in commands for key in ("install", "uninstall", "query")):
         _say(f"usage: {_help.COMPLETION_USAGE}")
         return 2
     shell = commands.get("query")
     line = os.environ.get("COMP_LINE", "")
-    if shell is None or not line or line[-1].isspace():
+    if shell is None or not line:
         return None
     from hydra.plugins.completion_plugin import CompletionPlugin  # lazy: completion only
 
     words = CompletionPlugin.strip_python_or_app_name(line).split()
-    matches = _help.complete(words[-1], words[:-1]) if words else None
+    if line[-1].isspace():
+        words.append("")  # the word to complete: none typed yet
+    typed = words[-1] if words else ""
+    if len(words) == 1 and not typed.startswith(("-", "+", "~")) and "=" not in typed:
+        hydras = io.StringIO()
+        with contextlib.redirect_stdout(hydras):
+            _hydra_entry()()  # Hydra's completion of the first word (keys and groups)
+        matches = [name for name in (*_USAGE, "help") if name.startswith(typed)] + hydras.getvalue().split()
+    else:
+        matches = _help.complete(typed, words[:-1]) if typed else None
     if matches is None:
         return None
     print(("\n" if shell == "fish" else " ").join(matches), flush=True)
@@ -836,6 +921,12 @@ def _opened(arguments: list[str]) -> list[str]:
     return ["++" + a if a.startswith(_OPEN_GROUPS) and "=" in a else a for a in arguments]
 
 
+def _hydra_entry():
+    """Hydra's entry point of a run (`_job`), over attnflow's configs and schema: it reads `sys.argv`."""
+    register_schema()
+    return hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
+
+
 def main() -> None:
     """The console entry point."""
     warnings.showwarning = _show_warning
@@ -848,8 +939,7 @@ def main() -> None:
     # Let Hydra's own errors reach this function (instead of its multi-line printer).
     os.environ["HYDRA_FULL_ERROR"] = "1"
     signal.signal(signal.SIGTERM, _terminate)
-    register_schema()
-    entry = hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
+    entry = _hydra_entry()
     sys.argv[1:] = _opened(sys.argv[1:])
     try:
         _check_command_line(sys.argv[1:])

@@ -11,20 +11,49 @@ terminal and silent otherwise (a log file, a test, a batch job):
 A bar or a status entered while another is drawn adds its line under that one (rich
 draws one live display at a time). rich is imported lazily (start-up): only when a
 line is drawn, so a run that draws none never loads it.
+
+Off a terminal (a batch job, whose output goes to a file) every count writes, instead
+of its bar, a line of text every so often where the command asks for them
+(`Progress.lines`): the count, the rate, the time spent and left (`LINE_EVERY_S`,
+`LINE_EVERY_FRACTION`).
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from typing import ClassVar
 
 # Counts whose units take seconds each: their rate is given as seconds per unit.
 _SLOW_UNITS = ("pieces", "runs", "stages", "models", "snapshots")
+# Off a terminal, a line of text at most every LINE_EVERY_S seconds and every
+# LINE_EVERY_FRACTION of the total, whichever is rarer: at most ten lines however
+# fast the run, and none more often than twice a minute however long.
+LINE_EVERY_S = 30.0
+LINE_EVERY_FRACTION = 0.1
+_now = time.monotonic  # the clock of the lines (a test's own)
 
 
 def _number(value: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+
+
+def _count(done: int | float, total: int | float, unit: str, covered: bool) -> str:
+    """`done/total unit`; time covered (a float total) with three significant digits."""
+    return f"{unit} {done:.3g}/{total:.3g}" if covered else f"{int(done)}/{int(total)} {unit}"
+
+
+def _rate(speed: int | float | None, rate: str) -> str:
+    """The one rate unit of a count: units per second, or seconds per unit (`rate`)."""
+    value = "-" if not speed else _number(speed if rate.endswith("/s") else 1 / speed)
+    return f"{value} {rate}"
+
+
+def _clock(seconds: int | float) -> str:
+    return str(timedelta(seconds=round(seconds)))
 
 
 def _columns():
@@ -39,10 +68,9 @@ def _columns():
         def render(self, task) -> Text:
             if task.total is None:
                 return Text("")
-            unit = task.fields.get("unit", "")
-            if task.fields.get("covered"):
-                return Text(f"{unit} {task.completed:.3g}/{task.total:.3g}")
-            return Text(f"{int(task.completed)}/{int(task.total)} {unit}")
+            return Text(
+                _count(task.completed, task.total, task.fields.get("unit", ""), bool(task.fields.get("covered")))
+            )
 
     class Rate(ProgressColumn):
         """The bar's one rate unit: units per second, or seconds per unit (`rate`)."""
@@ -50,10 +78,7 @@ def _columns():
         def render(self, task) -> Text:
             if task.total is None:
                 return Text("")
-            rate = task.fields["rate"]
-            speed = task.finished_speed or task.speed
-            value = "-" if not speed else _number(speed if rate.endswith("/s") else 1 / speed)
-            return Text(f"{value} {rate}")
+            return Text(_rate(task.finished_speed or task.speed, task.fields["rate"]))
 
     class Left(TimeRemainingColumn):
         """`left H:MM:SS` (nothing on a status line)."""
@@ -80,10 +105,17 @@ class Progress(AbstractContextManager):
     that one (rich draws one live display at a time), so that an experiment's analysis
     shows its own count beside the command's count of pieces. `Progress.muted = True`
     draws nothing in this process (the jobs of a parallel launcher share a terminal).
+
+    `Progress.lines` (a function taking a line of text; the command sets it while a run
+    works) is given each count's description, count, rate, time spent and time left every
+    so often when its bar is not drawn and stdout is not a terminal (a batch job's log):
+    at most every `LINE_EVERY_S` seconds and every `LINE_EVERY_FRACTION` of the total,
+    whichever is rarer. A status line writes none.
     """
 
     _drawn: ClassVar[list[Progress]] = []  # the drawn lines of this process, outermost first
     muted: ClassVar[bool] = False
+    lines: ClassVar[Callable[[str], None] | None] = None
 
     def __init__(
         self,
@@ -113,6 +145,10 @@ class Progress(AbstractContextManager):
         self._bar = None
         self._task = None
         self._owner = False
+        self._lines: Callable[[str], None] | None = None  # where this count's lines of text go
+        self._start = 0.0  # when the count began (its lines say the time spent)
+        self._said: tuple[float, float] = (0.0, 0.0)  # (time, done) of the last line of text
+        self._first: tuple[float, float] | None = None  # (time, done) when the first unit was done
 
     def _wanted(self) -> bool:
         if self._asked is not None:
@@ -124,6 +160,10 @@ class Progress(AbstractContextManager):
 
     def __enter__(self) -> Progress:
         self.show = self._wanted()
+        # Lines of text for a count without a bar, unless stdout is a terminal (shown as it comes).
+        self._lines = None if self.show or self.total is None or sys.stdout.isatty() else Progress.lines
+        self._start = _now()
+        self._said = (self._start, 0.0)
         if self.show:
             if Progress._drawn:
                 self._bar = Progress._drawn[-1]._bar
@@ -157,6 +197,27 @@ class Progress(AbstractContextManager):
         if self._bar is not None:
             assert self._task is not None  # added with the bar
             self._bar.update(self._task, advance=steps)
+        if self._lines is not None:
+            self._line()
+
+    def _line(self) -> None:
+        """A line of text, if one is due: the count, the rate (from the units after the
+        first, which also compiles, as the bar's), the time spent and left."""
+        assert self._lines is not None and self.total is not None  # a count's lines only
+        now = _now()
+        if self._first is None:
+            self._first = (now, self.done)
+        if now - self._said[0] < LINE_EVERY_S or self.done - self._said[1] < LINE_EVERY_FRACTION * self.total:
+            return
+        self._said = (now, self.done)
+        since, first = self._first
+        spent = now - self._start
+        speed = (self.done - first) / (now - since) if self.done > first and now > since else None
+        if speed is None and spent > 0:
+            speed = self.done / spent
+        left = f"about {_clock((self.total - self.done) / speed)} left" if speed else "time left unknown"
+        count = _count(self.done, self.total, self.unit, self.covered)
+        self._lines(f"{self.description}: {count}, {_rate(speed, self.rate)}, {_clock(spent)} spent, {left}")
 
     def describe(self, description: str) -> None:
         self.description = description

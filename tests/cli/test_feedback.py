@@ -1,13 +1,16 @@
 """What the command tells a researcher while and after it runs (issue 20): a status line
 until the bar starts and while figures are drawn, a header per sweep job, the override
 that resumes an interrupted run, no folder left by a refused run, and `plot` and
-`report` that take the same folders and speak for themselves.
+`report` that take the same folders and speak for themselves. Off a terminal (issue 37):
+lines of progress every so often, and the run's log in its folder; and the refusals that
+keep Hydra's hint or suggest a name.
 
 All in this process (the `command` fixture): no Python or JAX start-up is paid here.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -159,6 +162,103 @@ def test_status_lines_say_what_happens_before_the_bar_and_while_drawing(command,
     for said in ("first piece: compiling, then solving", "4/4 pieces", "drawing the figures"):
         assert said in screen, (said, screen)
     assert not _progress.Progress._drawn
+
+
+# --- off a terminal: lines of progress, and the run's log ----------------------------------------
+
+
+def test_off_a_terminal_a_count_says_a_line_every_30_s_or_10_percent_whichever_is_rarer(monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    clock = [0.0]
+    monkeypatch.setattr(_progress, "_now", lambda: clock[0])
+
+    def count(pieces: int, seconds: float) -> list[str]:
+        said = []
+        clock[0] = 0.0
+        monkeypatch.setattr(_progress.Progress, "lines", said.append)
+        with _progress.Progress("phase_diagram", pieces, show=False) as bar:
+            for _ in range(pieces):
+                clock[0] += seconds
+                bar.advance()
+        return said
+
+    # Fast pieces: every 30 s (240 pieces), not every 10% (100 pieces, 12.5 s).
+    fast = count(1000, 0.125)
+    assert [line.split(",")[0] for line in fast] == [f"phase_diagram: {k}/1000 pieces" for k in (240, 480, 720, 960)]
+    assert fast[0] == "phase_diagram: 240/1000 pieces, 0.125 s/piece, 0:00:30 spent, about 0:01:35 left"
+    # Slow pieces: every 10% (10 pieces, 50 s), not every 30 s.
+    slow = count(100, 5.0)
+    assert [line.split(",")[0] for line in slow] == [f"phase_diagram: {k}/100 pieces" for k in range(10, 101, 10)]
+    assert slow[0] == "phase_diagram: 10/100 pieces, 5 s/piece, 0:00:50 spent, about 0:07:30 left"
+    # On a terminal (stdout shown as it comes), none: the bar says it.
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert count(100, 5.0) == []
+
+
+def test_off_a_terminal_a_run_prints_its_progress_and_logs_what_it_printed(command, monkeypatch, tmp_path):
+    monkeypatch.setattr(_progress, "LINE_EVERY_S", 0.0)
+    monkeypatch.setattr(_progress, "LINE_EVERY_FRACTION", 0.5)  # a line every 2 of the 4 pieces
+    out = tmp_path / "run"
+    # A run whose note goes to stderr after its results are written (stdout).
+    code, lines = command(*TINY, "noise.sigma=0.5", "noise.switch_times=[5]", "noise.factors=[1,0]",
+                          f"hydra.run.dir={out}")
+    printed = command.stdout.splitlines()
+    assert code == 0 and len(lines) == 1 and lines[0].startswith("attnflow: note: noise.switch_times"), lines
+    assert [line.split(",")[0] for line in printed[:2]] == ["attnflow: 2/4 pieces", "attnflow: 4/4 pieces"]
+    assert re.fullmatch(r"attnflow: 4/4 pieces, [\d.]+ s/piece, 0:00:\d\d spent, about 0:00:00 left", printed[1])
+    assert printed[2:] == [f"attnflow: wrote {out / 'results.nc'}"]
+    log = (out / "attnflow.log").read_text().splitlines()
+    assert log[0].startswith("# ") and log[0].endswith(f"attnflow {' '.join(TINY)} noise.sigma=0.5 "
+                                                       f"'noise.switch_times=[5]' 'noise.factors=[1,0]' "
+                                                       f"hydra.run.dir={out}"), log[0]
+    assert log[1:] == printed + lines
+    assert _progress.Progress.lines is None  # set while a run works, for every count of it
+    # The same command skips the finished run: nothing added to its log.
+    code, lines = command(*TINY, "noise.sigma=0.5", "noise.switch_times=[5]", "noise.factors=[1,0]",
+                          f"hydra.run.dir={out}")
+    assert code == 0 and "skipping it" in command.stdout
+    assert (out / "attnflow.log").read_text().splitlines() == log
+    # A run that fails after it started: its error is in its log, after what it printed.
+    failed = tmp_path / "failed"
+    tiny = [arg for arg in TINY if not arg.startswith("beta=")]
+    code, lines = command(*tiny, "attention_kind=usa", "beta=200", "dtype=float32", f"hydra.run.dir={failed}")
+    assert code == 2 and lines[-1].startswith("attnflow: error: ") and "incomplete.nc" in lines[-1], lines
+    assert (failed / "attnflow.log").read_text().splitlines()[1:] == command.stdout.splitlines() + lines
+
+
+def test_a_log_is_appended_to_never_through_a_link(tmp_path):
+    target, link = tmp_path / "elsewhere.txt", tmp_path / "attnflow.log"
+    target.write_text("kept\n")
+    link.symlink_to(target)
+    cli._append(link, "attnflow: a line\n")
+    assert target.read_text() == "kept\n"
+    cli._append(tmp_path / "own.log", "attnflow: one\n")
+    cli._append(tmp_path / "own.log", "attnflow: two\n")
+    assert (tmp_path / "own.log").read_text() == "attnflow: one\nattnflow: two\n"
+
+
+# --- refusals that say what to write instead --------------------------------------------------
+
+
+def test_a_sweep_without_m_keeps_hydras_hint(command, tmp_path):
+    code, lines = command("beta=0.5,1", "members=4", f"hydra.run.dir={tmp_path / 'run'}")
+    assert (code, lines) == (2, [
+        "attnflow: error: beta=0.5,1 is a sweep (one job per value), which takes -m (--multirun). For one run, "
+        "write a list, beta=[0.5,1], or a string in quotes that reach attnflow, \"beta='0.5,1'\"."])
+    assert not (tmp_path / "run").exists()
+    code, lines = command("t1=range(1,3)")
+    assert (code, lines) == (2, ["attnflow: error: t1=range(1,3) is a sweep (one job per value), which takes -m "
+                                 "(--multirun)."])
+    # With -m it is a sweep (each job refused here for its own reason).
+    code, lines = command("-m", "beta=0.5,1", "n=0", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert code == 2 and lines[-1].startswith("attnflow: error: 2 of 2 jobs failed"), lines
+
+
+def test_a_misspelt_experiment_is_given_the_nearest_name(command):
+    code, lines = command("experiment=metastabilty")
+    names = ", ".join(cli._shipped("experiment"))
+    assert (code, lines) == (2, [f"attnflow: error: unknown experiment 'metastabilty' (did you mean metastability?); "
+                                 f"choose one of {names}."])
 
 
 # --- plot and report take the same folders ---------------------------------------------------

@@ -213,6 +213,13 @@ def test_shell_completion_says_how_to_turn_it_on_and_completes_the_choices_of_a_
     # Hydra's own completion: a group's options and the keys.
     assert query("attnflow experiment=ca") == ["experiment=causal"]
     assert "causal=" in query("attnflow caus")
+    # The first word is also a subcommand, given before the keys that start as it does.
+    first = query("attnflow ")
+    assert first[:4] == ["plot", "report", "train", "help"] and {"n=", "init=", "experiment="} <= set(first), first
+    assert query("attnflow p") == ["plot", "plot=", "plotly_js="]
+    assert query("attnflow r", "fish") == ["report", "rank_rtol=", "rtol="]
+    assert query("attnflow tr") == ["train", "trust_pickle="]
+    assert "plot" not in query("attnflow n=8 p") and "train" not in query("attnflow n=8 ")
 
 
 def test_importing_an_experiment_loads_no_jax():

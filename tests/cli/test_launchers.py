@@ -138,6 +138,11 @@ def test_submitit_local_sweep_runs_jobs_as_subprocesses_and_its_report_reads(tmp
     logs = {path.read_text() for path in sweep.glob(".submitit/*/*_log.out")}
     for job in ("0", "1"):
         assert sum(f"wrote {sweep / job / 'results.nc'}" in log for log in logs) == 1, logs
+        # And in its own folder's log, which holds its own lines only.
+        log = (sweep / job / "attnflow.log").read_text().splitlines()
+        assert log[1].startswith(f"attnflow: job {job} (d="), log
+        assert log[2:] == [f"attnflow: wrote {sweep / job / 'results.nc'}"], log
+    assert not (sweep / "2" / "attnflow.log").exists()  # a refused job writes none
     job_ids = {yaml.safe_load((sweep / job / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["id"]
                for job in ("0", "1")}
     assert len(job_ids) == 2 and all((sweep / ".submitit" / str(job_id)).is_dir() for job_id in job_ids)
@@ -158,6 +163,7 @@ def test_an_unknown_launcher_is_one_sentence_naming_the_extras(tmp_path):
     proc = attnflow("-m", "hydra/launcher=jobib", "n=4", f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path)
     assert proc.returncode == 2
     lines = error_lines(proc)
-    assert len(lines) == 1 and lines[0].startswith("attnflow: error: unknown hydra/launcher 'jobib'"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("attnflow: error: unknown hydra/launcher 'jobib' (did you mean "
+                                                   "joblib?); choose one of"), proc.stderr
     assert "joblib" in lines[0] and "attnflow[joblib]" in lines[0] and "attnflow[slurm]" in lines[0]
     assert not (tmp_path / "sweep").exists()
