@@ -63,7 +63,7 @@ import yaml
 from ..schema._config import current_config, renamed_key
 from ..schema._errors import ConfigError
 from ..schema._metric_registry import METRICS, PANELS
-from ..storage._cf import CONVENTIONS, dimension_name
+from ..storage._cf import CONVENTIONS, dimension_name, variable_attributes
 from ..storage._store import read_config, stored_config, write_atomically, write_results
 from ._figures import colormap, style, styled, subplots
 
@@ -556,6 +556,8 @@ def report_dataset(table, swept: list[str]) -> xr.Dataset:
             attrs["units"] = "1"
         data[str(name)] = ("row", values, attrs)
     ds = xr.Dataset(data, coords=coords)
+    for name, variable in ds.variables.items():  # CF: a short long_name (the prose in description), units
+        variable.attrs = variable_attributes(str(name), variable.attrs, variable.values)
     ds.attrs = {
         "Conventions": CONVENTIONS,
         "title": "attnflow report",
