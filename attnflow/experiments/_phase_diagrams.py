@@ -84,7 +84,7 @@ def summarize(cfg, eps: float, results: dict[str, xr.Dataset], panel: str, label
     densities, failed = [], []
     for ds in results.values():
         densities.append(ds["pair_density"].mean("member", skipna=True))
-        failed.append((ds["status"] != 0).sum("member"))
+        failed.append((ds["status"] != 0).sum("member").drop_attrs())  # a count: not the flags of `status`
     density = xr.concat(densities, dim=panel).assign_coords({panel: labels})
     density = density.assign_attrs(
         description=f"mean over members of the fraction of token pairs with <x_i, x_j> > 1 - {cfg.cluster_eps:g}"

@@ -168,8 +168,9 @@ def _probes(ds: xr.Dataset, checkpoint, tokenizer, hidden, ids) -> xr.Dataset:
             renamed = renamed.rename(layer="depth")
             for name, text in _CLOUD.items():
                 renamed[name].attrs.setdefault("description", text)
-        # Each part's attributes travel in the file as "prefix:name" (netCDF has no None).
-        kept.update({f"{prefix}:{k}": v for k, v in part.attrs.items() if v is not None})
+        # Each part's attributes travel in the file as "prefix__name" (netCDF has no None;
+        # CF's attribute names are letters, digits and underscores).
+        kept.update({f"{prefix}__{k}": v for k, v in part.attrs.items() if v is not None})
         renamed.attrs = {}
         parts.append(renamed)
     merged = xr.merge(parts, compat="override", combine_attrs="override", join="exact")
@@ -202,7 +203,12 @@ def current_layout(ds: xr.Dataset) -> xr.Dataset:
 def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
     names = [v for v in ds.data_vars if v.startswith(prefix + "_")]  # pyright: ignore[reportAttributeAccessIssue]  # the variables are named by str
     part = ds[names].rename({v: v[len(prefix) + 1 :] for v in names})  # pyright: ignore[reportIndexIssue]  # the variables are named by str
-    part.attrs = {k[len(prefix) + 1 :]: v for k, v in ds.attrs.items() if k.startswith(prefix + ":")}
+    part.attrs = {  # "prefix__name"; "prefix:name" in a file written before
+        k[len(prefix) + len(mark) :]: v
+        for k, v in ds.attrs.items()
+        for mark in ("__", ":")
+        if k.startswith(prefix + mark)
+    }
     # A file written before the dimension names were unified has `spectra_layer`, ...
     old = {d: d[len(prefix) + 1 :] for d in part.dims if str(d).startswith(prefix + "_")}
     part = part.rename(old) if old else part

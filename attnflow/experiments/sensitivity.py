@@ -34,6 +34,7 @@ from ..running._progress import Progress
 from ..schema._config import Solver
 from ..schema._errors import CheckpointError, ConfigError
 from ..schema._schema import setting
+from ..storage._cf import setting_value
 from ._common import caption, colormap, config_of, figure, subplots, token_ticks
 from ._experiment import Counter, Experiment, Keeper
 from ._lazy import lazy
@@ -198,7 +199,7 @@ class Sensitivity(Experiment):
         last = int(ds.output.values[-1])
         exponent = ds.exponent.sel(output=last).values
         attention = ds.attention.sel(output=last).values
-        if ds.attrs.get("causal"):
+        if setting_value(ds.attrs.get("causal")):
             attention = np.where(np.arange(n) > last, np.nan, attention)
         steps = cfg["experiment"]["options"]["steps"]
         figures = {}
@@ -260,7 +261,7 @@ class Sensitivity(Experiment):
             "token $j$ averaged over heads and layers. Each colour scale runs from the smallest to the "
             "largest value over the other tokens; token $j$ itself (outlined), whose own update dominates "
             "its sensitivity, is clipped to it"
-            + ("; grey: hidden by the causal mask" if ds.attrs.get("causal") and last < n - 1 else "")
+            + ("; grey: hidden by the causal mask" if setting_value(ds.attrs.get("causal")) and last < n - 1 else "")
             + (
                 f"; the tokens are the decoder's of an encoder-decoder, its start token first, and its source "
                 f"(the encoder's output on the text, {ds.attrs['encoder_tokens']} tokens) is held fixed."
@@ -276,7 +277,7 @@ class Sensitivity(Experiment):
             labels = [shown(t)[0] for t in tokens]
             # The token strings label both axes of both maps (every k-th when there are many).
             full_attention = ds.attention.values.copy()
-            if ds.attrs.get("causal"):
+            if setting_value(ds.attrs.get("causal")):
                 full_attention[np.triu_indices(n, 1)] = np.nan
             for ax, values, cmap, title in (
                 (axes[0], ds.exponent.values, "Reds", r"Lyapunov sensitivity $\lambda_{ji}$"),

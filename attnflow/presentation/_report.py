@@ -77,7 +77,7 @@ import yaml
 from ..schema._config import current_config, renamed_key
 from ..schema._errors import ConfigError, did_you_mean
 from ..schema._metric_registry import METRICS, PANELS
-from ..storage._cf import CONVENTIONS, dimension_name
+from ..storage._cf import CONVENTIONS, dimension_name, variable_attributes
 from ..storage._store import read_config, stored_config, write_atomically, write_results
 from ._figures import colormap, style, styled, subplots
 
@@ -831,6 +831,8 @@ def report_dataset(table, swept: list[str], options: ReportOptions | None = None
         data[str(name)] = (dims, values, attrs)
     ds = xr.Dataset(data, coords=coords)
     shape = "one row per run and beta, and one per failed job"
+    for name, variable in ds.variables.items():  # CF: a short long_name (the prose in description), units
+        variable.attrs = variable_attributes(str(name), variable.attrs, variable.values)
     ds.attrs = {
         "Conventions": CONVENTIONS,
         "title": report_title(table, swept, options.time),

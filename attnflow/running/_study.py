@@ -274,9 +274,8 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
     if not beta_is_list:  # a single beta: a scalar coordinate, no `beta` dimension
         data_vars = {name: (dims[1:], value[0]) for name, (dims, value) in data_vars.items()}
         beta = beta[0]
-    time = variable_attributes("time", {}, 0.0, coordinate=True)
-    if cfg.time_change.speed is not None:
-        time["long_name"] = time_axis(cfg.time_change.speed)
+    rescaled = {"description": time_axis(cfg.time_change.speed)} if cfg.time_change.speed is not None else {}
+    time = variable_attributes("time", rescaled, 0.0, coordinate=True)
     coords = {
         "beta": (("beta",) if beta_is_list else (), beta, variable_attributes("beta", {}, beta, coordinate=True)),
         "member": (("member",), np.arange(cfg.members), variable_attributes("member", {}, 0, coordinate=True)),

@@ -8,15 +8,26 @@ Dataset before it is written:
   numbers, `units` (the metrics' from their registry; "1" for a pure number, which
   nearly everything here is: the flow's time is depth, not seconds). A text label
   (a token's string, a schedule's name) gets a `long_name` only, as CF allows;
+- the `long_name` is short, at most `LONG_NAME_LIMIT` characters, so that the labels
+  xarray draws from it fit a figure; the prose that says more goes in `description`
+  (`short_name` cuts it);
 - the global attributes `Conventions`, `title`, `source`, `history`,
   `attnflow_version`, and every scalar setting of the resolved config (`n`, `d`,
   `cluster_eps`, `solver`, ...; a nested key with its dots replaced by underscores,
   `weights.v.kind` -> `weights_v_kind`; null ones left out) beside the full config
-  (YAML, `config`).
+  (YAML, `config`). NetCDF has no boolean: a boolean setting is a byte, 1 for true and
+  0 for false, and `boolean_settings` names them (`boolean_meanings` says so), so that
+  `bool(ds.attrs["causal"])` is the setting (earlier files hold the strings
+  "true"/"false" instead: `setting_value` reads both).
 
-A variable that says what it is with a `description` gets it as its `long_name`. One
+A variable that says what it is with a `description` gets its `long_name` from it. One
 with neither is a bug of attnflow: `describe` refuses it, naming it, so that the tests,
 which run every experiment, catch it.
+
+`netcdf_layout` gives a Dataset the encoding the CF checkers read (`write_results`
+applies it to every file attnflow writes): text as arrays of characters (NetCDF-4's
+variable-length strings are not CF-1.8), a text coordinate along its own dimension named
+in its variables' `coordinates`, and `flag_values` of the type of their variable.
 
 Dimension names, one per concept across experiments: `time` (the flow's depth-time),
 `member`, `beta`, `token` (a position in the sequence), `dim` (a coordinate of a
@@ -27,8 +38,9 @@ attention map), `cluster`.
 
 from __future__ import annotations
 
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from importlib.metadata import version
 from typing import Any
@@ -38,25 +50,29 @@ import numpy as np
 from ..schema._metric_registry import METRICS
 
 CONVENTIONS = "CF-1.11"
+# The longest `long_name` (characters): xarray labels an axis or a colour bar with it and
+# its units, wrapped at 30 characters a line; a longer one was clipped off the figure.
+LONG_NAME_LIMIT = 40
+BOOLEAN_MEANINGS = "1 true, 0 false"
 
 # The coordinates (and dimensions) every experiment may share: their long name and units.
 COORDINATES: dict[str, tuple[str, str | None]] = {
     "time": ("depth-time t of the flow (the continuous layer index; dimensionless)", "1"),
-    "beta": ("inverse temperature beta of the attention", "1"),
+    "beta": ("inverse temperature beta (of the attention)", "1"),
     "member": ("ensemble member index", "1"),
     "token": ("token position in the sequence", "1"),
     "dim": ("coordinate of a token's state", "1"),
-    "source_token": ("source token (cross-attention) index", "1"),
+    "source_token": ("source token index (cross-attention)", "1"),
     "head": ("attention head index", "1"),
     "layer": ("transformer layer (block) index", "1"),
-    "depth": ("hidden state after this many transformer layers (0: the embeddings)", "1"),
+    "depth": ("transformer layers applied (0: the embeddings; the hidden state after this many layers)", "1"),
     "query": ("attention row: the querying token", "1"),
     "key": ("attention column: the attended token", "1"),
     "cluster": ("cluster rank, largest first", "1"),
-    "exponent": ("rank of a Lyapunov exponent, largest first", "1"),
+    "exponent": ("Lyapunov exponent rank, largest first", "1"),
     "schedule": ("weight schedule of the panel", None),
     "panel": ("panel of the experiment (one study each)", None),
-    "d": ("dimension d of the space the tokens live in", "1"),
+    "d": ("dimension d (of the space the tokens live in)", "1"),
     "n": ("number of tokens n", "1"),
     "token_string": ("the token as text", None),
     "token_id": ("token id in the model's vocabulary", "1"),
@@ -65,10 +81,13 @@ COORDINATES: dict[str, tuple[str, str | None]] = {
 # Variables of a study's results besides the metrics.
 VARIABLES: dict[str, tuple[str, str]] = {
     "x": ("token states", "1"),
-    "source_x": ("source tokens the target attends to (held fixed while it flows)", "1"),
+    "source_x": ("source tokens (held fixed while the target attends to them and flows)", "1"),
     "num_steps": ("solver steps taken", "1"),
     "status": ("solve status: 0 reached t1; 1 the state became non-finite; 2 the solver stopped early", "1"),
-    "failure_time": ("first output time whose statistics are missing (NaN when the solve succeeded)", "1"),
+    "failure_time": (
+        "failure time: the first output time whose statistics are missing (NaN when the solve succeeded)",
+        "1",
+    ),
 }
 
 
@@ -79,20 +98,38 @@ def dimension_name(key: str) -> str:
     return key.replace(".", "_")
 
 
-def scalar_settings(config: Mapping, prefix: str = "") -> dict[str, Any]:
-    """Every scalar leaf of a config as a NetCDF attribute: numbers and text as they
-    are, booleans as `true`/`false` (NetCDF has no boolean); null settings, lists and
-    empty mappings are left to the full config."""
-    settings = {}
+def _leaves(config: Mapping, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """The scalar leaves of a config, named as attributes (`dimension_name`)."""
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            settings.update(scalar_settings(value, f"{name}."))
-        elif isinstance(value, bool):
-            settings[dimension_name(name)] = str(value).lower()
-        elif isinstance(value, (int, float, str)):
-            settings[dimension_name(name)] = value
-    return settings
+            yield from _leaves(value, f"{name}.")
+        elif isinstance(value, (bool, int, float, str)):
+            yield dimension_name(name), value
+
+
+def scalar_settings(config: Mapping) -> dict[str, Any]:
+    """Every scalar leaf of a config as a NetCDF attribute: numbers and text as they
+    are, booleans as a byte, 1 for true and 0 for false (NetCDF has no boolean; the
+    names of those are `boolean_settings`); null settings, lists and empty mappings are
+    left to the full config."""
+    return {name: np.int8(value) if isinstance(value, bool) else value for name, value in _leaves(config)}
+
+
+def boolean_settings(config: Mapping) -> list[str]:
+    """The attribute names of the boolean settings of a config (stored as 1 or 0)."""
+    return [name for name, value in _leaves(config) if isinstance(value, bool)]
+
+
+def setting_value(value: Any) -> Any:
+    """A setting as a results file's attribute holds it, as its value: a boolean setting
+    read back as True or False from today's byte and from the "true"/"false" text of
+    files written before it; any other value as it is."""
+    if isinstance(value, str) and value in ("true", "false"):
+        return value == "true"
+    if isinstance(value, np.generic) and value.dtype == np.int8:
+        return bool(value)
+    return value
 
 
 def history_line(command: str) -> str:
@@ -132,6 +169,19 @@ def _is_text(values: np.ndarray) -> bool:
     return values.dtype.kind in "OSU"
 
 
+def short_name(text: str, name: str) -> str:
+    """A `long_name` of at most `LONG_NAME_LIMIT` characters for a variable `name`
+    whose prose is `text`: the text itself when it fits, else its first clause (up to
+    ': ', ' (', '; ' or ' = ') when that fits, else the name with spaces for its
+    underscores."""
+    if len(text) <= LONG_NAME_LIMIT:
+        return text
+    head = re.split(r": | \(|; | = ", text, maxsplit=1)[0].strip()
+    if 0 < len(head) <= LONG_NAME_LIMIT:
+        return head
+    return name.replace("_", " ")[:LONG_NAME_LIMIT]
+
+
 def variable_attributes(
     name: str,
     attrs: Mapping,
@@ -140,10 +190,12 @@ def variable_attributes(
     coordinate: bool = False,
     known: Mapping[str, tuple[str, str | None]] | None = None,
 ) -> dict:
-    """A variable's attributes with its `long_name` and `units` filled in: a
-    `description` becomes the `long_name` (replacing one it had); otherwise the names
-    known here (the shared coordinates, the metrics, a study's bookkeeping) give both. Numbers without units
-    are pure numbers ("1"); text takes none."""
+    """A variable's attributes with its `long_name` and `units` filled in. What it is
+    comes from its `description` (over a `long_name` it inherited), else its own
+    `long_name`, else the names known here (the shared coordinates, the metrics, a
+    study's bookkeeping); the `long_name` is that text cut short (`short_name`), the
+    `description` the whole of it when it is longer. Numbers without units are pure
+    numbers ("1"); text takes none."""
     attrs = dict(attrs)
     given = known
     entry: tuple[str, str | None] | None = (COORDINATES.get(name) if coordinate else None) or VARIABLES.get(name)
@@ -152,9 +204,17 @@ def variable_attributes(
     if given is not None and name in given:
         entry = given[name]
     if "description" in attrs:  # what an experiment says of a variable, over what it inherited
-        attrs["long_name"] = attrs.pop("description")
-    elif "long_name" not in attrs and entry is not None:
-        attrs["long_name"] = entry[0]
+        prose = str(attrs["description"])
+    elif "long_name" in attrs:
+        prose = str(attrs["long_name"])
+    else:
+        prose = entry[0] if entry is not None else None
+    if prose is not None:
+        attrs["long_name"] = short_name(prose, name)
+        if attrs["long_name"] != prose:
+            attrs["description"] = prose
+        else:
+            attrs.pop("description", None)
     if "units" not in attrs and not _is_text(np.asarray(values)):
         attrs["units"] = entry[1] if entry is not None and entry[1] is not None else "1"
     return attrs
@@ -165,6 +225,9 @@ def global_attributes(*, title: str, config: Mapping, history: str, references: 
     `Conventions`, `title`, `source`, `attnflow_version`, `history` (`history_line`)
     and, when given, `references` (the paper a figure reproduces)."""
     attrs = scalar_settings(config)
+    booleans = boolean_settings(config)
+    if booleans:
+        attrs.update(boolean_settings=" ".join(booleans), boolean_meanings=BOOLEAN_MEANINGS)
     attrs.update(
         Conventions=CONVENTIONS,
         title=title,
@@ -224,4 +287,30 @@ def describe(
     own = dict(ds.attrs)
     ds.attrs = {**global_attributes(title=title, config=config, history=history, references=references), **own}
     ds.attrs.update(Conventions=CONVENTIONS, history=history)
+    return ds
+
+
+def netcdf_layout(ds):
+    """`ds` (an xarray Dataset) with the encoding that makes its file CF-1.8 for a
+    checker, its values unchanged (a shallow copy; `ds` is left as it is): text is
+    written as arrays of characters (UTF-8; xarray reads it back as text), a text
+    coordinate along its own dimension is named in the `coordinates` of every variable
+    along that dimension (an auxiliary coordinate: CF's coordinate variables hold
+    numbers), and `flag_values` take the type their variable is written with."""
+    ds = ds.copy(deep=False)
+    labels = {str(name) for name in ds.coords if name in ds.dims and _is_text(ds[name].values)}
+    for name, variable in ds.variables.items():
+        encoding = dict(variable.encoding)
+        if _is_text(variable.values) and "dtype" not in encoding:
+            encoding["dtype"] = "S1"
+        if "flag_values" in variable.attrs:
+            stored = np.dtype(encoding.get("dtype", variable.dtype))
+            variable.attrs["flag_values"] = np.asarray(variable.attrs["flag_values"], stored)
+        along = [str(label) for label in labels if label in variable.dims and label != name]
+        if along and name not in ds.coords and "coordinates" not in encoding:
+            others = [
+                str(c) for c in ds.coords if c not in ds.dims and set(ds[c].dims) <= set(variable.dims) and c != name
+            ]
+            encoding["coordinates"] = " ".join(sorted({*along, *others}))
+        variable.encoding = encoding
     return ds

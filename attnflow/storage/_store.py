@@ -41,6 +41,7 @@ import yaml
 
 from ..schema._config import current_config
 from ..schema._errors import ConfigError, StorageError
+from ._cf import netcdf_layout
 
 _PARTIAL: set[Path] = set()
 _PARTIAL_LOCK = threading.Lock()
@@ -276,12 +277,14 @@ def write_results(results, path: str | os.PathLike) -> Path:
     """Write `Results` (or an xarray Dataset) to NetCDF with xarray, whole or not at all:
     a temporary file in the same folder, then a rename. An existing file is only ever
     replaced by a complete one. A Dataset's variables are written with their
-    `encoding`."""
+    `encoding`, and laid out as CF-1.8 asks (`attnflow.storage._cf.netcdf_layout`: text
+    as characters, read back as text)."""
     path = Path(path)
     _make_folder(path.parent)
     if isinstance(results, Results):
         results = results.to_xarray()
-    return write_atomically(path, lambda tmp: results.to_netcdf(tmp, engine="netcdf4"))
+    laid_out = netcdf_layout(results)
+    return write_atomically(path, lambda tmp: laid_out.to_netcdf(tmp, engine="netcdf4"))
 
 
 def load_results(path: str | os.PathLike):

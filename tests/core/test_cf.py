@@ -53,7 +53,8 @@ def test_a_run_from_the_command_line_writes_a_cf_file_that_plot_reads_old_or_new
     config = yaml.safe_load(ds.attrs["config"])
     assert (ds.attrs["n"], ds.attrs["d"], ds.attrs["cluster_eps"], ds.attrs["dt"]) == (4, 3, 0.01, 0.1)
     assert (ds.attrs["solver"], ds.attrs["attention_kind"], ds.attrs["weights_v_kind"]) == ("euler_renorm", "sa", "identity")
-    assert ds.attrs["save_states"] == "true" and "alibi" not in ds.attrs
+    assert ds.attrs["save_states"] == 1 and "save_states" in ds.attrs["boolean_settings"].split()
+    assert "alibi" not in ds.attrs
     assert set(scalar_settings(config)) <= set(ds.attrs)
 
     # A file written before the CF attributes (and its `attnflow plot`): still drawn.
@@ -82,11 +83,16 @@ def test_describe_fills_from_descriptions_and_refuses_a_variable_that_says_nothi
                     coords={"member": [0, 1]})
     describe(ds, title="t", config={"n": 4, "weights": {"v": {"kind": "tied"}}, "alibi": None}, history="h")
     assert_described(ds)
-    assert ds["gap"].attrs == {"long_name": "spectral gap", "units": "1"}
+    assert ds["gap"].attrs == {"long_name": "spectral gap", "units": "1"}  # short: no description beside it
     assert ds["angle"].attrs["units"] == "radian"
     assert "units" not in ds["label"].attrs  # text takes no units
     assert ds["energy"].attrs["long_name"].startswith("interaction energy")  # from the metric registry
     assert ds.attrs["weights_v_kind"] == "tied" and "alibi" not in ds.attrs
+    # a long description: a short long_name (its first clause), the prose kept
+    long = xr.Dataset({"gap": (("member",), np.ones(2), {"description": "spectral gap: the distance of the two "
+                                                         "largest eigenvalues of the averaged attention"})})
+    describe(long, title="t", config={}, history="h")
+    assert long["gap"].attrs["long_name"] == "spectral gap" and "eigenvalues" in long["gap"].attrs["description"]
     mystery = xr.Dataset({"mystery": (("member",), np.ones(2))}, coords={"token_rank": [0, 1]})
     with pytest.raises(UndescribedError, match="mystery, token_rank|token_rank, mystery"):
         describe(mystery, title="t", config={}, history="h")

@@ -129,7 +129,8 @@ def test_a_user_metric_is_recorded_as_its_function_computes_it(user_module):
                                np.linalg.norm(x - x.mean(axis=-2, keepdims=True), axis=-1).mean(axis=-1), rtol=1e-12)
     assert ds["first_coordinate"].dims == ("member", "time", "token")
     np.testing.assert_allclose(ds["first_coordinate"].values, x[..., 0], rtol=1e-12)
-    assert ds["spread"].attrs["long_name"] == "mean distance of the tokens to their centroid"
+    assert ds["spread"].attrs["description"] == "mean distance of the tokens to their centroid"  # too long a label
+    assert ds["spread"].attrs["long_name"] == "spread"
     assert ds["spread"].attrs["metric"] == "componentstudy.spread"
     assert ds.attrs["code_digest"]
 
