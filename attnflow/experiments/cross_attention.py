@@ -234,7 +234,7 @@ class CrossAttention(Experiment):
             warnings.simplefilter("ignore", RuntimeWarning)  # a cell whose members all failed: NaN
             for name in DESCRIPTIONS:
                 out[f"{name}_mean"] = (
-                    out[name].mean("member").assign_attrs(description=f"mean over the members of: {DESCRIPTIONS[name]}")
+                    out[name].mean("member").assign_attrs(description=f"{DESCRIPTIONS[name]}; the mean over members")
                 )
         out["failed_members"] = (
             out["largest_share"]
