@@ -22,7 +22,7 @@ from jaxtyping import Array, Float, ScalarLike
 
 from ..schema._errors import ConfigError
 from ._schedules import AbstractSchedule, identity_multiple
-from ._terms import COMBINES, AbstractInteraction, _add, _apply, _contract, _mix
+from ._terms import COMBINES, AbstractInteraction, _add, _apply, _contract, _mix, check_outputs, combine_heads
 
 # The kinds of cross-attention: softmax over the source tokens, or unnormalized (1/m).
 CROSS_KINDS = ("sa", "usa")
@@ -77,20 +77,7 @@ class CrossAttention(AbstractInteraction):
             raise ConfigError(
                 f"the key and value schedules read source tokens of dimension {d2}, got {self.source.shape[1]}."
             )
-        if self.output is None:
-            if dv != d:
-                raise ConfigError(f"an output matrix O is needed when d_v={dv} differs from d={d}.")
-        elif self.output.shape != (self.heads, d, dv):
-            raise ConfigError(f"the output schedule must return shape {(self.heads, d, dv)}, got {self.output.shape}.")
-        for name, want in (
-            ("query_bias", (self.heads, dk)),
-            ("key_bias", (self.heads, dk)),
-            ("value_bias", (self.heads, dv)),
-            ("output_bias", (d,)),
-        ):
-            bias = getattr(self, name)
-            if bias is not None and bias.shape != want:
-                raise ConfigError(f"the {name} schedule must return shape {want}, got {bias.shape}.")
+        check_outputs(self, dk, dv, d)
 
     def working_bytes(self, n: int, itemsize: int) -> tuple[int, int]:
         """Queries, keys and values that are not the tokens themselves, the mixed values
@@ -132,12 +119,4 @@ class CrossAttention(AbstractInteraction):
             mixed = mixed / jax.lax.broadcast_to_rank(jnp.sum(e, axis=-1, keepdims=True), mixed.ndim)
         else:
             mixed = _mix(jnp.exp(scores), values) / self.source.shape[0]
-        if self.output is not None:
-            spec = "hde,ne->hnd" if mixed.ndim == 2 else "hde,hne->hnd"
-            mixed = jnp.einsum(spec, self.output(t, at), mixed)
-        if mixed.ndim == 2:
-            # No head axis: every head is the same (identity Q, K, V and O).
-            out = mixed if self.heads == 1 or self.combine == "mean" else self.heads * mixed
-        else:
-            out = jnp.sum(mixed, axis=0) if self.combine == "sum" else jnp.mean(mixed, axis=0)
-        return out if self.output_bias is None else out + self.output_bias(t, at)[None]
+        return combine_heads(self, t, at, mixed)

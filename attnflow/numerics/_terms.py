@@ -221,6 +221,41 @@ def _add(values: Array, bias: AbstractSchedule | None, t, at) -> Array:
 COMBINES = ("sum", "mean")
 
 
+def check_outputs(term, dk: int, dv: int, d: int) -> None:
+    """An attention term's output matrix and biases checked against its heads: `output`
+    `(heads, d, d_v)` (None needs d_v = d), `query_bias` and `key_bias` `(heads, d_k)`,
+    `value_bias` `(heads, d_v)`, `output_bias` `(d,)`."""
+    if term.output is None:
+        if dv != d:
+            raise ConfigError(f"an output matrix O is needed when d_v={dv} differs from d={d}.")
+    elif term.output.shape != (term.heads, d, dv):
+        raise ConfigError(f"the output schedule must return shape {(term.heads, d, dv)}, got {term.output.shape}.")
+    for name, want in (
+        ("query_bias", (term.heads, dk)),
+        ("key_bias", (term.heads, dk)),
+        ("value_bias", (term.heads, dv)),
+        ("output_bias", (d,)),
+    ):
+        bias = getattr(term, name)
+        if bias is not None and bias.shape != want:
+            raise ConfigError(f"the {name} schedule must return shape {want}, got {bias.shape}.")
+
+
+def combine_heads(term, t, at, mixed: Array) -> Array:
+    """An attention term's mixed values `(heads, n, d_v)` (or `(n, d_v)` when every head
+    is the same) through its output matrices, combined over heads (summed or averaged,
+    `term.combine`) and shifted by its output bias."""
+    if term.output is not None:
+        spec = "hde,ne->hnd" if mixed.ndim == 2 else "hde,hne->hnd"
+        mixed = jnp.einsum(spec, term.output(t, at), mixed)
+    if mixed.ndim == 2:
+        # No head axis: all heads are identical (identity Q, K, V and O).
+        out = mixed if term.heads == 1 or term.combine == "mean" else term.heads * mixed
+    else:
+        out = jnp.sum(mixed, axis=0) if term.combine == "sum" else jnp.mean(mixed, axis=0)
+    return out if term.output_bias is None else out + term.output_bias(t, at)[None]
+
+
 class SelfAttention(AbstractInteraction):
     """Multi-head self-attention as an interaction between tokens.
 
@@ -386,22 +421,9 @@ class SelfAttention(AbstractInteraction):
                 f"query {self.query.shape} and key {self.key.shape} must share (heads, d_k, d) "
                 f"and value {self.value.shape} must have the same d."
             )
-        if self.output is None:
-            if dv != d:
-                raise ConfigError(f"an output matrix O is needed when d_v={dv} differs from d={d}.")
-        elif self.output.shape != (self.heads, d, dv):
-            raise ConfigError(f"the output schedule must return shape {(self.heads, d, dv)}, got {self.output.shape}.")
         if self.alibi is not None and self.alibi.shape != (self.heads,):
             raise ConfigError(f"alibi needs one slope per head, shape ({self.heads},), got {self.alibi.shape}.")
-        for name, want in (
-            ("query_bias", (self.heads, dk)),
-            ("key_bias", (self.heads, dk)),
-            ("value_bias", (self.heads, dv)),
-            ("output_bias", (d,)),
-        ):
-            bias = getattr(self, name)
-            if bias is not None and bias.shape != want:
-                raise ConfigError(f"the {name} schedule must return shape {want}, got {bias.shape}.")
+        check_outputs(self, dk, dv, d)
 
     @property
     def dim(self) -> int:
@@ -588,15 +610,7 @@ class SelfAttention(AbstractInteraction):
                 mixed = _mix(self._kept(e, x, rows), values) / n
             else:
                 mixed = _mix(self._kept(jnp.exp(scores), x, rows), values) / n
-        if self.output is not None:
-            spec = "hde,ne->hnd" if mixed.ndim == 2 else "hde,hne->hnd"
-            mixed = jnp.einsum(spec, self.output(t, at), mixed)
-        if mixed.ndim == 2:
-            # No head axis: all heads are identical (identity Q, K, V and O).
-            out = mixed if self.heads == 1 or self.combine == "mean" else self.heads * mixed
-        else:
-            out = jnp.sum(mixed, axis=0) if self.combine == "sum" else jnp.mean(mixed, axis=0)
-        return out if self.output_bias is None else out + self.output_bias(t, at)[None]
+        return combine_heads(self, t, at, mixed)
 
 
 _ACTIVATIONS = {
