@@ -104,17 +104,7 @@ class Attention(Part):
                     )
                 )
         if cfg.attention:
-            for m in "qkvo":
-                kind = KINDS[getattr(cfg.weights, m).kind]
-                unused = [k for k in SETTINGS if k not in kind.uses]
-                if not kind.in_time:
-                    unused += ["switch_times", "factors", "poly"]
-                rules.append(
-                    (
-                        f"to weights.{m}.kind={kind.kind}",
-                        [(f"weights.{m}.{k}", lambda c, m=m, k=k: getattr(getattr(c.weights, m), k)) for k in unused],
-                    )
-                )
+            rules += unused_weights(cfg)
         return rules
 
     @classmethod
@@ -232,6 +222,28 @@ def matrices(cfg, heads: Heads | None = None) -> list[tuple[Any, Matrix]]:
         )
         for m in "qkvo"
     ]
+
+
+def unused_weights(cfg, heads: Heads | None = None) -> list[tuple[str, list]]:
+    """The settings of each matrix that its kind does not read (`Part.unused`'s rules):
+    `weights.M.KEY` "to weights.M.kind=KIND" (`cross.weights.M.KEY` for cross-attention)."""
+    heads = heads or heads_of(cfg)
+    group = f"{heads.prefix}weights"
+
+    def node(c, m):  # the settings of matrix m in the config c
+        for part in group.split("."):
+            c = getattr(c, part)
+        return getattr(c, m)
+
+    rules = []
+    for m in "qkvo":
+        kind = KINDS[getattr(heads.weights, m).kind]
+        unused = [k for k in SETTINGS if k not in kind.uses]
+        if not kind.in_time:
+            unused += ["switch_times", "factors", "poly"]
+        getters = [(f"{group}.{m}.{k}", lambda c, m=m, k=k: getattr(node(c, m), k)) for k in unused]
+        rules.append((f"to {group}.{m}.kind={kind.kind}", getters))
+    return rules
 
 
 def check_weights(cfg, heads: Heads | None = None) -> None:

@@ -19,9 +19,8 @@ from .._checks import as_floats, number
 from .._errors import ConfigError
 from .._metric_registry import names_reading, reading
 from ..initial import INITS
-from ..weights import KINDS, SETTINGS
 from ._part import Part
-from .attention import Attention, Heads, check_weights, schedule
+from .attention import Attention, Heads, check_weights, schedule, unused_weights
 
 # The stream of the member's weight key the cross-attention's matrices are drawn from
 # (self-attention takes the first four of five, the MLP the fifth).
@@ -114,20 +113,7 @@ class Cross(Part):
                     [("cross.source_beta", lambda c: c.cross.source_beta)],
                 )
             )
-        for m in "qkvo":
-            kind = KINDS[getattr(cross.weights, m).kind]
-            unused = [k for k in SETTINGS if k not in kind.uses]
-            if not kind.in_time:
-                unused += ["switch_times", "factors", "poly"]
-            rules.append(
-                (
-                    f"to cross.weights.{m}.kind={kind.kind}",
-                    [
-                        (f"cross.weights.{m}.{k}", lambda c, m=m, k=k: getattr(getattr(c.cross.weights, m), k))
-                        for k in unused
-                    ],
-                )
-            )
+        rules += unused_weights(cfg, _heads(cfg))
         return rules
 
     @classmethod
