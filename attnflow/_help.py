@@ -667,15 +667,11 @@ def _markdown_keys(rows: tuple[Key, ...]) -> list[str]:
 
 
 def reference_markdown() -> str:
-    """The docs page "The command line and every config key", in Markdown: the usage,
-    the flags, the experiments, the initial conditions, every key of a study, every
-    setting of `attnflow train`, and every experiment's options."""
+    """The body of the docs page of every config key (docs/reference.md, which gives its
+    title and introduction), in Markdown: the usage, the flags, the experiments, the
+    initial conditions, every key of a study, every setting of `attnflow train`, the
+    options of `attnflow report`, and every experiment's options."""
     lines = [
-        "# The command line and every config key",
-        "",
-        "This page is generated from the config schema (each key's type, choices and meaning) and the default "
-        "values of the YAML files; `attnflow --help` prints the same.",
-        "",
         "## Usage",
         "",
         "| command | what it does |",
