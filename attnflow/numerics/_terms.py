@@ -17,7 +17,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, ScalarLike
 
 from ..schema._errors import ConfigError
-from . import _tiled
+from . import _harmonic, _tiled
 from ._schedules import AbstractSchedule, identity_factor, identity_multiple
 
 
@@ -308,6 +308,13 @@ class SelfAttention(AbstractInteraction):
     tiled path then needs no running maximum, and without a causal mask it goes through
     the symmetric logits once per pair of tiles (`attnflow.numerics._tiled.symmetric_attention`).
 
+    `summation="harmonic"` sums over the keys through an expansion of the kernel in
+    harmonics of the key tokens (`attnflow.numerics._harmonic`: cost $O(nL)$ on the circle,
+    $O(nL^2)$ on the sphere, instead of $O(n^2)$), truncated at the static `degree` L. It
+    serves softmax and unnormalized attention of unit tokens (`unit_rows`) in d = 2 or 3,
+    causal or not, with ALiBi, without rotary positions, a position bias or a key bias, and
+    ignores `block`; the key tokens enter as $x_j / |x_j|$.
+
     Two options serve a field run at constant speed (`attnflow.VectorField`'s
     `time_change`), which turns any field, however small, into motion at full speed;
     both need the logits formed whole (no tiles):
@@ -348,6 +355,8 @@ class SelfAttention(AbstractInteraction):
     hardmax_self: bool = eqx.field(static=True, default=True)
     combine: Literal["sum", "mean"] = eqx.field(static=True, default="sum")
     position_bias: RelativePositionBias | None = None
+    summation: Literal["direct", "harmonic"] = eqx.field(static=True, default="direct")
+    degree: int = eqx.field(static=True, default=0)
 
     def __check_init__(self):
         if self.combine not in COMBINES:
@@ -424,6 +433,28 @@ class SelfAttention(AbstractInteraction):
         if self.alibi is not None and self.alibi.shape != (self.heads,):
             raise ConfigError(f"alibi needs one slope per head, shape ({self.heads},), got {self.alibi.shape}.")
         check_outputs(self, dk, dv, d)
+        if self.summation == "harmonic":
+            self._check_harmonic(d)
+
+    def _check_harmonic(self, d: int) -> None:
+        """Refuse, in one sentence, what harmonic summation cannot serve."""
+        cannot = (
+            (self.kind not in ("sa", "usa"), f"{self.kind} attention"),
+            (not self.unit_rows, "tokens off the unit sphere"),
+            (d not in _harmonic.DIMS, f"d = {d}"),
+            (self.rotary is not None, "rotary positions"),
+            (self.position_bias is not None, "a position bias"),
+            (self.key_bias is not None, "a key bias"),
+            (self.scale_free or self.exclude_coincident, "scale_free or exclude_coincident"),
+        )
+        for bad, what in cannot:
+            if bad:
+                raise ConfigError(
+                    f"harmonic summation serves softmax and unnormalized attention of unit tokens in d = 2 or 3, "
+                    f"without rotary positions, a position bias or a key bias; not {what}."
+                )
+        if not (isinstance(self.degree, int) and self.degree >= 1):
+            raise ConfigError(f"harmonic summation needs a degree >= 1, got {self.degree!r}.")
 
     @property
     def dim(self) -> int:
@@ -572,7 +603,19 @@ class SelfAttention(AbstractInteraction):
         q, k = self._queries_keys(t, x, at, rows)
         values = _add(_apply(self.value, t, x, at), self.value_bias, t, at)
         tile = self.tile(n)
-        if self.kind in ("sinkhorn", "hardmax"):
+        if self.summation == "harmonic":
+            key = None if identity_multiple(self.key) else self.key(t, at)
+            if key is None and (factor := identity_factor(self.key, t, at)) is not None:
+                q = factor.astype(q.dtype) * q  # <q, c x_j> = <c q, x_j>
+            u = _harmonic.query_vectors(q, key, self.beta)
+            # The expansion is in harmonics of unit key tokens: a Runge-Kutta stage lies off the
+            # sphere by O(dt^2), and the field of x/|x| agrees with the direct one on the sphere
+            # (the solutions differ by the solver's error, not by O(dt^2) per stage).
+            on_sphere = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
+            mixed = _harmonic.attention_heads(
+                u, on_sphere, values, self.alibi, degree=self.degree, kind=self.kind, causal=self.causal
+            )
+        elif self.kind in ("sinkhorn", "hardmax"):
             mixed = _mix(self._normalised(t, x, at, rows), values)
         elif tile is not None and (self.scale_free or self.exclude_coincident):
             raise ConfigError(

@@ -79,6 +79,7 @@ PlotlyJS = _choice("PlotlyJS", ("embed", "directory"))
 NoiseKind = _choice("NoiseKind", NOISE_KINDS)
 HeadsCombine = _choice("HeadsCombine", ("sum", "mean"))
 CrossKind = _choice("CrossKind", ("sa", "usa"))
+Summation = _choice("Summation", ("direct", "harmonic", "auto"))
 
 
 # Each key's meaning is its field's `help` (`setting(default, "meaning")`), which `attnflow
@@ -290,6 +291,14 @@ class Config:
         "logits and Gram matrices in tiles of this many tokens (memory n * block, not n^2): null: tiles of 512 "
         "above n = 1024, whole below; 0: always whole",
     )
+    summation: Summation = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING,
+        "how the attention sums over keys: direct (every pair, whole or in tiles) | harmonic (tokens on the circle "
+        "or the sphere: an expansion in harmonics, cost n L or n L^2) | auto (harmonic where it serves and is faster)",
+    )
+    summation_tol: float = setting(
+        MISSING, "summation=harmonic: the expansion's coefficient tail at the largest logit radius (sets its degree)"
+    )
     weights: WeightsConfig = setting(MISSING, "the matrices Q, K, V and O of every head")
     mlp: MLPConfig = setting(MISSING, "a random MLP term")
     sinkhorn: SinkhornConfig = setting(
@@ -375,8 +384,9 @@ NOT_RESULT_KEYS = ("overwrite", "plot", "plotly_js", "compilation_cache")
 RENAMED = {"norm": "scheme", "dynamics": "attention_kind", "eps": "cluster_eps"}
 RENAMED_IN = "0.2.0"
 # The groups of a study's config added since attnflow 0.1.0, whose defaults leave a run as
-# it was (cross-attention off): a config stored before them reads as if it had them.
-ADDED = ("cross",)
+# it was (cross-attention off, direct summation): a config stored before them reads as if
+# it had them.
+ADDED = ("cross", "summation", "summation_tol")
 # The options of attnflow's experiments that hold a study config of their own (keys over
 # the defaults), by experiment: their keys were renamed too.
 STUDY_OPTIONS = {"metastability": ("staircase",)}
