@@ -378,11 +378,11 @@ def _section(text: str, title: str) -> str:
 
 @pytest.mark.parametrize("page, title, table, first_cells", [
     ("docs/diffeqformer.md", "The DiffEqFormer: a transformer with time-dependent weights",
-     "docs/figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
+     "figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
     ("docs/gallery/diffeqformer.md", "A trained DiffEqFormer against its GPT baseline",
-     "docs/figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
+     "figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
     ("docs/gallery/adaptive_depth.md", "Adaptive depth: one pretrained run at 9 to 24 steps",
-     "docs/figures/adaptive_depth/adaptive_depth.md", {"9", "12", "18", "24", "GPT (18 layers)"}),
+     "figures/adaptive_depth/adaptive_depth.md", {"9", "12", "18", "24", "GPT (18 layers)"}),
 ])
 def test_the_documented_tables_of_trained_runs_are_those_of_the_committed_figures(page, title, table, first_cells):
     """The numbers the documentation states for the default runs (25 minutes of training

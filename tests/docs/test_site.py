@@ -1,7 +1,8 @@
 """The documentation site: `mkdocs build --strict` builds it (a broken link, a missing
 page or an API name that does not resolve fails), every exported name has its
-`::: NAME` entry in the API reference, the README stays a short front door whose two
-newcomer commands are those CI runs, and `attnflow.__version__` is the package's."""
+`::: NAME` entry in the API reference, the gallery's figures (top-level `figures/`) are
+at the site's `figures/`, the README stays a short front door whose two newcomer
+commands are those CI runs, and `attnflow.__version__` is the package's."""
 
 import ast
 import importlib.metadata
@@ -101,6 +102,12 @@ def test_the_site_builds_strictly(tmp_path):
     # two plotly views embedded live
     live = [page for page in gallery if "<iframe" in page.read_text()]
     assert len(live) >= 2
+    # the top-level figures/ at the site's figures/ (docs/_hooks/figures.py): what the pages show,
+    # not the tables the figures were drawn with (figures/checkpoint/head_vectors.md and .csv)
+    shown = {path.relative_to(ROOT).as_posix() for path in (ROOT / "figures").rglob("*")
+             if path.suffix in (".png", ".svg", ".jpg", ".jpeg", ".gif", ".pdf", ".html")}
+    assert "figures/single_cluster/single_cluster.html" in shown and "figures/beta_sweep.png" in shown
+    assert {path.relative_to(site).as_posix() for path in (site / "figures").rglob("*") if path.is_file()} == shown
 
 
 def test_the_gallery_script_makes_every_experiment():
