@@ -17,5 +17,6 @@ cd "$(dirname "$0")/.."
 names="${*:-$(for f in conf/experiment/*.yaml; do basename "$f" .yaml; done)}"
 for name in $names; do
     echo "== $name"
-    attnflow "experiment=$name" "hydra.run.dir=figures/$name"
+    # the interactive views load plotly.min.js from their folder (the site puts one there)
+    attnflow "experiment=$name" "hydra.run.dir=figures/$name" plotly_js=directory
 done
