@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import yaml
+from commands import assert_cf
 from PIL import Image
 
 from attnflow import load_results, write_results
@@ -40,9 +41,11 @@ def test_energy_never_decreases_and_one_cluster_forms(single_cluster):
     assert np.all(ds["status"].values == 0)
 
 
-def test_draw_writes_figures_html_and_gif(single_cluster, tmp_path):
+def test_draw_writes_figures_html_and_gif_from_a_file_that_passes_the_cf_checker(single_cluster, tmp_path):
     # Drawn from the file, as `attnflow plot` does.
-    ds = load_results(write_results(single_cluster, tmp_path / "results.nc"))
+    path = write_results(single_cluster, tmp_path / "results.nc")
+    assert_cf(tmp_path, path)
+    ds = load_results(path)
     paths = draw_experiment(ds, tmp_path)
     names = sorted(p.name for p in paths)
     assert names == [f"single_cluster.{s}" for s in ("gif", "html", "pdf", "png")]
