@@ -18,7 +18,7 @@ draw (`attnflow.experiments._lazy`), nor does `TrainConfig`'s module
 line. The same rows make the terminal page (`main_help`, `experiment_help`,
 `train_help`, through Hydra's help template `conf/hydra/help/attnflow.yaml`: `hydra_help`) and the
 Markdown page (`reference_markdown`), and give the shell completion the names a choice
-key takes (`complete`).
+key takes (`complete`) and the words after a subcommand (`complete_command`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import sys
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import yaml
@@ -433,6 +434,14 @@ def complete(word: str, line: Sequence[str] = ()) -> list[str] | None:
             return [f"{plus}{row.name}=" for row in rows if row.name.startswith(bare)]
     if not equals:
         return None
+    return _values(word, rows)
+
+
+def _values(word: str, rows: Sequence[Key]) -> list[str] | None:
+    """The completions of `KEY=PARTIAL` when KEY is a choice or a boolean of `rows`
+    (a list's element by element), None otherwise."""
+    key, _, partial = word.partition("=")
+    bare = key.lstrip("+")
     for row in rows:
         if bare in row.keys or bare == row.name:
             names = row.choices or (("true", "false") if row.type.startswith("bool") else ())
@@ -445,6 +454,65 @@ def complete(word: str, line: Sequence[str] = ()) -> list[str] | None:
             start = word[: len(word) - len(partial)] + head
             return [f"{start}{name}" for name in names if name.startswith(element)]
     return None
+
+
+# What `--time` of `attnflow report` takes besides a number.
+_REPORT_TIMES = ("final", "all")
+
+
+def complete_command(command: str, word: str, before: Sequence[str] = ()) -> list[str]:
+    """What the shell completes `word` to after the subcommand `command` (plot, report,
+    train or help) and the words `before` it: `attnflow help`'s topics (plot, report,
+    train, the experiments); `attnflow report`'s options (`--x`, ... not given yet) and
+    the folders and results.nc files its DIR is, `final` and `all` after `--time`;
+    `attnflow plot`'s `--config-dir` and folders; `attnflow train`'s flags, settings
+    (`steps=`) and the names a choice or boolean setting takes. An empty list leaves the
+    word to the shell (its own file names)."""
+    last = before[-1] if before else ""
+    if command == "help":
+        topics = (*SUBCOMMANDS, *experiments())
+        return [] if before else [topic for topic in topics if topic.startswith(word)]
+    if command == "train":
+        if last == "--cfg":
+            return [name for name in ("job",) if name.startswith(word)]
+        if word.startswith("-"):
+            flags = ("-m", "--multirun", "--cfg", "--help")
+            return [flag for flag in flags if flag.startswith(word)]
+        if "=" in word:
+            return _values(word, train_keys()) or []
+        return [f"{row.name}=" for row in train_keys() if row.name.startswith(word)]
+    if command == "report":
+        options = {f"--{name}" for name in REPORT_OPTIONS} | {"--color"}
+        if last == "--time":
+            return [name for name in _REPORT_TIMES if name.startswith(word)]
+        if last in options:
+            return []  # a key or the metrics: the shell's own
+        if word.startswith("-"):
+            given = {"--colour" if w.partition("=")[0] == "--color" else w.partition("=")[0] for w in before}
+            flags = [f"--{name}" for name in REPORT_OPTIONS if f"--{name}" not in given] + ["--help"]
+            return [flag for flag in flags if flag.startswith(word)]
+        return _results_paths(word)
+    if word.startswith("-"):  # plot
+        return [flag for flag in ("--config-dir", "--help") if flag.startswith(word)]
+    return _results_paths(word)
+
+
+def _results_paths(word: str) -> list[str]:
+    """The folders (with a closing `/`, to go on into them) and results.nc files whose
+    path starts with `word`; hidden ones only when `word`'s last part starts with a dot."""
+    start = word.rpartition("/")[2]
+    base = word[: len(word) - len(start)]
+    try:
+        entries = sorted(Path(base or ".").iterdir())
+    except OSError:
+        return []
+    return [
+        f"{base}{entry.name}{'/' if entry.is_dir() else ''}"
+        for entry in entries
+        if entry.name.startswith(start)
+        and (start.startswith(".") or not entry.name.startswith("."))
+        and (entry.is_dir() or entry.name == "results.nc")
+    ]
 
 
 # --- rendering ----------------------------------------------------------------------

@@ -386,8 +386,23 @@ def _history(hydra_cfg) -> str:
         return history_line(command_line())
     return history_line(
         " ".join(["attnflow", *_overrides(hydra_cfg)]) + f" ({_job_label(hydra_cfg).split(' (')[0]} "
-        f"of {command_line()})"
+        f"of {_submitit_job() or command_line()})"
     )
+
+
+def _submitit_job() -> str | None:
+    """`submitit job ID in FOLDER` in a job the submitit launcher started (its process
+    runs `python -m submitit.core._submit SWEEP/.submitit/%j`, not the sweep's command,
+    and `%j` is the job's ID only once it runs); None in any other process."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):  # set by submitit in the jobs it runs
+        return None
+    try:
+        import submitit  # lazy: an optional dependency, in a submitit job only
+
+        job = submitit.JobEnvironment()
+        return f"submitit job {job.job_id} in {job.paths.folder}"
+    except (ImportError, RuntimeError, KeyError):  # not a job submitit can describe
+        return None
 
 
 def _progress_line(line: str) -> None:
@@ -869,8 +884,10 @@ def _without_hydra(args: list[str]) -> int | None:
 def _completion(overrides: list[str]) -> int | None:
     """`-sc` without install=, uninstall= or query= is one sentence; a query for the
     value of a choice key (`solver=r`) is answered with its names; the first word is
-    also a subcommand (plot, report, train, help), given before Hydra's completion of it;
-    any other query goes to Hydra's completion (keys, groups, a group's options)."""
+    also a subcommand (plot, report, train, help), given before Hydra's completion of it,
+    and the words after a subcommand are its own (`_help.complete_command`: its options,
+    folders, topics); any other query goes to Hydra's completion (keys, groups, a group's
+    options)."""
     commands = {key: value for key, _, value in (o.partition("=") for o in overrides)}
     if not any(key in commands for key in ("install", "uninstall", "query")):
         _say(f"usage: {_help.COMPLETION_USAGE}")
@@ -890,6 +907,8 @@ def _completion(overrides: list[str]) -> int | None:
         with contextlib.redirect_stdout(hydras):
             _hydra_entry()()  # Hydra's completion of the first word (keys and groups)
         matches = [name for name in (*_USAGE, "help") if name.startswith(typed)] + hydras.getvalue().split()
+    elif words[0] in (*_USAGE, "help"):
+        matches = _help.complete_command(words[0], typed, words[1:-1])
     else:
         matches = _help.complete(typed, words[:-1]) if typed else None
     if matches is None:

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Make the whole gallery: every experiment at full size, each into docs/figures/NAME/
+# Make the whole gallery: every experiment at full size, each into figures/NAME/
 # (results.nc, the PNG and PDF figures, animations). A finished experiment is skipped
 # when run again; an interrupted one resumes from its finished pieces.
 #
@@ -17,5 +17,6 @@ cd "$(dirname "$0")/.."
 names="${*:-$(for f in conf/experiment/*.yaml; do basename "$f" .yaml; done)}"
 for name in $names; do
     echo "== $name"
-    attnflow "experiment=$name" "hydra.run.dir=docs/figures/$name"
+    # the interactive views load plotly.min.js from their folder (the site puts one there)
+    attnflow "experiment=$name" "hydra.run.dir=figures/$name" plotly_js=directory
 done

@@ -8,7 +8,7 @@ every beta when d >= 3; by t = 30 that end is reached at beta <= 1 (and by 90% o
 members at beta = 2), while beta = 4 and 9 still hold 2 and 4 clusters in the median
 member, metastable states that merge much later (tests/core/test_beta_sweep.py).
 
-    python experiments/beta_sweep.py            # writes docs/figures/beta_sweep.png
+    python experiments/beta_sweep.py            # writes figures/beta_sweep.png
 """
 
 from pathlib import Path
@@ -17,6 +17,6 @@ import attnflow as af
 
 if __name__ == "__main__":
     ds = af.run({})
-    out = Path(__file__).resolve().parents[1] / "docs" / "figures" / "beta_sweep.png"
+    out = Path(__file__).resolve().parents[1] / "figures" / "beta_sweep.png"
     af.plot_summary(ds, out, title="SA on S^2, Q = K = V = I, n = 32, d = 3, 256 members")
     print(f"wrote {out}")

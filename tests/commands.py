@@ -5,13 +5,17 @@ checks of what a run printed and wrote. Shared by the tests of every folder."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import netCDF4
 import pytest
 import xarray as xr
+
+from attnflow.storage._cf import CONVENTIONS, LONG_NAME_LIMIT
 
 # The console script installed next to this interpreter (pip puts both in the same bin/).
 ATTNFLOW = Path(sys.executable).with_name("attnflow")
@@ -101,3 +105,62 @@ def assert_nothing_written(folder: Path) -> None:
     leftovers = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.name == "results.nc"
                        or p.suffix == ".tmp" or p.name == "summary.png")
     assert leftovers == [], leftovers
+
+
+# The CF checker (cfchecker 4.1.0, pinned in the test extra; it needs the udunits2
+# library, which .ci/run installs) and its tables: they would be downloaded, so small
+# offline ones ship in tests/cf_tables (attnflow uses no standard name, area type or region).
+CFCHECKS = Path(sys.executable).with_name("cfchecks")
+CF_TABLES = Path(__file__).parent / "cf_tables"
+CF_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def cf_counts(paths: list[Path], tmp_path: Path) -> list[tuple[int, int, str]]:
+    """`cfchecks -v 1.8` on copies of `paths` that declare CF-1.8 (the files declare
+    the version they follow, `CONVENTIONS`, which no checker knows yet), all in one call
+    of the checker, with the offline tables: each file's errors, warnings and what the
+    checker printed of it. A crash of the checker fails."""
+    assert CFCHECKS.exists(), "cfchecks is not installed: pip install '.[test]' (cfchecker==4.1.0)"
+    copies = []
+    for number, path in enumerate(paths):
+        copy = tmp_path / f"cf18-{number}-{path.parent.name}-{path.name}"
+        shutil.copyfile(path, copy)
+        with netCDF4.Dataset(copy, "a") as f:
+            assert f.getncattr("Conventions") == CONVENTIONS, path  # what the file follows, declared as written
+            f.setncattr("Conventions", "CF-1.8")
+        copies.append(copy)
+    tables = ["-s", CF_TABLES / "standard-name-table.xml", "-a", CF_TABLES / "area-type-table.xml",
+              "-r", CF_TABLES / "region-list.xml"]
+    proc = subprocess.run([str(CFCHECKS), "-v", "1.8", *map(str, tables), *map(str, copies)], capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    if "udunits" in out.lower() and "Traceback" in out:
+        pytest.fail("cfchecker needs the udunits2 library: apt-get install libudunits2-0 (.ci/run installs it)")
+    assert "Traceback" not in out, out
+    reports = out.split("CHECKING NetCDF FILE: ")[1:]
+    assert len(reports) == len(copies), out
+    counts = []
+    for copy, text in zip(copies, reports):
+        assert text.startswith(str(copy)), (copy, out)
+        errors = re.search(r"ERRORS detected: (\d+)", text)
+        warnings = re.search(r"WARNINGS given: (\d+)", text)
+        assert errors and warnings, text
+        counts.append((int(errors.group(1)), int(warnings.group(1)), text))
+    return counts
+
+
+def assert_cf(tmp_path: Path, *paths: Path) -> list[xr.Dataset]:
+    """Each results file passes the CF checker (0 errors, 0 warnings; one call of the
+    checker for them all), its names are CF names and its long names short (at most
+    `LONG_NAME_LIMIT` characters, the prose in `description`). Returns the files, read."""
+    read = []
+    for path, (errors, warnings, out) in zip(paths, cf_counts(list(paths), tmp_path)):
+        assert (errors, warnings) == (0, 0), f"{path}:\n{out}"
+        ds = load(path)
+        assert all(CF_NAME.fullmatch(str(name)) for name in [*ds.attrs, *ds.variables]), (path, list(ds.attrs))
+        for name, da in ds.variables.items():
+            assert len(da.attrs["long_name"]) <= LONG_NAME_LIMIT, (path, name, da.attrs["long_name"])
+            if "description" in da.attrs:
+                assert len(da.attrs["description"]) > len(da.attrs["long_name"]), (path, name)
+        read.append(ds)
+    return read

@@ -8,13 +8,18 @@ times), so that the files stay small. A sphere (or circle) is drawn under the to
 when they lie on it; tokens off the unit sphere (a run without normalization) are
 drawn in their own box. plotly.js is inside each HTML page, or in one plotly.min.js
 beside the pages (`plotly_js`). plotly and matplotlib are imported inside the functions.
+Titles are matplotlib mathtext (`$S^2$`, `$\\beta$`); the HTML view writes them as plotly
+text (`plotly_text`), since plotly draws LaTeX only with MathJax, which the offline page
+does not load.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -41,6 +46,36 @@ _HTML_POINTS = 200_000
 _HTML_FRAMES = 120
 # Where an HTML view finds plotly.js (`plotly_js`): plotly's `include_plotlyjs` for each choice.
 PLOTLY_JS = {"embed": True, "directory": "directory"}
+# The math of a mathtext label, and its pieces: a sub- or superscript (a {group} or one
+# character), a command (\beta, \,), a run of Latin letters, a brace.
+_MATH = re.compile(r"\$([^$]*)\$")
+_TEX = re.compile(r"([_^])(?:\{([^{}]*)\}|(\\[A-Za-z]+|.))|\\([A-Za-z]+|.)|([A-Za-z]+)|[{}]")
+# The commands other than Greek letters that a plotly label writes as a character.
+_SYMBOLS = {",": "\u2009", ";": " ", " ": " ", "to": "→", "infty": "∞", "cdot": "·", "langle": "⟨", "rangle": "⟩"}
+
+
+def plotly_text(label: str) -> str:
+    """A matplotlib mathtext label as plotly text: each `$...$` becomes Unicode and the
+    HTML tags plotly draws, Latin letters in <i>, `_`/`^` as <sub>/<sup>, Greek letters
+    as themselves (`"on $S^2$, $\\beta$ = 1"` -> `"on <i>S</i><sup>2</sup>, β = 1"`)."""
+    return _MATH.sub(lambda math: _plotly_math(math.group(1)), label)
+
+
+def _plotly_math(tex: str) -> str:
+    def piece(match: re.Match[str]) -> str:
+        script, group, single, command, letters = match.groups()
+        if script:
+            tag = "sup" if script == "^" else "sub"
+            return f"<{tag}>{_plotly_math(group if group is not None else single)}</{tag}>"
+        if command:
+            case = "CAPITAL" if command[0].isupper() else "SMALL"
+            try:  # unicodedata spells lambda "LAMDA"
+                return unicodedata.lookup(f"GREEK {case} LETTER {command.upper().replace('LAMBDA', 'LAMDA')}")
+            except KeyError:
+                return _SYMBOLS.get(command, command)
+        return f"<i>{letters}</i>" if letters else ""
+
+    return _TEX.sub(piece, tex)
 
 
 def check_plotly_js(plotly_js: str) -> None:
@@ -179,7 +214,7 @@ def sphere_html(
         "x": 0.1,
         "len": 0.88,
         "y": 0.02,
-        "currentvalue": {"prefix": "t = ", "font": {"size": 13}},
+        "currentvalue": {"prefix": plotly_text("$t$ = "), "font": {"size": 13}},
         "steps": [
             {"method": "animate", "label": f"{times[i]:.3g}", "args": [[str(k)], step]} for k, i in enumerate(shown)
         ],
@@ -201,15 +236,15 @@ def sphere_html(
     axis = {"range": [-extent, extent], "showbackground": False, "zeroline": False}
     fig = go.Figure(data=data, frames=frames)
     fig.update_layout(
-        title={"text": title, "x": 0.02},
+        title={"text": plotly_text(title), "x": 0.02},
         sliders=[slider],
         updatemenus=[play],
         margin={"l": 0, "r": 0, "t": 40, "b": 0},
         height=700,
         scene={
-            "xaxis": {**axis, "title": "x1"},
-            "yaxis": {**axis, "title": "x2"},
-            "zaxis": {**axis, "title": "x3"},
+            "xaxis": {**axis, "title": plotly_text("$x_1$")},
+            "yaxis": {**axis, "title": plotly_text("$x_2$")},
+            "zaxis": {**axis, "title": plotly_text("$x_3$")},
             "aspectmode": "cube",
         },
     )

@@ -241,5 +241,5 @@ class Causal(Experiment):
         """The drawn member's paths as an interactive view and a GIF."""
         member = int(config_of(ds)["experiment"]["options"]["member"])
         states = xr.Dataset({"x": ds["x_member"]})
-        title = f"causal attention, {ds.sizes['token']} tokens, member {member}: all go to x_1"
+        title = f"causal attention, {ds.sizes['token']} tokens, member {member}: all go to $x_1$"
         return animate_states(states, folder, "causal", title=title, plotly_js=plotly_js)

@@ -215,6 +215,16 @@ def _unprefixed(ds: xr.Dataset, prefix: str) -> xr.Dataset:
     return part.rename(depth="layer") if "depth" in part.dims else part
 
 
+def _adaptive_note(ds: xr.Dataset) -> str:
+    """The depth caption's words on the adaptive run: what it is where it was run, why
+    there is none for a post-LN model (no unsplit field), nothing where it was turned off."""
+    if "adaptive" in ds.run.values:
+        return "adaptive: tsit5 on the unsplit field; "
+    if ds.attrs.get("arrangement") == "post":
+        return "no adaptive run (a post-LN model normalizes after every sub-step: it has no unsplit field); "
+    return ""
+
+
 def _decoder_note(ds: xr.Dataset) -> str:
     """The caption's sentence on an encoder-decoder's run (its decoder's), or nothing."""
     if "encoder_tokens" not in ds.attrs:
@@ -448,9 +458,9 @@ class Checkpoint(Experiment):
         caption(
             fig,
             "Black: the model's residual stream. dt = 1/m: the vector field of its weights solved with m "
-            "steps per layer (dt = 1 is the layer map and lies on the model); adaptive: tsit5 on the "
-            "unsplit field; dashed red: the theory model $Q = K = V = I$ on the sphere from the same "
-            "embedded tokens. Right: distances of exactly 0 are left out (a log axis has no 0)." + _decoder_note(ds),
+            f"steps per layer (dt = 1 is the layer map and lies on the model); {_adaptive_note(ds)}dashed red: "
+            "the theory model $Q = K = V = I$ on the sphere from the same embedded tokens. Right: distances of "
+            "exactly 0 are left out (a log axis has no 0)." + _decoder_note(ds),
         )
         figures["depth"] = fig
 

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
+from commands import assert_cf
 
-from attnflow import ConfigError
+from attnflow import ConfigError, write_results
 from attnflow.experiments import (
     compose_experiment,
     draw_experiment,
@@ -98,9 +99,9 @@ def test_bad_settings_stop_early(override, message):
         plan_experiment(compose_experiment("flow_matching", override))
 
 
-def test_draw_from_the_stored_file(runs, tmp_path):
+def test_draw_from_the_stored_file_which_passes_the_cf_checker(runs, tmp_path):
     ds, _ = runs
-    ds.to_netcdf(tmp_path / "results.nc")
+    assert_cf(tmp_path, write_results(ds, tmp_path / "results.nc"))
     paths = draw_experiment(xr.load_dataset(tmp_path / "results.nc"), tmp_path)
     assert {p.name for p in paths} == {"flow_matching.png", "flow_matching.pdf"}
     assert all(p.stat().st_size > 0 for p in paths)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import yaml
+from commands import assert_cf
 from systems import published_staircase
 
 import attnflow as af
@@ -297,8 +298,8 @@ def test_two_clusters_form_persist_then_merge_when_the_reduction_says(experiment
         assert before[m] <= predicted[m] <= after[m]
 
 
-def test_the_figure_is_drawn_from_results_nc_alone(experiment, tmp_path):
-    af.write_results(experiment, tmp_path / "results.nc")
+def test_the_figure_is_drawn_from_results_nc_alone_which_passes_the_cf_checker(experiment, tmp_path):
+    assert_cf(tmp_path, af.write_results(experiment, tmp_path / "results.nc"))
     paths = draw_experiment(af.load_results(tmp_path / "results.nc"), tmp_path)
     assert sorted(p.name for p in paths) == ["metastability.pdf", "metastability.png"]
     assert all(p.stat().st_size > 0 for p in paths)

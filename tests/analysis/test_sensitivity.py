@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from checkpoint_models import write_tiny
+from commands import assert_cf
 from scipy.integrate import solve_ivp
 
 import attnflow as af
@@ -221,6 +222,7 @@ def test_sensitivity_experiment_on_a_tiny_checkpoint(tiny_llama, tmp_path):
                                outputs=[-1])
     np.testing.assert_allclose(exponents[-1], direct.exponents[0], rtol=1e-12, atol=1e-12)
     assert ds.attrs["prediction"] in words
+    assert_cf(tmp_path, af.write_results(ds, tmp_path / "results.nc"))
     paths = af.draw_experiment(ds, tmp_path)
     assert {p.name for p in paths} == {"sentence.png", "sentence.pdf", "maps.png", "maps.pdf"}
     # Both maps name the tokens on both axes and carry a colour bar.

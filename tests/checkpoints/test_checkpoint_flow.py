@@ -97,6 +97,10 @@ def test_checkpoint_experiment_on_minilm(tmp_path):
     assert np.all(np.diff(ds.energy.sel(source="theory").values) >= -1e-6)
     paths = af.draw_experiment(ds, tmp_path)
     assert {p.name for p in paths} >= {"depth.png", "pair_cosines.png", "attention.png"}
+    # The depth caption describes the lines drawn: no adaptive one here, and says why.
+    depth = af.experiment_figures(ds)["depth"]
+    words = " ".join(" ".join(t.get_text().split()) for t in depth.texts)
+    assert "adaptive: tsit5" not in words and "no adaptive run (a post-LN model" in words, words
     # The attention maps name their tokens on both axes and carry a colour bar.
     attention = af.experiment_figures(ds)["attention"]
     maps = [ax for ax in attention.axes if ax.images and ax.get_label() != "<colorbar>"]
@@ -179,6 +183,9 @@ def test_smollm2_continuous_depth_limit_clusters_further_than_the_model(smollm2_
     assert float(energy.sel(source="model")) == pytest.approx(2.01, abs=0.006)
     assert int(ds.clusters.sel(source="adaptive").isel(depth=-1)) == 2
     assert int(ds.clusters.sel(source="model").isel(depth=-1)) == 5
+    # depth.png draws it, and its caption says what it is.
+    words = " ".join(" ".join(t.get_text().split()) for t in af.experiment_figures(ds)["depth"].texts)
+    assert "adaptive: tsit5 on the unsplit field" in words and "no adaptive run" not in words, words
 
 
 def test_smollm2_logit_lens_and_embedding_distances(smollm2_depth):

@@ -222,6 +222,46 @@ def test_shell_completion_says_how_to_turn_it_on_and_completes_the_choices_of_a_
     assert "plot" not in query("attnflow n=8 p") and "train" not in query("attnflow n=8 ")
 
 
+def test_shell_completion_after_a_subcommand_offers_its_own_words(command, monkeypatch, tmp_path):
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "b").mkdir()
+    (tmp_path / "runs" / "a" / "results.nc").touch()
+    (tmp_path / "runs" / "a" / "notes.txt").touch()
+    (tmp_path / ".hidden").mkdir()
+    monkeypatch.chdir(tmp_path)
+
+    def query(line: str) -> list[str]:
+        monkeypatch.setenv("COMP_LINE", line)
+        assert command("-sc", "query=bash") == (0, [])
+        return command.out.split()
+
+    # report: its options (those not given yet) and the folders and results.nc files, not config keys.
+    assert query("attnflow report ") == ["runs/"]
+    assert query("attnflow report runs/") == ["runs/a/", "runs/b/"]
+    assert query("attnflow report runs/a/") == ["runs/a/results.nc"]
+    assert query("attnflow report .") == [".hidden/"]
+    assert query("attnflow report --") == ["--x", "--colour", "--metrics", "--time", "--panels", "--help"]
+    assert query("attnflow report runs --color d --x=beta --") == ["--metrics", "--time", "--panels", "--help"]
+    assert query("attnflow report runs --time ") == ["final", "all"]
+    assert query("attnflow report runs --x ") == []  # a key: left to the shell
+    # plot: its folders and --config-dir.
+    assert query("attnflow plot ") == ["runs/"]
+    assert query("attnflow plot runs/a runs/") == ["runs/a/", "runs/b/"]
+    assert query("attnflow plot -") == ["--config-dir", "--help"]
+    # help: the topics, once.
+    topics = query("attnflow help ")
+    assert topics[:3] == ["plot", "report", "train"] and "single_cluster" in topics and "n=" not in topics
+    assert query("attnflow help si") == ["single_cluster"]
+    assert query("attnflow help plot ") == []
+    # train: its flags and settings (not the study's keys), and a choice setting's names.
+    settings = query("attnflow train ")
+    assert "steps=" in settings and "lr=" in settings and "n=" not in settings and "runs/" not in settings
+    assert query("attnflow train sol") == ["solver="]
+    assert "solver=tsit5" in query("attnflow train solver=")
+    assert query("attnflow train --") == ["--multirun", "--cfg", "--help"]
+    assert query("attnflow train --cfg ") == ["job"]
+
+
 def test_importing_an_experiment_loads_no_jax():
     """Every shipped experiment's module (and the registry that finds its class) imports
     in a fresh process without JAX, xarray, matplotlib, scipy, optax or ott: the help,

@@ -20,7 +20,10 @@ import numpy as np
 import pytest
 import xarray as xr
 import yaml
+from hydra.types import RunMode
+from omegaconf import OmegaConf
 
+from attnflow.cli import _history
 from attnflow.presentation._report import report, summary_table
 from commands import ATTNFLOW, attnflow, environment
 
@@ -143,9 +146,16 @@ def test_submitit_local_sweep_runs_jobs_as_subprocesses_and_its_report_reads(tmp
         assert log[1].startswith(f"attnflow: job {job} (d="), log
         assert log[2:] == [f"attnflow: wrote {sweep / job / 'results.nc'}"], log
     assert not (sweep / "2" / "attnflow.log").exists()  # a refused job writes none
-    job_ids = {yaml.safe_load((sweep / job / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["id"]
+    job_ids = {job: yaml.safe_load((sweep / job / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["id"]
                for job in ("0", "1")}
-    assert len(job_ids) == 2 and all((sweep / ".submitit" / str(job_id)).is_dir() for job_id in job_ids)
+    assert len(set(job_ids.values())) == 2
+    assert all((sweep / ".submitit" / str(job_id)).is_dir() for job_id in job_ids.values())
+    # The log's header and the history name the job's own submitit folder, not `.submitit/%j`.
+    for job, job_id in job_ids.items():
+        where = f"of submitit job {job_id} in {sweep / '.submitit' / str(job_id)})"
+        header = (sweep / job / "attnflow.log").read_text().splitlines()[0]
+        assert header.endswith(where) and "%j" not in header, header
+        assert load(sweep / job / "results.nc").attrs["history"].endswith(where)
 
     # The report reads the runs and nothing of submitit's bookkeeping.
     table, swept = summary_table(sweep)
@@ -157,6 +167,29 @@ def test_submitit_local_sweep_runs_jobs_as_subprocesses_and_its_report_reads(tmp
         assert rows["d"].tolist() == [d, d] and rows["beta"].tolist() == [1.0, 2.0]
         np.testing.assert_allclose(rows["energy_mean"], ds["energy"].isel(time=-1).mean("member"), rtol=1e-6)
     assert [path.name for path in report(sweep)[0]] == ["report.csv", "report.nc", "report.png"]
+
+
+@pytest.mark.parametrize(
+    ("executor", "variables", "job_id"),
+    [
+        ("local", {"SUBMITIT_LOCAL_JOB_ID": "4242"}, "4242"),
+        ("slurm", {"SLURM_JOB_ID": "9001", "SLURM_ARRAY_JOB_ID": "9000", "SLURM_ARRAY_TASK_ID": "1"}, "9000_1"),
+    ],
+)
+def test_a_submitit_jobs_history_names_its_job_and_folder(monkeypatch, tmp_path, executor, variables, job_id):
+    # A submitit job's process is `python -m submitit.core._submit SWEEP/.submitit/%j`,
+    # with the job in its environment (faked here: no cluster).
+    folder = tmp_path / ".submitit" / "%j"
+    monkeypatch.setattr("sys.argv", ["/site-packages/submitit/core/_submit.py", str(folder)])
+    hydra_cfg = OmegaConf.create({"mode": RunMode.MULTIRUN, "overrides": {"task": ["d=3"]}, "job": {"num": 1}})
+    assert _history(hydra_cfg).endswith(f" attnflow d=3 (job 1 of attnflow {folder})")  # not a submitit job
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", executor)
+    monkeypatch.setenv("SUBMITIT_FOLDER", str(folder))
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    history = _history(hydra_cfg)
+    assert history.endswith(f" attnflow d=3 (job 1 of submitit job {job_id} in {tmp_path / '.submitit' / job_id})")
+    assert "%j" not in history
 
 
 def test_an_unknown_launcher_is_one_sentence_naming_the_extras(tmp_path):

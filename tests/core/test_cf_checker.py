@@ -4,78 +4,33 @@ finds 0 errors and 0 warnings in a study, an experiment (a phase diagram; the ch
 experiment with its probes, whose files held attribute names with ':', text variables
 and a text coordinate), and a report of a sweep over a list-valued key (its column of
 lists crashed the checker). The files declare the CF version they follow (CF-1.11),
-which no checker knows yet: each is checked as a copy that declares CF-1.8. The
-checker's tables (standard names, area types, regions) would be downloaded: small
-offline ones ship in tests/cf_tables (attnflow uses no standard name, area type or
-region).
+which no checker knows yet: each is checked as a copy that declares CF-1.8
+(`commands.assert_cf`, which also checks the names and the length of the long names).
+Every other experiment's file is checked in the test that already runs that experiment
+(tests/experiments, tests/analysis/test_metastability.py,
+tests/diffeqformer/test_diffeqformer_studies.py, tests/checkpoints), on the file it writes.
 
 Beside the checker: every `long_name` is at most `LONG_NAME_LIMIT` characters (the
 prose in `description`), and a boolean setting reads back as its truth."""
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import netCDF4
 import numpy as np
-import pytest
-import xarray as xr
+from checkpoint_models import write_tiny, write_word_tokenizer
+from commands import assert_cf, command, load  # noqa: F401 (the fixture)
 
 from attnflow.presentation._report import report
-from attnflow.storage._cf import CONVENTIONS, LONG_NAME_LIMIT, setting_value, short_name
-from commands import command, load  # noqa: F401 (the fixture)
+from attnflow.storage._cf import setting_value, short_name
 
-TABLES = Path(__file__).parents[1] / "cf_tables"
-CFCHECKS = Path(sys.executable).with_name("cfchecks")
 TINY = ["n=4", "members=2", "t1=1", "dt=0.1", "saves=3", "beta=[1,2]", "plot=false", "compilation_cache=false"]
-CF_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-
-
-def cf_counts(path: Path, tmp_path: Path) -> tuple[int, int, str]:
-    """`cfchecks -v 1.8` on a copy of `path` that declares CF-1.8, with the offline
-    tables: its errors, its warnings and what it printed. A crash of the checker fails."""
-    assert CFCHECKS.exists(), "cfchecks is not installed: pip install '.[test]' (cfchecker==4.1.0)"
-    copy = tmp_path / f"cf18-{path.parent.name}-{path.name}"
-    shutil.copyfile(path, copy)
-    with netCDF4.Dataset(copy, "a") as f:
-        assert f.getncattr("Conventions") == CONVENTIONS  # what the file follows, declared as written
-        f.setncattr("Conventions", "CF-1.8")
-    tables = ["-s", TABLES / "standard-name-table.xml", "-a", TABLES / "area-type-table.xml",
-              "-r", TABLES / "region-list.xml"]
-    proc = subprocess.run([str(CFCHECKS), "-v", "1.8", *map(str, tables), str(copy)], capture_output=True, text=True,
-                          timeout=120)
-    out = proc.stdout + proc.stderr
-    if "udunits" in out.lower() and "Traceback" in out:
-        pytest.fail("cfchecker needs the udunits2 library: apt-get install libudunits2-0 (.ci/run installs it)")
-    assert "Traceback" not in out, out
-    errors = re.search(r"ERRORS detected: (\d+)", out)
-    warnings = re.search(r"WARNINGS given: (\d+)", out)
-    assert errors and warnings, out
-    return int(errors.group(1)), int(warnings.group(1)), out
-
-
-def assert_cf(path: Path, tmp_path: Path) -> xr.Dataset:
-    """The file passes the checker, its names are CF names, its long names short."""
-    errors, warnings, out = cf_counts(path, tmp_path)
-    assert (errors, warnings) == (0, 0), out
-    ds = load(path)
-    assert all(CF_NAME.fullmatch(str(name)) for name in [*ds.attrs, *ds.variables]), list(ds.attrs)
-    for name, da in ds.variables.items():
-        assert len(da.attrs["long_name"]) <= LONG_NAME_LIMIT, (name, da.attrs["long_name"])
-        if "description" in da.attrs:
-            assert len(da.attrs["description"]) > len(da.attrs["long_name"]), name
-    return ds
 
 
 def test_a_study_passes_the_checker_with_short_long_names_and_booleans_that_read_true(command, tmp_path):
     run = tmp_path / "study"
     code, err = command(*TINY, "save_states=true", "causal=false", "time_change.speed=2", f"hydra.run.dir={run}")
     assert code == 0, err
-    ds = assert_cf(run / "results.nc", tmp_path)
+    (ds,) = assert_cf(tmp_path, run / "results.nc")
     # xarray's label for the time axis: short, the rest of the prose in `description`
     assert ds["time"].attrs["long_name"] == "rescaled time s, not t"
     assert "c = 2" in ds["time"].attrs["description"]
@@ -96,17 +51,21 @@ def test_an_experiment_passes_the_checker(command, tmp_path):
     code, err = command("experiment=phase_diagram", "d=[2,3]", "members=2", "beta=[1,4]", "t1=1", "n=4",
                         "plot=false", "compilation_cache=false", f"hydra.run.dir={run}")
     assert code == 0, err
-    ds = assert_cf(run / "results.nc", tmp_path)
+    (ds,) = assert_cf(tmp_path, run / "results.nc")
     assert "flag_values" not in ds["failed_members"].attrs  # a count, not the flags of `status`
 
 
 def test_the_checkpoint_experiment_with_its_probes_passes_the_checker(command, tmp_path):
+    """On a tiny post-LN (BERT) checkpoint with a word tokenizer: the layout of every
+    checkpoint's file (minilm's is the same; the tiny one costs a fraction of its run)."""
+    folder = write_tiny("bert", tmp_path / "bert")
+    write_word_tokenizer(folder, "bart")
     run = tmp_path / "checkpoint"
-    code, err = command("experiment=checkpoint", "checkpoint=minilm", "text=The cat sat.",
+    code, err = command("experiment=checkpoint", f"checkpoint={folder}", "text=w5 w6 w7",
                         "experiment.options.steps=[1,2]", "plot=false", "compilation_cache=false",
                         f"hydra.run.dir={run}")
     assert code == 0, err
-    ds = assert_cf(run / "results.nc", tmp_path)
+    (ds,) = assert_cf(tmp_path, run / "results.nc")
     # text variables and the text coordinate `run`, stored as characters, read back as text
     assert list(ds["run"].values) == ["dt=1", "dt=1/2", "theory"]
     assert ds["token_string"].dtype == object and all(isinstance(t, str) for t in ds["token_string"].values)
@@ -119,9 +78,8 @@ def test_a_report_of_a_sweep_over_a_list_passes_the_checker(command, tmp_path):
                         f"hydra.sweep.dir={sweep}")
     assert code == 0, err
     paths, _ = report(sweep)
-    ds = assert_cf(sweep / "report.nc", tmp_path)
+    ds, _ = assert_cf(tmp_path, sweep / "report.nc", sweep / "0" / "results.nc")
     assert sorted(set(ds["weights_v_factors"].values)) == ["[1.0, -1.0]", "[2.0, -1.0]"]
-    assert_cf(sweep / "0" / "results.nc", tmp_path)
 
 
 def test_a_file_of_before_with_text_booleans_and_variable_length_strings_is_still_reported(command, tmp_path):

@@ -39,6 +39,7 @@ from attnflow.experiments import (
 )
 from attnflow.experiments import diffeqformer_vs_gpt as study
 from attnflow.experiments._trained import finished, read_metrics, trained_run
+from commands import assert_cf
 
 # Both tiny runs train on the copying task (no tokenizer to train, and the fine-tuning
 # runs below have the shapes of the pretraining ones), to its optimum ln(8)/2 = 1.04:
@@ -333,7 +334,8 @@ def test_fine_tuning_with_other_settings_gets_its_own_folder():
     assert folder(seed=1, batch=8).name == "reference-b-200steps-batch8-seed1"
 
 
-def test_both_redraw_from_their_results_file(runs, adaptive, tmp_path):
+def test_both_redraw_from_their_results_file_which_passes_the_cf_checker(runs, adaptive, tmp_path):
+    paths = []
     for ds, expected in ((runs[1], {"losses.md", "losses.png", "training_energy.png", "spectra.png", "sensitivity.png",
                                     "clustering.png"}),
                          (adaptive[1], {"adaptive_depth.md", "adaptive_depth.png"}),
@@ -343,6 +345,8 @@ def test_both_redraw_from_their_results_file(runs, adaptive, tmp_path):
         written = {p.name for p in draw_experiment(load_results(path), folder)}
         assert expected <= written
         assert all((folder / name).stat().st_size > 0 for name in written)
+        paths.append(path)
+    assert_cf(tmp_path, *paths)
 
 
 @pytest.mark.parametrize("name, options, words", [
@@ -378,11 +382,11 @@ def _section(text: str, title: str) -> str:
 
 @pytest.mark.parametrize("page, title, table, first_cells", [
     ("docs/diffeqformer.md", "The DiffEqFormer: a transformer with time-dependent weights",
-     "docs/figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
+     "figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
     ("docs/gallery/diffeqformer.md", "A trained DiffEqFormer against its GPT baseline",
-     "docs/figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
+     "figures/diffeqformer/losses.md", {"DiffEqFormer", "GPT"}),
     ("docs/gallery/adaptive_depth.md", "Adaptive depth: one pretrained run at 9 to 24 steps",
-     "docs/figures/adaptive_depth/adaptive_depth.md", {"9", "12", "18", "24", "GPT (18 layers)"}),
+     "figures/adaptive_depth/adaptive_depth.md", {"9", "12", "18", "24", "GPT (18 layers)"}),
 ])
 def test_the_documented_tables_of_trained_runs_are_those_of_the_committed_figures(page, title, table, first_cells):
     """The numbers the documentation states for the default runs (25 minutes of training

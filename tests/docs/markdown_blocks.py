@@ -14,16 +14,21 @@ writer follows.
 - `<!-- not run: REASON -->` on the last non-blank line before a block's fence keeps the
   block out of the run; the test reports it as a skip with REASON. The reason is
   required, and a marker with no block after it is an error.
-- Python: a line ending in `# test: CODE` is CODE in the test run (its indentation kept),
-  e.g. `ds = af.run(cfg)  # test: ds = af.run({**cfg, "members": 4})`.
+- The pages show the reader's commands alone: the smaller sizes the tests run them at
+  are in `reductions.py` (`COMMANDS` for `attnflow` lines, `PYTHON_LINES` for Python
+  lines), keyed by the page and the command or line as written (`Command.key`,
+  `line_key`). A line of a Python block with an entry is the entry's code in the test run
+  (its indentation kept).
 - Shell: one command a line; a line ending in a backslash goes on on the next line, and
   `&&` or `;` chain commands on one line. Blank lines and `# ...` comments are skipped.
   What runs:
     * `attnflow ARGS` (also `attnflow plot DIR`, `attnflow report DIR`, `attnflow train
       ...`), in the test's process; `KEY=VALUE attnflow ...` sets an environment variable
-      for that command. A trailing `# test: KEY=VALUE ...` comment on the line gives
-      overrides the test run uses: each replaces the argument with the same key (its
-      `+`/`++` prefix kept), or is added at the end when there is none.
+      for that command. Its entry in `reductions.COMMANDS` gives the overrides the test
+      run uses (`apply_overrides`): each replaces the argument with the same key (its
+      `+`/`++` prefix kept), or is added at the end when there is none. A command that
+      runs something (`runs_something`) must have an entry (`AS_WRITTEN` when it runs at
+      the page's size).
     * `cd DIR`: the following commands (and Python blocks) of the page run in DIR.
     * Install lines, i.e. lines whose first command is one of `python3 -m venv`, `pip install`,
       `python -m pip install`, `. .venv/bin/activate`, `source .venv/bin/activate`,
@@ -37,13 +42,13 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 PYTHON = ("python", "py")
 SHELL = ("bash", "sh", "shell")
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*(?P<kind>not run|slow)\b\s*(?::\s*(?P<reason>.*?))?\s*-->\s*$")
-_TEST = re.compile(r"#\s*test:\s?(?P<code>.*)$")
 _TITLE = re.compile(r"""\btitle=["'](?P<path>[^"']+)["']""")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # (first words of a command) that make an install line: not run.
@@ -90,13 +95,44 @@ class Block:
 @dataclass(frozen=True)
 class Command:
     """One command of a shell block: `line` the page line it starts on, `text` the line
-    as written (continuations joined), `argv` the words (after `# test:` overrides),
-    `env` the `KEY=VALUE` words before it."""
+    as written (continuations joined), `argv` the words as written, `env` the `KEY=VALUE`
+    words before it."""
 
     line: int
     text: str
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def key(self) -> str:
+        """The line as written without its `# ...` comment, spaces collapsed: the key of
+        its entry in `reductions.COMMANDS` (a comment or the layout may change, not the
+        command)."""
+        comment = _comment_start(self.text)
+        return " ".join((self.text if comment is None else self.text[:comment]).split())
+
+    def reduced(self, overrides: str) -> Command:
+        """The command with `overrides` (`KEY=VALUE ...`, as a shell line writes them)
+        applied to its arguments (`apply_overrides`)."""
+        try:
+            argv = (self.argv[0], *apply_overrides(list(self.argv[1:]), _words(overrides)))
+        except ValueError as error:
+            raise DocsError(f"the overrides of `{self.key}` {error}") from None
+        return Command(self.line, self.text, argv, self.env)
+
+
+# What makes an `attnflow` command run nothing that a size changes: a report, a plot, help
+# or the composed settings printed.
+_RUNS_NOTHING = ("-h", "--help", "--version", "--cfg", "-c", "--info", "-i", "--shell-completion", "--hydra-help")
+
+
+def runs_something(command: Command) -> bool:
+    """Whether an `attnflow` command runs a study, an experiment or a training (and so
+    needs its entry in `reductions.COMMANDS`), rather than `plot`, `report`, `help`,
+    `--help`, `--version` or `--cfg`."""
+    args = command.argv[1:]
+    return (command.argv[0] == "attnflow" and args[:1] not in (("plot",), ("report",), ("help",))
+            and not any(arg in _RUNS_NOTHING for arg in args))
 
 
 def parse_page(text: str, path: str) -> list[Block]:
@@ -148,24 +184,25 @@ def _dedent(line: str, indent: str) -> str:
     return line[len(indent):] if line.startswith(indent) else line.lstrip(" \t")
 
 
-def python_source(block: Block) -> str:
-    """The block's Python as the test runs it: `# test: CODE` lines replaced by CODE, and
-    blank lines before it so that line numbers in a traceback are the page's."""
+def python_source(block: Block, replaced: Mapping[str, str] | None = None) -> str:
+    """The block's Python as the test runs it: each line whose `line_key` is in `replaced`
+    replaced by its code there (indentation kept), and blank lines before it so that line
+    numbers in a traceback are the page's."""
     out = []
     for body in block.lines:
-        test = _test_comment(body)
-        if test is not None:
+        code = (replaced or {}).get(line_key(body))
+        if code is not None:
             indent = body[:len(body) - len(body.lstrip())]
-            body = indent + (test.strip() or "pass")
+            body = indent + (code.strip() or "pass")
         out.append(body)
     return "\n" * block.line + "\n".join(out) + "\n"
 
 
-def _test_comment(line: str) -> str | None:
-    """CODE of a `# test: CODE` comment ending the line (outside quotes), or None."""
-    start = _comment_start(line, shell=False)
-    found = None if start is None else _TEST.search(line, start)
-    return None if found is None else found.group("code")
+def line_key(line: str) -> str:
+    """A Python line without its `# ...` comment, spaces collapsed: the key of its entry in
+    `reductions.PYTHON_LINES` ("" for a blank or comment line)."""
+    comment = _comment_start(line, shell=False)
+    return " ".join((line if comment is None else line[:comment]).split())
 
 
 def _comment_start(line: str, shell: bool = True) -> int | None:
@@ -208,13 +245,7 @@ def shell_commands(block: Block) -> list[Command | str]:
         where = f"{block.path}:{number}"
         comment = _comment_start(text)
         code = text if comment is None else text[:comment]
-        test = None
-        if comment is not None:
-            found = _TEST.search(text, comment)
-            test = found.group("code") if found else None
         if not code.strip():
-            if test is not None:
-                raise DocsError(f"{where}: a `# test:` comment on a line with no command")
             continue
         try:
             words = _words(code)
@@ -234,7 +265,7 @@ def shell_commands(block: Block) -> list[Command | str]:
         if _is_install(chain[0]):
             commands.append("install")
             continue
-        for k, part in enumerate(chain):
+        for part in chain:
             env = []
             while part and _ENV.match(part[0]):
                 name, _, value = part.pop(0).partition("=")
@@ -244,11 +275,6 @@ def shell_commands(block: Block) -> list[Command | str]:
             if _is_install(part):
                 raise DocsError(f"{where}: an install command after another command: put it first on its line")
             if part[0] == "attnflow":
-                if test is not None and k == len(chain) - 1:
-                    try:
-                        part = [part[0], *apply_overrides(part[1:], _words(test))]
-                    except ValueError as error:
-                        raise DocsError(f"{where}: `# test:` {error}") from None
                 commands.append(Command(number, text.strip(), tuple(part), tuple(env)))
             elif part[0] == "cd":
                 if len(part) != 2 or env:
@@ -258,8 +284,6 @@ def shell_commands(block: Block) -> list[Command | str]:
                 raise DocsError(f"{where}: `{part[0]}` is not a command the tests run (they run `attnflow ...` "
                                 f"and `cd`; install lines are skipped): mark the block "
                                 f"`<!-- not run: REASON -->` before its fence: {text.strip()}")
-        if test is not None and chain[-1][:1] != ["attnflow"]:
-            raise DocsError(f"{where}: a `# test:` comment on a line that does not end with an attnflow command")
     return commands
 
 

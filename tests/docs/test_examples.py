@@ -5,10 +5,18 @@ The blocks of a page run in order, in this process, in a temporary folder of the
 own (the page's working folder, which `cd` changes): its Python blocks share one
 namespace, so a later block sees the names of an earlier one, and its `attnflow ...`
 lines run `attnflow.cli.main` in this process (so a page's runs share the compiled
-programs). The conventions a page follows (`# test:` reductions, `<!-- not run: REASON
--->`, which shell lines run) are those of `markdown_blocks.py`, and `test_parser`
-below holds them. A block selected alone (`-k`) first runs the blocks before it on its
-page; after a failed block, the later blocks of its page are skipped, naming it.
+programs). The conventions a page follows (`<!-- not run: REASON -->`, which shell
+lines run) are those of `markdown_blocks.py`, and `test_parser` holds them. A block
+selected alone (`-k`) first runs the blocks before it on its page; after a failed block,
+the later blocks of its page are skipped, naming it.
+
+The pages show the reader's commands at the reader's sizes; the smaller sizes the tests
+run them at are in `reductions.py`, keyed by the page and the command (or Python line)
+as written, never in the pages (`test_no_page_carries_notes_for_the_tests`). An
+`attnflow` command that runs something and has no entry there fails its block rather than
+run at its full size, and an entry that matches no command of its page fails
+`test_every_reduction_matches_a_command_of_its_page` (a command edited on its page does
+both: its reduction is looked at again).
 
 The blocks run as a user's process would: on the CPU, JAX's float32 default (a config's
 `dtype: float64` switches float64 on, as it does for the user) and JAX's standard dtype
@@ -22,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import linecache
 import os
+import re
 import signal
 import sys
 import traceback
@@ -29,7 +38,11 @@ from pathlib import Path
 
 import jax
 import pytest
-from markdown_blocks import Block, Command, DocsError, parse_page, python_source, shell_commands
+from markdown_blocks import (Block, Command, DocsError, line_key, parse_page, python_source, runs_something,
+                             shell_commands)
+from reductions import COMMANDS, PYTHON_LINES
+
+from attnflow.schema._errors import did_you_mean
 
 ROOT = Path(__file__).resolve().parents[2]
 # The JAX settings a block may change (attnflow's run switches float64 and the
@@ -81,11 +94,11 @@ class Page:
         self.done = 0  # blocks[:done] have run (or were skipped)
         self.slow = False  # whether this run selects the pages' slow blocks
         self.failed: str | None = None  # the block that failed
-        # The page as the tests run it (`# test:` lines replaced), for tracebacks.
+        # The page as the tests run it (its reduced Python lines replaced), for tracebacks.
         lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
         for block in self.blocks:
             if block.kind == "python":
-                run = python_source(block).splitlines(keepends=True)
+                run = python_source(block, PYTHON_LINES.get(name)).splitlines(keepends=True)
                 lines[block.line:block.line + len(block.lines)] = run[block.line:]
         self.filename = str(self.path)
         self.source = lines
@@ -119,9 +132,11 @@ class Page:
                 self._python(block)
                 return True
             try:
-                commands = shell_commands(block)
+                commands = [reduced(self.name, command) for command in shell_commands(block)]
             except DocsError as error:
-                pytest.fail(str(error), pytrace=False)
+                commands = str(error)
+            if isinstance(commands, str):  # failed outside the `except`: its message alone
+                pytest.fail(commands, pytrace=False)
             for command in commands:
                 if isinstance(command, Command):
                     self._command(block, command, monkeypatch, capsys)
@@ -129,7 +144,7 @@ class Page:
 
     def _python(self, block: Block) -> None:
         linecache.cache[self.filename] = (sum(map(len, self.source)), None, self.source, self.filename)
-        code = compile(python_source(block), self.filename, "exec")
+        code = compile(python_source(block, PYTHON_LINES.get(self.name)), self.filename, "exec")
         try:
             exec(code, self.namespace)
         except Exception as error:
@@ -157,6 +172,43 @@ class Page:
             tail = "\n".join(err.splitlines()[-15:])
             pytest.fail(f"{where} (the shell block at {block.where}): `{' '.join(command.argv)}` "
                         f"exited with code {code}\n    {command.text}\n{tail}", pytrace=False)
+
+
+def reduced(page: str, command: Command | str) -> Command | str:
+    """The command as the test runs it: with the overrides of its entry in
+    `reductions.COMMANDS` (a DocsError naming the line when one that runs something has
+    none)."""
+    if not isinstance(command, Command) or command.argv[0] != "attnflow":
+        return command
+    overrides = COMMANDS.get(page, {}).get(command.key)
+    if overrides is None:
+        if not runs_something(command):
+            return command
+        known = [key for key in COMMANDS.get(page, {}) if key not in _page_keys(page)[0]]
+        raise DocsError(
+            f"{page}:{command.line}: `{command.key}` has no entry in tests/docs/reductions.py, so the test "
+            f"would run it at its full size: add {command.key!r}: \"KEY=VALUE ...\" (the smaller sizes the test "
+            f"runs it at) to COMMANDS[{page!r}], or AS_WRITTEN to run it as written"
+            + did_you_mean(f"`{command.key}`", [f"`{key}`" for key in known], "its stale entry "))
+    try:
+        return command.reduced(overrides)
+    except DocsError as error:
+        raise DocsError(f"{page}:{command.line}: {error} (tests/docs/reductions.py)") from None
+
+
+def _page_keys(page: str) -> tuple[set[str], set[str]]:
+    """The keys of a page's `attnflow` commands and of its Python lines, in the blocks that
+    run (those of `pytest -m slow` included)."""
+    commands, lines = set(), set()
+    path = ROOT / page
+    for block in parse_page(path.read_text(encoding="utf-8"), page) if path.is_file() else []:
+        if not block.runs:
+            continue
+        if block.kind == "shell":
+            commands |= {c.key for c in shell_commands(block) if isinstance(c, Command) and c.argv[0] == "attnflow"}
+        elif block.kind == "python":
+            lines |= {line_key(line) for line in block.lines}
+    return commands, lines
 
 
 def _attnflow(command: Command, monkeypatch, capsys) -> tuple[int, str]:
@@ -247,7 +299,7 @@ def _slow_commands() -> list:
 @pytest.mark.parametrize("command", _slow_commands())
 def test_slow_blocks_compose_as_written(command):
     """A block kept for `pytest -m slow` is still checked in the default run: each of its
-    `attnflow` commands, as the reader types it (full size, no `# test:` overrides),
+    `attnflow` commands, as the reader types it (full size, not reduced by reductions.py),
     composes and passes the schema's checks (an unknown or misspelt key, a bad value or
     a wrong experiment option fails here)."""
     import shlex
@@ -287,3 +339,51 @@ def test_slow_blocks_compose_as_written(command):
     config = compose(container)
     if config.experiment is not None:  # its options typed by its schema, as the run would
         experiment_options(config.experiment.name, config.experiment.options)
+
+
+def test_no_page_carries_notes_for_the_tests():
+    """The pages hold the reader's commands alone: no `# test:` comment (the sizes the
+    tests run them at are in reductions.py)."""
+    notes = [f"{path.relative_to(ROOT).as_posix()}:{number}: {line.strip()}"
+             for path in pages() for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"#\s*test:", line)]
+    if notes:
+        pytest.fail("a page carries a note for the tests (the sizes the tests run a command at belong in "
+                    "tests/docs/reductions.py):\n" + "\n".join(notes), pytrace=False)
+
+
+def test_every_command_that_runs_has_its_reduction():
+    """Every `attnflow` command of the pages' blocks that runs a study, an experiment or a
+    training has its entry in reductions.COMMANDS (those of `pytest -m slow` included),
+    so none runs at its full size because its entry was forgotten or went stale."""
+    missing = []
+    for name, blocks in _parsed_pages():
+        for block in blocks if not isinstance(blocks, DocsError) else []:
+            if block.runs and block.kind == "shell":
+                for command in shell_commands(block):
+                    try:
+                        reduced(name, command)
+                    except DocsError as error:
+                        missing.append(str(error))
+    if missing:
+        pytest.fail("\n".join(missing), pytrace=False)
+
+
+def test_every_reduction_matches_a_command_of_its_page():
+    """An entry of reductions.py whose command (or Python line) is on no block that runs
+    of its page is stale: the command was edited, moved or marked not run."""
+    stale = []
+    for page in sorted(set(COMMANDS) | set(PYTHON_LINES)):
+        if not (ROOT / page).is_file():
+            stale.append(f"{page}: no such page, but reductions.py has entries for it")
+            continue
+        commands, lines = _page_keys(page)
+        for table, name, what, keys in ((COMMANDS, "COMMANDS", "command", commands),
+                                         (PYTHON_LINES, "PYTHON_LINES", "line", lines)):
+            for key in table.get(page, {}):
+                if key not in keys:
+                    near = did_you_mean(f"`{key}`", [f"`{k}`" for k in keys], f"the {what} ")
+                    stale.append(f"{page}: {name}[{page!r}][{key!r}] matches no {what} of the page's blocks "
+                                 f"that run{near}")
+    if stale:
+        pytest.fail("stale entries in tests/docs/reductions.py:\n" + "\n".join(stale), pytrace=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from commands import assert_cf
 
 from attnflow import load_results, write_results
 from attnflow.experiments import draw_experiment, run_experiment
@@ -127,8 +128,10 @@ def test_the_order_parameter_falls_with_beta_c_and_with_beta(reduced):
     assert row[0] > 0.75 and row[0] - row[1] > 0.1 and row[1] - row[2] > 0.05, row
 
 
-def test_the_figure_is_drawn_from_the_results_file(reduced, tmp_path):
-    ds = load_results(write_results(reduced, tmp_path / "results.nc"))
+def test_the_figure_is_drawn_from_the_results_file_which_passes_the_cf_checker(reduced, tmp_path):
+    path = write_results(reduced, tmp_path / "results.nc")
+    assert_cf(tmp_path, path)
+    ds = load_results(path)
     assert "order parameter" in ds["largest_share_mean"].attrs["long_name"]
     paths = draw_experiment(ds, tmp_path)
     assert {p.name for p in paths} == {"cross_attention.png", "cross_attention.pdf"}

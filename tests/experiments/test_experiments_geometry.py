@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from commands import assert_cf
 
 from attnflow import load_results, write_results
 from attnflow.experiments import draw_experiment, run_experiment
@@ -123,8 +124,8 @@ def _panel_field(normalizer: str, schedule: str):
     """The vector field of member 0 of one panel of the polynomial experiment, its beta."""
     import jax
 
-    from attnflow.running._build import build_system
     from attnflow.experiments import compose_experiment, plan_experiment
+    from attnflow.running._build import build_system
 
     plan = plan_experiment(compose_experiment(
         "polynomial", {"members": 2, "experiment": {"options": {"normalizer": normalizer}}}))
@@ -154,8 +155,8 @@ def test_polynomial_attention_is_the_chosen_form_of_the_papers_equation():
     softmax = (weights / weights.sum(1, keepdims=True)) @ (x @ v.T)
     np.testing.assert_allclose(np.asarray(soft(t, jnp.asarray(x))), softmax, rtol=1e-10)
     np.testing.assert_allclose(np.asarray(paper(t, jnp.asarray(x))), paper_sum, rtol=1e-10)
-    from attnflow.schema._errors import ConfigError
     from attnflow.experiments import compose_experiment, plan_experiment
+    from attnflow.schema._errors import ConfigError
 
     with pytest.raises(ConfigError, match="experiment.options.normalizer must be one of softmax, none, got 'l2'"):
         plan_experiment(compose_experiment("polynomial", {"experiment": {"options": {"normalizer": "l2"}}}))
@@ -255,8 +256,10 @@ def test_collapse_measure_and_fits_on_known_series():
 
 
 @pytest.mark.parametrize("name", ["polytope", "polynomial", "normalization"])
-def test_figures_are_drawn_from_the_results_file(name, request, tmp_path):
-    ds = load_results(write_results(request.getfixturevalue(name), tmp_path / "results.nc"))
+def test_figures_are_drawn_from_the_results_file_which_passes_the_cf_checker(name, request, tmp_path):
+    path = write_results(request.getfixturevalue(name), tmp_path / "results.nc")
+    assert_cf(tmp_path, path)
+    ds = load_results(path)
     paths = draw_experiment(ds, tmp_path)
     assert sorted(p.name for p in paths) == [f"{name}.pdf", f"{name}.png"]
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)

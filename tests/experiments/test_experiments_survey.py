@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from commands import assert_cf
 
 from attnflow import load_results, write_results
 from attnflow.experiments import draw_experiment, run_experiment
@@ -139,8 +140,10 @@ def test_causal_tokens_converge_to_the_first_token_at_rate_one_half(causal):
 
 
 @pytest.mark.parametrize("name", ["random_qk", "bouncing", "token_detection", "causal"])
-def test_figures_are_drawn_from_the_results_file(name, request, tmp_path):
-    ds = load_results(write_results(request.getfixturevalue(name), tmp_path / "results.nc"))
+def test_figures_are_drawn_from_the_results_file_which_passes_the_cf_checker(name, request, tmp_path):
+    path = write_results(request.getfixturevalue(name), tmp_path / "results.nc")
+    assert_cf(tmp_path, path)
+    ds = load_results(path)
     paths = draw_experiment(ds, tmp_path)
     expected = {f"{name}.png", f"{name}.pdf"} | ({"causal.html", "causal.gif"} if name == "causal" else set())
     assert {p.name for p in paths} == expected

@@ -17,7 +17,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xarray as xr
+from commands import assert_cf
 
+from attnflow import write_results
 from attnflow.experiments import (
     compose_experiment,
     draw_experiment,
@@ -72,7 +74,8 @@ def test_kgon_tokens_run_straight_to_the_vertex_of_their_voronoi_cell(reduced):
     assert np.max(np.linalg.norm(final - target, axis=-1)) < 2 * np.exp(-t1) + 1e-6
 
 
-def test_draw_writes_the_figure(reduced, tmp_path):
+def test_draw_writes_the_figure_and_its_results_pass_the_cf_checker(reduced, tmp_path):
+    assert_cf(tmp_path, write_results(reduced, tmp_path / "results.nc"))
     paths = draw_experiment(reduced, tmp_path)
     assert {p.name for p in paths} >= {"hardmax_sinkhorn.png"}
 

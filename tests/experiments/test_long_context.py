@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from commands import assert_cf
 
 import attnflow as af
 from attnflow.experiments import draw_experiment, run_experiment
@@ -112,8 +113,9 @@ def test_a_reduced_run_moves_toward_the_right_limit(reduced):
     np.testing.assert_allclose(ds["weight_factor"].transpose("n", "gamma_critical").values, predicted, rtol=0.006)
 
 
-def test_the_experiment_writes_results_and_redraws(reduced, tmp_path):
+def test_the_experiment_writes_results_that_pass_the_cf_checker_and_redraws(reduced, tmp_path):
     path = af.write_results(reduced, tmp_path / "results.nc")
+    assert_cf(tmp_path, path)
     ds = af.load_results(path)
     np.testing.assert_allclose(ds["cosine"], reduced["cosine"])
     paths = draw_experiment(ds, tmp_path / "figures")

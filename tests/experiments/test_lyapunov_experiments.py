@@ -21,6 +21,7 @@ from attnflow.experiments import (
     run_experiment,
 )
 from attnflow.experiments._magnitudes import coefficients
+from commands import assert_cf
 from systems import rk4_rate
 
 H = 0.1  # the step of the reduced lyapunov runs
@@ -109,8 +110,9 @@ def test_consensus_at_small_beta_and_metastable_clusters_at_large_beta(beta_run)
     assert float(running.max()) > 0.03 and float(running.isel(time=-1).max()) < 0.01
 
 
-def test_the_experiment_redraws_from_its_dataset(beta_run, tmp_path):
+def test_the_experiment_redraws_from_its_dataset_which_passes_the_cf_checker(beta_run, tmp_path):
     # (one run's dataset: the consensus runs would draw the same figure twice, SA and USA)
+    assert_cf(tmp_path, af.write_results(beta_run, tmp_path / "results.nc"))
     paths = draw_experiment(beta_run, tmp_path)
     assert sorted(p.name for p in paths) == ["lyapunov.pdf", "lyapunov.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
@@ -232,6 +234,10 @@ def polynomial_spectra():
     and the round-off comparison (tested on f = 1/2 alone below)."""
     options = {"dispersion": False, "compare_every": None}
     return run_experiment("lyapunov_polynomial", {"experiment": {"options": options}, "compilation_cache": False})
+
+
+def test_polynomial_results_pass_the_cf_checker(polynomial_spectra, tmp_path):
+    assert_cf(tmp_path, af.write_results(polynomial_spectra, tmp_path / "results.nc"))
 
 
 def test_polynomial_top_exponent_falls_with_the_order_of_the_magnitude(polynomial_spectra):

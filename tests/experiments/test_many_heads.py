@@ -10,6 +10,7 @@ import pytest
 from attnflow import load_results, write_results
 from attnflow.schema._errors import ConfigError
 from attnflow.experiments import draw_experiment, run_experiment
+from commands import assert_cf
 
 FAST = {"compilation_cache": False, "members": 8, "experiment": {"options": {"heads": [1, 64]}}}
 
@@ -42,8 +43,10 @@ def test_wishart_heads_reach_one_cluster_later_as_h_grows_and_tied_heads_stop_re
     assert held(tied, 64) > held(tied, 1) + 4, (held(tied, 1), held(tied, 64))
 
 
-def test_the_figure_is_drawn_from_the_results_file(many_heads, tmp_path):
-    ds = load_results(write_results(many_heads, tmp_path / "results.nc"))
+def test_the_figure_is_drawn_from_the_results_file_which_passes_the_cf_checker(many_heads, tmp_path):
+    path = write_results(many_heads, tmp_path / "results.nc")
+    assert_cf(tmp_path, path)
+    ds = load_results(path)
     paths = draw_experiment(ds, tmp_path)
     assert {p.name for p in paths} == {"many_heads.png", "many_heads.pdf"}
 

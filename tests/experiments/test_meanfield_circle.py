@@ -6,7 +6,9 @@ slow test."""
 
 import numpy as np
 import pytest
+from commands import assert_cf
 
+from attnflow import write_results
 from attnflow.schema._errors import ConfigError
 from attnflow.analysis.meanfield import circle_growth_rate, meanfield_circle
 from attnflow.experiments import experiment_figures, run_experiment
@@ -49,7 +51,8 @@ def test_the_density_stays_positive_with_its_mass(small):
     np.testing.assert_allclose(small["mass"].values, 1.0, rtol=0, atol=1e-14)
 
 
-def test_it_draws(small):
+def test_it_draws_and_its_results_pass_the_cf_checker(small, tmp_path):
+    assert_cf(tmp_path, write_results(small, tmp_path / "results.nc"))
     (figure,) = experiment_figures(small).values()
     assert "slope" in figure.axes[1].get_legend_handles_labels()[1][0]
 

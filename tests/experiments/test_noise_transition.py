@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from commands import assert_cf
 from scipy import optimize
 
 import attnflow as af
@@ -104,7 +105,8 @@ def test_the_measured_threshold_is_the_steps_own_at_two_betas(near_threshold):
     assert abs(measured / step - 1) < 0.05, (measured, step)
 
 
-def test_the_figure_draws(small):
+def test_the_figure_draws_and_the_results_pass_the_cf_checker(small, tmp_path):
+    assert_cf(tmp_path, af.write_results(small, tmp_path / "results.nc"))
     figures = experiment_figures(small)
     assert list(figures) == ["noise_transition"]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import xarray as xr
 from scipy.integrate import solve_ivp
 
 import attnflow as af
@@ -19,6 +18,7 @@ from attnflow.experiments import (
     plan_experiment,
     run_experiment,
 )
+from commands import assert_cf
 
 
 def _scipy_time(beta: float, n: int, eps: float) -> float:
@@ -80,9 +80,10 @@ def test_phase_diagram_follows_the_equiangular_curve_more_closely_in_higher_dime
     # near that of d = 32: 0.057 against 0.052 here; the mismatch still falls).
     log_error = ds["crossing_log_error"].values
     assert log_error[2] < 0.5 * log_error[1] < 0.25 * log_error[0], log_error
-    # The figure redraws from results.nc alone.
-    ds.to_netcdf(tmp_path / "results.nc")
-    paths = draw_experiment(xr.load_dataset(tmp_path / "results.nc"), tmp_path)
+    # The figure redraws from results.nc alone, which passes the CF checker.
+    path = af.write_results(ds, tmp_path / "results.nc")
+    assert_cf(tmp_path, path)
+    paths = draw_experiment(af.load_results(path), tmp_path)
     assert {p.name for p in paths} == {"phase_diagram.png", "phase_diagram.pdf"}
     assert all(p.stat().st_size > 0 for p in paths)
 
@@ -130,7 +131,7 @@ def test_random_logits_alone_keep_clusters_apart_at_large_beta():
 
 
 @pytest.mark.optimized
-def test_the_four_panels_of_fig5_as_the_full_run_measured():
+def test_the_four_panels_of_fig5_as_the_full_run_measured(tmp_path):
     """What the README reads off the full-size fig. 5 (2048 members per beta, run on an
     H200), at 16 members and two betas: with V Wishart, (a) and (b), every pair has
     gathered by t = 30 at small beta and a share stays apart at beta = 9 (full run: 0.93
@@ -146,6 +147,7 @@ def test_the_four_panels_of_fig5_as_the_full_run_measured():
     for panel in ("v_plus_qtk", "v_minus_qtk"):
         assert at(panel, 0.3, 5.0) <= 0.05 and at(panel, 0.3, 10.0) >= 0.95, panel
         assert at(panel, 9.0, 5.0) <= 0.05 and at(panel, 9.0, 30.0) <= 0.65, (panel, at(panel, 9.0, 30.0))
+    assert_cf(tmp_path, af.write_results(ds, tmp_path / "results.nc"))
 
 
 def test_circle_holds_two_clusters_at_beta_4_and_three_at_beta_9(tmp_path):
@@ -176,3 +178,4 @@ def test_circle_holds_two_clusters_at_beta_4_and_three_at_beta_9(tmp_path):
     times = ds.sizes["time"]
     paths = draw_experiment(ds.isel(time=np.unique(np.r_[np.arange(0, times, 6), times - 1])), tmp_path)
     assert {p.name for p in paths} == {"circle.png", "circle.pdf", "circle_beta4.gif", "circle_beta9.gif"}
+    assert_cf(tmp_path, af.write_results(ds, tmp_path / "results.nc"))
