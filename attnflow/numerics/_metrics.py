@@ -25,7 +25,7 @@ from jaxtyping import Array, Bool, Float, Int, Scalar, ScalarLike
 
 from ..schema._errors import ConfigError
 from ..schema._metric_registry import DEFAULT_METRICS, METRICS, UserMetric
-from . import _tiled
+from . import _circle_metrics, _tiled
 from ._geometry import Sphere
 from ._terms import _contract, sinkhorn_log
 
@@ -269,12 +269,21 @@ class Pairs:
     matrix, the cosines, the close pairs, the cluster labels, the attention maps. There
     is one method per metric of `attnflow.schema._metric_registry.METRICS`, of the same name;
     with `tile` set, each goes through tiles of the Gram matrix (no n x n array, see
-    `attnflow.numerics._tiled`). Built while tracing a `Recorder` call: the cache is Python's."""
+    `attnflow.numerics._tiled`). With `on_circle` (unit tokens on the circle, d = 2) the
+    pair density and the clusters come from the sorted angles instead (`attnflow.numerics._circle_metrics`,
+    $O(n \\log n)$). Built while tracing a `Recorder` call: the cache is Python's."""
 
-    def __init__(self, t, x, field, *, beta, eps, tile: int | None, block: int | None, rank_rtol):
+    def __init__(
+        self, t, x, field, *, beta, eps, tile: int | None, block: int | None, rank_rtol, on_circle: bool = False
+    ):
         self.t, self.x, self.field = t, x, field
         self.beta, self.eps, self.tile, self.block, self.rank_rtol = beta, eps, tile, block, rank_rtol
         self.n = x.shape[0]
+        self.on_circle = on_circle
+        if on_circle and x.shape[-1] != 2:
+            raise ConfigError(
+                f"the metrics from sorted angles need tokens on the circle (d = 2), not d = {x.shape[-1]}."
+            )
         # Unit rows on the sphere (the solver retracts every saved state): inner products are cosines.
         self.on_sphere = field is not None and isinstance(field.geometry, Sphere)
 
@@ -306,6 +315,8 @@ class Pairs:
 
     @functools.cached_property
     def labels(self) -> Int[Array, " n"]:
+        if self.on_circle:
+            return _circle_metrics.cluster_labels(self.x, self.eps)
         if self.tile is None:
             return _labels(self.close)
         return _tiled.components(self.unit, 1 - self.eps, self.tile)
@@ -334,6 +345,8 @@ class Pairs:
         return _normalized_energy_tiled(self.unit, self.tile)
 
     def pair_density(self) -> Scalar:
+        if self.on_circle:
+            return _pair_count_fraction(_circle_metrics.close_pair_count(self.x, self.eps), self.n)
         if self.tile is None:
             return _pair_fraction(self.close, self.x.dtype)
         return _pair_count_fraction(_tiled.close_pair_count(self.unit, 1 - self.eps, self.tile), self.n)
@@ -389,6 +402,11 @@ class Recorder(eqx.Module):
     means tiles, every pairwise metric goes through tiles (memory $O(n \\cdot
     \\mathrm{block})$), `attention` holds the rows of `attention_rows` only, and
     `attention_rank`, which needs whole maps, is refused.
+
+    `on_circle` says that the tokens lie on the circle (d = 2, on the sphere): the pair
+    density, the clusters and the cluster sizes then come from the sorted angles in
+    $O(n \\log n)$ time and $O(n)$ memory (`attnflow.numerics._circle_metrics`), whatever `block` says.
+    The caller guarantees the sphere; d other than 2 is refused.
     """
 
     beta: Float[Array, ""]
@@ -399,6 +417,7 @@ class Recorder(eqx.Module):
     block: int | None = eqx.field(static=True, default=None)
     custom: tuple[UserMetric, ...] = eqx.field(static=True, default=())
     config: Any = eqx.field(static=True, default=None)
+    on_circle: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         unknown = [m for m in self.metrics if m not in METRICS]
@@ -412,7 +431,17 @@ class Recorder(eqx.Module):
         out: dict[str, Array] = {"finite": jnp.isfinite(jnp.sum(x * x))}
         n = x.shape[0]
         tile = _tiled.resolve_block(n, self.block)
-        pairs = Pairs(t, x, field, beta=self.beta, eps=self.eps, tile=tile, block=self.block, rank_rtol=self.rank_rtol)
+        pairs = Pairs(
+            t,
+            x,
+            field,
+            beta=self.beta,
+            eps=self.eps,
+            tile=tile,
+            block=self.block,
+            rank_rtol=self.rank_rtol,
+            on_circle=self.on_circle,
+        )
         for name in METRICS:  # the registry's order, whatever the config's
             if name not in self.metrics:
                 continue

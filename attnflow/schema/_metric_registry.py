@@ -3,8 +3,9 @@
 An entry says what the config accepts (`metrics: [name, ...]`), what the metric reads
 (the clustering threshold `cluster_eps`, the attention maps), the dimensions it adds to a
 saved time, its description and units in `results.nc`, its label and reduction in the
-summary figure and in `attnflow report`, whether it can go through tiles, and how
-many bytes one saved value takes. Its function is the method of the same name of
+summary figure and in `attnflow report`, whether it can go through tiles, where it can
+be computed in less than $n^2$ time (`subquadratic`), and how many bytes one saved value
+takes. Its function is the method of the same name of
 `attnflow.numerics._metrics.Pairs` (what the metrics of one state share: the Gram matrix, the
 cosines, the close pairs, the cluster labels), dense or tiled as the state says.
 
@@ -87,6 +88,11 @@ class Metric:
             `cross.enabled=true`).
         reads_beta: whether it reads beta itself (not only through the states).
         tiled: whether it can go through tiles (else it needs whole n x n maps).
+        subquadratic: where it can be computed in less than n^2 time: "any" (every
+            configuration: O(n)), "circle" (tokens on the circle, d = 2: from the sorted
+            angles, `Recorder(on_circle=True)`), "moments" (tokens on the sphere with
+            d <= 3: from the harmonic moments of the summation), "" (nowhere: it reads
+            every pair, or whole attention maps). See `subquadratic_metrics`.
         cosines: whether it reads cosines of the states (tokens must not be zero).
         reduce: its reduction to (beta?, member, time) for the figure and the report.
         limits: the y range of its panel, or None.
@@ -105,6 +111,7 @@ class Metric:
     reads_source: bool = False
     reads_beta: bool = False
     tiled: bool = True
+    subquadratic: str = ""
     cosines: bool = False
     reduce: Callable[[Any], Any] = _identity
     limits: tuple[float, float] | None = None
@@ -128,6 +135,7 @@ METRICS: dict[str, Metric] = {
             lambda s: s.itemsize,
             reads_beta=True,
             panel=3,
+            subquadratic="moments",
         ),
         Metric(
             "log_energy",
@@ -138,6 +146,7 @@ METRICS: dict[str, Metric] = {
             lambda s: s.itemsize,
             reads_beta=True,
             panel=2,
+            subquadratic="moments",
         ),
         Metric(
             "normalized_energy",
@@ -160,6 +169,7 @@ METRICS: dict[str, Metric] = {
             cosines=True,
             limits=(0.0, 1.0),
             panel=0,
+            subquadratic="circle",
         ),
         Metric(
             "clusters",
@@ -171,6 +181,7 @@ METRICS: dict[str, Metric] = {
             reads_eps=True,
             cosines=True,
             panel=1,
+            subquadratic="circle",
         ),
         Metric(
             "cluster_sizes",
@@ -185,6 +196,7 @@ METRICS: dict[str, Metric] = {
             limits=(0.0, 1.0),
             reduced_name="largest_cluster",
             panel=6,
+            subquadratic="circle",
         ),
         Metric(
             "order_parameter",
@@ -196,6 +208,7 @@ METRICS: dict[str, Metric] = {
             cosines=True,
             limits=(0.0, 1.0),
             panel=5,
+            subquadratic="any",
         ),
         Metric(
             "attention",
@@ -268,6 +281,14 @@ METRIC_NAMES = tuple(METRICS)
 DEFAULT_METRICS = ("energy", "log_energy", "pair_density", "clusters", "order_parameter")
 # The summary figure's panels, in their order.
 PANELS = tuple(sorted(METRICS.values(), key=lambda m: m.panel))
+
+
+def subquadratic_metrics(d: int) -> tuple[str, ...]:
+    """The built-in metrics that can be computed in less than $n^2$ time for tokens on the
+    sphere in dimension `d`, in the registry's order: those of any dimension, the circle's
+    at d = 2, those from the harmonic moments at d <= 3 (see `Metric.subquadratic`)."""
+    where = {"any"} | ({"circle"} if d == 2 else set()) | ({"moments"} if d <= 3 else set())
+    return tuple(name for name, m in METRICS.items() if m.subquadratic in where)
 
 
 def reading(what: str, names) -> set[str]:
