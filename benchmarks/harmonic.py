@@ -31,6 +31,7 @@ from machine import describe
 
 import attnflow as af
 from attnflow.numerics import _harmonic
+from attnflow.schema import _harmonic_degree
 
 SIZES = (4096, 16384, 65536, 262144, 1048576)
 MIN_SECONDS = 0.3
@@ -81,9 +82,9 @@ def main():
     print(describe())
     rows = []
     for d in args.dims:
-        degree = _harmonic.degree(args.beta, args.tol, d)
+        degree = _harmonic_degree.degree(args.beta, args.tol, d)
         print(f"\n## d = {d}, beta = {args.beta}, float32, degree {degree} "
-              f"({_harmonic.basis_size(degree, d)} harmonics, tail {_harmonic.error_bound(args.beta, degree, d):.1e})")
+              f"({_harmonic.basis_size(degree, d)} harmonics, tail {_harmonic_degree.error_bound(args.beta, degree, d):.1e})")
         print(f"{'n':>8} {'direct s':>10} {'harmonic s':>11} {'direct/harm':>12} {'direct slope':>13} "
               f"{'harm slope':>11} {'rel. error':>11}")
         previous = None

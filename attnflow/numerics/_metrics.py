@@ -25,7 +25,7 @@ from jaxtyping import Array, Bool, Float, Int, Scalar, ScalarLike
 
 from ..schema._errors import ConfigError
 from ..schema._metric_registry import DEFAULT_METRICS, METRICS, UserMetric
-from . import _circle_metrics, _tiled
+from . import _circle_metrics, _harmonic, _tiled
 from ._geometry import Sphere
 from ._terms import _contract, sinkhorn_log
 
@@ -274,12 +274,23 @@ class Pairs:
     $O(n \\log n)$). Built while tracing a `Recorder` call: the cache is Python's."""
 
     def __init__(
-        self, t, x, field, *, beta, eps, tile: int | None, block: int | None, rank_rtol, on_circle: bool = False
+        self,
+        t,
+        x,
+        field,
+        *,
+        beta,
+        eps,
+        tile: int | None,
+        block: int | None,
+        rank_rtol,
+        on_circle: bool = False,
+        energy_degree: int = 0,
     ):
         self.t, self.x, self.field = t, x, field
         self.beta, self.eps, self.tile, self.block, self.rank_rtol = beta, eps, tile, block, rank_rtol
         self.n = x.shape[0]
-        self.on_circle = on_circle
+        self.on_circle, self.energy_degree = on_circle, energy_degree
         if on_circle and x.shape[-1] != 2:
             raise ConfigError(
                 f"the metrics from sorted angles need tokens on the circle (d = 2), not d = {x.shape[-1]}."
@@ -328,6 +339,9 @@ class Pairs:
         return _attention_weights(self.field, self.t, self.x, attention_rows(self.n, self.block))
 
     def log_energy(self) -> Scalar:
+        if self.energy_degree:  # unit tokens, by harmonic summation (O(n L) or O(n L^2))
+            log_n = jnp.log(jnp.asarray(self.n, self.x.dtype))
+            return _harmonic.log_pair_sum(self.x, self.beta, self.energy_degree) - jnp.log(2 * self.beta) - 2 * log_n
         if self.tile is None:
             return _log_energy(self.gram, self.beta)
         return _log_energy_tiled(self.x, self.beta, self.tile)
@@ -407,6 +421,10 @@ class Recorder(eqx.Module):
     density, the clusters and the cluster sizes then come from the sorted angles in
     $O(n \\log n)$ time and $O(n)$ memory (`attnflow.numerics._circle_metrics`), whatever `block` says.
     The caller guarantees the sphere; d other than 2 is refused.
+
+    `energy_degree` (0: off) says that the tokens are unit vectors in d = 2 or 3: the
+    interaction energy and its log then come from harmonic summation to that degree
+    (`attnflow.numerics._harmonic.log_pair_sum`, with `summation=harmonic`).
     """
 
     beta: Float[Array, ""]
@@ -418,6 +436,7 @@ class Recorder(eqx.Module):
     custom: tuple[UserMetric, ...] = eqx.field(static=True, default=())
     config: Any = eqx.field(static=True, default=None)
     on_circle: bool = eqx.field(static=True, default=False)
+    energy_degree: int = eqx.field(static=True, default=0)
 
     def __check_init__(self):
         unknown = [m for m in self.metrics if m not in METRICS]
@@ -441,6 +460,7 @@ class Recorder(eqx.Module):
             block=self.block,
             rank_rtol=self.rank_rtol,
             on_circle=self.on_circle,
+            energy_degree=self.energy_degree,
         )
         for name in METRICS:  # the registry's order, whatever the config's
             if name not in self.metrics:

@@ -17,6 +17,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, ScalarLike
 
 from ..schema._errors import ConfigError
+from ..schema._harmonic_degree import DIMS as HARMONIC_DIMS
 from . import _harmonic, _tiled
 from ._schedules import AbstractSchedule, identity_factor, identity_multiple
 
@@ -441,7 +442,7 @@ class SelfAttention(AbstractInteraction):
         cannot = (
             (self.kind not in ("sa", "usa"), f"{self.kind} attention"),
             (not self.unit_rows, "tokens off the unit sphere"),
-            (d not in _harmonic.DIMS, f"d = {d}"),
+            (d not in HARMONIC_DIMS, f"d = {d}"),
             (self.rotary is not None, "rotary positions"),
             (self.position_bias is not None, "a position bias"),
             (self.key_bias is not None, "a key bias"),

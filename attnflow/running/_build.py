@@ -480,11 +480,16 @@ class _Values:
     """The numeric values of a config, read by dotted path: the traced `data` where
     given (see `ConfiguredSystem`), else the config's own value."""
 
-    def __init__(self, cfg: Config, data: Mapping[str, ArrayLike] | None = None):
+    def __init__(
+        self, cfg: Config, data: Mapping[str, ArrayLike] | None = None, fixed: Mapping[str, Any] | None = None
+    ):
         self.cfg = cfg
         self.data = data or {}
+        self.fixed = fixed or {}
 
     def __call__(self, path: str) -> Any:
+        if path in self.fixed:
+            return self.fixed[path]
         return self.data[path] if path in self.data else _get(self.cfg, path)
 
 
@@ -504,13 +509,15 @@ def build_field(
     data: Mapping[str, ArrayLike] | None = None,
     noise: BrownianNoise | None = None,
     member_key: PRNGKeyArray | None = None,
+    fixed: Mapping[str, Any] | None = None,
 ) -> VectorField:
     """The vector field of a validated config; random weights are drawn from `key`.
     `data` may give (traced) values for the config's numeric entries, by dotted path;
     `noise` is the member's Brownian noise, when the config has some; `member_key` the
     member's own key, for what a part draws per member (the source tokens of
-    cross-attention; default `key`)."""
-    get = _Values(cfg, data)
+    cross-attention; default `key`); `fixed` the settings the parts fixed from the whole
+    config (`Part.fixed`)."""
+    get = _Values(cfg, data, fixed)
     time_change = collisions = None
     if cfg.time_change.speed == "log_beta":
         time_change = ConstantSpeed(jnp.log(jnp.asarray(beta, dtype)))
@@ -630,8 +637,9 @@ class _Structure:
     to build from, whose numeric values are never read: the builders read the traced
     values of `ConfiguredSystem.values` instead (`_Values`)."""
 
-    def __init__(self, cfg: Config, data: dict[str, np.ndarray]):
+    def __init__(self, cfg: Config, data: dict[str, np.ndarray], fixed: dict[str, Any] | None = None):
         self.cfg = cfg
+        self.fixed = fixed or {}
         container = to_container(cfg)
         for path, value in data.items():
             node = container
@@ -642,6 +650,9 @@ class _Structure:
         # The source of the researcher's own code the config names is structure too: an
         # edited term or metric is another program.
         container["code_digest"] = code_digest(cfg)
+        # What the parts fixed from the whole config (`Part.fixed`: the degree of harmonic
+        # summation, from the largest beta and the weights) is compiled in too.
+        container["fixed"] = repr(sorted(self.fixed.items()))
         self._key = repr(sorted(container.items(), key=lambda item: item[0]))
 
     def __hash__(self):
@@ -689,31 +700,44 @@ class ConfiguredSystem(eqx.Module):
             # those of its tokens and weights.
             noise = brownian_noise(
                 jax.random.fold_in(key, 2),
-                _Values(cfg, self.values)("noise.sigma"),
+                _Values(cfg, self.values, self.structure.fixed)("noise.sigma"),
                 (cfg.n, cfg.d),
                 t0=cfg.t0,
                 t1=cfg.t1,
                 kind=cfg.noise.kind.value,
                 depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth),  # pyright: ignore[reportArgumentType]  (a noisy run is fixed-step: it has a dt)
                 dtype=dtype,
-                schedule=_noise_schedule(_Values(cfg, self.values), dtype),
+                schedule=_noise_schedule(_Values(cfg, self.values, self.structure.fixed), dtype),
             )
         # The member's own key for what a part draws per member (cross-attention's source),
         # apart from those of its tokens, weights and noise.
         field = build_field(
-            cfg, k_weights, beta, dtype, self.values, noise=noise, member_key=jax.random.fold_in(key, 3)
+            cfg,
+            k_weights,
+            beta,
+            dtype,
+            self.values,
+            noise=noise,
+            member_key=jax.random.fold_in(key, 3),
+            fixed=self.structure.fixed,
         )
         y0 = build_init(cfg, dtype, self.values)(k_init, cfg.n, cfg.d, dtype)
         custom = user_metrics(cfg)
         recorder = Recorder(
             beta=jnp.asarray(beta, dtype),
-            eps=jnp.asarray(_Values(cfg, self.values)("cluster_eps"), dtype),
+            eps=jnp.asarray(_Values(cfg, self.values, self.structure.fixed)("cluster_eps"), dtype),
             metrics=recorded_metrics(cfg),
             save_states=bool(cfg.save_states),
             rank_rtol=cfg.rank_rtol,
             block=_metric_block(cfg),
             custom=custom,
             config=cfg if any(metric.takes_context for metric in custom) else None,
+            **{
+                k: v
+                for part in PARTS.values()
+                if part.enabled(cfg)
+                for k, v in part.recorder_options(cfg, self.structure.fixed).items()
+            },
         )
         return field, y0, recorder
 
@@ -753,6 +777,7 @@ def build_system(cfg: Config | Mapping) -> ConfiguredSystem:
         cfg = validate_config(cfg)
     static = dataclasses.replace(cfg, beta=0.0, seed=0, members=1)
     data = _data(static)
+    fixed = {k: v for part in PARTS.values() if part.enabled(cfg) for k, v in part.fixed(cfg).items()}
     dtype = jnp.dtype(cfg.dtype.value)
     values: dict[str, ArrayLike] = {path: np.asarray(value, dtype) for path, value in data.items()}
-    return ConfiguredSystem(_Structure(static, data), values, np.asarray(cfg.seed, np.uint32))
+    return ConfiguredSystem(_Structure(static, data, fixed), values, np.asarray(cfg.seed, np.uint32))

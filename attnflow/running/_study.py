@@ -22,6 +22,7 @@ from ..schema._config import NOT_RESULT_KEYS, Config, to_container
 from ..schema._errors import NonFiniteStateError, RunNote, SolverFailure
 from ..schema._metric_registry import METRICS, UserMetric
 from ..schema._plugins import target_path
+from ..schema.system import PARTS
 from ..storage._cf import global_attributes, history_line, variable_attributes
 from ..storage._store import PieceStore, Results, in_background
 from ._build import Study, build_system, non_finite_advice
@@ -296,6 +297,9 @@ def to_results(study: Study, result: EnsembleResult) -> Results:
     }
     if cfg.time_change.speed is not None:
         attrs["time_axis"] = time_axis(cfg.time_change.speed)
+    for part in PARTS.values():  # how each term computed what it did (the summation of attention)
+        if part.enabled(cfg):
+            attrs.update(part.attributes(cfg))
     notes = list(study.notes)
     if cfg.attention_kind == "sinkhorn" and "marginal_error" in result.stats:
         # The fixed iteration count's achieved column error, against the tolerance asked

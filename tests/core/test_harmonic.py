@@ -8,6 +8,7 @@ import scipy.special as sp
 
 import attnflow as af
 from attnflow.numerics import _harmonic as h
+from attnflow.schema import _harmonic_degree as hd
 
 N = 2048
 BETAS = (0.5, 1.0, 4.0, 9.0, 30.0)
@@ -15,22 +16,10 @@ TOL = 1e-7
 SLOPE = 0.01
 
 
-def _kernel_error(r: float, degree: int, d: int) -> float:
-    """The largest error of the truncated scaled kernel e^{r (t - 1)} over t = cos(angle) in [-1, 1]."""
-    t = np.cos(np.linspace(0, np.pi, 2001))
-    k = np.arange(degree + 1)
-    if d == 2:
-        series = sp.ive(k, r)[None] * np.where(k == 0, 1, 2) * np.cos(k[None] * np.arccos(t)[:, None])
-    else:
-        scaled = np.sqrt(np.pi / (2 * r)) * sp.ive(k + 0.5, r)
-        series = scaled[None] * (2 * k + 1) * sp.eval_legendre(k[None], t[:, None])
-    return float(np.max(np.abs(series.sum(axis=1) - np.exp(r * (t - 1)))))
-
-
 @pytest.mark.parametrize("d", [2, 3])
 def test_coefficients_are_the_scaled_bessel_functions(d):
     r = np.array([0.0, 1e-3, 0.5, 4.0, 30.0, 100.0])
-    degree = h.degree(float(r.max()), TOL, d)
+    degree = hd.degree(float(r.max()), TOL, d)
     got = np.asarray(h.coefficients(jnp.asarray(r), degree, d))
     k = np.arange(degree + 1)
     if d == 2:
@@ -56,30 +45,6 @@ def test_basis_satisfies_the_addition_theorem():
     k = np.arange(1, degree + 1)
     np.testing.assert_allclose(waves[:, 1::2], np.cos(k * phi), atol=1e-13)
     np.testing.assert_allclose(waves[:, 2::2], np.sin(k * phi), atol=1e-13)
-
-
-def test_degrees_at_the_issue_tolerance():
-    # The coefficient tails on the circle at 1e-7 (issue 38): about 7 at beta = 1, 12 at 4, 17 at 9, 30 at 30.
-    assert [h.degree(beta, TOL, 2) for beta in (1.0, 4.0, 9.0, 30.0)] == [7, 12, 17, 30]
-
-
-@pytest.mark.parametrize("d", [2, 3])
-@pytest.mark.parametrize("r", BETAS)
-def test_degree_rule_against_the_measured_kernel_error(d, r):
-    degree = h.degree(r, TOL, d)
-    bound = h.error_bound(r, degree, d)
-    # the tail is attained (at the antipode on the circle): equal to rounding
-    assert _kernel_error(r, degree, d) <= bound * (1 + 1e-6) and bound <= TOL
-    # one degree less is above the tolerance (the smallest such degree), half the degree far above it
-    assert h.error_bound(r, degree - 1, d) > TOL
-    assert _kernel_error(r, degree // 2, d) > 100 * TOL
-
-
-def test_bad_dimension_and_tolerance_are_refused():
-    with pytest.raises(af.ConfigError, match="d=4"):
-        h.degree(1.0, TOL, 4)
-    with pytest.raises(af.ConfigError, match="summation_tol"):
-        h.degree(1.0, 0.0, 2)
 
 
 def _weights(d: int):
@@ -126,8 +91,8 @@ def test_field_against_self_attention(d, mask, n, betas):
                 want[kind].append(term(0.0, x))
             u.append(h.query_vectors(x @ q[0].T, jnp.asarray(k), beta)[0])
             v.append(x @ value[0].T)
-    r_max = max(h.largest_radius(beta, q, k) for q, k, _ in _weights(d) for beta in betas)
-    degree = h.degree(r_max, TOL, d)
+    r_max = max(hd.largest_radius(beta, q, k) for q, k, _ in _weights(d) for beta in betas)
+    degree = hd.degree(r_max, TOL, d)
     slopes = None if slope is None else jnp.full(len(u), slope)
 
     @jax.jit

@@ -84,6 +84,26 @@ class Part:
         return 0
 
     @classmethod
+    def attributes(cls, cfg: Any) -> dict[str, Any]:
+        """Attributes the part adds to the results file (how it computed what it did)."""
+        return {}
+
+    @classmethod
+    def fixed(cls, cfg: Any) -> dict[str, Any]:
+        """Settings the part decides from the whole config before the run that the
+        compiled program depends on though they follow from data (beta, the weights): the
+        degree of harmonic summation. `build` and `recorder_options` read them from `fixed`
+        (`get(NAME)` in `build`), never from a config, whose beta and data may be another
+        study's that shares the program."""
+        return {}
+
+    @classmethod
+    def recorder_options(cls, cfg: Any, fixed: Mapping[str, Any]) -> dict[str, Any]:
+        """Settings the part gives the metrics' `Recorder` (how they may be computed), from
+        the config's structure and what the parts fixed (`fixed`)."""
+        return {}
+
+    @classmethod
     def metric_block(cls, cfg: Any, block: int | None) -> int | None:
         """The tiles the metrics may form attention maps in (`attention_block`), for a
         part whose maps are formed whole."""

@@ -5,7 +5,7 @@ $\beta \to \infty$ limit (`hardmax`); causal, with ALiBi, over `heads` heads who
 matrices Q, K, V, O are weight schedules (`weights.*`: the identity, a given matrix,
 random laws redrawn or not, V tied to $\pm Q^\top K$, piecewise factors and a polynomial
 in time). The keys it owns: `attention_kind`, `causal`, `alibi`, `heads`, `heads_combine`,
-`d_k`, `d_v`, `weights`, `sinkhorn`, `hardmax`.
+`d_k`, `d_v`, `weights`, `sinkhorn`, `hardmax`, `summation`, `summation_tol` (`_summation`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .._methods import SOLVERS
 from .._metric_registry import names_reading, reading, user_metrics
 from .._words import polynomial_text, sequence_text
 from ..weights import KINDS, SETTINGS, Matrix
+from . import _summation
 from ._part import Part
 
 # The largest count an int32 loop counter reaches (`attnflow.numerics._tiled._INDEX_LIMIT`).
@@ -53,6 +54,7 @@ class Attention(Part):
         _check_normalisation(cfg, betas)
         if cfg.attention:
             check_weights(cfg)
+        _summation.check(cfg)
 
     @classmethod
     def as_floats(cls, cfg):
@@ -70,6 +72,21 @@ class Attention(Part):
     def recorded_metrics(cls, cfg):
         # Every Sinkhorn run is held to its sinkhorn.tol by the column error.
         return ("marginal_error",) if cfg.attention_kind == "sinkhorn" else ()
+
+    @classmethod
+    def attributes(cls, cfg):
+        return _summation.attributes(cfg)
+
+    @classmethod
+    def fixed(cls, cfg):
+        return {"summation": _summation.summation(cfg)}
+
+    @classmethod
+    def recorder_options(cls, cfg, fixed):
+        chosen = fixed["summation"]
+        if chosen.method == "direct":
+            return {}
+        return {"on_circle": cfg.d == 2, "energy_degree": chosen.energy_degree}
 
     @classmethod
     def metric_block(cls, cfg, block):
@@ -105,6 +122,8 @@ class Attention(Part):
                 )
         if cfg.attention:
             rules += unused_weights(cfg)
+        if cfg.summation == "direct":
+            rules.append(("with summation=direct", [("summation_tol", lambda c: c.summation_tol)]))
         return rules
 
     @classmethod
@@ -131,6 +150,9 @@ class Attention(Part):
         # Under the time change, the attention's exact forms that keep it finite at any beta
         # and its clusters still (SelfAttention), where they are exact and the logits whole.
         exact = cfg.time_change.speed is not None and lib.resolve_block(cfg.n, cfg.attention_block) is None
+        chosen = get("summation")  # fixed from the whole config (`fixed`)
+        if not isinstance(chosen, _summation.Summation):  # a field built without the study's plan
+            chosen = _summation.summation(cfg)
         return lib.SelfAttention(
             built["q"],
             built["k"],
@@ -154,6 +176,8 @@ class Attention(Part):
             and SOLVERS[cfg.solver.value].projected
             and lib.identity_multiple(v)
             and o is None,
+            summation=chosen.method,
+            degree=chosen.degree,
         )
 
     @classmethod

@@ -66,6 +66,12 @@ class WeightKind:
         kind defines it (the registry `KINDS` refuses one that does not)."""
 
     @classmethod
+    def largest_norm(cls, spec: Any, matrix: Matrix) -> float | None:
+        """The largest spectral norm of the matrix over its heads and pieces, before its
+        factors in time; None where it is not known before the run (random entries)."""
+        return None
+
+    @classmethod
     def describe(cls, label: str, stored: Mapping[str, Any], drawn: str) -> str:
         """The matrix `label` ("Q") of stored settings in words; `drawn` says whether
         random weights are shared by the members and drawn per beta."""

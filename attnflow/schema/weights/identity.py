@@ -26,5 +26,9 @@ class Identity(WeightKind):
         return base
 
     @classmethod
+    def largest_norm(cls, spec, matrix):
+        return abs(float(spec.scale))
+
+    @classmethod
     def describe(cls, label, stored, drawn):
         return f"{label} = I"

@@ -56,5 +56,11 @@ class Matrix(WeightKind):
         return lib.Constant(jnp.broadcast_to(value, shape))
 
     @classmethod
+    def largest_norm(cls, spec, matrix):
+        # The value's last two axes are one matrix (of a head, of a piece): the largest of their norms.
+        value = np.asarray(spec.value, np.float64)
+        return abs(float(spec.scale)) * float(np.max(np.linalg.norm(value, ord=2, axis=(-2, -1))))
+
+    @classmethod
     def describe(cls, label, stored, drawn):
         return f"{label} = given matrix"
