@@ -180,6 +180,8 @@ COMMANDS: dict[str, dict[str, str]] = {
         "attnflow n=100000 d=3 members=1 beta=1 t1=1 dt=0.1 saves=2 metrics=[log_energy,pair_density,order_parameter]": "n=3000 t1=0.2",
         "attnflow n=4096 attention_block=256 members=4 beta=1 t1=1 saves=2": "n=1100 t1=0.2",
         "attnflow n=2000 attention_block=0 members=4 beta=1 t1=1 saves=2": "n=200 t1=0.2",
+        "attnflow n=1000000 d=2 summation=harmonic members=1 beta=4 t1=2 dt=0.1 saves=3 metrics=[log_energy,pair_density,clusters,order_parameter]": "n=4096 t1=0.2",
+        "attnflow n=4096 d=3 summation=auto members=4 beta=4 t1=2 metrics=[log_energy,order_parameter]": "members=2 t1=0.2",
     },
     "docs/model.md": {
         "attnflow cross.enabled=true cross.init.kind=caps cross.init.k=3 cross.beta=8 save_states=true metrics=[clusters,source_capture,nearest_source]": "members=2 t1=2",
