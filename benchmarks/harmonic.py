@@ -14,6 +14,7 @@ rounding included). Direct runs up to `--direct-max` tokens.
 
     python benchmarks/harmonic.py                         # n = 4096 ... 1048576, d = 2 and 3
     python benchmarks/harmonic.py --dims 2 --sizes 4096 65536 1048576 --rounds 2
+    python benchmarks/harmonic.py --dtype float64 --beta 9 --sizes 4096 16384 --direct-max 16384
 """
 
 from __future__ import annotations
@@ -37,14 +38,17 @@ SIZES = (4096, 16384, 65536, 262144, 1048576)
 MIN_SECONDS = 0.3
 
 
-def tokens(n: int, d: int):
-    return af.UniformSphere()(jax.random.key(0), n, d, jnp.float32)
+def tokens(n: int, d: int, dtype: str = "float32"):
+    return af.UniformSphere()(jax.random.key(0), n, d, jnp.dtype(dtype))
+
+
+def direct_term(d: int, beta: float, dtype: str):
+    eye = af.Identity(1, d, dtype)
+    return af.SelfAttention(eye, eye, eye, None, jnp.asarray(beta, dtype), None, heads=1, unit_rows=True)
 
 
 def direct_call(x, beta: float):
-    d = x.shape[1]
-    eye = af.Identity(1, d, "float32")
-    term = af.SelfAttention(eye, eye, eye, None, jnp.asarray(beta, jnp.float32), None, heads=1, unit_rows=True)
+    term = direct_term(x.shape[1], beta, x.dtype.name)
     program = jax.jit(lambda x: term(0.0, x)).lower(x).compile()
     return lambda: program(x).block_until_ready()
 
@@ -77,26 +81,27 @@ def main():
     parser.add_argument("--beta", type=float, default=4.0)
     parser.add_argument("--tol", type=float, default=1e-7)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    jax.config.update("jax_enable_x64", args.dtype == "float64")
     print(describe())
     rows = []
     for d in args.dims:
         degree = _harmonic_degree.degree(args.beta, args.tol, d)
-        print(f"\n## d = {d}, beta = {args.beta}, float32, degree {degree} "
-              f"({_harmonic.basis_size(degree, d)} harmonics, tail {_harmonic_degree.error_bound(args.beta, degree, d):.1e})")
+        tail = _harmonic_degree.error_bound(args.beta, degree, d)
+        print(f"\n## d = {d}, beta = {args.beta}, {args.dtype}, degree {degree} "
+              f"({_harmonic.basis_size(degree, d)} harmonics, tail {tail:.1e})")
         print(f"{'n':>8} {'direct s':>10} {'harmonic s':>11} {'direct/harm':>12} {'direct slope':>13} "
               f"{'harm slope':>11} {'rel. error':>11}")
         previous = None
         for n in args.sizes:
-            x = tokens(n, d)
+            x = tokens(n, d, args.dtype)
             calls = {"harmonic": harmonic_call(x, args.beta, degree)}
             error = math.nan
             if n <= args.direct_max:
                 calls["direct"] = direct_call(x, args.beta)
-                eye = af.Identity(1, d, "float32")
-                reference = af.SelfAttention(eye, eye, eye, None, jnp.asarray(args.beta, jnp.float32), None,
-                                             heads=1, unit_rows=True)(0.0, x)
+                reference = direct_term(d, args.beta, args.dtype)(0.0, x)
                 field = _harmonic.attention(args.beta * x, x, x, degree=degree)
                 error = float(jnp.max(jnp.abs(field - reference)) / jnp.max(jnp.abs(reference)))
             samples = {name: [] for name in calls}
