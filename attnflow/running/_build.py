@@ -501,6 +501,12 @@ def _noise_schedule(get: _Values, dtype) -> AbstractSchedule | None:
     return factored("noise", spec, get, Constant(jnp.ones((), dtype)), dtype)
 
 
+def _fixed(cfg: Config) -> dict[str, Any]:
+    """What the parts decide from the whole config (its betas and data) that the compiled
+    program depends on (`Part.fixed`)."""
+    return {k: v for part in PARTS.values() if part.enabled(cfg) for k, v in part.fixed(cfg).items()}
+
+
 def build_field(
     cfg: Config,
     key: PRNGKeyArray,
@@ -516,8 +522,8 @@ def build_field(
     `noise` is the member's Brownian noise, when the config has some; `member_key` the
     member's own key, for what a part draws per member (the source tokens of
     cross-attention; default `key`); `fixed` the settings the parts fixed from the whole
-    config (`Part.fixed`)."""
-    get = _Values(cfg, data, fixed)
+    config (`Part.fixed`; by default from `cfg`)."""
+    get = _Values(cfg, data, _fixed(cfg) if fixed is None else fixed)
     time_change = collisions = None
     if cfg.time_change.speed == "log_beta":
         time_change = ConstantSpeed(jnp.log(jnp.asarray(beta, dtype)))
@@ -777,7 +783,7 @@ def build_system(cfg: Config | Mapping) -> ConfiguredSystem:
         cfg = validate_config(cfg)
     static = dataclasses.replace(cfg, beta=0.0, seed=0, members=1)
     data = _data(static)
-    fixed = {k: v for part in PARTS.values() if part.enabled(cfg) for k, v in part.fixed(cfg).items()}
+    fixed = _fixed(cfg)
     dtype = jnp.dtype(cfg.dtype.value)
     values: dict[str, ArrayLike] = {path: np.asarray(value, dtype) for path, value in data.items()}
     return ConfiguredSystem(_Structure(static, data, fixed), values, np.asarray(cfg.seed, np.uint32))

@@ -150,9 +150,7 @@ class Attention(Part):
         # Under the time change, the attention's exact forms that keep it finite at any beta
         # and its clusters still (SelfAttention), where they are exact and the logits whole.
         exact = cfg.time_change.speed is not None and lib.resolve_block(cfg.n, cfg.attention_block) is None
-        chosen = get("summation")  # fixed from the whole config (`fixed`)
-        if not isinstance(chosen, _summation.Summation):  # a field built without the study's plan
-            chosen = _summation.summation(cfg)
+        chosen = get("summation")  # fixed from the whole config (`fixed`), not from this one's beta
         return lib.SelfAttention(
             built["q"],
             built["k"],
