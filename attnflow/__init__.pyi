@@ -255,6 +255,7 @@ from .schema._errors import (
 from .schema._errors import (
     StorageError as StorageError,
 )
+from .schema._harmonic_degree import harmonic_degree as harmonic_degree
 from .schema._metric_registry import metric as metric
 from .storage._store import Results as Results
 from .storage._store import load_results as load_results
@@ -330,6 +331,7 @@ __all__ = [
     "detect_metastability",
     "draw_experiment",
     "draw_matrix",
+    "harmonic_degree",
     "equiangular_rate",
     "equiangular_time",
     "experiment_figures",

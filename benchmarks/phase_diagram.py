@@ -4,16 +4,20 @@ The configuration of the pair-density phase diagrams ("A mathematical perspectiv
 transformers", fig. 3): Q = K = V = I, SA dynamics on the sphere, n = 32 tokens,
 2048 members, Euler on the unprojected field followed by renormalization, h = 0.1,
 t in [0, 30], float32, the pair density P(<x_i, x_j> > 1 - eps) recorded after every
-step. Three measurements, taken in interleaved rounds (a new random order each round,
+step. Five measurements, taken in interleaved rounds (a new random order each round,
 so that the machine's changing load falls on all of them alike):
 
 1. attnflow (`solve_ensemble`, compiled once beforehand, a new beta every call);
 2. the same algorithm in batched NumPy, written the way public phase-diagram code
    does it (stacked `@` products over all members, one Python loop over steps), from
    attnflow's own initial states;
-3. a large float32 matrix multiply (the best of NumPy and XLA): the machine's matmul
+3. the same algorithm in hand-tuned JAX (`hand_jax_phase_diagram`: the tricks a JAX
+   expert would write for this one workload), from the same initial states; the table
+   gives its time over attnflow's (below 1: faster than attnflow) and its share of the
+   exp rate;
+4. a large float32 matrix multiply (the best of NumPy and XLA): the machine's matmul
    throughput in that round, against which the attnflow run's flop rate is compared;
-4. the exp rate of XLA on the default device (a jitted sum of exp over 2^24 numbers):
+5. the exp rate of XLA on the default device (a jitted sum of exp over 2^24 numbers):
    at small d the workload is bound by its n^2 exps per member and step, not by matmul.
 
 The table gives medians over the rounds: of the times, of the per-round speed-up
@@ -66,6 +70,54 @@ def numpy_phase_diagram(x0: np.ndarray, beta: float, dt: float, steps: int, eps:
         x /= np.linalg.norm(x, axis=-1, keepdims=True)
         out.append(density(x))
     return np.stack(out, axis=1)
+
+
+def hand_jax_phase_diagram(dt: float, steps: int, eps: float, chunk: int = 64):
+    """The same workload in hand-tuned JAX, the fastest plain JAX we know for it, written
+    for this one case: a `vmap` over members and a `lax.scan` over steps, the row maximum
+    of the logits known in advance (beta, on the diagonal of unit tokens), the Gram matrix
+    by broadcast products at d <= 4 (a matrix product above), the softmax normalised after
+    the mixing (one division per token, not per pair), and the members in chunks of
+    `chunk` (`lax.map`), so that a chunk's states stay in cache. Returns a compiled map
+    from x of shape (members, n, d) and beta to the pair density (members, steps+1)."""
+
+    def gram(x):
+        if x.shape[-1] <= 4:
+            return sum(x[:, None, k] * x[None, :, k] for k in range(x.shape[-1]))
+        return x @ x.T
+
+    def member(x, beta):
+        n = x.shape[0]
+        off_diagonal = 1 - jnp.eye(n, dtype=x.dtype)
+
+        def density(g):
+            return jnp.sum((g > 1 - eps) * off_diagonal) / (n * (n - 1))
+
+        def step(x, _):
+            g = gram(x)
+            e = jnp.exp(beta * (g - 1))
+            if x.shape[-1] <= 4:
+                mixed = jnp.stack([jnp.sum(e * x[None, :, k], axis=1) for k in range(x.shape[-1])], axis=-1)
+            else:
+                mixed = e @ x
+            x = x + dt * mixed / jnp.sum(e, axis=-1, keepdims=True)
+            x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+            return x, density(gram(x))
+
+        _, out = jax.lax.scan(step, x, None, length=steps)
+        return jnp.concatenate([density(gram(x))[None], out])
+
+    @jax.jit
+    def run(x0, beta):
+        members = x0.shape[0]
+        size = min(chunk, members)
+        count = -(-members // size)
+        padded = jnp.concatenate([x0, jnp.broadcast_to(x0[:1], (count * size - members,) + x0.shape[1:])])
+        chunks = padded.reshape((count, size) + x0.shape[1:])
+        out = jax.lax.map(lambda xs: jax.vmap(member, in_axes=(0, None))(xs, beta), chunks)
+        return out.reshape(count * size, -1)[:members]
+
+    return run
 
 
 def matmul_throughput(size: int = 2048, repeats: int = 3) -> float:
@@ -145,7 +197,8 @@ def main():
     print(f"float32 matmul precision: {jax.config.jax_default_matmul_precision or 'default'}")
     print(f"{args.rounds} interleaved rounds per d; medians (min-max of the matmul rate)")
     header = (f"{'d':>4} {'attnflow s':>11} {'compile s':>10} {'numpy s':>9} {'speed-up':>9} {'GFLOP/s':>8} "
-              f"{'matmul GFLOP/s':>18} {'of matmul':>10} {'exp G/s':>8} {'of exp':>7} {'|dP|':>7}")
+              f"{'matmul GFLOP/s':>18} {'of matmul':>10} {'exp G/s':>8} {'of exp':>7} {'|dP|':>7} {'hand s':>7} "
+              f"{'hand/attn':>10} {'hand exp':>9}")
     print(header)
     rows = []
     for d in args.dims:
@@ -154,8 +207,12 @@ def main():
         x0 = np.asarray(jax.vmap(lambda k: system(k, args.beta)[1])(keys))
         flops, exps = workload(args.members, args.n, d, steps)
         reference = np.asarray(solve(args.beta).stats["pair_density"][0])
-        samples = {"attnflow": [], "numpy": [], "matmul": [], "exp": []}
+        samples = {"attnflow": [], "numpy": [], "hand": [], "matmul": [], "exp": []}
         gaps = []
+        hand = hand_jax_phase_diagram(dt, steps, eps)
+        x0_device = jnp.asarray(x0)
+        hand_gap = float(np.max(np.abs(np.asarray(hand(x0_device, jnp.float32(args.beta))).mean(0)
+                                       - reference.mean(0))))  # compiled here, and the curves agree
 
         def run_attnflow():
             start = time.perf_counter()
@@ -169,14 +226,22 @@ def main():
             samples["numpy"].append(time.perf_counter() - start)
             gaps.append(float(np.max(np.abs(density.mean(0) - reference.mean(0)))))  # the curves agree
 
+        def run_hand():
+            start = time.perf_counter()
+            jax.block_until_ready(hand(x0_device, jnp.float32(args.beta + 1e-3 * len(samples["hand"]))))
+            samples["hand"].append(time.perf_counter() - start)
+
         for _ in range(args.rounds):
-            order = [run_attnflow, run_numpy, lambda: samples["matmul"].append(matmul_throughput()),
+            order = [run_attnflow, run_numpy, run_hand, lambda: samples["matmul"].append(matmul_throughput()),
                      lambda: samples["exp"].append(exp_throughput())]
             random.shuffle(order)
             for measure in order:
                 measure()
         jax_s, numpy_s = statistics.median(samples["attnflow"]), statistics.median(samples["numpy"])
         speedup = statistics.median(n_ / a for n_, a in zip(samples["numpy"], samples["attnflow"]))
+        hand_s = statistics.median(samples["hand"])
+        hand_ratio = statistics.median(h / a for h, a in zip(samples["hand"], samples["attnflow"]))
+        hand_exp = statistics.median(exps / h / e for h, e in zip(samples["hand"], samples["exp"]))
         share = statistics.median(flops / a / m for a, m in zip(samples["attnflow"], samples["matmul"]))
         exp_share = statistics.median(exps / a / e for a, e in zip(samples["attnflow"], samples["exp"]))
         peak = samples["matmul"]
@@ -184,12 +249,13 @@ def main():
                    gflops=flops / jax_s / 1e9, matmul_gflops=statistics.median(peak) / 1e9,
                    matmul_gflops_range=[min(peak) / 1e9, max(peak) / 1e9], matmul_fraction=share,
                    exp_rate=statistics.median(samples["exp"]), exp_fraction=exp_share,
-                   max_mean_density_gap=max(gaps), rounds=args.rounds)
+                   max_mean_density_gap=max(gaps), hand_s=hand_s, hand_over_attnflow=hand_ratio,
+                   hand_exp_fraction=hand_exp, hand_density_gap=hand_gap, rounds=args.rounds)
         rows.append(row)
         matmul = f"{row['matmul_gflops']:.0f} ({min(peak) / 1e9:.0f}-{max(peak) / 1e9:.0f})"
         print(f"{d:>4} {jax_s:>11.2f} {row['compile_s']:>10.2f} {numpy_s:>9.2f} {speedup:>8.1f}x "
               f"{row['gflops']:>8.1f} {matmul:>18} {share:>9.0%} {row['exp_rate'] / 1e9:>8.2f} {exp_share:>6.0%} "
-              f"{max(gaps):>7.3f}", flush=True)
+              f"{max(gaps):>7.3f} {hand_s:>7.2f} {hand_ratio:>9.2f}x {hand_exp:>8.0%}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=describe(), rows=rows), f, indent=2)

@@ -9,8 +9,8 @@
 # diffeqformer trains its two models first when runs/diffeqformer lacks them (~25 min).
 # The two phase diagrams are long on a CPU (hours; phase_diagram_random days on 2 cores):
 # run them on a GPU, or give them members=... and beta='${linspace:0.1,9,30}'.
-# noise_transition and meanfield_circle take about an hour each on 2 cores (n = 1e4 and
-# n = 1e5 tokens: the cost grows like n^2).
+# noise_transition takes about half an hour on 2 cores (8 runs of 1024 steps at n = 1e6,
+# summed in harmonics), meanfield_circle about 4 minutes (n = 1e6, harmonics too).
 set -e
 cd "$(dirname "$0")/.."
 # Every experiment attnflow ships: the names of conf/experiment/*.yaml (the one list of them).

@@ -32,8 +32,12 @@ diffusion term; the particles then approach the PDE at the same sigma, still lik
 $n^{-1/2}$, and the perturbed mode's coefficient $\frac1n\sum_j\cos(m\theta_j)$ moves at
 the linear rate $\lambda_m$ of `circle_growth_rate` (negative above the critical sigma).
 The particles are stepped by the core's `simulate` (RK4 for the drift, step `dt`) with
-`SelfAttention`, in tiles above `attnflow.numerics._tiled.TILED_ABOVE` tokens; one compiled
-program per n, mapped over the members.
+`SelfAttention`, in tiles above `attnflow.numerics._tiled.TILED_ABOVE` tokens, or by
+harmonic summation as the config's `summation` and `summation_tol` ask (`auto`, this
+experiment's default, from n = `AUTO_RATIO` times the harmonics on: cost O(n L) instead of
+O(n^2); docs/long-sequences.md); one compiled program per n, mapped over the members. The
+results keep the angles of the first `SHOWN` particles of the largest n (member 0) for the
+histograms: at n = 1e6 all of them would be 48 MB per time.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ import numpy as np
 
 from ..schema._config import NOT_RESULT_KEYS, Config
 from ..schema._errors import ConfigError
+from ..schema._harmonic_degree import basis_size, harmonic_degree
 from ..schema._schema import setting
+from ..schema.system._summation import AUTO_RATIO
 from ._common import caption, colormap, config_of, counted, finite_number, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 from ._lazy import lazy
@@ -79,9 +85,12 @@ class Options:
     mode: int = setting(3, "initial density (1 + amplitude cos(mode theta)) / 2 pi")
     amplitude: float = setting(0.5, "of the initial perturbation, in [0, 1)")
     n: list[int] = setting(
-        [100, 316, 1000, 3162, 10000, 31623, 100000], "token counts (one compiled particle program each)"
+        [100, 316, 1000, 3162, 10000, 31623, 100000, 316228, 1000000],
+        "token counts (one compiled particle program each)",
     )
-    members: Any = setting([24, 24, 24, 24, 8, 4, 2], "independent draws of the particles: one number, or one per n")
+    members: Any = setting(
+        [24, 24, 24, 24, 24, 24, 8, 8, 4], "independent draws of the particles: one number, or one per n"
+    )
     times: list[float] = setting([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "times compared, from 0 (whole numbers of dt)")
     dt: float = setting(0.25, "RK4 step of the particles")
     grid: int = setting(2048, "grid points of the PDE (Fourier modes up to grid / 3)")
@@ -92,13 +101,28 @@ class Options:
 
 
 # The config keys the experiment reads; any other key given is refused.
-_READ_KEYS = ("dtype", "seed", "attention_block", "experiment", *NOT_RESULT_KEYS)
+_READ_KEYS = ("dtype", "seed", "attention_block", "summation", "summation_tol", "experiment", *NOT_RESULT_KEYS)
+# The particles of the largest n whose angles the results keep (member 0).
+SHOWN = 100_000
 
 
 def draws(options: Options) -> list[int]:
     """The number of independent draws of the particles at each n."""
     members = options.members
     return list(members) if isinstance(members, list) else [members] * len(options.n)
+
+
+def summation_degree(cfg: Config, options: Options, n: int) -> int:
+    """The degree L of harmonic summation at n tokens, 0 for direct summation: as the
+    config's `summation` asks (`auto`: from n = AUTO_RATIO times the 2L + 1 harmonics on),
+    L from `summation_tol` at the options' beta (`attnflow.harmonic_degree`)."""
+    asked = getattr(cfg.summation, "value", cfg.summation)
+    if asked == "direct":
+        return 0
+    degree = harmonic_degree(float(options.beta), 2, float(cfg.summation_tol))
+    if asked == "auto" and basis_size(degree, 2) * AUTO_RATIO > n:
+        return 0
+    return degree
 
 
 def initial_density(theta, mode: int, amplitude: float):
@@ -121,8 +145,9 @@ def sample_angles(key, n: int, mode: int, amplitude: float):
     return theta
 
 
-def _particles(options: Options, n: int, block):
-    """A compiled map from a key to the angles of the particles at the compared times."""
+def _particles(options: Options, n: int, block, degree: int = 0):
+    """A compiled map from a key to the angles of the particles at the compared times
+    (harmonic summation at `degree`; 0: direct)."""
     dt = float(options.dt)
     times = np.asarray(options.times, np.float64)
     eye = _schedules.Identity(1, 2, "float64")
@@ -137,6 +162,8 @@ def _particles(options: Options, n: int, block):
         kind=options.kind,  # pyright: ignore[reportArgumentType]  # check() allows sa or usa
         block=block,
         unit_rows=True,
+        summation="harmonic" if degree else "direct",
+        degree=degree,
     )
     steps = np.round(times / dt).astype(int)
     sigma = float(options.sigma)
@@ -264,11 +291,12 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
     mass_error = np.full((ns.size, members), np.nan)
     key = jax.random.key(cfg.seed)
     shown = None
+    degrees = [summation_degree(cfg, options, int(n)) for n in ns]
     for a, n in enumerate(ns):
         # Split keys are prefix-consistent: draw m at this n is the same whatever the number of draws.
         keys = jax.random.split(jax.random.fold_in(key, int(n)), per_n[a])
-        particles = lambda keys=keys, n=n: {
-            "angles": jax.device_get(_particles(options, int(n), cfg.attention_block)(keys))
+        particles = lambda keys=keys, n=n, degree=degrees[a]: {
+            "angles": jax.device_get(_particles(options, int(n), cfg.attention_block, degree)(keys))
         }
         angles = np.asarray(keep(particles)["angles"])
         mode[a, : per_n[a]] = np.cos(options.mode * angles).mean(axis=-1)
@@ -285,7 +313,7 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
                 position_error[a, m] = min(errors)
                 mass_error[a, m] = np.abs(mass[best] - peak_masses).max()
         if a == ns.size - 1:
-            shown = angles[0]
+            shown = angles[0, :, :SHOWN]
         if on_piece is not None:
             on_piece()
     mean = np.nanmean(w1, axis=1)
@@ -305,6 +333,14 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
         np.asarray(per_n, np.int64),
         dims="n",
         attrs={"description": "independent draws of the particles at each n (the later members are NaN, clusters -1)"},
+    )
+    ds["summation_degree"] = xr.DataArray(
+        np.asarray(degrees, np.int64),
+        dims="n",
+        attrs={
+            "description": "degree L of the harmonic summation of the particles' attention at each n (0: summed "
+            "directly, every pair)"
+        },
     )
     ds["w1"] = xr.DataArray(
         w1,
@@ -387,7 +423,10 @@ def meanfield_dataset(cfg: Config, options: Options, on_piece=None, keep=None) -
     ds["angles"] = xr.DataArray(
         shown,
         dims=("time", "particle"),
-        attrs={"description": "angles of the particles of the largest n, member 0", "units": "radian"},
+        attrs={
+            "description": f"angles of the first {SHOWN} particles (or all) of the largest n, member 0",
+            "units": "radian",
+        },
     )
     ds["growth_rate"] = xr.DataArray(
         meanfield.circle_growth_rate(options.mode, options.beta, options.kind, options.sigma),  # pyright: ignore[reportArgumentType]  # check() allows sa or usa
@@ -482,9 +521,20 @@ class MeanFieldCircle(Experiment):
             cfg,
             [f.name for f in dataclasses.fields(Config) if f.name not in _READ_KEYS],
             "meanfield_circle",
-            "Q = K = V = I attention on the circle: it reads dtype, seed and "
-            "attention_block, the rest comes from its options",
+            "Q = K = V = I attention on the circle: it reads dtype, seed, attention_block, "
+            "summation and summation_tol, the rest comes from its options",
         )
+        tol = cfg.summation_tol
+        if not (isinstance(tol, (int, float)) and not isinstance(tol, bool) and 0 < tol < 1):
+            raise ConfigError(f"summation_tol must be a number in (0, 1), got {tol!r}.")
+        if getattr(cfg.summation, "value", cfg.summation) == "harmonic":
+            degree = summation_degree(cfg, options, min(ns))
+            if basis_size(degree, 2) > min(ns):
+                raise ConfigError(
+                    f"summation=harmonic at {name}.beta={options.beta:g} takes degree L={degree} "
+                    f"({basis_size(degree, 2)} harmonics), more than the n={min(ns)} tokens it would sum: "
+                    "use summation=auto, which sums so few tokens directly."
+                )
 
     def panels(self, base: dict) -> dict[str, dict]:
         return {}  # everything is computed in `analyse`: one particle program per n, and the PDE
@@ -525,7 +575,9 @@ class MeanFieldCircle(Experiment):
         left.set_ylim(1e-3, 1.5 * float(ds["density"].max()))
         left.set_xlabel(r"angle $\theta$")
         left.set_ylabel(r"density $\rho(t, \theta)$")
-        left.set_title(f"(a) the PDE (lines), n = {ns[-1]} particles (histograms)", fontsize=9)
+        shown = ds.sizes["particle"]
+        drawn = f"{ns[-1]} particles" if shown == ns[-1] else f"{shown} of n = {ns[-1]} particles"
+        left.set_title(f"(a) the PDE (lines), {drawn} (histograms)", fontsize=9)
         left.legend(fontsize=7, loc="upper right")
         for t, time in enumerate(times):
             color = cmap(t / max(len(times) - 1, 1))
@@ -579,6 +631,17 @@ def _draws(ds) -> str:
     return ", ".join(str(m) for m in per_n) + " draws at the successive n"
 
 
+def _summed(ds) -> str:
+    """How the particles' attention was summed, in words ("" for direct summation at every n)."""
+    if "summation_degree" not in ds:
+        return ""
+    degrees, ns = ds["summation_degree"].values, ds["n"].values
+    if not degrees.any():
+        return ""
+    first = int(np.argmax(degrees > 0))
+    return f"; attention summed in harmonics of degree {int(degrees.max())} from n = {ns[first]}"
+
+
 def _wrapped(angle: float) -> float:
     """An angle in [-pi, pi), with the rounding of a peak at 0 shown as 0."""
     angle = float(np.angle(np.exp(1j * angle)))
@@ -595,7 +658,8 @@ def _caption(ds, options) -> str:
     return (
         f"Q = K = V = I {options['kind'].upper()} attention on the circle, $\\beta$ = {options['beta']:g}, sigma = "
         f"{options['sigma']:g}. The particles are n independent draws from $(1 + {options['amplitude']:g}\\cos "
-        f"{options['mode']}\\theta)/2\\pi$ (RK4, dt = {options['dt']:g}; {_draws(ds)}); the PDE starts from that "
+        f"{options['mode']}\\theta)/2\\pi$ (RK4, dt = {options['dt']:g}; {_draws(ds)}{_summed(ds)}); the PDE "
+        "starts from that "
         f"density ({ds.sizes['theta']} grid points, tsit5). The perturbed mode's linear growth rate at the uniform "
         f"density is {float(ds['growth_rate']):.3f}. Fitted slopes of log W1 against log n, n = {ns[0]} to {ns[-1]}: "
         + ", ".join(f"{s:.2f} (t = {t:g})" for s, t in zip(slopes, ds["time"].values))

@@ -11,8 +11,12 @@ at a value of order one; above it the order parameter stays at the finite-n floo
 uniform tokens, of order $1/\\sqrt n$.
 
 One panel per (n, sigma), n from the `sizes` of the options (the config's `n` is
-replaced), sigma = ratio x sigma_c for the `ratios` of the options, each
-a study of its own: the panels of one n share one compiled program (sigma is data).
+replaced), with the options' `members` at each size (null: the config's), sigma =
+ratio x sigma_c for the `ratios` of the options, each a study of its own: the panels of
+one n share one compiled program (sigma is data). The config's `summation` and
+`noise.path` apply to every panel: the default, `summation=auto` and
+`noise.path=increments`, sums the attention in harmonics from n = 240 (n L per step,
+L = 7 at beta = 1) and draws one normal per step, which is what reaches n = 1e6.
 `analyse` time-averages each member's order parameter over the late window (the last
 `late` fraction of [t0, t1]) and averages over members (`order`, with its standard
 error), records the floor (the mean order parameter of the uniform tokens at t0), and
@@ -62,7 +66,12 @@ else:
 @dataclass
 class Options:
     sizes: list[int] = setting(
-        [32, 128, 512, 2048, 10000], "the numbers of tokens n, one set of panels each (tiled above 1024)"
+        [32, 128, 512, 2048, 10000, 1000000], "the numbers of tokens n, one set of panels each (tiled above 1024)"
+    )
+    members: list[int] | None = setting(
+        [64, 32, 16, 16, 8, 1],
+        "members at each size, one per entry of sizes (null: the config's members at every size)",
+        repeats=True,
     )
     ratios: list[float] = setting([0.6, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5], "sigma / sigma_c of the panels")
     late: float = setting(0.33333, "the order parameter is averaged over this last fraction of [t0, t1]")
@@ -138,6 +147,29 @@ def step_predictions(beta: float, d: int, h: float, sigma) -> dict:
     }
 
 
+def ordering_time(beta: float, h: float, sigma, order, floor) -> tuple:
+    r"""The time the first mode takes to grow from the floor of uniform tokens to the mean
+    field's stationary order parameter at the step's linear rate,
+    $t_* = \log(r_{\mathrm{mf}} / r_0) / \lambda$ with $\lambda = \log(a) / h$ and a the step's
+    factor (`attnflow.euler_first_mode_factor`), per (n, sigma); NaN where the mean field
+    has no order (from sigma_c on). It grows like $\log(n)/2\lambda$: where it exceeds the
+    late window's start, the tokens are still ordering in the window."""
+    times = np.full((len(floor), len(sigma)), np.nan)
+    for j, (s, r) in enumerate(zip(sigma, order)):
+        a, _ = _noise.euler_first_mode_factor(beta, 2, float(s), h)
+        if r > 0 and a > 1:
+            times[:, j] = np.log(r / np.asarray(floor)) / (np.log(a) / h)
+    return (
+        ("n", "ratio"),
+        times,
+        {
+            "description": "time for the first mode to grow from the floor to meanfield_order at the step's linear "
+            "rate, log(meanfield_order / floor) / lambda (nan where the mean field is disordered)",
+            "units": "1",
+        },
+    )
+
+
 class NoiseTransition(Experiment):
     title = "Noise-driven phase transition of unnormalized attention on the sphere"
     paper = (
@@ -207,15 +239,27 @@ class NoiseTransition(Experiment):
             raise ConfigError(
                 f"experiment.options.sizes must be a non-empty list of whole numbers n >= 2, got {sizes!r}."
             )
+        members = options.members
+        if members is not None and (
+            not isinstance(members, list)
+            or len(members) != len(sizes)
+            or any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in members)
+        ):
+            raise ConfigError(
+                f"experiment.options.members must be null or one whole number >= 1 per size ({len(sizes)} here), "
+                f"got {members!r}; experiment.options.members=null takes the config's members at every size."
+            )
 
     def panels(self, base: dict) -> dict[str, dict]:
         sigma_c = _noise.critical_sigma(float(base["beta"]), int(base["d"]))
         configs = {}
-        for n in self.options.sizes:
+        members = self.options.members or [base["members"]] * len(self.options.sizes)
+        for n, count in zip(self.options.sizes, members):
             for ratio in self.options.ratios:
                 configs[f"n={n},ratio={ratio:g}"] = {
                     **base,
                     "n": n,
+                    "members": count,
                     "noise": {**base["noise"], "sigma": ratio * sigma_c},
                 }
         return configs
@@ -251,6 +295,10 @@ class NoiseTransition(Experiment):
                 measured[i] = np.sqrt(-slope / intercept) if slope < 0 < intercept else np.nan
         predictions, curve = meanfield_predictions(float(cfg.beta), int(cfg.d), sigma)
         h = (cfg.t1 - cfg.t0) / _grid.step_count(cfg.t0, cfg.t1, cfg.dt)  # pyright: ignore[reportArgumentType]  # noise takes fixed steps: dt is set
+        if "meanfield_order" in predictions:
+            predictions["ordering_time"] = ordering_time(
+                float(cfg.beta), h, sigma, predictions["meanfield_order"][1], floor
+            )
         return xr.Dataset(
             {
                 **predictions,
@@ -336,19 +384,44 @@ class NoiseTransition(Experiment):
         measured = ", ".join(f"n = {n}: {m:.3f}" for n, m in zip(ds["n"].values, ds["measured_threshold"].values))
         above = float(cfg["experiment"]["options"]["disordered_from"])
         t1, late = cfg["t1"], cfg["experiment"]["options"]["late"]
+        start = t1 - late * (t1 - cfg["t0"])
+        ordering = ""
+        if "ordering_time" in ds:
+            late_ones = [
+                f"n = {n} at {r:g} $\\sigma_c$ ({t:.0f})"
+                for n, row in zip(ds["n"].values, ds["ordering_time"].values)
+                for r, t in zip(ds["ratio"].values, row)
+                if t > start
+            ]
+            if late_ones:
+                ordering = (
+                    " Still ordering in the window, where the first mode's growth from the floor at the step's "
+                    f"linear rate reaches the mean field's order only after t = {start:.4g}: "
+                    + ", ".join(late_ones)
+                    + "."
+                )
         solid = "; solid: the order parameter of its stationary density" if "meanfield_curve" in ds else ""
         caption(
             fig,
             (
                 f"Unnormalized attention (USA) with Q = K = V = I on $S^{{{cfg['d'] - 1}}}$, $\\beta$ = {cfg['beta']}, "
                 "plus the Brownian motion of the sphere of strength $\\sigma$; uniform tokens at t = 0, "
-                f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {cfg['members']} members per point. The "
+                f"{cfg['solver']} with dt = {cfg['dt']} in {cfg['dtype']}, {_members(cfg)} per point. The "
                 f"order parameter is averaged over t in [{t1 - late * (t1 - cfg['t0']):.4g}, {t1:g}] and over members "
                 "(bars: standard error); dotted: the floor of uniform tokens at each n. Dashed: the linear stability "
                 f"threshold of the uniform law of the mean-field equation{solid}. Measured threshold (the zero of "
                 "$1/(n E|m|^2)$, linear in $1/\\sigma^2$, fitted "
-                f"for $\\sigma > {above:g}\\sigma_c$): {measured}."
+                f"for $\\sigma > {above:g}\\sigma_c$): {measured}.{ordering}"
             ),
             width=110,
         )
         return {"noise_transition": fig}
+
+
+def _members(cfg: dict) -> str:
+    """The members per point, in words: one number, or one per n where they differ."""
+    options = cfg["experiment"]["options"]
+    members = options.get("members") or [cfg["members"]] * len(options["sizes"])
+    if len(set(members)) == 1:
+        return f"{members[0]} member{'s' if members[0] > 1 else ''}"
+    return "members " + ", ".join(f"{m} at n = {n}" for n, m in zip(options["sizes"], members))

@@ -1,9 +1,20 @@
 r"""Noise: the stochastic dynamics $dX = \mathcal{F}(t, X)\,dt + \sigma\, dW$ on the field's geometry.
 
-The Brownian path of a member is a diffrax `VirtualBrownianTree` drawn from the member's
-key: its values at the dyadic times $t_0 + k (t_1 - t_0) 2^{-\text{depth}}$ do not depend
-on the step size, so a seed gives the same path at any dt (exactly where the grid times
-are dyadic, to the tree's resolution elsewhere), and an ensemble stays one vmapped program.
+The Brownian path of a member is drawn from the member's key, in one of two ways
+(`NOISE_PATHS`, the config's `noise.path`):
+
+- `tree`: a diffrax `VirtualBrownianTree`. Its values at the dyadic times
+  $t_0 + k (t_1 - t_0) 2^{-\text{depth}}$ do not depend on the step size, so a seed gives
+  the same path at any dt (exactly where the grid times are dyadic, to the tree's
+  resolution elsewhere). Each step descends the tree: about 9 normal draws of the state's
+  shape per step at depth 10.
+- `increments` (`StepIncrements`): the step k over $[t, t + h]$ draws its own normal
+  $\sqrt{h}\,Z_k$ from the key folded with k. These are exactly the increments of a
+  Brownian path on the fixed grid the run steps on, one normal draw per step (9 times
+  fewer than the tree's at n = 1e6: 0.04 s against 0.37 s on a 2-core CPU), but another
+  dt gives another path.
+
+Either way an ensemble stays one vmapped program.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray, ScalarLike
 
-from ..schema._config import NOISE_KINDS
+from ..schema._config import NOISE_KINDS, NOISE_PATHS
 from ..schema._errors import ConfigError
 from ._geometry import AbstractGeometry
 from ._schedules import AbstractSchedule
@@ -36,7 +47,8 @@ class BrownianNoise(eqx.Module):
       sphere it has the same limit as `projected` as $h \to 0$.
 
     In flat space both are the additive noise $\sigma\,dW$. `path` is a diffrax
-    `VirtualBrownianTree` of the state's shape; build one with `brownian_noise`.
+    `VirtualBrownianTree` of the state's shape, or its `StepIncrements` on a grid of fixed
+    steps; build either with `brownian_noise`.
 
     `schedule`, when given, is a scalar schedule $s(t)$ (shape `()`, see `attnflow.numerics._schedules`)
     and the strength is $\sigma(t) = \sigma\, s(t)$: its piece is chosen at the step's
@@ -79,6 +91,27 @@ class BrownianNoise(eqx.Module):
         return self.sigma * self.schedule(t, at)
 
 
+class StepIncrements(eqx.Module):
+    r"""The increments of a Brownian path on a grid of fixed steps: the step over
+    $[s, t]$ with $s = t_0 + k h$ draws $\sqrt{t - s}\,Z_k$, $Z_k$ a standard normal of
+    `shape` from `key` folded with k, independent across steps. It has the interface of a
+    diffrax Brownian path (`t0`, `t1`, `evaluate(s, t)`) for the fixed steps `simulate`
+    takes, and no values between grid times: an adaptive solver needs the tree."""
+
+    key: PRNGKeyArray
+    t0: float = eqx.field(static=True)
+    t1: float = eqx.field(static=True)
+    step: Float[Array, ""]
+    shape: tuple[int, ...] = eqx.field(static=True)
+    dtype: jnp.dtype = eqx.field(static=True)
+
+    def evaluate(self, s: ScalarLike, t: ScalarLike) -> Array:
+        s, t = jnp.asarray(s, self.dtype), jnp.asarray(t, self.dtype)
+        k = jnp.round((s - self.t0) / self.step).astype(jnp.int32)
+        normal = jax.random.normal(jax.random.fold_in(self.key, k), self.shape, self.dtype)
+        return jnp.sqrt(t - s) * normal
+
+
 def tree_depth(t0: float, t1: float, dt: float, depth: int | None = None) -> int:
     """`depth`, or where it is None the least depth whose resolution $(t_1 - t_0) 2^{-\\text{depth}}$
     is at most `dt`. The values at the dyadic times of the shallower levels do not depend on
@@ -99,11 +132,24 @@ def brownian_noise(
     depth: int = 16,
     dtype=jnp.float32,
     schedule: AbstractSchedule | None = None,
+    path: str = "tree",
+    step: ScalarLike | None = None,
 ) -> BrownianNoise:
-    r"""$\sigma\,dW$ with the Brownian path of `key` on $[t_0, t_1]$, resolved to
-    $(t_1 - t_0) 2^{-\text{depth}}$ (a step of that size or coarser on the dyadic grid sees
-    the path exactly); `shape` is the state's, `(n, d)`; `schedule` a scalar factor $s(t)$ of
-    the strength, $\sigma(t) = \sigma\, s(t)$ (None: constant)."""
+    r"""$\sigma\,dW$ with the Brownian path of `key` on $[t_0, t_1]$; `shape` is the state's,
+    `(n, d)`; `schedule` a scalar factor $s(t)$ of the strength, $\sigma(t) = \sigma\, s(t)$
+    (None: constant). `path="tree"` resolves the path to $(t_1 - t_0) 2^{-\text{depth}}$ (a
+    step of that size or coarser on the dyadic grid sees it exactly); `path="increments"`
+    draws one normal per fixed step of size `step` (`StepIncrements`; `depth` unused)."""
+    if schedule is not None and schedule.shape != ():
+        raise ConfigError(f"a noise schedule is a scalar factor of sigma, got values of shape {schedule.shape}.")
+    if path == "increments":
+        if step is None or (isinstance(step, (int, float)) and not step > 0):
+            raise ConfigError(f"noise.path=increments draws one normal per fixed step: give its step, got {step!r}.")
+        step = jnp.asarray(step, dtype)
+        increments = StepIncrements(key, float(t0), float(t1), step, tuple(shape), jnp.dtype(dtype))
+        return BrownianNoise(jnp.asarray(sigma, dtype), increments, schedule, kind)
+    if path != "tree":
+        raise ConfigError(f"unknown noise path {path!r}; choose one of {', '.join(NOISE_PATHS)}.")
     import diffrax  # lazy: start-up (diffrax, for noisy runs only)
 
     if not 1 <= int(depth) <= 40:
@@ -111,8 +157,6 @@ def brownian_noise(
     tree = diffrax.VirtualBrownianTree(
         t0, t1, tol=(t1 - t0) * 2.0 ** -int(depth), shape=jax.ShapeDtypeStruct(shape, dtype), key=key
     )
-    if schedule is not None and schedule.shape != ():
-        raise ConfigError(f"a noise schedule is a scalar factor of sigma, got values of shape {schedule.shape}.")
     return BrownianNoise(jnp.asarray(sigma, dtype), tree, schedule, kind)
 
 

@@ -314,7 +314,8 @@ class SelfAttention(AbstractInteraction):
     $O(nL^2)$ on the sphere, instead of $O(n^2)$), truncated at the static `degree` L. It
     serves softmax and unnormalized attention of unit tokens (`unit_rows`) in d = 2 or 3,
     causal or not, with ALiBi, without rotary positions, a position bias or a key bias, and
-    ignores `block`; the key tokens enter as $x_j / |x_j|$.
+    ignores `block`; the key tokens enter as $x_j / |x_j|$. `attnflow.harmonic_degree(beta,
+    d, tol)` gives the degree a study would take for a tolerance.
 
     Two options serve a field run at constant speed (`attnflow.VectorField`'s
     `time_change`), which turns any field, however small, into motion at full speed;

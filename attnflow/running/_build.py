@@ -89,7 +89,7 @@ def _not_applicable(cfg: Config, base: Config) -> None:
                 "with noise.sigma=0",
                 [
                     (f"noise.{k}", lambda c, k=k: getattr(c.noise, k))
-                    for k in ("kind", "depth", "switch_times", "factors", "poly")
+                    for k in ("kind", "path", "depth", "switch_times", "factors", "poly")
                 ],
             )
         )
@@ -350,6 +350,13 @@ def _check_noise(cfg: Config) -> None:
         )
     if cfg.exact_times:
         raise ConfigError("a noisy path has no smooth interpolant between grid steps: set exact_times=false.")
+    if noise.path.value == "increments":
+        if noise.depth is not None:
+            raise ConfigError(
+                f"noise.depth={noise.depth} resolves a Brownian tree, and noise.path=increments draws one "
+                "normal per step instead: set noise.depth=null, or noise.path=tree."
+            )
+        return
     least = tree_depth(cfg.t0, cfg.t1, cfg.dt)  # pyright: ignore[reportArgumentType]  (a noisy run is fixed-step: it has a dt)
     if noise.depth is not None and noise.depth < least:
         # Below its resolution the tree interpolates: the increments of steps finer than
@@ -714,6 +721,8 @@ class ConfiguredSystem(eqx.Module):
                 depth=tree_depth(cfg.t0, cfg.t1, cfg.dt, cfg.noise.depth),  # pyright: ignore[reportArgumentType]  (a noisy run is fixed-step: it has a dt)
                 dtype=dtype,
                 schedule=_noise_schedule(_Values(cfg, self.values, self.structure.fixed), dtype),
+                path=cfg.noise.path.value,
+                step=(cfg.t1 - cfg.t0) / step_count(cfg.t0, cfg.t1, cfg.dt),  # pyright: ignore[reportArgumentType]  (as above)
             )
         # The member's own key for what a part draws per member (cross-attention's source),
         # apart from those of its tokens, weights and noise.

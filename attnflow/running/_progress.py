@@ -15,7 +15,7 @@ line is drawn, so a run that draws none never loads it.
 Off a terminal (a batch job, whose output goes to a file) every count writes, instead
 of its bar, a line of text every so often where the command asks for them
 (`Progress.lines`): the count, the rate, the time spent and left (`LINE_EVERY_S`,
-`LINE_EVERY_FRACTION`).
+`LINE_EVERY_FRACTION`, `LINE_AT_LEAST_S`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,12 @@ from typing import ClassVar
 _SLOW_UNITS = ("pieces", "runs", "stages", "models", "snapshots")
 # Off a terminal, a line of text at most every LINE_EVERY_S seconds and every
 # LINE_EVERY_FRACTION of the total, whichever is rarer: at most ten lines however
-# fast the run, and none more often than twice a minute however long.
+# fast the run, and none more often than twice a minute however long; but a unit done
+# LINE_AT_LEAST_S seconds or more after the last line says so, so that the slow last
+# tenth of a run (its largest n) is not half an hour of silence.
 LINE_EVERY_S = 30.0
 LINE_EVERY_FRACTION = 0.1
+LINE_AT_LEAST_S = 300.0
 _now = time.monotonic  # the clock of the lines (a test's own)
 
 
@@ -207,7 +210,10 @@ class Progress(AbstractContextManager):
         now = _now()
         if self._first is None:
             self._first = (now, self.done)
-        if now - self._said[0] < LINE_EVERY_S or self.done - self._said[1] < LINE_EVERY_FRACTION * self.total:
+        quiet = now - self._said[0]
+        if (quiet < LINE_EVERY_S or self.done - self._said[1] < LINE_EVERY_FRACTION * self.total) and not (
+            quiet >= LINE_AT_LEAST_S and self.done > self._said[1]
+        ):
             return
         self._said = (now, self.done)
         since, first = self._first

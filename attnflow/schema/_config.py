@@ -40,6 +40,7 @@ from .weights import KINDS as WEIGHT_KINDS
 # solvers' table, the kinds of initial condition and weight matrix, the metrics'
 # registry); the noise kinds and the schemes are spelt out here.
 NOISE_KINDS = ("projected", "ambient")
+NOISE_PATHS = ("tree", "increments")
 SCHEME_NAMES = ("none", "sphere", "pre", "peri")
 
 
@@ -77,6 +78,7 @@ MetricName = str
 MatmulPrecision = _choice("MatmulPrecision", ("highest", "high", "default"))
 PlotlyJS = _choice("PlotlyJS", ("embed", "directory"))
 NoiseKind = _choice("NoiseKind", NOISE_KINDS)
+NoisePath = _choice("NoisePath", NOISE_PATHS)
 HeadsCombine = _choice("HeadsCombine", ("sum", "mean"))
 CrossKind = _choice("CrossKind", ("sa", "usa"))
 Summation = _choice("Summation", ("direct", "harmonic", "auto"))
@@ -196,6 +198,10 @@ class NoiseConfig:
     sigma: float = setting(MISSING, "0: the deterministic flow; > 0: a Brownian path per member from its key")
     kind: NoiseKind = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
         MISSING, "projected: Brownian motion of the sphere (tangent increment); ambient: the R^d increment"
+    )
+    path: NoisePath = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
+        MISSING,
+        "tree: a Brownian tree, one path at every dyadic dt; increments: a fresh normal per step (fast at large n)",
     )
     depth: int | None = setting(
         MISSING,
@@ -384,9 +390,9 @@ NOT_RESULT_KEYS = ("overwrite", "plot", "plotly_js", "compilation_cache")
 RENAMED = {"norm": "scheme", "dynamics": "attention_kind", "eps": "cluster_eps"}
 RENAMED_IN = "0.2.0"
 # The groups of a study's config added since attnflow 0.1.0, whose defaults leave a run as
-# it was (cross-attention off, direct summation): a config stored before them reads as if
-# it had them.
-ADDED = ("cross", "summation", "summation_tol")
+# it was (cross-attention off, direct summation, the Brownian tree): a config stored before
+# them reads as if it had them; `group.key` is a key added to a group.
+ADDED = ("cross", "summation", "summation_tol", "noise.path")
 # The options of attnflow's experiments that hold a study config of their own (keys over
 # the defaults), by experiment: their keys were renamed too.
 STUDY_OPTIONS = {"metastability": ("staircase",)}
@@ -464,7 +470,12 @@ def current_config(stored: Any) -> Any:
     config = dict(stored)
     if "solver" in config and "n" in config:  # a whole study's config, as a run stores it
         for key in ADDED:
-            if key not in config:  # stored before the key was added: its default is what the run meant
+            group, _, leaf = key.rpartition(".")
+            if group and isinstance(config.get(group), Mapping) and leaf not in config[group]:
+                # a key added to a group: the group's copy gets its default
+                default = to_container(getattr(getattr(_default_config(), group), leaf))
+                config[group] = {**config[group], leaf: default}
+            elif not group and key not in config:  # stored before the key was added: its default is what the run meant
                 config[key] = to_container(getattr(_default_config(), key))
     for where, study in list(_study_configs(config)):
         if not any(key in RENAMED for key in study):

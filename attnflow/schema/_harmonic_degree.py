@@ -17,6 +17,9 @@ from ._errors import ConfigError
 
 # The token dimensions served: the circle S^1 (d = 2) and the sphere S^2 (d = 3).
 DIMS = (2, 3)
+# The radius the degree is chosen at, over the largest one the weights give: queries of a
+# Runge-Kutta stage lie off the sphere by O(dt^2).
+RADIUS_MARGIN = 1.01
 # Orders of the continued fraction beyond the degree: the ratio error shrinks by
 # rho_k^2 < 0.35 per order above the degree (rho_k <= r / (k + sqrt(k^2 + r^2))), so 24
 # orders leave it below 1e-11 at the degree.
@@ -126,3 +129,19 @@ def largest_radius(beta: float, query: np.ndarray | None, key: np.ndarray | None
 def basis_size(degree: int, d: int) -> int:
     """The number of basis functions up to `degree`: 2L + 1 on the circle, (L + 1)^2 on the sphere."""
     return 2 * degree + 1 if d == 2 else (degree + 1) ** 2
+
+
+def harmonic_degree(beta: float, d: int, tol: float = 1e-7, *, query=None, key=None) -> int:
+    """The degree L of harmonic summation for a field built by hand (`SelfAttention(...,
+    summation="harmonic", degree=L)`), as a study's `summation_tol` chooses it: the smallest
+    whose coefficient tail at the largest logit radius $1.01\\,|\\beta|\\,\\max_h\\|K_h^\\top Q_h\\|$
+    is at most `tol`, relative to the largest attention sum. `query` and `key` are the
+    matrices Q and K, `(d_k, d)` or `(heads, d_k, d)`, None for the identity; d is 2 (the
+    circle) or 3 (the sphere). For example, `harmonic_degree(4.0, 2)` is 12.
+
+    The 1% margin covers the Runge-Kutta stages, whose tokens leave the sphere by O(dt^2)."""
+    if query is not None and np.ndim(query) == 2:
+        query = np.asarray(query)[None]
+    if key is not None and np.ndim(key) == 2:
+        key = np.asarray(key)[None]
+    return degree(RADIUS_MARGIN * largest_radius(beta, query, key), tol, d)

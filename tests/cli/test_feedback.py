@@ -168,6 +168,7 @@ def test_status_lines_say_what_happens_before_the_bar_and_while_drawing(command,
 
 
 def test_off_a_terminal_a_count_says_a_line_every_30_s_or_10_percent_whichever_is_rarer(monkeypatch):
+    # (and at least one every 5 minutes in which a unit was done)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     clock = [0.0]
     monkeypatch.setattr(_progress, "_now", lambda: clock[0])
@@ -190,6 +191,10 @@ def test_off_a_terminal_a_count_says_a_line_every_30_s_or_10_percent_whichever_i
     slow = count(100, 5.0)
     assert [line.split(",")[0] for line in slow] == [f"phase_diagram: {k}/100 pieces" for k in range(10, 101, 10)]
     assert slow[0] == "phase_diagram: 10/100 pieces, 5 s/piece, 0:00:50 spent, about 0:07:30 left"
+    # Very slow pieces: a piece done 5 minutes or more after the last line says so, even
+    # within a tenth of the total (20 pieces of 400 s: a line for every one).
+    slower = count(20, 400.0)
+    assert [line.split(",")[0] for line in slower] == [f"phase_diagram: {k}/20 pieces" for k in range(1, 21)]
     # On a terminal (stdout shown as it comes), none: the bar says it.
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     assert count(100, 5.0) == []

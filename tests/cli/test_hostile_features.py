@@ -265,11 +265,11 @@ def test_an_interrupted_mean_field_run_keeps_its_finished_parts_and_resumes_from
     particles = meanfield_circle._particles
     solved = []
 
-    def interrupted_at_16(options, n, block):
+    def interrupted_at_16(options, n, block, degree=0):
         if n == 16:
             raise KeyboardInterrupt
         solved.append(n)
-        return particles(options, n, block)
+        return particles(options, n, block, degree)
 
     monkeypatch.setattr(meanfield_circle, "_particles", interrupted_at_16)
     monkeypatch.setattr(cli_module.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
@@ -280,7 +280,7 @@ def test_an_interrupted_mean_field_run_keeps_its_finished_parts_and_resumes_from
     # The rerun reads the PDE and n = 8 back (solving them again fails here) and solves n = 16.
     solved.clear()
     monkeypatch.setattr(meanfield_circle, "_particles",
-                        lambda options, n, block: solved.append(n) or particles(options, n, block))
+                        lambda options, n, block, degree=0: solved.append(n) or particles(options, n, block, degree))
     monkeypatch.setattr(meanfield, "meanfield_circle",
                         lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("the PDE solved again")))
     code, lines = command(*MF, f"hydra.run.dir={out}")

@@ -56,3 +56,34 @@ def test_the_largest_radius_is_beta_times_the_largest_norm_of_k_transpose_q():
     assert hd.largest_radius(-2.5, q, k) == pytest.approx(want)
     assert hd.largest_radius(2.0, None, None) == 2.0
     assert hd.largest_radius(2.0, 3 * np.eye(2)[None], None) == pytest.approx(6.0)
+
+
+def test_harmonic_degree_is_the_studys_and_serves_a_field_built_by_hand():
+    """`attnflow.harmonic_degree` gives a hand-built SelfAttention the degree a study takes
+    (its `summation_degree`), and the field it sums is within the tolerance of the direct
+    one (float64, d = 2, beta = 4, Q = 1.5 I; n = 400)."""
+    import jax
+    import jax.numpy as jnp
+
+    from attnflow.schema._config import compose
+    from attnflow.schema.system._summation import summation
+
+    q = 1.5 * np.eye(2)
+    cfg = compose(dict(n=4096, d=2, beta=4.0, summation="harmonic", metrics=["order_parameter"],
+                       weights={"q": {"kind": "identity", "scale": 1.5}}))
+    degree = af.harmonic_degree(4.0, 2, query=q)
+    assert degree == summation(cfg).degree == hd.degree(1.01 * 6.0, TOL, 2)
+    assert af.harmonic_degree(4.0, 2) == 12 and af.harmonic_degree(4.0, 2, 1e-3) < 12
+    x = af.UniformSphere()(jax.random.key(3), 400, 2, jnp.float64)
+    eye = af.Constant(jnp.eye(2, dtype=jnp.float64)[None])
+
+    def field(**how):
+        term = af.SelfAttention(af.Constant(jnp.asarray(q)[None]), eye, eye, None, jnp.asarray(4.0), None, heads=1,
+                                unit_rows=True, **how)
+        return term(0.0, x)
+
+    direct, harmonic = field(), field(summation="harmonic", degree=degree)
+    error = float(jnp.max(jnp.abs(harmonic - direct)) / jnp.max(jnp.abs(direct)))
+    assert 1e-12 < error <= TOL
+    coarse = field(summation="harmonic", degree=degree // 2)
+    assert float(jnp.max(jnp.abs(coarse - direct)) / jnp.max(jnp.abs(direct))) > 100 * TOL

@@ -141,7 +141,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "attnflow experiment=metastability": "members=2",
     },
     "docs/gallery/noise_transition.md": {
-        "attnflow experiment=noise_transition": "experiment.options.sizes=[16] experiment.options.ratios=[0.6,1.25,1.5] members=2 t1=10.0 dt=0.078125 saves=11",
+        "attnflow experiment=noise_transition": "experiment.options.sizes=[16] experiment.options.members=null experiment.options.ratios=[0.6,1.25,1.5] members=2 t1=10.0 dt=0.078125 saves=11",
     },
     "docs/gallery/normalization.md": {
         "attnflow experiment=normalization": "d=16 beta=4 n=12 members=2",

@@ -136,6 +136,8 @@ ALLOWED = {
     ("long_context", "n_min", "unused"): f"{EVERY}: the first n",
     ("long_context", "rows", "unused"): f"{EVERY}: the query tokens sampled (checked against n_min and d)",
     ("noise_transition", "sizes", "unused"): f"{EVERY}: each entry is a row of panels",
+    ("noise_transition", "members", "unused"): f"{EVERY}: each entry is the members of a row of panels (null: the "
+                                               "config's members, read by every panel)",
     ("noise_transition", "late", "unused"): f"{EVERY}: every late in (0, 1] holds t1, the last saved time",
     ("hardmax_sinkhorn", "bins", "unused"): f"{EVERY}: the pair-cosine histogram",
     ("hardmax_sinkhorn", "sides", "unused"): f"{EVERY}: k of every k-gon (polygons >= 1)",
@@ -320,8 +322,8 @@ def test_a_panel_key_that_repeats_a_value_is_refused():
         check_experiment(compose_experiment("phase_diagram", {"d": [8, 8]}))
 
 
-NT = ["experiment=noise_transition", "experiment.options.ratios=[0.8,1.2,1.5]", "members=2", "t1=0.46875", "saves=5",
-      "plot=false"]
+NT = ["experiment=noise_transition", "experiment.options.ratios=[0.8,1.2,1.5]", "experiment.options.members=null",
+      "members=2", "t1=0.46875", "saves=5", "plot=false"]
 
 
 @pytest.mark.parametrize("args, says", [

@@ -14,9 +14,12 @@ from scipy import optimize
 
 import attnflow as af
 from attnflow.experiments import experiment_figures, run_experiment
+from attnflow.experiments._common import config_of
+from attnflow.experiments._runner import compose_experiment
 
 # The default run's size: one n, five sigmas, 8 members.
-SMALL = {"experiment": {"options": {"sizes": [48], "ratios": [0.6, 0.8, 1.25, 1.5, 1.8], "late": 0.5}},
+SMALL = {"experiment": {"options": {"sizes": [48], "members": None, "ratios": [0.6, 0.8, 1.25, 1.5, 1.8],
+                                    "late": 0.5}},
          "members": 8, "t1": 30.0, "dt": 30 / 256, "saves": 31, "compilation_cache": False}
 
 
@@ -55,16 +58,20 @@ def test_the_transition_sits_at_the_predicted_critical_sigma(small):
 # of E|m|^2 at 1.2 times the threshold (2.7 and 1.5, -h/(2 log a) for the step's factor a), and the
 # window 15 and 12 of them, so that each panel's n E|m|^2 is known to about 3.5% (about 0.8% of sigma).
 THRESHOLD = {
-    1.0: {"experiment": {"options": {"sizes": [128], "ratios": [1.25, 1.35], "late": 40 / 52}}, "t1": 52.0},
-    3.0: {"experiment": {"options": {"sizes": [128], "ratios": [1.3, 1.4], "late": 18 / 24}}, "t1": 24.0},
+    1.0: {"experiment": {"options": {"sizes": [128], "members": None, "ratios": [1.25, 1.35], "late": 40 / 52}},
+          "t1": 52.0},
+    3.0: {"experiment": {"options": {"sizes": [128], "members": None, "ratios": [1.3, 1.4], "late": 18 / 24}},
+          "t1": 24.0},
 }
 
 
 @pytest.fixture(scope="module", params=sorted(THRESHOLD), ids=lambda beta: f"beta={beta:g}")
 def near_threshold(request, xla_optimizations):
     beta = request.param
+    # (the Brownian tree, as when the numbers below were measured; the experiment's default,
+    # noise.path=increments, has the same law on the grid)
     config = {**THRESHOLD[beta], "beta": beta, "members": 128, "dt": 1 / 8, "saves": int(THRESHOLD[beta]["t1"]) + 1,
-              "compilation_cache": False}
+              "noise": {"path": "tree"}, "compilation_cache": False}
     with xla_optimizations():  # (it computes more than it compiles)
         return beta, run_experiment("noise_transition", config)
 
@@ -111,6 +118,22 @@ def test_the_figure_draws_and_the_results_pass_the_cf_checker(small, tmp_path):
     assert list(figures) == ["noise_transition"]
 
 
+def test_members_per_size_and_the_large_n_defaults():
+    """`experiment.options.members` gives each size its own members (one number per size);
+    the default sums in harmonics where it is faster (summation=auto) and draws one normal
+    per step (noise.path=increments)."""
+    ds = run_experiment("noise_transition", {**SMALL, "experiment": {"options": {
+        "sizes": [8, 300], "members": [3, 2], "ratios": [0.6, 1.25, 1.5]}}, "t1": 2.0, "dt": 0.25, "saves": 3})
+    panels = ds.attrs["panel_configs"]
+    assert "members: 3" in panels.split("n=300")[0] and "members: 2" in panels.split("n=300")[1]
+    assert np.isfinite(ds["order_error"].values[0]).all() and np.isfinite(ds["order"].values).all()
+    with pytest.raises(af.ConfigError, match="one whole number >= 1 per size"):
+        run_experiment("noise_transition", {**SMALL, "experiment": {"options": {"members": [4, 4]}}})
+    cfg = compose_experiment("noise_transition")
+    assert cfg.summation == "auto" and cfg.noise.path == "increments"
+    assert cfg.experiment.options["sizes"][-1] == 1_000_000
+
+
 def test_settings_outside_the_prediction_are_refused():
     with pytest.raises(af.ConfigError, match="attention_kind=usa"):
         run_experiment("noise_transition", {**SMALL, "attention_kind": "sa"})
@@ -124,39 +147,51 @@ def test_settings_outside_the_prediction_are_refused():
 
 
 def gallery_claims(ds):
-    """The gallery page's claims on the full run (n = 32 to 1e4, 4 members, dt = 60/1024):
-    the measured threshold within 8% of the step's threshold (1.087; the flow's sigma_c is
-    1.063) at every n and within 3% on average over n (measured 1.081, 1.072, 1.043, 1.127,
-    1.056: 4.0% below to 3.7% above, 1.0% below on average); below sigma_c the order
-    parameter that of the mean field's stationary density (0.946, 0.834, 0.669 at 0.6,
-    0.8, 0.9 sigma_c) within 0.04 at every n and 0.01 at n = 1e4 (measured within 0.031 and
-    0.006); at sigma_c itself still falling from n = 32 to 1e4 (0.47 to 0.15, asserted
-    below half); at 1.1 sigma_c falling with n (0.33, 0.20, 0.11, 0.052, 0.025), and from
-    n = 2048 on within 0.7 to 1.3 times the step's amplified fluctuation of the uniform
-    law, sqrt(pi/(4n) x step_susceptibility), which is 1.14 times the flow's
-    sqrt(pi/(4n) / (1 - sigma_c^2/sigma^2)) (measured 1.09 and 1.17 times the flow's: 0.96
-    and 1.03 times the step's); above 1.15 sigma_c, n E|m|^2 within 0.65 to 1.35 of the
-    step's (1 - c^2)/(1 - a^2) (measured 0.82 to 1.30 times the flow's 1/(1 - sigma_c^2/sigma^2),
-    which the step's exceeds by 1.14, 1.08 and 1.06 at 1.2, 1.35 and 1.5 sigma_c: 0.72 to
-    1.23 of the step's at the extremes)."""
+    """The gallery page's claims on the full run (n = 32 to 1e6 with 64, 32, 16, 16, 8 and 1
+    members, dt = 60/1024, harmonic summation from n = 512):
+
+    - the measured threshold within 6.5% of the step's threshold (1.087; the flow's sigma_c
+      is 1.063) at every n and within 2% on average (measured 1.023, 1.108, 1.085, 1.102,
+      1.128, 1.115: 5.9% below to 3.8% above, 0.6% above on average);
+    - below sigma_c at 0.6 and 0.8 sigma_c, the order parameter that of the mean field's
+      stationary density (0.946, 0.834) within 0.01 at every n and 0.005 at n = 1e6
+      (measured 0.0073 and 0.0033); at 0.9 sigma_c (0.669) within 0.04 wherever the time
+      to order from the floor at the step's rate (`ordering_time`) ends before the window
+      (n <= 1e4: 35 at most; measured within 0.035), and at n = 1e6, where it ends inside
+      the window (52), more than 0.1 below it (0.43);
+    - at sigma_c itself falling with n, from 0.46 to 0.007, below 5 times the floor at
+      n = 1e6 (the step's rate 0.021 grows the mode e^{0.021 x 60} = 3.5-fold at most);
+    - at 1.1 sigma_c falling with n like n^{-1/2} from n = 512 (slope within 0.1 of -0.5;
+      measured -0.49), 0.8 to 1.25 times the step's amplified fluctuation of the uniform
+      law sqrt(pi/(4n) x step_susceptibility) there (measured 1.07 to 1.18);
+    - above 1.15 sigma_c, n E|m|^2 within 0.7 to 1.3 of the step's (1 - c^2)/(1 - a^2) up
+      to n = 1e4 (measured 0.78 to 1.14) and within 0.5 to 2 at n = 1e6, one member
+      (measured 1.32 to 1.72)."""
     measured = ds["measured_threshold"].values / float(ds["step_threshold"])
-    assert (abs(measured - 1) < 0.08).all() and abs(measured.mean() - 1) < 0.03, measured
+    assert (abs(measured - 1) < 0.065).all() and abs(measured.mean() - 1) < 0.02, measured
     ratio, n, order = ds["ratio"].values, ds["n"].values, ds["order"].values
-    ordered = ratio < 1
-    deviation = order[:, ordered] - ds["meanfield_order"].values[ordered]
-    assert (abs(deviation) < 0.04).all() and (abs(deviation[n == 10000]) < 0.01).all(), deviation
-    at = order[:, ratio == 1.0][:, 0]  # at sigma_c itself: 0.47 at n = 32, 0.15 at n = 1e4
-    assert at[-1] < 0.5 * at[0], at
+    assert n[-1] == 1_000_000
+    deviation = order[:, ratio < 1] - ds["meanfield_order"].values[ratio < 1]
+    assert (abs(deviation[:, :2]) < 0.01).all() and (abs(deviation[-1, :2]) < 0.005).all(), deviation
+    cfg = config_of(ds)
+    start = cfg["t1"] - cfg["experiment"]["options"]["late"] * (cfg["t1"] - cfg["t0"])  # the window: [40, 60]
+    ordering = ds["ordering_time"].values[:, ratio == 0.9][:, 0]
+    ordered = ordering < start
+    assert list(ordered) == [True] * (len(n) - 1) + [False], ordering
+    assert (abs(deviation[ordered, 2]) < 0.04).all() and deviation[-1, 2] < -0.1, deviation
+    at = order[:, ratio == 1.0][:, 0]
+    assert (np.diff(at) < 0).all() and at[-1] < 5 * ds["floor"].values[-1], at
     above = order[:, ratio == 1.1][:, 0]
-    assert (np.diff(above) < 0).all() and above[-1] < 0.1 * above[0], above
+    assert (np.diff(above) < 0).all(), above
+    assert abs(np.polyfit(np.log(n[n >= 512]), np.log(above[n >= 512]), 1)[0] + 0.5) < 0.1, above
     fluctuation = np.sqrt(np.pi / (4 * n) * ds["step_susceptibility"].values[ratio == 1.1][0])
-    assert (abs(above / fluctuation - 1)[n >= 2048] < 0.3).all(), above / fluctuation
+    assert ((above / fluctuation)[n >= 512] > 0.8).all() and ((above / fluctuation)[n >= 512] < 1.25).all()
     disordered = ratio > 1.15
     amplified = n[:, None] * ds["order_square"].values[:, disordered] / ds["step_susceptibility"].values[disordered]
-    assert (abs(amplified - 1) < 0.35).all(), amplified
+    assert (abs(amplified[:-1] - 1) < 0.3).all() and (abs(amplified[-1] - 1.25) < 0.75).all(), amplified
 
 
 @pytest.mark.slow
 def test_the_full_run_sharpens_with_n_at_the_predicted_threshold():
-    """The gallery's run (n = 32, 128, 512, 2048, 10000; 19 minutes on the 2-core CPU)."""
+    """The gallery's run (n = 32 to 1e6; 32 minutes on the 2-core CPU)."""
     gallery_claims(run_experiment("noise_transition", {"compilation_cache": False}))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError
-from .._harmonic_degree import DIMS, basis_size, degree, error_bound
+from .._harmonic_degree import DIMS, RADIUS_MARGIN, basis_size, degree, error_bound
 from .._metric_registry import subquadratic_metrics
 from ..weights import KINDS, Matrix
 
@@ -25,9 +25,6 @@ from ..weights import KINDS, Matrix
 # the crossover benchmarks/harmonic.py measured on a 2-core CPU (float32, beta = 4) at
 # n = 512 on the circle (25 harmonics) and n = 2048 on the sphere (196), 20 and 10 times.
 AUTO_RATIO = 16
-# The radius the degree is chosen at, over the largest one the weights give: queries of a
-# Runge-Kutta stage lie off the sphere by O(dt^2).
-RADIUS_MARGIN = 1.01
 # The metrics whose values come from the same expansion (of the energy's kernel, Q = K = I).
 _MOMENTS = ("energy", "log_energy")
 
