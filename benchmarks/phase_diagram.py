@@ -12,9 +12,9 @@ so that the machine's changing load falls on all of them alike):
    does it (stacked `@` products over all members, one Python loop over steps), from
    attnflow's own initial states;
 3. the same algorithm in hand-tuned JAX (`hand_jax_phase_diagram`: the tricks a JAX
-   expert would write for this one workload), from the same initial states; the table
-   gives its time over attnflow's (below 1: faster than attnflow) and its share of the
-   exp rate;
+   expert would write for this one workload; `--hand-chunk` and `--hand-broadcast` try
+   two more), from the same initial states; the table gives its time over attnflow's
+   (below 1: faster than attnflow) and its share of the exp rate;
 4. a large float32 matrix multiply (the best of NumPy and XLA): the machine's matmul
    throughput in that round, against which the attnflow run's flop rate is compared;
 5. the exp rate of XLA on the default device (a jitted sum of exp over 2^24 numbers):
@@ -72,17 +72,20 @@ def numpy_phase_diagram(x0: np.ndarray, beta: float, dt: float, steps: int, eps:
     return np.stack(out, axis=1)
 
 
-def hand_jax_phase_diagram(dt: float, steps: int, eps: float, chunk: int = 64):
-    """The same workload in hand-tuned JAX, the fastest plain JAX we know for it, written
-    for this one case: a `vmap` over members and a `lax.scan` over steps, the row maximum
-    of the logits known in advance (beta, on the diagonal of unit tokens), the Gram matrix
-    by broadcast products at d <= 4 (a matrix product above), the softmax normalised after
-    the mixing (one division per token, not per pair), and the members in chunks of
-    `chunk` (`lax.map`), so that a chunk's states stay in cache. Returns a compiled map
-    from x of shape (members, n, d) and beta to the pair density (members, steps+1)."""
+def hand_jax_phase_diagram(dt: float, steps: int, eps: float, chunk: int | None = None, broadcast: bool = False):
+    """The same workload in hand-written JAX, tuned for this one case: a `vmap` over members
+    and a `lax.scan` over steps, the row maximum of the logits known in advance (beta, on
+    the diagonal of unit tokens), and the softmax normalised after the mixing (one division
+    per token, not per pair). Two more tricks are options, off by default because they did
+    not pay on the 2-core CPU of docs/performance.md (2048 members): `broadcast=True` forms
+    the Gram matrix and the mixing by broadcast products instead of matrix products (even
+    at d = 2, 1.14x the time at d = 3), and `chunk` solves the members in chunks of that
+    many with `lax.map`, so that a chunk's states stay in cache (1.2-1.5x the time at 64 to
+    512 members). Returns a compiled map from x of shape (members, n, d) and beta to the
+    pair density (members, steps+1)."""
 
     def gram(x):
-        if x.shape[-1] <= 4:
+        if broadcast:
             return sum(x[:, None, k] * x[None, :, k] for k in range(x.shape[-1]))
         return x @ x.T
 
@@ -94,9 +97,8 @@ def hand_jax_phase_diagram(dt: float, steps: int, eps: float, chunk: int = 64):
             return jnp.sum((g > 1 - eps) * off_diagonal) / (n * (n - 1))
 
         def step(x, _):
-            g = gram(x)
-            e = jnp.exp(beta * (g - 1))
-            if x.shape[-1] <= 4:
+            e = jnp.exp(beta * (gram(x) - 1))  # the row maximum, beta, subtracted
+            if broadcast:
                 mixed = jnp.stack([jnp.sum(e * x[None, :, k], axis=1) for k in range(x.shape[-1])], axis=-1)
             else:
                 mixed = e @ x
@@ -107,15 +109,17 @@ def hand_jax_phase_diagram(dt: float, steps: int, eps: float, chunk: int = 64):
         _, out = jax.lax.scan(step, x, None, length=steps)
         return jnp.concatenate([density(gram(x))[None], out])
 
+    every = jax.vmap(member, in_axes=(0, None))
+
     @jax.jit
     def run(x0, beta):
         members = x0.shape[0]
-        size = min(chunk, members)
-        count = -(-members // size)
-        padded = jnp.concatenate([x0, jnp.broadcast_to(x0[:1], (count * size - members,) + x0.shape[1:])])
-        chunks = padded.reshape((count, size) + x0.shape[1:])
-        out = jax.lax.map(lambda xs: jax.vmap(member, in_axes=(0, None))(xs, beta), chunks)
-        return out.reshape(count * size, -1)[:members]
+        if chunk is None or chunk >= members:
+            return every(x0, beta)
+        count = -(-members // chunk)
+        padded = jnp.concatenate([x0, jnp.broadcast_to(x0[:1], (count * chunk - members,) + x0.shape[1:])])
+        out = jax.lax.map(lambda xs: every(xs, beta), padded.reshape((count, chunk) + x0.shape[1:]))
+        return out.reshape(count * chunk, -1)[:members]
 
     return run
 
@@ -190,6 +194,8 @@ def main():
     parser.add_argument("--beta", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--hand-chunk", type=int, help="the hand-tuned JAX solves its members in chunks of this many")
+    parser.add_argument("--hand-broadcast", action="store_true", help="the hand-tuned JAX uses broadcast products")
     args = parser.parse_args()
     dt, t1, eps = 0.1, 30.0, 1e-2
     steps = round(t1 / dt)
@@ -209,7 +215,7 @@ def main():
         reference = np.asarray(solve(args.beta).stats["pair_density"][0])
         samples = {"attnflow": [], "numpy": [], "hand": [], "matmul": [], "exp": []}
         gaps = []
-        hand = hand_jax_phase_diagram(dt, steps, eps)
+        hand = hand_jax_phase_diagram(dt, steps, eps, args.hand_chunk, args.hand_broadcast)
         x0_device = jnp.asarray(x0)
         hand_gap = float(np.max(np.abs(np.asarray(hand(x0_device, jnp.float32(args.beta))).mean(0)
                                        - reference.mean(0))))  # compiled here, and the curves agree
