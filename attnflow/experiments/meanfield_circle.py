@@ -34,7 +34,7 @@ the linear rate $\lambda_m$ of `circle_growth_rate` (negative above the critical
 The particles are stepped by the core's `simulate` (RK4 for the drift, step `dt`) with
 `SelfAttention`, in tiles above `attnflow.numerics._tiled.TILED_ABOVE` tokens, or by
 harmonic summation as the config's `summation` and `summation_tol` ask (`auto`, this
-experiment's default, from n = `AUTO_RATIO` times the harmonics on: cost O(n L) instead of
+experiment's default, from n = 16 times the harmonics on: cost O(n L) instead of
 O(n^2); docs/long-sequences.md); one compiled program per n, mapped over the members. The
 results keep the angles of the first `SHOWN` particles of the largest n (member 0) for the
 histograms: at n = 1e6 all of them would be 48 MB per time.
@@ -53,7 +53,7 @@ from ..schema._config import NOT_RESULT_KEYS, Config
 from ..schema._errors import ConfigError
 from ..schema._harmonic_degree import basis_size, harmonic_degree
 from ..schema._schema import setting
-from ..schema.system._summation import AUTO_RATIO
+from ..schema.system._summation import pays
 from ._common import caption, colormap, config_of, counted, finite_number, refuse_given, subplots, whole_number
 from ._experiment import Counter, Experiment, Keeper
 from ._lazy import lazy
@@ -114,15 +114,13 @@ def draws(options: Options) -> list[int]:
 
 def summation_degree(cfg: Config, options: Options, n: int) -> int:
     """The degree L of harmonic summation at n tokens, 0 for direct summation: as the
-    config's `summation` asks (`auto`: from n = AUTO_RATIO times the 2L + 1 harmonics on),
+    config's `summation` asks (`auto`: where it pays, `attnflow.schema.system._summation.pays`),
     L from `summation_tol` at the options' beta (`attnflow.harmonic_degree`)."""
     asked = getattr(cfg.summation, "value", cfg.summation)
     if asked == "direct":
         return 0
     degree = harmonic_degree(float(options.beta), 2, float(cfg.summation_tol))
-    if asked == "auto" and basis_size(degree, 2) * AUTO_RATIO > n:
-        return 0
-    return degree
+    return degree if asked == "harmonic" or pays(asked, degree, 2, n) else 0
 
 
 def initial_density(theta, mode: int, amplitude: float):
@@ -524,12 +522,9 @@ class MeanFieldCircle(Experiment):
             "Q = K = V = I attention on the circle: it reads dtype, seed, attention_block, "
             "summation and summation_tol, the rest comes from its options",
         )
-        tol = cfg.summation_tol
-        if not (isinstance(tol, (int, float)) and not isinstance(tol, bool) and 0 < tol < 1):
-            raise ConfigError(f"summation_tol must be a number in (0, 1), got {tol!r}.")
+        degree = harmonic_degree(float(options.beta), 2, cfg.summation_tol)  # refuses a bad summation_tol
         if getattr(cfg.summation, "value", cfg.summation) == "harmonic":
-            degree = summation_degree(cfg, options, min(ns))
-            if basis_size(degree, 2) > min(ns):
+            if not pays("harmonic", degree, 2, min(ns)):
                 raise ConfigError(
                     f"summation=harmonic at {name}.beta={options.beta:g} takes degree L={degree} "
                     f"({basis_size(degree, 2)} harmonics), more than the n={min(ns)} tokens it would sum: "

@@ -80,6 +80,11 @@ class Options:
     )
 
 
+def members_per_size(sizes: list[int], members: list[int] | None, config: dict) -> list[int]:
+    """The members at each size: the options' `members`, or the config's at every size."""
+    return list(members) if members else [config["members"]] * len(sizes)
+
+
 def meanfield_predictions(beta: float, d: int, sigma) -> tuple[dict, np.ndarray]:
     """The mean-field order parameter of the stationary density on the circle (d = 2;
     none on other spheres) at the panels' `sigma` (`meanfield_order`) and on a grid of
@@ -253,8 +258,7 @@ class NoiseTransition(Experiment):
     def panels(self, base: dict) -> dict[str, dict]:
         sigma_c = _noise.critical_sigma(float(base["beta"]), int(base["d"]))
         configs = {}
-        members = self.options.members or [base["members"]] * len(self.options.sizes)
-        for n, count in zip(self.options.sizes, members):
+        for n, count in zip(self.options.sizes, members_per_size(self.options.sizes, self.options.members, base)):
             for ratio in self.options.ratios:
                 configs[f"n={n},ratio={ratio:g}"] = {
                     **base,
@@ -421,7 +425,7 @@ class NoiseTransition(Experiment):
 def _members(cfg: dict) -> str:
     """The members per point, in words: one number, or one per n where they differ."""
     options = cfg["experiment"]["options"]
-    members = options.get("members") or [cfg["members"]] * len(options["sizes"])
+    members = members_per_size(options["sizes"], options.get("members"), cfg)
     if len(set(members)) == 1:
         return f"{members[0]} member{'s' if members[0] > 1 else ''}"
     return "members " + ", ".join(f"{m} at n = {n}" for n, m in zip(options["sizes"], members))

@@ -91,6 +91,12 @@ def _why_not(cfg: Any) -> str:
     return ""
 
 
+def pays(asked: str, degree: int, d: int, n: int) -> bool:
+    """Whether harmonic summation at `degree` serves n tokens as `summation=asked` asks:
+    `auto` from n = AUTO_RATIO times the harmonics on, `harmonic` from n = their number."""
+    return basis_size(degree, d) * (AUTO_RATIO if asked == "auto" else 1) <= n
+
+
 def summation(cfg: Any) -> Summation:
     """The study's summation as `summation` and `summation_tol` ask (unchecked: `check`
     refuses `harmonic` where it cannot serve)."""
@@ -105,7 +111,7 @@ def summation(cfg: Any) -> Summation:
     assert q is not None and k is not None  # _why_not said so
     radius = RADIUS_MARGIN * beta * q * k
     field = degree(radius, tol, d)
-    if basis_size(field, d) * (AUTO_RATIO if asked == "auto" else 1) > cfg.n:
+    if not pays(asked, field, d, cfg.n):
         return Summation(
             "direct",
             reason=f"beta={beta:g} at n={cfg.n}: its degree L={field} ({basis_size(field, d)} harmonics) "
