@@ -940,9 +940,34 @@ def _opened(arguments: list[str]) -> list[str]:
     return ["++" + a if a.startswith(_OPEN_GROUPS) and "=" in a else a for a in arguments]
 
 
+def _mode_from_the_flags() -> None:
+    """Hydra composes the whole config once only to read `hydra.mode` before composing it
+    again for the run (`Hydra.get_mode`; a tenth of a trivial run's start-up on a 2-core
+    CPU). attnflow's configs never set the mode, so unless the command line names it, or
+    brings configs of its own (`--config-dir`, `--config-name`), the mode is what Hydra
+    takes when the config is silent: a sweep with `-m`, else one run."""
+    from hydra._internal.hydra import Hydra  # lazy: start-up
+
+    compose_for_mode = getattr(Hydra, "get_mode", None)
+    if compose_for_mode is None or getattr(compose_for_mode, "attnflow", False):
+        return
+    own_configs = any(
+        a.startswith(("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp")) for a in sys.argv
+    )
+
+    def get_mode(self, config_name, overrides):
+        if own_configs or any("hydra.mode" in override for override in overrides):
+            return compose_for_mode(self, config_name, overrides)
+        return None
+
+    get_mode.attnflow = True  # pyright: ignore[reportFunctionMemberAccess]  (a marker: patched once)
+    Hydra.get_mode = get_mode
+
+
 def _hydra_entry():
     """Hydra's entry point of a run (`_job`), over attnflow's configs and schema: it reads `sys.argv`."""
     register_schema()
+    _mode_from_the_flags()
     return hydra.main(version_base=None, config_path=config_source()[0], config_name="config")(_job)
 
 

@@ -7,14 +7,19 @@ t in [0, 30], float32, the pair density P(<x_i, x_j> > 1 - eps) recorded after e
 step. Five measurements, taken in interleaved rounds (a new random order each round,
 so that the machine's changing load falls on all of them alike):
 
-1. attnflow (`solve_ensemble`, compiled once beforehand, a new beta every call);
+1. attnflow (`solve_ensemble`, compiled once beforehand, a new beta every call), on its
+   default devices: on a CPU one JAX device per usable core (`cpu_devices`, set by
+   `--cpu-devices` here), the members shared out over them; and on one device alone
+   (`attnflow 1 dev`: the same program as the hand-tuned JAX's below);
 2. the same algorithm in batched NumPy, written the way public phase-diagram code
    does it (stacked `@` products over all members, one Python loop over steps), from
    attnflow's own initial states;
 3. the same algorithm in hand-tuned JAX (`hand_jax_phase_diagram`: the tricks a JAX
    expert would write for this one workload; `--hand-chunk` and `--hand-broadcast` try
-   two more), from the same initial states; the table gives its time over attnflow's
-   (below 1: faster than attnflow) and its share of the exp rate;
+   two more), from the same initial states, on one device as written (`hand/1dev`: its
+   time over attnflow's on one device; below 1: faster than attnflow) and with its
+   members sharded over the same devices as attnflow's (`sharded/attn`, its time over
+   attnflow's default), and its share of the exp rate (one device);
 4. a large float32 matrix multiply (the best of NumPy and XLA): the machine's matmul
    throughput in that round, against which the attnflow run's flop rate is compared;
 5. the exp rate of XLA on the default device (a jitted sum of exp over 2^24 numbers):
@@ -31,6 +36,7 @@ matmul and exp rates are then the GPU's, NumPy's stays the host's), with float32
 products at the precision a run uses (`matmul_precision`, highest by default).
 
     python benchmarks/phase_diagram.py                  # d in {2, 32, 128}, 5 rounds
+    python benchmarks/phase_diagram.py --dims 2 3 --cpu-devices 1   # one device for all
     python benchmarks/phase_diagram.py --dims 128 --members 512 --rounds 3
 """
 
@@ -91,10 +97,11 @@ def hand_jax_phase_diagram(dt: float, steps: int, eps: float, chunk: int | None 
 
     def member(x, beta):
         n = x.shape[0]
-        off_diagonal = 1 - jnp.eye(n, dtype=x.dtype)
+        index = jnp.arange(n)
+        off_diagonal = index[:, None] != index[None, :]  # an index comparison fuses into the count
 
         def density(g):
-            return jnp.sum((g > 1 - eps) * off_diagonal) / (n * (n - 1))
+            return jnp.sum(jnp.sum(((g > 1 - eps) & off_diagonal).astype(g.dtype), axis=1)) / (n * (n - 1))
 
         def step(x, _):
             e = jnp.exp(beta * (gram(x) - 1))  # the row maximum, beta, subtracted
@@ -163,7 +170,7 @@ def phase_config(d: int, members: int, n: int = 32, dt: float = 0.1, t1: float =
 
 def attnflow_phase_diagram(d: int, members: int, n: int, dt: float, t1: float, eps: float, **options):
     """A solve of the workload (compiled by a first call, whose time is returned too);
-    `options` go to `solve_ensemble` (chunk_size)."""
+    `options` go to `solve_ensemble` (chunk_size, devices)."""
     cfg = phase_config(d, members, n, dt, t1, eps)
     system = af.build_system(cfg)
     keys = jax.random.split(jax.random.key(0), members)
@@ -196,35 +203,57 @@ def main():
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--hand-chunk", type=int, help="the hand-tuned JAX solves its members in chunks of this many")
     parser.add_argument("--hand-broadcast", action="store_true", help="the hand-tuned JAX uses broadcast products")
+    parser.add_argument("--cpu-devices", type=int, help="JAX devices on a CPU (default: one per usable core)")
     args = parser.parse_args()
+    from attnflow.running._study import use_cpu_devices
+
+    use_cpu_devices(args.cpu_devices)  # before JAX starts
+    devices = jax.local_devices()
+    mesh = jax.sharding.Mesh(np.array(devices), ("members",))
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("members"))
     dt, t1, eps = 0.1, 30.0, 1e-2
     steps = round(t1 / dt)
     print(f"machine: {describe()}")
     print(f"float32 matmul precision: {jax.config.jax_default_matmul_precision or 'default'}")
-    print(f"{args.rounds} interleaved rounds per d; medians (min-max of the matmul rate)")
+    print(f"{len(devices)} {devices[0].platform} device(s); {args.rounds} interleaved rounds per d; medians "
+          "(min-max of the matmul rate)")
     header = (f"{'d':>4} {'attnflow s':>11} {'compile s':>10} {'numpy s':>9} {'speed-up':>9} {'GFLOP/s':>8} "
-              f"{'matmul GFLOP/s':>18} {'of matmul':>10} {'exp G/s':>8} {'of exp':>7} {'|dP|':>7} {'hand s':>7} "
-              f"{'hand/attn':>10} {'hand exp':>9}")
+              f"{'matmul GFLOP/s':>18} {'of matmul':>10} {'exp G/s':>8} {'of exp':>7} {'|dP|':>7} {'1 dev s':>8} "
+              f"{'hand s':>7} {'hand/1dev':>10} {'hand exp':>9} {'sharded/attn':>13}")
     print(header)
     rows = []
     for d in args.dims:
         solve, compile_s, system, keys = attnflow_phase_diagram(d, args.members, args.n, dt, t1, eps)
+        solve_one = attnflow_phase_diagram(d, args.members, args.n, dt, t1, eps, devices=devices[:1])[0]
         # The NumPy run starts from attnflow's own initial states, so both curves agree.
         x0 = np.asarray(jax.vmap(lambda k: system(k, args.beta)[1])(keys))
         flops, exps = workload(args.members, args.n, d, steps)
         reference = np.asarray(solve(args.beta).stats["pair_density"][0])
-        samples = {"attnflow": [], "numpy": [], "hand": [], "matmul": [], "exp": []}
+        samples = {"attnflow": [], "one": [], "numpy": [], "hand": [], "sharded": [], "matmul": [], "exp": []}
         gaps = []
         hand = hand_jax_phase_diagram(dt, steps, eps, args.hand_chunk, args.hand_broadcast)
-        x0_device = jnp.asarray(x0)
+        x0_device, x0_split = jax.device_put(x0, devices[0]), jax.device_put(x0, split)
         hand_gap = float(np.max(np.abs(np.asarray(hand(x0_device, jnp.float32(args.beta))).mean(0)
                                        - reference.mean(0))))  # compiled here, and the curves agree
+        hand_gap = max(hand_gap, float(np.max(np.abs(np.asarray(hand(x0_split, jnp.float32(args.beta))).mean(0)
+                                                     - reference.mean(0)))))
+        one_gap = float(np.max(np.abs(np.asarray(solve_one(args.beta).stats["pair_density"][0]) - reference)))
 
         def run_attnflow():
             start = time.perf_counter()
             result = solve(args.beta + 1e-3 * len(samples["attnflow"]))  # a new beta: no recompilation
             samples["attnflow"].append(time.perf_counter() - start)
             return result
+
+        def run_one():
+            start = time.perf_counter()
+            solve_one(args.beta + 1e-3 * len(samples["one"]))
+            samples["one"].append(time.perf_counter() - start)
+
+        def run_sharded():
+            start = time.perf_counter()
+            jax.block_until_ready(hand(x0_split, jnp.float32(args.beta + 1e-3 * len(samples["sharded"]))))
+            samples["sharded"].append(time.perf_counter() - start)
 
         def run_numpy():
             start = time.perf_counter()
@@ -238,7 +267,8 @@ def main():
             samples["hand"].append(time.perf_counter() - start)
 
         for _ in range(args.rounds):
-            order = [run_attnflow, run_numpy, run_hand, lambda: samples["matmul"].append(matmul_throughput()),
+            order = [run_attnflow, run_numpy, run_hand, run_one, run_sharded,
+                     lambda: samples["matmul"].append(matmul_throughput()),
                      lambda: samples["exp"].append(exp_throughput())]
             random.shuffle(order)
             for measure in order:
@@ -246,7 +276,9 @@ def main():
         jax_s, numpy_s = statistics.median(samples["attnflow"]), statistics.median(samples["numpy"])
         speedup = statistics.median(n_ / a for n_, a in zip(samples["numpy"], samples["attnflow"]))
         hand_s = statistics.median(samples["hand"])
-        hand_ratio = statistics.median(h / a for h, a in zip(samples["hand"], samples["attnflow"]))
+        one_s = statistics.median(samples["one"])
+        hand_ratio = statistics.median(h / a for h, a in zip(samples["hand"], samples["one"]))
+        sharded_ratio = statistics.median(h / a for h, a in zip(samples["sharded"], samples["attnflow"]))
         hand_exp = statistics.median(exps / h / e for h, e in zip(samples["hand"], samples["exp"]))
         share = statistics.median(flops / a / m for a, m in zip(samples["attnflow"], samples["matmul"]))
         exp_share = statistics.median(exps / a / e for a, e in zip(samples["attnflow"], samples["exp"]))
@@ -256,12 +288,15 @@ def main():
                    matmul_gflops_range=[min(peak) / 1e9, max(peak) / 1e9], matmul_fraction=share,
                    exp_rate=statistics.median(samples["exp"]), exp_fraction=exp_share,
                    max_mean_density_gap=max(gaps), hand_s=hand_s, hand_over_attnflow=hand_ratio,
-                   hand_exp_fraction=hand_exp, hand_density_gap=hand_gap, rounds=args.rounds)
+                   hand_exp_fraction=hand_exp, hand_density_gap=hand_gap, one_device_s=one_s,
+                   one_device_density_gap=one_gap, sharded_hand_s=statistics.median(samples["sharded"]),
+                   sharded_over_attnflow=sharded_ratio, devices=len(devices), rounds=args.rounds)
         rows.append(row)
         matmul = f"{row['matmul_gflops']:.0f} ({min(peak) / 1e9:.0f}-{max(peak) / 1e9:.0f})"
         print(f"{d:>4} {jax_s:>11.2f} {row['compile_s']:>10.2f} {numpy_s:>9.2f} {speedup:>8.1f}x "
               f"{row['gflops']:>8.1f} {matmul:>18} {share:>9.0%} {row['exp_rate'] / 1e9:>8.2f} {exp_share:>6.0%} "
-              f"{max(gaps):>7.3f} {hand_s:>7.2f} {hand_ratio:>9.2f}x {hand_exp:>8.0%}", flush=True)
+              f"{max(gaps):>7.3f} {one_s:>8.2f} {hand_s:>7.2f} {hand_ratio:>9.2f}x {hand_exp:>8.0%} "
+              f"{sharded_ratio:>12.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=describe(), rows=rows), f, indent=2)

@@ -187,10 +187,12 @@ def check_experiment(cfg: Config) -> Checked:
     option filled in, a study's resolved), the experiment (an instance of its class)
     and the resolved study of each panel; raises `ConfigError` (naming the panel where
     there are several)."""
+    resolved = None
     if cfg.experiment is None:
         # `experiment: null`, the plain study: no options, and its config as the study
-        # resolves it (what its results store).
-        kind, options, cfg = PlainStudy, {}, resolve_study(cfg).config
+        # resolves it (what its results store; its one panel, resolved once).
+        resolved = resolve_study(cfg)
+        kind, options, cfg = PlainStudy, {}, resolved.config
     else:
         kind = experiment_class(cfg.experiment.name, cfg.experiment._target_)
         options = _options(kind, cfg.experiment.name, cfg.experiment.options)
@@ -210,7 +212,8 @@ def check_experiment(cfg: Config) -> Checked:
     studies = {}
     for label, config in configs.items():
         try:
-            studies[label] = resolve_study(config)
+            same = resolved is not None and config is resolved.config
+            studies[label] = resolved if same else resolve_study(config)
         except ConfigError as error:
             if len(configs) == 1:
                 raise

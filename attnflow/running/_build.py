@@ -217,7 +217,7 @@ def resolve_study(config: Mapping | Config | None = None) -> Study:
         raise ConfigError(f"tokens on the sphere need d >= 2, got d={d}.")
     metrics = set(cfg.metrics)
     user_metrics(cfg)  # an unknown name, or a function not registered with attnflow.metric, in one sentence
-    for key in ("d_k", "d_v", "chunk_size"):
+    for key in ("d_k", "d_v", "chunk_size", "cpu_devices"):
         if getattr(cfg, key) is not None:
             _number(key, getattr(cfg, key), minimum=1)
     if cfg.attention_block is not None:

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import export
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
 from ..numerics._grid import TimeGrid, time_grid
@@ -298,9 +298,8 @@ class EnsemblePlan:
         self.options = options
         count = grid.count
 
-        devices = jax.local_devices() if devices is None else list(devices)
-        self.mesh = Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
         self.pairs = int(self.betas.shape[0]) * int(keys.shape[0])
+        devices = jax.local_devices() if devices is None else list(devices)
         stages = _stage_count(solver)
         # shapes only: nothing is computed
         member = jax.eval_shape(lambda k, b: system(k[0], b[0]), keys, self.betas)
@@ -309,6 +308,12 @@ class EnsemblePlan:
         memory = available_memory(devices[0]) if memory is None else memory
         self.footprint = footprint
         platform = devices[0].platform
+        # No more devices than pairs (a device with only padding to solve would take a
+        # core from the others), nor, on a CPU, than members fit in half the host's
+        # memory, which its devices share (`_pieces` refuses a member too large for one).
+        most = self.pairs if platform != "cpu" else min(self.pairs, memory // 2 // max(footprint.total, 1))
+        devices = devices[: max(1, most)]
+        self.mesh = Mesh(np.array(devices), ("batch",)) if len(devices) > 1 else None
         self.piece_size, self.pieces = _pieces(
             member, footprint, self.pairs, len(devices), chunk_size, memory, platform
         )
@@ -377,14 +382,20 @@ class EnsemblePlan:
         times = (as_data(t0), as_data(t1), as_data(dt))
         if not self._export_tried:
             self._export_tried = True
-            if not static and self.mesh is None:
+            if not static:
                 self._program = self._exported(members, beta_index, times)
         exported = self._program
         if exported is not None:
             entry, leaves, key_data = exported
             args = (leaves, key_data, self.betas, members, beta_index, *times)
             if entry.compiled is None:
-                entry.compiled = jax.jit(entry.program.call).lower(*args).compile()
+                call = jax.jit(entry.program.call)
+                if self.mesh is not None:  # the pairs split over the devices, the rest on each
+                    whole = NamedSharding(self.mesh, PartitionSpec())
+                    split = NamedSharding(self.mesh, PartitionSpec(self.mesh.axis_names[0]))
+                    inputs = (whole, whole, whole, split, split, whole, whole, whole)
+                    call = jax.jit(entry.program.call, in_shardings=inputs, out_shardings=split)
+                entry.compiled = call.lower(*args).compile()
             seconds = self.measured_seconds
             if self._line is not None and seconds is not None:
                 self._line.describe(f"first piece: solving, about {_duration(seconds)} (as long as last time)")
@@ -419,7 +430,7 @@ class EnsemblePlan:
         key_data = jax.random.key_data(self.keys)
         args = (leaves, key_data, self.betas, members, beta_index, *times)
         shapes = jax.tree.map(lambda a: (np.shape(a), str(jnp.result_type(a))), args)
-        key = _program_key(static, treedef, self.options, shapes)
+        key = _program_key(static, treedef, self.options, (shapes, self.mesh and self.mesh.devices.size))
         path = Path(folder) / "attnflow-exported" / f"{key}.bin"
         self._timing = path.with_suffix(".seconds")
         if key in _LOADED:  # one object per program: its compiled call is reused in-process
@@ -430,12 +441,12 @@ class EnsemblePlan:
                 return _remember(key, export.deserialize(bytearray(path.read_bytes()))), leaves, key_data
             except Exception:  # a damaged or foreign file: trace again and replace it
                 path.unlink(missing_ok=True)
-        options = self.options
+        options, mesh = self.options, self.mesh
 
         def piece(leaves, key_data, betas, members, beta_index, t0, t1, dt):
             system = eqx.combine(jax.tree.unflatten(treedef, leaves), static)
             keys = jax.random.wrap_key_data(key_data)
-            return _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, None)
+            return _solve_pairs(system, keys, betas, members, beta_index, t0, t1, dt, options, mesh)
 
         try:
             program = export.export(jax.jit(piece))(*args)
@@ -580,6 +591,8 @@ def _pieces(
         )
     if chunk_size is None:
         chunk_size = default_chunk(platform, memory, footprint)
+    if platform == "cpu":  # the CPU devices share the host's memory (an accelerator has its own)
+        budget //= devices
     chunk = max(1, min(int(chunk_size), budget // footprint.total, math.ceil(pairs / devices)))
     pieces = math.ceil(pairs / (chunk * devices))
     size = math.ceil(pairs / pieces)

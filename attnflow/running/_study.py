@@ -68,15 +68,47 @@ def cache_directory() -> Path:
 
 
 def prepare_jax(cfg: Config) -> None:
-    """Process-wide JAX settings a config asks for: float64, the precision of float32
-    matrix products on an accelerator (`use_matmul_precision`), and JAX's persistent
-    compilation cache (so that a repeated structure is not compiled again; it takes
-    effect when set before the process's first compilation, as the command line does)."""
+    """Process-wide JAX settings a config asks for: the CPU devices (`use_cpu_devices`),
+    float64, the precision of float32 matrix products on an accelerator
+    (`use_matmul_precision`), and JAX's persistent compilation cache (so that a repeated
+    structure is not compiled again). The devices take effect before JAX's first
+    computation in the process, the cache before its first compilation: the command line
+    sets both first."""
+    use_cpu_devices(cfg.cpu_devices)
     if cfg.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     use_matmul_precision(cfg.matmul_precision.value)
     if cfg.compilation_cache:
         use_compilation_cache()
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: a SLURM job's or `taskset`'s
+    share of the machine), else every core."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def use_cpu_devices(count: int | None = None) -> None:
+    """Split the CPU into `count` JAX devices (None: one per usable core), over which
+    `solve_ensemble` shares out an ensemble's members, each device's chunk its own
+    program on its own thread. One device per core is faster than one device on all of
+    them, whose small per-member operations keep only part of the cores busy (the
+    phase-diagram workload on 2 cores, docs/performance.md: 1.4x at d = 2 and 32).
+
+    JAX fixes its devices when it starts computing: once it has (a script that ran JAX
+    before calling attnflow), the process keeps the devices it has, and so it does when
+    `count` is None and the device count was chosen already (`jax_num_cpu_devices`, or
+    XLA's `--xla_force_host_platform_device_count`)."""
+    chosen = jax.config.jax_num_cpu_devices != -1 or "xla_force_host_platform_device_count" in os.environ.get(  # pyright: ignore[reportAttributeAccessIssue]  (jax's Config stub lacks the flag attributes)
+        "XLA_FLAGS", ""
+    )
+    if count is None and chosen:
+        return
+    with contextlib.suppress(RuntimeError):  # JAX's backends have started: their devices stay
+        jax.config.update("jax_num_cpu_devices", usable_cores() if count is None else int(count))
 
 
 def use_matmul_precision(precision: str, platform: str | None = None) -> None:

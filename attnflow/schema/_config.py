@@ -339,7 +339,7 @@ class Config:
         MISSING, "the flow at constant speed: dX/ds = c F(X)/|F(X)|, time is then the rescaled time s"
     )
     chunk_size: int | None = setting(
-        MISSING, "at most this many members solved at once (default: sized to the CPU cache and memory)"
+        MISSING, "at most this many members solved at once on each device (default: sized to the CPU cache and memory)"
     )
     noise: NoiseConfig = setting(MISSING, 'the SDE dX = F dt + sigma dW, fixed steps (docs/model.md, "Noise")')
     saves: int = setting(MISSING, "about this many output times from t0 to t1 (on the step grid)")
@@ -365,6 +365,11 @@ class Config:
     compilation_cache: bool = setting(
         MISSING, "keep compiled programs in ~/.cache/attnflow/jax (or $ATTNFLOW_CACHE_DIR)"
     )
+    cpu_devices: int | None = setting(
+        MISSING,
+        "on a CPU, the JAX devices an ensemble's members are shared out over (default: one per usable core; "
+        "1: a single device); set before JAX starts, as the command line does",
+    )
     matmul_precision: MatmulPrecision = setting(  # pyright: ignore[reportInvalidTypeForm] a Choice
         MISSING,
         "float32 products on a GPU or TPU: highest (full float32) | high | default (TF32 or bfloat16 passes: "
@@ -379,7 +384,7 @@ class Config:
 
 
 # Keys that say what to do with a result, not what the result is.
-NOT_RESULT_KEYS = ("overwrite", "plot", "plotly_js", "compilation_cache")
+NOT_RESULT_KEYS = ("overwrite", "plot", "plotly_js", "compilation_cache", "cpu_devices")
 
 
 # --- keys renamed ---------------------------------------------------------------------

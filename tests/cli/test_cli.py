@@ -201,6 +201,16 @@ def test_the_summary_plot_draws_whatever_was_recorded(tmp_path):
         assert (sweep / job / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_sweep_asked_for_by_hydra_mode_is_a_sweep(tmp_path):
+    """The command line reads a run's mode from its flags (`-m`) without composing the
+    config for it, unless an override names `hydra.mode`: then Hydra's own reading."""
+    sweep = tmp_path / "sweep"
+    proc = attnflow("hydra.mode=MULTIRUN", "seed=1,2", f"hydra.sweep.dir={sweep}", "n=4", "d=3", "members=2",
+                    "beta=1", "t1=0.2", "dt=0.1", "saves=2", "plot=false", cwd=tmp_path)
+    assert_ok(proc)
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+
+
 # --- one pipeline: a study is the experiment of one panel ----------------------------------
 
 
@@ -352,10 +362,10 @@ def test_a_run_directory_in_use_is_refused_and_a_refused_run_leaves_the_record_a
 # --- interrupting a run -------------------------------------------------------------------
 
 
-# Eight pieces of 128 members, each a few tenths of a second: the run is interrupted
-# once two are written, with the others still to come.
+# Eight pieces of 128 members (one CPU device: a piece is one chunk), each a few tenths
+# of a second: the run is interrupted once two are written, with the others still to come.
 LONG = ["n=32", "d=16", "members=1024", "beta=1", "t1=20", "dt=0.1", "saves=5", "chunk_size=128", "plot=false",
-        "metrics=[energy]"]
+        "metrics=[energy]", "cpu_devices=1"]
 
 
 def test_ctrl_c_stops_at_once_keeps_finished_pieces_and_the_run_resumes(tmp_path, ctrl_c):

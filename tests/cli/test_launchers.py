@@ -34,9 +34,9 @@ pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install
 # Four jobs: beta=1 with 2 members (one piece) and 4096 members (32 pieces of 128, a few
 # seconds: the job that is interrupted half-way; with 16 pieces, 4 to 16 were done when
 # job 0 finished, too close to a job 1 that ends before the kill), and the same two with beta=-1, which
-# no run accepts.
+# no run accepts. One CPU device each, so that a piece is one chunk of 128 members.
 SWEEP = ["-m", "beta=1,-1", "members=2,4096", "chunk_size=128", "n=32", "d=3", "t1=20", "dt=0.1", "saves=3",
-         "plot=false"]
+         "plot=false", "cpu_devices=1"]
 JOBLIB = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 
 

@@ -232,6 +232,67 @@ def test_ensemble_sharded_over_devices_equals_one_device():
     assert "sharded ok" in proc.stdout
 
 
+_CPU_DEVICES = """
+import sys
+import jax
+import numpy as np
+import attnflow as af
+count = None if sys.argv[1] == "auto" else int(sys.argv[1])
+ds = af.run(dict(n=6, d=3, members=5, beta=[0.5, 2.0], t1=2.0, dt=0.1, saves=5, dtype="float64", solver="rk4",
+                 save_states=True, cpu_devices=count, compilation_cache=True, plot=False))
+np.save(sys.argv[2], ds["x"].values)
+ds = af.run(dict(n=6, d=3, members=5, beta=[0.5, 2.0], t1=2.0, dt=0.1, saves=5, dtype="float64", solver="rk4",
+                 save_states=True, cpu_devices=count, compilation_cache=True, plot=False))  # the exported program
+np.testing.assert_array_equal(ds["x"].values, np.load(sys.argv[2]))
+print("devices", jax.device_count())
+"""
+
+
+def test_cpu_devices_give_the_same_results_as_one_device(tmp_path):
+    """`cpu_devices` splits the CPU into that many JAX devices before JAX starts (a fresh
+    process, as the command line is): the members are shared out over them, the
+    results are those of one device, bit for bit, first run and rerun (the piece program
+    exported with its shardings); unset, there is one device per usable core."""
+    import os
+    import subprocess
+    import sys
+
+    from attnflow.running._study import usable_cores
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    counts = {}
+    for count in ("1", "3", "auto"):
+        proc = subprocess.run([sys.executable, "-c", _CPU_DEVICES, count, str(tmp_path / f"{count}.npy")], env=env,
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        counts[count] = int(proc.stdout.split("devices")[-1])
+    assert counts == {"1": 1, "3": 3, "auto": usable_cores()}
+    one = np.load(tmp_path / "1.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "3.npy"), one)
+    np.testing.assert_array_equal(np.load(tmp_path / "auto.npy"), one)
+
+
+def test_cpu_devices_share_the_memory_and_never_outnumber_the_pairs():
+    """On a CPU the devices share the host's memory: each holds half as many members of a
+    tight memory with two devices as one device does. A plan uses no more devices than it
+    has pairs, nor more than members fit in half the memory."""
+    from attnflow.running._ensemble import EnsemblePlan, _pieces
+
+    plan = _plan(2)
+    tight = 64 * plan.footprint.total
+    pieces = lambda devices, platform="cpu": _pieces(plan.member, plan.footprint, 512, devices, 10**6, tight, platform)
+    assert pieces(1) == (32, 16) and pieces(2) == (32, 16)  # 32 members per device alone, 16 each on two
+    assert pieces(2, "gpu") == (64, 8)  # a GPU's memory is its own
+    cfg = af.validate_config(_small(members=1, beta=1.0))
+    one_pair = EnsemblePlan(af.build_system(cfg), jax.random.split(jax.random.key(0), 1), np.asarray([1.0]),
+                            af.time_grid(t1=1.0, dt=0.1), solver="euler", devices=jax.devices() * 4)
+    assert one_pair.mesh is None and one_pair.piece_size == 1
+    keys = jax.random.split(jax.random.key(0), 8)
+    crowded = EnsemblePlan(af.build_system(cfg), keys, np.asarray([1.0]), af.time_grid(t1=1.0, dt=0.1),
+                           solver="euler", devices=jax.devices() * 4, memory=3 * one_pair.footprint.total)
+    assert crowded.mesh is None and crowded.piece_size == 1 and crowded.pieces == 8
+
+
 def test_token_norm_gamma_and_shift_from_config():
     cfg = af.validate_config(_small(scheme="pre", token_norm={"kind": "layer", "eps": 1e-5, "gamma": [1.0, 2.0, 3.0],
                                                             "shift": 0.5}))

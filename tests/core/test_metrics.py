@@ -155,3 +155,21 @@ def test_every_registered_metric_is_recorded_as_its_entry_declares(tiles):
     if tiles:
         with pytest.raises(af.ConfigError, match="attention_rank needs the whole"):
             af.Recorder(jnp.asarray(1.0), jnp.asarray(0.1), metrics=("attention_rank",), block=block)(0.0, x, field)
+
+
+@pytest.mark.parametrize("eps", [1e-9, 0.5, -1.0])
+def test_pair_density_counts_the_pairs_of_distinct_tokens_only(eps):
+    """The pair density against a NumPy count over i != j, the diagonal left out whatever it
+    holds: with eps near 0 only the repeated tokens are close (the diagonal, cos = 1 up to
+    rounding, may or may not pass the threshold, and never counts); with eps = -1 nothing is."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((9, 3))
+    x = np.concatenate([x, x[:3], 2.0 * x[:1]])  # tokens 9-11 repeat 0-2, token 12 is 2 x_0
+    cos = (x @ x.T) / np.outer(np.linalg.norm(x, axis=1), np.linalg.norm(x, axis=1))
+    n = len(x)
+    close = (cos > 1 - eps) & ~np.eye(n, dtype=bool)
+    expected = close.sum() / (n * (n - 1))
+    assert close.sum() == {1e-9: 10, -1.0: 0}.get(eps, close.sum())  # (0, 9), (0, 12), (9, 12), (1, 10), (2, 11), both ways
+    np.testing.assert_allclose(af.pair_density(jnp.asarray(x), eps), expected, rtol=1e-12)
+    rec = af.Recorder(jnp.asarray(1.0), jnp.asarray(eps), metrics=("pair_density",))
+    np.testing.assert_allclose(rec(0.0, jnp.asarray(x))["pair_density"], expected, rtol=1e-12)
