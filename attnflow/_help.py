@@ -692,9 +692,28 @@ def hydra_help(experiment_name: str | None = None) -> str:
             "experiment": {"name": experiment_name} if experiment_name else None,
         }
     )
-    return string.Template(node.hydra.help.template).substitute(
-        FLAGS_HELP="", HYDRA_CONFIG_GROUPS="", APP_CONFIG_GROUPS="", CONFIG=""
-    )
+    _RENDERING.append(True)
+    try:
+        template = node.hydra.help.template
+    finally:
+        _RENDERING.pop()
+    return string.Template(template).substitute(FLAGS_HELP="", HYDRA_CONFIG_GROUPS="", APP_CONFIG_GROUPS="", CONFIG="")
+
+
+# Set while `hydra_help` renders the template (a page asked for without Hydra's flags).
+_RENDERING: list[bool] = []
+
+
+# Hydra's flags that show its help template, or the composed config with it resolved.
+_SHOWING = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve")
+
+
+def help_asked(arguments: list[str] | None = None) -> bool:
+    """Whether the command line (`sys.argv` by default) asks Hydra to show its help or its
+    config: only then is the help page built (it imports every experiment, a tenth of a
+    second of a run's start-up)."""
+    arguments = sys.argv[1:] if arguments is None else arguments
+    return any(a in _SHOWING or a.startswith(("--cfg=", "--info=")) for a in arguments)
 
 
 def register_resolver() -> None:
@@ -703,6 +722,8 @@ def register_resolver() -> None:
     `string.Template`, so each `$` of the text is doubled."""
 
     def resolve(part: str, *, _root_) -> str:
+        if part != "header" and not (_RENDERING or help_asked()):
+            return ""  # Hydra resolves the template whenever it composes a config: a run needs no page
         text = header() if part == "header" else page(_root_)
         return text.replace("$", "$$")
 

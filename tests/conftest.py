@@ -43,6 +43,12 @@ import jax  # noqa: E402
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+# One CPU device in the test processes, whichever test runs first: a run's `cpu_devices`
+# (one device per core by default) takes effect only before JAX starts, so without this
+# the device count of a worker would depend on the order of its tests. The `attnflow`
+# subprocesses start afresh and take the default; tests of several devices set their own.
+with contextlib.suppress(RuntimeError):
+    jax.config.update("jax_num_cpu_devices", 1)
 # (again here: a plugin may have imported JAX before this file set the variable)
 _OPTIMIZATIONS_OFF = os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true")
 jax.config.update("jax_disable_most_optimizations", _OPTIMIZATIONS_OFF)

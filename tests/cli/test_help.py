@@ -304,3 +304,20 @@ def test_the_console_script_help_loads_no_jax():
                 if line.startswith("import time:")}
     heavy = {"jax", "xarray", "matplotlib", "diffrax", "scipy", "optax", "ott"}
     assert imported and "attnflow" in imported and not imported & heavy, imported & heavy
+
+
+def test_a_run_builds_no_help_page(monkeypatch):
+    """Hydra resolves its help template whenever it composes a config; the page (which
+    imports every experiment) is built only when the command line asks to see it."""
+    from omegaconf import OmegaConf
+
+    from attnflow import _help
+
+    built = []
+    monkeypatch.setattr(_help, "page", lambda root: built.append(root) or "the page")
+    template = OmegaConf.create({"page": "${attnflow_help:page}"})
+    for arguments, shown in ((["n=4", "d=3"], ""), (["--help"], "the page"), (["experiment=circle", "-h"], "the page"),
+                             (["--cfg", "hydra", "--resolve"], "the page")):
+        monkeypatch.setattr(sys, "argv", ["attnflow", *arguments])
+        assert template.page == shown
+    assert len(built) == 3
