@@ -430,7 +430,8 @@ class EnsemblePlan:
         key_data = jax.random.key_data(self.keys)
         args = (leaves, key_data, self.betas, members, beta_index, *times)
         shapes = jax.tree.map(lambda a: (np.shape(a), str(jnp.result_type(a))), args)
-        key = _program_key(static, treedef, self.options, (shapes, self.mesh and self.mesh.devices.size))
+        devices = None if self.mesh is None else [device.id for device in self.mesh.devices.flat]
+        key = _program_key(static, treedef, self.options, (shapes, devices))
         path = Path(folder) / "attnflow-exported" / f"{key}.bin"
         self._timing = path.with_suffix(".seconds")
         if key in _LOADED:  # one object per program: its compiled call is reused in-process
