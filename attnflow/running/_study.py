@@ -96,15 +96,14 @@ def use_cpu_devices(count: int | None = None) -> None:
     `solve_ensemble` shares out an ensemble's members, each device's chunk its own
     program on its own thread. One device per core is faster than one device on all of
     them, whose small per-member operations keep only part of the cores busy (the
-    phase-diagram workload on 2 cores, docs/performance.md: 1.4x at d = 2 and 32).
+    phase-diagram workload on 2 cores, docs/performance.md: 1.6-1.9x from d = 2 to 128).
 
     JAX fixes its devices when it starts computing: once it has (a script that ran JAX
     before calling attnflow), the process keeps the devices it has, and so it does when
     `count` is None and the device count was chosen already (`jax_num_cpu_devices`, or
     XLA's `--xla_force_host_platform_device_count`)."""
-    chosen = jax.config.jax_num_cpu_devices != -1 or "xla_force_host_platform_device_count" in os.environ.get(  # pyright: ignore[reportAttributeAccessIssue]  (jax's Config stub lacks the flag attributes)
-        "XLA_FLAGS", ""
-    )
+    forced = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+    chosen = forced or jax.config.jax_num_cpu_devices != -1  # pyright: ignore[reportAttributeAccessIssue]  (jax's Config stub lacks the flag attributes)
     if count is None and chosen:
         return
     with contextlib.suppress(RuntimeError):  # JAX's backends have started: their devices stay
