@@ -38,6 +38,7 @@ products at the precision a run uses (`matmul_precision`, highest by default).
     python benchmarks/phase_diagram.py                  # d in {2, 32, 128}, 5 rounds
     python benchmarks/phase_diagram.py --dims 2 3 --cpu-devices 1   # one device for all
     python benchmarks/phase_diagram.py --dims 128 --members 512 --rounds 3
+    python benchmarks/phase_diagram.py --dims 2 --rounds 1 --profile  # time per XLA kernel
 """
 
 from __future__ import annotations
@@ -131,6 +132,28 @@ def hand_jax_phase_diagram(dt: float, steps: int, eps: float, chunk: int | None 
     return run
 
 
+def kernel_times(run, top: int = 6) -> str:
+    """XLA's time per fused kernel (summed over the steps) of one call of `run`, from a
+    `jax.profiler` trace (its Perfetto export): the largest `top`, in ms, and their sum."""
+    import glob
+    import gzip
+    import tempfile
+    from collections import Counter
+
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            run()
+        (path,) = glob.glob(f"{folder}/plugins/profile/*/perfetto_trace.json.gz")
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    kernels = Counter()
+    for e in events:
+        if e.get("ph") == "X" and ("fusion" in e["name"] or e["name"].startswith(("copy", "dot", "reduce"))):
+            kernels[e["name"]] += e.get("dur", 0) / 1e3
+    listed = " ".join(f"{name} {ms:.0f}" for name, ms in kernels.most_common(top))
+    return f"{listed}; all {sum(kernels.values()):.0f} ms"
+
+
 def matmul_throughput(size: int = 2048, repeats: int = 3) -> float:
     """Best float32 GEMM rate (flop/s) of NumPy and XLA, measured now."""
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
@@ -204,6 +227,8 @@ def main():
     parser.add_argument("--hand-chunk", type=int, help="the hand-tuned JAX solves its members in chunks of this many")
     parser.add_argument("--hand-broadcast", action="store_true", help="the hand-tuned JAX uses broadcast products")
     parser.add_argument("--cpu-devices", type=int, help="JAX devices on a CPU (default: one per usable core)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print XLA's time per fused kernel of attnflow and the hand-tuned JAX, one device")
     args = parser.parse_args()
     from attnflow.running._study import use_cpu_devices
 
@@ -297,6 +322,10 @@ def main():
               f"{row['gflops']:>8.1f} {matmul:>18} {share:>9.0%} {row['exp_rate'] / 1e9:>8.2f} {exp_share:>6.0%} "
               f"{max(gaps):>7.3f} {one_s:>8.2f} {hand_s:>7.2f} {hand_ratio:>9.2f}x {hand_exp:>8.0%} "
               f"{sharded_ratio:>12.2f}x", flush=True)
+        if args.profile:
+            print(f"     kernels, attnflow 1 device: {kernel_times(lambda: solve_one(args.beta))}")
+            print(f"     kernels, hand-tuned JAX 1 device: "
+                  f"{kernel_times(lambda: jax.block_until_ready(hand(x0_device, jnp.float32(args.beta))))}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(machine=describe(), rows=rows), f, indent=2)

@@ -161,7 +161,7 @@ def sample_rows(n: int, rows: int) -> np.ndarray:
 
 def _layer(d: int, beta, dtype, block) -> _terms.SelfAttention:
     eye = _schedules.Identity(1, d, jnp.dtype(dtype).name)
-    return _terms.SelfAttention(eye, eye, eye, None, beta, None, heads=1, block=block, unit_rows=True)
+    return _terms.SelfAttention(eye, eye, eye, None, beta, None, heads=1, block=block, unit_rows=True, attracting=True)
 
 
 @on_first_call(lambda f: jax.jit(f))

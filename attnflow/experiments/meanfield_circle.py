@@ -160,6 +160,7 @@ def _particles(options: Options, n: int, block, degree: int = 0):
         kind=options.kind,  # pyright: ignore[reportArgumentType]  # check() allows sa or usa
         block=block,
         unit_rows=True,
+        attracting=True,  # check() holds beta > 0
         summation="harmonic" if degree else "direct",
         degree=degree,
     )

@@ -303,11 +303,15 @@ class SelfAttention(AbstractInteraction):
     `attnflow.numerics._tiled`). Both give the same values to rounding.
 
     `unit_rows` says that the tokens it sees have unit norm (the sphere, or a sphere
-    token norm). With identity-multiple Q and K and no query or key bias, the row
-    maximum of the logits is then known in advance: $\\beta |q_i| \\max_j |k_j|$ bounds it
-    (Cauchy-Schwarz) and equals it, $\\beta s_Q s_K$ at the diagonal, on unit rows. The
-    tiled path then needs no running maximum, and without a causal mask it goes through
-    the symmetric logits once per pair of tiles (`attnflow.numerics._tiled.symmetric_attention`).
+    token norm), `attracting` that $\\beta$ times the factors of Q and K is never negative.
+    With both, identity-multiple Q and K and no query or key bias, the row maximum of the
+    logits is known in advance: $|\\beta| |q_i| \\max_j |k_j|$ bounds it (Cauchy-Schwarz)
+    and equals it, $\\beta s_Q s_K$ at the diagonal, on unit rows. The tiled path then
+    needs no running maximum, and without a causal mask it goes through the symmetric
+    logits once per pair of tiles (`attnflow.numerics._tiled.symmetric_attention`). With a
+    negative scale a row's largest logit can lie $2|\\beta| s_Q s_K$ below that bound
+    (tokens in one cluster), past what float32 exponentiates from $|\\beta| s_Q s_K \\approx
+    44$ on, so the maximum is then searched for.
 
     `summation="harmonic"` sums over the keys through an expansion of the kernel in
     harmonics of the key tokens (`attnflow.numerics._harmonic`: cost $O(nL)$ on the circle,
@@ -350,6 +354,7 @@ class SelfAttention(AbstractInteraction):
     rotary: Rotary | None = None
     block: int | None = eqx.field(static=True, default=None)
     unit_rows: bool = eqx.field(static=True, default=False)
+    attracting: bool = eqx.field(static=True, default=False)
     scale_free: bool = eqx.field(static=True, default=False)
     exclude_coincident: bool = eqx.field(static=True, default=False)
     sinkhorn_iterations: int = eqx.field(static=True, default=50)
@@ -495,6 +500,7 @@ class SelfAttention(AbstractInteraction):
         class), else None: the maximum is then searched for."""
         known = (
             self.unit_rows
+            and self.attracting
             and self.kind == "sa"
             and identity_multiple(self.query)
             and identity_multiple(self.key)

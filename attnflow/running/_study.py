@@ -96,7 +96,7 @@ def use_cpu_devices(count: int | None = None) -> None:
     `solve_ensemble` shares out an ensemble's members, each device's chunk its own
     program on its own thread. One device per core is faster than one device on all of
     them, whose small per-member operations keep only part of the cores busy (the
-    phase-diagram workload on 2 cores, docs/performance.md: 1.6-1.9x from d = 2 to 128).
+    phase-diagram workload on 2 cores, docs/performance.md: 1.05-1.45x from d = 2 to 128).
 
     JAX fixes its devices when it starts computing: once it has (a script that ran JAX
     before calling attnflow), the process keeps the devices it has, and so it does when

@@ -9,6 +9,7 @@ from scipy.sparse.csgraph import connected_components
 from systems import identity_field
 
 import attnflow as af
+from attnflow.numerics import _metrics
 
 
 def _clustered(sizes, d, jitter=0.0, seed=0):
@@ -20,6 +21,16 @@ def _clustered(sizes, d, jitter=0.0, seed=0):
             v = np.eye(d)[c] + jitter * rng.standard_normal(d)
             rows.append(v / np.linalg.norm(v))
     return jnp.asarray(np.array(rows))
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 8, 9])
+def test_gram_matrix_by_broadcast_products_and_by_matrix_product(d):
+    """`gram` sums broadcast products up to d = BROADCAST_GRAM_UP_TO and multiplies matrices
+    above: the inner products of every pair either way, batched over leading axes."""
+    x = jax.random.normal(jax.random.key(d), (3, 20, d), jnp.float64)
+    expected = np.einsum("bik,bjk->bij", np.asarray(x), np.asarray(x))
+    np.testing.assert_allclose(_metrics.gram(x), expected, rtol=1e-13, atol=1e-13)
+    assert (d <= _metrics.BROADCAST_GRAM_UP_TO) == (d < 9)
 
 
 def test_energy_closed_forms():

@@ -111,7 +111,7 @@ def test_the_known_row_maximum_of_unit_tokens(causal, alibi):
     x = _sphere(N, 3, seed=3)
     slopes = jnp.asarray([0.01, 0.03]) if alibi else None
     term = af.SelfAttention(scaled, eye, eye, None, jnp.asarray(1.0), slopes, heads=2, causal=causal)
-    known = dataclasses.replace(term, unit_rows=True, block=BLOCK)
+    known = dataclasses.replace(term, unit_rows=True, attracting=True, block=BLOCK)
     assert known._symmetric(None, jnp.ones(3)) is not causal
     both = jax.jit(lambda beta: (dataclasses.replace(term, beta=beta, block=0)(0.0, x),
                                  dataclasses.replace(known, beta=beta)(0.0, x)))
@@ -125,6 +125,38 @@ def test_the_known_row_maximum_of_unit_tokens(causal, alibi):
         np.testing.assert_allclose(tiled, searched, rtol=0, atol=1e-12)
 
 
+def test_a_negative_beta_searches_the_maximum():
+    """With beta s_Q s_K < 0 (a negative beta, or through a config a negative scale of Q
+    or K) the bound |beta| |q_i| max_j |k_j| is no row maximum: in one cluster every logit
+    lies near -|beta|, 2|beta| below it, and float32 exponentiates every one of them to 0
+    from |beta| = 44 on (a row of 0/0). The known maximum is used only where the term is
+    `attracting`; otherwise the tiles search for it, and a repulsive flow through tiles
+    equals the dense one. Through a config, `attracting` follows the signs of the scales
+    and factors of Q and K."""
+    eye = af.Identity(1, 3, "float32")
+    centre = jnp.asarray([1.0, 0.0, 0.0], jnp.float32)
+    x = centre[None, :] + 1e-3 * jax.random.normal(jax.random.key(12), (600, 3), jnp.float32)
+    x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    term = af.SelfAttention(eye, eye, eye, None, jnp.asarray(-60.0, jnp.float32), None, heads=1, unit_rows=True)
+    dense, tiled = _dense_and_tiled(term, x, block=128)
+    assert np.isfinite(dense).all() and np.isfinite(tiled).all()
+    np.testing.assert_allclose(tiled, dense, rtol=1e-5, atol=1e-6)
+    bounded = dataclasses.replace(term, attracting=True, block=128)  # what the tiles did before
+    assert not np.isfinite(np.asarray(bounded(0.0, x))).all()
+    attracting = lambda **settings: af.build_system(af.validate_config({"d": 3, **settings}))(
+        jax.random.key(0), 1.0)[0].terms[0].attracting
+    assert attracting() and attracting(weights={"q": {"kind": "identity", "scale": 2.0}})
+    assert not attracting(weights={"k": {"kind": "identity", "scale": -1.0}})
+    assert not attracting(weights={"q": {"kind": "random"}})
+    assert not attracting(weights={"q": {"kind": "identity", "switch_times": [1.0], "factors": [1.0, -1.0]}})
+    # A run of one cluster with Q = -I at beta = 60: through tiles it failed as non-finite.
+    run = dict(n=64, d=3, members=2, beta=60.0, t1=0.5, dt=0.1, dtype="float32", compilation_cache=False,
+               plot=False, metrics=["pair_density", "order_parameter"], init={"kind": "caps", "k": 1, "radius": 0.01},
+               weights={"q": {"kind": "identity", "scale": -1.0}})
+    whole, tiles = (af.run({**run, "attention_block": block}) for block in (0, 16))
+    np.testing.assert_allclose(tiles["order_parameter"].values, whole["order_parameter"].values, rtol=1e-5)
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_derivatives_through_the_tiles(symmetric):
     """Reverse (jax.grad) and forward (jax.jvp) derivatives of the tiled term equal the
@@ -132,7 +164,8 @@ def test_derivatives_through_the_tiles(symmetric):
     symmetric pairs of tiles (identity Q, K on unit tokens; its derivatives are the row
     tiles' own, a custom JVP)."""
     if symmetric:
-        term = dataclasses.replace(_term("identity", kind="sa", causal=False, alibi=True), unit_rows=True)
+        term = dataclasses.replace(_term("identity", kind="sa", causal=False, alibi=True), unit_rows=True,
+                                   attracting=True)
         assert term._symmetric(None, jnp.ones(3))
     else:
         term = _term("d_k", kind="sa", causal=True, alibi=True)

@@ -166,6 +166,7 @@ class Attention(Part):
             hardmax_ties=float(cfg.hardmax.ties),
             hardmax_self=bool(cfg.hardmax.self_attention),
             unit_rows=_unit_rows(cfg),
+            attracting=_attracting(cfg),
             combine=cfg.heads_combine.value,
             scale_free=exact and cfg.attention_kind == "usa" and not cfg.mlp.enabled,
             exclude_coincident=exact
@@ -343,6 +344,18 @@ def _unit_rows(cfg) -> bool:
     after every step; a Runge-Kutta stage is off the sphere by O(dt^2)), or normalized by
     the sphere token norm first."""
     return cfg.scheme == "sphere" or (cfg.scheme in ("pre", "peri") and cfg.token_norm.kind == "sphere")
+
+
+def _attracting(cfg) -> bool:
+    """Whether beta times the factors of Q and K is never negative (every beta is positive):
+    Q and K the identity times scales and piecewise factors >= 0, without a polynomial in
+    time. The term uses the known row maximum of the logits only then (any other Q and K
+    are not multiples of the identity and search for it anyway)."""
+    nonnegative = lambda *values: all(bool(np.all(np.asarray(v, np.float64) >= 0)) for v in values)
+    specs = [getattr(cfg.weights, m) for m in "qk"]
+    return all(
+        spec.kind == "identity" and spec.poly is None and nonnegative(spec.scale, list(spec.factors)) for spec in specs
+    )
 
 
 def _matrix(name: str, spec: Any, shared: bool, per_beta: bool = False) -> str:
